@@ -1,0 +1,6 @@
+//! Pure analysis of inference traces: the trace model, engine dialects, request records, KPI
+//! windows, critical path, diagnosis and alerts. No I/O, no async runtime: every function here
+//! takes data and returns data, so it is tested against ground truth and reused by the collector,
+//! the offline `analyze` command and the benchmarks alike.
+
+pub mod trace;

@@ -1,0 +1,34 @@
+//! The boundary between receivers and the pipeline: a decoded batch and the trait that takes it.
+
+use bytes::Bytes;
+use infertrace_analysis::trace::Span;
+
+/// One accepted OTLP export request, decoded.
+#[derive(Debug, Default)]
+pub struct IngestBatch {
+    /// The valid spans of the request (invalid ones were already rejected and counted).
+    pub spans: Vec<Span>,
+    /// The request as received, protobuf-encoded (`ExportTraceServiceRequest`), for forwarding
+    /// unchanged; `None` when it came as JSON (the forwarder then re-encodes).
+    pub raw_protobuf: Option<Bytes>,
+}
+
+/// Why a batch was refused as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IngestError {
+    /// Over the memory limit: the client should retry later (HTTP 429/503, gRPC UNAVAILABLE).
+    #[error("collector is over its memory limit; retry later")]
+    Overloaded {
+        /// Suggested wait before retrying, seconds.
+        retry_after_secs: u32,
+    },
+    /// The collector is shutting down.
+    #[error("collector is shutting down")]
+    ShuttingDown,
+}
+
+/// Takes decoded batches from the receivers. Implemented by the pipeline; tests use their own.
+pub trait Ingest: Send + Sync + 'static {
+    /// Hands a batch to the pipeline. Must not block for long: receivers call it on tokio workers.
+    fn ingest(&self, batch: IngestBatch) -> Result<(), IngestError>;
+}

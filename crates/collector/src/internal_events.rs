@@ -1,0 +1,122 @@
+//! The collector's self-metrics, in one place (after Vector's `internal_events`): every refusal,
+//! drop and export is counted here, so nothing is dropped silently and every component counts the
+//! same way. Each helper that records an event also logs it where a log line helps.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use infertrace_semconv::prom;
+
+/// Labels of `receiver_spans_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReceiverLabels {
+    /// `otlp_grpc` or `otlp_http`.
+    pub receiver: &'static str,
+    /// `accepted`, `rejected` (invalid spans) or `refused` (whole request refused).
+    pub outcome: &'static str,
+}
+
+/// Labels of `dropped_spans_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`,
+    /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_queue_full`, `forward_failed`.
+    pub reason: &'static str,
+}
+
+/// Labels of `exported_spans_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExportLabels {
+    /// Exporter name, e.g. `otlp_forward`.
+    pub exporter: &'static str,
+    /// `ok` or `failed`.
+    pub outcome: &'static str,
+}
+
+/// Every self-metric of the collector. Cheap to clone (counters are `Arc`s inside).
+#[derive(Clone, Debug, Default)]
+pub struct InternalEvents {
+    /// `infertrace_receiver_spans_total{receiver,outcome}`.
+    pub receiver_spans: Family<ReceiverLabels, Counter>,
+    /// `infertrace_dropped_spans_total{reason}`.
+    pub dropped_spans: Family<DropLabels, Counter>,
+    /// `infertrace_traces_in_flight`.
+    pub traces_in_flight: Gauge,
+    /// `infertrace_late_spans_total`.
+    pub late_spans: Counter,
+    /// `infertrace_exported_spans_total{exporter,outcome}`.
+    pub exported_spans: Family<ExportLabels, Counter>,
+    /// `infertrace_series_overflow_total`.
+    pub series_overflow: Counter,
+}
+
+impl InternalEvents {
+    /// Registers every self-metric under the `infertrace_` prefix.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix(prom::PREFIX);
+        r.register(
+            prom::RECEIVER_SPANS,
+            "Spans received, by receiver and outcome",
+            self.receiver_spans.clone(),
+        );
+        r.register(
+            prom::DROPPED_SPANS,
+            "Spans dropped or refused, by reason",
+            self.dropped_spans.clone(),
+        );
+        r.register(
+            prom::TRACES_IN_FLIGHT,
+            "Traces being assembled",
+            self.traces_in_flight.clone(),
+        );
+        r.register(
+            prom::LATE_SPANS,
+            "Spans that arrived after their trace was completed",
+            self.late_spans.clone(),
+        );
+        r.register(
+            prom::EXPORTED_SPANS,
+            "Spans exported, by exporter and outcome",
+            self.exported_spans.clone(),
+        );
+        r.register(
+            prom::SERIES_OVERFLOW,
+            "KPI series refused by the cardinality cap",
+            self.series_overflow.clone(),
+        );
+    }
+
+    /// Counts `n` spans received by `receiver` with `outcome`.
+    pub fn spans_received(&self, receiver: &'static str, outcome: &'static str, n: u64) {
+        self.receiver_spans
+            .get_or_create(&ReceiverLabels { receiver, outcome })
+            .inc_by(n);
+    }
+
+    /// Counts `n` spans dropped for `reason`, and logs it at debug level.
+    pub fn spans_dropped(&self, reason: &'static str, n: u64) {
+        if n > 0 {
+            tracing::debug!(reason, n, "spans dropped");
+            self.dropped_spans
+                .get_or_create(&DropLabels { reason })
+                .inc_by(n);
+        }
+    }
+
+    /// Counts `n` spans exported by `exporter` with `outcome`.
+    pub fn spans_exported(&self, exporter: &'static str, outcome: &'static str, n: u64) {
+        self.exported_spans
+            .get_or_create(&ExportLabels { exporter, outcome })
+            .inc_by(n);
+    }
+
+    /// The number of spans dropped for `reason` so far (for tests and reports).
+    pub fn dropped(&self, reason: &'static str) -> u64 {
+        self.dropped_spans
+            .get_or_create(&DropLabels { reason })
+            .get()
+    }
+}

@@ -1,0 +1,348 @@
+//! Every span, attribute and metric name that infertrace's middleware and collector share.
+//!
+//! Names follow the OpenTelemetry semantic conventions first (GenAI, HTTP, RPC, hardware), then
+//! vLLM's `gen_ai.latency.*` attributes for compatibility, then infertrace's own `infer.*` and
+//! `gpu.*` namespaces. Durations are seconds as `f64` unless a constant says otherwise.
+//!
+//! This crate holds names and nothing else, so both halves of infertrace (and users writing their
+//! own engines' marks) agree on them without depending on each other.
+
+/// Span names used by infertrace.
+pub mod span {
+    /// Phase span: arrival → scheduled (waiting for a batch slot). Kind INTERNAL.
+    pub const QUEUE: &str = "queue";
+    /// Phase span: scheduled → first token. Kind INTERNAL.
+    pub const PREFILL: &str = "prefill";
+    /// Phase span: first token → last token. Kind INTERNAL.
+    pub const DECODE: &str = "decode";
+    /// Phase span used in derived mode for non-streamed responses: admitted → response complete,
+    /// when there is no first-chunk signal to split prefill from decode.
+    pub const INFERENCE: &str = "inference";
+    /// vLLM's request span name.
+    pub const VLLM_REQUEST: &str = "llm_request";
+    /// TGI's per-request inference span (linked to batch spans).
+    pub const TGI_INFER: &str = "infer";
+    /// TGI's batch span.
+    pub const TGI_BATCH: &str = "batch";
+    /// TGI's queue-wait child span.
+    pub const TGI_QUEUED: &str = "queued";
+    /// TGI request span names.
+    pub const TGI_REQUESTS: [&str; 4] = [
+        "generate",
+        "generate_stream",
+        "completions",
+        "chat_completions",
+    ];
+}
+
+/// GenAI semantic-convention attributes.
+pub mod gen_ai {
+    /// Operation: `chat`, `text_completion`, `embeddings`, `generate_content`.
+    pub const OPERATION_NAME: &str = "gen_ai.operation.name";
+    /// Model the client asked for.
+    pub const REQUEST_MODEL: &str = "gen_ai.request.model";
+    /// Model that answered.
+    pub const RESPONSE_MODEL: &str = "gen_ai.response.model";
+    /// Maximum output tokens requested (int).
+    pub const REQUEST_MAX_TOKENS: &str = "gen_ai.request.max_tokens";
+    /// Whether the client asked for a streamed response (bool).
+    pub const REQUEST_STREAM: &str = "gen_ai.request.stream";
+    /// Response id.
+    pub const RESPONSE_ID: &str = "gen_ai.response.id";
+    /// Finish reasons (string array).
+    pub const RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+    /// Prompt tokens (int).
+    pub const USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    /// Generated tokens (int).
+    pub const USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    /// Old name of input tokens, still emitted by vLLM.
+    pub const USAGE_PROMPT_TOKENS: &str = "gen_ai.usage.prompt_tokens";
+    /// Old name of output tokens, still emitted by vLLM.
+    pub const USAGE_COMPLETION_TOKENS: &str = "gen_ai.usage.completion_tokens";
+    /// vLLM's request id.
+    pub const REQUEST_ID: &str = "gen_ai.request.id";
+    /// vLLM's sampling temperature.
+    pub const REQUEST_TEMPERATURE: &str = "gen_ai.request.temperature";
+    /// vLLM's top-p.
+    pub const REQUEST_TOP_P: &str = "gen_ai.request.top_p";
+    /// vLLM's n (number of completions).
+    pub const REQUEST_N: &str = "gen_ai.request.n";
+    /// Token type on token-usage metrics: `input` or `output`.
+    pub const TOKEN_TYPE: &str = "gen_ai.token.type";
+    /// Operation values.
+    pub mod operation {
+        /// Chat completion.
+        pub const CHAT: &str = "chat";
+        /// Plain text completion.
+        pub const TEXT_COMPLETION: &str = "text_completion";
+        /// Embeddings.
+        pub const EMBEDDINGS: &str = "embeddings";
+        /// Generic content generation.
+        pub const GENERATE_CONTENT: &str = "generate_content";
+    }
+}
+
+/// vLLM-compatible latency attributes (seconds, `f64`), also emitted by SGLang.
+pub mod latency {
+    /// Time waiting in the scheduler queue.
+    pub const TIME_IN_QUEUE: &str = "gen_ai.latency.time_in_queue";
+    /// Arrival → first token.
+    pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai.latency.time_to_first_token";
+    /// Time in model prefill.
+    pub const TIME_IN_MODEL_PREFILL: &str = "gen_ai.latency.time_in_model_prefill";
+    /// Time in model decode.
+    pub const TIME_IN_MODEL_DECODE: &str = "gen_ai.latency.time_in_model_decode";
+    /// Prefill + decode.
+    pub const TIME_IN_MODEL_INFERENCE: &str = "gen_ai.latency.time_in_model_inference";
+    /// End-to-end latency.
+    pub const E2E: &str = "gen_ai.latency.e2e";
+    /// vLLM: time spent in the scheduler.
+    pub const TIME_IN_SCHEDULER: &str = "gen_ai.latency.time_in_scheduler";
+    /// vLLM: time in model forward passes.
+    pub const TIME_IN_MODEL_FORWARD: &str = "gen_ai.latency.time_in_model_forward";
+    /// vLLM: time in model execute.
+    pub const TIME_IN_MODEL_EXECUTE: &str = "gen_ai.latency.time_in_model_execute";
+}
+
+/// infertrace's own request and phase attributes.
+pub mod infer {
+    /// Decode time / (output tokens − 1), seconds.
+    pub const TIME_PER_OUTPUT_TOKEN: &str = "infer.time_per_output_token";
+    /// Arrival → first response body chunk on the wire, seconds.
+    pub const TIME_TO_FIRST_CHUNK: &str = "infer.time_to_first_chunk";
+    /// Median gap between streamed chunks, seconds.
+    pub const INTER_TOKEN_LATENCY_P50: &str = "infer.inter_token_latency.p50";
+    /// 99th percentile gap between streamed chunks, seconds.
+    pub const INTER_TOKEN_LATENCY_P99: &str = "infer.inter_token_latency.p99";
+    /// Largest gap between streamed chunks, seconds.
+    pub const INTER_TOKEN_LATENCY_MAX: &str = "infer.inter_token_latency.max";
+    /// Number of streamed chunks (SSE events / gRPC messages).
+    pub const STREAM_CHUNKS: &str = "infer.stream.chunks";
+    /// Outcome: see [`outcome`].
+    pub const OUTCOME: &str = "infer.outcome";
+    /// Where phase boundaries came from: `engine` or `derived`.
+    pub const PHASE_SOURCE: &str = "infer.phase.source";
+    /// Admission-queue length at arrival.
+    pub const QUEUE_DEPTH: &str = "infer.queue.depth";
+    /// Phase name on phase spans: `queue`, `prefill`, `decode`, `inference`.
+    pub const PHASE: &str = "infer.phase";
+    /// Outcome values.
+    pub mod outcome {
+        /// Completed normally.
+        pub const OK: &str = "ok";
+        /// Failed (handler error, 5xx, non-OK gRPC status, engine error).
+        pub const ERROR: &str = "error";
+        /// The client went away before the response completed.
+        pub const CANCELLED: &str = "cancelled";
+        /// Refused by admission control (429 / RESOURCE_EXHAUSTED).
+        pub const REJECTED: &str = "rejected";
+    }
+    /// Phase-source values.
+    pub mod phase_source {
+        /// The engine marked scheduled / first token itself.
+        pub const ENGINE: &str = "engine";
+        /// Derived from the admission queue and the response body.
+        pub const DERIVED: &str = "derived";
+    }
+}
+
+/// Window statistics of GPU and host counters, on phase spans.
+pub mod gpu {
+    /// Mean GPU utilisation over the phase, 0–1.
+    pub const UTILIZATION_MEAN: &str = "gpu.utilization.mean";
+    /// Max GPU utilisation over the phase, 0–1.
+    pub const UTILIZATION_MAX: &str = "gpu.utilization.max";
+    /// Mean SM activity (Hopper GPM), 0–1.
+    pub const SM_ACTIVITY_MEAN: &str = "gpu.sm.activity.mean";
+    /// Max memory used, bytes.
+    pub const MEMORY_USED_MAX: &str = "gpu.memory.used.max";
+    /// Mean power, watts.
+    pub const POWER_MEAN: &str = "gpu.power.mean";
+    /// Device energy over the phase, joules.
+    pub const ENERGY: &str = "gpu.energy";
+    /// Energy attributed to this request by token share, joules (an estimate).
+    pub const ENERGY_ATTRIBUTED: &str = "gpu.energy.attributed";
+    /// Number of samples in the window.
+    pub const SAMPLE_COUNT: &str = "gpu.sample.count";
+    /// UUIDs of the devices sampled (string array).
+    pub const UUIDS: &str = "gpu.uuids";
+    /// Mean host CPU utilisation, 0–1.
+    pub const HOST_CPU_UTILIZATION_MEAN: &str = "host.cpu.utilization.mean";
+    /// Mean process CPU utilisation, 0–1.
+    pub const PROCESS_CPU_UTILIZATION_MEAN: &str = "process.cpu.utilization.mean";
+    /// Max process resident memory, bytes.
+    pub const PROCESS_MEMORY_USAGE_MAX: &str = "process.memory.usage.max";
+}
+
+/// HTTP and RPC semantic-convention attributes.
+pub mod net {
+    /// HTTP method.
+    pub const HTTP_REQUEST_METHOD: &str = "http.request.method";
+    /// Matched route template.
+    pub const HTTP_ROUTE: &str = "http.route";
+    /// HTTP status code (int).
+    pub const HTTP_RESPONSE_STATUS_CODE: &str = "http.response.status_code";
+    /// Request path.
+    pub const URL_PATH: &str = "url.path";
+    /// Server host.
+    pub const SERVER_ADDRESS: &str = "server.address";
+    /// Server port (int).
+    pub const SERVER_PORT: &str = "server.port";
+    /// User agent.
+    pub const USER_AGENT_ORIGINAL: &str = "user_agent.original";
+    /// RPC system (`grpc`).
+    pub const RPC_SYSTEM: &str = "rpc.system";
+    /// RPC service.
+    pub const RPC_SERVICE: &str = "rpc.service";
+    /// RPC method.
+    pub const RPC_METHOD: &str = "rpc.method";
+    /// gRPC status code (int), from headers or trailers.
+    pub const RPC_GRPC_STATUS_CODE: &str = "rpc.grpc.status_code";
+    /// Error type on failure.
+    pub const ERROR_TYPE: &str = "error.type";
+}
+
+/// Resource attributes.
+pub mod resource {
+    /// Service name.
+    pub const SERVICE_NAME: &str = "service.name";
+}
+
+/// Metric instrument names the middleware emits, with units.
+pub mod metric {
+    /// Request duration histogram, s.
+    pub const REQUEST_DURATION: &str = "gen_ai.server.request.duration";
+    /// Time to first token histogram, s.
+    pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
+    /// Time per output token histogram, s.
+    pub const TIME_PER_OUTPUT_TOKEN: &str = "gen_ai.server.time_per_output_token";
+    /// Queue phase duration histogram, s.
+    pub const QUEUE_DURATION: &str = "infer.server.queue.duration";
+    /// Prefill phase duration histogram, s.
+    pub const PREFILL_DURATION: &str = "infer.server.prefill.duration";
+    /// Decode phase duration histogram, s.
+    pub const DECODE_DURATION: &str = "infer.server.decode.duration";
+    /// Token usage histogram, {token}, with `gen_ai.token.type`.
+    pub const TOKEN_USAGE: &str = "infer.server.token.usage";
+    /// Requests in flight, up-down counter.
+    pub const ACTIVE_REQUESTS: &str = "infer.server.active_requests";
+    /// Requests waiting in the admission queue, up-down counter.
+    pub const QUEUE_SIZE: &str = "infer.server.queue.size";
+
+    /// Buckets of `gen_ai.server.request.duration`: 0.01 doubling to 81.92 s.
+    pub const REQUEST_DURATION_BUCKETS: [f64; 14] = [
+        0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+    ];
+    /// Buckets of `gen_ai.server.time_to_first_token`.
+    pub const TTFT_BUCKETS: [f64; 16] = [
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    ];
+    /// Buckets of `gen_ai.server.time_per_output_token`.
+    pub const TPOT_BUCKETS: [f64; 13] = [
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    ];
+    /// Buckets of the phase-duration histograms: 0.001 doubling to 81.92 s (well, 65.536 → 81.92).
+    pub const PHASE_DURATION_BUCKETS: [f64; 18] = [
+        0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096,
+        8.192, 16.384, 32.768, 65.536, 81.92,
+    ];
+    /// Buckets of `infer.server.token.usage`: 1, 4, 16 … 67108864 (×4).
+    pub const TOKEN_USAGE_BUCKETS: [f64; 14] = [
+        1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+        4194304.0, 16777216.0, 67108864.0,
+    ];
+}
+
+/// Hardware metric names (OpenTelemetry hardware conventions).
+pub mod hw {
+    /// GPU utilisation, 0–1, with `hw.gpu.task`.
+    pub const GPU_UTILIZATION: &str = "hw.gpu.utilization";
+    /// GPU memory used, bytes.
+    pub const GPU_MEMORY_USAGE: &str = "hw.gpu.memory.usage";
+    /// GPU memory total, bytes.
+    pub const GPU_MEMORY_LIMIT: &str = "hw.gpu.memory.limit";
+    /// Power, W.
+    pub const POWER: &str = "hw.power";
+    /// Energy, J (counter).
+    pub const ENERGY: &str = "hw.energy";
+    /// Temperature, °C.
+    pub const TEMPERATURE: &str = "hw.temperature";
+    /// Attribute: device id (GPU UUID).
+    pub const ID: &str = "hw.id";
+    /// Attribute: device type (`gpu`).
+    pub const TYPE: &str = "hw.type";
+    /// Attribute: device name.
+    pub const NAME: &str = "hw.name";
+    /// Attribute: vendor (`NVIDIA`).
+    pub const VENDOR: &str = "hw.vendor";
+    /// Attribute: GPU task (`general`).
+    pub const GPU_TASK: &str = "hw.gpu.task";
+    /// Attribute: sensor location.
+    pub const SENSOR_LOCATION: &str = "hw.sensor_location";
+}
+
+/// TGI's span fields (Debug-formatted duration strings such as `"12.3ms"`).
+pub mod tgi {
+    /// Total request time.
+    pub const TOTAL_TIME: &str = "total_time";
+    /// Validation time.
+    pub const VALIDATION_TIME: &str = "validation_time";
+    /// Queue time.
+    pub const QUEUE_TIME: &str = "queue_time";
+    /// Inference time.
+    pub const INFERENCE_TIME: &str = "inference_time";
+    /// Time per token (includes prefill in TGI).
+    pub const TIME_PER_TOKEN: &str = "time_per_token";
+    /// Batch size on `batch` spans.
+    pub const BATCH_SIZE: &str = "batch_size";
+}
+
+/// Prometheus names the collector exposes (all prefixed `infertrace_`).
+pub mod prom {
+    /// Prefix of every collector metric.
+    pub const PREFIX: &str = "infertrace";
+    /// Label: service.
+    pub const LABEL_SERVICE: &str = "service";
+    /// Label: model.
+    pub const LABEL_MODEL: &str = "model";
+    /// Label: operation.
+    pub const LABEL_OPERATION: &str = "operation";
+    /// Label: outcome.
+    pub const LABEL_OUTCOME: &str = "outcome";
+    /// Requests counter.
+    pub const REQUESTS: &str = "requests";
+    /// e2e histogram, s.
+    pub const REQUEST_DURATION: &str = "request_duration_seconds";
+    /// Queue histogram, s.
+    pub const QUEUE_DURATION: &str = "queue_duration_seconds";
+    /// Prefill histogram, s.
+    pub const PREFILL_DURATION: &str = "prefill_duration_seconds";
+    /// Decode histogram, s.
+    pub const DECODE_DURATION: &str = "decode_duration_seconds";
+    /// TTFT histogram, s.
+    pub const TIME_TO_FIRST_TOKEN: &str = "time_to_first_token_seconds";
+    /// TPOT histogram, s.
+    pub const TIME_PER_OUTPUT_TOKEN: &str = "time_per_output_token_seconds";
+    /// Tokens counter with `type`.
+    pub const TOKENS: &str = "tokens";
+    /// Requests meeting every SLO.
+    pub const GOODPUT_REQUESTS: &str = "goodput_requests";
+    /// Critical-path seconds per span name.
+    pub const CRITICAL_PATH_SECONDS: &str = "critical_path_seconds";
+    /// GPU energy counter, J.
+    pub const GPU_ENERGY_JOULES: &str = "gpu_energy_joules";
+    /// Active alerts gauge with `alert`.
+    pub const ALERTS_ACTIVE: &str = "alerts_active";
+    /// Self-metric: spans received by receiver and outcome.
+    pub const RECEIVER_SPANS: &str = "receiver_spans";
+    /// Self-metric: spans dropped by reason.
+    pub const DROPPED_SPANS: &str = "dropped_spans";
+    /// Self-metric: traces being assembled.
+    pub const TRACES_IN_FLIGHT: &str = "traces_in_flight";
+    /// Self-metric: spans arriving after their trace completed.
+    pub const LATE_SPANS: &str = "late_spans";
+    /// Self-metric: spans exported by exporter and outcome.
+    pub const EXPORTED_SPANS: &str = "exported_spans";
+    /// Self-metric: series refused by the cardinality cap.
+    pub const SERIES_OVERFLOW: &str = "series_overflow";
+}

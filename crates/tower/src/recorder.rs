@@ -1,0 +1,297 @@
+//! [`RequestRecorder`]: the cheap handle an engine uses to mark a request's phases.
+//!
+//! The layer puts one in every request's extensions. The engine (or handler) clones it into
+//! whatever task or thread serves the request and calls [`scheduled`](RequestRecorder::scheduled),
+//! [`first_token`](RequestRecorder::first_token), [`tokens`](RequestRecorder::tokens) and
+//! [`finish`](RequestRecorder::finish). Each call stores one timestamp or counter in an atomic; the
+//! spans are built once, when the request ends.
+//!
+//! Marks are *first wins* and must be in order (arrival ≤ scheduled ≤ first token ≤ finish): a
+//! repeated or out-of-order call is ignored, never a panic or a negative duration.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+const UNSET: u64 = u64::MAX;
+
+/// A cheap, cloneable, `Send + Sync` handle marking one request's phases.
+///
+/// ```
+/// use infertrace_tower::RequestRecorder;
+/// let rec = RequestRecorder::new();
+/// rec.scheduled();
+/// rec.tokens(1); // the first token also marks `first_token`
+/// rec.tokens(9);
+/// rec.usage(120, 10);
+/// rec.finish("stop");
+/// let snap = rec.snapshot();
+/// assert_eq!(snap.output_tokens, Some(10));
+/// assert!(snap.scheduled.unwrap() <= snap.first_token.unwrap());
+/// ```
+#[derive(Clone, Debug)]
+pub struct RequestRecorder {
+    inner: Arc<RecorderState>,
+}
+
+#[derive(Debug)]
+struct RecorderState {
+    arrival: Instant,
+    scheduled: AtomicU64,
+    first_token: AtomicU64,
+    last_token: AtomicU64,
+    finished: AtomicU64,
+    tokens_seen: AtomicU64,
+    input_tokens: AtomicU64,
+    output_tokens: AtomicU64,
+    model: OnceLock<String>,
+    finish_reason: OnceLock<String>,
+    error: OnceLock<String>,
+}
+
+/// What a recorder holds at one moment. Offsets are from arrival.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecorderSnapshot {
+    /// Arrival → scheduled (admitted to a batch).
+    pub scheduled: Option<Duration>,
+    /// Arrival → first token.
+    pub first_token: Option<Duration>,
+    /// Arrival → most recent token.
+    pub last_token: Option<Duration>,
+    /// Arrival → finish.
+    pub finished: Option<Duration>,
+    /// Tokens reported through [`RequestRecorder::tokens`].
+    pub tokens_seen: u64,
+    /// Input tokens from [`RequestRecorder::usage`].
+    pub input_tokens: Option<u64>,
+    /// Output tokens from [`RequestRecorder::usage`], else the tokens seen (if any).
+    pub output_tokens: Option<u64>,
+    /// Model from [`RequestRecorder::model`].
+    pub model: Option<String>,
+    /// Finish reason from [`RequestRecorder::finish`].
+    pub finish_reason: Option<String>,
+    /// Error kind from [`RequestRecorder::error`].
+    pub error: Option<String>,
+}
+
+impl Default for RequestRecorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RequestRecorder {
+    /// A recorder whose arrival is now.
+    pub fn new() -> Self {
+        Self::with_arrival(Instant::now())
+    }
+
+    /// A recorder with a given arrival instant (the layer uses the instant the request came in).
+    pub fn with_arrival(arrival: Instant) -> Self {
+        Self {
+            inner: Arc::new(RecorderState {
+                arrival,
+                scheduled: AtomicU64::new(UNSET),
+                first_token: AtomicU64::new(UNSET),
+                last_token: AtomicU64::new(UNSET),
+                finished: AtomicU64::new(UNSET),
+                tokens_seen: AtomicU64::new(0),
+                input_tokens: AtomicU64::new(UNSET),
+                output_tokens: AtomicU64::new(UNSET),
+                model: OnceLock::new(),
+                finish_reason: OnceLock::new(),
+                error: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The arrival instant.
+    pub fn arrival(&self) -> Instant {
+        self.inner.arrival
+    }
+
+    fn now_nanos(&self) -> u64 {
+        // Saturates rather than panics if the clock source ever misbehaves.
+        u64::try_from(
+            Instant::now()
+                .saturating_duration_since(self.inner.arrival)
+                .as_nanos(),
+        )
+        .unwrap_or(UNSET - 1)
+    }
+
+    /// Sets `slot` to `at` if unset and not earlier than `floor` (the previous phase's mark).
+    fn mark(slot: &AtomicU64, at: u64, floor: &AtomicU64) -> bool {
+        let prev = floor.load(Ordering::Acquire);
+        if prev != UNSET && at < prev {
+            return false;
+        }
+        slot.compare_exchange(UNSET, at, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The engine admitted the request to a batch (end of the queue phase). First call wins.
+    pub fn scheduled(&self) {
+        let now = self.now_nanos();
+        if self.inner.first_token.load(Ordering::Acquire) != UNSET {
+            return; // out of order: the first token already came
+        }
+        let zero = AtomicU64::new(0);
+        Self::mark(&self.inner.scheduled, now, &zero);
+    }
+
+    /// The first output token was produced (end of prefill). First call wins.
+    pub fn first_token(&self) {
+        let now = self.now_nanos();
+        if self.inner.finished.load(Ordering::Acquire) != UNSET {
+            return;
+        }
+        if Self::mark(&self.inner.first_token, now, &self.inner.scheduled) {
+            // The first token is also the latest one until `tokens` says otherwise.
+            self.inner.last_token.fetch_min(now, Ordering::AcqRel);
+        }
+    }
+
+    /// `n` more output tokens were produced now. The first call also marks the first token.
+    pub fn tokens(&self, n: u64) {
+        if n == 0 || self.inner.finished.load(Ordering::Acquire) != UNSET {
+            return;
+        }
+        self.first_token();
+        let now = self.now_nanos();
+        self.inner.tokens_seen.fetch_add(n, Ordering::AcqRel);
+        let prev = self.inner.last_token.load(Ordering::Acquire);
+        if prev == UNSET || now > prev {
+            self.inner.last_token.store(now, Ordering::Release);
+        }
+    }
+
+    /// The request finished with `reason` (e.g. `stop`, `length`). First call wins.
+    pub fn finish(&self, reason: &str) {
+        let now = self.now_nanos();
+        let floor = if self.inner.last_token.load(Ordering::Acquire) != UNSET {
+            &self.inner.last_token
+        } else {
+            &self.inner.scheduled
+        };
+        if Self::mark(&self.inner.finished, now, floor) {
+            let _ = self.inner.finish_reason.set(reason.to_owned());
+        }
+    }
+
+    /// Token usage as the engine counts it. First call wins.
+    pub fn usage(&self, input: u64, output: u64) {
+        if self
+            .inner
+            .input_tokens
+            .compare_exchange(UNSET, input, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.inner.output_tokens.store(output, Ordering::Release);
+        }
+    }
+
+    /// The model that served the request. First call wins.
+    pub fn model(&self, name: &str) {
+        let _ = self.inner.model.set(name.to_owned());
+    }
+
+    /// The request failed with `kind` (becomes `error.type`). First call wins.
+    pub fn error(&self, kind: &str) {
+        let _ = self.inner.error.set(kind.to_owned());
+    }
+
+    /// A consistent-enough copy of what has been marked so far.
+    pub fn snapshot(&self) -> RecorderSnapshot {
+        let get = |a: &AtomicU64| match a.load(Ordering::Acquire) {
+            UNSET => None,
+            v => Some(v),
+        };
+        let dur = |a: &AtomicU64| get(a).map(Duration::from_nanos);
+        let tokens_seen = self.inner.tokens_seen.load(Ordering::Acquire);
+        let output_tokens = get(&self.inner.output_tokens)
+            .filter(|_| get(&self.inner.input_tokens).is_some())
+            .or((tokens_seen > 0).then_some(tokens_seen));
+        RecorderSnapshot {
+            scheduled: dur(&self.inner.scheduled),
+            first_token: dur(&self.inner.first_token),
+            last_token: dur(&self.inner.last_token),
+            finished: dur(&self.inner.finished),
+            tokens_seen,
+            input_tokens: get(&self.inner.input_tokens),
+            output_tokens,
+            model: self.inner.model.get().cloned(),
+            finish_reason: self.inner.finish_reason.get().cloned(),
+            error: self.inner.error.get().cloned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_in_order() {
+        let r = RequestRecorder::new();
+        r.scheduled();
+        r.tokens(1);
+        r.tokens(4);
+        r.usage(10, 5);
+        r.model("m");
+        r.finish("stop");
+        let s = r.snapshot();
+        assert!(s.scheduled.unwrap() <= s.first_token.unwrap());
+        assert!(s.first_token.unwrap() <= s.last_token.unwrap());
+        assert!(s.last_token.unwrap() <= s.finished.unwrap());
+        assert_eq!(s.tokens_seen, 5);
+        assert_eq!((s.input_tokens, s.output_tokens), (Some(10), Some(5)));
+        assert_eq!(s.model.as_deref(), Some("m"));
+        assert_eq!(s.finish_reason.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn repeated_and_out_of_order_calls_are_ignored() {
+        let r = RequestRecorder::new();
+        r.first_token();
+        let first = r.snapshot().first_token;
+        std::thread::sleep(Duration::from_millis(2));
+        r.scheduled(); // after first token: ignored
+        r.first_token(); // repeated: ignored
+        r.finish("stop");
+        r.finish("length");
+        r.tokens(3); // after finish: ignored
+        let s = r.snapshot();
+        assert_eq!(s.scheduled, None);
+        assert_eq!(s.first_token, first);
+        assert_eq!(s.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(s.tokens_seen, 0);
+    }
+
+    #[test]
+    fn output_tokens_fall_back_to_tokens_seen() {
+        let r = RequestRecorder::new();
+        r.tokens(7);
+        assert_eq!(r.snapshot().output_tokens, Some(7));
+        assert_eq!(r.snapshot().input_tokens, None);
+    }
+
+    #[test]
+    fn usable_across_threads() {
+        let r = RequestRecorder::new();
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        r.tokens(1);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(r.snapshot().tokens_seen, 400);
+    }
+}
