@@ -3,4 +3,10 @@
 //! takes data and returns data, so it is tested against ground truth and reused by the collector,
 //! the offline `analyze` command and the benchmarks alike.
 
+pub mod alert;
+pub mod critical_path;
+pub mod diagnosis;
+pub mod dialect;
+pub mod kpi;
+pub mod record;
 pub mod trace;

@@ -4,8 +4,17 @@
 //! runs the pure analysis of `infertrace-analysis`, and serves the results (Prometheus `/metrics`,
 //! the JSON API) and forwards traces downstream.
 
+pub mod api;
+pub mod assembler;
+pub mod config;
+pub mod forward;
 pub mod ingest;
 pub mod internal_events;
+pub mod limiter;
+pub mod otlp_decode;
+pub mod pipeline;
+pub mod prom_export;
+pub mod receiver;
 
 pub use ingest::{Ingest, IngestBatch, IngestError};
 pub use internal_events::InternalEvents;
