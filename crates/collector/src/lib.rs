@@ -15,6 +15,7 @@ pub mod otlp_decode;
 pub mod pipeline;
 pub mod prom_export;
 pub mod receiver;
+pub mod server;
 
 pub use ingest::{Ingest, IngestBatch, IngestError};
 pub use internal_events::InternalEvents;
