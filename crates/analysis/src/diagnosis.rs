@@ -1,1 +1,889 @@
-//! (being written)
+//! Diagnosis: findings — what is wrong and what to change — from one series' KPIs of a window.
+//!
+//! Each rule reads a [`SeriesKpis`] (and, when given, the window's [`CriticalPathSummary`]) and
+//! either stays quiet or returns a [`Finding`] with a rule id, a severity, the numbers that made
+//! it fire ([`Evidence`]) and a concrete recommendation. Every threshold is a field of
+//! [`DiagnosisConfig`], deserialisable (with defaults) from the collector's YAML.
+//!
+//! Rules (ids are stable; thresholds in parentheses are the defaults):
+//!
+//! | id | fires when |
+//! |---|---|
+//! | `queue-dominated-gpu-saturated` | p90 requests spend > 40% of e2e queued and the GPU is > 95% busy |
+//! | `queue-dominated-gpu-idle` | … queued > 40% while the GPU is < 50% busy |
+//! | `queue-dominated` | … queued > 40% with the GPU between the two, or unmeasured |
+//! | `prefill-dominated-ttft` | TTFT p90 > 1 s and prefill is ≥ 60% of it |
+//! | `high-tpot-large-batch` | TPOT p90 > 100 ms with ≥ 16 requests decoding at once (Little's law) |
+//! | `high-tpot` | TPOT p90 > 100 ms at a smaller batch |
+//! | `inter-token-stalls` | inter-token latency p99 > 5 × p50 |
+//! | `gpu-saturated` / `gpu-underutilized` | GPU > 95% / < 50% busy (when no queue rule said so) |
+//! | `e2e-slo-breach` | e2e p95 above the latency SLO (30 s) |
+//! | `throughput-below-floor` | requests/s under a configured floor (off by default) |
+//! | `error-rate` / `rejection-rate` / `cancel-rate` | > 1% / > 1% / > 5% of requests |
+//! | `goodput-below-target` | goodput ratio < 0.9 |
+//! | `critical-path-hotspot` | a span other than queue / prefill / decode owns > 25% of the p99 requests' critical path |
+//!
+//! Every rule but the throughput floor needs at least [`DiagnosisConfig::min_requests`] requests
+//! in the window (20), so one slow or failed request in a quiet minute is not a diagnosis (a
+//! longer window of the same series will still show a persistent problem).
+//!
+//! "GPU busy" is the duration-weighted mean utilisation across the three phases
+//! ([`gpu_utilization_mean`]), the same value alert rules read as `gpu.utilization.mean`.
+
+use std::fmt::Write as _;
+
+use infertrace_semconv as sc;
+use serde::{Deserialize, Serialize};
+
+use crate::critical_path::CriticalPathSummary;
+use crate::kpi::{KpiSnapshot, SeriesKpis, SloConfig};
+
+/// How bad a finding is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing; nothing is broken.
+    Info,
+    /// Latency, cost or capacity is off; act soon.
+    Warning,
+    /// Users are affected now (SLO breached, errors).
+    Critical,
+}
+
+impl Severity {
+    /// Lower-case name (`info`, `warning`, `critical`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+        }
+    }
+}
+
+/// One number behind a finding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Evidence {
+    /// What was measured, as a KPI path (`phase_share.p90.queue`, `ttft.p90`, …).
+    pub metric: String,
+    /// The measured value.
+    pub value: f64,
+    /// The threshold it was compared with, if any.
+    pub threshold: Option<f64>,
+    /// Unit of `value` and `threshold`: `s`, `ratio`, `1/s`, `requests`.
+    pub unit: &'static str,
+}
+
+/// A diagnosis: what is wrong, the numbers, and what to change.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    /// Stable rule id (see the module table).
+    pub rule_id: &'static str,
+    /// Severity.
+    pub severity: Severity,
+    /// Series service.
+    pub service: String,
+    /// Series model.
+    pub model: String,
+    /// Series operation (empty when series are not split by operation).
+    pub operation: String,
+    /// One line citing the numbers.
+    pub title: String,
+    /// The numbers.
+    pub evidence: Vec<Evidence>,
+    /// What to change, concretely.
+    pub recommendation: String,
+}
+
+/// Thresholds of the diagnosis rules; every key optional in YAML (defaults as documented).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiagnosisConfig {
+    /// Fewest requests in a window before any rule but the throughput floor speaks. Default 20.
+    pub min_requests: u64,
+    /// Queue share of e2e of the p90 requests above which latency is queue-dominated. Default 0.4.
+    pub queue_share_max: f64,
+    /// GPU utilisation (0–1) above which the GPU is saturated. Default 0.95.
+    pub gpu_saturated_min: f64,
+    /// GPU utilisation (0–1) below which the GPU is under-used. Default 0.5.
+    pub gpu_idle_max: f64,
+    /// TTFT p90 (s) above which TTFT is examined. Default 1.0.
+    pub ttft_p90_max_seconds: f64,
+    /// Share of TTFT p90 spent in prefill (p90) from which TTFT is prefill-dominated. Default 0.6.
+    pub prefill_ttft_share_min: f64,
+    /// TPOT p90 (s) above which decoding is slow. Default 0.1.
+    pub tpot_p90_max_seconds: f64,
+    /// Mean requests decoding at once (Little's law) from which a batch is large. Default 16.
+    pub large_batch_min: f64,
+    /// Inter-token latency p99 / p50 above which decodes stall. Default 5.
+    pub itl_p99_p50_ratio_max: f64,
+    /// e2e p95 SLO, seconds; `null` disables. Default 30.
+    pub e2e_p95_slo_seconds: Option<f64>,
+    /// Requests per second below which throughput is too low; `null` (default) disables.
+    pub throughput_min_rps: Option<f64>,
+    /// Error share of requests above which errors are up. Default 0.01.
+    pub error_rate_max: f64,
+    /// Rejected share of requests above which admission is refusing too much. Default 0.01.
+    pub rejection_rate_max: f64,
+    /// Cancelled share of requests above which clients are giving up. Default 0.05.
+    pub cancel_rate_max: f64,
+    /// Goodput ratio below which too few requests meet their SLOs. Default 0.9.
+    pub goodput_min: f64,
+    /// Share of the p99 requests' critical path one span other than the phases may own. Default 0.25.
+    pub critical_span_share_max: f64,
+}
+
+impl Default for DiagnosisConfig {
+    fn default() -> Self {
+        Self {
+            min_requests: 20,
+            queue_share_max: 0.4,
+            gpu_saturated_min: 0.95,
+            gpu_idle_max: 0.5,
+            ttft_p90_max_seconds: 1.0,
+            prefill_ttft_share_min: 0.6,
+            tpot_p90_max_seconds: 0.1,
+            large_batch_min: 16.0,
+            itl_p99_p50_ratio_max: 5.0,
+            e2e_p95_slo_seconds: Some(30.0),
+            throughput_min_rps: None,
+            error_rate_max: 0.01,
+            rejection_rate_max: 0.01,
+            cancel_rate_max: 0.05,
+            goodput_min: 0.9,
+            critical_span_share_max: 0.25,
+        }
+    }
+}
+
+impl DiagnosisConfig {
+    /// Takes the TTFT, TPOT and e2e thresholds from the KPI SLOs (those that are set), so
+    /// diagnosis and goodput judge by the same numbers.
+    pub fn with_slo(mut self, slo: &SloConfig) -> Self {
+        if let Some(t) = slo.ttft_seconds {
+            self.ttft_p90_max_seconds = t;
+        }
+        if let Some(t) = slo.tpot_seconds {
+            self.tpot_p90_max_seconds = t;
+        }
+        if slo.e2e_seconds.is_some() {
+            self.e2e_p95_slo_seconds = slo.e2e_seconds;
+        }
+        self
+    }
+}
+
+/// The duration-weighted mean GPU utilisation (0–1) of a series across queue, prefill and
+/// decode (each phase's utilisation weighted by its mean duration); `None` without GPU data.
+pub fn gpu_utilization_mean(s: &SeriesKpis) -> Option<f64> {
+    let gpu = s.gpu.as_ref()?;
+    let u = &gpu.utilization_mean;
+    let mut weighted = 0.0;
+    let mut weight = 0.0;
+    let mut unweighted = (0.0, 0u32);
+    for (util, phase) in [
+        (u.queue, &s.queue),
+        (u.prefill, &s.prefill),
+        (u.decode, &s.decode),
+    ] {
+        let Some(util) = util.filter(|v| v.is_finite()) else {
+            continue;
+        };
+        unweighted.0 += util;
+        unweighted.1 += 1;
+        if let Some(p) = phase.filter(|p| p.mean.is_finite() && p.mean > 0.0) {
+            weighted += util * p.mean;
+            weight += p.mean;
+        }
+    }
+    if weight > 0.0 {
+        Some(weighted / weight)
+    } else if unweighted.1 > 0 {
+        Some(unweighted.0 / f64::from(unweighted.1))
+    } else {
+        None
+    }
+}
+
+/// Mean number of requests decoding at once, by Little's law: arrival rate × mean decode time.
+pub fn decode_concurrency(s: &SeriesKpis) -> Option<f64> {
+    let d = s.decode?;
+    (s.throughput.requests_per_second > 0.0).then_some(s.throughput.requests_per_second * d.mean)
+}
+
+/// Runs every rule on one series; findings ordered most severe first (stable within a severity).
+pub fn diagnose(
+    series: &SeriesKpis,
+    critical: Option<&CriticalPathSummary>,
+    config: &DiagnosisConfig,
+) -> Vec<Finding> {
+    let mut d = Diagnoser {
+        s: series,
+        c: config,
+        out: Vec::new(),
+    };
+    // Below the minimum only the throughput floor speaks: a low rate is its very subject.
+    d.throughput_floor();
+    if series.requests >= config.min_requests {
+        let gpu = gpu_utilization_mean(series);
+        let gpu_explained = d.queue_dominated(gpu, critical);
+        d.prefill_dominated_ttft();
+        d.high_tpot(gpu);
+        d.inter_token_stalls();
+        if let Some(crit) = critical {
+            d.critical_path_hotspot(crit);
+        }
+        if !gpu_explained {
+            d.gpu_level(gpu);
+        }
+        d.e2e_slo();
+        d.goodput();
+        d.outcome_rates();
+    }
+    let mut out = d.out;
+    out.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    out
+}
+
+/// Runs [`diagnose`] on every series of a snapshot except the overflow series; the critical
+/// path summary is shared (it is per service, not per model).
+pub fn diagnose_snapshot(
+    snapshot: &KpiSnapshot,
+    critical: Option<&CriticalPathSummary>,
+    config: &DiagnosisConfig,
+) -> Vec<Finding> {
+    let mut out: Vec<Finding> = snapshot
+        .series
+        .iter()
+        .filter(|s| s.service != crate::kpi::OVERFLOW_LABEL)
+        .flat_map(|s| diagnose(s, critical, config))
+        .collect();
+    out.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    out
+}
+
+struct Diagnoser<'a> {
+    s: &'a SeriesKpis,
+    c: &'a DiagnosisConfig,
+    out: Vec<Finding>,
+}
+
+fn ev(
+    metric: impl Into<String>,
+    value: f64,
+    threshold: Option<f64>,
+    unit: &'static str,
+) -> Evidence {
+    Evidence {
+        metric: metric.into(),
+        value,
+        threshold,
+        unit,
+    }
+}
+
+/// Seconds for people: `850 ms`, `1.24 s`.
+fn secs(v: f64) -> String {
+    if v.abs() < 1.0 {
+        format!("{:.0} ms", v * 1e3)
+    } else {
+        format!("{v:.2} s")
+    }
+}
+
+/// A ratio as a percentage: `42%`, `0.5%`.
+fn pct(v: f64) -> String {
+    let p = v * 100.0;
+    if p.abs() >= 10.0 || p == 0.0 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
+fn ratio(num: u64, den: u64) -> f64 {
+    if den == 0 {
+        0.0
+    } else {
+        num as f64 / den as f64
+    }
+}
+
+impl Diagnoser<'_> {
+    fn push(
+        &mut self,
+        rule_id: &'static str,
+        severity: Severity,
+        title: String,
+        evidence: Vec<Evidence>,
+        recommendation: String,
+    ) {
+        self.out.push(Finding {
+            rule_id,
+            severity,
+            service: self.s.service.clone(),
+            model: self.s.model.clone(),
+            operation: self.s.operation.clone(),
+            title,
+            evidence,
+            recommendation,
+        });
+    }
+
+    /// Queue-dominated latency; returns whether it already spoke about the GPU level.
+    fn queue_dominated(
+        &mut self,
+        gpu: Option<f64>,
+        critical: Option<&CriticalPathSummary>,
+    ) -> bool {
+        let Some(share) = self.s.phase_share.p90.or(self.s.phase_share.all) else {
+            return false;
+        };
+        let tail = if self.s.phase_share.p90.is_some() {
+            "p90"
+        } else {
+            "all"
+        };
+        if share.queue <= self.c.queue_share_max {
+            return false;
+        }
+        let mut evidence = vec![ev(
+            format!("phase_share.{tail}.queue"),
+            share.queue,
+            Some(self.c.queue_share_max),
+            "ratio",
+        )];
+        if let Some(q) = self.s.queue {
+            evidence.push(ev("queue.p90", q.p90, None, "s"));
+        }
+        if let Some(e) = self.s.e2e {
+            evidence.push(ev("e2e.p90", e.p90, None, "s"));
+        }
+        if let Some(entry) = critical.and_then(|c| {
+            c.entries
+                .iter()
+                .find(|e| *e.service == *self.s.service && &*e.span == sc::span::QUEUE)
+        }) {
+            evidence.push(ev(
+                "critical_path.share.p90.queue",
+                entry.share.p90,
+                None,
+                "ratio",
+            ));
+        }
+        let queued = format!(
+            "The slowest 10% of requests spend {} of their latency waiting in the queue (threshold {})",
+            pct(share.queue),
+            pct(self.c.queue_share_max)
+        );
+        match gpu {
+            Some(u) if u > self.c.gpu_saturated_min => {
+                evidence.push(ev(
+                    "gpu.utilization.mean",
+                    u,
+                    Some(self.c.gpu_saturated_min),
+                    "ratio",
+                ));
+                self.push(
+                    "queue-dominated-gpu-saturated",
+                    Severity::Warning,
+                    format!("{queued} while the GPU is {} busy: capacity-bound", pct(u)),
+                    evidence,
+                    format!(
+                        "The engine cannot take more work: add replicas (or GPUs) until GPU \
+                         utilisation is below {} at peak, or shed load at admission; a bigger \
+                         batch will not help a GPU already {} busy.",
+                        pct(self.c.gpu_saturated_min),
+                        pct(u)
+                    ),
+                );
+                true
+            }
+            Some(u) if u < self.c.gpu_idle_max => {
+                evidence.push(ev(
+                    "gpu.utilization.mean",
+                    u,
+                    Some(self.c.gpu_idle_max),
+                    "ratio",
+                ));
+                self.push(
+                    "queue-dominated-gpu-idle",
+                    Severity::Warning,
+                    format!(
+                        "{queued} while the GPU is only {} busy: admission or batch limits are too low",
+                        pct(u)
+                    ),
+                    evidence,
+                    "Requests wait although the GPU has room: raise the engine's concurrency \
+                     limits (vLLM --max-num-seqs, --max-num-batched-tokens; TGI \
+                     --max-batch-total-tokens, --max-concurrent-requests) or the admission \
+                     queue's concurrency, and check the KV-cache size (--gpu-memory-utilization) \
+                     is not what caps the batch."
+                        .to_string(),
+                );
+                true
+            }
+            Some(u) => {
+                evidence.push(ev("gpu.utilization.mean", u, None, "ratio"));
+                self.push(
+                    "queue-dominated",
+                    Severity::Warning,
+                    format!("{queued}; the GPU is {} busy", pct(u)),
+                    evidence,
+                    "The GPU is neither idle nor saturated: first raise the batch limits \
+                     (--max-num-seqs, --max-num-batched-tokens) and watch whether utilisation \
+                     and throughput rise; if they stop rising, add replicas."
+                        .to_string(),
+                );
+                false
+            }
+            None => {
+                self.push(
+                    "queue-dominated",
+                    Severity::Warning,
+                    format!("{queued}; no GPU data to tell why"),
+                    evidence,
+                    format!(
+                        "Either the engine is capacity-bound (GPU > {}: add replicas) or its \
+                         admission/batch limits are too low (GPU < {}: raise --max-num-seqs / \
+                         --max-num-batched-tokens). Measure GPU utilisation to tell which: \
+                         enable infertrace's GPU sampler (NVML) on the serving host or scrape \
+                         DCGM's DCGM_FI_DEV_GPU_UTIL.",
+                        pct(self.c.gpu_saturated_min),
+                        pct(self.c.gpu_idle_max)
+                    ),
+                );
+                false
+            }
+        }
+    }
+
+    fn prefill_dominated_ttft(&mut self) {
+        let (Some(ttft), Some(prefill)) = (self.s.ttft, self.s.prefill) else {
+            return;
+        };
+        if ttft.p90 <= self.c.ttft_p90_max_seconds || ttft.p90 <= 0.0 {
+            return;
+        }
+        let share = prefill.p90 / ttft.p90;
+        if share < self.c.prefill_ttft_share_min {
+            return;
+        }
+        let mut evidence = vec![
+            ev("ttft.p90", ttft.p90, Some(self.c.ttft_p90_max_seconds), "s"),
+            ev("prefill.p90", prefill.p90, None, "s"),
+            ev(
+                "prefill.p90 / ttft.p90",
+                share,
+                Some(self.c.prefill_ttft_share_min),
+                "ratio",
+            ),
+        ];
+        let mut title = format!(
+            "TTFT p90 is {} (threshold {}) and prefill takes {} of it ({})",
+            secs(ttft.p90),
+            secs(self.c.ttft_p90_max_seconds),
+            pct(share),
+            secs(prefill.p90)
+        );
+        if self.s.requests > 0 && self.s.tokens.input > 0 {
+            let per_request = self.s.tokens.input as f64 / self.s.requests as f64;
+            evidence.push(ev("tokens.input per request", per_request, None, "tokens"));
+            let _ = write!(title, "; prompts average {per_request:.0} input tokens");
+        }
+        self.push(
+            "prefill-dominated-ttft",
+            Severity::Warning,
+            title,
+            evidence,
+            "Prompts take long to prefill: enable prefix caching (vLLM \
+             --enable-prefix-caching) so shared system prompts and chat history are computed \
+             once, enable chunked prefill (--enable-chunked-prefill with a \
+             --max-num-batched-tokens budget) so long prompts do not monopolise steps, and \
+             trim or cap prompt length; for sustained long-prompt load consider disaggregated \
+             prefill."
+                .to_string(),
+        );
+    }
+
+    fn high_tpot(&mut self, gpu: Option<f64>) {
+        let Some(tpot) = self.s.tpot else {
+            return;
+        };
+        if tpot.p90 <= self.c.tpot_p90_max_seconds {
+            return;
+        }
+        let mut evidence = vec![ev(
+            "tpot.p90",
+            tpot.p90,
+            Some(self.c.tpot_p90_max_seconds),
+            "s",
+        )];
+        let batch = decode_concurrency(self.s);
+        if let Some(b) = batch {
+            evidence.push(ev(
+                "decode concurrency (Little's law)",
+                b,
+                Some(self.c.large_batch_min),
+                "requests",
+            ));
+        }
+        if let Some(u) = gpu {
+            evidence.push(ev("gpu.utilization.mean", u, None, "ratio"));
+        }
+        let head = format!(
+            "TPOT p90 is {} (threshold {}, {:.1} tokens/s per request)",
+            secs(tpot.p90),
+            secs(self.c.tpot_p90_max_seconds),
+            1.0 / tpot.p90
+        );
+        match batch {
+            Some(b) if b >= self.c.large_batch_min => self.push(
+                "high-tpot-large-batch",
+                Severity::Warning,
+                format!("{head} with about {b:.0} requests decoding at once: decode is memory-bandwidth-bound"),
+                evidence,
+                "Each decode step reads the weights and every sequence's KV cache, so a large \
+                 batch slows every token: cap the batch (lower --max-num-seqs) to trade \
+                 throughput for TPOT, add replicas, quantise weights and KV cache (FP8/INT4), \
+                 or use speculative decoding."
+                    .to_string(),
+            ),
+            _ => self.push(
+                "high-tpot",
+                Severity::Warning,
+                match batch {
+                    Some(b) => format!("{head} at a small batch (about {b:.1} requests decoding at once)"),
+                    None => head,
+                },
+                evidence,
+                "Decoding is slow even without a large batch: the model is large for this GPU. \
+                 Use tensor parallelism across more GPUs, a quantised model (FP8/INT4), \
+                 speculative decoding, or check for CPU-side stalls (detokenisation, \
+                 streaming back-pressure)."
+                    .to_string(),
+            ),
+        }
+    }
+
+    fn inter_token_stalls(&mut self) {
+        let Some(itl) = self.s.itl else {
+            return;
+        };
+        if itl.p50 <= 0.0 {
+            return;
+        }
+        let r = itl.p99 / itl.p50;
+        if r <= self.c.itl_p99_p50_ratio_max {
+            return;
+        }
+        self.push(
+            "inter-token-stalls",
+            Severity::Warning,
+            format!(
+                "Inter-token latency p99 is {} against a p50 of {} ({r:.1}×, threshold {:.1}×; worst gap {}): decodes stall",
+                secs(itl.p99),
+                secs(itl.p50),
+                self.c.itl_p99_p50_ratio_max,
+                secs(itl.max)
+            ),
+            vec![
+                ev("itl.p99", itl.p99, None, "s"),
+                ev("itl.p50", itl.p50, None, "s"),
+                ev("itl.p99 / itl.p50", r, Some(self.c.itl_p99_p50_ratio_max), "ratio"),
+                ev("itl.max", itl.max, None, "s"),
+            ],
+            "Prefills of newly admitted requests interrupt running decodes: enable chunked \
+             prefill (vLLM --enable-chunked-prefill, a smaller --max-num-batched-tokens) so \
+             prefill is spread over steps, or separate prefill and decode onto different \
+             instances (disaggregated prefill)."
+                .to_string(),
+        );
+    }
+
+    fn gpu_level(&mut self, gpu: Option<f64>) {
+        let Some(u) = gpu else {
+            return;
+        };
+        if u > self.c.gpu_saturated_min {
+            self.push(
+                "gpu-saturated",
+                Severity::Warning,
+                format!(
+                    "GPU is {} busy (threshold {}): no headroom for bursts",
+                    pct(u),
+                    pct(self.c.gpu_saturated_min)
+                ),
+                vec![ev(
+                    "gpu.utilization.mean",
+                    u,
+                    Some(self.c.gpu_saturated_min),
+                    "ratio",
+                )],
+                "Any increase in load will queue: plan capacity now (add a replica, or enable \
+                 autoscaling on queue length / GPU utilisation)."
+                    .to_string(),
+            );
+        } else if u < self.c.gpu_idle_max {
+            self.push(
+                "gpu-underutilized",
+                Severity::Warning,
+                format!(
+                    "GPU is only {} busy (threshold {}): paying for idle capacity",
+                    pct(u),
+                    pct(self.c.gpu_idle_max)
+                ),
+                vec![ev(
+                    "gpu.utilization.mean",
+                    u,
+                    Some(self.c.gpu_idle_max),
+                    "ratio",
+                )],
+                "Consolidate: fewer replicas or a smaller GPU for this load, or serve another \
+                 model on the same GPU; if requests also queue, raise the batch limits."
+                    .to_string(),
+            );
+        }
+    }
+
+    fn e2e_slo(&mut self) {
+        let (Some(slo), Some(e2e)) = (self.c.e2e_p95_slo_seconds, self.s.e2e) else {
+            return;
+        };
+        if e2e.p95 <= slo {
+            return;
+        }
+        self.push(
+            "e2e-slo-breach",
+            Severity::Critical,
+            format!(
+                "e2e p95 is {}, over the {} SLO ({} over)",
+                secs(e2e.p95),
+                secs(slo),
+                pct(e2e.p95 / slo - 1.0)
+            ),
+            vec![
+                ev("e2e.p95", e2e.p95, Some(slo), "s"),
+                ev("e2e.p50", e2e.p50, None, "s"),
+            ],
+            "See the other findings and the critical path of the p99 requests for where the \
+             time goes; queue time points at capacity, prefill at prompt length, decode at \
+             batch size and output length."
+                .to_string(),
+        );
+    }
+
+    fn goodput(&mut self) {
+        let Some(g) = self.s.goodput.ratio else {
+            return;
+        };
+        if g >= self.c.goodput_min {
+            return;
+        }
+        self.push(
+            "goodput-below-target",
+            Severity::Warning,
+            format!(
+                "Only {} of requests met their SLOs (target {}; {:.2} good requests/s)",
+                pct(g),
+                pct(self.c.goodput_min),
+                self.s.goodput.requests_per_second
+            ),
+            vec![
+                ev("goodput.ratio", g, Some(self.c.goodput_min), "ratio"),
+                ev(
+                    "goodput.requests_per_second",
+                    self.s.goodput.requests_per_second,
+                    None,
+                    "1/s",
+                ),
+            ],
+            "Requests are served but too slowly: check which SLO they miss (TTFT, TPOT, e2e) in \
+             the other findings; raising throughput at the cost of latency lowers goodput."
+                .to_string(),
+        );
+    }
+
+    fn throughput_floor(&mut self) {
+        let Some(floor) = self.c.throughput_min_rps else {
+            return;
+        };
+        let rps = self.s.throughput.requests_per_second;
+        if rps >= floor {
+            return;
+        }
+        self.push(
+            "throughput-below-floor",
+            Severity::Warning,
+            format!(
+                "Throughput is {rps:.2} requests/s, below the floor of {floor:.2} ({:.0} output tokens/s)",
+                self.s.throughput.output_tokens_per_second
+            ),
+            vec![
+                ev("throughput.requests_per_second", rps, Some(floor), "1/s"),
+                ev(
+                    "throughput.output_tokens_per_second",
+                    self.s.throughput.output_tokens_per_second,
+                    None,
+                    "1/s",
+                ),
+            ],
+            "Less traffic is being served than expected: check upstream routing and client \
+             errors; if requests queue, see the queue findings."
+                .to_string(),
+        );
+    }
+
+    fn outcome_rates(&mut self) {
+        let n = self.s.requests;
+        if n == 0 {
+            return;
+        }
+        let errors = ratio(self.s.errors, n);
+        if errors > self.c.error_rate_max {
+            self.push(
+                "error-rate",
+                Severity::Critical,
+                format!(
+                    "{} of requests failed ({} of {n}; threshold {})",
+                    pct(errors),
+                    self.s.errors,
+                    pct(self.c.error_rate_max)
+                ),
+                vec![ev(
+                    "error_rate",
+                    errors,
+                    Some(self.c.error_rate_max),
+                    "ratio",
+                )],
+                "Look at error.type on the failed request spans (infer.outcome = error) and the \
+                 engine logs; out-of-memory and context-length errors point at request size \
+                 limits."
+                    .to_string(),
+            );
+        }
+        let rejected = ratio(self.s.rejected, n);
+        if rejected > self.c.rejection_rate_max {
+            self.push(
+                "rejection-rate",
+                Severity::Critical,
+                format!(
+                    "{} of requests were rejected at admission ({} of {n}; threshold {})",
+                    pct(rejected),
+                    self.s.rejected,
+                    pct(self.c.rejection_rate_max)
+                ),
+                vec![ev(
+                    "rejection_rate",
+                    rejected,
+                    Some(self.c.rejection_rate_max),
+                    "ratio",
+                )],
+                "The admission queue is full: add capacity, or lengthen the queue if the \
+                 latency SLO allows the extra wait."
+                    .to_string(),
+            );
+        }
+        let cancelled = ratio(self.s.cancelled, n);
+        if cancelled > self.c.cancel_rate_max {
+            self.push(
+                "cancel-rate",
+                Severity::Warning,
+                format!(
+                    "{} of requests were cancelled by the client ({} of {n}; threshold {})",
+                    pct(cancelled),
+                    self.s.cancelled,
+                    pct(self.c.cancel_rate_max)
+                ),
+                vec![ev(
+                    "cancel_rate",
+                    cancelled,
+                    Some(self.c.cancel_rate_max),
+                    "ratio",
+                )],
+                "Clients give up before the answer ends: compare TTFT and e2e with client \
+                 timeouts; cancelled requests still cost GPU time (their tokens are counted)."
+                    .to_string(),
+            );
+        }
+    }
+
+    fn critical_path_hotspot(&mut self, crit: &CriticalPathSummary) {
+        let phases = [sc::span::QUEUE, sc::span::PREFILL, sc::span::DECODE];
+        let Some(top) = crit
+            .entries
+            .iter()
+            .filter(|e| *e.service == *self.s.service && !phases.contains(&&*e.span))
+            .max_by(|a, b| a.share.p99.total_cmp(&b.share.p99))
+        else {
+            return;
+        };
+        if top.share.p99 <= self.c.critical_span_share_max {
+            return;
+        }
+        self.push(
+            "critical-path-hotspot",
+            Severity::Warning,
+            format!(
+                "Span '{}' owns {} of the critical path of the slowest 1% of requests ({} over all requests; threshold {})",
+                top.span,
+                pct(top.share.p99),
+                pct(top.share.all),
+                pct(self.c.critical_span_share_max)
+            ),
+            vec![
+                ev(
+                    format!("critical_path.share.p99.{}", top.span),
+                    top.share.p99,
+                    Some(self.c.critical_span_share_max),
+                    "ratio",
+                ),
+                ev(
+                    format!("critical_path.share.all.{}", top.span),
+                    top.share.all,
+                    None,
+                    "ratio",
+                ),
+            ],
+            format!(
+                "Time outside the engine's queue, prefill and decode dominates the slow \
+                 requests: look at what '{}' does (tokenisation, retrieval, tool calls, \
+                 network, the request span's own time) in the slowest traces.",
+                top.span
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_numbers_for_people() {
+        assert_eq!(secs(0.25), "250 ms");
+        assert_eq!(secs(1.234), "1.23 s");
+        assert_eq!(pct(0.423), "42%");
+        assert_eq!(pct(0.005), "0.5%");
+        assert_eq!(pct(0.0), "0%");
+    }
+
+    #[test]
+    fn config_deserialises_with_defaults_and_takes_slos() {
+        let c: DiagnosisConfig =
+            serde_json::from_str(r#"{"queue_share_max": 0.5, "throughput_min_rps": 2}"#).unwrap();
+        assert_eq!(c.queue_share_max, 0.5);
+        assert_eq!(c.throughput_min_rps, Some(2.0));
+        assert_eq!(c.gpu_saturated_min, 0.95);
+        assert!(serde_json::from_str::<DiagnosisConfig>(r#"{"nope": 1}"#).is_err());
+        let slo = SloConfig {
+            ttft_seconds: Some(0.5),
+            tpot_seconds: None,
+            e2e_seconds: Some(10.0),
+        };
+        let c = DiagnosisConfig::default().with_slo(&slo);
+        assert_eq!(c.ttft_p90_max_seconds, 0.5);
+        assert_eq!(c.tpot_p90_max_seconds, 0.1);
+        assert_eq!(c.e2e_p95_slo_seconds, Some(10.0));
+    }
+}

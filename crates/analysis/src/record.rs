@@ -1,1 +1,333 @@
-//! (being written)
+//! [`RequestRecord`]: one inference request, normalised from whatever dialect reported it.
+//!
+//! Every dialect (see [`crate::dialect`]) reduces its spans to this one record, so the KPI
+//! windows, the critical path and the diagnosis never care which engine served a request.
+//! Durations are seconds as `f64`; a phase that the spans do not tell is `None`, never zero.
+
+use std::sync::Arc;
+
+use infertrace_semconv as sc;
+use serde::Serialize;
+
+use crate::trace::{SpanId, TraceId};
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Completed normally.
+    Ok,
+    /// Failed: handler or engine error, HTTP 5xx, a non-OK gRPC status, span status ERROR.
+    Error,
+    /// The client went away before the response completed (HTTP 499, gRPC CANCELLED).
+    Cancelled,
+    /// Refused by admission control (HTTP 429, gRPC RESOURCE_EXHAUSTED).
+    Rejected,
+}
+
+impl Outcome {
+    /// The `infer.outcome` value of this outcome.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => sc::infer::outcome::OK,
+            Self::Error => sc::infer::outcome::ERROR,
+            Self::Cancelled => sc::infer::outcome::CANCELLED,
+            Self::Rejected => sc::infer::outcome::REJECTED,
+        }
+    }
+
+    /// Parses an `infer.outcome` value (case-insensitive; `canceled` is accepted too).
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        [
+            (sc::infer::outcome::OK, Self::Ok),
+            (sc::infer::outcome::ERROR, Self::Error),
+            (sc::infer::outcome::CANCELLED, Self::Cancelled),
+            ("canceled", Self::Cancelled),
+            (sc::infer::outcome::REJECTED, Self::Rejected),
+        ]
+        .into_iter()
+        .find(|(name, _)| s.eq_ignore_ascii_case(name))
+        .map(|(_, o)| o)
+    }
+}
+
+/// Which engine's conventions a request was reported in (REFERENCE.md §2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dialect {
+    /// infertrace's own request span with `queue` / `prefill` / `decode` children.
+    Infertrace,
+    /// vLLM's `llm_request` span.
+    Vllm,
+    /// SGLang request spans carrying `gen_ai.latency.*`.
+    Sglang,
+    /// text-generation-inference router spans (duration strings).
+    Tgi,
+    /// Any other SERVER span: e2e latency, rate and errors only.
+    Generic,
+}
+
+impl Dialect {
+    /// Lower-case name (`infertrace`, `vllm`, `sglang`, `tgi`, `generic`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Infertrace => "infertrace",
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+            Self::Tgi => "tgi",
+            Self::Generic => "generic",
+        }
+    }
+}
+
+/// Whether a phase's number was read or computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PhaseOrigin {
+    /// Read directly: a span's own timestamps or an attribute that states this very phase.
+    Measured,
+    /// Computed from other numbers (e.g. TTFT = queue + prefill, decode = inference − prefill),
+    /// or marked `infer.phase.source = derived` by the middleware that emitted it.
+    Derived,
+}
+
+/// The origin of each phase of a record; `None` where the phase itself is `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PhaseOrigins {
+    /// Origin of [`RequestRecord::queue`].
+    pub queue: Option<PhaseOrigin>,
+    /// Origin of [`RequestRecord::prefill`].
+    pub prefill: Option<PhaseOrigin>,
+    /// Origin of [`RequestRecord::ttft`].
+    pub ttft: Option<PhaseOrigin>,
+    /// Origin of [`RequestRecord::decode`].
+    pub decode: Option<PhaseOrigin>,
+    /// Origin of [`RequestRecord::tpot`].
+    pub tpot: Option<PhaseOrigin>,
+}
+
+/// Inter-token latency statistics of one streamed response, seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct InterTokenStats {
+    /// Median gap between streamed chunks.
+    pub p50: f64,
+    /// 99th percentile gap.
+    pub p99: f64,
+    /// Largest gap.
+    pub max: f64,
+}
+
+/// A value per phase (GPU statistics are reported per phase span).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PerPhase {
+    /// Queue phase.
+    pub queue: Option<f64>,
+    /// Prefill phase.
+    pub prefill: Option<f64>,
+    /// Decode phase.
+    pub decode: Option<f64>,
+    /// The `inference` phase (derived mode, non-streamed: prefill and decode not split).
+    pub inference: Option<f64>,
+}
+
+impl PerPhase {
+    /// True when no phase has a value.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_none()
+            && self.prefill.is_none()
+            && self.decode.is_none()
+            && self.inference.is_none()
+    }
+}
+
+/// GPU window statistics of a request, from the `gpu.*` attributes of its phase spans.
+///
+/// Present only when at least one phase span carried `gpu.*` attributes (no GPU → `None`, never
+/// zeros).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct GpuRecord {
+    /// `gpu.utilization.mean` per phase, 0–1.
+    pub utilization_mean: PerPhase,
+    /// `gpu.sm.activity.mean` per phase, 0–1 (Hopper GPM, when available).
+    pub sm_activity_mean: PerPhase,
+    /// `gpu.power.mean` per phase, watts.
+    pub power_mean_watts: PerPhase,
+    /// Device energy over the request's phases (sum of `gpu.energy`), joules.
+    pub energy_joules: Option<f64>,
+    /// Energy attributed to this request by token share (sum of `gpu.energy.attributed`),
+    /// joules — an estimate.
+    pub energy_attributed_joules: Option<f64>,
+    /// Largest `gpu.memory.used.max` over the phases, bytes.
+    pub memory_used_max_bytes: Option<f64>,
+}
+
+/// One inference request, normalised.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RequestRecord {
+    /// Trace of the request.
+    pub trace_id: TraceId,
+    /// The request span.
+    pub span_id: SpanId,
+    /// `service.name` of the request span's resource.
+    pub service: Arc<str>,
+    /// Model (response model, else request model, else [`UNKNOWN`]).
+    pub model: String,
+    /// Operation (`gen_ai.operation.name`, else the dialect's best knowledge, else [`UNKNOWN`]).
+    pub operation: String,
+    /// How the request ended.
+    pub outcome: Outcome,
+    /// Which dialect reported it.
+    pub dialect: Dialect,
+    /// Arrival (the request span's start), Unix nanoseconds.
+    pub arrival_unix_nano: u64,
+    /// End (the request span's end), Unix nanoseconds.
+    pub end_unix_nano: u64,
+    /// Arrival → response complete, seconds.
+    pub e2e: f64,
+    /// Arrival → scheduled, seconds.
+    pub queue: Option<f64>,
+    /// Scheduled → first token, seconds.
+    pub prefill: Option<f64>,
+    /// Arrival → first token, seconds.
+    pub ttft: Option<f64>,
+    /// First token → last token, seconds.
+    pub decode: Option<f64>,
+    /// Prefill + decode when not split (infertrace's `inference` phase, vLLM's
+    /// `time_in_model_inference`, TGI's `inference_time`), seconds.
+    pub inference: Option<f64>,
+    /// Time per output token = decode / (output tokens − 1), seconds.
+    pub tpot: Option<f64>,
+    /// Arrival → first response chunk on the wire (`infer.time_to_first_chunk`), seconds.
+    pub time_to_first_chunk: Option<f64>,
+    /// Inter-token latency statistics of a streamed response.
+    pub itl: Option<InterTokenStats>,
+    /// Prompt tokens.
+    pub input_tokens: Option<u64>,
+    /// Generated tokens.
+    pub output_tokens: Option<u64>,
+    /// Streamed chunks (SSE events / gRPC messages).
+    pub stream_chunks: Option<u64>,
+    /// Admission-queue length at arrival (`infer.queue.depth`).
+    pub queue_depth: Option<u64>,
+    /// GPU window statistics, when the phase spans carry them.
+    pub gpu: Option<GpuRecord>,
+    /// Whether each phase was measured or derived.
+    pub origins: PhaseOrigins,
+}
+
+/// Model or operation value used when the spans do not tell.
+pub const UNKNOWN: &str = "unknown";
+
+/// TPOT by the GenAI definition: decode time / (output tokens − 1); `None` below two tokens.
+pub fn tpot_from(decode: f64, output_tokens: u64) -> Option<f64> {
+    (output_tokens >= 2 && decode.is_finite() && decode >= 0.0)
+        .then(|| decode / (output_tokens - 1) as f64)
+}
+
+impl RequestRecord {
+    /// A record with only the identity, times and e2e set; every phase `None`, outcome `Ok`.
+    ///
+    /// Dialects start from this and fill in what their spans tell; tests use it to build
+    /// records by hand.
+    pub fn new(
+        trace_id: TraceId,
+        span_id: SpanId,
+        service: Arc<str>,
+        dialect: Dialect,
+        arrival_unix_nano: u64,
+        end_unix_nano: u64,
+    ) -> Self {
+        Self {
+            trace_id,
+            span_id,
+            service,
+            model: UNKNOWN.to_owned(),
+            operation: UNKNOWN.to_owned(),
+            outcome: Outcome::Ok,
+            dialect,
+            arrival_unix_nano,
+            end_unix_nano,
+            e2e: end_unix_nano.saturating_sub(arrival_unix_nano) as f64 / 1e9,
+            queue: None,
+            prefill: None,
+            ttft: None,
+            decode: None,
+            inference: None,
+            tpot: None,
+            time_to_first_chunk: None,
+            itl: None,
+            input_tokens: None,
+            output_tokens: None,
+            stream_chunks: None,
+            queue_depth: None,
+            gpu: None,
+            origins: PhaseOrigins::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_round_trips_and_serializes_lowercase() {
+        for o in [
+            Outcome::Ok,
+            Outcome::Error,
+            Outcome::Cancelled,
+            Outcome::Rejected,
+        ] {
+            assert_eq!(Outcome::parse(o.as_str()), Some(o));
+            assert_eq!(
+                serde_json::to_string(&o).unwrap(),
+                format!("\"{}\"", o.as_str())
+            );
+        }
+        assert_eq!(Outcome::parse(" Canceled "), Some(Outcome::Cancelled));
+        assert_eq!(Outcome::parse("weird"), None);
+    }
+
+    #[test]
+    fn dialect_serializes_as_its_name() {
+        for d in [
+            Dialect::Infertrace,
+            Dialect::Vllm,
+            Dialect::Sglang,
+            Dialect::Tgi,
+            Dialect::Generic,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&d).unwrap(),
+                format!("\"{}\"", d.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn tpot_uses_output_tokens_minus_one() {
+        assert_eq!(tpot_from(0.9, 10), Some(0.1));
+        assert_eq!(tpot_from(0.9, 1), None);
+        assert_eq!(tpot_from(0.9, 0), None);
+        assert_eq!(tpot_from(f64::NAN, 5), None);
+    }
+
+    #[test]
+    fn new_record_computes_e2e_and_leaves_phases_empty() {
+        let r = RequestRecord::new(
+            TraceId([1; 16]),
+            SpanId([2; 8]),
+            Arc::from("svc"),
+            Dialect::Generic,
+            1_000_000_000,
+            3_500_000_000,
+        );
+        assert_eq!(r.e2e, 2.5);
+        assert!(r.queue.is_none() && r.ttft.is_none() && r.gpu.is_none());
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["outcome"], "ok");
+        assert_eq!(json["dialect"], "generic");
+        assert_eq!(json["trace_id"], "01".repeat(16));
+    }
+}

@@ -1,1 +1,646 @@
-//! (being written)
+//! [`TraceAssembler`]: groups spans by trace id and decides when a trace is complete.
+//!
+//! Rules (time is passed in, so every rule is unit-tested with explicit instants):
+//! - A trace with a **request span** (as the dialects recognise one) is complete once the request
+//!   span has arrived and the grace period (default 2 s) has passed since the *most recent*
+//!   request span arrived, so late children (and the request spans of outer services) are
+//!   included. A stream that lasts minutes is fine: its request span is only emitted at its end,
+//!   and completion follows that arrival, not a fixed wait.
+//! - A trace without one is closed when no span arrived for the idle timeout (default 30 s).
+//! - Any trace is closed at its maximum age (default 10 min after its first span).
+//! - Bounded: at most `max_spans_per_trace` spans per trace and `max_traces_in_flight` traces;
+//!   beyond either, spans are dropped and counted (`dropped_spans_total{reason}`).
+//! - Memory: the caller reserves memory for a batch (the [`MemoryLimiter`]) and hands the
+//!   reservation in as a [`MemoryHold`]; every trace that got spans from the batch keeps a clone,
+//!   so the memory is released when the last of those traces completes.
+//!
+//! **Late spans.** The ids of recently completed traces are remembered (for the idle timeout,
+//! at most `max_traces_in_flight` of them). A span of such a trace is *late*: it is counted
+//! (`late_spans_total`) and handed back by [`TraceAssembler::poll`] in [`Ready::late`], so the
+//! pipeline can merge it where that is honest: into the stored trace behind
+//! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (the
+//! request was already counted once). One exception: when the earlier part of the trace was
+//! closed *without* a request span (idle or max age) and a request span now arrives, that is no
+//! double count, so the span starts a new trace and its request is counted normally.
+//!
+//! [`MemoryLimiter`]: crate::limiter::MemoryLimiter
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use infertrace_analysis::trace::{Span, TraceId};
+
+use crate::internal_events::InternalEvents;
+
+/// Memory held for buffered spans (a limiter reservation): released when the last clone drops.
+pub type MemoryHold = Arc<dyn Any + Send + Sync>;
+
+/// Most late spans kept between two polls; more are dropped (`late_span_buffer_full`).
+const MAX_LATE_BUFFER: usize = 65_536;
+
+/// Assembly bounds and timings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AssemblerConfig {
+    /// Wait after the last request span's arrival.
+    pub grace: Duration,
+    /// Close a trace without a request span after this long with no new span.
+    pub idle_timeout: Duration,
+    /// Close any trace this long after its first span.
+    pub max_age: Duration,
+    /// Spans kept per trace.
+    pub max_spans_per_trace: usize,
+    /// Traces assembled at once (also the number of completed ids remembered).
+    pub max_traces_in_flight: usize,
+}
+
+impl Default for AssemblerConfig {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(30),
+            max_age: Duration::from_secs(600),
+            max_spans_per_trace: 10_000,
+            max_traces_in_flight: 100_000,
+        }
+    }
+}
+
+/// Why a trace was closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// Its request span arrived and the grace period passed.
+    Grace,
+    /// No request span and no new span for the idle timeout.
+    Idle,
+    /// It reached the maximum age.
+    MaxAge,
+    /// The collector is shutting down (or a caller flushed).
+    Flush,
+}
+
+/// A closed trace, ready for analysis.
+#[derive(Debug)]
+pub struct CompletedTrace {
+    /// The trace id.
+    pub trace_id: TraceId,
+    /// Its spans, in arrival order.
+    pub spans: Vec<Span>,
+    /// Why it was closed.
+    pub reason: CloseReason,
+    /// Whether a request span was seen.
+    pub has_request: bool,
+    /// Memory held for the spans; dropping it (with the spans) releases the reservation.
+    pub holds: Vec<MemoryHold>,
+}
+
+/// What [`TraceAssembler::poll`] hands back.
+#[derive(Debug, Default)]
+pub struct Ready {
+    /// Traces closed by this poll.
+    pub completed: Vec<CompletedTrace>,
+    /// Spans that arrived after their trace was completed, since the last poll.
+    pub late: Vec<Span>,
+}
+
+#[derive(Debug)]
+struct PendingTrace {
+    spans: Vec<Span>,
+    first_seen: Instant,
+    last_seen: Instant,
+    request_at: Option<Instant>,
+    holds: Vec<MemoryHold>,
+}
+
+/// Groups spans into traces and closes them by the rules in the module docs.
+pub struct TraceAssembler {
+    config: AssemblerConfig,
+    is_request: fn(&Span) -> bool,
+    events: InternalEvents,
+    traces: HashMap<TraceId, PendingTrace>,
+    /// (trace, first_seen) in first-seen order; entries of closed traces are skipped lazily.
+    by_age: VecDeque<(TraceId, Instant)>,
+    /// (trace, request arrival) in arrival order; stale entries are skipped lazily.
+    by_grace: VecDeque<(TraceId, Instant)>,
+    /// Recently completed traces: id → (had a request span, completion time).
+    completed: HashMap<TraceId, (bool, Instant)>,
+    completed_order: VecDeque<(TraceId, Instant)>,
+    late: Vec<Span>,
+    last_idle_scan: Option<Instant>,
+    /// Earliest idle deadline found by the last scan (`None`: scan at the next poll).
+    next_idle_due: Option<Instant>,
+}
+
+impl std::fmt::Debug for TraceAssembler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceAssembler")
+            .field("config", &self.config)
+            .field("traces_in_flight", &self.traces.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceAssembler {
+    /// A new assembler. `is_request` says whether a span is a request span (the pipeline passes
+    /// the dialect detector).
+    pub fn new(
+        config: AssemblerConfig,
+        events: InternalEvents,
+        is_request: fn(&Span) -> bool,
+    ) -> Self {
+        Self {
+            config,
+            is_request,
+            events,
+            traces: HashMap::new(),
+            by_age: VecDeque::new(),
+            by_grace: VecDeque::new(),
+            completed: HashMap::new(),
+            completed_order: VecDeque::new(),
+            late: Vec::new(),
+            last_idle_scan: None,
+            next_idle_due: None,
+        }
+    }
+
+    /// Traces being assembled.
+    pub fn traces_in_flight(&self) -> usize {
+        self.traces.len()
+    }
+
+    /// Spans being held, over all traces.
+    pub fn spans_in_flight(&self) -> usize {
+        self.traces.values().map(|t| t.spans.len()).sum()
+    }
+
+    /// Adds spans received at `now`. `hold` is the memory reservation covering them (kept until
+    /// every trace holding one of the spans completes). Overflowing spans are dropped and
+    /// counted; late spans are kept for the next [`poll`](Self::poll).
+    pub fn push(&mut self, spans: Vec<Span>, hold: Option<MemoryHold>, now: Instant) {
+        let mut over_traces = 0u64;
+        let mut over_spans = 0u64;
+        let mut late = 0u64;
+        let mut late_overflow = 0u64;
+        for span in spans {
+            let id = span.trace_id;
+            let is_request = (self.is_request)(&span);
+            let trace = match self.traces.get_mut(&id) {
+                Some(t) => t,
+                None => {
+                    if let Some(&(had_request, _)) = self.completed.get(&id)
+                        && (had_request || !is_request)
+                    {
+                        late += 1;
+                        if self.late.len() < MAX_LATE_BUFFER {
+                            self.late.push(span);
+                        } else {
+                            late_overflow += 1;
+                        }
+                        continue;
+                    }
+                    if self.traces.len() >= self.config.max_traces_in_flight {
+                        over_traces += 1;
+                        continue;
+                    }
+                    self.completed.remove(&id);
+                    self.by_age.push_back((id, now));
+                    self.traces.entry(id).or_insert(PendingTrace {
+                        spans: Vec::new(),
+                        first_seen: now,
+                        last_seen: now,
+                        request_at: None,
+                        holds: Vec::new(),
+                    })
+                }
+            };
+            if trace.spans.len() >= self.config.max_spans_per_trace {
+                over_spans += 1;
+                continue;
+            }
+            trace.last_seen = now;
+            if is_request {
+                trace.request_at = Some(now);
+                self.by_grace.push_back((id, now));
+            }
+            if let Some(h) = &hold
+                && !trace.holds.last().is_some_and(|l| Arc::ptr_eq(l, h))
+            {
+                trace.holds.push(h.clone());
+            }
+            trace.spans.push(span);
+        }
+        self.events
+            .spans_dropped("max_traces_in_flight", over_traces);
+        self.events.spans_dropped("max_spans_per_trace", over_spans);
+        self.events
+            .spans_dropped("late_span_buffer_full", late_overflow);
+        if late > 0 {
+            self.events.late_spans.inc_by(late);
+        }
+        self.events.traces_in_flight.set(self.traces.len() as i64);
+        self.compact();
+    }
+
+    /// Closes every trace due at `now` and returns them with the late spans since the last poll.
+    pub fn poll(&mut self, now: Instant) -> Ready {
+        let mut completed = Vec::new();
+        // Grace: request arrival order is also due order.
+        while let Some(&(id, at)) = self.by_grace.front() {
+            if at + self.config.grace > now {
+                break;
+            }
+            self.by_grace.pop_front();
+            let current = self
+                .traces
+                .get(&id)
+                .is_some_and(|t| t.request_at == Some(at));
+            if current && let Some(t) = self.close(id, CloseReason::Grace, now) {
+                completed.push(t);
+            }
+        }
+        // Max age: first-seen order is also due order.
+        while let Some(&(id, first)) = self.by_age.front() {
+            if first + self.config.max_age > now {
+                break;
+            }
+            self.by_age.pop_front();
+            let current = self.traces.get(&id).is_some_and(|t| t.first_seen == first);
+            if current && let Some(t) = self.close(id, CloseReason::MaxAge, now) {
+                completed.push(t);
+            }
+        }
+        // Idle: a scan, when the earliest idle deadline seen by the last scan has passed, and at
+        // most every idle_timeout / 64 (a trace closes at most ~1.6% of the timeout late).
+        let min_gap = (self.config.idle_timeout / 64).max(Duration::from_millis(1));
+        let gap_ok = self.last_idle_scan.is_none_or(|t| now >= t + min_gap);
+        if gap_ok && self.next_idle_due.is_none_or(|d| now >= d) {
+            self.last_idle_scan = Some(now);
+            let idle = self.config.idle_timeout;
+            let mut next_due: Option<Instant> = None;
+            let mut due = Vec::new();
+            for (id, t) in &self.traces {
+                if t.request_at.is_some() {
+                    continue;
+                }
+                let d = t.last_seen + idle;
+                if d <= now {
+                    due.push(*id);
+                } else {
+                    next_due = Some(next_due.map_or(d, |n| n.min(d)));
+                }
+            }
+            // New traces and new spans only move deadlines later, so this is a lower bound.
+            self.next_idle_due = next_due;
+            for id in due {
+                if let Some(t) = self.close(id, CloseReason::Idle, now) {
+                    completed.push(t);
+                }
+            }
+        }
+        self.forget_completed(now);
+        self.events.traces_in_flight.set(self.traces.len() as i64);
+        Ready {
+            completed,
+            late: std::mem::take(&mut self.late),
+        }
+    }
+
+    /// Closes every trace now, whatever its state (shutdown).
+    pub fn flush(&mut self, now: Instant) -> Ready {
+        let ids: Vec<TraceId> = self.traces.keys().copied().collect();
+        let completed = ids
+            .into_iter()
+            .filter_map(|id| self.close(id, CloseReason::Flush, now))
+            .collect();
+        self.by_age.clear();
+        self.by_grace.clear();
+        self.events.traces_in_flight.set(0);
+        Ready {
+            completed,
+            late: std::mem::take(&mut self.late),
+        }
+    }
+
+    fn close(&mut self, id: TraceId, reason: CloseReason, now: Instant) -> Option<CompletedTrace> {
+        let t = self.traces.remove(&id)?;
+        let has_request = t.request_at.is_some();
+        self.completed.insert(id, (has_request, now));
+        self.completed_order.push_back((id, now));
+        Some(CompletedTrace {
+            trace_id: id,
+            spans: t.spans,
+            reason,
+            has_request,
+            holds: t.holds,
+        })
+    }
+
+    /// Forgets completed ids older than the idle timeout, or beyond the count bound.
+    fn forget_completed(&mut self, now: Instant) {
+        while let Some(&(id, at)) = self.completed_order.front() {
+            let expired = at + self.config.idle_timeout <= now;
+            if !expired && self.completed_order.len() <= self.config.max_traces_in_flight {
+                break;
+            }
+            self.completed_order.pop_front();
+            // A re-opened trace (request span after an idle close) may have completed again
+            // later; only forget the id if this entry is its newest completion.
+            if self.completed.get(&id).is_some_and(|(_, t)| *t == at) {
+                self.completed.remove(&id);
+            }
+        }
+    }
+
+    /// Drops stale queue entries when they outnumber live traces (amortised O(1) per push).
+    fn compact(&mut self) {
+        let live = self.traces.len();
+        if self.by_age.len() > 2 * live + 1024 {
+            let traces = &self.traces;
+            self.by_age
+                .retain(|(id, first)| traces.get(id).is_some_and(|t| t.first_seen == *first));
+        }
+        if self.by_grace.len() > 2 * live + 1024 {
+            let traces = &self.traces;
+            self.by_grace
+                .retain(|(id, at)| traces.get(id).is_some_and(|t| t.request_at == Some(*at)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use infertrace_analysis::trace::{SpanId, SpanKind};
+
+    fn span(trace: u8, id: u8, name: &str) -> Span {
+        Span {
+            trace_id: TraceId([trace; 16]),
+            span_id: SpanId([id; 8]),
+            parent_span_id: None,
+            name: name.to_owned(),
+            service: Arc::from("svc"),
+            kind: SpanKind::Internal,
+            start_unix_nano: 1,
+            end_unix_nano: 2,
+            status: Default::default(),
+            attributes: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    fn is_request(s: &Span) -> bool {
+        s.name == "request"
+    }
+
+    fn assembler(config: AssemblerConfig) -> (TraceAssembler, InternalEvents) {
+        let events = InternalEvents::default();
+        (
+            TraceAssembler::new(config, events.clone(), is_request),
+            events,
+        )
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn request_trace_completes_after_grace() {
+        let (mut a, events) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "queue")], None, t0);
+        a.push(vec![span(1, 2, "request")], None, t0 + secs(1.0));
+        assert_eq!(events.traces_in_flight.get(), 1);
+        assert!(
+            a.poll(t0 + secs(2.9)).completed.is_empty(),
+            "grace counts from the request"
+        );
+        a.push(vec![span(1, 3, "decode")], None, t0 + secs(2.95));
+        let done = a.poll(t0 + secs(3.0)).completed;
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].reason, CloseReason::Grace);
+        assert_eq!(
+            done[0].spans.len(),
+            3,
+            "the child inside the grace period is included"
+        );
+        assert!(done[0].has_request);
+        assert_eq!(a.traces_in_flight(), 0);
+        assert_eq!(events.traces_in_flight.get(), 0);
+    }
+
+    #[test]
+    fn a_second_request_span_restarts_grace() {
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "request")], None, t0);
+        a.push(vec![span(1, 2, "request")], None, t0 + secs(1.5));
+        assert!(a.poll(t0 + secs(2.0)).completed.is_empty());
+        assert_eq!(a.poll(t0 + secs(3.5)).completed.len(), 1);
+    }
+
+    #[test]
+    fn long_stream_completes_from_its_request_span_not_its_start() {
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        // A five-minute stream: an engine span arrives early, the request span at the end.
+        a.push(vec![span(1, 1, "tokenize")], None, t0);
+        for i in 1..30 {
+            a.push(
+                vec![span(1, 10 + i, "step")],
+                None,
+                t0 + secs(10.0 * i as f64),
+            );
+            assert!(a.poll(t0 + secs(10.0 * i as f64)).completed.is_empty());
+        }
+        a.push(vec![span(1, 2, "request")], None, t0 + secs(300.0));
+        assert!(a.poll(t0 + secs(301.0)).completed.is_empty());
+        let done = a.poll(t0 + secs(302.0)).completed;
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].spans.len(), 31);
+    }
+
+    #[test]
+    fn trace_without_request_closes_on_idle() {
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(2, 1, "db")], None, t0);
+        a.push(vec![span(2, 2, "db")], None, t0 + secs(10.0));
+        assert!(
+            a.poll(t0 + secs(39.0)).completed.is_empty(),
+            "idle counts from the last span"
+        );
+        let done = a.poll(t0 + secs(40.0)).completed;
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].reason, CloseReason::Idle);
+        assert!(!done[0].has_request);
+    }
+
+    #[test]
+    fn busy_trace_closes_at_max_age() {
+        let cfg = AssemblerConfig {
+            max_age: secs(60.0),
+            ..Default::default()
+        };
+        let (mut a, _) = assembler(cfg);
+        let t0 = Instant::now();
+        let mut closed = None;
+        for i in 0..13 {
+            let now = t0 + secs(5.0 * i as f64);
+            a.push(vec![span(3, i, "chatty")], None, now);
+            let done = a.poll(now).completed;
+            if !done.is_empty() {
+                closed = Some((i, done));
+                break;
+            }
+        }
+        let (i, done) = closed.expect("closed by max age");
+        assert_eq!(i, 12, "at 60 s");
+        assert_eq!(done[0].reason, CloseReason::MaxAge);
+        assert_eq!(done[0].spans.len(), 13);
+    }
+
+    #[test]
+    fn late_spans_are_counted_and_handed_back() {
+        let (mut a, events) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "request")], None, t0);
+        assert_eq!(a.poll(t0 + secs(2.0)).completed.len(), 1);
+        a.push(
+            vec![span(1, 2, "decode"), span(1, 3, "request")],
+            None,
+            t0 + secs(3.0),
+        );
+        assert_eq!(
+            a.traces_in_flight(),
+            0,
+            "late spans do not reopen a counted trace"
+        );
+        let ready = a.poll(t0 + secs(3.1));
+        assert_eq!(ready.late.len(), 2);
+        assert_eq!(events.late_spans.get(), 2);
+        assert!(a.poll(t0 + secs(3.2)).late.is_empty(), "handed back once");
+    }
+
+    #[test]
+    fn request_span_after_idle_close_starts_a_new_trace() {
+        let (mut a, events) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "engine")], None, t0);
+        assert_eq!(a.poll(t0 + secs(30.0)).completed.len(), 1);
+        a.push(vec![span(1, 2, "request")], None, t0 + secs(31.0));
+        assert_eq!(a.traces_in_flight(), 1);
+        assert_eq!(events.late_spans.get(), 0);
+        let done = a.poll(t0 + secs(33.0)).completed;
+        assert_eq!(done.len(), 1);
+        assert!(done[0].has_request);
+    }
+
+    #[test]
+    fn completed_ids_are_forgotten_after_idle_timeout() {
+        let (mut a, events) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "request")], None, t0);
+        a.poll(t0 + secs(2.0));
+        a.poll(t0 + secs(32.0));
+        a.push(vec![span(1, 2, "request")], None, t0 + secs(33.0));
+        assert_eq!(
+            events.late_spans.get(),
+            0,
+            "a new trace with a reused id after 30 s"
+        );
+        assert_eq!(a.traces_in_flight(), 1);
+    }
+
+    #[test]
+    fn caps_drop_and_count() {
+        let cfg = AssemblerConfig {
+            max_spans_per_trace: 3,
+            max_traces_in_flight: 2,
+            ..Default::default()
+        };
+        let (mut a, events) = assembler(cfg);
+        let t0 = Instant::now();
+        let batch: Vec<Span> = (0..5).map(|i| span(1, i, "x")).collect();
+        a.push(batch, None, t0);
+        a.push(
+            vec![span(2, 1, "x"), span(3, 1, "x"), span(3, 2, "x")],
+            None,
+            t0,
+        );
+        assert_eq!(a.traces_in_flight(), 2);
+        assert_eq!(a.spans_in_flight(), 4);
+        assert_eq!(events.dropped("max_spans_per_trace"), 2);
+        assert_eq!(events.dropped("max_traces_in_flight"), 2);
+    }
+
+    #[test]
+    fn flush_closes_everything() {
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "request"), span(2, 1, "x")], None, t0);
+        let ready = a.flush(t0);
+        assert_eq!(ready.completed.len(), 2);
+        assert!(
+            ready
+                .completed
+                .iter()
+                .all(|t| t.reason == CloseReason::Flush)
+        );
+        assert_eq!(a.traces_in_flight(), 0);
+        assert!(a.poll(t0 + secs(100.0)).completed.is_empty());
+    }
+
+    struct Guard(Arc<AtomicUsize>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn memory_is_released_when_the_last_trace_of_a_batch_completes() {
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let released = Arc::new(AtomicUsize::new(0));
+        let hold: MemoryHold = Arc::new(Guard(released.clone()));
+        let t0 = Instant::now();
+        a.push(
+            vec![span(1, 1, "request"), span(1, 2, "x"), span(2, 1, "y")],
+            Some(hold),
+            t0,
+        );
+        let done = a.poll(t0 + secs(2.0)).completed;
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].holds.len(), 1, "one clone per trace, not per span");
+        drop(done);
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            0,
+            "trace 2 still holds the batch"
+        );
+        let done = a.poll(t0 + secs(30.0)).completed;
+        drop(done);
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn stale_queue_entries_are_compacted() {
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        for i in 0..5000u32 {
+            let mut s = span(0, 1, "request");
+            s.trace_id.0[..4].copy_from_slice(&i.to_le_bytes());
+            let now = t0 + Duration::from_millis(i as u64);
+            a.push(vec![s], None, now);
+            a.poll(now);
+        }
+        assert!(
+            a.by_age.len() <= 2 * a.traces.len() + 1025,
+            "{}",
+            a.by_age.len()
+        );
+    }
+}

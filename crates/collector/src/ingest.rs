@@ -9,8 +9,11 @@ pub struct IngestBatch {
     /// The valid spans of the request (invalid ones were already rejected and counted).
     pub spans: Vec<Span>,
     /// The request as received, protobuf-encoded (`ExportTraceServiceRequest`), for forwarding
-    /// unchanged; `None` when it came as JSON (the forwarder then re-encodes).
+    /// unchanged; `None` when it came as JSON (the forwarder then re-encodes `raw_json`).
     pub raw_protobuf: Option<Bytes>,
+    /// The (decompressed) OTLP/JSON body when the request came as JSON, so the forwarder can
+    /// transcode it to protobuf (only when forwarding is on); `None` for protobuf requests.
+    pub raw_json: Option<Bytes>,
 }
 
 /// Why a batch was refused as a whole.

@@ -1,1 +1,651 @@
-//! (being written)
+//! Prometheus exposition of the request metrics (`GET /metrics`), with the names of
+//! REFERENCE.md §1 from `infertrace_semconv::prom`.
+//!
+//! - `infertrace_requests_total{service,model,operation,outcome}`
+//! - classic histograms `infertrace_{request,queue,prefill,decode}_duration_seconds`,
+//!   `infertrace_time_to_first_token_seconds`, `infertrace_time_per_output_token_seconds`
+//!   `{service,model,operation,outcome}` with the GenAI buckets of `semconv::metric` — the same
+//!   buckets on every collector, so `sum by (le, model) (rate(..._bucket[5m]))` aggregates
+//!   across a fleet;
+//! - `infertrace_tokens_total{service,model,operation,type}` (`type` = `input` | `output`),
+//!   `infertrace_goodput_requests_total{service,model,operation}` (ok requests meeting every
+//!   SLO), `infertrace_gpu_energy_joules_total{service,model,operation}` (energy *attributed* to
+//!   the requests by token share — an estimate; device energy would count a batch once per
+//!   request), `infertrace_critical_path_seconds_total{service,span}`,
+//!   `infertrace_alerts_active{alert}` (firing instances of the rule, 0 when none);
+//! - the self-metrics of [`InternalEvents`].
+//!
+//! Cardinality is capped: at most `max_series` (service, model, operation) label sets; the rest
+//! are reported under `__overflow__` (as the KPI windows do) and counted in
+//! `infertrace_series_overflow_total` by the pipeline. Critical-path (service, span) keys are
+//! capped the same way at [`MAX_CRITICAL_PATH_KEYS`].
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+
+use infertrace_analysis::critical_path::CriticalPath;
+use infertrace_analysis::kpi::{self, Dimension, OVERFLOW_LABEL, SloConfig};
+use infertrace_analysis::record::{Outcome, RequestRecord};
+use infertrace_semconv::{metric, prom};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::internal_events::InternalEvents;
+
+/// Most distinct (service, span) keys of `critical_path_seconds_total`.
+pub const MAX_CRITICAL_PATH_KEYS: usize = 256;
+
+/// The content type of the exposition (OpenMetrics text, which Prometheus scrapes natively).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Labels of the per-request metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `service.name` (empty when not a KPI dimension).
+    pub service: Arc<str>,
+    /// Model (empty when not a KPI dimension).
+    pub model: Arc<str>,
+    /// Operation (empty when not a KPI dimension).
+    pub operation: Arc<str>,
+    /// `ok`, `error`, `cancelled` or `rejected`.
+    pub outcome: &'static str,
+}
+
+/// Labels of per-series counters without an outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SeriesLabels {
+    /// `service.name`.
+    pub service: Arc<str>,
+    /// Model.
+    pub model: Arc<str>,
+    /// Operation.
+    pub operation: Arc<str>,
+}
+
+/// Labels of `tokens_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// `service.name`.
+    pub service: Arc<str>,
+    /// Model.
+    pub model: Arc<str>,
+    /// Operation.
+    pub operation: Arc<str>,
+    /// `input` or `output`.
+    pub r#type: &'static str,
+}
+
+/// Labels of `critical_path_seconds_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CriticalPathLabels {
+    /// Service of the span.
+    pub service: Arc<str>,
+    /// Span name.
+    pub span: Arc<str>,
+}
+
+/// Labels of `alerts_active`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AlertLabels {
+    /// Alert name.
+    pub alert: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+type FloatCounter = Counter<f64, AtomicU64>;
+
+fn e2e_histogram() -> Histogram {
+    Histogram::new(metric::REQUEST_DURATION_BUCKETS)
+}
+fn ttft_histogram() -> Histogram {
+    Histogram::new(metric::TTFT_BUCKETS)
+}
+fn tpot_histogram() -> Histogram {
+    Histogram::new(metric::TPOT_BUCKETS)
+}
+fn phase_histogram() -> Histogram {
+    Histogram::new(metric::PHASE_DURATION_BUCKETS)
+}
+
+/// Every request-derived Prometheus family. Cheap to clone (families are shared).
+#[derive(Clone, Debug)]
+pub struct PromMetrics {
+    /// `requests_total`.
+    pub requests: Family<RequestLabels, Counter>,
+    /// `request_duration_seconds` (e2e).
+    pub request_duration: HistogramFamily<RequestLabels>,
+    /// `queue_duration_seconds`.
+    pub queue_duration: HistogramFamily<RequestLabels>,
+    /// `prefill_duration_seconds`.
+    pub prefill_duration: HistogramFamily<RequestLabels>,
+    /// `decode_duration_seconds`.
+    pub decode_duration: HistogramFamily<RequestLabels>,
+    /// `time_to_first_token_seconds`.
+    pub ttft: HistogramFamily<RequestLabels>,
+    /// `time_per_output_token_seconds`.
+    pub tpot: HistogramFamily<RequestLabels>,
+    /// `tokens_total{type}`.
+    pub tokens: Family<TokenLabels, Counter>,
+    /// `goodput_requests_total`.
+    pub goodput: Family<SeriesLabels, Counter>,
+    /// `gpu_energy_joules_total` (attributed energy).
+    pub gpu_energy: Family<SeriesLabels, FloatCounter>,
+    /// `critical_path_seconds_total{service,span}`.
+    pub critical_path: Family<CriticalPathLabels, FloatCounter>,
+    /// `alerts_active{alert}`.
+    pub alerts_active: Family<AlertLabels, Gauge>,
+}
+
+impl Default for PromMetrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            request_duration: Family::new_with_constructor(e2e_histogram),
+            queue_duration: Family::new_with_constructor(phase_histogram),
+            prefill_duration: Family::new_with_constructor(phase_histogram),
+            decode_duration: Family::new_with_constructor(phase_histogram),
+            ttft: Family::new_with_constructor(ttft_histogram),
+            tpot: Family::new_with_constructor(tpot_histogram),
+            tokens: Family::default(),
+            goodput: Family::default(),
+            gpu_energy: Family::default(),
+            critical_path: Family::default(),
+            alerts_active: Family::default(),
+        }
+    }
+}
+
+impl PromMetrics {
+    /// Registers every family under the `infertrace_` prefix.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix(prom::PREFIX);
+        r.register(
+            prom::REQUESTS,
+            "Inference requests completed, by outcome",
+            self.requests.clone(),
+        );
+        r.register(
+            prom::REQUEST_DURATION,
+            "End-to-end request duration in seconds",
+            self.request_duration.clone(),
+        );
+        r.register(
+            prom::QUEUE_DURATION,
+            "Queue phase duration in seconds (arrival to scheduled)",
+            self.queue_duration.clone(),
+        );
+        r.register(
+            prom::PREFILL_DURATION,
+            "Prefill phase duration in seconds (scheduled to first token)",
+            self.prefill_duration.clone(),
+        );
+        r.register(
+            prom::DECODE_DURATION,
+            "Decode phase duration in seconds (first to last token)",
+            self.decode_duration.clone(),
+        );
+        r.register(
+            prom::TIME_TO_FIRST_TOKEN,
+            "Time to first token in seconds (arrival to first token)",
+            self.ttft.clone(),
+        );
+        r.register(
+            prom::TIME_PER_OUTPUT_TOKEN,
+            "Time per output token in seconds (decode / (output tokens - 1))",
+            self.tpot.clone(),
+        );
+        r.register(
+            prom::TOKENS,
+            "Tokens processed, by type (input, output)",
+            self.tokens.clone(),
+        );
+        r.register(
+            prom::GOODPUT_REQUESTS,
+            "Requests that completed ok and met every configured SLO",
+            self.goodput.clone(),
+        );
+        r.register(
+            prom::GPU_ENERGY_JOULES,
+            "GPU energy attributed to requests by token share, joules (an estimate)",
+            self.gpu_energy.clone(),
+        );
+        r.register(
+            prom::CRITICAL_PATH_SECONDS,
+            "Seconds each (service, span name) spent on requests' critical paths",
+            self.critical_path.clone(),
+        );
+        r.register(
+            prom::ALERTS_ACTIVE,
+            "Firing instances of each alert rule",
+            self.alerts_active.clone(),
+        );
+    }
+
+    /// Sets `alerts_active{alert}` to the number of firing instances of the rule.
+    pub fn set_alert(&self, alert: &str, firing: u64) {
+        self.alerts_active
+            .get_or_create(&AlertLabels {
+                alert: alert.to_owned(),
+            })
+            .set(i64::try_from(firing).unwrap_or(i64::MAX));
+    }
+}
+
+/// A registry with the request metrics and the self-metrics, ready to encode.
+pub fn build_registry(metrics: &PromMetrics, events: &InternalEvents) -> Registry {
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    events.register(&mut registry);
+    registry
+}
+
+/// Encodes a registry as OpenMetrics text (ends with `# EOF`).
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    // Writing into a String cannot fail; an encoding error would be a bug in a label value.
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::error!(error = %e, "encoding /metrics failed");
+    }
+    out
+}
+
+/// (service, span name) and its counter.
+type CriticalPathKey = (Arc<str>, Arc<str>, FloatCounter);
+
+/// Handles of one (service, model, operation, outcome) series.
+#[derive(Debug)]
+struct OutcomeHandles {
+    requests: Counter,
+    e2e: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    ttft: Histogram,
+    tpot: Histogram,
+}
+
+/// Handles of one (service, model, operation) series.
+#[derive(Debug)]
+struct SeriesHandles {
+    labels: SeriesLabels,
+    outcomes: [OnceLock<OutcomeHandles>; 4],
+    input_tokens: Counter,
+    output_tokens: Counter,
+    goodput: Counter,
+    gpu_energy: FloatCounter,
+}
+
+fn outcome_index(o: Outcome) -> usize {
+    match o {
+        Outcome::Ok => 0,
+        Outcome::Error => 1,
+        Outcome::Cancelled => 2,
+        Outcome::Rejected => 3,
+    }
+}
+
+/// Records requests and critical paths into [`PromMetrics`], with cached per-series handles
+/// (one hash lookup per request, no allocation once a series exists) and the cardinality caps.
+#[derive(Debug)]
+pub struct PromRecorder {
+    metrics: PromMetrics,
+    dimensions: Vec<Dimension>,
+    slo: SloConfig,
+    max_series: usize,
+    hasher: RandomState,
+    series: HashMap<u64, Vec<Arc<SeriesHandles>>>,
+    series_count: usize,
+    overflow: Option<Arc<SeriesHandles>>,
+    cp_keys: HashMap<u64, Vec<CriticalPathKey>>,
+    cp_count: usize,
+}
+
+impl PromRecorder {
+    /// A recorder into `metrics`, labelling by `dimensions` (others are empty), capped at
+    /// `max_series` label sets, judging goodput by `slo`.
+    pub fn new(
+        metrics: PromMetrics,
+        dimensions: Vec<Dimension>,
+        slo: SloConfig,
+        max_series: usize,
+    ) -> Self {
+        Self {
+            metrics,
+            dimensions,
+            slo,
+            max_series,
+            hasher: RandomState::new(),
+            series: HashMap::new(),
+            series_count: 0,
+            overflow: None,
+            cp_keys: HashMap::new(),
+            cp_count: 0,
+        }
+    }
+
+    /// The families recorded into.
+    pub fn metrics(&self) -> &PromMetrics {
+        &self.metrics
+    }
+
+    fn label<'a>(&self, d: Dimension, value: &'a str) -> &'a str {
+        if self.dimensions.contains(&d) {
+            value
+        } else {
+            ""
+        }
+    }
+
+    /// Records one request. Returns `false` when the series cap sent it to the overflow series.
+    pub fn record(&mut self, r: &RequestRecord) -> bool {
+        let service = self.label(Dimension::Service, &r.service);
+        let model = self.label(Dimension::Model, &r.model);
+        let operation = self.label(Dimension::Operation, &r.operation);
+        let (handles, kept) = self.series_for(service, model, operation);
+        let o = &handles.outcomes[outcome_index(r.outcome)];
+        let h = o.get_or_init(|| {
+            let labels = RequestLabels {
+                service: handles.labels.service.clone(),
+                model: handles.labels.model.clone(),
+                operation: handles.labels.operation.clone(),
+                outcome: r.outcome.as_str(),
+            };
+            let m = &self.metrics;
+            OutcomeHandles {
+                requests: m.requests.get_or_create_owned(&labels),
+                e2e: m.request_duration.get_or_create_owned(&labels),
+                queue: m.queue_duration.get_or_create_owned(&labels),
+                prefill: m.prefill_duration.get_or_create_owned(&labels),
+                decode: m.decode_duration.get_or_create_owned(&labels),
+                ttft: m.ttft.get_or_create_owned(&labels),
+                tpot: m.tpot.get_or_create_owned(&labels),
+            }
+        });
+        h.requests.inc();
+        h.e2e.observe(r.e2e);
+        let observe = |hist: &Histogram, v: Option<f64>| {
+            if let Some(v) = v.filter(|v| v.is_finite() && *v >= 0.0) {
+                hist.observe(v);
+            }
+        };
+        observe(&h.queue, r.queue);
+        observe(&h.prefill, r.prefill);
+        observe(&h.decode, r.decode);
+        observe(&h.ttft, r.ttft);
+        observe(&h.tpot, r.tpot);
+        if let Some(n) = r.input_tokens {
+            handles.input_tokens.inc_by(n);
+        }
+        if let Some(n) = r.output_tokens {
+            handles.output_tokens.inc_by(n);
+        }
+        if kpi::meets_slos(&self.slo, r) {
+            handles.goodput.inc();
+        }
+        if let Some(j) = r
+            .gpu
+            .and_then(|g| g.energy_attributed_joules)
+            .filter(|j| j.is_finite() && *j >= 0.0)
+        {
+            handles.gpu_energy.inc_by(j);
+        }
+        kept
+    }
+
+    fn series_for(
+        &mut self,
+        service: &str,
+        model: &str,
+        operation: &str,
+    ) -> (Arc<SeriesHandles>, bool) {
+        let hash = self.hasher.hash_one((service, model, operation));
+        if let Some(found) = self.series.get(&hash).and_then(|v| {
+            v.iter().find(|s| {
+                &*s.labels.service == service
+                    && &*s.labels.model == model
+                    && &*s.labels.operation == operation
+            })
+        }) {
+            return (found.clone(), true);
+        }
+        if self.series_count >= self.max_series {
+            let overflow = match &self.overflow {
+                Some(o) => o.clone(),
+                None => {
+                    let o = Arc::new(self.new_series(
+                        self.label(Dimension::Service, OVERFLOW_LABEL),
+                        self.label(Dimension::Model, OVERFLOW_LABEL),
+                        self.label(Dimension::Operation, OVERFLOW_LABEL),
+                    ));
+                    self.overflow = Some(o.clone());
+                    o
+                }
+            };
+            return (overflow, false);
+        }
+        let s = Arc::new(self.new_series(service, model, operation));
+        self.series.entry(hash).or_default().push(s.clone());
+        self.series_count += 1;
+        (s, true)
+    }
+
+    fn new_series(&self, service: &str, model: &str, operation: &str) -> SeriesHandles {
+        let labels = SeriesLabels {
+            service: Arc::from(service),
+            model: Arc::from(model),
+            operation: Arc::from(operation),
+        };
+        let token = |t: &'static str| TokenLabels {
+            service: labels.service.clone(),
+            model: labels.model.clone(),
+            operation: labels.operation.clone(),
+            r#type: t,
+        };
+        let m = &self.metrics;
+        SeriesHandles {
+            input_tokens: m.tokens.get_or_create_owned(&token("input")),
+            output_tokens: m.tokens.get_or_create_owned(&token("output")),
+            goodput: m.goodput.get_or_create_owned(&labels),
+            gpu_energy: m.gpu_energy.get_or_create_owned(&labels),
+            outcomes: Default::default(),
+            labels,
+        }
+    }
+
+    /// Adds a request's critical-path segments to `critical_path_seconds_total`.
+    pub fn record_critical_path(&mut self, path: &CriticalPath) {
+        for seg in &path.segments {
+            let secs = seg.duration_nanos() as f64 / 1e9;
+            if secs <= 0.0 {
+                continue;
+            }
+            let hash = self.hasher.hash_one((&*seg.service, seg.name.as_str()));
+            let entry = self.cp_keys.get(&hash).and_then(|v| {
+                v.iter()
+                    .find(|(s, n, _)| **s == *seg.service && **n == *seg.name)
+                    .map(|(_, _, c)| c.clone())
+            });
+            let counter = match entry {
+                Some(c) => c,
+                None => {
+                    let (service, span, h) = if self.cp_count >= MAX_CRITICAL_PATH_KEYS {
+                        let o: Arc<str> = Arc::from(OVERFLOW_LABEL);
+                        (
+                            o.clone(),
+                            o,
+                            self.hasher.hash_one((OVERFLOW_LABEL, OVERFLOW_LABEL)),
+                        )
+                    } else {
+                        (seg.service.clone(), Arc::from(seg.name.as_str()), hash)
+                    };
+                    let existing = self.cp_keys.get(&h).and_then(|v| {
+                        v.iter()
+                            .find(|(s, n, _)| *s == service && *n == span)
+                            .map(|(_, _, c)| c.clone())
+                    });
+                    match existing {
+                        Some(c) => c,
+                        None => {
+                            let c = self.metrics.critical_path.get_or_create_owned(
+                                &CriticalPathLabels {
+                                    service: service.clone(),
+                                    span: span.clone(),
+                                },
+                            );
+                            self.cp_keys
+                                .entry(h)
+                                .or_default()
+                                .push((service, span, c.clone()));
+                            self.cp_count += 1;
+                            c
+                        }
+                    }
+                }
+            };
+            counter.inc_by(secs);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infertrace_analysis::record::Dialect;
+    use infertrace_analysis::trace::{SpanId, TraceId};
+
+    fn record(model: &str, e2e: f64) -> RequestRecord {
+        let mut r = RequestRecord::new(
+            TraceId([1; 16]),
+            SpanId([1; 8]),
+            Arc::from("svc"),
+            Dialect::Infertrace,
+            0,
+            (e2e * 1e9) as u64,
+        );
+        r.model = model.to_owned();
+        r.operation = "chat".to_owned();
+        r.e2e = e2e;
+        r
+    }
+
+    fn recorder(max_series: usize) -> (PromRecorder, Registry) {
+        let metrics = PromMetrics::default();
+        let registry = build_registry(&metrics, &InternalEvents::default());
+        let rec = PromRecorder::new(
+            metrics,
+            vec![Dimension::Service, Dimension::Model, Dimension::Operation],
+            SloConfig::default(),
+            max_series,
+        );
+        (rec, registry)
+    }
+
+    #[test]
+    fn histograms_use_the_genai_buckets_and_count() {
+        let (mut rec, registry) = recorder(10);
+        let mut r = record("m", 0.05);
+        r.ttft = Some(0.03);
+        r.tpot = Some(0.02);
+        r.queue = Some(0.0015);
+        r.input_tokens = Some(100);
+        r.output_tokens = Some(7);
+        assert!(rec.record(&r));
+        assert!(rec.record(&record("m", 3.0)));
+        let text = encode(&registry);
+        let l = r#"service="svc",model="m",operation="chat",outcome="ok""#;
+        assert!(
+            text.contains(&format!("infertrace_requests_total{{{l}}} 2")),
+            "{text}"
+        );
+        // 0.05 falls in (0.04, 0.08]; 3.0 in (2.56, 5.12].
+        assert!(
+            text.contains(&format!(
+                "infertrace_request_duration_seconds_bucket{{le=\"0.04\",{l}}} 0"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "infertrace_request_duration_seconds_bucket{{le=\"0.08\",{l}}} 1"
+        )));
+        assert!(text.contains(&format!(
+            "infertrace_request_duration_seconds_bucket{{le=\"5.12\",{l}}} 2"
+        )));
+        assert!(text.contains(&format!(
+            "infertrace_request_duration_seconds_sum{{{l}}} 3.05"
+        )));
+        assert!(text.contains(&format!(
+            "infertrace_time_to_first_token_seconds_bucket{{le=\"0.04\",{l}}} 1"
+        )));
+        assert!(text.contains(&format!(
+            "infertrace_queue_duration_seconds_bucket{{le=\"0.002\",{l}}} 1"
+        )));
+        assert!(text.contains(
+            r#"infertrace_tokens_total{service="svc",model="m",operation="chat",type="output"} 7"#
+        ));
+        assert!(text.contains(
+            r#"infertrace_goodput_requests_total{service="svc",model="m",operation="chat"} 2"#
+        ));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn series_are_capped_into_overflow() {
+        let (mut rec, registry) = recorder(2);
+        assert!(rec.record(&record("a", 1.0)));
+        assert!(rec.record(&record("b", 1.0)));
+        assert!(!rec.record(&record("c", 1.0)));
+        assert!(!rec.record(&record("d", 1.0)));
+        assert!(
+            rec.record(&record("a", 1.0)),
+            "existing series still recorded"
+        );
+        let text = encode(&registry);
+        assert!(text.contains(
+            r#"infertrace_requests_total{service="__overflow__",model="__overflow__",operation="__overflow__",outcome="ok"} 2"#
+        ), "{text}");
+        assert!(!text.contains(r#"model="c""#));
+    }
+
+    #[test]
+    fn outcomes_are_separate_series_and_errors_are_not_goodput() {
+        let (mut rec, registry) = recorder(10);
+        let mut r = record("m", 0.1);
+        r.outcome = Outcome::Error;
+        rec.record(&r);
+        let text = encode(&registry);
+        assert!(text.contains(r#"outcome="error"} 1"#), "{text}");
+        assert!(
+            !text.contains(r#"goodput_requests_total{service="svc",model="m",operation="chat"} 1"#)
+        );
+    }
+
+    #[test]
+    fn dimensions_left_out_are_empty() {
+        let metrics = PromMetrics::default();
+        let registry = build_registry(&metrics, &InternalEvents::default());
+        let mut rec = PromRecorder::new(metrics, vec![Dimension::Model], SloConfig::default(), 10);
+        rec.record(&record("m", 0.1));
+        let text = encode(&registry);
+        assert!(
+            text.contains(
+                r#"infertrace_requests_total{service="",model="m",operation="",outcome="ok"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn alerts_gauge() {
+        let (rec, registry) = recorder(10);
+        rec.metrics().set_alert("slow", 1);
+        assert!(encode(&registry).contains(r#"infertrace_alerts_active{alert="slow"} 1"#));
+        rec.metrics().set_alert("slow", 0);
+        assert!(encode(&registry).contains(r#"infertrace_alerts_active{alert="slow"} 0"#));
+    }
+}

@@ -1,1 +1,399 @@
-//! (being written)
+//! [`run`]: the whole collector from one [`CollectorConfig`] — receivers, pipeline, API,
+//! alerts, forwarder — in the current tokio runtime.
+//!
+//! Every listener is bound before `run` returns, so callers (tests, the `demo` command) can ask
+//! for port 0 and read the bound addresses from [`RunningCollector`]. Shutdown, when the given
+//! future resolves or [`RunningCollector::shutdown`] is called:
+//! 1. the receivers stop accepting and let in-flight requests finish;
+//! 2. the pipeline refuses anything later, closes every trace in flight (without waiting for
+//!    its grace) and records it into the KPIs;
+//! 3. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]);
+//! 4. the API stops last, so a final scrape can still see the flushed KPIs until then.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use infertrace_collector::{config::CollectorConfig, server};
+//! let mut config = CollectorConfig::default();
+//! config.api.listen = "127.0.0.1:0".parse()?;
+//! let collector = server::run(config, std::future::pending()).await?;
+//! println!("metrics at http://{}/metrics", collector.api_addr);
+//! let kpis = collector.kpis(std::time::Duration::from_secs(60));
+//! # let _ = kpis;
+//! let report = collector.stop().await?;
+//! println!("{} requests flushed at shutdown", report.flushed.requests);
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use infertrace_analysis::critical_path::CriticalPathSummary;
+use infertrace_analysis::diagnosis::Finding;
+use infertrace_analysis::kpi::KpiSnapshot;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, Alerting, AlertsView, ApiState};
+use crate::config::CollectorConfig;
+use crate::forward;
+use crate::ingest::Ingest;
+use crate::internal_events::InternalEvents;
+use crate::limiter::MemoryLimiter;
+use crate::pipeline::{Pipeline, TickStats};
+use crate::prom_export::{PromMetrics, build_registry};
+use crate::receiver::{ReceiverLimits, serve_grpc, serve_http};
+
+/// Longest the forwarder may take to send its queue at shutdown.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Why the collector could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}; pick another address ({hint})")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Config key or flag that sets it.
+        hint: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The forwarder could not be set up.
+    #[error(transparent)]
+    Forward(#[from] forward::ForwardError),
+    /// A server task failed.
+    #[error("{what} failed: {source}")]
+    Serve {
+        /// Which server.
+        what: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// What shutdown did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Traces in flight closed and recorded at shutdown.
+    pub flushed: TickStats,
+}
+
+/// A running collector: its bound addresses and in-process access to its results.
+#[derive(Debug)]
+pub struct RunningCollector {
+    /// Bound OTLP/gRPC address (`None` when disabled).
+    pub grpc_addr: Option<SocketAddr>,
+    /// Bound OTLP/HTTP address (`None` when disabled).
+    pub http_addr: Option<SocketAddr>,
+    /// Bound API address.
+    pub api_addr: SocketAddr,
+    pipeline: Arc<Pipeline>,
+    alerting: Arc<Mutex<Alerting>>,
+    metrics: PromMetrics,
+    stop: watch::Sender<bool>,
+    join: JoinHandle<Result<ShutdownReport, ServerError>>,
+}
+
+impl RunningCollector {
+    /// The KPIs of `window` (any duration; see `KpiWindows::snapshot`).
+    pub fn kpis(&self, window: Duration) -> KpiSnapshot {
+        self.pipeline.kpis(window)
+    }
+
+    /// The aggregated critical path of `window`.
+    pub fn critical_path(&self, window: Duration) -> CriticalPathSummary {
+        self.pipeline.critical_path(window)
+    }
+
+    /// The diagnosis findings of `window`.
+    pub fn findings(&self, window: Duration) -> Vec<Finding> {
+        self.pipeline.findings(window)
+    }
+
+    /// The alert state (as `GET /api/alerts`).
+    pub fn alerts(&self) -> AlertsView {
+        self.alerting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .view()
+    }
+
+    /// Evaluates the alert rules now (as the periodic task does), returning the view.
+    pub fn evaluate_alerts(&self) -> AlertsView {
+        api::alerting::evaluate_once(&self.pipeline, &self.alerting, &self.metrics);
+        self.alerts()
+    }
+
+    /// The pipeline (ingest directly, tick, look traces up).
+    pub fn pipeline(&self) -> &Arc<Pipeline> {
+        &self.pipeline
+    }
+
+    /// The self-metrics.
+    pub fn events(&self) -> &InternalEvents {
+        self.pipeline.events()
+    }
+
+    /// Starts the shutdown (same as the shutdown future resolving); see [`join`](Self::join).
+    pub fn shutdown(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits until the collector has stopped.
+    pub async fn join(self) -> Result<ShutdownReport, ServerError> {
+        match self.join.await {
+            Ok(r) => r,
+            Err(e) => Err(ServerError::Serve {
+                what: "collector",
+                source: std::io::Error::other(e.to_string()),
+            }),
+        }
+    }
+
+    /// Shuts down and waits.
+    pub async fn stop(self) -> Result<ShutdownReport, ServerError> {
+        self.shutdown();
+        self.join().await
+    }
+}
+
+async fn bind(
+    what: &'static str,
+    addr: SocketAddr,
+    hint: &'static str,
+) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            what,
+            addr,
+            hint,
+            source,
+        })
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+fn serve_error(what: &'static str) -> impl FnOnce(std::io::Error) -> ServerError {
+    move |source| ServerError::Serve { what, source }
+}
+
+/// Starts the collector; it runs until `shutdown` resolves or [`RunningCollector::shutdown`].
+pub async fn run(
+    config: CollectorConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningCollector, ServerError> {
+    config
+        .validate()
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    let r = &config.receivers;
+    let grpc_listener = match r.otlp_grpc.enabled {
+        true => Some(
+            bind(
+                "OTLP/gRPC receiver",
+                r.otlp_grpc.endpoint,
+                "--otlp-grpc or receivers.otlp_grpc.endpoint",
+            )
+            .await?,
+        ),
+        false => None,
+    };
+    let http_listener = match r.otlp_http.enabled {
+        true => Some(
+            bind(
+                "OTLP/HTTP receiver",
+                r.otlp_http.endpoint,
+                "--otlp-http or receivers.otlp_http.endpoint",
+            )
+            .await?,
+        ),
+        false => None,
+    };
+    let api_listener = bind("API", config.api.listen, "--listen or api.listen").await?;
+    let local = |l: &TcpListener, what| l.local_addr().map_err(serve_error(what));
+    let grpc_addr = grpc_listener
+        .as_ref()
+        .map(|l| local(l, "otlp_grpc"))
+        .transpose()?;
+    let http_addr = http_listener
+        .as_ref()
+        .map(|l| local(l, "otlp_http"))
+        .transpose()?;
+    let api_addr = local(&api_listener, "api")?;
+
+    let events = InternalEvents::default();
+    let metrics = PromMetrics::default();
+    let registry = Arc::new(build_registry(&metrics, &events));
+    let limiter = MemoryLimiter::new(config.limits.memory_limit_bytes);
+    let (forward_handle, forward_task) = match &config.forward.endpoint {
+        Some(_) => {
+            let (h, t) = forward::spawn(&config.forward, events.clone(), Some(limiter.clone()))?;
+            (Some(h), Some(t))
+        }
+        None => (None, None),
+    };
+    let pipeline = Arc::new(Pipeline::new(
+        &config,
+        events.clone(),
+        metrics.clone(),
+        limiter.clone(),
+        forward_handle,
+    ));
+    let alerting = Arc::new(Mutex::new(
+        Alerting::new(&config, &format!("http://{api_addr}")).map_err(ServerError::Config)?,
+    ));
+    let alertmanager = config
+        .alerts
+        .alertmanager_url
+        .as_deref()
+        .map(api::alerting::Alertmanager::new)
+        .transpose()
+        .map_err(ServerError::Config)?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // The external shutdown future flips the same switch.
+    {
+        let stop_tx = stop_tx.clone();
+        let mut external_rx = stop_rx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown => { let _ = stop_tx.send(true); }
+                _ = external_rx.wait_for(|v| *v) => {}
+            }
+        });
+    }
+
+    // Receivers stop first; the rest stops after the flush.
+    let limits = ReceiverLimits {
+        max_body_bytes: r.max_body_bytes,
+        memory: Some(limiter.clone()),
+        retry_after_secs: 1,
+    };
+    let ingest: Arc<dyn Ingest> = pipeline.clone();
+    let grpc_task = grpc_listener.map(|l| {
+        tokio::spawn(serve_grpc(
+            l,
+            ingest.clone(),
+            events.clone(),
+            limits.clone(),
+            stopped(stop_rx.clone()),
+        ))
+    });
+    let http_task = http_listener.map(|l| {
+        tokio::spawn(serve_http(
+            l,
+            ingest.clone(),
+            events.clone(),
+            limits.clone(),
+            stopped(stop_rx.clone()),
+        ))
+    });
+    drop(ingest);
+
+    let (late_stop_tx, late_stop_rx) = watch::channel(false);
+    let tick_task = {
+        let pipeline = pipeline.clone();
+        let tick = config.assembly.tick;
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(tick);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => { pipeline.tick(); }
+                    _ = &mut stop => break,
+                }
+            }
+        })
+    };
+    let alert_task = tokio::spawn(api::alerting::run(
+        pipeline.clone(),
+        alerting.clone(),
+        metrics.clone(),
+        config.alerts.evaluation_interval,
+        alertmanager,
+        stopped(late_stop_rx.clone()),
+    ));
+    let state = Arc::new(ApiState {
+        pipeline: pipeline.clone(),
+        registry,
+        alerting: alerting.clone(),
+    });
+    let api_task = tokio::spawn(
+        axum::serve(api_listener, api::router(state))
+            .with_graceful_shutdown(stopped(late_stop_rx))
+            .into_future(),
+    );
+    tracing::info!(
+        grpc = ?grpc_addr,
+        http = ?http_addr,
+        api = %api_addr,
+        "infertrace collector listening"
+    );
+
+    let join = {
+        let pipeline = pipeline.clone();
+        let mut stop_rx = stop_rx;
+        tokio::spawn(async move {
+            let _ = stop_rx.wait_for(|v| *v).await;
+            tracing::info!("shutting down: draining receivers");
+            let mut result = Ok(());
+            for (what, task) in [("otlp_grpc", grpc_task), ("otlp_http", http_task)] {
+                if let Some(task) = task {
+                    match task.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => result = Err(ServerError::Serve { what, source: e }),
+                        Err(e) => {
+                            result = Err(ServerError::Serve {
+                                what,
+                                source: std::io::Error::other(e.to_string()),
+                            })
+                        }
+                    }
+                }
+            }
+            pipeline.begin_shutdown();
+            let _ = tick_task.await;
+            let flushed = pipeline.flush();
+            tracing::info!(
+                traces = flushed.traces,
+                requests = flushed.requests,
+                "flushed traces in flight into the KPIs"
+            );
+            if let Some(f) = forward_task {
+                f.close(SHUTDOWN_DEADLINE).await;
+            }
+            let _ = late_stop_tx.send(true);
+            let _ = alert_task.await;
+            match api_task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(serve_error("api")(e)),
+                Err(e) => result = Err(serve_error("api")(std::io::Error::other(e.to_string()))),
+            }
+            result.map(|()| ShutdownReport { flushed })
+        })
+    };
+
+    Ok(RunningCollector {
+        grpc_addr,
+        http_addr,
+        api_addr,
+        pipeline,
+        alerting,
+        metrics,
+        stop: stop_tx,
+        join,
+    })
+}

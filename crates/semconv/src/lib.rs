@@ -281,6 +281,25 @@ pub mod hw {
     pub const SENSOR_LOCATION: &str = "hw.sensor_location";
 }
 
+/// Host and process metric names (OpenTelemetry system / process conventions), exported by the
+/// host sampler of crates/gpu.
+pub mod system {
+    /// Host CPU utilisation, 0–1 (gauge).
+    pub const CPU_UTILIZATION: &str = "system.cpu.utilization";
+    /// Process CPU utilisation, 0–1 of the whole host (gauge).
+    pub const PROCESS_CPU_UTILIZATION: &str = "process.cpu.utilization";
+    /// Process resident memory, bytes (up-down counter).
+    pub const PROCESS_MEMORY_USAGE: &str = "process.memory.usage";
+    /// Host network bytes, with `network.io.direction` (counter).
+    pub const NETWORK_IO: &str = "system.network.io";
+    /// Process disk bytes, with `disk.io.direction` (counter).
+    pub const PROCESS_DISK_IO: &str = "process.disk.io";
+    /// Attribute: network direction (`receive` / `transmit`).
+    pub const NETWORK_IO_DIRECTION: &str = "network.io.direction";
+    /// Attribute: disk direction (`read` / `write`).
+    pub const DISK_IO_DIRECTION: &str = "disk.io.direction";
+}
+
 /// TGI's span fields (Debug-formatted duration strings such as `"12.3ms"`).
 pub mod tgi {
     /// Total request time.

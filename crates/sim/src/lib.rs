@@ -1,1 +1,38 @@
-//! placeholder
+//! A deterministic continuous-batching LLM engine simulator with ground-truth phase times.
+//!
+//! [`Simulator::start`] spawns an engine on the current tokio runtime. Requests submitted through
+//! the [`SimHandle`] wait in a FIFO queue, are admitted to a running batch limited by
+//! `max_num_seqs` and `max_batched_tokens`, are prefilled (optionally in chunks that share steps
+//! with decodes) and then decode one token per step. Every step lasts what the documented
+//! [`CostModel`] says (scaled by [`SimConfig::time_scale`]), in real time.
+//!
+//! The engine drives the request's [`RequestRecorder`](infertrace_tower::RequestRecorder)
+//! (`scheduled`, `tokens`, `usage`, `finish` / `error`) exactly as an instrumented engine would,
+//! streams tokens through a [`TokenStream`], and keeps a [`TruthRecord`] of every request's true
+//! phase instants so tests can check what spans say against what happened. [`EngineStats`] gives
+//! the busy fraction (a simulated GPU utilisation), batch size and queue length.
+//!
+//! Steps sleep on tokio timers, which have a 1 ms resolution and wake a little late on a busy
+//! runtime: a step scaled below a few milliseconds lasts longer than the cost model says. The
+//! truth records what actually happened, never the nominal cost, so comparisons stay exact.
+//!
+//! Everything random (output lengths, injected errors, token text) derives from
+//! [`SimConfig::seed`] and the request's submission order; the scheduling policy itself
+//! ([`Scheduler`]) is pure and deterministic.
+
+#![warn(missing_docs)]
+
+pub mod config;
+mod engine;
+mod error;
+pub mod scheduler;
+mod stats;
+mod text;
+mod truth;
+
+pub use config::{CostModel, OutputLength, SimConfig, StepShape};
+pub use engine::{SimEvent, SimHandle, SimRequest, Simulator, Token, TokenStream, Usage};
+pub use error::SimError;
+pub use scheduler::Scheduler;
+pub use stats::EngineStats;
+pub use truth::{FinishReason, TruthLog, TruthOutcome, TruthRecord};

@@ -1,1 +1,346 @@
-fn main() {}
+//! Added CPU time per request of `InferenceTraceLayer` against a bare service and two peers, and
+//! the added cost per streamed chunk.
+//!
+//! Every variant serves the same in-process request (POST /v1/chat/completions, host, user agent,
+//! content type; no network) with a service that answers at once, and drains the response body.
+//! Spans go to a batch span processor whose exporter drops them, so the figures are the cost on
+//! the request's own thread. Variants:
+//!
+//! - `bare`: the service alone (it also looks for a `RequestRecorder` and finds none);
+//! - `infertrace`: request span + `queue` / `prefill` / `decode` (the service marks scheduled,
+//!   first token, more tokens, usage, finish), ~25 attributes, metrics to a no-op meter;
+//! - `infertrace_global`: the same through the global (boxed) tracer;
+//! - `infertrace_metrics`: the same plus every metric recorded into an SDK meter provider;
+//! - `otel_instrumentation_tower`: `opentelemetry-instrumentation-tower` 0.19, one span, tracing
+//!   only (and `_metrics`: with its metrics into the same kind of meter provider);
+//! - `tower_http_tracing_otel`: tower-http `TraceLayer` + `tracing-opentelemetry`, one span;
+//! - `chunks/*`: a streamed (`text/event-stream`) body of 1 and 65 chunks, bare and traced; the
+//!   per-chunk cost is the slope difference.
+//!
+//! Run: `cargo bench -p infertrace-tower --bench layer_overhead`. After criterion's own report
+//! a summary table prints the medians and the differences the targets are about.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::hint::black_box;
+use std::pin::{Pin, pin};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::Criterion;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use infertrace_tower::{InferenceTraceLayer, RequestRecorder};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use tower::{Layer, Service};
+use tracing_subscriber::layer::SubscriberExt as _;
+
+/// Spans the no-op exporter received (to check the batch processor kept up).
+static EXPORTED: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug)]
+struct DropExporter;
+
+impl SpanExporter for DropExporter {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        EXPORTED.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        drop(batch);
+        ready(Ok(()))
+    }
+}
+
+/// A response body of `n` chunks, each its own frame.
+struct Chunks {
+    left: usize,
+}
+
+static CHUNK: Bytes =
+    Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n");
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Ok(Frame::data(CHUNK.clone()))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// The inner service: marks the engine phases when a recorder is there, answers at once with
+/// `chunks` SSE chunks.
+#[derive(Clone, Copy)]
+struct Engine {
+    chunks: usize,
+}
+
+impl<B> Service<Request<B>> for Engine {
+    type Response = Response<Chunks>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Chunks>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if let Some(rec) = req.extensions().get::<RequestRecorder>() {
+            rec.scheduled();
+            rec.tokens(1);
+            rec.tokens(self.chunks.max(2) as u64 - 1);
+            rec.usage(128, self.chunks.max(2) as u64);
+            rec.finish("stop");
+        }
+        let mut r = Response::new(Chunks { left: self.chunks });
+        r.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        ready(Ok(r))
+    }
+}
+
+fn request() -> Request<Full<Bytes>> {
+    Request::builder()
+        .method("POST")
+        .uri("/v1/chat/completions")
+        .header("host", "localhost:8080")
+        .header("user-agent", "bench/1.0")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap_or_default()
+}
+
+fn poll_now<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+/// One request through `svc`, body drained.
+fn one<S, B>(svc: &mut S)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    let _ = svc.poll_ready(&mut cx);
+    let Ok(response) = poll_now(svc.call(request())) else {
+        return;
+    };
+    let mut body = pin!(response.into_body());
+    while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
+        black_box(&frame);
+    }
+}
+
+/// Median ns per iteration of each benchmark, from criterion's samples.
+static SAMPLES: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::new());
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+fn bench_service<S, B>(
+    c: &mut Criterion,
+    group: &str,
+    name: &str,
+    mut svc: S,
+    spans_per_request: u64,
+) where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+{
+    let key = format!("{group}/{name}");
+    c.benchmark_group(group).bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                one(&mut svc);
+            }
+            let elapsed = start.elapsed();
+            REQUESTS.fetch_add(iters * spans_per_request, Ordering::Relaxed);
+            if let Ok(mut s) = SAMPLES.lock() {
+                s.entry(key.clone())
+                    .or_default()
+                    .push(elapsed.as_nanos() as f64 / iters as f64);
+            }
+            elapsed
+        })
+    });
+}
+
+fn batch_provider() -> SdkTracerProvider {
+    SdkTracerProvider::builder()
+        .with_batch_exporter(DropExporter)
+        .build()
+}
+
+fn meter_provider() -> SdkMeterProvider {
+    SdkMeterProvider::builder()
+        .with_reader(
+            PeriodicReader::builder(InMemoryMetricExporter::default())
+                .with_interval(Duration::from_secs(3600))
+                .build(),
+        )
+        .build()
+}
+
+fn benches(c: &mut Criterion) {
+    let tracer_provider = batch_provider();
+    opentelemetry::global::set_tracer_provider(tracer_provider.clone());
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let engine = Engine { chunks: 1 };
+
+    bench_service(c, "request", "bare", engine, 0);
+    let layer = InferenceTraceLayer::new()
+        .with_tracer_provider(&tracer_provider)
+        .default_model("llama-3.1-8b");
+    bench_service(c, "request", "infertrace", layer.layer(engine), 4);
+    let global = InferenceTraceLayer::new().default_model("llama-3.1-8b");
+    bench_service(c, "request", "infertrace_global", global.layer(engine), 4);
+    let meters = meter_provider();
+    let with_metrics = InferenceTraceLayer::new()
+        .with_tracer_provider(&tracer_provider)
+        .with_meter_provider(&meters)
+        .default_model("llama-3.1-8b");
+    bench_service(
+        c,
+        "request",
+        "infertrace_metrics",
+        with_metrics.layer(engine),
+        4,
+    );
+
+    // Peers, same tracer provider (global), same exporter.
+    if let Ok(peer) = opentelemetry_instrumentation_tower::http::server::LayerBuilder::builder()
+        .with_metrics(false)
+        .build()
+    {
+        bench_service(
+            c,
+            "request",
+            "otel_instrumentation_tower",
+            peer.layer(engine),
+            1,
+        );
+    }
+    opentelemetry::global::set_meter_provider(meter_provider());
+    if let Ok(peer) =
+        opentelemetry_instrumentation_tower::http::server::LayerBuilder::builder().build()
+    {
+        bench_service(
+            c,
+            "request",
+            "otel_instrumentation_tower_metrics",
+            peer.layer(engine),
+            1,
+        );
+    }
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(tracer_provider.tracer("bench")));
+    tracing::subscriber::with_default(subscriber, || {
+        let trace = tower_http::trace::TraceLayer::new_for_http();
+        bench_service(
+            c,
+            "request",
+            "tower_http_tracing_otel",
+            trace.layer(engine),
+            1,
+        );
+    });
+
+    for chunks in [1usize, 65] {
+        let engine = Engine { chunks };
+        bench_service(c, "chunks", &format!("bare_{chunks}"), engine, 0);
+        bench_service(
+            c,
+            "chunks",
+            &format!("infertrace_{chunks}"),
+            layer.layer(engine),
+            4,
+        );
+    }
+
+    c.benchmark_group("recorder")
+        .bench_function("tokens_1", |b| {
+            let rec = RequestRecorder::new();
+            rec.scheduled();
+            b.iter(|| rec.tokens(black_box(1)))
+        });
+
+    let _ = tracer_provider.force_flush();
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn summary() {
+    let Ok(samples) = SAMPLES.lock() else { return };
+    let m = |k: &str| samples.get(k).map(|v| median(v)).unwrap_or(f64::NAN);
+    let bare = m("request/bare");
+    println!("\n## layer_overhead summary (median ns per request, criterion samples)");
+    println!("| variant | ns/request | added vs bare |");
+    println!("|---|---:|---:|");
+    for name in [
+        "bare",
+        "infertrace",
+        "infertrace_global",
+        "infertrace_metrics",
+        "otel_instrumentation_tower",
+        "otel_instrumentation_tower_metrics",
+        "tower_http_tracing_otel",
+    ] {
+        let v = m(&format!("request/{name}"));
+        println!("| {name} | {v:.0} | {:+.0} |", v - bare);
+    }
+    let per_chunk = |p: &str| (m(&format!("chunks/{p}_65")) - m(&format!("chunks/{p}_1"))) / 64.0;
+    let (b, t) = (per_chunk("bare"), per_chunk("infertrace"));
+    println!(
+        "\nper streamed chunk: bare {b:.1} ns, infertrace {t:.1} ns, added {:.1} ns",
+        t - b
+    );
+    let emitted = REQUESTS.load(Ordering::Relaxed);
+    let exported = EXPORTED.load(Ordering::Relaxed);
+    println!(
+        "spans emitted ≈ {emitted}, exported by the batch processor {exported} ({:.1} %)",
+        100.0 * exported as f64 / emitted.max(1) as f64
+    );
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    benches(&mut c);
+    c.final_summary();
+    summary();
+}

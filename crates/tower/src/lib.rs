@@ -1,5 +1,104 @@
 //! Tower middleware that traces LLM inference requests into queue, prefill and decode phases.
+//!
+//! [`InferenceTraceLayer`] wraps any `http::Request → http::Response` service (axum, tonic, a
+//! bare hyper service). For every request it emits, with OpenTelemetry:
+//!
+//! - a SERVER span `"{gen_ai.operation.name} {gen_ai.request.model}"` carrying the GenAI, HTTP or
+//!   RPC semantic-convention attributes, vLLM's `gen_ai.latency.*` and infertrace's `infer.*`
+//!   (time to first chunk, inter-token gap p50/p99/max, chunks, outcome, phase source);
+//! - `queue`, `prefill` and `decode` child spans (or `queue` + `inference`, see
+//!   [`PhaseSource::Derived`]) with exact timestamps;
+//! - the GenAI server metrics (request duration, time to first token, time per output token,
+//!   phase durations, token usage, active requests, admission-queue size).
+//!
+//! Phase boundaries come from the engine through the [`RequestRecorder`] found in the request
+//! extensions (and as an axum extractor), or, with no engine changes, from the layer's optional
+//! admission queue and the response body ([`PhaseSource`]). Incoming W3C `traceparent`,
+//! `tracestate` and `baggage` headers (gRPC metadata included) are continued; a malformed one
+//! starts a new trace.
+//!
+//! # axum
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use infertrace_tower::{InferenceTraceLayer, RequestRecorder};
+//!
+//! async fn chat(rec: RequestRecorder) -> &'static str {
+//!     rec.scheduled(); rec.tokens(1); rec.finish("stop");
+//!     "hi"
+//! }
+//! let app: Router = Router::new().route("/v1/chat/completions", post(chat))
+//!     .layer(InferenceTraceLayer::new().default_model("llama-3.1-8b"));
+//! ```
+//!
+//! # tonic
+//!
+//! ```no_run
+//! # #[derive(Clone)] struct GeneratorServer;
+//! # impl tonic::server::NamedService for GeneratorServer { const NAME: &'static str = "g.G"; }
+//! # impl tower::Service<http::Request<tonic::body::Body>> for GeneratorServer {
+//! #     type Response = http::Response<tonic::body::Body>;
+//! #     type Error = std::convert::Infallible;
+//! #     type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+//! #     fn poll_ready(&mut self, _: &mut std::task::Context<'_>)
+//! #         -> std::task::Poll<Result<(), Self::Error>> { std::task::Poll::Ready(Ok(())) }
+//! #     fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+//! #         std::future::ready(Ok(http::Response::new(tonic::body::Body::empty())))
+//! #     }
+//! # }
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use infertrace_tower::InferenceTraceLayer;
+//! tonic::transport::Server::builder()
+//!     .layer(InferenceTraceLayer::new().default_model("llama-3.1-8b"))
+//!     .add_service(GeneratorServer) // your generated `…Server::new(service)`
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! In a tonic handler the recorder is `request.extensions().get::<RequestRecorder>()`.
+//!
+//! # How the request span gets its identity up front
+//!
+//! The spans are built at the end of the request, but the handler's own `tracing` spans (through
+//! `tracing-opentelemetry`) and any outgoing calls need the request span's context while the
+//! request runs. The layer therefore *starts* the request span at arrival, with its start time
+//! set to the arrival instant and the attributes known then (so the sampler sees them), and keeps
+//! it owned — unboxed and unlocked for an [`SdkTracerProvider`](opentelemetry_sdk::trace::SdkTracerProvider).
+//! The sampling decision and span id are thus real from the start. The inner service's future is
+//! polled under an OpenTelemetry [`Context`](opentelemetry::Context) holding that span context
+//! (`FutureExt::with_context`): `tracing-opentelemetry` 0.34 gives a new *root* `tracing` span
+//! the current OpenTelemetry context as parent, so handler spans nest under the request span.
+//! At the end, the response attributes are set in one call, the phase spans are built with
+//! exact start and end times, and the request span is ended at the exact end instant.
+//!
+//! All instants come from one monotonic clock ([`std::time::Instant`]) and are converted to wall
+//! time once per request (`wall time at arrival + offset`), so phases never overlap wrongly or go
+//! negative.
+#![warn(missing_docs)]
 
+mod admission;
+mod body;
+mod extract;
+mod gaps;
+mod grpc;
+mod layer;
+mod metrics;
+pub mod otlp;
+mod phases;
+mod propagation;
+mod record;
 mod recorder;
+mod request_facts;
+mod service;
+mod spans;
+mod tick_clock;
 
+pub use body::TracedBody;
+pub use extract::MissingRecorder;
+pub use layer::{
+    AdmissionConfig, InferenceTraceLayer, MODEL_HEADER, OPERATION_HEADER, PhaseSource,
+    RequestDescription, RequestHead,
+};
 pub use recorder::{RecorderSnapshot, RequestRecorder};
+pub use service::{InferenceTraceService, ResponseFuture};

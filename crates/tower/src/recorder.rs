@@ -9,7 +9,7 @@
 //! Marks are *first wins* and must be in order (arrival ≤ scheduled ≤ first token ≤ finish): a
 //! repeated or out-of-order call is ignored, never a panic or a negative duration.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -44,10 +44,18 @@ struct RecorderState {
     tokens_seen: AtomicU64,
     input_tokens: AtomicU64,
     output_tokens: AtomicU64,
-    model: OnceLock<String>,
-    finish_reason: OnceLock<String>,
-    error: OnceLock<String>,
+    max_tokens: AtomicU64,
+    stream: AtomicU8,
+    model: OnceLock<Arc<str>>,
+    request_model: OnceLock<Arc<str>>,
+    response_id: OnceLock<Arc<str>>,
+    finish_reason: OnceLock<Arc<str>>,
+    error: OnceLock<Arc<str>>,
 }
+
+const STREAM_UNSET: u8 = 0;
+const STREAM_NO: u8 = 1;
+const STREAM_YES: u8 = 2;
 
 /// What a recorder holds at one moment. Offsets are from arrival.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -66,12 +74,29 @@ pub struct RecorderSnapshot {
     pub input_tokens: Option<u64>,
     /// Output tokens from [`RequestRecorder::usage`], else the tokens seen (if any).
     pub output_tokens: Option<u64>,
-    /// Model from [`RequestRecorder::model`].
+    /// Model from [`RequestRecorder::model`] (the model that answered).
     pub model: Option<String>,
+    /// Model from [`RequestRecorder::request_model`] (the model the client asked for).
+    pub request_model: Option<String>,
+    /// Maximum output tokens from [`RequestRecorder::max_tokens`].
+    pub max_tokens: Option<u64>,
+    /// Whether the client asked for a stream, from [`RequestRecorder::stream`].
+    pub stream: Option<bool>,
+    /// Response id from [`RequestRecorder::response_id`].
+    pub response_id: Option<String>,
     /// Finish reason from [`RequestRecorder::finish`].
     pub finish_reason: Option<String>,
     /// Error kind from [`RequestRecorder::error`].
     pub error: Option<String>,
+}
+
+/// Borrowed string marks of a recorder (crate-internal; avoids cloning at the end of a request).
+pub(crate) struct RecorderStrings<'a> {
+    pub(crate) model: Option<&'a Arc<str>>,
+    pub(crate) request_model: Option<&'a Arc<str>>,
+    pub(crate) response_id: Option<&'a Arc<str>>,
+    pub(crate) finish_reason: Option<&'a Arc<str>>,
+    pub(crate) error: Option<&'a Arc<str>>,
 }
 
 impl Default for RequestRecorder {
@@ -98,7 +123,11 @@ impl RequestRecorder {
                 tokens_seen: AtomicU64::new(0),
                 input_tokens: AtomicU64::new(UNSET),
                 output_tokens: AtomicU64::new(UNSET),
+                max_tokens: AtomicU64::new(UNSET),
+                stream: AtomicU8::new(STREAM_UNSET),
                 model: OnceLock::new(),
+                request_model: OnceLock::new(),
+                response_id: OnceLock::new(),
                 finish_reason: OnceLock::new(),
                 error: OnceLock::new(),
             }),
@@ -146,6 +175,10 @@ impl RequestRecorder {
         if self.inner.finished.load(Ordering::Acquire) != UNSET {
             return;
         }
+        self.mark_first_token(now);
+    }
+
+    fn mark_first_token(&self, now: u64) {
         if Self::mark(&self.inner.first_token, now, &self.inner.scheduled) {
             // The first token is also the latest one until `tokens` says otherwise.
             self.inner.last_token.fetch_min(now, Ordering::AcqRel);
@@ -153,16 +186,28 @@ impl RequestRecorder {
     }
 
     /// `n` more output tokens were produced now. The first call also marks the first token.
+    /// One clock read and a few uncontended atomics: cheap enough to call per token.
     pub fn tokens(&self, n: u64) {
         if n == 0 || self.inner.finished.load(Ordering::Acquire) != UNSET {
             return;
         }
-        self.first_token();
         let now = self.now_nanos();
+        if self.inner.first_token.load(Ordering::Acquire) == UNSET {
+            self.mark_first_token(now);
+        }
         self.inner.tokens_seen.fetch_add(n, Ordering::AcqRel);
-        let prev = self.inner.last_token.load(Ordering::Acquire);
-        if prev == UNSET || now > prev {
-            self.inner.last_token.store(now, Ordering::Release);
+        // Latest token wins, also when several threads report at once (UNSET is u64::MAX).
+        let mut prev = self.inner.last_token.load(Ordering::Acquire);
+        while prev == UNSET || now > prev {
+            match self.inner.last_token.compare_exchange_weak(
+                prev,
+                now,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => prev = actual,
+            }
         }
     }
 
@@ -175,7 +220,7 @@ impl RequestRecorder {
             &self.inner.scheduled
         };
         if Self::mark(&self.inner.finished, now, floor) {
-            let _ = self.inner.finish_reason.set(reason.to_owned());
+            let _ = self.inner.finish_reason.set(Arc::from(reason));
         }
     }
 
@@ -191,40 +236,134 @@ impl RequestRecorder {
         }
     }
 
-    /// The model that served the request. First call wins.
+    /// The model that served the request (`gen_ai.response.model`). First call wins.
+    ///
+    /// If no request model is known (no `x-infertrace-model` header, no
+    /// [`request_model`](Self::request_model) call, no layer default), this also names the span.
     pub fn model(&self, name: &str) {
-        let _ = self.inner.model.set(name.to_owned());
+        let _ = self.inner.model.set(Arc::from(name));
+    }
+
+    /// The model the client asked for (`gen_ai.request.model`, part of the span name), when the
+    /// handler learns it from the request body. First call wins; it overrides the layer's default
+    /// model and the `x-infertrace-model` header.
+    pub fn request_model(&self, name: &str) {
+        let _ = self.inner.request_model.set(Arc::from(name));
+    }
+
+    /// The maximum number of output tokens the client asked for (`gen_ai.request.max_tokens`).
+    /// First call wins.
+    pub fn max_tokens(&self, n: u64) {
+        let _ = self.inner.max_tokens.compare_exchange(
+            UNSET,
+            n.min(UNSET - 1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Whether the client asked for a streamed response (`gen_ai.request.stream`). First call
+    /// wins. In derived mode this also tells the layer to split prefill from decode at the first
+    /// body chunk even when the response is not `text/event-stream`.
+    pub fn stream(&self, streamed: bool) {
+        let v = if streamed { STREAM_YES } else { STREAM_NO };
+        let _ = self.inner.stream.compare_exchange(
+            STREAM_UNSET,
+            v,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// The id the server gave the response (`gen_ai.response.id`). First call wins.
+    pub fn response_id(&self, id: &str) {
+        let _ = self.inner.response_id.set(Arc::from(id));
     }
 
     /// The request failed with `kind` (becomes `error.type`). First call wins.
     pub fn error(&self, kind: &str) {
-        let _ = self.inner.error.set(kind.to_owned());
+        let _ = self.inner.error.set(Arc::from(kind));
     }
 
-    /// A consistent-enough copy of what has been marked so far.
-    pub fn snapshot(&self) -> RecorderSnapshot {
+    /// Crate-internal view of the string marks, without cloning them.
+    pub(crate) fn strings(&self) -> RecorderStrings<'_> {
+        RecorderStrings {
+            model: self.inner.model.get(),
+            request_model: self.inner.request_model.get(),
+            response_id: self.inner.response_id.get(),
+            finish_reason: self.inner.finish_reason.get(),
+            error: self.inner.error.get(),
+        }
+    }
+
+    /// Crate-internal: the `stream` flag, if set.
+    pub(crate) fn stream_flag(&self) -> Option<bool> {
+        match self.inner.stream.load(Ordering::Acquire) {
+            STREAM_YES => Some(true),
+            STREAM_NO => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Crate-internal: the numeric marks, without cloning any string.
+    pub(crate) fn marks(&self) -> RecorderMarks {
         let get = |a: &AtomicU64| match a.load(Ordering::Acquire) {
             UNSET => None,
             v => Some(v),
         };
         let dur = |a: &AtomicU64| get(a).map(Duration::from_nanos);
         let tokens_seen = self.inner.tokens_seen.load(Ordering::Acquire);
+        let input_tokens = get(&self.inner.input_tokens);
         let output_tokens = get(&self.inner.output_tokens)
-            .filter(|_| get(&self.inner.input_tokens).is_some())
+            .filter(|_| input_tokens.is_some())
             .or((tokens_seen > 0).then_some(tokens_seen));
-        RecorderSnapshot {
+        RecorderMarks {
             scheduled: dur(&self.inner.scheduled),
             first_token: dur(&self.inner.first_token),
             last_token: dur(&self.inner.last_token),
             finished: dur(&self.inner.finished),
             tokens_seen,
-            input_tokens: get(&self.inner.input_tokens),
+            input_tokens,
             output_tokens,
-            model: self.inner.model.get().cloned(),
-            finish_reason: self.inner.finish_reason.get().cloned(),
-            error: self.inner.error.get().cloned(),
+            max_tokens: get(&self.inner.max_tokens),
         }
     }
+
+    /// A consistent-enough copy of what has been marked so far.
+    pub fn snapshot(&self) -> RecorderSnapshot {
+        let m = self.marks();
+        let s = self.strings();
+        let owned = |v: Option<&Arc<str>>| v.map(|s| s.to_string());
+        RecorderSnapshot {
+            scheduled: m.scheduled,
+            first_token: m.first_token,
+            last_token: m.last_token,
+            finished: m.finished,
+            tokens_seen: m.tokens_seen,
+            input_tokens: m.input_tokens,
+            output_tokens: m.output_tokens,
+            model: owned(s.model),
+            request_model: owned(s.request_model),
+            max_tokens: m.max_tokens,
+            stream: self.stream_flag(),
+            response_id: owned(s.response_id),
+            finish_reason: owned(s.finish_reason),
+            error: owned(s.error),
+        }
+    }
+}
+
+/// Numeric marks of a recorder (crate-internal).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct RecorderMarks {
+    pub(crate) scheduled: Option<Duration>,
+    pub(crate) first_token: Option<Duration>,
+    pub(crate) last_token: Option<Duration>,
+    pub(crate) finished: Option<Duration>,
+    pub(crate) tokens_seen: u64,
+    pub(crate) input_tokens: Option<u64>,
+    pub(crate) output_tokens: Option<u64>,
+    pub(crate) max_tokens: Option<u64>,
 }
 
 #[cfg(test)]

@@ -1,0 +1,103 @@
+//! Critical path cost on traces of 10, 1,000 and 100,000 spans: a random bushy tree (children
+//! nested in their parents, some overflowing, many parallel) and a 100,000-deep chain.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use infertrace_analysis::critical_path::{CriticalPathOptions, critical_path};
+use infertrace_analysis::trace::{Span, SpanId, SpanKind, StatusCode, TraceId};
+
+/// A small deterministic generator (64-bit LCG), so runs are comparable.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn id(i: usize) -> SpanId {
+    SpanId(((i as u64) + 1).to_be_bytes())
+}
+
+fn span(i: usize, parent: Option<usize>, start: u64, end: u64, service: &Arc<str>) -> Span {
+    Span {
+        trace_id: TraceId([3; 16]),
+        span_id: id(i),
+        parent_span_id: parent.map(id),
+        name: format!("op{}", i % 50),
+        service: service.clone(),
+        kind: SpanKind::Internal,
+        start_unix_nano: start,
+        end_unix_nano: end,
+        status: StatusCode::Unset,
+        attributes: vec![],
+        links: vec![],
+    }
+}
+
+/// `n` spans; span `i` hangs under a random earlier span and lies mostly inside it.
+fn random_tree(n: usize) -> Vec<Span> {
+    let mut rng = Lcg(n as u64);
+    let services: Vec<Arc<str>> = ["gw", "llm", "tok"].iter().map(|s| Arc::from(*s)).collect();
+    let mut spans = vec![span(0, None, 0, 1_000_000_000, &services[0])];
+    for i in 1..n {
+        // Prefer recent spans as parents, so the tree is both deep and wide.
+        let p = i - 1 - rng.below(i.min(16) as u64) as usize;
+        let (ps, pe) = (spans[p].start_unix_nano, spans[p].end_unix_nano);
+        let len = (pe - ps).max(1);
+        let start = ps + rng.below(len);
+        // One child in eight overflows its parent.
+        let end = if rng.below(8) == 0 {
+            start + rng.below(len) + 1
+        } else {
+            start + rng.below(pe - start + 1)
+        };
+        spans.push(span(i, Some(p), start, end, &services[i % 3]));
+    }
+    spans
+}
+
+fn chain(n: usize) -> Vec<Span> {
+    let svc: Arc<str> = Arc::from("llm");
+    (0..n)
+        .map(|i| span(i, i.checked_sub(1), i as u64, (2 * n - i) as u64, &svc))
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("critical_path");
+    for n in [10usize, 1_000, 100_000] {
+        let spans = random_tree(n);
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::new("random_tree", n), &spans, |b, spans| {
+            b.iter(|| critical_path(black_box(spans), id(0), &CriticalPathOptions::default()))
+        });
+        let both = CriticalPathOptions {
+            skew_tolerance: true,
+            shift_remote_children: true,
+        };
+        group.bench_with_input(
+            BenchmarkId::new("random_tree_all_options", n),
+            &spans,
+            |b, spans| b.iter(|| critical_path(black_box(spans), id(0), &both)),
+        );
+    }
+    let spans = chain(100_000);
+    group.throughput(Throughput::Elements(100_000));
+    group.bench_with_input(BenchmarkId::new("chain", 100_000), &spans, |b, spans| {
+        b.iter(|| critical_path(black_box(spans), id(0), &CriticalPathOptions::default()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

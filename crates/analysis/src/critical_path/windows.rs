@@ -1,0 +1,549 @@
+//! Continuous aggregation of critical paths over sliding windows.
+//!
+//! For each (service, span name) the windows answer: how many seconds of the requests' critical
+//! paths did this span own, and what share of end-to-end latency is that — over all requests,
+//! and over the slow ones only (those at or above the window's p90 and p99 e2e).
+//!
+//! Paths are not stored. Each time slot keeps, per (span key, e2e bucket), the critical seconds,
+//! and per e2e bucket the request count and summed e2e. e2e buckets are logarithmic
+//! (γ = 1.02 by default, so a bucket spans 2%): a window's p90 is found from the merged bucket
+//! counts, and the tail sums are the sums over the buckets at or above the p90 (p99) bucket. A
+//! request in the same 2% bucket as the percentile counts as "above" it.
+//!
+//! Distinct (service, span) keys are capped; segments of further keys are summed under
+//! [`OVERFLOW_LABEL`] and counted ([`CriticalPathWindows::overflowed_segments`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::CriticalPath;
+
+/// The service and span label of the entry that collects keys beyond the cap.
+pub const OVERFLOW_LABEL: &str = "_overflow";
+
+/// Limits and resolution of [`CriticalPathWindows`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct CriticalPathWindowsConfig {
+    /// Width of one time slot (the resolution of windows).
+    pub slot: Duration,
+    /// The longest window that can be asked for.
+    pub retention: Duration,
+    /// Distinct (service, span name) keys kept before folding into [`OVERFLOW_LABEL`].
+    pub max_keys: usize,
+    /// Ratio between consecutive e2e bucket bounds (> 1).
+    pub gamma: f64,
+}
+
+impl Default for CriticalPathWindowsConfig {
+    fn default() -> Self {
+        Self {
+            slot: Duration::from_secs(10),
+            retention: Duration::from_secs(3600),
+            max_keys: 256,
+            gamma: 1.02,
+        }
+    }
+}
+
+/// A value for all requests and for the slow tails.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct TailTriple {
+    /// Over all requests of the window.
+    pub all: f64,
+    /// Over the requests at or above the window's p90 e2e.
+    pub p90: f64,
+    /// Over the requests at or above the window's p99 e2e.
+    pub p99: f64,
+}
+
+/// One (service, span) line of a [`CriticalPathSummary`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CriticalPathEntry {
+    /// `service.name` of the span.
+    pub service: Arc<str>,
+    /// Span name.
+    pub span: Arc<str>,
+    /// Critical-path seconds owned by this span, summed over the requests.
+    pub seconds: TailTriple,
+    /// `seconds` divided by the summed e2e latency of the same requests (0–1).
+    pub share: TailTriple,
+}
+
+/// The aggregated critical path of a window (`GET /api/critical-path`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CriticalPathSummary {
+    /// The window actually covered, seconds (whole slots).
+    pub window_seconds: f64,
+    /// Requests recorded in the window.
+    pub requests: u64,
+    /// Requests counted in the p90 and p99 tails (`all` = `requests`).
+    pub tail_requests: TailTriple,
+    /// Summed e2e seconds of all requests and of the tails.
+    pub e2e_seconds: TailTriple,
+    /// One entry per (service, span), largest `seconds.all` first.
+    pub entries: Vec<CriticalPathEntry>,
+}
+
+/// Cumulative critical seconds of one (service, span) since start, for the Prometheus counter
+/// `infertrace_critical_path_seconds_total`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CriticalPathTotal<'a> {
+    /// `service.name`.
+    pub service: &'a str,
+    /// Span name.
+    pub span: &'a str,
+    /// Seconds since start.
+    pub seconds: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct BucketRequests {
+    count: u64,
+    e2e_seconds: f64,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// The slot number (`now / slot`) whose data this holds; `None` when empty.
+    epoch: Option<u64>,
+    requests: BTreeMap<i32, BucketRequests>,
+    seconds: HashMap<(u32, i32), f64>,
+}
+
+impl Slot {
+    fn reset(&mut self, epoch: u64) {
+        self.epoch = Some(epoch);
+        self.requests.clear();
+        self.seconds.clear();
+    }
+}
+
+/// Sliding-window aggregation of critical paths per (service, span name).
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use infertrace_analysis::critical_path::{CriticalPath, CriticalPathWindows, Segment};
+/// use infertrace_analysis::trace::{SpanId, TraceId};
+///
+/// let seg = |name: &str, start: u64, end: u64| Segment {
+///     span_id: SpanId([1; 8]),
+///     name: name.into(),
+///     service: Arc::from("llm"),
+///     start_unix_nano: start,
+///     end_unix_nano: end,
+/// };
+/// let path = CriticalPath {
+///     trace_id: TraceId([1; 16]),
+///     root: SpanId([1; 8]),
+///     segments: vec![seg("queue", 0, 250_000_000), seg("decode", 250_000_000, 1_000_000_000)],
+///     adjustments: vec![],
+/// };
+/// let mut windows = CriticalPathWindows::default();
+/// windows.record(&path, 1.0, 5_000_000_000);
+/// let summary = windows.snapshot(Duration::from_secs(60), 5_000_000_000);
+/// assert_eq!(summary.requests, 1);
+/// assert_eq!(&*summary.entries[0].span, "decode");
+/// assert!((summary.entries[0].share.all - 0.75).abs() < 1e-9);
+/// ```
+#[derive(Debug)]
+pub struct CriticalPathWindows {
+    slot_nanos: u64,
+    slots: Vec<Slot>,
+    max_keys: usize,
+    ln_gamma: f64,
+    /// service → span name → key.
+    index: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
+    /// key → (service, span name, cumulative seconds).
+    keys: Vec<(Arc<str>, Arc<str>, f64)>,
+    overflow_key: Option<u32>,
+    overflowed_segments: u64,
+    late_records: u64,
+}
+
+impl Default for CriticalPathWindows {
+    fn default() -> Self {
+        Self::new(CriticalPathWindowsConfig::default())
+    }
+}
+
+impl CriticalPathWindows {
+    /// Empty windows. A zero slot is taken as one second, a `gamma` not above 1 as 1.02.
+    pub fn new(config: CriticalPathWindowsConfig) -> Self {
+        // A zero slot is taken as one second; otherwise at least a millisecond.
+        let slot_nanos = if config.slot.is_zero() {
+            1_000_000_000
+        } else {
+            u64::try_from(config.slot.as_nanos())
+                .unwrap_or(u64::MAX)
+                .clamp(1_000_000, u64::MAX / 4)
+        };
+        let retention = u64::try_from(config.retention.as_nanos()).unwrap_or(u64::MAX);
+        // One extra slot: the current, partly filled one.
+        let count =
+            usize::try_from(retention.div_ceil(slot_nanos).clamp(1, 100_000) + 1).unwrap_or(2);
+        let gamma = if config.gamma.is_finite() && config.gamma > 1.0 {
+            config.gamma
+        } else {
+            1.02
+        };
+        Self {
+            slot_nanos,
+            slots: (0..count).map(|_| Slot::default()).collect(),
+            max_keys: config.max_keys,
+            ln_gamma: gamma.ln(),
+            index: HashMap::new(),
+            keys: Vec::new(),
+            overflow_key: None,
+            overflowed_segments: 0,
+            late_records: 0,
+        }
+    }
+
+    /// Adds one request's critical path, whose end-to-end latency was `e2e_seconds`, at time
+    /// `now_unix_nano` (normally when the request ended or was assembled).
+    ///
+    /// A record older than the retention is not added to any window (counted by
+    /// [`late_records`](Self::late_records)) but still counts in the cumulative totals.
+    pub fn record(&mut self, path: &CriticalPath, e2e_seconds: f64, now_unix_nano: u64) {
+        let e2e_seconds = if e2e_seconds.is_finite() && e2e_seconds > 0.0 {
+            e2e_seconds
+        } else {
+            0.0
+        };
+        let bucket = self.bucket(e2e_seconds);
+        let epoch = now_unix_nano / self.slot_nanos;
+        let slot_index = self.slot_index(epoch);
+        let in_window = match self.slots[slot_index].epoch {
+            Some(e) if e == epoch => true,
+            Some(e) if e > epoch => false,
+            _ => {
+                self.slots[slot_index].reset(epoch);
+                true
+            }
+        };
+        if in_window {
+            let r = self.slots[slot_index].requests.entry(bucket).or_default();
+            r.count += 1;
+            r.e2e_seconds += e2e_seconds;
+        } else {
+            self.late_records += 1;
+        }
+        for seg in &path.segments {
+            let secs = seg.duration_nanos() as f64 / 1e9;
+            if secs <= 0.0 {
+                continue;
+            }
+            let key = self.key(&seg.service, &seg.name);
+            self.keys[key as usize].2 += secs;
+            if in_window {
+                *self.slots[slot_index]
+                    .seconds
+                    .entry((key, bucket))
+                    .or_insert(0.0) += secs;
+            }
+        }
+    }
+
+    /// The aggregate over the last `window` (rounded up to whole slots, at most the retention)
+    /// ending at `now_unix_nano`.
+    pub fn snapshot(&self, window: Duration, now_unix_nano: u64) -> CriticalPathSummary {
+        let now_epoch = now_unix_nano / self.slot_nanos;
+        let wanted = u64::try_from(window.as_nanos())
+            .unwrap_or(u64::MAX)
+            .div_ceil(self.slot_nanos)
+            .max(1);
+        let span = wanted.min(self.slots.len() as u64 - 1).max(1);
+        let oldest = now_epoch.saturating_sub(span - 1);
+        let live = || {
+            self.slots
+                .iter()
+                .filter(move |s| s.epoch.is_some_and(|e| e >= oldest && e <= now_epoch))
+        };
+
+        let mut requests: BTreeMap<i32, BucketRequests> = BTreeMap::new();
+        for slot in live() {
+            for (b, r) in &slot.requests {
+                let m = requests.entry(*b).or_default();
+                m.count += r.count;
+                m.e2e_seconds += r.e2e_seconds;
+            }
+        }
+        let total: u64 = requests.values().map(|r| r.count).sum();
+        let p90 = percentile_bucket(&requests, total, 0.90);
+        let p99 = percentile_bucket(&requests, total, 0.99);
+        let mut tail_requests = TailTriple {
+            all: total as f64,
+            ..TailTriple::default()
+        };
+        let mut e2e = TailTriple::default();
+        for (b, r) in &requests {
+            e2e.all += r.e2e_seconds;
+            if *b >= p90 {
+                tail_requests.p90 += r.count as f64;
+                e2e.p90 += r.e2e_seconds;
+            }
+            if *b >= p99 {
+                tail_requests.p99 += r.count as f64;
+                e2e.p99 += r.e2e_seconds;
+            }
+        }
+
+        let mut per_key: HashMap<u32, TailTriple> = HashMap::new();
+        for slot in live() {
+            for ((key, b), secs) in &slot.seconds {
+                let t = per_key.entry(*key).or_default();
+                t.all += secs;
+                if *b >= p90 {
+                    t.p90 += secs;
+                }
+                if *b >= p99 {
+                    t.p99 += secs;
+                }
+            }
+        }
+        let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+        let mut entries: Vec<CriticalPathEntry> = per_key
+            .into_iter()
+            .map(|(key, seconds)| {
+                let (service, span, _) = &self.keys[key as usize];
+                CriticalPathEntry {
+                    service: service.clone(),
+                    span: span.clone(),
+                    seconds,
+                    share: TailTriple {
+                        all: ratio(seconds.all, e2e.all),
+                        p90: ratio(seconds.p90, e2e.p90),
+                        p99: ratio(seconds.p99, e2e.p99),
+                    },
+                }
+            })
+            .collect();
+        entries.sort_by(|a, b| {
+            b.seconds
+                .all
+                .total_cmp(&a.seconds.all)
+                .then_with(|| a.service.cmp(&b.service))
+                .then_with(|| a.span.cmp(&b.span))
+        });
+        CriticalPathSummary {
+            window_seconds: (span * self.slot_nanos) as f64 / 1e9,
+            requests: total,
+            tail_requests,
+            e2e_seconds: e2e,
+            entries,
+        }
+    }
+
+    /// Cumulative critical seconds per (service, span) since these windows were created.
+    pub fn totals(&self) -> impl Iterator<Item = CriticalPathTotal<'_>> {
+        self.keys
+            .iter()
+            .map(|(service, span, seconds)| CriticalPathTotal {
+                service,
+                span,
+                seconds: *seconds,
+            })
+    }
+
+    /// Segments whose (service, span) came after the key cap was reached and were summed under
+    /// [`OVERFLOW_LABEL`].
+    pub fn overflowed_segments(&self) -> u64 {
+        self.overflowed_segments
+    }
+
+    /// Records whose time was older than the retention (kept only in the cumulative totals).
+    pub fn late_records(&self) -> u64 {
+        self.late_records
+    }
+
+    fn slot_index(&self, epoch: u64) -> usize {
+        (epoch % self.slots.len() as u64) as usize
+    }
+
+    fn bucket(&self, e2e_seconds: f64) -> i32 {
+        if e2e_seconds <= 0.0 {
+            return i32::MIN;
+        }
+        let b = (e2e_seconds.ln() / self.ln_gamma).ceil();
+        // Saturating float → int conversion keeps extreme values in the end buckets.
+        (b as i32).max(i32::MIN + 1)
+    }
+
+    fn key(&mut self, service: &Arc<str>, span: &str) -> u32 {
+        if let Some(k) = self.index.get(&**service).and_then(|m| m.get(span)) {
+            return *k;
+        }
+        if self.keys.len() - usize::from(self.overflow_key.is_some()) >= self.max_keys {
+            self.overflowed_segments += 1;
+            return match self.overflow_key {
+                Some(k) => k,
+                None => {
+                    let k = self.push_key(Arc::from(OVERFLOW_LABEL), Arc::from(OVERFLOW_LABEL));
+                    self.overflow_key = Some(k);
+                    k
+                }
+            };
+        }
+        let k = self.push_key(service.clone(), Arc::from(span));
+        self.index
+            .entry(service.clone())
+            .or_default()
+            .insert(self.keys[k as usize].1.clone(), k);
+        k
+    }
+
+    fn push_key(&mut self, service: Arc<str>, span: Arc<str>) -> u32 {
+        let k = u32::try_from(self.keys.len()).unwrap_or(u32::MAX);
+        self.keys.push((service, span, 0.0));
+        k
+    }
+}
+
+/// The bucket holding the request of rank ⌈q·n⌉ (1-based).
+fn percentile_bucket(requests: &BTreeMap<i32, BucketRequests>, total: u64, q: f64) -> i32 {
+    if total == 0 {
+        return i32::MAX;
+    }
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    for (b, r) in requests {
+        seen += r.count;
+        if seen >= rank {
+            return *b;
+        }
+    }
+    i32::MAX
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::critical_path::Segment;
+    use crate::trace::{SpanId, TraceId};
+
+    fn path(parts: &[(&str, &str, f64)]) -> CriticalPath {
+        let mut t = 0u64;
+        let segments = parts
+            .iter()
+            .map(|(service, name, secs)| {
+                let start = t;
+                t += (secs * 1e9).round() as u64;
+                Segment {
+                    span_id: SpanId([1; 8]),
+                    name: (*name).into(),
+                    service: Arc::from(*service),
+                    start_unix_nano: start,
+                    end_unix_nano: t,
+                }
+            })
+            .collect();
+        CriticalPath {
+            trace_id: TraceId([1; 16]),
+            root: SpanId([1; 8]),
+            segments,
+            adjustments: vec![],
+        }
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    fn entry<'a>(s: &'a CriticalPathSummary, span: &str) -> &'a CriticalPathEntry {
+        s.entries.iter().find(|e| &*e.span == span).unwrap()
+    }
+
+    #[test]
+    fn tails_sum_only_the_slow_requests() {
+        let mut w = CriticalPathWindows::default();
+        // 98 fast requests (1 s: 0.1 queue + 0.9 decode), 2 slow ones (10 s: 8 queue + 2 decode).
+        for i in 0..98 {
+            w.record(
+                &path(&[("llm", "queue", 0.1), ("llm", "decode", 0.9)]),
+                1.0,
+                i * 1_000_000,
+            );
+        }
+        for _ in 0..2 {
+            w.record(
+                &path(&[("llm", "queue", 8.0), ("llm", "decode", 2.0)]),
+                10.0,
+                S,
+            );
+        }
+        let s = w.snapshot(Duration::from_secs(60), 2 * S);
+        assert_eq!(s.requests, 100);
+        // Rank ⌈0.9·100⌉ = 90 is a fast request: the p90 tail is everyone.
+        assert_eq!(s.tail_requests.p90, 100.0);
+        // Rank 99 is slow: the p99 tail is the two slow requests only.
+        assert_eq!(s.tail_requests.p99, 2.0);
+        let q = entry(&s, "queue");
+        assert!((q.seconds.all - (98.0 * 0.1 + 16.0)).abs() < 1e-6);
+        assert!((q.seconds.p99 - 16.0).abs() < 1e-6);
+        assert!((q.share.p99 - 0.8).abs() < 1e-9);
+        assert!((q.share.all - (9.8 + 16.0) / 118.0).abs() < 1e-9);
+        let d = entry(&s, "decode");
+        assert!((d.share.p99 - 0.2).abs() < 1e-9);
+        // Shares of one tail add up to 1 when paths tile e2e.
+        assert!((q.share.p90 + d.share.p90 - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn old_slots_leave_the_window() {
+        let mut w = CriticalPathWindows::default();
+        w.record(&path(&[("a", "x", 1.0)]), 1.0, 0);
+        w.record(&path(&[("a", "y", 1.0)]), 1.0, 100 * S);
+        let s = w.snapshot(Duration::from_secs(30), 100 * S);
+        assert_eq!(s.requests, 1);
+        assert_eq!(s.entries.len(), 1);
+        assert_eq!(&*s.entries[0].span, "y");
+        let s = w.snapshot(Duration::from_secs(120), 100 * S);
+        assert_eq!(s.requests, 2);
+        // After the retention the slot is reused and the old data is gone.
+        // Epoch 361 lands in slot 0 again (361 slots).
+        w.record(&path(&[("a", "z", 1.0)]), 1.0, 3610 * S);
+        let s = w.snapshot(Duration::from_secs(3600), 3610 * S);
+        assert_eq!(s.requests, 2);
+        assert!(s.entries.iter().all(|e| &*e.span != "x"));
+        // A record older than the retention is refused by the windows, kept in the totals.
+        w.record(&path(&[("a", "x", 2.0)]), 1.0, 0);
+        assert_eq!(w.late_records(), 1);
+        let x = w.totals().find(|t| t.span == "x").unwrap();
+        assert!((x.seconds - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn keys_beyond_the_cap_are_folded_and_counted() {
+        let mut w = CriticalPathWindows::new(CriticalPathWindowsConfig {
+            max_keys: 2,
+            ..CriticalPathWindowsConfig::default()
+        });
+        w.record(
+            &path(&[
+                ("a", "x", 1.0),
+                ("a", "y", 1.0),
+                ("a", "z", 1.0),
+                ("b", "x", 1.0),
+            ]),
+            4.0,
+            0,
+        );
+        assert_eq!(w.overflowed_segments(), 2);
+        let s = w.snapshot(Duration::from_secs(10), 0);
+        assert_eq!(s.entries.len(), 3);
+        let o = entry(&s, OVERFLOW_LABEL);
+        assert!((o.seconds.all - 2.0).abs() < 1e-9);
+        assert_eq!(w.totals().count(), 3);
+    }
+
+    #[test]
+    fn empty_window_is_empty() {
+        let w = CriticalPathWindows::default();
+        let s = w.snapshot(Duration::from_secs(60), 10 * S);
+        assert_eq!(s.requests, 0);
+        assert!(s.entries.is_empty());
+        assert_eq!(s.window_seconds, 60.0);
+    }
+}

@@ -1,0 +1,87 @@
+//! infertrace's own dialect: the request span with `queue` / `prefill` / `decode` (or
+//! `inference`) children.
+//!
+//! Child span timings are preferred; `gen_ai.latency.*` attributes on the request span fill in
+//! what no child tells.
+//! - e2e: the request span's duration (measured).
+//! - queue / prefill / decode / inference: the phase child's duration (measured), else
+//!   `time_in_queue` / `time_in_model_prefill` / `time_in_model_decode` /
+//!   `time_in_model_inference` (measured).
+//! - TTFT: the prefill child's end − the request's start (measured), else
+//!   `time_to_first_token` (measured), else queue + prefill (derived).
+//! - TPOT: `infer.time_per_output_token` (measured), else decode / (output tokens − 1)
+//!   (derived).
+//! - When the middleware says `infer.phase.source = derived` (no engine marks: prefill and
+//!   decode were split at the first response chunk), prefill, decode, TTFT and TPOT are marked
+//!   derived; the queue (the admission queue's own timestamps) stays measured.
+//! - GPU statistics from the phase children's `gpu.*` attributes.
+
+use infertrace_semconv as sc;
+
+use super::{Phase, TraceView, base_record, gpu_record, seconds_attr};
+use crate::record::{Dialect, PhaseOrigin, RequestRecord, tpot_from};
+use crate::trace::Span;
+
+/// The record of an infertrace request span.
+pub fn extract(span: &Span, trace: &TraceView<'_>) -> RequestRecord {
+    let mut r = base_record(span, Dialect::Infertrace, trace);
+    let child = |p: Phase| trace.children(span).find(|c| Phase::of(c) == Some(p));
+    let (queue_span, prefill_span, decode_span, inference_span) = (
+        child(Phase::Queue),
+        child(Phase::Prefill),
+        child(Phase::Decode),
+        child(Phase::Inference),
+    );
+    let derived_mode = span
+        .attr_str(sc::infer::PHASE_SOURCE)
+        .or_else(|| prefill_span.and_then(|p| p.attr_str(sc::infer::PHASE_SOURCE)))
+        .is_some_and(|s| s == sc::infer::phase_source::DERIVED);
+    let engine_origin = if derived_mode {
+        PhaseOrigin::Derived
+    } else {
+        PhaseOrigin::Measured
+    };
+    let phase = |s: Option<&Span>, key: &str| {
+        s.map(Span::duration_secs)
+            .or_else(|| seconds_attr(span, key))
+    };
+
+    r.queue = phase(queue_span, sc::latency::TIME_IN_QUEUE);
+    r.origins.queue = r.queue.map(|_| PhaseOrigin::Measured);
+    r.prefill = phase(prefill_span, sc::latency::TIME_IN_MODEL_PREFILL);
+    r.origins.prefill = r.prefill.map(|_| engine_origin);
+    r.decode = phase(decode_span, sc::latency::TIME_IN_MODEL_DECODE);
+    r.origins.decode = r.decode.map(|_| engine_origin);
+    r.inference = phase(inference_span, sc::latency::TIME_IN_MODEL_INFERENCE);
+
+    if let Some(p) = prefill_span {
+        r.ttft = Some(p.end_unix_nano.saturating_sub(span.start_unix_nano) as f64 / 1e9);
+        r.origins.ttft = Some(engine_origin);
+    } else if let Some(t) = seconds_attr(span, sc::latency::TIME_TO_FIRST_TOKEN) {
+        r.ttft = Some(t);
+        r.origins.ttft = Some(engine_origin);
+    } else if let (Some(q), Some(p)) = (r.queue, r.prefill) {
+        r.ttft = Some(q + p);
+        r.origins.ttft = Some(PhaseOrigin::Derived);
+    }
+
+    if let Some(t) = seconds_attr(span, sc::infer::TIME_PER_OUTPUT_TOKEN) {
+        r.tpot = Some(t);
+        r.origins.tpot = Some(engine_origin);
+    } else if let (Some(d), Some(n)) = (r.decode, r.output_tokens) {
+        r.tpot = tpot_from(d, n);
+        r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
+    }
+
+    r.gpu = gpu_record(
+        [
+            (Phase::Queue, queue_span),
+            (Phase::Prefill, prefill_span),
+            (Phase::Decode, decode_span),
+            (Phase::Inference, inference_span),
+        ]
+        .into_iter()
+        .filter_map(|(p, s)| Some((p, s?))),
+    );
+    r
+}

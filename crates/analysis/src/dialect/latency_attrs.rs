@@ -1,0 +1,75 @@
+//! vLLM (`llm_request`) and SGLang request spans: the `gen_ai.latency.*` attribute family.
+//!
+//! vLLM creates its span after the request ends, with the start set back to arrival; phases
+//! follow one another: queue = `time_in_queue`, then prefill = `time_in_model_prefill`, then
+//! decode = `time_in_model_decode`.
+//! - e2e: `e2e` (measured), else the span's duration (measured).
+//! - queue: `time_in_queue` (measured).
+//! - TTFT: `time_to_first_token` (measured), else queue + prefill (derived).
+//! - prefill: `time_in_model_prefill` (measured), else TTFT − queue (derived).
+//! - decode: `time_in_model_decode` (measured), else `time_in_model_inference` − prefill, else
+//!   e2e − TTFT (derived).
+//! - tokens: `gen_ai.usage.input_tokens` / `output_tokens`, else vLLM's old `prompt_tokens` /
+//!   `completion_tokens`. TPOT = decode / (output tokens − 1) (derived).
+//! - vLLM does not say the operation: it is [`UNKNOWN`](crate::record::UNKNOWN) unless
+//!   `gen_ai.operation.name` is set.
+
+use infertrace_semconv as sc;
+
+use super::{TraceView, base_record, seconds_attr};
+use crate::record::{Dialect, PhaseOrigin, RequestRecord, tpot_from};
+use crate::trace::Span;
+
+/// The record of a vLLM or SGLang request span.
+pub fn extract(span: &Span, dialect: Dialect, trace: &TraceView<'_>) -> RequestRecord {
+    let mut r = base_record(span, dialect, trace);
+    let attr = |k| seconds_attr(span, k);
+    let measured = |v: Option<f64>| v.map(|_| PhaseOrigin::Measured);
+    let derived = |v: Option<f64>| v.map(|_| PhaseOrigin::Derived);
+    let non_negative = |v: f64| (v >= 0.0).then_some(v);
+
+    if let Some(e2e) = attr(sc::latency::E2E) {
+        r.e2e = e2e;
+    }
+    r.queue = attr(sc::latency::TIME_IN_QUEUE);
+    r.origins.queue = measured(r.queue);
+    r.inference = attr(sc::latency::TIME_IN_MODEL_INFERENCE);
+
+    let ttft = attr(sc::latency::TIME_TO_FIRST_TOKEN);
+    let prefill = attr(sc::latency::TIME_IN_MODEL_PREFILL);
+    (r.ttft, r.origins.ttft) = match (ttft, r.queue, prefill) {
+        (Some(t), _, _) => (Some(t), measured(Some(t))),
+        (None, Some(q), Some(p)) => (Some(q + p), derived(Some(q))),
+        _ => (None, None),
+    };
+    (r.prefill, r.origins.prefill) = match (prefill, r.ttft, r.queue) {
+        (Some(p), _, _) => (Some(p), measured(Some(p))),
+        (None, Some(t), Some(q)) => {
+            let p = non_negative(t - q);
+            (p, derived(p))
+        }
+        _ => (None, None),
+    };
+    let decode = attr(sc::latency::TIME_IN_MODEL_DECODE);
+    (r.decode, r.origins.decode) = match (decode, r.inference, r.prefill, r.ttft) {
+        (Some(d), ..) => (Some(d), measured(Some(d))),
+        (None, Some(i), Some(p), _) => {
+            let d = non_negative(i - p);
+            (d, derived(d))
+        }
+        (None, None, _, Some(t)) => {
+            let d = non_negative(r.e2e - t);
+            (d, derived(d))
+        }
+        _ => (None, None),
+    };
+
+    if let Some(t) = attr(sc::infer::TIME_PER_OUTPUT_TOKEN) {
+        r.tpot = Some(t);
+        r.origins.tpot = measured(r.tpot);
+    } else if let (Some(d), Some(n)) = (r.decode, r.output_tokens) {
+        r.tpot = tpot_from(d, n);
+        r.origins.tpot = derived(r.tpot);
+    }
+    r
+}

@@ -1,0 +1,535 @@
+//! [`Accumulator`]: the mergeable aggregate of a set of request records — what one time slot of
+//! one series holds, and what the slots of a window merge into.
+//!
+//! Exact: counts, token sums, max, mean, phase sums. Approximate: percentiles, from sparse
+//! DDSketches ([`Distribution`]) with relative error
+//! [`SKETCH_RELATIVE_ACCURACY`](super::SKETCH_RELATIVE_ACCURACY). Tail phase shares are kept as
+//! phase sums keyed by the sketch bucket of each request's e2e, so a merged window finds its
+//! p90 / p99 bucket from the e2e sketch and sums the buckets at or above it — exact up to bucket
+//! resolution, without keeping any record.
+
+use sketches_ddsketch::Config;
+
+use super::SloConfig;
+use super::distribution::{Distribution, bucket_of, merge_many_sorted, merge_sorted};
+use super::snapshot::{
+    Goodput, GpuKpis, GpuPhaseUtilization, LatencyStats, PhaseShare, PhaseShares, TokenTotals,
+};
+use crate::record::{Outcome, RequestRecord};
+
+/// Σ e2e and Σ of each phase over a set of requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PhaseSums {
+    /// Requests summed.
+    pub count: u64,
+    /// Σ e2e, seconds.
+    pub e2e: f64,
+    /// Σ queue, seconds.
+    pub queue: f64,
+    /// Σ prefill, seconds.
+    pub prefill: f64,
+    /// Σ decode, seconds.
+    pub decode: f64,
+}
+
+impl PhaseSums {
+    fn add(&mut self, o: &Self) {
+        self.count += o.count;
+        self.e2e += o.e2e;
+        self.queue += o.queue;
+        self.prefill += o.prefill;
+        self.decode += o.decode;
+    }
+
+    /// Σ phase / Σ e2e; `None` when nothing was summed or Σ e2e is zero.
+    pub fn share(&self) -> Option<PhaseShare> {
+        (self.count > 0 && self.e2e > 0.0).then(|| PhaseShare {
+            queue: self.queue / self.e2e,
+            prefill: self.prefill / self.e2e,
+            decode: self.decode / self.e2e,
+        })
+    }
+}
+
+/// GPU sums: duration-weighted utilisation per phase and attributed energy.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct GpuSums {
+    requests: u64,
+    /// Σ utilisation × phase seconds, per queue / prefill / decode.
+    util_weighted: [f64; 3],
+    /// Σ phase seconds where utilisation was known.
+    util_seconds: [f64; 3],
+    energy_attributed: f64,
+    /// Σ attributed energy and Σ output tokens over requests having both.
+    per_token_energy: f64,
+    per_token_tokens: u64,
+}
+
+impl GpuSums {
+    fn add_record(&mut self, r: &RequestRecord) {
+        let Some(g) = &r.gpu else { return };
+        self.requests += 1;
+        let phases = [
+            (g.utilization_mean.queue, r.queue),
+            (g.utilization_mean.prefill, r.prefill),
+            (g.utilization_mean.decode, r.decode),
+        ];
+        for (i, (util, secs)) in phases.into_iter().enumerate() {
+            if let (Some(u), Some(s)) = (util, secs)
+                && u.is_finite()
+                && s.is_finite()
+                && s > 0.0
+            {
+                self.util_weighted[i] += u * s;
+                self.util_seconds[i] += s;
+            }
+        }
+        if let Some(e) = g.energy_attributed_joules.filter(|e| e.is_finite()) {
+            self.energy_attributed += e;
+            if let Some(n) = r.output_tokens.filter(|n| *n > 0) {
+                self.per_token_energy += e;
+                self.per_token_tokens += n;
+            }
+        }
+    }
+
+    fn merge(&mut self, o: &Self) {
+        self.requests += o.requests;
+        for i in 0..3 {
+            self.util_weighted[i] += o.util_weighted[i];
+            self.util_seconds[i] += o.util_seconds[i];
+        }
+        self.energy_attributed += o.energy_attributed;
+        self.per_token_energy += o.per_token_energy;
+        self.per_token_tokens += o.per_token_tokens;
+    }
+
+    fn kpis(&self) -> Option<GpuKpis> {
+        if self.requests == 0 {
+            return None;
+        }
+        let util = |i: usize| {
+            (self.util_seconds[i] > 0.0).then(|| self.util_weighted[i] / self.util_seconds[i])
+        };
+        Some(GpuKpis {
+            requests: self.requests,
+            utilization_mean: GpuPhaseUtilization {
+                queue: util(0),
+                prefill: util(1),
+                decode: util(2),
+            },
+            energy_attributed_joules: self.energy_attributed,
+            energy_per_output_token_joules: (self.per_token_tokens > 0)
+                .then(|| self.per_token_energy / self.per_token_tokens as f64),
+        })
+    }
+}
+
+/// Exact counters of an accumulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Every record.
+    pub requests: u64,
+    /// Outcome `error`.
+    pub errors: u64,
+    /// Outcome `cancelled`.
+    pub cancelled: u64,
+    /// Outcome `rejected`.
+    pub rejected: u64,
+    /// `ok` requests meeting every applicable SLO.
+    pub good: u64,
+    /// Σ input tokens.
+    pub input_tokens: u64,
+    /// Σ output tokens.
+    pub output_tokens: u64,
+}
+
+impl Counts {
+    fn merge(&mut self, o: &Self) {
+        self.requests += o.requests;
+        self.errors += o.errors;
+        self.cancelled += o.cancelled;
+        self.rejected += o.rejected;
+        self.good += o.good;
+        self.input_tokens += o.input_tokens;
+        self.output_tokens += o.output_tokens;
+    }
+
+    /// Requests goodput is judged on: every outcome but `cancelled`.
+    pub fn goodput_eligible(&self) -> u64 {
+        self.requests - self.cancelled
+    }
+}
+
+/// Whether an `ok` record meets every SLO that applies to it (an SLO applies when it is
+/// configured and the record has that value; e2e always exists).
+pub fn meets_slos(slo: &SloConfig, r: &RequestRecord) -> bool {
+    let within = |limit: Option<f64>, v: Option<f64>| match (limit, v) {
+        (Some(l), Some(v)) => v <= l,
+        _ => true,
+    };
+    r.outcome == Outcome::Ok
+        && within(slo.ttft_seconds, r.ttft)
+        && within(slo.tpot_seconds, r.tpot)
+        && within(slo.e2e_seconds, Some(r.e2e))
+}
+
+/// The mergeable aggregate of a set of records.
+#[derive(Clone, Default)]
+pub struct Accumulator {
+    /// Exact counters.
+    pub counts: Counts,
+    /// e2e of `ok` requests.
+    pub e2e: Distribution,
+    /// Queue of `ok` requests.
+    pub queue: Distribution,
+    /// TTFT of `ok` requests.
+    pub ttft: Distribution,
+    /// Prefill of `ok` requests.
+    pub prefill: Distribution,
+    /// Decode of `ok` requests.
+    pub decode: Distribution,
+    /// TPOT of `ok` requests.
+    pub tpot: Distribution,
+    /// Per-request median inter-token gap of `ok` requests.
+    pub itl: Distribution,
+    /// Largest inter-token gap of any `ok` request.
+    itl_max: Option<f64>,
+    /// Phase sums of `ok` requests having queue, prefill and decode.
+    pub phases: PhaseSums,
+    /// The same, per e2e sketch bucket, sorted by bucket.
+    phases_by_e2e_bucket: Vec<(i32, PhaseSums)>,
+    gpu: GpuSums,
+}
+
+impl Accumulator {
+    /// Adds one record.
+    pub fn add(&mut self, config: &Config, slo: &SloConfig, r: &RequestRecord) {
+        let c = &mut self.counts;
+        c.requests += 1;
+        match r.outcome {
+            Outcome::Ok => {}
+            Outcome::Error => c.errors += 1,
+            Outcome::Cancelled => c.cancelled += 1,
+            Outcome::Rejected => c.rejected += 1,
+        }
+        c.input_tokens += r.input_tokens.unwrap_or(0);
+        c.output_tokens += r.output_tokens.unwrap_or(0);
+        self.gpu.add_record(r);
+        if r.outcome != Outcome::Ok {
+            return;
+        }
+        if meets_slos(slo, r) {
+            self.counts.good += 1;
+        }
+        self.e2e.add(config, Some(r.e2e));
+        self.queue.add(config, r.queue);
+        self.ttft.add(config, r.ttft);
+        self.prefill.add(config, r.prefill);
+        self.decode.add(config, r.decode);
+        self.tpot.add(config, r.tpot);
+        if let Some(itl) = r.itl {
+            self.itl.add(config, Some(itl.p50));
+            if itl.max.is_finite() {
+                self.itl_max = Some(self.itl_max.map_or(itl.max, |m| m.max(itl.max)));
+            }
+        }
+        if let (Some(q), Some(p), Some(d)) = (r.queue, r.prefill, r.decode)
+            && r.e2e.is_finite()
+            && q.is_finite()
+            && p.is_finite()
+            && d.is_finite()
+        {
+            let one = PhaseSums {
+                count: 1,
+                e2e: r.e2e.max(0.0),
+                queue: q.max(0.0),
+                prefill: p.max(0.0),
+                decode: d.max(0.0),
+            };
+            self.phases.add(&one);
+            let key = bucket_of(config, one.e2e);
+            match self
+                .phases_by_e2e_bucket
+                .binary_search_by_key(&key, |b| b.0)
+            {
+                Ok(i) => self.phases_by_e2e_bucket[i].1.add(&one),
+                Err(i) => self.phases_by_e2e_bucket.insert(i, (key, one)),
+            }
+        }
+    }
+
+    /// Merges many accumulators at once (a window's slots): one pass per distribution.
+    pub fn merge_many(parts: &[&Self]) -> Self {
+        let dist = |f: fn(&Self) -> &Distribution| {
+            let refs: Vec<&Distribution> = parts.iter().map(|a| f(a)).collect();
+            Distribution::merge_many(&refs)
+        };
+        let mut out = Self {
+            e2e: dist(|a| &a.e2e),
+            queue: dist(|a| &a.queue),
+            ttft: dist(|a| &a.ttft),
+            prefill: dist(|a| &a.prefill),
+            decode: dist(|a| &a.decode),
+            tpot: dist(|a| &a.tpot),
+            itl: dist(|a| &a.itl),
+            ..Self::default()
+        };
+        let buckets: Vec<&[(i32, PhaseSums)]> = parts
+            .iter()
+            .map(|a| a.phases_by_e2e_bucket.as_slice())
+            .collect();
+        out.phases_by_e2e_bucket = merge_many_sorted(&buckets, PhaseSums::add);
+        for a in parts {
+            out.counts.merge(&a.counts);
+            if let Some(m) = a.itl_max {
+                out.itl_max = Some(out.itl_max.map_or(m, |s| s.max(m)));
+            }
+            out.phases.add(&a.phases);
+            out.gpu.merge(&a.gpu);
+        }
+        out
+    }
+
+    /// Merges another accumulator into this one.
+    pub fn merge(&mut self, o: &Self) {
+        self.counts.merge(&o.counts);
+        self.e2e.merge(&o.e2e);
+        self.queue.merge(&o.queue);
+        self.ttft.merge(&o.ttft);
+        self.prefill.merge(&o.prefill);
+        self.decode.merge(&o.decode);
+        self.tpot.merge(&o.tpot);
+        self.itl.merge(&o.itl);
+        if let Some(m) = o.itl_max {
+            self.itl_max = Some(self.itl_max.map_or(m, |s| s.max(m)));
+        }
+        self.phases.add(&o.phases);
+        merge_sorted(
+            &mut self.phases_by_e2e_bucket,
+            &o.phases_by_e2e_bucket,
+            PhaseSums::add,
+        );
+        self.gpu.merge(&o.gpu);
+    }
+
+    fn distributions_mut(&mut self) -> [&mut Distribution; 7] {
+        [
+            &mut self.e2e,
+            &mut self.queue,
+            &mut self.ttft,
+            &mut self.prefill,
+            &mut self.decode,
+            &mut self.tpot,
+            &mut self.itl,
+        ]
+    }
+
+    /// Releases spare capacity: call when no more records will be added.
+    pub fn shrink(&mut self) {
+        for d in self.distributions_mut() {
+            d.shrink();
+        }
+        self.phases_by_e2e_bucket.shrink_to_fit();
+    }
+
+    /// Heap bytes held (sketch bins, tail buckets), for memory accounting.
+    pub fn heap_bytes(&self) -> usize {
+        [
+            &self.e2e,
+            &self.queue,
+            &self.ttft,
+            &self.prefill,
+            &self.decode,
+            &self.tpot,
+            &self.itl,
+        ]
+        .iter()
+        .map(|d| d.heap_bytes())
+        .sum::<usize>()
+            + self.phases_by_e2e_bucket.capacity() * std::mem::size_of::<(i32, PhaseSums)>()
+    }
+
+    /// True when no record was added.
+    pub fn is_empty(&self) -> bool {
+        self.counts.requests == 0
+    }
+
+    /// Inter-token statistics: percentiles of per-request medians, max of per-request maxima.
+    pub fn itl_stats(&self, config: &Config) -> Option<LatencyStats> {
+        let mut s = self.itl.stats(config)?;
+        if let Some(m) = self.itl_max {
+            s.max = s.max.max(m);
+        }
+        Some(s)
+    }
+
+    /// Phase sums of the requests whose e2e bucket is at or above the bucket of e2e quantile `q`.
+    pub fn tail_phases(&self, q: f64) -> Option<PhaseSums> {
+        let threshold = self.e2e.quantile_bucket(q)?;
+        let start = self
+            .phases_by_e2e_bucket
+            .partition_point(|(k, _)| *k < threshold);
+        let mut sums = PhaseSums::default();
+        for (_, v) in &self.phases_by_e2e_bucket[start..] {
+            sums.add(v);
+        }
+        Some(sums)
+    }
+
+    /// Phase shares for all requests and the p90 / p99 tails.
+    pub fn phase_shares(&self) -> PhaseShares {
+        PhaseShares {
+            all: self.phases.share(),
+            p90: self.tail_phases(0.9).and_then(|s| s.share()),
+            p99: self.tail_phases(0.99).and_then(|s| s.share()),
+        }
+    }
+
+    /// Token totals.
+    pub fn tokens(&self) -> TokenTotals {
+        TokenTotals {
+            input: self.counts.input_tokens,
+            output: self.counts.output_tokens,
+        }
+    }
+
+    /// Goodput over `seconds` of covered time.
+    pub fn goodput(&self, seconds: f64) -> Goodput {
+        let eligible = self.counts.goodput_eligible();
+        Goodput {
+            ratio: (eligible > 0).then(|| self.counts.good as f64 / eligible as f64),
+            requests_per_second: per_second(self.counts.good, seconds),
+        }
+    }
+
+    /// GPU statistics, `None` when no record carried any.
+    pub fn gpu(&self) -> Option<GpuKpis> {
+        self.gpu.kpis()
+    }
+}
+
+/// `n / seconds`, zero when no time is covered.
+pub fn per_second(n: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        n as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::kpi::sketch_config;
+    use crate::record::Dialect;
+    use crate::trace::{SpanId, TraceId};
+
+    fn rec(e2e: f64, outcome: Outcome) -> RequestRecord {
+        let mut r = RequestRecord::new(
+            TraceId([1; 16]),
+            SpanId([1; 8]),
+            Arc::from("s"),
+            Dialect::Infertrace,
+            0,
+            0,
+        );
+        r.e2e = e2e;
+        r.outcome = outcome;
+        r.queue = Some(e2e * 0.1);
+        r.prefill = Some(e2e * 0.2);
+        r.decode = Some(e2e * 0.6);
+        r.output_tokens = Some(3);
+        r
+    }
+
+    #[test]
+    fn merging_equals_adding_everything_to_one() {
+        let (config, slo) = (sketch_config(), SloConfig::default());
+        let records: Vec<RequestRecord> = (1..=300)
+            .map(|k| {
+                let outcome = if k % 7 == 0 {
+                    Outcome::Error
+                } else {
+                    Outcome::Ok
+                };
+                rec(k as f64 * 0.137, outcome)
+            })
+            .collect();
+        let mut whole = Accumulator::default();
+        let mut parts = [
+            Accumulator::default(),
+            Accumulator::default(),
+            Accumulator::default(),
+        ];
+        for (k, r) in records.iter().enumerate() {
+            whole.add(&config, &slo, r);
+            parts[k % 3].add(&config, &slo, r);
+        }
+        let mut merged = Accumulator::default();
+        for p in &parts {
+            merged.merge(p);
+        }
+        let many = Accumulator::merge_many(&parts.iter().collect::<Vec<_>>());
+        assert_eq!(many.counts, merged.counts);
+        assert_eq!(many.e2e.count(), merged.e2e.count());
+        assert_eq!(
+            many.phases_by_e2e_bucket.len(),
+            merged.phases_by_e2e_bucket.len()
+        );
+        assert_eq!(
+            many.tail_phases(0.99).unwrap().count,
+            merged.tail_phases(0.99).unwrap().count
+        );
+        assert_eq!(merged.counts, whole.counts);
+        let (m, w) = (
+            merged.e2e.stats(&config).unwrap(),
+            whole.e2e.stats(&config).unwrap(),
+        );
+        assert_eq!(
+            (m.p50, m.p90, m.p95, m.p99, m.max),
+            (w.p50, w.p90, w.p95, w.p99, w.max)
+        );
+        assert!((m.mean - w.mean).abs() < 1e-12 * w.mean);
+        let keys = |a: &Accumulator| {
+            a.phases_by_e2e_bucket
+                .iter()
+                .map(|b| b.0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&merged), keys(&whole));
+        let (mt, wt) = (
+            merged.tail_phases(0.9).unwrap(),
+            whole.tail_phases(0.9).unwrap(),
+        );
+        assert_eq!(mt.count, wt.count);
+        assert!((mt.decode - wt.decode).abs() < 1e-9 * wt.decode);
+        let (a, b) = (
+            merged.phases.share().unwrap(),
+            whole.phases.share().unwrap(),
+        );
+        assert!((a.decode - b.decode).abs() < 1e-12 && (a.decode - 0.6).abs() < 1e-9);
+        assert_eq!(whole.counts.errors, 42);
+        assert_eq!(whole.e2e.count(), 258);
+    }
+
+    #[test]
+    fn slo_judges_only_what_applies() {
+        let slo = SloConfig::default();
+        let mut r = rec(1.0, Outcome::Ok);
+        assert!(meets_slos(&slo, &r));
+        r.ttft = Some(1.5);
+        assert!(!meets_slos(&slo, &r));
+        r.ttft = Some(1.0);
+        r.tpot = Some(0.11);
+        assert!(!meets_slos(&slo, &r));
+        r.tpot = None;
+        r.e2e = 31.0;
+        assert!(!meets_slos(&slo, &r));
+        r.e2e = 1.0;
+        r.outcome = Outcome::Cancelled;
+        assert!(!meets_slos(&slo, &r));
+    }
+}

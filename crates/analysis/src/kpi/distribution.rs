@@ -1,0 +1,432 @@
+//! [`Distribution`]: a DDSketch stored sparsely, with exact count, sum, min and max.
+//!
+//! The bucket mapping is `sketches-ddsketch`'s own ([`Config::key`] / [`Config::value`], relative
+//! accuracy [`SKETCH_RELATIVE_ACCURACY`]) and quantiles use its rank rule (the value at rank
+//! ⌊q·(n − 1)⌋), so answers are exactly those of a `DDSketch` fed the same values (a unit test
+//! checks this against the crate). What differs is the store: `sketches-ddsketch` keeps a dense
+//! array grown in chunks of 128 bins (1 KiB even for one value), and a KPI window holds
+//! thousands of slot sketches that mostly see a handful of values each. Here a sketch is a
+//! sorted `(bucket, count)` vector — 8 bytes per occupied bucket — and merging is a sorted
+//! merge.
+
+use sketches_ddsketch::{Config, DDSketch};
+
+use super::snapshot::LatencyStats;
+
+/// Relative accuracy α of every percentile. Below 1% with margin for floating-point rounding at
+/// bucket edges.
+pub const SKETCH_RELATIVE_ACCURACY: f64 = 0.009;
+/// Bins limit handed to `sketches-ddsketch` when building a [`DDSketch`] (α = 0.009 spans
+/// 1 ns to years well within it).
+const SKETCH_MAX_BINS: u32 = 4096;
+/// Values at or below this (seconds) fall in the zero bucket.
+const SKETCH_MIN_VALUE: f64 = 1e-9;
+/// The bucket of values at or below [`SKETCH_MIN_VALUE`].
+pub const ZERO_BUCKET: i32 = i32::MIN;
+
+/// The sketch configuration every distribution uses.
+pub fn sketch_config() -> Config {
+    Config::new(SKETCH_RELATIVE_ACCURACY, SKETCH_MAX_BINS, SKETCH_MIN_VALUE)
+}
+
+/// The bucket a value falls in: the sketch's own key, [`ZERO_BUCKET`] at or below its minimum.
+pub fn bucket_of(config: &Config, v: f64) -> i32 {
+    if v > config.min_possible() {
+        config.key(v)
+    } else {
+        ZERO_BUCKET
+    }
+}
+
+/// The value a bucket reports (within α of every value in it; 0 for the zero bucket).
+pub fn bucket_value(config: &Config, bucket: i32) -> f64 {
+    if bucket == ZERO_BUCKET {
+        0.0
+    } else {
+        config.value(bucket)
+    }
+}
+
+/// Merges the sorted `(key, value)` vector `from` into `into`, combining equal keys.
+pub(super) fn merge_sorted<V: Copy>(
+    into: &mut Vec<(i32, V)>,
+    from: &[(i32, V)],
+    combine: impl Fn(&mut V, &V),
+) {
+    if from.is_empty() {
+        return;
+    }
+    if into.is_empty() {
+        into.extend_from_slice(from);
+        return;
+    }
+    let mut out = Vec::with_capacity(into.len() + from.len());
+    let (mut a, mut b) = (into.iter().peekable(), from.iter().peekable());
+    loop {
+        match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.0 == y.0 => {
+                let mut v = x.1;
+                combine(&mut v, &y.1);
+                out.push((x.0, v));
+                a.next();
+                b.next();
+            }
+            (Some(x), Some(y)) if x.0 < y.0 => {
+                out.push(**x);
+                a.next();
+            }
+            (_, Some(y)) => {
+                out.push(**y);
+                b.next();
+            }
+            (Some(x), None) => {
+                out.push(**x);
+                a.next();
+            }
+            (None, None) => break,
+        }
+    }
+    *into = out;
+}
+
+/// Widest key range [`merge_many_sorted`] spreads over a dense scratch array; wider (values
+/// spanning dozens of orders of magnitude) falls back to pairwise merges.
+const DENSE_MERGE_MAX_RANGE: i64 = 1 << 15;
+
+/// Merges many sorted `(key, value)` vectors at once: one pass over a dense scratch array
+/// spanning their key range ([`ZERO_BUCKET`] kept apart), instead of one allocation per pair.
+pub(super) fn merge_many_sorted<V: Copy>(
+    parts: &[&[(i32, V)]],
+    combine: impl Fn(&mut V, &V),
+) -> Vec<(i32, V)> {
+    let body = |p: &[(i32, V)]| -> (i32, i32) {
+        let start = usize::from(p.first().is_some_and(|b| b.0 == ZERO_BUCKET));
+        match (p.get(start), p.last()) {
+            (Some(f), Some(l)) => (f.0, l.0),
+            _ => (i32::MAX, i32::MIN),
+        }
+    };
+    let (lo, hi) = parts.iter().fold((i32::MAX, i32::MIN), |(lo, hi), p| {
+        let (f, l) = body(p);
+        (lo.min(f), hi.max(l))
+    });
+    let range = i64::from(hi) - i64::from(lo) + 1;
+    if range > DENSE_MERGE_MAX_RANGE {
+        let mut out = Vec::new();
+        for p in parts {
+            merge_sorted(&mut out, p, &combine);
+        }
+        return out;
+    }
+    let mut zero: Option<V> = None;
+    let mut dense: Vec<Option<V>> = vec![None; usize::try_from(range.max(0)).unwrap_or(0)];
+    let put = |slot: &mut Option<V>, v: &V| match slot {
+        Some(x) => combine(x, v),
+        None => *slot = Some(*v),
+    };
+    for p in parts {
+        for (k, v) in p.iter() {
+            if *k == ZERO_BUCKET {
+                put(&mut zero, v);
+            } else if let Some(slot) = dense.get_mut((i64::from(*k) - i64::from(lo)) as usize) {
+                put(slot, v);
+            }
+        }
+    }
+    let occupied = dense.iter().filter(|d| d.is_some()).count() + usize::from(zero.is_some());
+    let mut out = Vec::with_capacity(occupied);
+    out.extend(zero.map(|v| (ZERO_BUCKET, v)));
+    out.extend(
+        dense
+            .iter()
+            .zip(lo..)
+            .filter_map(|(v, k)| v.map(|v| (k, v))),
+    );
+    out
+}
+
+/// A latency distribution: sparse DDSketch buckets plus exact count, sum, min and max.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Distribution {
+    /// `(bucket, count)`, sorted by bucket.
+    bins: Vec<(i32, u32)>,
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Distribution {
+    /// Adds a value if it is a usable duration (finite; negative clamps to zero).
+    pub fn add(&mut self, config: &Config, v: Option<f64>) {
+        let Some(v) = v.filter(|v| v.is_finite()).map(|v| v.max(0.0)) else {
+            return;
+        };
+        let key = bucket_of(config, v);
+        match self.bins.binary_search_by_key(&key, |b| b.0) {
+            Ok(i) => self.bins[i].1 = self.bins[i].1.saturating_add(1),
+            Err(i) => self.bins.insert(i, (key, 1)),
+        }
+        if self.count == 0 {
+            (self.min, self.max) = (v, v);
+        } else {
+            (self.min, self.max) = (self.min.min(v), self.max.max(v));
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+
+    /// Merges another distribution into this one.
+    pub fn merge(&mut self, o: &Self) {
+        if o.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            (self.min, self.max) = (o.min, o.max);
+        } else {
+            (self.min, self.max) = (self.min.min(o.min), self.max.max(o.max));
+        }
+        self.count += o.count;
+        self.sum += o.sum;
+        merge_sorted(&mut self.bins, &o.bins, |a, b| *a = a.saturating_add(*b));
+    }
+
+    /// Merges many distributions at once (what a window snapshot does with its slots).
+    pub fn merge_many(parts: &[&Self]) -> Self {
+        let mut out = Self::default();
+        let mut bins: Vec<&[(i32, u32)]> = Vec::with_capacity(parts.len());
+        for p in parts.iter().filter(|p| p.count > 0) {
+            if out.count == 0 {
+                (out.min, out.max) = (p.min, p.max);
+            } else {
+                (out.min, out.max) = (out.min.min(p.min), out.max.max(p.max));
+            }
+            out.count += p.count;
+            out.sum += p.sum;
+            bins.push(&p.bins);
+        }
+        out.bins = merge_many_sorted(&bins, |a, b| *a = a.saturating_add(*b));
+        out
+    }
+
+    /// Values added.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Releases spare capacity (a slot that will see no more values).
+    pub fn shrink(&mut self) {
+        self.bins.shrink_to_fit();
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.bins.capacity() * std::mem::size_of::<(i32, u32)>()
+    }
+
+    /// The bucket holding the value at rank ⌊q·(n − 1)⌋ (`sketches-ddsketch`'s rank rule).
+    pub fn quantile_bucket(&self, q: f64) -> Option<i32> {
+        if self.count == 0 || !(0.0..=1.0).contains(&q) {
+            return None;
+        }
+        let rank = (q * (self.count as f64 - 1.0)) as u64;
+        let mut seen = 0u64;
+        for &(key, n) in &self.bins {
+            seen += u64::from(n);
+            if seen > rank {
+                return Some(key);
+            }
+        }
+        self.bins.last().map(|b| b.0)
+    }
+
+    /// The q-quantile, clamped to the exact min and max; `None` when empty.
+    pub fn quantile(&self, config: &Config, q: f64) -> Option<f64> {
+        // The ends are exact, as in `sketches-ddsketch`.
+        if self.count > 0 && q == 0.0 {
+            return Some(self.min);
+        }
+        if self.count > 0 && q == 1.0 {
+            return Some(self.max);
+        }
+        let v = bucket_value(config, self.quantile_bucket(q)?);
+        Some(v.clamp(self.min, self.max))
+    }
+
+    /// Percentiles, exact max and exact mean; `None` when empty.
+    pub fn stats(&self, config: &Config) -> Option<LatencyStats> {
+        if self.count == 0 {
+            return None;
+        }
+        let q = |p| self.quantile(config, p).unwrap_or(self.max);
+        Some(LatencyStats {
+            p50: q(0.5),
+            p90: q(0.9),
+            p95: q(0.95),
+            p99: q(0.99),
+            max: self.max,
+            mean: self.sum / self.count as f64,
+        })
+    }
+
+    /// The same distribution as a `sketches-ddsketch` [`DDSketch`] (bucket values stand for
+    /// the values, so its min, max and sum are bucket-accurate, not exact).
+    pub fn to_ddsketch(&self, config: &Config) -> DDSketch {
+        let mut s = DDSketch::new(*config);
+        for &(key, n) in &self.bins {
+            s.add_with_count(bucket_value(config, key), u64::from(n));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator.
+    fn values(seed: u64, n: usize) -> Vec<f64> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Log-uniform over 1 µs … 100 s, with some exact zeros.
+                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+                if x.is_multiple_of(50) {
+                    0.0
+                } else {
+                    10f64.powf(-6.0 + 8.0 * u)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn answers_exactly_as_sketches_ddsketch_does() {
+        let config = sketch_config();
+        for (seed, n) in [(1, 1), (2, 7), (3, 1000), (4, 20_000)] {
+            let vals = values(seed, n);
+            let mut d = Distribution::default();
+            let mut reference = DDSketch::new(config);
+            for v in &vals {
+                d.add(&config, Some(*v));
+                reference.add(*v);
+            }
+            let (min, max) = (reference.min().unwrap(), reference.max().unwrap());
+            for q in [0.0, 0.01, 0.25, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0] {
+                let want = reference.quantile(q).unwrap().unwrap().clamp(min, max);
+                assert_eq!(d.quantile(&config, q), Some(want), "seed {seed} q {q}");
+            }
+            let s = d.stats(&config).unwrap();
+            assert_eq!((s.max, d.count()), (max, n as u64));
+            assert!(
+                (s.mean - reference.sum().unwrap() / n as f64).abs() <= 1e-12 * s.mean.max(1.0)
+            );
+            let rebuilt = d.to_ddsketch(&config);
+            assert_eq!(rebuilt.count(), n);
+            assert_eq!(
+                rebuilt.quantile(0.5).unwrap(),
+                reference.quantile(0.5).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn merge_equals_adding_everything() {
+        let config = sketch_config();
+        let vals = values(9, 5000);
+        let mut whole = Distribution::default();
+        let mut parts = vec![Distribution::default(); 7];
+        for (i, v) in vals.iter().enumerate() {
+            whole.add(&config, Some(*v));
+            parts[i % 7].add(&config, Some(*v));
+        }
+        let mut merged = Distribution::default();
+        for p in &parts {
+            merged.merge(p);
+        }
+        assert_eq!(merged.bins, whole.bins);
+        assert_eq!(
+            (merged.count, merged.min, merged.max),
+            (whole.count, whole.min, whole.max)
+        );
+        assert!((merged.sum - whole.sum).abs() <= 1e-9 * whole.sum);
+    }
+
+    #[test]
+    fn empty_and_bad_values() {
+        let config = sketch_config();
+        let mut d = Distribution::default();
+        assert!(d.stats(&config).is_none());
+        assert_eq!(d.quantile_bucket(0.5), None);
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            d.add(&config, Some(v));
+        }
+        d.add(&config, None);
+        assert!(d.stats(&config).is_none());
+        d.add(&config, Some(-1.0)); // clamps to zero
+        d.add(&config, Some(2.0));
+        let s = d.stats(&config).unwrap();
+        assert_eq!((s.p50, s.max, s.mean), (0.0, 2.0, 1.0));
+        assert_eq!(d.quantile_bucket(0.0), Some(ZERO_BUCKET));
+        assert_eq!(d.quantile_bucket(1.5), None);
+    }
+
+    #[test]
+    fn bucket_values_map_back_to_their_bucket() {
+        let config = sketch_config();
+        assert_eq!(bucket_of(&config, 0.0), ZERO_BUCKET);
+        assert_eq!(bucket_value(&config, ZERO_BUCKET), 0.0);
+        for v in [1e-6, 0.0137, 1.0, 42.0, 9_000.0] {
+            let k = bucket_of(&config, v);
+            assert_eq!(bucket_of(&config, bucket_value(&config, k)), k);
+            assert!((bucket_value(&config, k) - v).abs() <= SKETCH_RELATIVE_ACCURACY * v);
+        }
+    }
+
+    #[test]
+    fn merge_many_equals_pairwise_merges() {
+        let config = sketch_config();
+        let parts: Vec<Distribution> = (0..9)
+            .map(|seed| {
+                let mut d = Distribution::default();
+                for v in values(seed + 100, 50 * seed as usize) {
+                    d.add(&config, Some(v));
+                }
+                d
+            })
+            .collect();
+        let mut pairwise = Distribution::default();
+        for p in &parts {
+            pairwise.merge(p);
+        }
+        let refs: Vec<&Distribution> = parts.iter().collect();
+        let many = Distribution::merge_many(&refs);
+        assert_eq!(many.bins, pairwise.bins);
+        assert_eq!(
+            (many.count, many.min, many.max),
+            (pairwise.count, pairwise.min, pairwise.max)
+        );
+        assert!(Distribution::merge_many(&[]).stats(&config).is_none());
+        // Keys far apart take the pairwise path and agree too.
+        let mut wide = Distribution::default();
+        wide.add(&config, Some(1e-8));
+        wide.add(&config, Some(1e300));
+        let merged = Distribution::merge_many(&[&wide, &parts[3]]);
+        let mut expected = parts[3].clone();
+        expected.merge(&wide);
+        assert_eq!(merged.bins, expected.bins);
+    }
+
+    #[test]
+    fn merge_sorted_combines_equal_keys() {
+        let mut a = vec![(1, 1u32), (3, 1), (5, 1)];
+        merge_sorted(&mut a, &[(0, 2), (3, 2), (6, 2)], |x, y| *x += *y);
+        assert_eq!(a, vec![(0, 2), (1, 1), (3, 3), (5, 1), (6, 2)]);
+        let mut e: Vec<(i32, u32)> = Vec::new();
+        merge_sorted(&mut e, &[(4, 1)], |x, y| *x += *y);
+        assert_eq!(e, vec![(4, 1)]);
+    }
+}

@@ -1,0 +1,696 @@
+//! KPI windows: per-series sliding windows of mergeable aggregates, queried as [`KpiSnapshot`]s.
+//!
+//! # Model
+//! A *series* is one (service, model, operation) — or fewer dimensions, see
+//! [`KpiConfig::dimensions`]. Each series keeps, for every configured window length `W`, a ring
+//! of [`KpiConfig::slots_per_window`] time slots of `W / slots` each (1m → 1 s slots, 5m → 5 s,
+//! 1h → 60 s with the default 60). A slot holds an [`Accumulator`]: exact counters, token sums,
+//! phase sums, and sparse DDSketches ([`Distribution`], relative error
+//! [`SKETCH_RELATIVE_ACCURACY`]) of every latency. Memory grows with the occupied sketch buckets
+//! of each slot (8 bytes per bucket and latency, 48 per e2e bucket for tail phase sums), so it
+//! follows traffic; fewer slots per window trade sliding granularity for memory.
+//! A snapshot merges the slots of the window; slots older than the window are ignored and reused.
+//!
+//! # Which time counts
+//! A record lands in the slot of `now_unix_nano`, the moment it reached the KPIs (the collector's
+//! clock), not its span's end time: remote clocks may be skewed, and the assembler hands each
+//! request over within its grace period of the request's end. The clock passed in is expected to
+//! be non-decreasing; a record older than a ring's whole window is left out of that ring.
+//!
+//! # Which window a snapshot reads
+//! The window covers the current (partial) slot and the `n − 1` slots before it, where `n` is the
+//! number of slots of the window asked for. Rates (`throughput`, `goodput.requests_per_second`)
+//! divide by the time covered: from the start of the oldest slot read, or from the start of
+//! the KPIs (see [`KpiWindows::set_start`]) if that is later, to `now`. So a collector running
+//! for 10 s reports a true per-second rate in its 1h window, not one diluted 360 times.
+//!
+//! # What counts where
+//! - `requests` counts every outcome; `errors`, `cancelled`, `rejected` by outcome.
+//! - Latency distributions and phase shares count `ok` requests only (a rejected request's
+//!   zero latency or an error's early exit would otherwise make an overloaded service look
+//!   fast); tokens and GPU energy count every outcome.
+//! - Goodput: an `ok` request is *good* when it meets every SLO that applies — an SLO applies
+//!   when it is configured and the request has that value (a generic-dialect request without
+//!   TTFT is judged on e2e only). `ratio = good / (requests − cancelled)`: errors and rejections
+//!   count as not good; cancelled requests are left out (the client ended them).
+//! - Phase shares: Σ queue, Σ prefill, Σ decode over Σ e2e, over `ok` requests that have all
+//!   three phases. The p90 / p99 shares cover the requests whose e2e falls in the e2e sketch's
+//!   bucket of the window's p90 / p99 or above (exact up to bucket resolution, ±α).
+//!
+//! # Cardinality
+//! At most [`KpiConfig::max_series`] series; records of any further series go to one overflow
+//! series labelled [`OVERFLOW_LABEL`] and are counted ([`KpiWindows::overflowed_records`]). A
+//! series with no record for longer than the longest window is dropped, freeing its place.
+
+mod accumulator;
+mod distribution;
+mod snapshot;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sketches_ddsketch::Config;
+
+use crate::record::RequestRecord;
+
+pub use accumulator::{Accumulator, Counts, PhaseSums, meets_slos};
+pub use distribution::{
+    Distribution, SKETCH_RELATIVE_ACCURACY, ZERO_BUCKET, bucket_of, bucket_value, sketch_config,
+};
+pub use snapshot::{
+    Goodput, GpuKpis, GpuPhaseUtilization, KpiSnapshot, LatencyStats, PhaseShare, PhaseShares,
+    SeriesKpis, Throughput, TokenTotals,
+};
+
+/// Label value of every configured dimension of the overflow series.
+pub const OVERFLOW_LABEL: &str = "__overflow__";
+
+/// Service-level objectives goodput is judged against; `None` disables one.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SloConfig {
+    /// Time to first token, seconds. Default 1.0 (interactive chat: the first word within a
+    /// second).
+    pub ttft_seconds: Option<f64>,
+    /// Time per output token, seconds. Default 0.1 (10 tokens/s, faster than people read).
+    pub tpot_seconds: Option<f64>,
+    /// End-to-end, seconds. Default 30.
+    pub e2e_seconds: Option<f64>,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        Self {
+            ttft_seconds: Some(1.0),
+            tpot_seconds: Some(0.1),
+            e2e_seconds: Some(30.0),
+        }
+    }
+}
+
+/// A label series are split by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dimension {
+    /// `service.name`.
+    Service,
+    /// Model.
+    Model,
+    /// Operation.
+    Operation,
+}
+
+/// Configuration of [`KpiWindows`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct KpiConfig {
+    /// Window lengths. Default 1m, 5m, 1h. Zero lengths are ignored; none at all means 1m.
+    pub windows: Vec<Duration>,
+    /// SLOs for goodput.
+    pub slo: SloConfig,
+    /// Dimensions series are split by (default all three); a dimension left out is reported as
+    /// an empty string.
+    pub dimensions: Vec<Dimension>,
+    /// Maximum series (default 1000), the overflow series not counted.
+    pub max_series: usize,
+    /// Slots per window (default 60): the window slides in steps of `window / slots`.
+    pub slots_per_window: u32,
+}
+
+impl Default for KpiConfig {
+    fn default() -> Self {
+        Self {
+            windows: vec![
+                Duration::from_secs(60),
+                Duration::from_secs(300),
+                Duration::from_secs(3600),
+            ],
+            slo: SloConfig::default(),
+            dimensions: vec![Dimension::Service, Dimension::Model, Dimension::Operation],
+            max_series: 1000,
+            slots_per_window: 60,
+        }
+    }
+}
+
+/// The labels of a series.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct SeriesKey {
+    /// Service (empty when not a dimension).
+    pub service: Arc<str>,
+    /// Model (empty when not a dimension).
+    pub model: Arc<str>,
+    /// Operation (empty when not a dimension).
+    pub operation: Arc<str>,
+}
+
+impl SeriesKey {
+    fn matches(&self, service: &str, model: &str, operation: &str) -> bool {
+        &*self.service == service && &*self.model == model && &*self.operation == operation
+    }
+}
+
+/// One window length's ring geometry.
+#[derive(Clone, Copy, Debug)]
+struct RingSpec {
+    window_nanos: u64,
+    slot_nanos: u64,
+    slots: u64,
+}
+
+/// A slot: its absolute index (`time / slot_nanos`) and what it accumulated.
+#[derive(Clone)]
+struct Slot {
+    index: u64,
+    acc: Accumulator,
+}
+
+/// One window length's slots of one series.
+#[derive(Clone, Default)]
+struct Ring {
+    slots: Vec<Option<Box<Slot>>>,
+    /// Newest slot index written.
+    newest: Option<u64>,
+}
+
+impl Ring {
+    fn add(
+        &mut self,
+        spec: &RingSpec,
+        now: u64,
+        config: &Config,
+        slo: &SloConfig,
+        r: &RequestRecord,
+    ) {
+        let index = now / spec.slot_nanos;
+        if let Some(newest) = self.newest
+            && index + spec.slots <= newest
+        {
+            return; // older than the whole window
+        }
+        if self.slots.is_empty() {
+            self.slots.resize_with(spec.slots as usize, || None);
+        }
+        let pos = (index % spec.slots) as usize;
+        let slot = self.slots[pos].get_or_insert_with(|| {
+            Box::new(Slot {
+                index,
+                acc: Accumulator::default(),
+            })
+        });
+        if slot.index != index {
+            slot.index = index;
+            slot.acc = Accumulator::default();
+        }
+        slot.acc.add(config, slo, r);
+        if let Some(newest) = self.newest
+            && newest < index
+        {
+            // The previous slot is complete: give back its spare capacity.
+            if let Some(prev) = &mut self.slots[(newest % spec.slots) as usize]
+                && prev.index == newest
+            {
+                prev.acc.shrink();
+            }
+        }
+        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
+    }
+
+    /// The slots with index in `(current − n, current]`.
+    fn live(&self, current: u64, n: u64) -> impl Iterator<Item = &Slot> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| &**s)
+            .filter(move |s| s.index <= current && s.index + n > current)
+    }
+}
+
+/// One series: its labels and one ring per window length.
+#[derive(Clone)]
+struct Series {
+    key: SeriesKey,
+    rings: Vec<Ring>,
+    last_record_unix_nano: u64,
+}
+
+/// The accumulated KPIs of one slot, for per-slot history.
+#[derive(Clone)]
+pub struct SlotHistory {
+    /// Start of the slot, Unix nanoseconds.
+    pub start_unix_nano: u64,
+    /// Slot length, nanoseconds.
+    pub length_nanos: u64,
+    /// What the slot accumulated.
+    pub accumulator: Accumulator,
+}
+
+/// Sliding KPI windows of every series. See the [module docs](self).
+#[derive(Clone)]
+pub struct KpiWindows {
+    config: KpiConfig,
+    sketch_config: Config,
+    specs: Vec<RingSpec>,
+    hasher: RandomState,
+    index: HashMap<u64, Vec<usize>>,
+    series: Vec<Series>,
+    overflow: Option<Series>,
+    overflowed_records: u64,
+    started_unix_nano: Option<u64>,
+    last_sweep_unix_nano: u64,
+}
+
+impl KpiWindows {
+    /// Empty windows.
+    pub fn new(config: KpiConfig) -> Self {
+        let slots = u64::from(config.slots_per_window.max(1));
+        let mut specs: Vec<RingSpec> = config
+            .windows
+            .iter()
+            .map(|w| u64::try_from(w.as_nanos()).unwrap_or(u64::MAX))
+            .filter(|w| *w > 0)
+            .map(|window_nanos| RingSpec {
+                window_nanos,
+                slot_nanos: window_nanos.div_ceil(slots).max(1),
+                slots,
+            })
+            .collect();
+        if specs.is_empty() {
+            specs.push(RingSpec {
+                window_nanos: 60_000_000_000,
+                slot_nanos: 60_000_000_000u64.div_ceil(slots),
+                slots,
+            });
+        }
+        specs.sort_by_key(|s| s.window_nanos);
+        specs.dedup_by_key(|s| s.window_nanos);
+        Self {
+            config,
+            sketch_config: sketch_config(),
+            specs,
+            hasher: RandomState::new(),
+            index: HashMap::new(),
+            series: Vec::new(),
+            overflow: None,
+            overflowed_records: 0,
+            started_unix_nano: None,
+            last_sweep_unix_nano: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KpiConfig {
+        &self.config
+    }
+
+    /// The window lengths kept, shortest first.
+    pub fn windows(&self) -> Vec<Duration> {
+        self.specs
+            .iter()
+            .map(|s| Duration::from_nanos(s.window_nanos))
+            .collect()
+    }
+
+    /// Marks when the KPIs started (e.g. the collector's start), so rates in windows longer than
+    /// the uptime divide by the uptime. Without it the first record's `now` is used.
+    pub fn set_start(&mut self, start_unix_nano: u64) {
+        self.started_unix_nano = Some(start_unix_nano);
+    }
+
+    /// Records that went to the overflow series because of the series cap.
+    pub fn overflowed_records(&self) -> u64 {
+        self.overflowed_records
+    }
+
+    /// Approximate bytes held by every series' slots (sketch bins, tail buckets, slot and
+    /// series overhead), for the collector's memory accounting. Walks every slot: call it
+    /// seldom (e.g. once per scrape), not per record.
+    pub fn approx_memory_bytes(&self) -> usize {
+        let slot_bytes = |slot: &Slot| std::mem::size_of::<Slot>() + slot.acc.heap_bytes();
+        self.series
+            .iter()
+            .chain(self.overflow.as_ref())
+            .map(|s| {
+                std::mem::size_of::<Series>()
+                    + s.key.service.len()
+                    + s.key.model.len()
+                    + s.key.operation.len()
+                    + s.rings
+                        .iter()
+                        .map(|r| {
+                            std::mem::size_of::<Ring>()
+                                + r.slots.len() * std::mem::size_of::<Option<Box<Slot>>>()
+                                + r.slots
+                                    .iter()
+                                    .flatten()
+                                    .map(|b| slot_bytes(b))
+                                    .sum::<usize>()
+                        })
+                        .sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// Series kept, the overflow series not counted.
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+
+    fn labels<'a>(&self, r: &'a RequestRecord) -> (&'a str, &'a str, &'a str) {
+        let has = |d| self.config.dimensions.contains(&d);
+        (
+            if has(Dimension::Service) {
+                &r.service
+            } else {
+                ""
+            },
+            if has(Dimension::Model) { &r.model } else { "" },
+            if has(Dimension::Operation) {
+                &r.operation
+            } else {
+                ""
+            },
+        )
+    }
+
+    fn new_series(&self, service: &str, model: &str, operation: &str) -> Series {
+        Series {
+            key: SeriesKey {
+                service: Arc::from(service),
+                model: Arc::from(model),
+                operation: Arc::from(operation),
+            },
+            rings: vec![Ring::default(); self.specs.len()],
+            last_record_unix_nano: 0,
+        }
+    }
+
+    /// Adds a request at `now_unix_nano`. Returns `false` when the series cap sent it to the
+    /// overflow series.
+    pub fn record(&mut self, record: &RequestRecord, now_unix_nano: u64) -> bool {
+        if self.started_unix_nano.is_none() {
+            self.started_unix_nano = Some(now_unix_nano);
+        }
+        if now_unix_nano.saturating_sub(self.last_sweep_unix_nano) >= self.sweep_interval() {
+            self.expire(now_unix_nano);
+            self.last_sweep_unix_nano = now_unix_nano;
+        }
+        let (service, model, operation) = self.labels(record);
+        let hash = self.hasher.hash_one((service, model, operation));
+        let found = self.index.get(&hash).and_then(|ids| {
+            ids.iter()
+                .copied()
+                .find(|&i| self.series[i].key.matches(service, model, operation))
+        });
+        let (series, kept) = match found {
+            Some(i) => (&mut self.series[i], true),
+            None if self.series.len() < self.config.max_series => {
+                let s = self.new_series(service, model, operation);
+                self.series.push(s);
+                let i = self.series.len() - 1;
+                self.index.entry(hash).or_default().push(i);
+                (&mut self.series[i], true)
+            }
+            None => {
+                self.overflowed_records += 1;
+                if self.overflow.is_none() {
+                    let has = |d| self.config.dimensions.contains(&d);
+                    let label = |d| if has(d) { OVERFLOW_LABEL } else { "" };
+                    self.overflow = Some(self.new_series(
+                        label(Dimension::Service),
+                        label(Dimension::Model),
+                        label(Dimension::Operation),
+                    ));
+                }
+                match self.overflow.as_mut() {
+                    Some(s) => (s, false),
+                    None => return false,
+                }
+            }
+        };
+        series.last_record_unix_nano = series.last_record_unix_nano.max(now_unix_nano);
+        for (ring, spec) in series.rings.iter_mut().zip(&self.specs) {
+            ring.add(
+                spec,
+                now_unix_nano,
+                &self.sketch_config,
+                &self.config.slo,
+                record,
+            );
+        }
+        kept
+    }
+
+    fn sweep_interval(&self) -> u64 {
+        self.specs
+            .first()
+            .map_or(1_000_000_000, |s| s.slot_nanos)
+            .max(1_000_000_000)
+    }
+
+    /// Drops series with no record within the longest window; returns how many.
+    pub fn expire(&mut self, now_unix_nano: u64) -> usize {
+        let longest = self.specs.last().map_or(0, |s| s.window_nanos);
+        let before = self.series.len();
+        self.series
+            .retain(|s| s.last_record_unix_nano.saturating_add(longest) > now_unix_nano);
+        if self
+            .overflow
+            .as_ref()
+            .is_some_and(|s| s.last_record_unix_nano.saturating_add(longest) <= now_unix_nano)
+        {
+            self.overflow = None;
+        }
+        let removed = before - self.series.len();
+        if removed > 0 {
+            self.index.clear();
+            for (i, s) in self.series.iter().enumerate() {
+                let k = &s.key;
+                let hash = self
+                    .hasher
+                    .hash_one((&*k.service, &*k.model, &*k.operation));
+                self.index.entry(hash).or_default().push(i);
+            }
+        }
+        removed
+    }
+
+    /// The ring that serves `window`: the configured one of that length, else the shortest
+    /// longer one, else the longest. Returns its position and the slots to read.
+    fn ring_for(&self, window: Duration) -> (usize, u64) {
+        let w = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let pos = self
+            .specs
+            .iter()
+            .position(|s| s.window_nanos >= w)
+            .unwrap_or(self.specs.len() - 1);
+        let spec = &self.specs[pos];
+        let n = w.div_ceil(spec.slot_nanos).clamp(1, spec.slots);
+        (pos, n)
+    }
+
+    /// Seconds of time the slots `(current − n, current]` cover up to `now`, from the KPIs'
+    /// start if later.
+    fn covered_seconds(&self, spec: &RingSpec, n: u64, now: u64) -> f64 {
+        let current = now / spec.slot_nanos;
+        let oldest_start = (current + 1).saturating_sub(n) * spec.slot_nanos;
+        let from = self
+            .started_unix_nano
+            .map_or(oldest_start, |s| s.max(oldest_start));
+        now.saturating_sub(from) as f64 / 1e9
+    }
+
+    /// Merges one series' slots of the window.
+    fn merged(&self, series: &Series, pos: usize, n: u64, now: u64) -> Accumulator {
+        let current = now / self.specs[pos].slot_nanos;
+        let slots: Vec<&Accumulator> = series.rings[pos].live(current, n).map(|s| &s.acc).collect();
+        Accumulator::merge_many(&slots)
+    }
+
+    fn series_kpis(&self, key: &SeriesKey, acc: &Accumulator, seconds: f64) -> SeriesKpis {
+        let c = &acc.counts;
+        let cfg = &self.sketch_config;
+        SeriesKpis {
+            service: key.service.to_string(),
+            model: key.model.to_string(),
+            operation: key.operation.to_string(),
+            requests: c.requests,
+            errors: c.errors,
+            cancelled: c.cancelled,
+            rejected: c.rejected,
+            e2e: acc.e2e.stats(cfg),
+            queue: acc.queue.stats(cfg),
+            ttft: acc.ttft.stats(cfg),
+            prefill: acc.prefill.stats(cfg),
+            decode: acc.decode.stats(cfg),
+            tpot: acc.tpot.stats(cfg),
+            itl: acc.itl_stats(cfg),
+            tokens: acc.tokens(),
+            throughput: Throughput {
+                requests_per_second: accumulator::per_second(c.requests, seconds),
+                input_tokens_per_second: accumulator::per_second(c.input_tokens, seconds),
+                output_tokens_per_second: accumulator::per_second(c.output_tokens, seconds),
+            },
+            goodput: acc.goodput(seconds),
+            phase_share: acc.phase_shares(),
+            gpu: acc.gpu(),
+        }
+    }
+
+    /// The KPIs of every series with data in `window` at `now_unix_nano`.
+    ///
+    /// `window` is served by the configured window of that length, else by the shortest longer
+    /// one read only as far back as `window` reaches (at its slot granularity), else by the
+    /// longest (and `window_seconds` then says the longest's length).
+    pub fn snapshot(&self, window: Duration, now_unix_nano: u64) -> KpiSnapshot {
+        let (pos, n) = self.ring_for(window);
+        let spec = &self.specs[pos];
+        let seconds = self.covered_seconds(spec, n, now_unix_nano);
+        let window_seconds = window.as_secs_f64().min(spec.window_nanos as f64 / 1e9);
+        let mut series: Vec<SeriesKpis> = Vec::new();
+        let mut order: Vec<&Series> = self.series.iter().collect();
+        order.sort_by(|a, b| a.key.cmp(&b.key));
+        for s in order.into_iter().chain(self.overflow.as_ref()) {
+            let acc = self.merged(s, pos, n, now_unix_nano);
+            if !acc.is_empty() {
+                series.push(self.series_kpis(&s.key, &acc, seconds));
+            }
+        }
+        KpiSnapshot {
+            window_seconds,
+            series,
+        }
+    }
+
+    /// The merged accumulator of one series over `window` (e.g. for Prometheus export or
+    /// tests); `None` for an unknown series. The overflow series has [`OVERFLOW_LABEL`] labels.
+    pub fn series_accumulator(
+        &self,
+        key: &SeriesKey,
+        window: Duration,
+        now_unix_nano: u64,
+    ) -> Option<Accumulator> {
+        let (pos, n) = self.ring_for(window);
+        let s = self
+            .series
+            .iter()
+            .chain(self.overflow.as_ref())
+            .find(|s| &s.key == key)?;
+        Some(self.merged(s, pos, n, now_unix_nano))
+    }
+
+    /// The keys of every series kept, overflow series last.
+    pub fn series_keys(&self) -> Vec<SeriesKey> {
+        self.series
+            .iter()
+            .chain(self.overflow.as_ref())
+            .map(|s| s.key.clone())
+            .collect()
+    }
+
+    /// Per-slot history of one series over `window`, oldest first (slots without records are
+    /// left out). Cheap: clones the slots' accumulators.
+    pub fn series_history(
+        &self,
+        key: &SeriesKey,
+        window: Duration,
+        now_unix_nano: u64,
+    ) -> Vec<SlotHistory> {
+        let (pos, n) = self.ring_for(window);
+        let spec = &self.specs[pos];
+        let current = now_unix_nano / spec.slot_nanos;
+        let Some(s) = self
+            .series
+            .iter()
+            .chain(self.overflow.as_ref())
+            .find(|s| &s.key == key)
+        else {
+            return Vec::new();
+        };
+        let mut out: Vec<SlotHistory> = s.rings[pos]
+            .live(current, n)
+            .map(|slot| SlotHistory {
+                start_unix_nano: slot.index * spec.slot_nanos,
+                length_nanos: spec.slot_nanos,
+                accumulator: slot.acc.clone(),
+            })
+            .collect();
+        out.sort_by_key(|h| h.start_unix_nano);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Dialect;
+    use crate::trace::{SpanId, TraceId};
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn rec(e2e: f64) -> RequestRecord {
+        let mut r = RequestRecord::new(
+            TraceId([1; 16]),
+            SpanId([1; 8]),
+            Arc::from("s"),
+            Dialect::Generic,
+            0,
+            0,
+        );
+        r.e2e = e2e;
+        r
+    }
+
+    #[test]
+    fn ring_geometry_follows_the_config() {
+        let w = KpiWindows::new(KpiConfig {
+            windows: vec![
+                Duration::from_secs(3600),
+                Duration::ZERO,
+                Duration::from_secs(60),
+            ],
+            slots_per_window: 12,
+            ..KpiConfig::default()
+        });
+        assert_eq!(
+            w.windows(),
+            vec![Duration::from_secs(60), Duration::from_secs(3600)]
+        );
+        assert_eq!(w.specs[0].slot_nanos, 5 * SEC);
+        assert_eq!(w.specs[1].slot_nanos, 300 * SEC);
+        let none = KpiWindows::new(KpiConfig {
+            windows: vec![],
+            ..KpiConfig::default()
+        });
+        assert_eq!(none.windows(), vec![Duration::from_secs(60)]);
+    }
+
+    #[test]
+    fn a_record_older_than_a_ring_is_left_out_of_it_only() {
+        let mut w = KpiWindows::new(KpiConfig::default());
+        let t = 10_000 * SEC;
+        w.record(&rec(1.0), t);
+        w.record(&rec(2.0), t - 120 * SEC); // the clock went back two minutes
+        let requests = |window| {
+            w.snapshot(Duration::from_secs(window), t)
+                .series
+                .first()
+                .map_or(0, |s| s.requests)
+        };
+        assert_eq!(requests(60), 1);
+        assert_eq!(requests(300), 2);
+        assert_eq!(requests(3600), 2);
+    }
+
+    #[test]
+    fn memory_estimate_grows_with_data() {
+        let mut w = KpiWindows::new(KpiConfig::default());
+        let empty = w.approx_memory_bytes();
+        for k in 0..100u64 {
+            w.record(&rec(0.1 + k as f64 * 0.01), 10_000 * SEC + k * SEC);
+        }
+        assert!(w.approx_memory_bytes() > empty);
+    }
+}

@@ -1,0 +1,578 @@
+//! Each dialect against spans built by hand with known timings.
+
+use std::sync::Arc;
+
+use infertrace_analysis::dialect::{detect, extract_requests};
+use infertrace_analysis::record::{Dialect, Outcome, PhaseOrigin, RequestRecord};
+use infertrace_analysis::trace::{
+    AttrValue, Span, SpanId, SpanKind, SpanLink, StatusCode, TraceId, known_key,
+};
+use infertrace_semconv as sc;
+
+const T0: u64 = 1_700_000_000_000_000_000;
+const MS: u64 = 1_000_000;
+
+fn sid(n: u8) -> SpanId {
+    SpanId([n; 8])
+}
+
+fn attr(key: &str, v: AttrValue) -> (&'static str, AttrValue) {
+    (known_key(key.as_bytes()).expect("a kept key"), v)
+}
+fn f(key: &str, v: f64) -> (&'static str, AttrValue) {
+    attr(key, AttrValue::Double(v))
+}
+fn i(key: &str, v: i64) -> (&'static str, AttrValue) {
+    attr(key, AttrValue::Int(v))
+}
+fn s(key: &str, v: &str) -> (&'static str, AttrValue) {
+    attr(key, AttrValue::Str(v.to_owned()))
+}
+
+/// A span of trace 1, service `svc`, from `start_ms` to `end_ms` after T0.
+fn span(
+    name: &str,
+    kind: SpanKind,
+    id: u8,
+    parent: Option<u8>,
+    start_ms: u64,
+    end_ms: u64,
+) -> Span {
+    Span {
+        trace_id: TraceId([1; 16]),
+        span_id: sid(id),
+        parent_span_id: parent.map(sid),
+        name: name.to_owned(),
+        service: Arc::from("svc"),
+        kind,
+        start_unix_nano: T0 + start_ms * MS,
+        end_unix_nano: T0 + end_ms * MS,
+        status: StatusCode::Unset,
+        attributes: Vec::new(),
+        links: Vec::new(),
+    }
+}
+
+fn with(mut sp: Span, attrs: Vec<(&'static str, AttrValue)>) -> Span {
+    sp.attributes.extend(attrs);
+    sp
+}
+
+fn close(a: Option<f64>, b: f64) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-9)
+}
+
+fn one(spans: &[Span]) -> RequestRecord {
+    let mut recs = extract_requests(spans);
+    assert_eq!(recs.len(), 1, "{recs:#?}");
+    recs.remove(0)
+}
+
+fn infertrace_trace() -> Vec<Span> {
+    let request = with(
+        span("chat llama-3.1-8b", SpanKind::Server, 1, None, 0, 1300),
+        vec![
+            s(sc::gen_ai::OPERATION_NAME, "chat"),
+            s(sc::gen_ai::REQUEST_MODEL, "llama-3.1-8b"),
+            i(sc::gen_ai::USAGE_INPUT_TOKENS, 100),
+            i(sc::gen_ai::USAGE_OUTPUT_TOKENS, 11),
+            s(sc::infer::OUTCOME, "ok"),
+            s(sc::infer::PHASE_SOURCE, "engine"),
+            i(sc::infer::STREAM_CHUNKS, 11),
+            i(sc::infer::QUEUE_DEPTH, 3),
+            f(sc::infer::TIME_TO_FIRST_CHUNK, 0.26),
+            f(sc::infer::INTER_TOKEN_LATENCY_P50, 0.09),
+            f(sc::infer::INTER_TOKEN_LATENCY_P99, 0.2),
+            f(sc::infer::INTER_TOKEN_LATENCY_MAX, 0.3),
+            // Deliberately different from the children: child timings win.
+            f(sc::latency::TIME_IN_QUEUE, 9.0),
+            f(sc::latency::TIME_TO_FIRST_TOKEN, 9.0),
+        ],
+    );
+    let queue = with(
+        span("queue", SpanKind::Internal, 2, Some(1), 0, 50),
+        vec![s(sc::infer::PHASE, "queue")],
+    );
+    let prefill = with(
+        span("prefill", SpanKind::Internal, 3, Some(1), 50, 250),
+        vec![
+            s(sc::infer::PHASE, "prefill"),
+            f(sc::gpu::UTILIZATION_MEAN, 0.9),
+            f(sc::gpu::ENERGY, 100.0),
+            f(sc::gpu::ENERGY_ATTRIBUTED, 20.0),
+            f(sc::gpu::MEMORY_USED_MAX, 1e9),
+        ],
+    );
+    let decode = with(
+        span("decode", SpanKind::Internal, 4, Some(1), 250, 1250),
+        vec![
+            s(sc::infer::PHASE, "decode"),
+            f(sc::gpu::UTILIZATION_MEAN, 0.5),
+            f(sc::gpu::ENERGY, 400.0),
+            f(sc::gpu::ENERGY_ATTRIBUTED, 30.0),
+            f(sc::gpu::MEMORY_USED_MAX, 2e9),
+        ],
+    );
+    vec![queue, prefill, decode, request]
+}
+
+#[test]
+fn infertrace_prefers_child_span_timings() {
+    let spans = infertrace_trace();
+    assert_eq!(detect(&spans[3]), Some(Dialect::Infertrace));
+    for phase in &spans[..3] {
+        assert_eq!(detect(phase), None, "{}", phase.name);
+    }
+    let r = one(&spans);
+    assert_eq!(r.dialect, Dialect::Infertrace);
+    assert_eq!(r.span_id, sid(1));
+    assert_eq!(
+        (r.model.as_str(), r.operation.as_str()),
+        ("llama-3.1-8b", "chat")
+    );
+    assert_eq!(r.outcome, Outcome::Ok);
+    assert!(close(Some(r.e2e), 1.3));
+    assert!(close(r.queue, 0.05));
+    assert!(close(r.prefill, 0.2));
+    assert!(close(r.ttft, 0.25));
+    assert!(close(r.decode, 1.0));
+    assert!(close(r.tpot, 0.1)); // 1.0 s / (11 − 1)
+    assert_eq!(r.origins.tpot, Some(PhaseOrigin::Derived));
+    for o in [
+        r.origins.queue,
+        r.origins.prefill,
+        r.origins.ttft,
+        r.origins.decode,
+    ] {
+        assert_eq!(o, Some(PhaseOrigin::Measured));
+    }
+    assert_eq!((r.input_tokens, r.output_tokens), (Some(100), Some(11)));
+    assert_eq!((r.stream_chunks, r.queue_depth), (Some(11), Some(3)));
+    assert!(close(r.time_to_first_chunk, 0.26));
+    let itl = r.itl.unwrap();
+    assert_eq!((itl.p50, itl.p99, itl.max), (0.09, 0.2, 0.3));
+    assert_eq!(r.arrival_unix_nano, T0);
+    assert_eq!(r.end_unix_nano, T0 + 1300 * MS);
+    let gpu = r.gpu.unwrap();
+    assert_eq!(gpu.utilization_mean.prefill, Some(0.9));
+    assert_eq!(gpu.utilization_mean.decode, Some(0.5));
+    assert_eq!(gpu.utilization_mean.queue, None);
+    assert!(close(gpu.energy_joules, 500.0));
+    assert!(close(gpu.energy_attributed_joules, 50.0));
+    assert_eq!(gpu.memory_used_max_bytes, Some(2e9));
+}
+
+#[test]
+fn infertrace_without_gpu_attributes_has_no_gpu_record() {
+    let mut spans = infertrace_trace();
+    for sp in &mut spans {
+        sp.attributes.retain(|(k, _)| !k.starts_with("gpu."));
+    }
+    assert!(one(&spans).gpu.is_none());
+}
+
+#[test]
+fn infertrace_falls_back_to_attributes_and_marks_derived_mode() {
+    let request = with(
+        span("chat m", SpanKind::Server, 1, None, 0, 2000),
+        vec![
+            s(sc::infer::OUTCOME, "ok"),
+            s(sc::infer::PHASE_SOURCE, "derived"),
+            f(sc::latency::TIME_IN_QUEUE, 0.1),
+            f(sc::latency::TIME_IN_MODEL_PREFILL, 0.3),
+            f(sc::latency::TIME_IN_MODEL_DECODE, 1.5),
+            f(sc::infer::TIME_PER_OUTPUT_TOKEN, 0.05),
+            i(sc::gen_ai::USAGE_OUTPUT_TOKENS, 31),
+        ],
+    );
+    let r = one(&[request]);
+    assert!(close(r.queue, 0.1) && close(r.prefill, 0.3) && close(r.decode, 1.5));
+    assert!(close(r.ttft, 0.4)); // queue + prefill
+    assert!(close(r.tpot, 0.05)); // the attribute, not 1.5 / 30
+    assert_eq!(r.origins.queue, Some(PhaseOrigin::Measured));
+    assert_eq!(r.origins.prefill, Some(PhaseOrigin::Derived));
+    assert_eq!(r.origins.decode, Some(PhaseOrigin::Derived));
+    assert_eq!(r.origins.ttft, Some(PhaseOrigin::Derived));
+    assert_eq!(r.origins.tpot, Some(PhaseOrigin::Derived));
+}
+
+#[test]
+fn infertrace_request_without_infer_attributes_is_found_by_its_phase_children() {
+    let request = with(
+        span("chat m", SpanKind::Server, 1, None, 0, 1000),
+        vec![s(sc::gen_ai::OPERATION_NAME, "chat")],
+    );
+    let queue = with(
+        span("queue", SpanKind::Internal, 2, Some(1), 0, 100),
+        vec![s(sc::infer::PHASE, "queue")],
+    );
+    let inference = with(
+        span("inference", SpanKind::Internal, 3, Some(1), 100, 1000),
+        vec![s(sc::infer::PHASE, "inference")],
+    );
+    assert_eq!(detect(&request), Some(Dialect::Generic));
+    let r = one(&[request, queue, inference]);
+    assert_eq!(r.dialect, Dialect::Infertrace);
+    assert!(close(r.queue, 0.1) && close(r.inference, 0.9));
+    assert!(r.prefill.is_none() && r.decode.is_none() && r.ttft.is_none());
+}
+
+fn vllm_span(id: u8) -> Span {
+    with(
+        span("llm_request", SpanKind::Server, id, None, 0, 2600),
+        vec![
+            f(sc::latency::TIME_IN_QUEUE, 0.1),
+            f(sc::latency::TIME_TO_FIRST_TOKEN, 0.4),
+            f(sc::latency::TIME_IN_MODEL_PREFILL, 0.3),
+            f(sc::latency::TIME_IN_MODEL_DECODE, 2.0),
+            f(sc::latency::TIME_IN_MODEL_INFERENCE, 2.3),
+            f(sc::latency::E2E, 2.5),
+            i(sc::gen_ai::USAGE_PROMPT_TOKENS, 50),
+            i(sc::gen_ai::USAGE_COMPLETION_TOKENS, 21),
+            s(sc::gen_ai::RESPONSE_MODEL, "meta-llama/Llama-3.1-8B"),
+        ],
+    )
+}
+
+#[test]
+fn vllm_reads_latency_attributes_and_old_usage_names() {
+    let sp = vllm_span(1);
+    assert_eq!(detect(&sp), Some(Dialect::Vllm));
+    let r = one(&[sp]);
+    assert_eq!(r.dialect, Dialect::Vllm);
+    assert_eq!(r.model, "meta-llama/Llama-3.1-8B");
+    assert_eq!(r.operation, "unknown");
+    assert!(close(Some(r.e2e), 2.5)); // the attribute, not the 2.6 s span
+    assert!(close(r.queue, 0.1) && close(r.ttft, 0.4) && close(r.prefill, 0.3));
+    assert!(close(r.decode, 2.0) && close(r.inference, 2.3));
+    assert!(close(r.tpot, 0.1)); // 2.0 / (21 − 1)
+    assert_eq!((r.input_tokens, r.output_tokens), (Some(50), Some(21)));
+    assert_eq!(r.origins.ttft, Some(PhaseOrigin::Measured));
+    assert_eq!(r.origins.tpot, Some(PhaseOrigin::Derived));
+}
+
+#[test]
+fn vllm_derives_missing_phases() {
+    let mut sp = vllm_span(1);
+    sp.attributes.retain(|(k, _)| {
+        *k != sc::latency::TIME_IN_MODEL_PREFILL && *k != sc::latency::TIME_IN_MODEL_DECODE
+    });
+    let r = one(&[sp.clone()]);
+    assert!(close(r.prefill, 0.3)); // ttft − queue
+    assert!(close(r.decode, 2.0)); // inference − prefill
+    assert_eq!(r.origins.prefill, Some(PhaseOrigin::Derived));
+    assert_eq!(r.origins.decode, Some(PhaseOrigin::Derived));
+
+    sp.attributes.retain(|(k, _)| {
+        *k != sc::latency::TIME_IN_MODEL_INFERENCE && *k != sc::latency::TIME_TO_FIRST_TOKEN
+    });
+    let r = one(&[sp]);
+    assert!(r.ttft.is_none() && r.prefill.is_none() && r.decode.is_none() && r.tpot.is_none());
+    assert!(close(r.queue, 0.1));
+}
+
+#[test]
+fn sglang_is_told_from_vllm_by_span_name() {
+    let mut sp = vllm_span(1);
+    sp.name = "Req 7f3a".to_owned();
+    sp.kind = SpanKind::Internal;
+    assert_eq!(detect(&sp), Some(Dialect::Sglang));
+    let r = one(&[sp]);
+    assert_eq!(r.dialect, Dialect::Sglang);
+    assert!(close(r.ttft, 0.4) && close(r.tpot, 0.1));
+}
+
+#[test]
+fn several_requests_in_one_trace() {
+    let records = extract_requests(&[vllm_span(1), vllm_span(2)]);
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0].span_id, sid(1));
+    assert_eq!(records[1].span_id, sid(2));
+}
+
+/// TGI: HTTP span → `generate` (fields) → inner `generate` → `generate_stream` → `queued`,
+/// `infer` ×3 linked to `batch` spans of another trace holding `prefill` / `decode`.
+fn tgi_trace(with_batches: bool, with_fields: bool, http_status: i64) -> Vec<Span> {
+    let http = with(
+        span("POST /generate", SpanKind::Server, 1, None, 0, 1502),
+        vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, http_status)],
+    );
+    let mut generate = span("generate", SpanKind::Internal, 2, Some(1), 1, 1501);
+    if with_fields {
+        generate = with(
+            generate,
+            vec![
+                s(sc::tgi::TOTAL_TIME, "1.5s"),
+                s(sc::tgi::VALIDATION_TIME, "1.2ms"),
+                s(sc::tgi::QUEUE_TIME, "48.8ms"),
+                s(sc::tgi::INFERENCE_TIME, "1.45s"),
+                s(sc::tgi::TIME_PER_TOKEN, "145ms"),
+            ],
+        );
+    }
+    let inner = span("generate", SpanKind::Internal, 3, Some(2), 2, 1500);
+    let stream = span("generate_stream", SpanKind::Internal, 4, Some(3), 2, 1500);
+    let queued = span("queued", SpanKind::Internal, 5, Some(4), 2, 51);
+    let link = |n: u8| SpanLink {
+        trace_id: TraceId([9; 16]),
+        span_id: sid(n),
+    };
+    let mut infer1 = span("infer", SpanKind::Internal, 6, Some(4), 51, 251);
+    infer1.links.push(link(20));
+    let mut infer2 = span("infer", SpanKind::Internal, 7, Some(4), 251, 900);
+    infer2.links.push(link(22));
+    let mut infer3 = span("infer", SpanKind::Internal, 8, Some(4), 900, 1500);
+    infer3.links.push(link(24));
+    let mut spans = vec![
+        http, generate, inner, stream, queued, infer2, infer1, infer3,
+    ];
+    if with_batches {
+        let batch = |id: u8, start, end| {
+            let mut b = with(
+                span("batch", SpanKind::Internal, id, None, start, end),
+                vec![i(sc::tgi::BATCH_SIZE, 4)],
+            );
+            b.trace_id = TraceId([9; 16]);
+            b
+        };
+        let step = |name: &str, id: u8, parent: u8, start, end| {
+            let mut sp = span(name, SpanKind::Client, id, Some(parent), start, end);
+            sp.trace_id = TraceId([9; 16]);
+            sp
+        };
+        spans.extend([
+            batch(20, 55, 245),
+            step("prefill", 21, 20, 60, 240),
+            batch(22, 252, 890),
+            step("decode", 23, 22, 255, 885),
+        ]);
+    }
+    spans
+}
+
+#[test]
+fn tgi_with_linked_batches_reads_prefill_from_the_batch() {
+    let spans = tgi_trace(true, true, 200);
+    assert_eq!(detect(&spans[0]), Some(Dialect::Generic));
+    assert_eq!(detect(&spans[1]), Some(Dialect::Tgi));
+    assert_eq!(detect(&spans[2]), None);
+    let r = one(&spans);
+    assert_eq!(r.dialect, Dialect::Tgi);
+    assert_eq!(r.span_id, sid(2));
+    assert_eq!(r.operation, "text_completion");
+    assert_eq!(r.outcome, Outcome::Ok);
+    assert!(close(Some(r.e2e), 1.5));
+    assert!(close(r.queue, 0.0488));
+    assert!(close(r.inference, 1.45));
+    assert!(close(r.prefill, 0.18)); // batch prefill 60 → 240 ms
+    assert_eq!(r.origins.prefill, Some(PhaseOrigin::Measured));
+    assert!(close(r.ttft, 0.239)); // prefill end (240) − request start (1)
+    assert_eq!(r.output_tokens, Some(10)); // 1.45 s / 145 ms
+    assert!(close(r.decode, 1.27)); // 1.45 − 0.18
+    assert!(close(r.tpot, 1.27 / 9.0)); // GenAI TPOT, not TGI's 145 ms
+    assert_eq!(r.origins.tpot, Some(PhaseOrigin::Derived));
+}
+
+#[test]
+fn tgi_without_batches_uses_the_first_infer_span() {
+    let r = one(&tgi_trace(false, true, 200));
+    assert!(close(r.prefill, 0.2)); // first infer span 51 → 251 ms
+    assert_eq!(r.origins.prefill, Some(PhaseOrigin::Derived));
+    assert!(close(r.ttft, 0.25));
+    assert!(close(r.decode, 1.25));
+    assert!(close(r.tpot, 1.25 / 9.0));
+}
+
+#[test]
+fn tgi_failed_request_without_fields_takes_the_http_status() {
+    let spans = tgi_trace(false, false, 500);
+    assert_eq!(detect(&spans[1]), None);
+    let r = one(&spans);
+    assert_eq!(r.dialect, Dialect::Tgi);
+    assert_eq!(r.span_id, sid(2));
+    assert_eq!(r.outcome, Outcome::Error);
+    assert!(close(Some(r.e2e), 1.5)); // the span's duration
+    assert!(close(r.queue, 0.049)); // the `queued` span
+    assert!(r.inference.is_none() && r.decode.is_none() && r.tpot.is_none());
+}
+
+#[test]
+fn tgi_chat_completions_is_chat() {
+    let mut spans = tgi_trace(false, true, 200);
+    spans[1].name = "chat_completions".to_owned();
+    assert_eq!(one(&spans).operation, "chat");
+}
+
+#[test]
+fn generic_server_span_outcomes() {
+    type Attrs = Vec<(&'static str, AttrValue)>;
+    let cases: Vec<(Attrs, StatusCode, Outcome)> = vec![
+        (vec![], StatusCode::Unset, Outcome::Ok),
+        (
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 200)],
+            StatusCode::Unset,
+            Outcome::Ok,
+        ),
+        (
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 404)],
+            StatusCode::Unset,
+            Outcome::Ok,
+        ),
+        (
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 503)],
+            StatusCode::Unset,
+            Outcome::Error,
+        ),
+        (
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 429)],
+            StatusCode::Error,
+            Outcome::Rejected,
+        ),
+        (
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 499)],
+            StatusCode::Unset,
+            Outcome::Cancelled,
+        ),
+        (
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 200)],
+            StatusCode::Error,
+            Outcome::Error,
+        ),
+        (
+            vec![i(sc::net::RPC_GRPC_STATUS_CODE, 1)],
+            StatusCode::Error,
+            Outcome::Cancelled,
+        ),
+        (
+            vec![i(sc::net::RPC_GRPC_STATUS_CODE, 8)],
+            StatusCode::Error,
+            Outcome::Rejected,
+        ),
+        (
+            vec![i(sc::net::RPC_GRPC_STATUS_CODE, 13)],
+            StatusCode::Error,
+            Outcome::Error,
+        ),
+        (
+            vec![i(sc::net::RPC_GRPC_STATUS_CODE, 0)],
+            StatusCode::Unset,
+            Outcome::Ok,
+        ),
+        (
+            vec![s(sc::net::ERROR_TYPE, "timeout")],
+            StatusCode::Unset,
+            Outcome::Error,
+        ),
+        (
+            vec![
+                s(sc::infer::OUTCOME, "cancelled"),
+                i(sc::net::HTTP_RESPONSE_STATUS_CODE, 200),
+            ],
+            StatusCode::Unset,
+            Outcome::Cancelled,
+        ),
+    ];
+    for (attrs, status, want) in cases {
+        let mut sp = with(span("POST /v1/x", SpanKind::Server, 1, None, 0, 700), attrs);
+        sp.status = status;
+        let r = one(&[sp.clone()]);
+        assert_eq!(r.outcome, want, "{:?} {status:?}", sp.attributes);
+        assert!(close(Some(r.e2e), 0.7));
+    }
+}
+
+#[test]
+fn generic_records_only_e2e() {
+    let sp = with(
+        span("POST /v1/embed", SpanKind::Server, 1, None, 0, 300),
+        vec![s(sc::gen_ai::REQUEST_MODEL, "bge")],
+    );
+    assert_eq!(detect(&sp), Some(Dialect::Generic));
+    let r = one(&[sp]);
+    assert_eq!((r.dialect, r.model.as_str()), (Dialect::Generic, "bge"));
+    assert!(r.queue.is_none() && r.ttft.is_none() && r.tpot.is_none() && r.gpu.is_none());
+}
+
+#[test]
+fn client_and_internal_spans_are_not_requests() {
+    let c = span("GET /x", SpanKind::Client, 1, None, 0, 10);
+    let n = span("work", SpanKind::Internal, 2, None, 0, 10);
+    assert_eq!(detect(&c), None);
+    assert_eq!(detect(&n), None);
+    assert!(extract_requests(&[c, n]).is_empty());
+}
+
+#[test]
+fn a_server_span_around_a_request_span_is_not_a_second_request() {
+    let mut spans = infertrace_trace();
+    for sp in &mut spans {
+        if sp.parent_span_id.is_none() {
+            sp.parent_span_id = Some(sid(50));
+        }
+    }
+    spans.push(span("POST /v1/chat", SpanKind::Server, 50, None, 0, 1301));
+    let r = one(&spans);
+    assert_eq!(r.span_id, sid(1));
+
+    // A gateway of another service is a request of its own.
+    let mut gateway = span("POST /gw", SpanKind::Server, 60, None, 0, 1400);
+    gateway.service = Arc::from("gateway");
+    let client = span("POST /v1/chat", SpanKind::Client, 61, Some(60), 0, 1350);
+    if let Some(p) = spans.iter_mut().find(|s| s.span_id == sid(50)) {
+        p.parent_span_id = Some(sid(61));
+    }
+    spans.extend([gateway, client]);
+    let recs = extract_requests(&spans);
+    let ids: Vec<_> = recs.iter().map(|r| (r.span_id, r.dialect)).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&(sid(1), Dialect::Infertrace)));
+    assert!(ids.contains(&(sid(60), Dialect::Generic)));
+}
+
+#[test]
+fn garbage_attributes_never_panic() {
+    let sp = with(
+        span("llm_request", SpanKind::Server, 1, None, 10, 0), // ends before it starts
+        vec![
+            s(sc::latency::TIME_IN_QUEUE, "soon"),
+            f(sc::latency::TIME_TO_FIRST_TOKEN, f64::NAN),
+            f(sc::latency::E2E, -1.0),
+            i(sc::gen_ai::USAGE_COMPLETION_TOKENS, -5),
+        ],
+    );
+    let r = one(&[sp]);
+    assert_eq!(r.e2e, 0.0);
+    assert!(r.queue.is_none() && r.ttft.is_none() && r.output_tokens.is_none());
+    let tgi = with(
+        span("generate", SpanKind::Internal, 1, None, 0, 10),
+        vec![
+            s(sc::tgi::TOTAL_TIME, "-3ms"),
+            s(sc::tgi::INFERENCE_TIME, "1s"),
+            s(sc::tgi::TIME_PER_TOKEN, "0ns"),
+        ],
+    );
+    let r = one(&[tgi]);
+    assert!(close(Some(r.e2e), 0.01) && r.output_tokens.is_none());
+}
+
+#[test]
+fn tgi_trace_with_thousands_of_decode_steps() {
+    let mut spans = tgi_trace(false, true, 200);
+    spans.retain(|s| s.name != "infer");
+    // One `infer` span per batch step: prefill 51 → 251 ms, then 3,000 decode steps.
+    let mut first = span("infer", SpanKind::Internal, 6, Some(4), 51, 251);
+    first.span_id = SpanId(7_000_000u64.to_le_bytes());
+    spans.push(first);
+    for k in 0..3_000u64 {
+        let mut step = span("infer", SpanKind::Internal, 6, Some(4), 251, 252);
+        step.span_id = SpanId((1_000_000 + k).to_le_bytes());
+        step.start_unix_nano += k * 400_000;
+        step.end_unix_nano = step.start_unix_nano + 400_000;
+        spans.push(step);
+    }
+    let started = std::time::Instant::now();
+    let r = one(&spans);
+    let took = started.elapsed();
+    assert!(close(r.prefill, 0.2));
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}

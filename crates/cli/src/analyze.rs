@@ -1,0 +1,235 @@
+//! `infertrace analyze FILE…`: offline analysis of exported traces.
+//!
+//! Accepted formats, detected per file: an OTLP/JSON export request (the OTLP/HTTP body, as the
+//! OpenTelemetry Collector's file exporter writes it) as a whole file or one per line, and
+//! Jaeger's JSON export. Every file is read; a bad file or line is reported as one line on stderr
+//! and the rest is still analysed. The exit status is 0 when everything was read, 1 when some
+//! input had problems (the report is still printed), 2 when nothing could be analysed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use infertrace_analysis::critical_path::{
+    CriticalPath, CriticalPathOptions, CriticalPathWindows, CriticalPathWindowsConfig, critical_path,
+};
+use infertrace_analysis::diagnosis::{DiagnosisConfig, diagnose_snapshot};
+use infertrace_analysis::dialect::extract_requests;
+use infertrace_analysis::kpi::{KpiConfig, KpiWindows};
+use infertrace_analysis::record::RequestRecord;
+use infertrace_analysis::trace::{Span, TraceId};
+use infertrace_collector::otlp_decode::decode_json;
+use serde_json::{Value, json};
+
+use crate::jaeger_json::{looks_like_jaeger, spans_from_jaeger};
+use crate::render;
+use crate::report::{Format, print_report};
+
+/// Arguments of `infertrace analyze`.
+#[derive(Args, Debug)]
+pub struct AnalyzeArgs {
+    /// Trace files: OTLP/JSON (whole file or one export request per line) or Jaeger JSON.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Also print every request's critical path (trace_id, span_id, segments).
+    #[arg(long)]
+    pub per_trace: bool,
+    /// Critical path: tolerate a sibling overlapping its successor by up to 1% of the parent.
+    #[arg(long)]
+    pub skew_tolerance: bool,
+    /// Critical path: centre a child from another service that does not fit its parent.
+    #[arg(long)]
+    pub shift_remote_children: bool,
+}
+
+/// What reading the inputs gave.
+#[derive(Default)]
+struct Inputs {
+    spans: Vec<Span>,
+    problems: Vec<String>,
+    files_failed: usize,
+}
+
+fn read_file(path: &Path, inputs: &mut Inputs) {
+    let name = path.display();
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            inputs.problems.push(format!("{name}: cannot read: {e}"));
+            inputs.files_failed += 1;
+            return;
+        }
+    };
+    let before = inputs.spans.len();
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(doc) if looks_like_jaeger(&doc) => match spans_from_jaeger(&doc) {
+            Ok((spans, problems)) => {
+                inputs.spans.extend(spans);
+                inputs.problems.extend(problems.into_iter().map(|p| format!("{name}: {p}")));
+            }
+            Err(e) => inputs.problems.push(format!("{name}: {e:#}")),
+        },
+        Ok(_) => match decode_json(&bytes) {
+            Ok(decoded) => {
+                if decoded.rejected > 0 {
+                    inputs.problems.push(format!(
+                        "{name}: {} invalid spans left out (first: {})",
+                        decoded.rejected,
+                        decoded.first_error.unwrap_or_default()
+                    ));
+                }
+                inputs.spans.extend(decoded.spans);
+            }
+            Err(e) => inputs.problems.push(format!("{name}: not OTLP/JSON or Jaeger JSON: {e}")),
+        },
+        // Not one JSON document: try one OTLP/JSON export request per line.
+        Err(whole) => {
+            let mut lines_ok = 0usize;
+            for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                match decode_json(line) {
+                    Ok(decoded) => {
+                        lines_ok += 1;
+                        if decoded.rejected > 0 {
+                            inputs.problems.push(format!(
+                                "{name}:{}: {} invalid spans left out",
+                                i + 1,
+                                decoded.rejected
+                            ));
+                        }
+                        inputs.spans.extend(decoded.spans);
+                    }
+                    Err(e) => inputs.problems.push(format!("{name}:{}: {e}", i + 1)),
+                }
+            }
+            if lines_ok == 0 {
+                inputs.problems.push(format!("{name}: not JSON: {whole}"));
+            }
+        }
+    }
+    if inputs.spans.len() == before {
+        inputs.files_failed += 1;
+    }
+}
+
+/// Everything `analyze` computes, as the report JSON (see `render`).
+pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bool) -> Value {
+    let mut traces: HashMap<TraceId, Vec<Span>> = HashMap::new();
+    for s in spans {
+        traces.entry(s.trace_id).or_default().push(s);
+    }
+    let mut done: Vec<(RequestRecord, Option<CriticalPath>)> = Vec::new();
+    for spans in traces.values() {
+        for record in extract_requests(spans) {
+            let path = critical_path(spans, record.span_id, opts);
+            done.push((record, path));
+        }
+    }
+    done.sort_by_key(|(r, _)| (r.end_unix_nano, r.trace_id));
+    let first = done.iter().map(|(r, _)| r.arrival_unix_nano).min().unwrap_or(0);
+    let last = done.iter().map(|(r, _)| r.end_unix_nano).max().unwrap_or(0);
+    // One window covering all the data, whole seconds, at least one.
+    let window = Duration::from_secs(last.saturating_sub(first).div_ceil(1_000_000_000).max(1));
+    let mut kpis = KpiWindows::new(KpiConfig { windows: vec![window], ..KpiConfig::default() });
+    kpis.set_start(first);
+    let mut cps = CriticalPathWindows::new(CriticalPathWindowsConfig {
+        slot: (window / 60).max(Duration::from_millis(1)),
+        retention: window + window / 30 + Duration::from_millis(1),
+        ..CriticalPathWindowsConfig::default()
+    });
+    for (record, path) in &done {
+        kpis.record(record, record.end_unix_nano);
+        if let Some(p) = path {
+            cps.record(p, record.e2e, record.end_unix_nano);
+        }
+    }
+    let snapshot = kpis.snapshot(window, last);
+    let cp_summary = cps.snapshot(window, last);
+    let diagnosis = DiagnosisConfig::default().with_slo(&KpiConfig::default().slo);
+    let findings = diagnose_snapshot(&snapshot, Some(&cp_summary), &diagnosis);
+    let mut report = json!({
+        "window_seconds": window.as_secs_f64(),
+        "kpis": snapshot,
+        "critical_path": cp_summary,
+        "findings": findings,
+    });
+    if per_trace {
+        let list: Vec<Value> = done
+            .iter()
+            .filter_map(|(r, p)| {
+                let p = p.as_ref()?;
+                Some(json!({
+                    "trace_id": r.trace_id,
+                    "span_id": r.span_id,
+                    "service": r.service,
+                    "model": r.model,
+                    "e2e": r.e2e,
+                    "segments": p.segments,
+                    "adjustments": p.adjustments,
+                }))
+            })
+            .collect();
+        report["traces"] = Value::Array(list);
+    }
+    report
+}
+
+fn per_trace_table(report: &Value) -> String {
+    let mut out = String::from("\nCritical path per request\n");
+    for t in report.get("traces").and_then(Value::as_array).into_iter().flatten() {
+        out.push_str(&format!(
+            "  trace {} span {} ({}, e2e {})\n",
+            t["trace_id"].as_str().unwrap_or("-"),
+            t["span_id"].as_str().unwrap_or("-"),
+            t["model"].as_str().unwrap_or("-"),
+            render::secs(t["e2e"].as_f64())
+        ));
+        for s in t["segments"].as_array().into_iter().flatten() {
+            let start = s["start_unix_nano"].as_u64().unwrap_or(0);
+            let end = s["end_unix_nano"].as_u64().unwrap_or(0);
+            out.push_str(&format!(
+                "      {:<24} {:<20} {:>10}\n",
+                s["name"].as_str().unwrap_or("-"),
+                s["service"].as_str().unwrap_or("-"),
+                render::secs(Some(end.saturating_sub(start) as f64 / 1e9))
+            ));
+        }
+    }
+    out
+}
+
+/// Runs `infertrace analyze`.
+pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
+    let mut inputs = Inputs::default();
+    for f in &args.files {
+        read_file(f, &mut inputs);
+    }
+    for p in &inputs.problems {
+        eprintln!("infertrace: {p}");
+    }
+    if inputs.spans.is_empty() {
+        eprintln!("infertrace: error: no spans could be read from the given files");
+        return Ok(ExitCode::from(2));
+    }
+    let opts = CriticalPathOptions {
+        skew_tolerance: args.skew_tolerance,
+        shift_remote_children: args.shift_remote_children,
+    };
+    let mut report = analyze_spans(std::mem::take(&mut inputs.spans), &opts, args.per_trace);
+    let names: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
+    report["source"] = Value::String(names.join(", "));
+    report["problems"] = json!(inputs.problems);
+    print_report(&report, args.format).context("printing the report")?;
+    if args.per_trace && args.format == Format::Table {
+        print!("{}", per_trace_table(&report));
+    }
+    Ok(if inputs.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

@@ -1,0 +1,108 @@
+//! `infertrace collect` (run the collector) and `infertrace check-config` (validate a config).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use infertrace_collector::config::CollectorConfig;
+use infertrace_collector::server;
+
+/// Arguments of `infertrace collect`. Flags override the config file.
+#[derive(Args, Debug)]
+pub struct CollectArgs {
+    /// YAML config file (see otel-config/infertrace.yaml for every key and its default).
+    #[arg(long, short = 'c', env = "INFERTRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// OTLP/gRPC listen address [default: 127.0.0.1:4317].
+    #[arg(long, value_name = "ADDR")]
+    pub otlp_grpc: Option<SocketAddr>,
+    /// OTLP/HTTP listen address [default: 127.0.0.1:4318].
+    #[arg(long, value_name = "ADDR")]
+    pub otlp_http: Option<SocketAddr>,
+    /// API, dashboard and Prometheus /metrics listen address [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+}
+
+/// Arguments of `infertrace check-config`.
+#[derive(Args, Debug)]
+pub struct CheckConfigArgs {
+    /// The YAML config file to validate.
+    pub file: PathBuf,
+}
+
+/// Loads the config file (or the defaults) and applies the command-line overrides.
+pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
+    let mut config = match &args.config {
+        Some(path) => CollectorConfig::from_file(path).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => CollectorConfig::default(),
+    };
+    if let Some(a) = args.otlp_grpc {
+        config.receivers.otlp_grpc.endpoint = a;
+    }
+    if let Some(a) = args.otlp_http {
+        config.receivers.otlp_http.endpoint = a;
+    }
+    if let Some(a) = args.listen {
+        config.api.listen = a;
+    }
+    config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    Ok(config)
+}
+
+/// Waits for SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully.
+pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
+    let config = load_config(&args)?;
+    let collector = server::run(config, shutdown_signal()).await.context("starting the collector")?;
+    let show = |a: Option<SocketAddr>| a.map_or("disabled".to_owned(), |a| a.to_string());
+    eprintln!(
+        "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API http://{}  (metrics: /metrics, KPIs: /api/kpis; Ctrl-C stops)",
+        show(collector.grpc_addr),
+        show(collector.http_addr),
+        collector.api_addr
+    );
+    let report = collector.join().await.context("collector stopped with an error")?;
+    eprintln!(
+        "infertrace collector: stopped; {} traces in flight were closed and recorded",
+        report.flushed.traces
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `infertrace check-config FILE`.
+pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
+    match CollectorConfig::from_file(&args.file) {
+        Ok(_) => {
+            println!("{}: OK", args.file.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! `infertrace demo`: the whole loop in one process, on embedded defaults.
+//!
+//! 1. starts the collector (OTLP/gRPC on a free port, the API on `--listen`);
+//! 2. starts a simulated continuous-batching engine ([`infertrace_sim`]) behind an
+//!    OpenAI-compatible axum server wrapped in [`InferenceTraceLayer`], exporting OTLP to (1);
+//! 3. drives it with the Poisson load generator, with a progress bar;
+//! 4. flushes the spans, waits for the collector to assemble every trace, and prints the report
+//!    — plus a check of what infertrace measured against the simulator's ground truth.
+//!
+//! `--scenario` picks a workload whose bottleneck is known, so the diagnosis can be seen to change.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use infertrace_collector::config::CollectorConfig;
+use infertrace_collector::server::{self, RunningCollector};
+use infertrace_examples::loadgen::{self, LengthDist, LoadConfig, LoadReport};
+use infertrace_examples::openai;
+use infertrace_sim::{SimConfig, SimHandle, Simulator, TruthOutcome, TruthRecord};
+use infertrace_tower::InferenceTraceLayer;
+use infertrace_tower::otlp::{self, OtlpConfig};
+use serde_json::{Value, json};
+
+use crate::collect::shutdown_signal;
+use crate::render;
+use crate::report::{Format, print_report};
+
+/// A workload whose bottleneck is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Moderate load well within capacity: nothing should be flagged.
+    Balanced,
+    /// Arrivals beyond the engine's capacity with a small batch limit: queueing dominates.
+    Overload,
+    /// Long prompts: prefill dominates time to first token and stalls running decodes.
+    LongPrompts,
+}
+
+/// Arguments of `infertrace demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// How long the load generator sends requests (e.g. 30s, 2m).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Mean arrivals per second [default: the scenario's].
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// The workload.
+    #[arg(long, value_enum, default_value_t = Scenario::Balanced)]
+    pub scenario: Scenario,
+    /// Keep the collector and server running after the report (Ctrl-C stops).
+    #[arg(long)]
+    pub keep: bool,
+    /// API address (dashboard, /metrics, /api/*) [default: 127.0.0.1:9464 with --keep, else a
+    /// free port].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Seed of arrivals, lengths and the engine.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Output format of the report.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// The engine and load of a scenario.
+struct Workload {
+    sim: SimConfig,
+    load: LoadConfig,
+    description: &'static str,
+}
+
+const MODEL: &str = "llama-3.1-8b";
+
+fn workload(scenario: Scenario, rate: Option<f64>, duration: Duration, seed: u64) -> Workload {
+    let mut sim = SimConfig { model: MODEL.to_owned(), seed, ..SimConfig::default() };
+    let mut load = LoadConfig {
+        model: MODEL.to_owned(),
+        duration,
+        seed,
+        stream: true,
+        ignore_eos: true,
+        ..LoadConfig::default()
+    };
+    let description = match scenario {
+        Scenario::Balanced => {
+            load.rate = rate.unwrap_or(6.0);
+            load.prompt_tokens = LengthDist::LogNormal { median: 400.0, sigma: 0.5, max: 2048 };
+            load.output_tokens = LengthDist::LogNormal { median: 96.0, sigma: 0.5, max: 512 };
+            "moderate load within capacity (max_num_seqs 64)"
+        }
+        Scenario::Overload => {
+            sim.max_num_seqs = 8;
+            load.rate = rate.unwrap_or(12.0);
+            load.prompt_tokens = LengthDist::LogNormal { median: 400.0, sigma: 0.5, max: 2048 };
+            load.output_tokens = LengthDist::LogNormal { median: 96.0, sigma: 0.5, max: 512 };
+            "arrivals beyond capacity with max_num_seqs 8: requests wait for a batch slot"
+        }
+        Scenario::LongPrompts => {
+            sim.max_batched_tokens = 16_384;
+            load.rate = rate.unwrap_or(2.0);
+            load.prompt_tokens = LengthDist::LogNormal { median: 6000.0, sigma: 0.3, max: 16_000 };
+            load.output_tokens = LengthDist::LogNormal { median: 48.0, sigma: 0.4, max: 256 };
+            "long prompts (median 6,000 tokens) without chunked prefill"
+        }
+    };
+    Workload { sim, load, description }
+}
+
+/// Runs `infertrace demo`.
+pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    if args.duration.is_zero() {
+        anyhow::bail!("--duration must be longer than zero (e.g. --duration 30s)");
+    }
+    let wl = workload(args.scenario, args.rate, args.duration, args.seed);
+    let interactive = std::io::stderr().is_terminal();
+
+    // 1. The collector.
+    let mut config = CollectorConfig::default();
+    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse()?;
+    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse()?;
+    config.api.listen = match (args.listen, args.keep) {
+        (Some(a), _) => a,
+        (None, true) => "127.0.0.1:9464".parse()?,
+        (None, false) => "127.0.0.1:0".parse()?,
+    };
+    config.assembly.grace = Duration::from_millis(500);
+    let collector = server::run(config, std::future::pending()).await.context("starting the collector")?;
+    let grpc = collector.grpc_addr.context("the demo needs the OTLP/gRPC receiver")?;
+
+    // 2. The instrumented server on the simulated engine.
+    let providers = otlp::init(OtlpConfig::grpc(format!("http://{grpc}")).service_name("infertrace-demo").metrics(false))
+        .context("setting up OTLP export to the collector")?;
+    let layer = InferenceTraceLayer::new()
+        .with_tracer_provider(&providers.tracer_provider)
+        .default_model(MODEL);
+    let sim = Simulator::start(wl.sim.clone()).map_err(|e| anyhow::anyhow!("starting the simulator: {e}"))?;
+    let app = openai::router(sim.clone(), layer, MODEL);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the demo server")?;
+    let server_addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(openai::serve(listener, app, async move {
+        let _ = stop_rx.await;
+    }));
+
+    eprintln!(
+        "infertrace demo: scenario {:?} — {}; {:.1} req/s for {}",
+        args.scenario,
+        wl.description,
+        wl.load.rate,
+        humantime::format_duration(args.duration)
+    );
+    eprintln!("  collector API http://{}  ·  server http://{server_addr}", collector.api_addr);
+
+    // 3. Load.
+    let load_cfg = LoadConfig { target: format!("http://{server_addr}"), ..wl.load.clone() };
+    let started = Instant::now();
+    let load = loadgen::run(&load_cfg, interactive).await.context("running the load generator")?;
+
+    // 4. Flush spans and let the collector assemble every trace.
+    let p = providers.clone();
+    tokio::task::spawn_blocking(move || p.tracer_provider.force_flush())
+        .await
+        .context("flushing spans")?
+        .map_err(|e| anyhow::anyhow!("flushing spans to the collector: {e}"))?;
+    let expected = load.sent;
+    let window = report_window(started.elapsed());
+    let received = wait_for_requests(&collector, window, expected, Duration::from_secs(10)).await;
+    if received < expected {
+        eprintln!("infertrace demo: note: the collector has {received} of {expected} requests after 10s");
+    }
+
+    let mut report = local_report(&collector, window);
+    report["source"] = json!(format!("demo ({:?})", args.scenario));
+    report["client"] = client_summary(&load);
+    report["ground_truth"] = ground_truth(&sim);
+    print_report(&report, args.format)?;
+    if args.format == Format::Table {
+        print!("{}", truth_table(&report));
+    }
+
+    if args.keep {
+        eprintln!(
+            "\ninfertrace demo: still running — metrics http://{0}/metrics · KPIs http://{0}/api/kpis?window=5m · report: infertrace report --url http://{0}  (Ctrl-C stops)",
+            collector.api_addr
+        );
+        shutdown_signal().await;
+    }
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    let p = providers.clone();
+    let _ = tokio::task::spawn_blocking(move || p.shutdown()).await;
+    collector.stop().await.context("stopping the collector")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The smallest default KPI window covering the run.
+fn report_window(elapsed: Duration) -> Duration {
+    if elapsed < Duration::from_secs(55) {
+        Duration::from_secs(60)
+    } else if elapsed < Duration::from_secs(295) {
+        Duration::from_secs(300)
+    } else {
+        Duration::from_secs(3600)
+    }
+}
+
+fn requests_in(collector: &RunningCollector, window: Duration) -> u64 {
+    collector.kpis(window).series.iter().map(|s| s.requests).sum()
+}
+
+async fn wait_for_requests(collector: &RunningCollector, window: Duration, expected: u64, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let n = requests_in(collector, window);
+        if n >= expected || Instant::now() >= deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The report of an in-process collector, in the API's JSON shapes.
+pub fn local_report(collector: &RunningCollector, window: Duration) -> Value {
+    json!({
+        "window_seconds": window.as_secs_f64(),
+        "kpis": collector.kpis(window),
+        "critical_path": collector.critical_path(window),
+        "findings": collector.findings(window),
+        "alerts": collector.alerts(),
+    })
+}
+
+fn client_summary(load: &LoadReport) -> Value {
+    json!({
+        "sent": load.sent,
+        "output_tokens": load.output_tokens,
+        "ttft": {"p50": load.ttft.p50.as_secs_f64(), "p99": load.ttft.p99.as_secs_f64()},
+        "tpot": {"p50": load.tpot.p50.as_secs_f64(), "p99": load.tpot.p99.as_secs_f64()},
+        "e2e": {"p50": load.e2e.p50.as_secs_f64(), "p99": load.e2e.p99.as_secs_f64()},
+    })
+}
+
+/// Exact percentiles (nearest rank) of the simulator's true phase times.
+fn ground_truth(sim: &SimHandle) -> Value {
+    let records: Vec<TruthRecord> = sim
+        .truth_all()
+        .into_iter()
+        .filter(|r| matches!(r.outcome, Some(TruthOutcome::Finished(_))))
+        .collect();
+    let stat = |f: &dyn Fn(&TruthRecord) -> Option<Duration>| {
+        let mut v: Vec<f64> = records.iter().filter_map(|r| f(r).map(|d| d.as_secs_f64())).collect();
+        v.sort_by(f64::total_cmp);
+        let q = |p: f64| -> Option<f64> {
+            if v.is_empty() {
+                return None;
+            }
+            let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+            Some(v[rank - 1])
+        };
+        let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        json!({"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "mean": mean})
+    };
+    json!({
+        "requests": records.len(),
+        "queue": stat(&|r| r.queue()),
+        "prefill": stat(&|r| r.prefill()),
+        "ttft": stat(&|r| r.ttft()),
+        "decode": stat(&|r| r.decode()),
+        "tpot": stat(&|r| r.tpot()),
+        "e2e": stat(&|r| Some(r.finished?.saturating_duration_since(r.arrival))),
+    })
+}
+
+/// "What infertrace measured vs what really happened" for the completed requests.
+fn truth_table(report: &Value) -> String {
+    let truth = &report["ground_truth"];
+    let Some(series) = report.pointer("/kpis/series").and_then(Value::as_array) else {
+        return String::new();
+    };
+    let Some(s) = series.first() else { return String::new() };
+    let mut out = format!(
+        "\nMeasured by infertrace vs the simulator's ground truth ({} completed requests)\n",
+        truth["requests"]
+    );
+    out.push_str("  metric    measured p50  truth p50   measured p99  truth p99\n");
+    for k in ["queue", "prefill", "ttft", "decode", "tpot", "e2e"] {
+        out.push_str(&format!(
+            "  {:<8}  {:>12}  {:>9}   {:>12}  {:>9}\n",
+            k,
+            render::secs(s[k]["p50"].as_f64()),
+            render::secs(truth[k]["p50"].as_f64()),
+            render::secs(s[k]["p99"].as_f64()),
+            render::secs(truth[k]["p99"].as_f64()),
+        ));
+    }
+    out
+}

@@ -1,0 +1,325 @@
+//! Renders a report (the collector API's JSON, or the same shape built offline) as text tables.
+//!
+//! The report is a JSON object `{"source", "window_seconds", "kpis", "critical_path", "findings",
+//! "alerts"}` whose members have exactly the shapes of `/api/kpis`, `/api/critical-path`,
+//! `/api/findings` and `/api/alerts`. Working on JSON keeps `report` (remote), `demo` and `analyze`
+//! (local) on one renderer, and lets `--format json` print the same object.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+/// Formats seconds for people: `850µs`, `12.3ms`, `1.24s`, `2m05s`; `-` when absent.
+pub fn secs(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(s) if !s.is_finite() => "-".into(),
+        Some(s) if s < 0.001 => format!("{:.0}µs", s * 1e6),
+        Some(s) if s < 1.0 => format!("{:.1}ms", s * 1e3),
+        Some(s) if s < 120.0 => format!("{s:.2}s"),
+        Some(s) => format!("{}m{:02.0}s", (s / 60.0).floor(), s % 60.0),
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.filter(|x| x.is_finite()).map_or("-".into(), |x| format!("{:.0}%", x * 100.0))
+}
+
+fn num(v: Option<f64>, decimals: usize) -> String {
+    v.filter(|x| x.is_finite()).map_or("-".into(), |x| format!("{x:.decimals$}"))
+}
+
+fn f(v: &Value, path: &[&str]) -> Option<f64> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(*p)?;
+    }
+    cur.as_f64()
+}
+
+fn s<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("-")
+}
+
+/// A simple left/right aligned text table.
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(header: &[&str]) -> Self {
+        Self { header: header.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new() }
+    }
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+    fn render(&self, out: &mut String) {
+        let cols = self.header.len();
+        let mut width = vec![0usize; cols];
+        for r in std::iter::once(&self.header).chain(&self.rows) {
+            for (i, c) in r.iter().enumerate().take(cols) {
+                width[i] = width[i].max(c.chars().count());
+            }
+        }
+        let line = |r: &Vec<String>, out: &mut String| {
+            let mut l = String::from("  ");
+            for (i, c) in r.iter().enumerate().take(cols) {
+                let pad = width[i] - c.chars().count();
+                if i < 3 {
+                    l.push_str(c);
+                    l.push_str(&" ".repeat(pad));
+                } else {
+                    l.push_str(&" ".repeat(pad));
+                    l.push_str(c);
+                }
+                l.push_str("  ");
+            }
+            out.push_str(l.trim_end());
+            out.push('\n');
+        };
+        line(&self.header, out);
+        for r in &self.rows {
+            line(r, out);
+        }
+    }
+}
+
+fn window_label(seconds: Option<f64>) -> String {
+    match seconds {
+        Some(s) if s >= 3600.0 && s % 3600.0 == 0.0 => format!("{}h", s / 3600.0),
+        Some(s) if s >= 60.0 && s % 60.0 == 0.0 => format!("{}m", s / 60.0),
+        Some(s) => format!("{s:.0}s"),
+        None => "-".into(),
+    }
+}
+
+/// Renders the whole report as text.
+pub fn report_table(report: &Value) -> String {
+    let mut out = String::new();
+    let window = window_label(f(report, &["window_seconds"]));
+    let _ = writeln!(out, "infertrace report — window {window} — source {}", s(report, "source"));
+    let empty = Vec::new();
+    let series = report
+        .pointer("/kpis/series")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
+    if series.is_empty() {
+        out.push_str("\nNo inference requests in this window yet.\n");
+    } else {
+        render_breakdown(series, &mut out);
+        render_percentiles(series, &mut out);
+        render_gpu(series, &mut out);
+    }
+    render_critical_path(report.get("critical_path"), &mut out);
+    render_findings(report.get("findings"), &mut out);
+    render_alerts(report.get("alerts"), &mut out);
+    out
+}
+
+fn render_breakdown(series: &[Value], out: &mut String) {
+    out.push_str("\nLatency breakdown per model (share of end-to-end time: all requests | slowest 1%)\n");
+    let mut t = Table::new(&[
+        "service", "model", "operation", "requests", "errors", "cancelled", "rejected", "req/s",
+        "out tok/s", "goodput", "queue", "prefill", "decode", "p99 queue", "p99 prefill",
+        "p99 decode",
+    ]);
+    for x in series {
+        t.row(vec![
+            s(x, "service").into(),
+            s(x, "model").into(),
+            s(x, "operation").into(),
+            num(f(x, &["requests"]), 0),
+            num(f(x, &["errors"]), 0),
+            num(f(x, &["cancelled"]), 0),
+            num(f(x, &["rejected"]), 0),
+            num(f(x, &["throughput", "requests_per_second"]), 2),
+            num(f(x, &["throughput", "output_tokens_per_second"]), 0),
+            pct(f(x, &["goodput", "ratio"])),
+            pct(f(x, &["phase_share", "all", "queue"])),
+            pct(f(x, &["phase_share", "all", "prefill"])),
+            pct(f(x, &["phase_share", "all", "decode"])),
+            pct(f(x, &["phase_share", "p99", "queue"])),
+            pct(f(x, &["phase_share", "p99", "prefill"])),
+            pct(f(x, &["phase_share", "p99", "decode"])),
+        ]);
+    }
+    t.render(out);
+}
+
+fn render_percentiles(series: &[Value], out: &mut String) {
+    out.push_str("\nLatency percentiles\n");
+    let mut t = Table::new(&["model", "metric", "", "p50", "p90", "p95", "p99", "max", "mean"]);
+    for x in series {
+        let model = format!("{}/{}", s(x, "service"), s(x, "model"));
+        for (key, label) in [
+            ("e2e", "e2e"),
+            ("ttft", "TTFT"),
+            ("tpot", "TPOT"),
+            ("itl", "inter-token"),
+            ("queue", "queue"),
+            ("prefill", "prefill"),
+            ("decode", "decode"),
+        ] {
+            let Some(q) = x.get(key).filter(|q| !q.is_null()) else { continue };
+            if f(q, &["p50"]).is_none() {
+                continue;
+            }
+            let mut row = vec![model.clone(), label.into(), String::new()];
+            for p in ["p50", "p90", "p95", "p99", "max", "mean"] {
+                row.push(secs(f(q, &[p])));
+            }
+            t.row(row);
+        }
+    }
+    t.render(out);
+}
+
+fn render_gpu(series: &[Value], out: &mut String) {
+    let with_gpu: Vec<&Value> = series.iter().filter(|x| x.get("gpu").is_some_and(|g| !g.is_null())).collect();
+    if with_gpu.is_empty() {
+        return;
+    }
+    out.push_str("\nGPU\n");
+    for x in with_gpu {
+        let _ = writeln!(out, "  {}/{}: {}", s(x, "service"), s(x, "model"), x["gpu"]);
+    }
+}
+
+fn render_critical_path(cp: Option<&Value>, out: &mut String) {
+    let Some(cp) = cp.filter(|v| !v.is_null()) else { return };
+    let empty = Vec::new();
+    let entries = cp.get("entries").and_then(Value::as_array).unwrap_or(&empty);
+    if entries.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nCritical path (what the requests waited on; {} requests)",
+        num(f(cp, &["requests"]), 0)
+    );
+    let mut t = Table::new(&["service", "span", "", "share all", "share >p90", "share >p99", "seconds all"]);
+    let mut sorted: Vec<&Value> = entries.iter().collect();
+    sorted.sort_by(|a, b| {
+        let k = |v: &Value| f(v, &["share", "p99"]).or(f(v, &["share", "all"])).unwrap_or(0.0);
+        k(b).total_cmp(&k(a))
+    });
+    for e in sorted.into_iter().take(12) {
+        t.row(vec![
+            s(e, "service").into(),
+            s(e, "span").into(),
+            String::new(),
+            pct(f(e, &["share", "all"])),
+            pct(f(e, &["share", "p90"])),
+            pct(f(e, &["share", "p99"])),
+            num(f(e, &["seconds", "all"]), 2),
+        ]);
+    }
+    t.render(out);
+}
+
+fn findings_list(v: Option<&Value>) -> Vec<&Value> {
+    match v {
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(Value::Object(o)) => o.get("findings").and_then(Value::as_array).map(|a| a.iter().collect()).unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+fn render_findings(v: Option<&Value>, out: &mut String) {
+    let list = findings_list(v);
+    out.push_str("\nDiagnosis\n");
+    if list.is_empty() {
+        out.push_str("  No problems found: every rule is within its threshold.\n");
+        return;
+    }
+    for x in list {
+        let _ = writeln!(
+            out,
+            "  [{}] {} — {} ({}/{})",
+            s(x, "severity").to_uppercase(),
+            s(x, "rule_id"),
+            s(x, "title"),
+            s(x, "service"),
+            s(x, "model")
+        );
+        if let Some(ev) = x.get("evidence").and_then(Value::as_array) {
+            let parts: Vec<String> = ev
+                .iter()
+                .map(|e| {
+                    let unit = e.get("unit").and_then(Value::as_str).unwrap_or("");
+                    let fmt = |v: Option<f64>| match unit {
+                        "s" => secs(v),
+                        "ratio" => pct(v),
+                        _ => num(v, 3),
+                    };
+                    let th = f(e, &["threshold"]).map(|t| format!(" (threshold {})", fmt(Some(t)))).unwrap_or_default();
+                    format!("{} = {}{}", s(e, "metric"), fmt(f(e, &["value"])), th)
+                })
+                .collect();
+            if !parts.is_empty() {
+                let _ = writeln!(out, "      evidence: {}", parts.join("; "));
+            }
+        }
+        let _ = writeln!(out, "      what to change: {}", s(x, "recommendation"));
+    }
+}
+
+fn render_alerts(v: Option<&Value>, out: &mut String) {
+    let list: Vec<&Value> = match v {
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(Value::Object(o)) => o.get("alerts").and_then(Value::as_array).map(|a| a.iter().collect()).unwrap_or_default(),
+        _ => return,
+    };
+    if list.is_empty() {
+        return;
+    }
+    out.push_str("\nAlerts\n");
+    for a in list {
+        let name = a.get("name").or(a.get("alert")).and_then(Value::as_str).unwrap_or("-");
+        let _ = writeln!(out, "  {name}: {} {}", s(a, "state"), a.get("labels").map(Value::to_string).unwrap_or_default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_readable() {
+        assert_eq!(secs(Some(0.00085)), "850µs");
+        assert_eq!(secs(Some(0.0123)), "12.3ms");
+        assert_eq!(secs(Some(1.239)), "1.24s");
+        assert_eq!(secs(Some(125.0)), "2m05s");
+        assert_eq!(secs(None), "-");
+    }
+
+    #[test]
+    fn renders_a_report() {
+        let report = serde_json::json!({
+            "source": "test", "window_seconds": 300,
+            "kpis": {"window_seconds": 300, "series": [{
+                "service": "svc", "model": "m", "operation": "chat", "requests": 10, "errors": 1,
+                "cancelled": 0, "rejected": 0,
+                "e2e": {"p50": 1.0, "p90": 2.0, "p95": 2.5, "p99": 3.0, "max": 3.1, "mean": 1.2},
+                "ttft": {"p50": 0.1, "p90": 0.2, "p95": 0.25, "p99": 0.3, "max": 0.31, "mean": 0.12},
+                "throughput": {"requests_per_second": 2.0, "output_tokens_per_second": 300.0},
+                "goodput": {"ratio": 0.9, "requests_per_second": 1.8},
+                "phase_share": {"all": {"queue": 0.1, "prefill": 0.2, "decode": 0.7},
+                                "p99": {"queue": 0.5, "prefill": 0.1, "decode": 0.4}}
+            }]},
+            "critical_path": {"requests": 10, "entries": [{"service": "svc", "span": "decode",
+                "seconds": {"all": 7.0}, "share": {"all": 0.7, "p90": 0.5, "p99": 0.4}}]},
+            "findings": [{"rule_id": "queue_dominated", "severity": "warning", "service": "svc",
+                "model": "m", "title": "queue dominates", "recommendation": "add replicas",
+                "evidence": [{"metric": "phase_share.p99.queue", "value": 0.5, "threshold": 0.4, "unit": "ratio"}]}]
+        });
+        let text = report_table(&report);
+        assert!(text.contains("window 5m"), "{text}");
+        assert!(text.contains("90%"), "{text}");
+        assert!(text.contains("1.00s"), "{text}");
+        assert!(text.contains("[WARNING] queue_dominated"), "{text}");
+        assert!(text.contains("phase_share.p99.queue = 50% (threshold 40%)"), "{text}");
+        assert!(text.contains("decode"), "{text}");
+    }
+}

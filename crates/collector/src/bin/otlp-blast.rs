@@ -1,0 +1,492 @@
+//! `otlp-blast`: an OTLP load generator for receiver benchmarks.
+//!
+//! Pre-encodes export requests of realistic inference traces (a request span with 18 GenAI /
+//! infer / HTTP attributes, and queue, prefill and decode child spans with a few each; ~276 bytes
+//! per span on the wire), then sends them at full speed over N concurrent connections for D
+//! seconds, one request in flight per connection (as an OTLP exporter does), over gRPC or
+//! HTTP/protobuf, and prints the accepted spans per second.
+//!
+//! ```text
+//! otlp-blast [--protocol grpc|http] [--addr HOST:PORT] [--connections 16] [--duration 10]
+//!            [--batch 1000] [--decode-only]
+//! ```
+//!
+//! `--decode-only` sends nothing: it times decoding the generated requests in this process, with
+//! prost into `opentelemetry-proto` types and with infertrace's lean decoder, for `--duration`
+//! seconds each, and prints nanoseconds per span.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use infertrace_collector::limiter::span_footprint;
+use infertrace_collector::otlp_decode::decode_protobuf;
+use infertrace_semconv as sc;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use prost::Message;
+use tokio::net::TcpStream;
+
+const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+/// Distinct pre-encoded requests cycled through (different trace ids).
+const DISTINCT_REQUESTS: usize = 32;
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Protocol {
+    Grpc,
+    Http,
+}
+
+struct Args {
+    protocol: Protocol,
+    addr: SocketAddr,
+    connections: usize,
+    duration: Duration,
+    batch: usize,
+    decode_only: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut protocol = Protocol::Grpc;
+    let mut addr: Option<SocketAddr> = None;
+    let mut connections = 16usize;
+    let mut duration = 10.0f64;
+    let mut batch = 1000usize;
+    let mut decode_only = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--protocol" => {
+                protocol = match value()?.as_str() {
+                    "grpc" => Protocol::Grpc,
+                    "http" => Protocol::Http,
+                    other => return Err(format!("--protocol must be grpc or http, not {other}")),
+                }
+            }
+            "--addr" => {
+                addr = Some(
+                    value()?
+                        .parse()
+                        .map_err(|e| format!("--addr: {e} (expected HOST:PORT)"))?,
+                )
+            }
+            "--connections" => {
+                connections = value()?
+                    .parse()
+                    .map_err(|e| format!("--connections: {e}"))?
+            }
+            "--duration" => {
+                duration = value()?
+                    .parse()
+                    .map_err(|e| format!("--duration: {e} (seconds)"))?
+            }
+            "--batch" => batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
+            "--decode-only" => decode_only = true,
+            "-h" | "--help" => {
+                return Err(
+                    "usage: otlp-blast [--protocol grpc|http] [--addr HOST:PORT] \
+                            [--connections 16] [--duration 10] [--batch 1000] [--decode-only]"
+                        .into(),
+                );
+            }
+            other => return Err(format!("unknown argument {other}; see --help")),
+        }
+    }
+    if connections == 0 || batch < 4 || duration.is_nan() || duration <= 0.0 {
+        return Err("--connections must be > 0, --batch ≥ 4, --duration > 0".into());
+    }
+    let default_port = if protocol == Protocol::Grpc {
+        4317
+    } else {
+        4318
+    };
+    Ok(Args {
+        protocol,
+        addr: addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], default_port))),
+        connections,
+        duration: Duration::from_secs_f64(duration),
+        batch,
+        decode_only,
+    })
+}
+
+fn kv(key: &str, value: Value) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(value) }),
+        key_strindex: 0,
+    }
+}
+
+fn s(v: &str) -> Value {
+    Value::StringValue(v.into())
+}
+
+/// A small deterministic generator (xorshift) so every run sends the same bytes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One 4-span inference trace: request span + queue, prefill, decode.
+fn inference_trace(rng: &mut Rng, start: u64) -> Vec<Span> {
+    let mut trace_id = [0u8; 16];
+    trace_id[..8].copy_from_slice(&rng.next().to_le_bytes());
+    trace_id[8..].copy_from_slice(&rng.next().to_le_bytes());
+    let root = rng.next().to_le_bytes().to_vec();
+    let queue_ns = 1_000_000 + rng.below(50_000_000);
+    let prefill_ns = 20_000_000 + rng.below(200_000_000);
+    let output_tokens = 16 + rng.below(512);
+    let decode_ns = output_tokens * (15_000_000 + rng.below(10_000_000));
+    let e2e = queue_ns + prefill_ns + decode_ns;
+    let secs = |ns: u64| Value::DoubleValue(ns as f64 / 1e9);
+    let request = Span {
+        trace_id: trace_id.to_vec(),
+        span_id: root.clone(),
+        name: "chat llama-3.1-8b".into(),
+        kind: 2,
+        start_time_unix_nano: start,
+        end_time_unix_nano: start + e2e,
+        attributes: vec![
+            kv(sc::gen_ai::OPERATION_NAME, s("chat")),
+            kv(sc::gen_ai::REQUEST_MODEL, s("llama-3.1-8b")),
+            kv(sc::gen_ai::REQUEST_MAX_TOKENS, Value::IntValue(1024)),
+            kv(sc::gen_ai::REQUEST_STREAM, Value::BoolValue(true)),
+            kv(
+                sc::gen_ai::RESPONSE_FINISH_REASONS,
+                Value::ArrayValue(ArrayValue {
+                    values: vec![AnyValue {
+                        value: Some(s("stop")),
+                    }],
+                }),
+            ),
+            kv(
+                sc::gen_ai::USAGE_INPUT_TOKENS,
+                Value::IntValue(64 + rng.below(2000) as i64),
+            ),
+            kv(
+                sc::gen_ai::USAGE_OUTPUT_TOKENS,
+                Value::IntValue(output_tokens as i64),
+            ),
+            kv(sc::net::HTTP_REQUEST_METHOD, s("POST")),
+            kv(sc::net::HTTP_ROUTE, s("/v1/chat/completions")),
+            kv(sc::net::HTTP_RESPONSE_STATUS_CODE, Value::IntValue(200)),
+            kv(sc::latency::TIME_IN_QUEUE, secs(queue_ns)),
+            kv(
+                sc::latency::TIME_TO_FIRST_TOKEN,
+                secs(queue_ns + prefill_ns),
+            ),
+            kv(sc::latency::E2E, secs(e2e)),
+            kv(
+                sc::infer::TIME_PER_OUTPUT_TOKEN,
+                secs(decode_ns / (output_tokens - 1)),
+            ),
+            kv(
+                sc::infer::STREAM_CHUNKS,
+                Value::IntValue(output_tokens as i64),
+            ),
+            kv(sc::infer::OUTCOME, s("ok")),
+            kv(sc::infer::PHASE_SOURCE, s("engine")),
+            kv(
+                sc::infer::QUEUE_DEPTH,
+                Value::IntValue(rng.below(64) as i64),
+            ),
+        ],
+        status: Some(Status {
+            message: String::new(),
+            code: 1,
+        }),
+        ..Default::default()
+    };
+    let mut spans = vec![request];
+    let mut at = start;
+    for (name, dur) in [
+        ("queue", queue_ns),
+        ("prefill", prefill_ns),
+        ("decode", decode_ns),
+    ] {
+        spans.push(Span {
+            trace_id: trace_id.to_vec(),
+            span_id: rng.next().to_le_bytes().to_vec(),
+            parent_span_id: root.clone(),
+            name: name.into(),
+            kind: 1,
+            start_time_unix_nano: at,
+            end_time_unix_nano: at + dur,
+            attributes: vec![
+                kv(sc::infer::PHASE, s(name)),
+                kv(
+                    sc::gpu::UTILIZATION_MEAN,
+                    Value::DoubleValue(rng.below(100) as f64 / 100.0),
+                ),
+            ],
+            ..Default::default()
+        });
+        at += dur;
+    }
+    spans
+}
+
+/// An export request of `batch` spans (rounded down to whole traces).
+fn export_request(rng: &mut Rng, batch: usize) -> ExportTraceServiceRequest {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let spans = (0..batch / 4)
+        .flat_map(|i| inference_trace(rng, now + i as u64 * 1_000_000))
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![
+                    kv(sc::resource::SERVICE_NAME, s("inference-gateway")),
+                    kv("service.version", s("1.4.2")),
+                    kv("telemetry.sdk.language", s("rust")),
+                ],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..Default::default()
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(message.len() + 5);
+    out.push(0);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    Bytes::from(out)
+}
+
+/// Sends bodies over one connection until `deadline`; returns (accepted requests, errors).
+async fn blast_connection(
+    protocol: Protocol,
+    addr: SocketAddr,
+    bodies: Arc<Vec<Bytes>>,
+    offset: usize,
+    deadline: Instant,
+    errors: Arc<AtomicU64>,
+) -> Result<u64, String> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let io = TokioIo::new(stream);
+    let mut ok = 0u64;
+    match protocol {
+        Protocol::Grpc => {
+            let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+                .initial_stream_window_size(4 * 1024 * 1024)
+                .initial_connection_window_size(8 * 1024 * 1024)
+                .handshake(io)
+                .await
+                .map_err(|e| format!("HTTP/2 handshake with {addr} failed: {e}"))?;
+            tokio::spawn(conn);
+            let mut i = offset;
+            while Instant::now() < deadline {
+                let req = Request::post(format!("http://{addr}{EXPORT_PATH}"))
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .body(Full::new(bodies[i % bodies.len()].clone()))
+                    .map_err(|e| e.to_string())?;
+                i += 1;
+                let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                let (parts, body) = response.into_parts();
+                let collected = body.collect().await.map_err(|e| e.to_string())?;
+                let status = collected
+                    .trailers()
+                    .and_then(|t| t.get("grpc-status"))
+                    .or_else(|| parts.headers.get("grpc-status"))
+                    .map(|v| v.as_bytes().to_vec());
+                if parts.status == StatusCode::OK && status.as_deref() == Some(b"0") {
+                    ok += 1;
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Protocol::Http => {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| format!("HTTP/1 handshake with {addr} failed: {e}"))?;
+            tokio::spawn(conn);
+            let mut i = offset;
+            while Instant::now() < deadline {
+                let req = Request::post("/v1/traces")
+                    .header("host", addr.to_string())
+                    .header("content-type", "application/x-protobuf")
+                    .body(Full::new(bodies[i % bodies.len()].clone()))
+                    .map_err(|e| e.to_string())?;
+                i += 1;
+                let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                let status = response.status();
+                let body = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                let rejected = ExportTraceServiceResponse::decode(body)
+                    .ok()
+                    .and_then(|r| r.partial_success)
+                    .map_or(0, |p| p.rejected_spans);
+                if status == StatusCode::OK && rejected == 0 {
+                    ok += 1;
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    Ok(ok)
+}
+
+/// Times prost and the lean decoder on the same requests; prints ns per span for each.
+fn decode_benchmark(requests: &[Vec<u8>], spans_per_request: u64, duration: Duration) {
+    fn time(
+        requests: &[Vec<u8>],
+        duration: Duration,
+        decode: impl Fn(&[u8]) -> usize,
+    ) -> (u64, f64) {
+        let started = Instant::now();
+        let mut decoded = 0u64;
+        let mut i = 0;
+        while started.elapsed() < duration {
+            decoded += decode(&requests[i % requests.len()]) as u64;
+            i += 1;
+        }
+        (decoded, started.elapsed().as_secs_f64())
+    }
+    let (prost_spans, prost_secs) = time(requests, duration, |r| {
+        ExportTraceServiceRequest::decode(r).map_or(0, |req| {
+            req.resource_spans
+                .iter()
+                .flat_map(|rs| &rs.scope_spans)
+                .map(|ss| ss.spans.len())
+                .sum()
+        })
+    });
+    let (lean_spans, lean_secs) = time(requests, duration, |r| {
+        decode_protobuf(r).map_or(0, |d| d.spans.len())
+    });
+    let prost_ns = prost_secs * 1e9 / prost_spans.max(1) as f64;
+    let lean_ns = lean_secs * 1e9 / lean_spans.max(1) as f64;
+    println!(
+        "decode batch_spans={spans_per_request} prost_ns_per_span={prost_ns:.0} \
+         lean_ns_per_span={lean_ns:.0} speedup={:.2}",
+        prost_ns / lean_ns
+    );
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("otlp-blast: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let requests: Vec<Vec<u8>> = (0..DISTINCT_REQUESTS)
+        .map(|_| export_request(&mut rng, args.batch).encode_to_vec())
+        .collect();
+    let spans_per_request = (args.batch / 4 * 4) as u64;
+    let wire_bytes: usize = requests.iter().map(Vec::len).sum();
+    let bytes_per_span = wire_bytes as f64 / (requests.len() as u64 * spans_per_request) as f64;
+    // What one decoded request occupies in the collector (memory per buffered span).
+    let footprint_per_span = match decode_protobuf(&requests[0]) {
+        Ok(decoded) => {
+            decoded.spans.iter().map(span_footprint).sum::<usize>() as f64
+                / decoded.spans.len().max(1) as f64
+        }
+        Err(e) => {
+            eprintln!("otlp-blast: the generated request does not decode: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.decode_only {
+        decode_benchmark(&requests, spans_per_request, args.duration);
+        return ExitCode::SUCCESS;
+    }
+    let bodies: Arc<Vec<Bytes>> = Arc::new(
+        requests
+            .iter()
+            .map(|r| match args.protocol {
+                Protocol::Grpc => grpc_frame(r),
+                Protocol::Http => Bytes::from(r.clone()),
+            })
+            .collect(),
+    );
+    let errors = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + args.duration;
+    let workers: Vec<_> = (0..args.connections)
+        .map(|c| {
+            tokio::spawn(blast_connection(
+                args.protocol,
+                args.addr,
+                bodies.clone(),
+                c * 7,
+                deadline,
+                errors.clone(),
+            ))
+        })
+        .collect();
+    let mut accepted_requests = 0u64;
+    for worker in workers {
+        match worker.await {
+            Ok(Ok(n)) => accepted_requests += n,
+            Ok(Err(message)) => {
+                eprintln!("otlp-blast: {message}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("otlp-blast: a connection task failed: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let spans = accepted_requests * spans_per_request;
+    println!(
+        "protocol={:?} connections={} seconds={:.2} batch_spans={} bytes_per_span={:.0} \
+         decoded_bytes_per_span={:.0} requests={} errors={} accepted_spans={} \
+         accepted_spans_per_sec={:.0}",
+        args.protocol,
+        args.connections,
+        elapsed,
+        spans_per_request,
+        bytes_per_span,
+        footprint_per_span,
+        accepted_requests,
+        errors.load(Ordering::Relaxed),
+        spans,
+        spans as f64 / elapsed
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,203 @@
+//! OTLP trace export requests → the analysis crate's [`Span`]s.
+//!
+//! Three decoders share one set of rules:
+//! - [`decode_protobuf`]: the hot path. A hand-written protobuf reader over `&[u8]` that walks
+//!   `ExportTraceServiceRequest` and builds [`Span`]s directly, keeping only what the analysis reads
+//!   (service name, ids, name, kind, times, status code, links and the attributes in
+//!   [`KNOWN_KEYS`](infertrace_analysis::trace::KNOWN_KEYS)). Dropped attributes, events and every
+//!   other field are skipped by wire type without allocating.
+//! - [`from_proto`]: the reference conversion from `opentelemetry-proto`'s generated (prost) types.
+//!   The lean decoder is proven equal to "prost decode, then `from_proto`" by a property test
+//!   (`tests/decode_equivalence.rs`) and a fuzz target (`fuzz/`).
+//! - [`decode_json`]: OTLP/JSON (hex ids, integer enums, lowerCamelCase keys), through
+//!   `opentelemetry-proto`'s serde support, then [`from_proto`].
+//!
+//! # Rules
+//! - A span is rejected (counted in [`Decoded::rejected`], OTLP partial success) when its trace id
+//!   is not 16 bytes or is all zero, its span id is not 8 bytes or is all zero, its parent span id
+//!   is neither empty nor 8 bytes, or it ends before it starts. An all-zero 8-byte parent id means
+//!   "no parent".
+//! - A link is kept only when its trace id and span id are both valid; invalid links are skipped.
+//! - The service is the first string-valued `service.name` attribute of the span's resource, else
+//!   [`UNKNOWN_SERVICE`](infertrace_analysis::trace::UNKNOWN_SERVICE). One `Arc<str>` is shared by
+//!   all spans of a resource.
+//! - Attribute values: strings, integers, doubles and booleans are kept as such; an array is kept
+//!   when every element is a string (an empty array included); any other value (key-value lists,
+//!   bytes, mixed arrays, a missing value) drops the attribute. Attributes keep their order,
+//!   duplicates included.
+//! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is refused.
+
+mod json;
+mod protobuf;
+mod reference;
+
+use infertrace_analysis::trace::{Span, SpanId, TraceId};
+
+pub use json::decode_json;
+pub use protobuf::{count_spans, decode_protobuf};
+pub use reference::from_proto;
+
+/// The result of decoding one export request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decoded {
+    /// The valid spans, in request order.
+    pub spans: Vec<Span>,
+    /// How many spans were invalid and left out (reported as `rejected_spans`).
+    pub rejected: u32,
+    /// Why the first rejected span was rejected (the partial-success message).
+    pub first_error: Option<String>,
+}
+
+impl Decoded {
+    fn reject(&mut self, why: InvalidSpan) {
+        self.rejected = self.rejected.saturating_add(1);
+        if self.first_error.is_none() {
+            self.first_error = Some(why.to_string());
+        }
+    }
+}
+
+/// A request body that cannot be decoded at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Malformed protobuf, with the byte offset (within the innermost message being read) and
+    /// what was wrong.
+    #[error("invalid protobuf at byte {offset}: {what}")]
+    Protobuf {
+        /// Offset inside the message being read.
+        offset: usize,
+        /// What was wrong.
+        what: &'static str,
+    },
+    /// A kept string field is not UTF-8.
+    #[error("invalid protobuf: a string field is not valid UTF-8")]
+    InvalidUtf8,
+    /// Malformed OTLP/JSON.
+    #[error("invalid OTLP/JSON: {0}")]
+    Json(String),
+}
+
+/// Why a span was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InvalidSpan {
+    TraceId { len: usize },
+    SpanId { len: usize },
+    ParentSpanId { len: usize },
+    EndBeforeStart { start: u64, end: u64 },
+}
+
+impl std::fmt::Display for InvalidSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TraceId { len } => write!(
+                f,
+                "trace id must be 16 bytes and not all zero (got {len} bytes)"
+            ),
+            Self::SpanId { len } => write!(
+                f,
+                "span id must be 8 bytes and not all zero (got {len} bytes)"
+            ),
+            Self::ParentSpanId { len } => write!(
+                f,
+                "parent span id must be empty or 8 bytes (got {len} bytes)"
+            ),
+            Self::EndBeforeStart { start, end } => write!(
+                f,
+                "span ends before it starts (start {start} ns, end {end} ns)"
+            ),
+        }
+    }
+}
+
+/// The identity of a valid span.
+pub(crate) struct ValidIds {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    pub parent_span_id: Option<SpanId>,
+}
+
+/// Applies the span validity rules shared by every decoder.
+pub(crate) fn validate_span(
+    trace_id: &[u8],
+    span_id: &[u8],
+    parent_span_id: &[u8],
+    start: u64,
+    end: u64,
+) -> Result<ValidIds, InvalidSpan> {
+    let trace = TraceId::from_bytes(trace_id).ok_or(InvalidSpan::TraceId {
+        len: trace_id.len(),
+    })?;
+    let span = SpanId::from_bytes(span_id).ok_or(InvalidSpan::SpanId { len: span_id.len() })?;
+    let parent = match parent_span_id.len() {
+        0 => None,
+        8 => SpanId::from_bytes(parent_span_id),
+        len => return Err(InvalidSpan::ParentSpanId { len }),
+    };
+    if end < start {
+        return Err(InvalidSpan::EndBeforeStart { start, end });
+    }
+    Ok(ValidIds {
+        trace_id: trace,
+        span_id: span,
+        parent_span_id: parent,
+    })
+}
+
+/// A link's ids when both are valid.
+pub(crate) fn valid_link(
+    trace_id: &[u8],
+    span_id: &[u8],
+) -> Option<infertrace_analysis::trace::SpanLink> {
+    Some(infertrace_analysis::trace::SpanLink {
+        trace_id: TraceId::from_bytes(trace_id)?,
+        span_id: SpanId::from_bytes(span_id)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_rules() {
+        let t = [1u8; 16];
+        let s = [2u8; 8];
+        assert!(validate_span(&t, &s, &[], 1, 1).is_ok());
+        assert_eq!(
+            validate_span(&[0; 16], &s, &[], 1, 2).err(),
+            Some(InvalidSpan::TraceId { len: 16 })
+        );
+        assert_eq!(
+            validate_span(&t[..15], &s, &[], 1, 2).err(),
+            Some(InvalidSpan::TraceId { len: 15 })
+        );
+        assert_eq!(
+            validate_span(&t, &[0; 8], &[], 1, 2).err(),
+            Some(InvalidSpan::SpanId { len: 8 })
+        );
+        assert_eq!(
+            validate_span(&t, &s, &[3; 4], 1, 2).err(),
+            Some(InvalidSpan::ParentSpanId { len: 4 })
+        );
+        assert_eq!(
+            validate_span(&t, &s, &[], 3, 2).err(),
+            Some(InvalidSpan::EndBeforeStart { start: 3, end: 2 })
+        );
+        let ids = validate_span(&t, &s, &[0; 8], 1, 2).ok().unwrap();
+        assert_eq!(ids.parent_span_id, None);
+        let ids = validate_span(&t, &s, &[7; 8], 1, 2).ok().unwrap();
+        assert_eq!(ids.parent_span_id, Some(SpanId([7; 8])));
+    }
+
+    #[test]
+    fn first_error_is_kept_and_rejections_counted() {
+        let mut d = Decoded::default();
+        d.reject(InvalidSpan::SpanId { len: 3 });
+        d.reject(InvalidSpan::TraceId { len: 0 });
+        assert_eq!(d.rejected, 2);
+        assert_eq!(
+            d.first_error.as_deref(),
+            Some("span id must be 8 bytes and not all zero (got 3 bytes)")
+        );
+    }
+}

@@ -1,0 +1,317 @@
+//! [`Pipeline`]: takes decoded batches from the receivers, assembles traces and analyses each
+//! completed one.
+//!
+//! **Ingest** (receiver threads, must be cheap): reserve memory for the batch's spans from the
+//! [`MemoryLimiter`] (refusing with [`IngestError::Overloaded`] when it does not fit), queue the
+//! request body for the forwarder, and push the spans into the [`TraceAssembler`] behind a
+//! mutex. The lock is held only for the hash-map inserts (analysis never runs under it).
+//! A mutex was chosen over a channel to the assembler: it answers "overloaded" synchronously
+//! with the real state, needs no second queue bound, and the measured cost under the receiver's
+//! load is small (see `docs/PERFORMANCE.md`).
+//!
+//! **Tick** (one task, every `assembly.tick`): poll the assembler, then, outside its lock, for
+//! each completed trace: dialect extraction → [`KpiWindows`], critical path of each request span
+//! → [`CriticalPathWindows`], Prometheus histograms and counters ([`PromRecorder`]), and the
+//! bounded ring of recent traces behind `/api/traces/{id}` ([`RecentTraces`]). Late spans are
+//! merged into that ring only (see [`crate::assembler`]).
+//!
+//! **Shutdown**: [`Pipeline::begin_shutdown`] refuses new batches
+//! ([`IngestError::ShuttingDown`]); [`Pipeline::flush`] closes every trace in flight, whatever
+//! its grace, and records it into the KPIs.
+
+pub mod recent;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use infertrace_analysis::critical_path::{
+    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, critical_path,
+};
+use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
+use infertrace_analysis::dialect;
+use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
+use infertrace_analysis::trace::{Span, TraceId};
+
+use crate::assembler::{CompletedTrace, MemoryHold, Ready, TraceAssembler};
+use crate::config::CollectorConfig;
+use crate::forward::ForwardHandle;
+use crate::ingest::{Ingest, IngestBatch, IngestError};
+use crate::internal_events::InternalEvents;
+use crate::limiter::{MemoryLimiter, span_footprint};
+use crate::prom_export::{PromMetrics, PromRecorder};
+
+pub use recent::{RecentTraces, StoredRequest, StoredTrace};
+
+/// `Retry-After` suggested when the memory limiter refuses a batch.
+const RETRY_AFTER_SECS: u32 = 1;
+
+/// Whether a span is a request span in any dialect (the assembler's completion signal).
+pub fn is_request_span(span: &Span) -> bool {
+    dialect::detect(span).is_some()
+}
+
+/// What one tick (or flush) did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TickStats {
+    /// Traces completed and analysed.
+    pub traces: usize,
+    /// Request records added to the KPIs.
+    pub requests: usize,
+    /// Late spans merged into stored traces.
+    pub late_merged: usize,
+}
+
+struct Analysis {
+    kpis: KpiWindows,
+    critical: CriticalPathWindows,
+    prom: PromRecorder,
+    recent: RecentTraces,
+}
+
+/// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
+pub struct Pipeline {
+    assembler: Mutex<TraceAssembler>,
+    analysis: Mutex<Analysis>,
+    limiter: MemoryLimiter,
+    events: InternalEvents,
+    forward: Option<ForwardHandle>,
+    shutting_down: AtomicBool,
+    cp_options: CriticalPathOptions,
+    diagnosis: DiagnosisConfig,
+    windows: Vec<Duration>,
+    requests_recorded: AtomicU64,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("windows", &self.windows)
+            .field("requests_recorded", &self.requests_recorded)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks a mutex, recovering from poisoning (a panic elsewhere must not stop the collector).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Now as Unix nanoseconds.
+pub fn unix_nanos_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+impl Pipeline {
+    /// A pipeline for `config`, recording Prometheus metrics into `metrics`, self-metrics into
+    /// `events`, reserving memory from `limiter`, forwarding through `forward` when set.
+    pub fn new(
+        config: &CollectorConfig,
+        events: InternalEvents,
+        metrics: PromMetrics,
+        limiter: MemoryLimiter,
+        forward: Option<ForwardHandle>,
+    ) -> Self {
+        let assembler =
+            TraceAssembler::new(config.assembler_config(), events.clone(), is_request_span);
+        let prom = PromRecorder::new(
+            metrics,
+            config.kpi_dimensions(),
+            config.slo(),
+            config.limits.max_series,
+        );
+        let analysis = Analysis {
+            kpis: KpiWindows::new(config.kpi_config()),
+            critical: CriticalPathWindows::new(config.critical_path_windows_config()),
+            prom,
+            recent: RecentTraces::new(config.api.recent_traces, config.api.recent_trace_spans),
+        };
+        Self {
+            assembler: Mutex::new(assembler),
+            analysis: Mutex::new(analysis),
+            limiter,
+            events,
+            forward,
+            shutting_down: AtomicBool::new(false),
+            cp_options: config.critical_path_options(),
+            diagnosis: config.diagnosis_config(),
+            windows: config.kpi.windows.clone(),
+            requests_recorded: AtomicU64::new(0),
+        }
+    }
+
+    /// The configured KPI windows.
+    pub fn windows(&self) -> &[Duration] {
+        &self.windows
+    }
+
+    /// The self-metrics.
+    pub fn events(&self) -> &InternalEvents {
+        &self.events
+    }
+
+    /// The memory limiter.
+    pub fn limiter(&self) -> &MemoryLimiter {
+        &self.limiter
+    }
+
+    /// Request records added to the KPIs since start.
+    pub fn requests_recorded(&self) -> u64 {
+        self.requests_recorded.load(Ordering::Relaxed)
+    }
+
+    /// Traces being assembled.
+    pub fn traces_in_flight(&self) -> usize {
+        lock(&self.assembler).traces_in_flight()
+    }
+
+    /// Adds a batch received at `now` (the [`Ingest`] implementation uses the current time).
+    pub fn ingest_at(&self, batch: IngestBatch, now: Instant) -> Result<(), IngestError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(IngestError::ShuttingDown);
+        }
+        let bytes: usize = batch.spans.iter().map(span_footprint).sum();
+        let Some(reservation) = self.limiter.try_reserve(bytes) else {
+            return Err(IngestError::Overloaded {
+                retry_after_secs: RETRY_AFTER_SECS,
+            });
+        };
+        if let Some(f) = &self.forward {
+            f.submit(&batch);
+        }
+        let hold: MemoryHold = Arc::new(reservation);
+        lock(&self.assembler).push(batch.spans, Some(hold), now);
+        Ok(())
+    }
+
+    /// Closes the traces due now and analyses them.
+    pub fn tick(&self) -> TickStats {
+        self.tick_at(Instant::now(), unix_nanos_now())
+    }
+
+    /// Closes the traces due at `now` and analyses them as of `now_unix_nano`.
+    pub fn tick_at(&self, now: Instant, now_unix_nano: u64) -> TickStats {
+        let ready = lock(&self.assembler).poll(now);
+        self.analyse(ready, now_unix_nano)
+    }
+
+    /// Refuses every later batch with [`IngestError::ShuttingDown`].
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+    }
+
+    /// Whether [`begin_shutdown`](Self::begin_shutdown) was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Closes every trace in flight, whatever its grace, and records it (shutdown).
+    pub fn flush(&self) -> TickStats {
+        let ready = lock(&self.assembler).flush(Instant::now());
+        self.analyse(ready, unix_nanos_now())
+    }
+
+    fn analyse(&self, ready: Ready, now_unix_nano: u64) -> TickStats {
+        let Ready { completed, late } = ready;
+        let mut stats = TickStats {
+            traces: completed.len(),
+            ..TickStats::default()
+        };
+        if completed.is_empty() && late.is_empty() {
+            return stats;
+        }
+        let mut overflowed = 0u64;
+        let mut a = lock(&self.analysis);
+        for trace in completed {
+            let CompletedTrace {
+                trace_id,
+                spans,
+                holds,
+                ..
+            } = trace;
+            let records = dialect::extract_requests(&spans);
+            let mut requests = Vec::with_capacity(records.len());
+            for record in records {
+                if !a.kpis.record(&record, now_unix_nano) {
+                    overflowed += 1;
+                }
+                // The KPI windows and the exporter apply the same cap to the same labels.
+                a.prom.record(&record);
+                let path = critical_path(&spans, record.span_id, &self.cp_options);
+                if let Some(p) = &path {
+                    a.critical.record(p, record.e2e, now_unix_nano);
+                    a.prom.record_critical_path(p);
+                }
+                requests.push(StoredRequest {
+                    record,
+                    critical_path: path,
+                });
+            }
+            stats.requests += requests.len();
+            // The spans leave the limiter's accounting here: the ring is bounded by its own
+            // configuration (`api.recent_traces`, `api.recent_trace_spans`).
+            drop(holds);
+            a.recent.insert(StoredTrace {
+                trace_id,
+                requests,
+                spans,
+                late_spans: 0,
+            });
+        }
+        if !late.is_empty() {
+            stats.late_merged = a.recent.merge_late(late, &self.cp_options);
+        }
+        drop(a);
+        if overflowed > 0 {
+            self.events.series_overflow.inc_by(overflowed);
+        }
+        self.requests_recorded
+            .fetch_add(stats.requests as u64, Ordering::Relaxed);
+        stats
+    }
+
+    /// The KPIs of `window` now.
+    pub fn kpis(&self, window: Duration) -> KpiSnapshot {
+        lock(&self.analysis).kpis.snapshot(window, unix_nanos_now())
+    }
+
+    /// The aggregated critical path of `window` now.
+    pub fn critical_path(&self, window: Duration) -> CriticalPathSummary {
+        lock(&self.analysis)
+            .critical
+            .snapshot(window, unix_nanos_now())
+    }
+
+    /// The KPIs and critical path of `window` at one instant (for diagnosis and alerts).
+    pub fn window_state(&self, window: Duration) -> (KpiSnapshot, CriticalPathSummary) {
+        let now = unix_nanos_now();
+        let a = lock(&self.analysis);
+        (
+            a.kpis.snapshot(window, now),
+            a.critical.snapshot(window, now),
+        )
+    }
+
+    /// The findings of `window` now, per series.
+    pub fn findings(&self, window: Duration) -> Vec<Finding> {
+        let (kpis, critical) = self.window_state(window);
+        diagnose_snapshot(&kpis, Some(&critical), &self.diagnosis)
+    }
+
+    /// A recently completed trace, if still held.
+    pub fn trace(&self, id: &TraceId) -> Option<StoredTrace> {
+        lock(&self.analysis).recent.get(id).cloned()
+    }
+}
+
+impl Ingest for Pipeline {
+    fn ingest(&self, batch: IngestBatch) -> Result<(), IngestError> {
+        self.ingest_at(batch, Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+//! [`RecentTraces`]: the bounded ring of recently completed traces behind
+//! `GET /api/traces/{trace_id}`.
+//!
+//! Bounded two ways: at most `max_traces` traces and at most `max_spans` spans in all; the
+//! oldest trace is forgotten first when either bound is passed. Late spans are merged into a
+//! stored trace (and its critical paths recomputed) as long as it is still in the ring.
+
+use std::collections::{HashMap, VecDeque};
+
+use infertrace_analysis::critical_path::{CriticalPath, CriticalPathOptions, critical_path};
+use infertrace_analysis::record::RequestRecord;
+use infertrace_analysis::trace::{Span, TraceId};
+use serde::Serialize;
+
+/// One request of a stored trace: its record and critical path.
+#[derive(Clone, Debug, Serialize)]
+pub struct StoredRequest {
+    /// The normalised request.
+    pub record: RequestRecord,
+    /// Its critical path (`null` when the request span could not be analysed).
+    pub critical_path: Option<CriticalPath>,
+}
+
+/// A completed trace as `/api/traces/{trace_id}` returns it.
+#[derive(Clone, Debug, Serialize)]
+pub struct StoredTrace {
+    /// The trace id (hex).
+    pub trace_id: TraceId,
+    /// Every request found in the trace (usually one).
+    pub requests: Vec<StoredRequest>,
+    /// The spans, in arrival order (reduced to the attributes infertrace keeps).
+    pub spans: Vec<Span>,
+    /// Spans that arrived after the trace was completed and were merged here.
+    pub late_spans: u64,
+}
+
+/// The ring. Not thread-safe by itself: the pipeline keeps it behind its analysis lock.
+#[derive(Debug)]
+pub struct RecentTraces {
+    max_traces: usize,
+    max_spans: usize,
+    spans: usize,
+    traces: HashMap<TraceId, StoredTrace>,
+    order: VecDeque<TraceId>,
+}
+
+impl RecentTraces {
+    /// A ring of at most `max_traces` traces and `max_spans` spans.
+    pub fn new(max_traces: usize, max_spans: usize) -> Self {
+        Self {
+            max_traces: max_traces.max(1),
+            max_spans: max_spans.max(1),
+            spans: 0,
+            traces: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// Traces held.
+    pub fn len(&self) -> usize {
+        self.traces.len()
+    }
+
+    /// Whether the ring is empty.
+    pub fn is_empty(&self) -> bool {
+        self.traces.is_empty()
+    }
+
+    /// Stores a trace (merging with a stored trace of the same id, e.g. one re-opened by a late
+    /// request span).
+    pub fn insert(&mut self, trace: StoredTrace) {
+        self.spans += trace.spans.len();
+        match self.traces.get_mut(&trace.trace_id) {
+            Some(existing) => {
+                existing.spans.extend(trace.spans);
+                existing.requests.extend(trace.requests);
+                existing.late_spans += trace.late_spans;
+            }
+            None => {
+                self.order.push_back(trace.trace_id);
+                self.traces.insert(trace.trace_id, trace);
+            }
+        }
+        self.evict();
+    }
+
+    /// Merges late spans into their stored trace and recomputes its critical paths; returns
+    /// how many were merged (the rest belong to traces no longer held).
+    pub fn merge_late(&mut self, late: Vec<Span>, options: &CriticalPathOptions) -> usize {
+        let mut merged = 0;
+        let mut touched: Vec<TraceId> = Vec::new();
+        for span in late {
+            if let Some(t) = self.traces.get_mut(&span.trace_id) {
+                if !touched.contains(&span.trace_id) {
+                    touched.push(span.trace_id);
+                }
+                t.spans.push(span);
+                t.late_spans += 1;
+                merged += 1;
+            }
+        }
+        for id in touched {
+            if let Some(t) = self.traces.get_mut(&id) {
+                for r in &mut t.requests {
+                    r.critical_path = critical_path(&t.spans, r.record.span_id, options);
+                }
+            }
+        }
+        self.spans += merged;
+        self.evict();
+        merged
+    }
+
+    /// The stored trace.
+    pub fn get(&self, id: &TraceId) -> Option<&StoredTrace> {
+        self.traces.get(id)
+    }
+
+    fn evict(&mut self) {
+        while self.traces.len() > self.max_traces
+            || (self.spans > self.max_spans && self.traces.len() > 1)
+        {
+            let Some(id) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(t) = self.traces.remove(&id) {
+                self.spans -= t.spans.len();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use infertrace_analysis::trace::{SpanId, SpanKind};
+
+    fn span(trace: u8, id: u8) -> Span {
+        Span {
+            trace_id: TraceId([trace; 16]),
+            span_id: SpanId([id; 8]),
+            parent_span_id: None,
+            name: "s".into(),
+            service: Arc::from("svc"),
+            kind: SpanKind::Server,
+            start_unix_nano: 0,
+            end_unix_nano: 10,
+            status: Default::default(),
+            attributes: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    fn trace(id: u8, n: u8) -> StoredTrace {
+        StoredTrace {
+            trace_id: TraceId([id; 16]),
+            requests: Vec::new(),
+            spans: (0..n).map(|i| span(id, i + 1)).collect(),
+            late_spans: 0,
+        }
+    }
+
+    #[test]
+    fn bounded_by_count_and_spans() {
+        let mut r = RecentTraces::new(3, 10);
+        for i in 1..=4 {
+            r.insert(trace(i, 2));
+        }
+        assert_eq!(r.len(), 3);
+        assert!(r.get(&TraceId([1; 16])).is_none(), "oldest forgotten first");
+        r.insert(trace(5, 6));
+        // 2 + 2 + 6 = 10 spans after dropping trace 2 (and 3 by count).
+        assert!(r.spans <= 10);
+        assert!(r.get(&TraceId([5; 16])).is_some());
+    }
+
+    #[test]
+    fn late_spans_merge_while_held() {
+        let mut r = RecentTraces::new(3, 100);
+        r.insert(trace(1, 1));
+        let n = r.merge_late(
+            vec![span(1, 9), span(7, 1)],
+            &CriticalPathOptions::default(),
+        );
+        assert_eq!(n, 1);
+        let t = r.get(&TraceId([1; 16])).unwrap();
+        assert_eq!(t.spans.len(), 2);
+        assert_eq!(t.late_spans, 1);
+    }
+}

@@ -1,0 +1,257 @@
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use infertrace_analysis::trace::{AttrValue, Span, SpanId, SpanKind, StatusCode, TraceId};
+use infertrace_semconv as sc;
+
+use super::*;
+use crate::prom_export::{build_registry, encode};
+
+const MS: u64 = 1_000_000;
+
+/// An infertrace-dialect request: queue `q` ms, prefill `p` ms, decode `d` ms, `out` tokens.
+fn request_trace(trace: u8, model: &str, q: u64, p: u64, d: u64, out: i64) -> Vec<Span> {
+    let t0 = 1_700_000_000_000 * MS;
+    let id = |n: u8| SpanId([trace, n, 0, 0, 0, 0, 0, 1]);
+    let span = |n: u8, parent: Option<SpanId>, name: &str, start: u64, end: u64| Span {
+        trace_id: TraceId([trace; 16]),
+        span_id: id(n),
+        parent_span_id: parent,
+        name: name.to_owned(),
+        service: Arc::from("llm"),
+        kind: if parent.is_none() {
+            SpanKind::Server
+        } else {
+            SpanKind::Internal
+        },
+        start_unix_nano: start,
+        end_unix_nano: end,
+        status: StatusCode::Unset,
+        attributes: Vec::new(),
+        links: Vec::new(),
+    };
+    let mut root = span(1, None, &format!("chat {model}"), t0, t0 + (q + p + d) * MS);
+    root.attributes = vec![
+        (sc::gen_ai::OPERATION_NAME, AttrValue::Str("chat".into())),
+        (sc::gen_ai::REQUEST_MODEL, AttrValue::Str(model.into())),
+        (sc::gen_ai::USAGE_INPUT_TOKENS, AttrValue::Int(100)),
+        (sc::gen_ai::USAGE_OUTPUT_TOKENS, AttrValue::Int(out)),
+        (sc::infer::OUTCOME, AttrValue::Str("ok".into())),
+    ];
+    let phase = |n: u8, name: &str, start: u64, end: u64| {
+        let mut s = span(n, Some(id(1)), name, start, end);
+        s.attributes = vec![(sc::infer::PHASE, AttrValue::Str(name.into()))];
+        s
+    };
+    let (a, b, c) = (t0 + q * MS, t0 + (q + p) * MS, t0 + (q + p + d) * MS);
+    vec![
+        phase(2, sc::span::QUEUE, t0, a),
+        phase(3, sc::span::PREFILL, a, b),
+        phase(4, sc::span::DECODE, b, c),
+        root,
+    ]
+}
+
+fn pipeline(config: &CollectorConfig) -> (Pipeline, prometheus_client::registry::Registry) {
+    let events = InternalEvents::default();
+    let metrics = PromMetrics::default();
+    let registry = build_registry(&metrics, &events);
+    let p = Pipeline::new(config, events, metrics, MemoryLimiter::new(1 << 30), None);
+    (p, registry)
+}
+
+fn batch(spans: Vec<Span>) -> IngestBatch {
+    IngestBatch {
+        spans,
+        ..Default::default()
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 0.01 * b.abs() + 1e-9
+}
+
+#[test]
+fn completed_trace_feeds_kpis_metrics_and_the_trace_index() {
+    let (p, registry) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let unix = unix_nanos_now();
+    p.ingest_at(batch(request_trace(1, "m", 20, 80, 900, 11)), t0)
+        .unwrap();
+    assert_eq!(
+        p.tick_at(t0 + Duration::from_millis(1999), unix).requests,
+        0
+    );
+    assert_eq!(p.traces_in_flight(), 1);
+    let stats = p.tick_at(t0 + Duration::from_secs(2), unix);
+    assert_eq!((stats.traces, stats.requests), (1, 1));
+
+    let snap = p.kpis(Duration::from_secs(60));
+    assert_eq!(snap.series.len(), 1);
+    let s = &snap.series[0];
+    assert_eq!(
+        (s.service.as_str(), s.model.as_str(), s.operation.as_str()),
+        ("llm", "m", "chat")
+    );
+    assert_eq!(s.requests, 1);
+    assert!(close(s.e2e.unwrap().p50, 1.0), "{:?}", s.e2e);
+    assert!(close(s.queue.unwrap().p50, 0.020), "{:?}", s.queue);
+    assert!(close(s.ttft.unwrap().p50, 0.100), "{:?}", s.ttft);
+    assert!(close(s.decode.unwrap().p50, 0.900), "{:?}", s.decode);
+    assert!(close(s.tpot.unwrap().p50, 0.090), "{:?}", s.tpot);
+    assert_eq!(s.tokens.output, 11);
+
+    let text = encode(&registry);
+    let l = r#"service="llm",model="m",operation="chat",outcome="ok""#;
+    assert!(
+        text.contains(&format!("infertrace_requests_total{{{l}}} 1")),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "infertrace_time_to_first_token_seconds_bucket{{le=\"0.1\",{l}}} 1"
+    )));
+    assert!(text.contains(&format!(
+        "infertrace_time_to_first_token_seconds_bucket{{le=\"0.08\",{l}}} 0"
+    )));
+    assert!(
+        text.contains(r#"infertrace_critical_path_seconds_total{service="llm",span="decode"} 0.9"#),
+        "{text}"
+    );
+
+    let stored = p.trace(&TraceId([1; 16])).expect("stored");
+    assert_eq!(stored.spans.len(), 4);
+    let path = stored.requests[0].critical_path.as_ref().unwrap();
+    let names: Vec<&str> = path.segments.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["queue", "prefill", "decode"]);
+    assert!(p.trace(&TraceId([9; 16])).is_none());
+
+    let cp = p.critical_path(Duration::from_secs(60));
+    assert_eq!(cp.requests, 1);
+}
+
+#[test]
+fn memory_limit_refuses_with_overloaded() {
+    let events = InternalEvents::default();
+    let p = Pipeline::new(
+        &CollectorConfig::default(),
+        events,
+        PromMetrics::default(),
+        MemoryLimiter::new(1000),
+        None,
+    );
+    let err = p
+        .ingest_at(batch(request_trace(1, "m", 1, 1, 1, 2)), Instant::now())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        IngestError::Overloaded {
+            retry_after_secs: 1
+        }
+    );
+    assert_eq!(p.traces_in_flight(), 0);
+    assert_eq!(p.limiter().used(), 0);
+}
+
+#[test]
+fn memory_is_released_when_traces_complete() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    p.ingest_at(batch(request_trace(1, "m", 1, 1, 1, 2)), t0)
+        .unwrap();
+    assert!(p.limiter().used() > 0);
+    p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
+    assert_eq!(p.limiter().used(), 0);
+}
+
+#[test]
+fn shutdown_refuses_new_batches_and_flush_records_in_flight_traces() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    p.ingest_at(batch(request_trace(1, "m", 10, 10, 10, 2)), t0)
+        .unwrap();
+    p.ingest_at(batch(request_trace(2, "m", 10, 10, 10, 2)), t0)
+        .unwrap();
+    p.begin_shutdown();
+    assert_eq!(
+        p.ingest_at(batch(request_trace(3, "m", 1, 1, 1, 2)), t0),
+        Err(IngestError::ShuttingDown)
+    );
+    let stats = p.flush();
+    assert_eq!(stats.requests, 2, "grace is not waited for");
+    assert_eq!(p.kpis(Duration::from_secs(60)).series[0].requests, 2);
+    assert_eq!(p.requests_recorded(), 2);
+}
+
+#[test]
+fn late_phase_child_is_merged_into_the_stored_trace_not_the_kpis() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let mut spans = request_trace(1, "m", 10, 20, 30, 4);
+    let decode = spans.remove(2);
+    p.ingest_at(batch(spans), t0).unwrap();
+    p.tick_at(t0 + Duration::from_secs(2), unix_nanos_now());
+    p.ingest_at(batch(vec![decode]), t0 + Duration::from_secs(3))
+        .unwrap();
+    let stats = p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
+    assert_eq!(stats.late_merged, 1);
+    assert_eq!(p.events().late_spans.get(), 1);
+    let stored = p.trace(&TraceId([1; 16])).unwrap();
+    assert_eq!(stored.late_spans, 1);
+    let last = stored.requests[0]
+        .critical_path
+        .as_ref()
+        .unwrap()
+        .segments
+        .last()
+        .unwrap()
+        .name
+        .clone();
+    assert_eq!(
+        last, "decode",
+        "critical path recomputed with the late child"
+    );
+    assert_eq!(
+        p.kpis(Duration::from_secs(60)).series[0].requests,
+        1,
+        "not counted twice"
+    );
+}
+
+#[test]
+fn series_cap_counts_overflow() {
+    let mut config = CollectorConfig::default();
+    config.limits.max_series = 1;
+    let (p, registry) = pipeline(&config);
+    let t0 = Instant::now();
+    p.ingest_at(batch(request_trace(1, "a", 1, 1, 1, 2)), t0)
+        .unwrap();
+    p.ingest_at(batch(request_trace(2, "b", 1, 1, 1, 2)), t0)
+        .unwrap();
+    p.ingest_at(batch(request_trace(3, "c", 1, 1, 1, 2)), t0)
+        .unwrap();
+    p.flush();
+    assert_eq!(p.events().series_overflow.get(), 2);
+    let text = encode(&registry);
+    assert!(
+        text.contains("infertrace_series_overflow_total 2"),
+        "{text}"
+    );
+    assert!(text.contains(r#"model="__overflow__""#));
+}
+
+#[test]
+fn findings_run_on_the_window() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    // 30 requests whose latency is 90% queue: the queue-dominated rule must speak.
+    for i in 0..30u8 {
+        p.ingest_at(batch(request_trace(i + 1, "m", 900, 50, 50, 5)), t0)
+            .unwrap();
+    }
+    p.flush();
+    let findings = p.findings(Duration::from_secs(60));
+    assert!(
+        findings.iter().any(|f| f.rule_id.contains("queue")),
+        "{findings:#?}"
+    );
+}

@@ -1,0 +1,137 @@
+//! The step both receivers share once they hold a request body: reserve memory, decode, count,
+//! hand the batch to the pipeline.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::ingest::{Ingest, IngestBatch, IngestError};
+use crate::internal_events::InternalEvents;
+use crate::limiter::body_reservation_bytes;
+use crate::otlp_decode::{self, Decoded};
+
+use super::ReceiverLimits;
+
+/// A request body in one of the OTLP encodings.
+pub(crate) enum Payload {
+    /// Protobuf `ExportTraceServiceRequest` (uncompressed).
+    Protobuf(Bytes),
+    /// OTLP/JSON `ExportTraceServiceRequest` (uncompressed).
+    Json(Bytes),
+}
+
+impl Payload {
+    fn len(&self) -> usize {
+        match self {
+            Self::Protobuf(b) | Self::Json(b) => b.len(),
+        }
+    }
+}
+
+/// What became of a request.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Outcome {
+    /// Handed to the pipeline; `rejected` invalid spans were left out, with `message` saying why.
+    Accepted {
+        /// Spans rejected as invalid.
+        rejected: u32,
+        /// The partial-success message, when some were.
+        message: Option<String>,
+    },
+    /// The body is not a valid request.
+    Undecodable(String),
+    /// Over the memory limit: retry later.
+    Overloaded {
+        /// Suggested wait.
+        retry_after_secs: u32,
+    },
+    /// The pipeline is shutting down.
+    ShuttingDown,
+}
+
+/// One receiver's shared state.
+pub(crate) struct Receiver {
+    pub(crate) name: &'static str,
+    pub(crate) ingest: Arc<dyn Ingest>,
+    pub(crate) events: InternalEvents,
+    pub(crate) limits: ReceiverLimits,
+}
+
+impl Receiver {
+    /// Counts a request refused before its spans could be counted.
+    pub(crate) fn refuse_request(&self, reason: &'static str) {
+        self.events.spans_dropped(reason, 1);
+    }
+
+    /// Reserves memory, decodes, counts and ingests one request body.
+    pub(crate) fn export(&self, payload: Payload) -> Outcome {
+        let _reservation = match &self.limits.memory {
+            Some(limiter) => match limiter.try_reserve(body_reservation_bytes(payload.len())) {
+                Some(reservation) => Some(reservation),
+                None => {
+                    // Count what the refused request held, cheaply, when it is protobuf.
+                    let spans = match &payload {
+                        Payload::Protobuf(b) => otlp_decode::count_spans(b).unwrap_or(1),
+                        Payload::Json(_) => 1,
+                    };
+                    self.refuse_spans("memory_limit", spans);
+                    return Outcome::Overloaded {
+                        retry_after_secs: self.limits.retry_after_secs,
+                    };
+                }
+            },
+            None => None,
+        };
+        let (decoded, raw_protobuf, raw_json) = match payload {
+            Payload::Protobuf(bytes) => (otlp_decode::decode_protobuf(&bytes), Some(bytes), None),
+            Payload::Json(bytes) => (otlp_decode::decode_json(&bytes), None, Some(bytes)),
+        };
+        let Decoded {
+            spans,
+            rejected,
+            first_error,
+        } = match decoded {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                self.refuse_request("decode_error");
+                return Outcome::Undecodable(error.to_string());
+            }
+        };
+        let accepted = spans.len() as u64;
+        let message = first_error.map(|first| {
+            format!(
+                "{rejected} of {} spans rejected; first: {first}",
+                accepted + u64::from(rejected)
+            )
+        });
+        if rejected > 0 {
+            self.events
+                .spans_received(self.name, "rejected", u64::from(rejected));
+            self.events
+                .spans_dropped("invalid_span", u64::from(rejected));
+        }
+        if accepted > 0 {
+            match self.ingest.ingest(IngestBatch {
+                spans,
+                raw_protobuf,
+                raw_json,
+            }) {
+                Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
+                Err(IngestError::Overloaded { retry_after_secs }) => {
+                    self.refuse_spans("memory_limit", accepted);
+                    return Outcome::Overloaded { retry_after_secs };
+                }
+                Err(IngestError::ShuttingDown) => {
+                    self.refuse_spans("shutting_down", accepted);
+                    return Outcome::ShuttingDown;
+                }
+            }
+        }
+        Outcome::Accepted { rejected, message }
+    }
+
+    fn refuse_spans(&self, reason: &'static str, spans: u64) {
+        self.events.spans_received(self.name, "refused", spans);
+        self.events.spans_dropped(reason, spans);
+    }
+}

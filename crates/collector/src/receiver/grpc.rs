@@ -1,0 +1,244 @@
+//! OTLP/gRPC: the unary `opentelemetry.proto.collector.trace.v1.TraceService/Export`, served over
+//! HTTP/2 (h2c) by hyper directly. The request message is taken as raw bytes (gRPC framing and
+//! `grpc-encoding: gzip` handled here), decoded once by the lean decoder, and kept as is for
+//! forwarding.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceResponse,
+};
+use prost::Message;
+use tokio::net::TcpListener;
+
+use crate::ingest::Ingest;
+use crate::internal_events::InternalEvents;
+
+use super::body::{
+    BodyError, GrpcBody, InflateError, grpc_percent_encode, gunzip_limited, read_body,
+};
+use super::export::{Outcome, Payload, Receiver};
+use super::{GRPC_RECEIVER, ReceiverLimits, serve_connections};
+
+/// The gRPC path of the trace export method.
+pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+const METRICS_SERVICE: &str = "/opentelemetry.proto.collector.metrics.";
+const LOGS_SERVICE: &str = "/opentelemetry.proto.collector.logs.";
+
+/// gRPC status codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Code {
+    Ok = 0,
+    InvalidArgument = 3,
+    ResourceExhausted = 8,
+    Unimplemented = 12,
+    Internal = 13,
+    Unavailable = 14,
+}
+
+/// Serves OTLP/gRPC on `listener` (HTTP/2 prior knowledge) until `shutdown` resolves, handing
+/// decoded batches to `ingest`. See the [module rules](super) for every answer it gives.
+pub async fn serve_grpc(
+    listener: TcpListener,
+    ingest: Arc<dyn Ingest>,
+    events: InternalEvents,
+    limits: ReceiverLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let receiver = Arc::new(Receiver {
+        name: GRPC_RECEIVER,
+        ingest,
+        events,
+        limits,
+    });
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let receiver = receiver.clone();
+        async move { Ok::<_, Infallible>(handle(&receiver, req).await) }
+    });
+    serve_connections(listener, true, service, shutdown).await
+}
+
+async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBody> {
+    let path = req.uri().path();
+    if path != EXPORT_PATH {
+        let message = if path.starts_with(METRICS_SERVICE) || path.starts_with(LOGS_SERVICE) {
+            "this collector accepts OTLP traces only; metrics and logs are not accepted".to_owned()
+        } else {
+            format!("unknown method {path}: this collector serves {EXPORT_PATH}")
+        };
+        return status_only(Code::Unimplemented, &message);
+    }
+    let is_grpc = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if !is_grpc {
+        let mut response = Response::new(GrpcBody::empty());
+        *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return response;
+    }
+    let gzip = match req
+        .headers()
+        .get("grpc-encoding")
+        .map(HeaderValue::as_bytes)
+    {
+        None | Some(b"identity") => false,
+        Some(b"gzip") => true,
+        Some(_) => {
+            return status_only(
+                Code::Unimplemented,
+                "unsupported grpc-encoding: send gzip or identity",
+            );
+        }
+    };
+    let limit = receiver.limits.max_body_bytes;
+    let too_large = || {
+        receiver.refuse_request("too_large");
+        status_only(
+            Code::ResourceExhausted,
+            &format!("request message is larger than the limit of {limit} bytes"),
+        )
+    };
+    let body = match read_body(req.into_body(), limit.saturating_add(5)).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => return too_large(),
+        Err(BodyError::Broken(error)) => {
+            receiver.refuse_request("decode_error");
+            return status_only(
+                Code::InvalidArgument,
+                &format!("could not read the request: {error}"),
+            );
+        }
+    };
+    let message = match unframe(&body) {
+        Ok((compressed, message)) => {
+            if !compressed {
+                message
+            } else if !gzip {
+                receiver.refuse_request("decode_error");
+                return status_only(
+                    Code::Internal,
+                    "compressed message without a grpc-encoding header",
+                );
+            } else {
+                match gunzip_limited(&message, limit) {
+                    Ok(inflated) => inflated,
+                    Err(InflateError::TooLarge) => return too_large(),
+                    Err(InflateError::Corrupt(error)) => {
+                        receiver.refuse_request("decode_error");
+                        return status_only(
+                            Code::InvalidArgument,
+                            &format!("invalid gzip message: {error}"),
+                        );
+                    }
+                }
+            }
+        }
+        Err(why) => {
+            receiver.refuse_request("decode_error");
+            return status_only(Code::InvalidArgument, why);
+        }
+    };
+    match receiver.export(Payload::Protobuf(message)) {
+        Outcome::Accepted { rejected, message } => success(rejected, message),
+        Outcome::Undecodable(error) => status_only(
+            Code::InvalidArgument,
+            &format!("undecodable OTLP request: {error}"),
+        ),
+        Outcome::Overloaded { .. } => status_only(
+            Code::Unavailable,
+            "collector is over its memory limit; retry later",
+        ),
+        Outcome::ShuttingDown => status_only(Code::Unavailable, "collector is shutting down"),
+    }
+}
+
+/// Splits a unary request body into (compressed flag, message).
+fn unframe(body: &Bytes) -> Result<(bool, Bytes), &'static str> {
+    if body.len() < 5 {
+        return Err("missing or truncated gRPC message frame");
+    }
+    let compressed = match body[0] {
+        0 => false,
+        1 => true,
+        _ => return Err("invalid gRPC compression flag"),
+    };
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if body.len() - 5 != len {
+        return Err("a unary call must carry exactly one complete message");
+    }
+    Ok((compressed, body.slice(5..)))
+}
+
+fn success(rejected: u32, message: Option<String>) -> Response<GrpcBody> {
+    let reply = ExportTraceServiceResponse {
+        partial_success: (rejected > 0).then(|| ExportTracePartialSuccess {
+            rejected_spans: i64::from(rejected),
+            error_message: message.unwrap_or_default(),
+        }),
+    };
+    let len = reply.encoded_len();
+    let mut frame = BytesMut::with_capacity(5 + len);
+    frame.put_u8(0);
+    frame.put_u32(len as u32);
+    // Encoding into a buffer with enough capacity cannot fail.
+    let _ = reply.encode(&mut frame);
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let mut response = Response::new(GrpcBody::message(frame.freeze(), trailers));
+    grpc_headers(response.headers_mut());
+    response
+}
+
+/// A trailers-only response carrying `code` and `message` in its headers.
+fn status_only(code: Code, message: &str) -> Response<GrpcBody> {
+    let mut response = Response::new(GrpcBody::empty());
+    let headers = response.headers_mut();
+    grpc_headers(headers);
+    headers.insert("grpc-status", HeaderValue::from(code as u16));
+    if code != Code::Ok
+        && let Ok(value) = HeaderValue::from_str(&grpc_percent_encode(message))
+    {
+        headers.insert("grpc-message", value);
+    }
+    response
+}
+
+fn grpc_headers(headers: &mut HeaderMap) {
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(
+        "grpc-accept-encoding",
+        HeaderValue::from_static("gzip,identity"),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unframe_checks_flag_and_length() {
+        let ok = Bytes::from_static(&[0, 0, 0, 0, 2, 7, 8]);
+        assert_eq!(unframe(&ok).unwrap(), (false, Bytes::from_static(&[7, 8])));
+        assert!(unframe(&Bytes::from_static(&[1, 0, 0, 0, 0])).unwrap().0);
+        assert!(unframe(&Bytes::from_static(&[0, 0, 0])).is_err());
+        assert!(unframe(&Bytes::from_static(&[2, 0, 0, 0, 0])).is_err());
+        assert!(unframe(&Bytes::from_static(&[0, 0, 0, 0, 3, 7, 8])).is_err());
+        assert!(unframe(&Bytes::from_static(&[0, 0, 0, 0, 1, 7, 8])).is_err());
+    }
+
+    #[test]
+    fn status_only_sets_code_and_encoded_message() {
+        let r = status_only(Code::Unavailable, "retry 100%");
+        assert_eq!(r.headers()["grpc-status"], "14");
+        assert_eq!(r.headers()["grpc-message"], "retry 100%25");
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/grpc");
+    }
+}

@@ -1,0 +1,308 @@
+//! OTLP/HTTP: `POST /v1/traces` with `application/x-protobuf` or `application/json` bodies,
+//! optionally `Content-Encoding: gzip`; answers in the request's content type.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{ALLOW, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceResponse,
+};
+use prost::Message;
+use tokio::net::TcpListener;
+
+use crate::ingest::Ingest;
+use crate::internal_events::InternalEvents;
+
+use super::body::{BodyError, InflateError, gunzip_limited, read_body};
+use super::export::{Outcome, Payload, Receiver};
+use super::{HTTP_RECEIVER, ReceiverLimits, serve_connections};
+
+/// The traces path.
+pub const TRACES_PATH: &str = "/v1/traces";
+const METRICS_PATH: &str = "/v1/metrics";
+const LOGS_PATH: &str = "/v1/logs";
+
+const PROTOBUF: &str = "application/x-protobuf";
+const JSON: &str = "application/json";
+
+/// gRPC status codes used in the `google.rpc.Status` error bodies.
+const INVALID_ARGUMENT: i32 = 3;
+const RESOURCE_EXHAUSTED: i32 = 8;
+const UNAVAILABLE: i32 = 14;
+
+/// Serves OTLP/HTTP on `listener` (HTTP/1.1 and h2c) until `shutdown` resolves, handing decoded
+/// batches to `ingest`. See the [module rules](super) for every answer it gives.
+pub async fn serve_http(
+    listener: TcpListener,
+    ingest: Arc<dyn Ingest>,
+    events: InternalEvents,
+    limits: ReceiverLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let receiver = Arc::new(Receiver {
+        name: HTTP_RECEIVER,
+        ingest,
+        events,
+        limits,
+    });
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let receiver = receiver.clone();
+        async move { Ok::<_, Infallible>(handle(&receiver, req).await) }
+    });
+    serve_connections(listener, false, service, shutdown).await
+}
+
+/// The body encoding of a request (and of its answer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Format {
+    Protobuf,
+    Json,
+}
+
+impl Format {
+    fn content_type(self) -> &'static str {
+        match self {
+            Self::Protobuf => PROTOBUF,
+            Self::Json => JSON,
+        }
+    }
+}
+
+type HttpResponse = Response<Full<Bytes>>;
+
+async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
+    match req.uri().path() {
+        TRACES_PATH => {}
+        METRICS_PATH | LOGS_PATH => {
+            return plain(
+                StatusCode::NOT_IMPLEMENTED,
+                "this collector accepts OTLP traces only (POST /v1/traces); \
+                 metrics and logs are not accepted: send them to another collector",
+            );
+        }
+        _ => {
+            return plain(
+                StatusCode::NOT_FOUND,
+                "not found: this collector accepts OTLP traces at POST /v1/traces",
+            );
+        }
+    }
+    if req.method() != Method::POST {
+        let mut response = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed: send OTLP traces with POST",
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
+    let Some(format) = request_format(req.headers()) else {
+        return plain(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported content type: send application/x-protobuf or application/json",
+        );
+    };
+    let gzip = match req
+        .headers()
+        .get(CONTENT_ENCODING)
+        .map(HeaderValue::as_bytes)
+    {
+        None => false,
+        Some(e) if e.eq_ignore_ascii_case(b"identity") => false,
+        Some(e) if e.eq_ignore_ascii_case(b"gzip") => true,
+        Some(_) => {
+            return plain(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported content encoding: send gzip or identity",
+            );
+        }
+    };
+    let limit = receiver.limits.max_body_bytes;
+    let too_large = || {
+        receiver.refuse_request("too_large");
+        status_response(
+            format,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            RESOURCE_EXHAUSTED,
+            &format!("request body is larger than the limit of {limit} bytes"),
+        )
+    };
+    let body = match read_body(req.into_body(), limit).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => return too_large(),
+        Err(BodyError::Broken(error)) => {
+            receiver.refuse_request("decode_error");
+            return status_response(
+                format,
+                StatusCode::BAD_REQUEST,
+                INVALID_ARGUMENT,
+                &format!("could not read the request body: {error}"),
+            );
+        }
+    };
+    let body = if gzip {
+        match gunzip_limited(&body, limit) {
+            Ok(inflated) => inflated,
+            Err(InflateError::TooLarge) => return too_large(),
+            Err(InflateError::Corrupt(error)) => {
+                receiver.refuse_request("decode_error");
+                return status_response(
+                    format,
+                    StatusCode::BAD_REQUEST,
+                    INVALID_ARGUMENT,
+                    &format!("invalid gzip body: {error}"),
+                );
+            }
+        }
+    } else {
+        body
+    };
+    let payload = match format {
+        Format::Protobuf => Payload::Protobuf(body),
+        Format::Json => Payload::Json(body),
+    };
+    match receiver.export(payload) {
+        Outcome::Accepted { rejected, message } => success(format, rejected, message),
+        Outcome::Undecodable(error) => status_response(
+            format,
+            StatusCode::BAD_REQUEST,
+            INVALID_ARGUMENT,
+            &format!("undecodable OTLP request: {error}"),
+        ),
+        Outcome::Overloaded { retry_after_secs } => retry_later(
+            format,
+            StatusCode::TOO_MANY_REQUESTS,
+            retry_after_secs,
+            "collector is over its memory limit; retry later",
+        ),
+        Outcome::ShuttingDown => retry_later(
+            format,
+            StatusCode::SERVICE_UNAVAILABLE,
+            1,
+            "collector is shutting down; retry against another instance",
+        ),
+    }
+}
+
+/// The request's body format from `Content-Type` (parameters such as `charset` ignored).
+fn request_format(headers: &http::HeaderMap) -> Option<Format> {
+    let value = headers.get(CONTENT_TYPE)?.to_str().ok()?;
+    let media = value.split(';').next()?.trim();
+    if media.eq_ignore_ascii_case(PROTOBUF) {
+        Some(Format::Protobuf)
+    } else if media.eq_ignore_ascii_case(JSON) {
+        Some(Format::Json)
+    } else {
+        None
+    }
+}
+
+fn success(format: Format, rejected: u32, message: Option<String>) -> HttpResponse {
+    let partial = (rejected > 0).then(|| ExportTracePartialSuccess {
+        rejected_spans: i64::from(rejected),
+        error_message: message.unwrap_or_default(),
+    });
+    let body = match format {
+        Format::Protobuf => Bytes::from(
+            ExportTraceServiceResponse {
+                partial_success: partial,
+            }
+            .encode_to_vec(),
+        ),
+        Format::Json => {
+            let value = match partial {
+                Some(p) => serde_json::json!({
+                    "partialSuccess": {
+                        "rejectedSpans": p.rejected_spans,
+                        "errorMessage": p.error_message,
+                    }
+                }),
+                None => serde_json::json!({}),
+            };
+            Bytes::from(value.to_string())
+        }
+    };
+    with_type(StatusCode::OK, format.content_type(), body)
+}
+
+/// An error answer carrying a `google.rpc.Status` in the request's format, as OTLP/HTTP asks.
+fn status_response(format: Format, status: StatusCode, code: i32, message: &str) -> HttpResponse {
+    let body = match format {
+        Format::Protobuf => {
+            let mut buf = Vec::with_capacity(message.len() + 8);
+            prost::encoding::int32::encode(1, &code, &mut buf);
+            prost::encoding::string::encode(2, &message.to_owned(), &mut buf);
+            Bytes::from(buf)
+        }
+        Format::Json => {
+            Bytes::from(serde_json::json!({"code": code, "message": message}).to_string())
+        }
+    };
+    with_type(status, format.content_type(), body)
+}
+
+fn retry_later(format: Format, status: StatusCode, secs: u32, message: &str) -> HttpResponse {
+    let mut response = status_response(format, status, UNAVAILABLE, message);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    response
+}
+
+fn plain(status: StatusCode, message: &'static str) -> HttpResponse {
+    with_type(
+        status,
+        "text/plain; charset=utf-8",
+        Bytes::from_static(message.as_bytes()),
+    )
+}
+
+fn with_type(status: StatusCode, content_type: &'static str, body: Bytes) -> HttpResponse {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_type_parameters_and_case_are_ignored() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("Application/JSON; charset=utf-8"),
+        );
+        assert_eq!(request_format(&h), Some(Format::Json));
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        assert_eq!(request_format(&h), Some(Format::Protobuf));
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert_eq!(request_format(&h), None);
+        assert_eq!(request_format(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn protobuf_error_body_is_a_google_rpc_status() {
+        let r = status_response(Format::Protobuf, StatusCode::BAD_REQUEST, 3, "bad");
+        let body =
+            futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(r.into_body()))
+                .unwrap()
+                .unwrap()
+                .to_bytes();
+        assert_eq!(&body[..], &[0x08, 3, 0x12, 3, b'b', b'a', b'd']);
+    }
+}

@@ -1,0 +1,365 @@
+//! The lean protobuf decoder is equivalent to "prost decode, then `from_proto`":
+//! - on random requests encoded by prost, with unknown fields (groups included) injected at several
+//!   levels and the resource placed after the spans, and every attribute value kind nested;
+//! - on random corruptions of such encodings: whenever prost accepts the bytes, the lean decoder
+//!   must accept them too and produce the same spans (where prost rejects, the lean decoder may
+//!   accept, since it does not look inside what it skips, but must not panic).
+
+use infertrace_analysis::trace::KNOWN_KEYS;
+use infertrace_collector::otlp_decode::{count_spans, decode_protobuf, from_proto};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{
+    AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use proptest::prelude::*;
+use prost::Message;
+use prost::encoding::{WireType, encode_key, encode_varint};
+
+fn id(len: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        8 => proptest::collection::vec(any::<u8>(), len),
+        1 => Just(vec![0u8; len]),
+        1 => proptest::collection::vec(any::<u8>(), 0..20),
+    ]
+}
+
+fn parent_id() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        3 => Just(Vec::new()),
+        5 => proptest::collection::vec(any::<u8>(), 8),
+        1 => Just(vec![0u8; 8]),
+        1 => proptest::collection::vec(any::<u8>(), 0..12),
+    ]
+}
+
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        5 => proptest::sample::select(KNOWN_KEYS).prop_map(str::to_owned),
+        1 => Just("service.name".to_owned()),
+        2 => "[a-z._]{0,24}",
+    ]
+}
+
+fn any_value() -> impl Strategy<Value = Option<AnyValue>> {
+    let leaf = prop_oneof![
+        Just(None),
+        ".{0,12}"
+            .prop_map(any_value::Value::StringValue)
+            .prop_map(Some),
+        any::<bool>()
+            .prop_map(any_value::Value::BoolValue)
+            .prop_map(Some),
+        any::<i64>()
+            .prop_map(any_value::Value::IntValue)
+            .prop_map(Some),
+        (-1e12f64..1e12)
+            .prop_map(any_value::Value::DoubleValue)
+            .prop_map(Some),
+        proptest::collection::vec(any::<u8>(), 0..6)
+            .prop_map(any_value::Value::BytesValue)
+            .prop_map(Some),
+        any::<i32>()
+            .prop_map(any_value::Value::StringValueStrindex)
+            .prop_map(Some),
+    ]
+    .prop_map(|value| AnyValue { value });
+    let value = leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            // Arrays of strings only (kept) and of anything (dropped unless all strings).
+            proptest::collection::vec(".{0,6}", 0..4).prop_map(|items| AnyValue {
+                value: Some(any_value::Value::ArrayValue(ArrayValue {
+                    values: items
+                        .into_iter()
+                        .map(|s| AnyValue {
+                            value: Some(any_value::Value::StringValue(s)),
+                        })
+                        .collect(),
+                })),
+            }),
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(|values| AnyValue {
+                value: Some(any_value::Value::ArrayValue(ArrayValue { values })),
+            }),
+            proptest::collection::vec(("[a-z.]{0,8}", inner), 0..3).prop_map(|kvs| AnyValue {
+                value: Some(any_value::Value::KvlistValue(KeyValueList {
+                    values: kvs
+                        .into_iter()
+                        .map(|(key, value)| KeyValue {
+                            key,
+                            value: Some(value),
+                            key_strindex: 0,
+                        })
+                        .collect(),
+                })),
+            }),
+        ]
+    });
+    prop_oneof![1 => Just(None), 9 => value.prop_map(Some)]
+}
+
+fn key_value() -> impl Strategy<Value = KeyValue> {
+    (key(), any_value(), 0..3i32).prop_map(|(key, value, key_strindex)| KeyValue {
+        key,
+        value,
+        key_strindex,
+    })
+}
+
+fn attributes() -> impl Strategy<Value = Vec<KeyValue>> {
+    proptest::collection::vec(key_value(), 0..6)
+}
+
+fn span() -> impl Strategy<Value = Span> {
+    (
+        (id(16), id(8), parent_id(), ".{0,16}", -1..8i32),
+        (any::<u64>(), -1000i64..1_000_000, any::<u32>(), ".{0,4}"),
+        attributes(),
+        proptest::collection::vec((".{0,6}", any::<u64>(), attributes()), 0..2),
+        proptest::collection::vec((id(16), id(8), attributes()), 0..3),
+        proptest::option::of((-1..4i32, ".{0,6}")),
+    )
+        .prop_map(
+            |(
+                (trace_id, span_id, parent_span_id, name, kind),
+                (start, delta, flags, trace_state),
+                attributes,
+                events,
+                links,
+                status,
+            )| {
+                let end = start.saturating_add_signed(delta);
+                Span {
+                    trace_id,
+                    span_id,
+                    trace_state,
+                    parent_span_id,
+                    flags,
+                    name,
+                    kind,
+                    start_time_unix_nano: start,
+                    end_time_unix_nano: end,
+                    attributes,
+                    dropped_attributes_count: 1,
+                    events: events
+                        .into_iter()
+                        .map(|(name, time, attributes)| Event {
+                            time_unix_nano: time,
+                            name,
+                            attributes,
+                            dropped_attributes_count: 0,
+                        })
+                        .collect(),
+                    dropped_events_count: 2,
+                    links: links
+                        .into_iter()
+                        .map(|(trace_id, span_id, attributes)| Link {
+                            trace_id,
+                            span_id,
+                            trace_state: String::new(),
+                            attributes,
+                            dropped_attributes_count: 0,
+                            flags: 0,
+                        })
+                        .collect(),
+                    dropped_links_count: 0,
+                    status: status.map(|(code, message)| Status { message, code }),
+                }
+            },
+        )
+}
+
+fn request() -> impl Strategy<Value = ExportTraceServiceRequest> {
+    let resource = proptest::option::of(attributes().prop_map(|attributes| Resource {
+        attributes,
+        dropped_attributes_count: 0,
+        entity_refs: Vec::new(),
+    }));
+    let scope = proptest::option::of(".{0,6}".prop_map(|name| InstrumentationScope {
+        name,
+        ..Default::default()
+    }));
+    let scope_spans =
+        (scope, proptest::collection::vec(span(), 0..4)).prop_map(|(scope, spans)| ScopeSpans {
+            scope,
+            spans,
+            schema_url: "https://opentelemetry.io/schemas/1.26.0".into(),
+        });
+    let resource_spans = (resource, proptest::collection::vec(scope_spans, 0..3)).prop_map(
+        |(resource, scope_spans)| ResourceSpans {
+            resource,
+            scope_spans,
+            schema_url: String::new(),
+        },
+    );
+    proptest::collection::vec(resource_spans, 0..3)
+        .prop_map(|resource_spans| ExportTraceServiceRequest { resource_spans })
+}
+
+/// A tiny deterministic generator for the noise choices.
+struct Noise(u64);
+
+impl Noise {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn chance(&mut self, in_four: u64) -> bool {
+        self.next() % 4 < in_four
+    }
+
+    /// Appends 0–2 unknown fields (numbers 17–60, every wire type, groups included).
+    fn unknown_fields(&mut self, out: &mut Vec<u8>) {
+        for _ in 0..self.next() % 3 {
+            let tag = 17 + (self.next() % 44) as u32;
+            match self.next() % 5 {
+                0 => {
+                    encode_key(tag, WireType::Varint, out);
+                    encode_varint(self.next(), out);
+                }
+                1 => {
+                    encode_key(tag, WireType::SixtyFourBit, out);
+                    out.extend_from_slice(&self.next().to_le_bytes());
+                }
+                2 => {
+                    encode_key(tag, WireType::LengthDelimited, out);
+                    let len = (self.next() % 9) as usize;
+                    encode_varint(len as u64, out);
+                    out.extend((0..len).map(|i| i as u8 ^ 0xa5));
+                }
+                3 => {
+                    encode_key(tag, WireType::ThirtyTwoBit, out);
+                    out.extend_from_slice(&(self.next() as u32).to_le_bytes());
+                }
+                _ => {
+                    encode_key(tag, WireType::StartGroup, out);
+                    encode_key(1, WireType::Varint, out);
+                    encode_varint(self.next() % 1000, out);
+                    encode_key(tag, WireType::EndGroup, out);
+                }
+            }
+        }
+    }
+}
+
+fn length_delimited(tag: u32, body: &[u8], out: &mut Vec<u8>) {
+    encode_key(tag, WireType::LengthDelimited, out);
+    encode_varint(body.len() as u64, out);
+    out.extend_from_slice(body);
+}
+
+/// Encodes `req` as prost would, plus noise: unknown fields at several levels, the resource
+/// sometimes after the spans (prost always writes it first), and repeated occurrences of singular
+/// messages, which protobuf merges: a second `resource`, a span followed by another span's
+/// encoding (last scalar wins, repeated fields append, `status` merges), and a `KeyValue`
+/// followed by another one (its `AnyValue` oneof merges: arrays concatenate, variants replace).
+fn encode_with_noise(req: &ExportTraceServiceRequest, noise: &mut Noise) -> Vec<u8> {
+    let all_spans: Vec<&Span> = req
+        .resource_spans
+        .iter()
+        .flat_map(|r| &r.scope_spans)
+        .flat_map(|s| &s.spans)
+        .collect();
+    let all_attributes: Vec<&KeyValue> = all_spans.iter().flat_map(|s| &s.attributes).collect();
+    let mut out = Vec::new();
+    for rs in &req.resource_spans {
+        let mut rs_bytes = Vec::new();
+        let resource_last = noise.chance(2);
+        if !resource_last && let Some(resource) = &rs.resource {
+            prost::encoding::message::encode(1, resource, &mut rs_bytes);
+        }
+        noise.unknown_fields(&mut rs_bytes);
+        for ss in &rs.scope_spans {
+            let mut ss_bytes = Vec::new();
+            if let Some(scope) = &ss.scope {
+                prost::encoding::message::encode(1, scope, &mut ss_bytes);
+            }
+            for span in &ss.spans {
+                let mut span_bytes = Vec::new();
+                noise.unknown_fields(&mut span_bytes);
+                let bare = Span {
+                    attributes: Vec::new(),
+                    ..(*span).clone()
+                };
+                bare.encode(&mut span_bytes).unwrap();
+                for kv in &span.attributes {
+                    let mut kv_bytes = kv.encode_to_vec();
+                    if noise.chance(1) && !all_attributes.is_empty() {
+                        let other = all_attributes[noise.next() as usize % all_attributes.len()];
+                        other.encode(&mut kv_bytes).unwrap();
+                    }
+                    length_delimited(9, &kv_bytes, &mut span_bytes);
+                }
+                if noise.chance(1) {
+                    let other = all_spans[noise.next() as usize % all_spans.len()];
+                    other.encode(&mut span_bytes).unwrap();
+                }
+                noise.unknown_fields(&mut span_bytes);
+                length_delimited(2, &span_bytes, &mut ss_bytes);
+            }
+            noise.unknown_fields(&mut ss_bytes);
+            prost::encoding::string::encode(3, &ss.schema_url, &mut ss_bytes);
+            length_delimited(2, &ss_bytes, &mut rs_bytes);
+        }
+        if resource_last && let Some(resource) = &rs.resource {
+            prost::encoding::message::encode(1, resource, &mut rs_bytes);
+        }
+        let pick = noise.next() as usize % req.resource_spans.len();
+        if noise.chance(1)
+            && let Some(other) = &req.resource_spans[pick].resource
+        {
+            prost::encoding::message::encode(1, other, &mut rs_bytes);
+        }
+        length_delimited(1, &rs_bytes, &mut out);
+        noise.unknown_fields(&mut out);
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn lean_decoder_equals_prost_then_from_proto(req in request(), seed in 1..u64::MAX) {
+        let plain = req.encode_to_vec();
+        prop_assert_eq!(decode_protobuf(&plain).unwrap(), from_proto(&req));
+
+        let noisy = encode_with_noise(&req, &mut Noise(seed));
+        // The noise is valid protobuf; prost's reading of it is the reference.
+        let reference = ExportTraceServiceRequest::decode(&noisy[..]).unwrap();
+        prop_assert_eq!(decode_protobuf(&noisy).unwrap(), from_proto(&reference));
+
+        let total: usize = reference.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
+        prop_assert_eq!(count_spans(&noisy), Some(total as u64));
+    }
+
+    #[test]
+    fn where_prost_accepts_corrupted_bytes_the_lean_decoder_agrees(
+        req in request(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 1..4),
+    ) {
+        let mut bytes = req.encode_to_vec();
+        for (at, byte, kind) in edits {
+            if bytes.is_empty() {
+                break;
+            }
+            let i = at.index(bytes.len());
+            match kind {
+                0 => bytes[i] = byte,
+                1 => bytes.insert(i, byte),
+                _ => bytes.truncate(i),
+            }
+        }
+        let lean = decode_protobuf(&bytes);
+        if let Ok(reference) = ExportTraceServiceRequest::decode(&bytes[..]) {
+            // Compared through Debug so that a NaN double equals itself.
+            prop_assert!(lean.is_ok(), "prost accepted, lean refused: {:?}", lean);
+            let lean = format!("{:?}", lean.unwrap());
+            prop_assert_eq!(lean, format!("{:?}", from_proto(&reference)));
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Forwarding: spans reach a downstream unchanged (gRPC and HTTP), JSON is transcoded, a
+//! second collector downstream computes the same KPIs, and drops and failures are counted.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use infertrace_collector::config::ForwardProtocol;
+use infertrace_collector::server;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A test OTLP/gRPC sink recording every request.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<ExportTraceServiceRequest>>>);
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Sink {
+    async fn start(&self) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let svc = TraceServiceServer::new(self.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        addr
+    }
+    fn spans(&self) -> Vec<Span> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.resource_spans.iter())
+            .flat_map(|rs| rs.scope_spans.iter())
+            .flat_map(|ss| ss.spans.iter().cloned())
+            .collect()
+    }
+}
+
+fn by_id(mut spans: Vec<Span>) -> Vec<Span> {
+    spans.sort_by(|a, b| a.span_id.cmp(&b.span_id));
+    spans
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_a_grpc_sink_unchanged_and_json_is_transcoded() {
+    let sink = Sink::default();
+    let sink_addr = sink.start().await;
+    let mut config = test_config();
+    config.forward.endpoint = Some(format!("http://{sink_addr}"));
+    config.forward.max_batch_delay = Duration::from_millis(20);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+
+    let reqs: Vec<Req> = (0..4).map(|k| Req::new(k + 1, "m", 10, 20, 30)).collect();
+    let t0 = t0();
+    let sent_proto: Vec<Span> = reqs[..2]
+        .iter()
+        .flat_map(|r| infertrace_spans(r, t0))
+        .collect();
+    let sent_json: Vec<Span> = reqs[2..]
+        .iter()
+        .flat_map(|r| infertrace_spans(r, t0))
+        .collect();
+    assert_eq!(
+        post_protobuf(c.http_addr.unwrap(), &request("llm", sent_proto.clone())).await,
+        200
+    );
+    let json = serde_json::to_string(&request("llm", sent_json.clone())).unwrap();
+    assert_eq!(post_json(c.http_addr.unwrap(), &json).await, 200);
+
+    eventually(WAIT, "16 spans forwarded", || sink.spans().len() == 16).await;
+    let mut sent = sent_proto;
+    sent.extend(sent_json);
+    // Every field, including attributes the collector itself does not keep.
+    assert_eq!(by_id(sink.spans()), by_id(sent));
+    assert!(sink.spans().iter().any(|s| {
+        s.attributes
+            .iter()
+            .any(|a| a.key == "http.request.header.x-custom")
+    }));
+    // Counted once the downstream has answered.
+    let events = c.events().clone();
+    eventually(WAIT, "16 spans counted as exported", || {
+        events
+            .exported_spans
+            .get_or_create(&infertrace_collector::internal_events::ExportLabels {
+                exporter: "otlp_forward",
+                outcome: "ok",
+            })
+            .get()
+            == 16
+    })
+    .await;
+    let (_, text) = get(c.api_addr, "/metrics").await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"infertrace_exported_spans_total{exporter="otlp_forward",outcome="ok"}"#
+        ),
+        Some(16.0),
+        "{text}"
+    );
+    c.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downstream_collector_computes_the_same_kpis_over_grpc_and_http() {
+    for protocol in [ForwardProtocol::Grpc, ForwardProtocol::Http] {
+        let downstream = server::run(test_config(), std::future::pending())
+            .await
+            .unwrap();
+        let mut config = test_config();
+        config.forward.protocol = protocol;
+        config.forward.endpoint = Some(match protocol {
+            ForwardProtocol::Grpc => format!("http://{}", downstream.grpc_addr.unwrap()),
+            ForwardProtocol::Http => format!("http://{}", downstream.http_addr.unwrap()),
+        });
+        let upstream = server::run(config, std::future::pending()).await.unwrap();
+        let reqs: Vec<Req> = (0..10)
+            .map(|k| Req::new(k + 1, "m", 10 + k as u64, 20, 300))
+            .collect();
+        let spans = reqs
+            .iter()
+            .flat_map(|r| infertrace_spans(r, t0()))
+            .collect();
+        assert_eq!(
+            post_protobuf(upstream.http_addr.unwrap(), &request("llm", spans)).await,
+            200
+        );
+        let (up, down) = (upstream.pipeline().clone(), downstream.pipeline().clone());
+        eventually(WAIT, "both collectors recorded 10", || {
+            up.requests_recorded() == 10 && down.requests_recorded() == 10
+        })
+        .await;
+        let w = Duration::from_secs(60);
+        let (a, b) = (upstream.kpis(w), downstream.kpis(w));
+        assert_eq!(a.series.len(), 1);
+        assert_eq!(a.series[0].requests, b.series[0].requests, "{protocol:?}");
+        assert_eq!(a.series[0].e2e, b.series[0].e2e, "{protocol:?}");
+        assert_eq!(a.series[0].queue, b.series[0].queue, "{protocol:?}");
+        upstream.stop().await.unwrap();
+        downstream.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_downstream_counts_failures_and_queue_drops() {
+    // A port with nothing listening.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut config = test_config();
+    config.forward.endpoint = Some(format!("http://{dead}"));
+    config.forward.queue_size = 1;
+    config.forward.max_batch_delay = Duration::from_millis(1);
+    config.forward.retry.initial_backoff = Duration::from_millis(10);
+    config.forward.retry.max_backoff = Duration::from_millis(20);
+    config.forward.retry.max_elapsed = Duration::from_millis(300);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let mut sent = 0u64;
+    for k in 0..20 {
+        let r = Req::new(k + 1, "m", 1, 1, 1);
+        assert_eq!(
+            post_protobuf(
+                c.http_addr.unwrap(),
+                &request("llm", infertrace_spans(&r, t0()))
+            )
+            .await,
+            200
+        );
+        sent += 4;
+    }
+    let events = c.events().clone();
+    eventually(WAIT, "every span accounted for", || {
+        let failed = events
+            .exported_spans
+            .get_or_create(&infertrace_collector::internal_events::ExportLabels {
+                exporter: "otlp_forward",
+                outcome: "failed",
+            })
+            .get();
+        failed + events.dropped("forward_queue_full") == sent
+    })
+    .await;
+    assert!(
+        events.dropped("forward_queue_full") > 0,
+        "a queue of 1 must overflow"
+    );
+    assert_eq!(
+        events.dropped("forward_failed"),
+        sent - events.dropped("forward_queue_full")
+    );
+    c.stop().await.unwrap();
+}

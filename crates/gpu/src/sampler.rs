@@ -1,0 +1,719 @@
+//! [`GpuSampler`]: samples every visible GPU on one dedicated OS thread into per-device ring
+//! buffers, and answers window queries from any thread without blocking the sampler.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::thread::{self, Thread};
+use std::time::{Duration, Instant};
+
+use crate::attribution::EnergyAttribution;
+use crate::counter::{DEFAULT_MAX_WATTS, EnergyCounter};
+use crate::nvml_source::{GpuUnavailable, NvmlSource, load_nvml};
+use crate::ring::{Record, SeqRing};
+use crate::source::{CounterSource, DeviceInfo, DeviceSample};
+use crate::visible::VisibleDevices;
+use crate::window::{EnergyFields, fold};
+
+/// Fields of a GPU ring record.
+pub(crate) mod field {
+    pub(crate) const UTILIZATION: usize = 0;
+    pub(crate) const MEMORY_USED: usize = 1;
+    pub(crate) const MEMORY_TOTAL: usize = 2;
+    pub(crate) const POWER: usize = 3;
+    pub(crate) const ENERGY: usize = 4;
+    pub(crate) const SM_CLOCK: usize = 5;
+    pub(crate) const TEMPERATURE: usize = 6;
+    pub(crate) const THROTTLE: usize = 7;
+    pub(crate) const COUNT: usize = 8;
+
+    pub(crate) const GPM_SM_ACTIVITY: usize = 0;
+    pub(crate) const GPM_SM_OCCUPANCY: usize = 1;
+    pub(crate) const GPM_TENSOR_ACTIVITY: usize = 2;
+    pub(crate) const GPM_DRAM_ACTIVITY: usize = 3;
+    pub(crate) const GPM_COUNT: usize = 4;
+}
+
+const ENERGY_FIELDS: EnergyFields = EnergyFields {
+    counter: field::ENERGY,
+    power: field::POWER,
+};
+
+/// Settings of a [`GpuSampler`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuSamplerConfig {
+    /// Time between samples (default 100 ms).
+    pub interval: Duration,
+    /// Time between GPM samples on Hopper and newer (default 1 s).
+    pub gpm_interval: Duration,
+    /// How much history each device keeps (default 60 s).
+    pub retention: Duration,
+    /// How often a lost GPU is looked up again (default 10 s).
+    pub lost_retry: Duration,
+    /// How long a sample's value is held when no newer sample follows, in intervals (default 5).
+    pub hold_intervals: u32,
+    /// Path of the NVML library (default: `libnvidia-ml.so.1`, then `libnvidia-ml.so`).
+    pub nvml_library: Option<PathBuf>,
+    /// Which devices to sample (default: from `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES`).
+    pub visible: Option<VisibleDevices>,
+}
+
+impl Default for GpuSamplerConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(100),
+            gpm_interval: Duration::from_secs(1),
+            retention: Duration::from_secs(60),
+            lost_retry: Duration::from_secs(10),
+            hold_intervals: 5,
+            nvml_library: None,
+            visible: None,
+        }
+    }
+}
+
+impl GpuSamplerConfig {
+    fn ring_capacity(&self, every: Duration) -> usize {
+        let every = every.max(Duration::from_millis(1));
+        let n = self.retention.as_nanos() / every.as_nanos();
+        usize::try_from(n).unwrap_or(usize::MAX).clamp(2, 1 << 20) + 1
+    }
+
+    fn hold_ns(&self, every: Duration) -> u64 {
+        let hold = every.saturating_mul(self.hold_intervals.max(1));
+        u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The history of one device.
+#[derive(Debug)]
+pub(crate) struct DeviceSeries {
+    pub(crate) info: DeviceInfo,
+    pub(crate) ring: SeqRing<{ field::COUNT }>,
+    pub(crate) gpm: SeqRing<{ field::GPM_COUNT }>,
+    pub(crate) lost: AtomicBool,
+}
+
+/// Per-call timings of the latest tick, for diagnostics (`gpu-probe`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TickReport {
+    /// Tick number since start (from 1).
+    pub tick: u64,
+    /// When the tick started.
+    pub at: Option<Instant>,
+    /// How long the whole tick took, microseconds.
+    pub duration_us: u32,
+    /// What each device read.
+    pub samples: Vec<DeviceSample>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) epoch: Instant,
+    pub(crate) unavailable: Option<GpuUnavailable>,
+    pub(crate) devices: Box<[DeviceSeries]>,
+    pub(crate) hold_ns: u64,
+    pub(crate) gpm_hold_ns: u64,
+    pub(crate) attribution: EnergyAttribution,
+    last_tick: Mutex<TickReport>,
+    ticks: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn new(config: &GpuSamplerConfig, devices: Vec<DeviceInfo>, epoch: Instant) -> Self {
+        let cap = config.ring_capacity(config.interval);
+        let gpm_cap = config.ring_capacity(config.gpm_interval);
+        Self {
+            epoch,
+            unavailable: None,
+            devices: devices
+                .into_iter()
+                .map(|info| DeviceSeries {
+                    info,
+                    ring: SeqRing::new(cap),
+                    gpm: SeqRing::new(gpm_cap),
+                    lost: AtomicBool::new(false),
+                })
+                .collect(),
+            hold_ns: config.hold_ns(config.interval),
+            gpm_hold_ns: config.hold_ns(config.gpm_interval),
+            attribution: EnergyAttribution::new(epoch),
+            last_tick: Mutex::new(TickReport::default()),
+            ticks: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn unavailable(reason: GpuUnavailable) -> Self {
+        let epoch = Instant::now();
+        Self {
+            epoch,
+            unavailable: Some(reason),
+            devices: Box::new([]),
+            hold_ns: 0,
+            gpm_hold_ns: 0,
+            attribution: EnergyAttribution::new(epoch),
+            last_tick: Mutex::new(TickReport::default()),
+            ticks: AtomicU64::new(0),
+            stop: AtomicBool::new(true),
+        }
+    }
+
+    pub(crate) fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Window statistics of one device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceWindow {
+    /// Device UUID.
+    pub uuid: Arc<str>,
+    /// Samples counted (the one held at the window's start included).
+    pub samples: u32,
+    /// Time-weighted mean utilisation, 0–1.
+    pub utilization_mean: Option<f64>,
+    /// Max utilisation, 0–1.
+    pub utilization_max: Option<f64>,
+    /// Time-weighted mean GPM SM activity, 0–1 (Hopper and newer).
+    pub sm_activity_mean: Option<f64>,
+    /// Time-weighted mean GPM SM occupancy, 0–1.
+    pub sm_occupancy_mean: Option<f64>,
+    /// Time-weighted mean GPM tensor activity, 0–1.
+    pub tensor_activity_mean: Option<f64>,
+    /// Time-weighted mean GPM DRAM activity, 0–1.
+    pub dram_activity_mean: Option<f64>,
+    /// Max memory used, bytes.
+    pub memory_used_max: Option<u64>,
+    /// Time-weighted mean power, watts.
+    pub power_mean: Option<f64>,
+    /// Max power, watts.
+    pub power_max: Option<f64>,
+    /// Energy over the window, joules (interpolated counter difference; power × time fallback).
+    pub energy_joules: Option<f64>,
+    /// Max temperature, °C.
+    pub temperature_max: Option<f64>,
+}
+
+/// Window statistics of all devices over `[start, end]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowStats {
+    /// Window start.
+    pub start: Instant,
+    /// Window end.
+    pub end: Instant,
+    /// Devices with at least one sample in the window.
+    pub devices: Vec<DeviceWindow>,
+}
+
+fn mean_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let (mut sum, mut n) = (0.0, 0u32);
+    for v in values.flatten() {
+        sum += v;
+        n += 1;
+    }
+    (n > 0).then(|| sum / f64::from(n))
+}
+
+fn max_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    values.flatten().reduce(f64::max)
+}
+
+fn sum_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    values.flatten().reduce(|a, b| a + b)
+}
+
+impl WindowStats {
+    /// Mean utilisation across devices, 0–1.
+    pub fn utilization_mean(&self) -> Option<f64> {
+        mean_of(self.devices.iter().map(|d| d.utilization_mean))
+    }
+
+    /// Max utilisation of any device, 0–1.
+    pub fn utilization_max(&self) -> Option<f64> {
+        max_of(self.devices.iter().map(|d| d.utilization_max))
+    }
+
+    /// Mean SM activity across devices with GPM, 0–1.
+    pub fn sm_activity_mean(&self) -> Option<f64> {
+        mean_of(self.devices.iter().map(|d| d.sm_activity_mean))
+    }
+
+    /// Sum over devices of each device's max memory used, bytes (an upper bound of the peak of
+    /// the total).
+    pub fn memory_used_max(&self) -> Option<u64> {
+        self.devices
+            .iter()
+            .filter_map(|d| d.memory_used_max)
+            .reduce(u64::saturating_add)
+    }
+
+    /// Total mean power of the devices, watts.
+    pub fn power_mean(&self) -> Option<f64> {
+        sum_of(self.devices.iter().map(|d| d.power_mean))
+    }
+
+    /// Total energy of the devices over the window, joules.
+    pub fn energy_joules(&self) -> Option<f64> {
+        sum_of(self.devices.iter().map(|d| d.energy_joules))
+    }
+
+    /// Samples per device in the window (the largest count of any device).
+    pub fn sample_count(&self) -> u32 {
+        self.devices.iter().map(|d| d.samples).max().unwrap_or(0)
+    }
+
+    /// UUIDs of the devices in the window.
+    pub fn uuids(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.devices.iter().map(|d| &d.uuid)
+    }
+}
+
+/// The latest sample of one device (for metrics and diagnostics).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatestSample {
+    /// The device.
+    pub info: DeviceInfo,
+    /// When it was taken.
+    pub at: Instant,
+    /// Utilisation, 0–1.
+    pub utilization: Option<f64>,
+    /// Memory used, bytes.
+    pub memory_used: Option<u64>,
+    /// Memory total, bytes.
+    pub memory_total: Option<u64>,
+    /// Power, watts.
+    pub power_watts: Option<f64>,
+    /// Energy since the sampler started, joules (monotonic).
+    pub energy_joules: Option<f64>,
+    /// SM clock, MHz.
+    pub sm_clock_mhz: Option<f64>,
+    /// Temperature, °C.
+    pub temperature_celsius: Option<f64>,
+    /// Throttle reasons bitmask.
+    pub throttle_reasons: Option<u64>,
+    /// Latest GPM SM activity, 0–1.
+    pub sm_activity: Option<f64>,
+    /// Whether the device is currently lost.
+    pub lost: bool,
+}
+
+fn opt(v: f64) -> Option<f64> {
+    (!v.is_nan()).then_some(v)
+}
+
+fn opt_u64(v: f64) -> Option<u64> {
+    opt(v).filter(|x| *x >= 0.0).map(|x| x as u64)
+}
+
+/// Samples GPUs into ring buffers; cheap to clone; every clone reads the same history.
+///
+/// Without NVML (library absent, driver not loaded, no permission) it logs one line at start,
+/// [`available`](Self::available) is `false`, every window is `None`, and no metric is
+/// registered: no zeros are ever reported for a GPU that was not measured.
+///
+/// ```
+/// use infertrace_gpu::{GpuSampler, GpuSamplerConfig};
+/// let sampler = GpuSampler::start(GpuSamplerConfig::default());
+/// if !sampler.available() {
+///     let now = std::time::Instant::now();
+///     assert!(sampler.window(now, now).is_none());
+/// }
+/// ```
+#[derive(Clone, Debug)]
+pub struct GpuSampler {
+    shared: Arc<Shared>,
+    _stopper: Option<Arc<Stopper>>,
+}
+
+/// Stops the sampler thread when the last [`GpuSampler`] clone is dropped.
+#[derive(Debug)]
+struct Stopper {
+    shared: Arc<Shared>,
+    thread: Option<Thread>,
+}
+
+impl Drop for Stopper {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = &self.thread {
+            t.unpark();
+        }
+    }
+}
+
+/// Drives a sampler by hand, on the caller's thread (tests, benchmarks, custom loops).
+pub struct ManualTicker {
+    core: Core<Box<dyn CounterSource + Send>>,
+}
+
+impl std::fmt::Debug for ManualTicker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManualTicker").finish_non_exhaustive()
+    }
+}
+
+impl ManualTicker {
+    /// Runs one tick at `now` (instants must not go backwards; earlier ones are clamped).
+    pub fn tick(&mut self, now: Instant) {
+        self.core.tick(now);
+    }
+}
+
+/// The sampling loop's state: the source, the energy counters, the scratch buffer.
+struct Core<S> {
+    source: S,
+    shared: Arc<Shared>,
+    counters: Vec<EnergyCounter>,
+    last_energy: Vec<Option<f64>>,
+    last_t: Option<u64>,
+    buf: Vec<DeviceSample>,
+}
+
+impl<S: CounterSource> Core<S> {
+    fn new(source: S, shared: Arc<Shared>) -> Self {
+        let n = shared.devices.len();
+        Self {
+            source,
+            shared,
+            counters: vec![EnergyCounter::new(64, DEFAULT_MAX_WATTS); n],
+            last_energy: vec![None; n],
+            last_t: None,
+            buf: Vec::with_capacity(n),
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        let started = Instant::now();
+        let t = self.shared.ns(now).max(self.last_t.unwrap_or(0));
+        let dt_s = self.last_t.map(|l| t.saturating_sub(l) as f64 / 1e9);
+        self.buf.clear();
+        self.source.sample(now, &mut self.buf);
+        let mut tick_energy: Option<f64> = None;
+        for s in &self.buf {
+            let Some(series) = self.shared.devices.get(s.device) else {
+                continue;
+            };
+            series.lost.store(s.lost, Ordering::Relaxed);
+            if s.lost {
+                self.last_energy[s.device] = None;
+                continue;
+            }
+            let r = &s.reading;
+            let energy = r
+                .energy_millijoules
+                .map(|mj| self.counters[s.device].update(mj, t));
+            let device_energy = match (energy, self.last_energy[s.device], r.power_watts, dt_s) {
+                (Some(now_j), Some(prev_j), _, _) => Some(now_j - prev_j),
+                (None, _, Some(w), Some(dt)) => Some(w * dt),
+                _ => None,
+            };
+            self.last_energy[s.device] = energy;
+            if let Some(e) = device_energy {
+                *tick_energy.get_or_insert(0.0) += e;
+            }
+            let f = |v: Option<f64>| v.unwrap_or(f64::NAN);
+            let mut v = [f64::NAN; field::COUNT];
+            v[field::UTILIZATION] = f(r.utilization);
+            v[field::MEMORY_USED] = f(r.memory_used.map(|x| x as f64));
+            v[field::MEMORY_TOTAL] = f(r.memory_total.map(|x| x as f64));
+            v[field::POWER] = f(r.power_watts);
+            v[field::ENERGY] = f(energy);
+            v[field::SM_CLOCK] = f(r.sm_clock_mhz.map(f64::from));
+            v[field::TEMPERATURE] = f(r.temperature_celsius.map(f64::from));
+            v[field::THROTTLE] = f(r.throttle_reasons.map(|x| x as f64));
+            series.ring.push(&Record { t, v });
+            if let Some(g) = &s.gpm {
+                let mut v = [f64::NAN; field::GPM_COUNT];
+                v[field::GPM_SM_ACTIVITY] = f(g.sm_activity);
+                v[field::GPM_SM_OCCUPANCY] = f(g.sm_occupancy);
+                v[field::GPM_TENSOR_ACTIVITY] = f(g.tensor_activity);
+                v[field::GPM_DRAM_ACTIVITY] = f(g.dram_activity);
+                series.gpm.push(&Record { t, v });
+            }
+        }
+        self.shared.attribution.distribute(t, tick_energy);
+        self.last_t = Some(t);
+        let n = self.shared.ticks.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut report = self
+            .shared
+            .last_tick
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        report.tick = n;
+        report.at = Some(now);
+        report.duration_us = u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX);
+        report.samples.clear();
+        report.samples.extend_from_slice(&self.buf);
+    }
+
+    /// Ticks every `interval` until the sampler is stopped.
+    fn run(&mut self, interval: Duration) {
+        let mut next = Instant::now();
+        while !self.shared.stop.load(Ordering::Acquire) {
+            self.tick(Instant::now());
+            next += interval;
+            let now = Instant::now();
+            if next < now {
+                // Fell behind (a slow call): skip the missed ticks instead of bursting.
+                next = now;
+            }
+            while !self.shared.stop.load(Ordering::Acquire) {
+                let now = Instant::now();
+                if now >= next {
+                    break;
+                }
+                thread::park_timeout(next - now);
+            }
+        }
+    }
+}
+
+/// Name of the sampler thread.
+pub const GPU_SAMPLER_THREAD: &str = "infertrace-gpu";
+
+impl GpuSampler {
+    /// Starts sampling the visible NVIDIA GPUs through NVML on a dedicated thread. Blocks until
+    /// NVML is loaded and the devices are discovered (or found unavailable, which is logged once).
+    pub fn start(config: GpuSamplerConfig) -> Self {
+        let interval = config.interval;
+        Self::spawn(move |reply| {
+            let nvml = match load_nvml(config.nvml_library.as_deref()) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = reply.send(Arc::new(Shared::unavailable(e)));
+                    return;
+                }
+            };
+            let visible = config
+                .visible
+                .clone()
+                .unwrap_or_else(VisibleDevices::from_env);
+            let source =
+                match NvmlSource::discover(&nvml, &visible, config.gpm_interval, config.lost_retry)
+                {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = reply.send(Arc::new(Shared::unavailable(e)));
+                        return;
+                    }
+                };
+            let shared = Arc::new(Shared::new(&config, source.devices(), Instant::now()));
+            let mut core = Core::new(source, Arc::clone(&shared));
+            if reply.send(shared).is_ok() {
+                core.run(interval);
+            }
+        })
+    }
+
+    /// Starts sampling `source` on a dedicated thread (e.g. a [`ScriptedSource`](crate::ScriptedSource)).
+    pub fn with_source(config: GpuSamplerConfig, source: Box<dyn CounterSource + Send>) -> Self {
+        let interval = config.interval;
+        Self::spawn(move |reply| {
+            let shared = Arc::new(Shared::new(&config, source.devices(), Instant::now()));
+            let mut core = Core::new(source, Arc::clone(&shared));
+            if reply.send(shared).is_ok() {
+                core.run(interval);
+            }
+        })
+    }
+
+    /// A sampler over `source` driven by the returned [`ManualTicker`] instead of a thread;
+    /// window times are measured from `epoch`.
+    pub fn manual(
+        config: GpuSamplerConfig,
+        source: Box<dyn CounterSource + Send>,
+        epoch: Instant,
+    ) -> (Self, ManualTicker) {
+        let shared = Arc::new(Shared::new(&config, source.devices(), epoch));
+        let sampler = Self {
+            shared: Arc::clone(&shared),
+            _stopper: None,
+        };
+        (
+            sampler,
+            ManualTicker {
+                core: Core::new(source, shared),
+            },
+        )
+    }
+
+    /// A sampler that is off, for `reason` (e.g. [`GpuUnavailable::Disabled`]).
+    pub fn unavailable(reason: GpuUnavailable) -> Self {
+        Self {
+            shared: Arc::new(Shared::unavailable(reason)),
+            _stopper: None,
+        }
+    }
+
+    fn spawn(body: impl FnOnce(mpsc::SyncSender<Arc<Shared>>) + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let handle = thread::Builder::new()
+            .name(GPU_SAMPLER_THREAD.into())
+            .spawn(move || body(tx));
+        let handle = match handle {
+            Ok(h) => h,
+            Err(e) => {
+                return Self::logged(Shared::unavailable(GpuUnavailable::ThreadFailed(
+                    e.to_string(),
+                )));
+            }
+        };
+        let thread = handle.thread().clone();
+        match rx.recv() {
+            Ok(shared) if shared.unavailable.is_some() => Self::logged_arc(shared),
+            Ok(shared) => {
+                tracing::info!(
+                    devices = shared.devices.len(),
+                    uuids = ?shared.devices.iter().map(|d| d.info.uuid.as_ref()).collect::<Vec<_>>(),
+                    "GPU sampler started"
+                );
+                Self {
+                    _stopper: Some(Arc::new(Stopper {
+                        shared: Arc::clone(&shared),
+                        thread: Some(thread),
+                    })),
+                    shared,
+                }
+            }
+            Err(_) => Self::logged(Shared::unavailable(GpuUnavailable::ThreadFailed(
+                "the sampler thread ended during start".into(),
+            ))),
+        }
+    }
+
+    fn logged(shared: Shared) -> Self {
+        Self::logged_arc(Arc::new(shared))
+    }
+
+    fn logged_arc(shared: Arc<Shared>) -> Self {
+        if let Some(reason) = &shared.unavailable {
+            tracing::warn!("{reason}");
+        }
+        Self {
+            shared,
+            _stopper: None,
+        }
+    }
+
+    /// Whether GPUs are being sampled.
+    pub fn available(&self) -> bool {
+        self.shared.unavailable.is_none()
+    }
+
+    /// Why GPUs are not sampled.
+    pub fn unavailable_reason(&self) -> Option<&GpuUnavailable> {
+        self.shared.unavailable.as_ref()
+    }
+
+    /// The devices sampled.
+    pub fn devices(&self) -> impl Iterator<Item = &DeviceInfo> {
+        self.shared.devices.iter().map(|d| &d.info)
+    }
+
+    /// The instant window times are measured from.
+    pub fn epoch(&self) -> Instant {
+        self.shared.epoch
+    }
+
+    /// Ticks run so far.
+    pub fn ticks(&self) -> u64 {
+        self.shared.ticks.load(Ordering::Relaxed)
+    }
+
+    /// The latest tick's samples and call timings.
+    pub fn last_tick(&self) -> TickReport {
+        self.shared
+            .last_tick
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The energy attribution registry fed by this sampler's ticks.
+    pub fn attribution(&self) -> &EnergyAttribution {
+        &self.shared.attribution
+    }
+
+    /// Window statistics over `[start, end]`; `None` when no device has a sample in it (or GPU
+    /// telemetry is off). See the crate docs for the exact rules.
+    pub fn window(&self, start: Instant, end: Instant) -> Option<WindowStats> {
+        if end < start || self.shared.devices.is_empty() {
+            return None;
+        }
+        let (s, e) = (self.shared.ns(start), self.shared.ns(end));
+        let mut devices = Vec::new();
+        for series in self.shared.devices.iter() {
+            let Some(main) = fold(&series.ring, s, e, self.shared.hold_ns, Some(ENERGY_FIELDS))
+            else {
+                continue;
+            };
+            let gpm = fold(&series.gpm, s, e, self.shared.gpm_hold_ns, None);
+            let g = &main.gauges;
+            let gm = |i: usize| gpm.as_ref().and_then(|x| x.gauges[i].mean());
+            devices.push(DeviceWindow {
+                uuid: Arc::clone(&series.info.uuid),
+                samples: main.samples,
+                utilization_mean: g[field::UTILIZATION].mean(),
+                utilization_max: g[field::UTILIZATION].max(),
+                sm_activity_mean: gm(field::GPM_SM_ACTIVITY),
+                sm_occupancy_mean: gm(field::GPM_SM_OCCUPANCY),
+                tensor_activity_mean: gm(field::GPM_TENSOR_ACTIVITY),
+                dram_activity_mean: gm(field::GPM_DRAM_ACTIVITY),
+                memory_used_max: g[field::MEMORY_USED]
+                    .max()
+                    .filter(|x| *x >= 0.0)
+                    .map(|x| x as u64),
+                power_mean: g[field::POWER].mean(),
+                power_max: g[field::POWER].max(),
+                energy_joules: main.energy,
+                temperature_max: g[field::TEMPERATURE].max(),
+            });
+        }
+        (!devices.is_empty()).then_some(WindowStats {
+            start,
+            end,
+            devices,
+        })
+    }
+
+    /// The latest sample of every device that has one.
+    pub fn latest(&self) -> Vec<LatestSample> {
+        self.shared
+            .devices
+            .iter()
+            .filter_map(|series| {
+                let r = series.ring.latest()?;
+                let g = series.gpm.latest();
+                let v = &r.v;
+                Some(LatestSample {
+                    info: series.info.clone(),
+                    at: self.shared.epoch + Duration::from_nanos(r.t),
+                    utilization: opt(v[field::UTILIZATION]),
+                    memory_used: opt_u64(v[field::MEMORY_USED]),
+                    memory_total: opt_u64(v[field::MEMORY_TOTAL]),
+                    power_watts: opt(v[field::POWER]),
+                    energy_joules: opt(v[field::ENERGY]),
+                    sm_clock_mhz: opt(v[field::SM_CLOCK]),
+                    temperature_celsius: opt(v[field::TEMPERATURE]),
+                    throttle_reasons: opt_u64(v[field::THROTTLE]),
+                    sm_activity: g.and_then(|g| opt(g.v[field::GPM_SM_ACTIVITY])),
+                    lost: series.lost.load(Ordering::Relaxed),
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// A handle that reads the same history but does not keep the sampler thread running.
+    pub(crate) fn reader(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            _stopper: None,
+        }
+    }
+}

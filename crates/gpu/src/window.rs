@@ -1,0 +1,373 @@
+//! Time-weighted window statistics over a [`SeqRing`].
+//!
+//! Samples are *held*: a sample's value applies from its time until the next sample, but for at
+//! most `hold` (so a stopped or lost device does not extend its last value forever). For a window
+//! `[start, end]`:
+//! - the sample at or just before `start` counts (if it is still held at `start`), and so does
+//!   every sample in `(start, end]`;
+//! - the mean of a gauge is `Σ value × held time inside the window / Σ held time inside`; for a
+//!   zero-length window (or one whose only sample lands exactly on `end`) it is the plain mean of
+//!   the counted samples; the max is over the counted samples; `NaN` values (not measured) are
+//!   skipped field by field;
+//! - the energy is the difference of the cumulative energy counter linearly interpolated at both
+//!   edges: each pair of consecutive counter readings spreads its difference uniformly over the
+//!   time between them, and after the last reading the last pair's rate is extended for at most
+//!   `hold`. Where a pair of counter readings is missing, the held power × time is used instead.
+
+use crate::ring::{Record, SeqRing};
+
+/// Mean and max of one gauge over a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct GaugeAcc {
+    weighted: f64,
+    weight: f64,
+    plain: f64,
+    count: u32,
+    max: f64,
+}
+
+impl GaugeAcc {
+    fn add(&mut self, value: f64, weight: f64) {
+        if value.is_nan() {
+            return;
+        }
+        self.weighted += value * weight;
+        self.weight += weight;
+        self.plain += value;
+        self.max = if self.count == 0 {
+            value
+        } else {
+            self.max.max(value)
+        };
+        self.count += 1;
+    }
+
+    /// Time-weighted mean (plain mean when no time was covered), `None` without values.
+    pub(crate) fn mean(&self) -> Option<f64> {
+        if self.count == 0 {
+            None
+        } else if self.weight > 0.0 {
+            Some(self.weighted / self.weight)
+        } else {
+            Some(self.plain / f64::from(self.count))
+        }
+    }
+
+    /// Max of the counted values, `None` without values.
+    pub(crate) fn max(&self) -> Option<f64> {
+        (self.count > 0).then_some(self.max)
+    }
+}
+
+/// Which fields of a record are the energy counter and the power gauge.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EnergyFields {
+    /// Cumulative energy in joules (monotonic; wrap and reset already removed).
+    pub(crate) counter: usize,
+    /// Power in watts.
+    pub(crate) power: usize,
+}
+
+/// The statistics of one ring over one window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Folded<const F: usize> {
+    /// Per field.
+    pub(crate) gauges: [GaugeAcc; F],
+    /// Samples counted.
+    pub(crate) samples: u32,
+    /// Energy in joules, when a counter or power was available.
+    pub(crate) energy: Option<f64>,
+}
+
+fn overlap(a0: u64, a1: u64, start: u64, end: u64) -> u64 {
+    a1.min(end).saturating_sub(a0.max(start))
+}
+
+struct Fold<const F: usize> {
+    start: u64,
+    end: u64,
+    hold: u64,
+    energy_fields: Option<EnergyFields>,
+    out: Folded<F>,
+    energy: f64,
+    energy_known: bool,
+    /// Rate (J/ns) of the latest pair of counter readings.
+    last_rate: Option<f64>,
+}
+
+impl<const F: usize> Fold<F> {
+    /// Accounts for sample `a`, whose successor is `next` (if any).
+    fn segment(&mut self, a: &Record<F>, next: Option<&Record<F>>) {
+        let (start, end) = (self.start, self.end);
+        let held_until = match next {
+            Some(n) => n.t.min(a.t.saturating_add(self.hold)),
+            None => a.t.saturating_add(self.hold),
+        };
+        let counted = a.t <= end && (a.t > start || held_until > start);
+        let held = overlap(a.t, held_until, start, end);
+        if counted {
+            self.out.samples += 1;
+            for (acc, value) in self.out.gauges.iter_mut().zip(a.v.iter()) {
+                acc.add(*value, held as f64);
+            }
+        }
+        let Some(ef) = self.energy_fields else {
+            return;
+        };
+        let c0 = a.v[ef.counter];
+        match next {
+            Some(n) if !c0.is_nan() && !n.v[ef.counter].is_nan() => {
+                let delta = (n.v[ef.counter] - c0).max(0.0);
+                let span = n.t.saturating_sub(a.t);
+                if span == 0 {
+                    if a.t > start && a.t <= end {
+                        self.energy += delta;
+                        self.energy_known = true;
+                    }
+                } else {
+                    let rate = delta / span as f64;
+                    self.last_rate = Some(rate);
+                    let inside = overlap(a.t, n.t, start, end);
+                    if inside > 0 || (a.t <= end && n.t > start) {
+                        self.energy += rate * inside as f64;
+                        self.energy_known = true;
+                    }
+                }
+            }
+            None if !c0.is_nan() && self.last_rate.is_some() => {
+                let rate = self.last_rate.unwrap_or_default();
+                if counted {
+                    self.energy += rate * held as f64;
+                    self.energy_known = true;
+                }
+            }
+            _ => {
+                let power = a.v[ef.power];
+                if counted && !power.is_nan() {
+                    self.energy += power * held as f64 / 1e9;
+                    self.energy_known = true;
+                }
+            }
+        }
+    }
+}
+
+/// Folds the samples of `ring` over `[start, end]` (ns since the ring's epoch). `None` when no
+/// sample counts.
+pub(crate) fn fold<const F: usize>(
+    ring: &SeqRing<F>,
+    start: u64,
+    end: u64,
+    hold: u64,
+    energy_fields: Option<EnergyFields>,
+) -> Option<Folded<F>> {
+    if end < start {
+        return None;
+    }
+    let (lo, written) = ring.bounds();
+    let first = ring.last_at_or_before(start, lo, written).unwrap_or(lo);
+    let mut fold = Fold {
+        start,
+        end,
+        hold,
+        energy_fields,
+        out: Folded {
+            gauges: [GaugeAcc::default(); F],
+            samples: 0,
+            energy: None,
+        },
+        energy: 0.0,
+        energy_known: false,
+        last_rate: None,
+    };
+    // A pair that ends before the first counted sample still gives the rate for extrapolation.
+    if let Some(ef) = energy_fields
+        && first > lo
+        && let (Some(a), Some(b)) = (ring.read(first - 1), ring.read(first))
+    {
+        let span = b.t.saturating_sub(a.t);
+        if span > 0 && !a.v[ef.counter].is_nan() && !b.v[ef.counter].is_nan() {
+            fold.last_rate = Some((b.v[ef.counter] - a.v[ef.counter]).max(0.0) / span as f64);
+        }
+    }
+    let mut prev: Option<Record<F>> = None;
+    let mut n = first;
+    while n < written {
+        let Some(r) = ring.read(n) else {
+            // Overwritten while we read: everything before it is gone too.
+            prev = None;
+            n += 1;
+            continue;
+        };
+        if let Some(p) = prev.take() {
+            fold.segment(&p, Some(&r));
+        }
+        if r.t > end {
+            prev = None;
+            break;
+        }
+        prev = Some(r);
+        n += 1;
+    }
+    if let Some(p) = prev {
+        fold.segment(&p, None);
+    }
+    if fold.out.samples == 0 {
+        return None;
+    }
+    fold.out.energy = fold.energy_known.then_some(fold.energy);
+    Some(fold.out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const EF: Option<EnergyFields> = Some(EnergyFields {
+        counter: 1,
+        power: 2,
+    });
+
+    /// Fields: [utilisation, energy counter J, power W].
+    fn ring(samples: &[(u64, [f64; 3])]) -> SeqRing<3> {
+        let ring = SeqRing::new(64);
+        for (t_ms, v) in samples {
+            ring.push(&Record {
+                t: t_ms * MS,
+                v: *v,
+            });
+        }
+        ring
+    }
+
+    fn approx(a: f64, b: f64) {
+        assert!((a - b).abs() < 1e-9, "{a} != {b}");
+    }
+
+    fn four() -> SeqRing<3> {
+        // Samples every 100 ms; the counter grows 10, 20, 30 J per interval.
+        ring(&[
+            (0, [0.2, 0.0, 100.0]),
+            (100, [0.4, 10.0, 200.0]),
+            (200, [0.6, 30.0, 300.0]),
+            (300, [0.8, 60.0, 300.0]),
+        ])
+    }
+
+    #[test]
+    fn empty_ring_or_window_before_every_sample_gives_none() {
+        assert_eq!(fold(&ring(&[]), 0, 100 * MS, 500 * MS, EF), None);
+        let r = ring(&[(500, [0.5, 0.0, 1.0])]);
+        assert_eq!(fold(&r, 100 * MS, 200 * MS, 500 * MS, EF), None);
+        // Inverted window.
+        assert_eq!(fold(&four(), 200 * MS, 100 * MS, 500 * MS, EF), None);
+    }
+
+    #[test]
+    fn a_stale_sample_does_not_count() {
+        let r = ring(&[(0, [0.5, 0.0, 1.0])]);
+        // Held for 500 ms only: a window at 600–700 ms has no data.
+        assert_eq!(fold(&r, 600 * MS, 700 * MS, 500 * MS, EF), None);
+    }
+
+    #[test]
+    fn one_sample_before_start_is_held_over_the_window() {
+        let r = ring(&[(0, [0.5, 7.0, 40.0])]);
+        let f = fold(&r, 100 * MS, 300 * MS, 500 * MS, EF).unwrap();
+        assert_eq!(f.samples, 1);
+        approx(f.gauges[0].mean().unwrap(), 0.5);
+        approx(f.gauges[0].max().unwrap(), 0.5);
+        // One counter reading gives no rate: energy = held power 40 W × 0.2 s.
+        approx(f.energy.unwrap(), 8.0);
+    }
+
+    #[test]
+    fn zero_length_window_takes_the_held_sample() {
+        let f = fold(&four(), 150 * MS, 150 * MS, 500 * MS, EF).unwrap();
+        assert_eq!(f.samples, 1);
+        approx(f.gauges[0].mean().unwrap(), 0.4);
+        approx(f.energy.unwrap(), 0.0);
+    }
+
+    #[test]
+    fn samples_straddling_both_edges() {
+        // [50, 250]: 0.2 × 50 + 0.4 × 100 + 0.6 × 50 = 80 → mean 0.4 over 200 ms.
+        let f = fold(&four(), 50 * MS, 250 * MS, 500 * MS, EF).unwrap();
+        assert_eq!(f.samples, 3);
+        approx(f.gauges[0].mean().unwrap(), 0.4);
+        approx(f.gauges[0].max().unwrap(), 0.6);
+        // Counter interpolated: E(50) = 5, E(250) = 30 + 30 × 0.5 = 45 → 40 J.
+        approx(f.energy.unwrap(), 40.0);
+        // Power: (100 × 50 + 200 × 100 + 300 × 50) / 200 = 200 W.
+        approx(f.gauges[2].mean().unwrap(), 200.0);
+    }
+
+    #[test]
+    fn window_on_sample_boundaries() {
+        // [100, 200]: sample 100 held 100 ms; sample 200 counts (lands on end) with no time.
+        let f = fold(&four(), 100 * MS, 200 * MS, 500 * MS, EF).unwrap();
+        assert_eq!(f.samples, 2);
+        approx(f.gauges[0].mean().unwrap(), 0.4);
+        approx(f.gauges[0].max().unwrap(), 0.6);
+        approx(f.energy.unwrap(), 20.0);
+    }
+
+    #[test]
+    fn window_past_the_last_sample_extrapolates_for_at_most_hold() {
+        // Last sample at 300 (rate 30 J / 100 ms); window [250, 1000], hold 200 ms:
+        // util: 0.6 × 50 + 0.8 × 200 = 190 over 250 → 0.76.
+        // energy: 45→60 (15 J) + 0.3 J/ms × 200 ms (60 J) = 75 J.
+        let f = fold(&four(), 250 * MS, 1000 * MS, 200 * MS, EF).unwrap();
+        assert_eq!(f.samples, 2);
+        approx(f.gauges[0].mean().unwrap(), 0.76);
+        approx(f.energy.unwrap(), 75.0);
+    }
+
+    #[test]
+    fn a_window_after_all_pairs_still_uses_the_last_rate() {
+        // Window [320, 400] starts after the last sample: rate from the pair before it.
+        let f = fold(&four(), 320 * MS, 400 * MS, 500 * MS, EF).unwrap();
+        assert_eq!(f.samples, 1);
+        approx(f.energy.unwrap(), 0.3 * 80.0);
+    }
+
+    #[test]
+    fn nan_fields_are_skipped_and_power_fills_missing_counter_pairs() {
+        let r = ring(&[
+            (0, [f64::NAN, f64::NAN, 100.0]),
+            (100, [0.5, f64::NAN, 200.0]),
+        ]);
+        let f = fold(&r, 0, 200 * MS, 500 * MS, EF).unwrap();
+        assert_eq!(f.samples, 2);
+        approx(f.gauges[0].mean().unwrap(), 0.5);
+        // No counter: 100 W × 0.1 s + 200 W × 0.1 s.
+        approx(f.energy.unwrap(), 30.0);
+    }
+
+    #[test]
+    fn mean_is_time_weighted_not_sample_weighted() {
+        // 0.0 held 900 ms, 1.0 held 100 ms → 0.1 (the plain mean would be 0.5).
+        let r = ring(&[(0, [0.0, 0.0, 0.0]), (900, [1.0, 0.0, 0.0])]);
+        let f = fold(&r, 0, 1000 * MS, 2000 * MS, None).unwrap();
+        approx(f.gauges[0].mean().unwrap(), 0.1);
+        assert_eq!(f.energy, None);
+    }
+
+    #[test]
+    fn only_the_retained_samples_count_after_wraparound() {
+        let r = SeqRing::<3>::new(4);
+        for i in 0..10u64 {
+            r.push(&Record {
+                t: i * 100 * MS,
+                v: [i as f64, 0.0, 0.0],
+            });
+        }
+        // Samples 0..=5 are gone; [0, 1000] sees 6, 7, 8, 9.
+        let f = fold(&r, 0, 1000 * MS, 500 * MS, None).unwrap();
+        assert_eq!(f.samples, 4);
+        approx(f.gauges[0].max().unwrap(), 9.0);
+        // 6, 7, 8 held 100 ms each, 9 held 100 ms (to 1000) → 7.5.
+        approx(f.gauges[0].mean().unwrap(), 7.5);
+    }
+}

@@ -1,0 +1,300 @@
+//! [`InferenceTraceLayer`]: the builder users configure, and the shared state its services use.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use http::{HeaderMap, Method, Uri};
+use opentelemetry::metrics::MeterProvider;
+use opentelemetry::trace::TracerProvider;
+use opentelemetry::{InstrumentationScope, StringValue, global};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tower::Layer;
+
+use crate::admission::AdmissionQueue;
+use crate::metrics::LayerMetrics;
+use crate::service::InferenceTraceService;
+use crate::spans::TracerHandle;
+
+/// Request header naming the model the client asked for (`gen_ai.request.model`).
+pub const MODEL_HEADER: &str = "x-infertrace-model";
+/// Request header naming the GenAI operation (`gen_ai.operation.name`), e.g. `chat`.
+pub const OPERATION_HEADER: &str = "x-infertrace-operation";
+
+/// Where the queue / prefill / decode boundaries come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PhaseSource {
+    /// The engine marks them through the [`RequestRecorder`](crate::RequestRecorder) in the
+    /// request extensions (`scheduled`, `first_token`, `tokens`). A request whose engine made no
+    /// mark at all falls back to [`Derived`](Self::Derived), and says so in `infer.phase.source`.
+    #[default]
+    Engine,
+    /// No engine changes: queue = arrival → admitted by the layer's admission queue; for streamed
+    /// responses prefill = admitted → first body chunk and decode = first → last chunk; for
+    /// non-streamed responses one `inference` span covers admitted → end of body, because there is
+    /// no first-chunk signal to split prefill from decode.
+    Derived,
+}
+
+impl PhaseSource {
+    /// The `infer.phase.source` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PhaseSource::Engine => infertrace_semconv::infer::phase_source::ENGINE,
+            PhaseSource::Derived => infertrace_semconv::infer::phase_source::DERIVED,
+        }
+    }
+}
+
+/// Settings of the optional built-in admission queue.
+///
+/// At most `max_concurrent` requests run the inner service at once; up to `max_queue` more wait in
+/// FIFO order (their wait is the `queue` phase). A request arriving when both are full is answered
+/// at once with `429 Too Many Requests` (HTTP) or a trailers-only `RESOURCE_EXHAUSTED` (gRPC), and
+/// its span says `infer.outcome = rejected`. A slot is held until the response body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionConfig {
+    /// Requests served at once (at least 1).
+    pub max_concurrent: usize,
+    /// Requests allowed to wait for a slot.
+    pub max_queue: usize,
+}
+
+impl AdmissionConfig {
+    /// An admission queue with `max_concurrent` slots and room for `max_queue` waiters.
+    pub fn new(max_concurrent: usize, max_queue: usize) -> Self {
+        Self {
+            max_concurrent,
+            max_queue,
+        }
+    }
+}
+
+/// The parts of a request a [`describe`](InferenceTraceLayer::describe) or
+/// [`skip`](InferenceTraceLayer::skip) function sees.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestHead<'a> {
+    /// Request method.
+    pub method: &'a Method,
+    /// Request URI.
+    pub uri: &'a Uri,
+    /// Request headers (gRPC metadata included).
+    pub headers: &'a HeaderMap,
+}
+
+/// What a [`describe`](InferenceTraceLayer::describe) function says about a request. `None`
+/// fields fall back to the defaults (headers, path, the layer's default model).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestDescription {
+    /// `gen_ai.operation.name`, e.g. `chat`.
+    pub operation: Option<Cow<'static, str>>,
+    /// `gen_ai.request.model`.
+    pub model: Option<String>,
+}
+
+pub(crate) type DescribeFn = dyn Fn(&RequestHead<'_>) -> RequestDescription + Send + Sync;
+pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
+
+/// A Tower [`Layer`] that traces every LLM inference request into a request span with `queue`,
+/// `prefill` and `decode` children, and records the GenAI server metrics.
+///
+/// Cheap to clone; every service it makes shares one admission queue and one set of instruments.
+///
+/// ```
+/// use infertrace_tower::{AdmissionConfig, InferenceTraceLayer, PhaseSource};
+/// let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+/// let layer = InferenceTraceLayer::new()
+///     .with_tracer_provider(&provider)
+///     .phase_source(PhaseSource::Derived)
+///     .admission(AdmissionConfig::new(8, 64))
+///     .default_model("llama-3.1-8b");
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+pub struct InferenceTraceLayer {
+    tracer: Option<TracerHandle>,
+    metrics: Option<LayerMetrics>,
+    phase_source: PhaseSource,
+    admission: Option<Arc<AdmissionQueue>>,
+    default_model: Option<StringValue>,
+    default_operation: Cow<'static, str>,
+    describe: Option<Arc<DescribeFn>>,
+    skip: Option<Arc<SkipFn>>,
+    /// The shared state, built lazily by the first `layer()` call so global providers set after
+    /// the layer is built are still picked up.
+    shared: Arc<std::sync::OnceLock<Arc<Shared>>>,
+}
+
+impl fmt::Debug for InferenceTraceLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InferenceTraceLayer")
+            .field("phase_source", &self.phase_source)
+            .field("admission", &self.admission.as_ref().map(|a| a.config()))
+            .field("default_model", &self.default_model)
+            .field("default_operation", &self.default_operation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for InferenceTraceLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The instrumentation scope of every span and metric the layer emits.
+pub(crate) fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder("infertrace-tower")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+impl InferenceTraceLayer {
+    /// A layer using the global tracer and meter providers (as set when the first service is
+    /// built), engine phase marks, no admission queue.
+    pub fn new() -> Self {
+        Self {
+            tracer: None,
+            metrics: None,
+            phase_source: PhaseSource::Engine,
+            admission: None,
+            default_model: None,
+            default_operation: Cow::Borrowed(
+                infertrace_semconv::gen_ai::operation::GENERATE_CONTENT,
+            ),
+            describe: None,
+            skip: None,
+            shared: Arc::default(),
+        }
+    }
+
+    fn changed(mut self) -> Self {
+        self.shared = Arc::default();
+        self
+    }
+
+    /// Uses a tracer from `provider` instead of the global one. An
+    /// [`SdkTracerProvider`] is used directly (no boxing per span); any other provider through
+    /// `opentelemetry`'s boxed tracer.
+    pub fn with_tracer_provider<P>(mut self, provider: &P) -> Self
+    where
+        P: TracerProvider + 'static,
+        P::Tracer: Send + Sync + 'static,
+        <P::Tracer as opentelemetry::trace::Tracer>::Span: Send + Sync + 'static,
+    {
+        let any: &dyn std::any::Any = provider;
+        self.tracer = Some(match any.downcast_ref::<SdkTracerProvider>() {
+            Some(sdk) => TracerHandle::Sdk(sdk.tracer_with_scope(scope())),
+            None => TracerHandle::Boxed(Arc::new(global::BoxedTracer::new(Box::new(
+                provider.tracer_with_scope(scope()),
+            )))),
+        });
+        self.changed()
+    }
+
+    /// Records metrics through `provider` instead of the global meter provider.
+    pub fn with_meter_provider<P: MeterProvider + ?Sized>(mut self, provider: &P) -> Self {
+        self.metrics = Some(LayerMetrics::new(&provider.meter_with_scope(scope())));
+        self.changed()
+    }
+
+    /// Where phase boundaries come from (default [`PhaseSource::Engine`]).
+    pub fn phase_source(mut self, source: PhaseSource) -> Self {
+        self.phase_source = source;
+        self.changed()
+    }
+
+    /// Adds the built-in admission queue (see [`AdmissionConfig`]).
+    pub fn admission(mut self, config: AdmissionConfig) -> Self {
+        self.admission = Some(Arc::new(AdmissionQueue::new(config)));
+        self.changed()
+    }
+
+    /// The model named when neither a [`describe`](Self::describe) function, the
+    /// [`MODEL_HEADER`] header nor the handler (through
+    /// [`RequestRecorder::request_model`](crate::RequestRecorder::request_model)) names one.
+    pub fn default_model(mut self, model: impl Into<String>) -> Self {
+        self.default_model = Some(StringValue::from(Arc::<str>::from(model.into())));
+        self.changed()
+    }
+
+    /// The operation used for paths the layer does not recognise (default `generate_content`).
+    /// Recognised paths: `…/chat/completions` → `chat`, `…/completions` → `text_completion`,
+    /// `…/embeddings` → `embeddings`; gRPC requests → `generate_content`.
+    pub fn default_operation(mut self, operation: impl Into<Cow<'static, str>>) -> Self {
+        self.default_operation = operation.into();
+        self.changed()
+    }
+
+    /// A function that names the operation and model of each request. Its answers win over the
+    /// headers and the path; the handler can still set the model later through the recorder.
+    pub fn describe<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> RequestDescription + Send + Sync + 'static,
+    {
+        self.describe = Some(Arc::new(f));
+        self.changed()
+    }
+
+    /// A predicate selecting requests the layer passes through untraced (health checks,
+    /// metrics scrapes). Skipped requests get no span, no metrics and no recorder.
+    pub fn skip<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.skip = Some(Arc::new(f));
+        self.changed()
+    }
+
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared
+            .get_or_init(|| {
+                let tracer = self.tracer.clone().unwrap_or_else(|| {
+                    TracerHandle::Boxed(Arc::new(global::tracer_with_scope(scope())))
+                });
+                let metrics = self
+                    .metrics
+                    .clone()
+                    .unwrap_or_else(|| LayerMetrics::new(&global::meter_with_scope(scope())));
+                Arc::new(Shared {
+                    tracer,
+                    metrics,
+                    phase_source: self.phase_source,
+                    admission: self.admission.clone(),
+                    default_model: self.default_model.clone(),
+                    default_operation: self.default_operation.clone(),
+                    describe: self.describe.clone(),
+                    skip: self.skip.clone(),
+                })
+            })
+            .clone()
+    }
+}
+
+impl<S> Layer<S> for InferenceTraceLayer {
+    type Service = InferenceTraceService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InferenceTraceService::new(inner, self.shared())
+    }
+}
+
+/// State shared by every service a layer makes.
+pub(crate) struct Shared {
+    pub(crate) tracer: TracerHandle,
+    pub(crate) metrics: LayerMetrics,
+    pub(crate) phase_source: PhaseSource,
+    pub(crate) admission: Option<Arc<AdmissionQueue>>,
+    pub(crate) default_model: Option<StringValue>,
+    pub(crate) default_operation: Cow<'static, str>,
+    pub(crate) describe: Option<Arc<DescribeFn>>,
+    pub(crate) skip: Option<Arc<SkipFn>>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("phase_source", &self.phase_source)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,363 @@
+//! Tracer and meter providers exporting OTLP over gRPC or HTTP/protobuf, configured from code
+//! and the standard environment variables.
+//!
+//! | setting | code ([`OtlpConfig`]) | environment (used when code leaves it unset) |
+//! |---|---|---|
+//! | endpoint | `endpoint` (base URL) | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `_METRICS_ENDPOINT` (full URL), `OTEL_EXPORTER_OTLP_ENDPOINT` (base) |
+//! | protocol | `protocol` | `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, `OTEL_EXPORTER_OTLP_PROTOCOL` (`grpc`, `http/protobuf`); default `grpc` |
+//! | service name | `service_name` | `OTEL_SERVICE_NAME`, then `service.name` in `OTEL_RESOURCE_ATTRIBUTES` |
+//! | resource | `resource_attributes` (added) | `OTEL_RESOURCE_ATTRIBUTES` |
+//! | sampler | `sampler` | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; default `parentbased_always_on` |
+//!
+//! Spans go through a batch processor, metrics through a periodic reader
+//! (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 s). The gRPC exporter needs a Tokio runtime:
+//! call [`init`] from inside one. [`OtlpProviders::shutdown`] flushes both.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), infertrace_tower::otlp::OtlpError> {
+//! use infertrace_tower::otlp::{self, OtlpConfig};
+//! let providers = otlp::init(OtlpConfig::grpc("http://127.0.0.1:4317").service_name("demo"))?;
+//! providers.install_global();
+//! // … serve with `InferenceTraceLayer::new()` …
+//! providers.shutdown()?;
+//! # Ok(()) }
+//! ```
+
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+
+/// OTLP transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (default port 4317).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (default port 4318).
+    HttpProtobuf,
+}
+
+impl OtlpProtocol {
+    /// Parses an `OTEL_EXPORTER_OTLP_PROTOCOL` value.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim() {
+            "grpc" => Some(Self::Grpc),
+            "http/protobuf" => Some(Self::HttpProtobuf),
+            _ => None,
+        }
+    }
+}
+
+/// What [`init`] builds. Every `None` falls back to the environment (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct OtlpConfig {
+    /// Base endpoint, e.g. `http://127.0.0.1:4317` (gRPC) or `http://127.0.0.1:4318` (HTTP; the
+    /// `/v1/traces` and `/v1/metrics` paths are appended).
+    pub endpoint: Option<String>,
+    /// Transport.
+    pub protocol: Option<OtlpProtocol>,
+    /// `service.name` of the resource.
+    pub service_name: Option<String>,
+    /// Extra resource attributes.
+    pub resource_attributes: Vec<KeyValue>,
+    /// Sampler; when unset the SDK reads `OTEL_TRACES_SAMPLER(_ARG)`, default parent-based
+    /// always-on.
+    pub sampler: Option<Sampler>,
+    /// Whether to build the meter provider too (default `true`).
+    pub metrics: Option<bool>,
+}
+
+impl OtlpConfig {
+    /// Everything from the environment.
+    pub fn from_env() -> Self {
+        Self::default()
+    }
+
+    /// OTLP/gRPC to `endpoint`, e.g. `http://127.0.0.1:4317`.
+    pub fn grpc(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: Some(endpoint.into()),
+            protocol: Some(OtlpProtocol::Grpc),
+            ..Self::default()
+        }
+    }
+
+    /// OTLP/HTTP protobuf to the base `endpoint`, e.g. `http://127.0.0.1:4318`.
+    pub fn http(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: Some(endpoint.into()),
+            protocol: Some(OtlpProtocol::HttpProtobuf),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the service name.
+    pub fn service_name(mut self, name: impl Into<String>) -> Self {
+        self.service_name = Some(name.into());
+        self
+    }
+
+    /// Sets the sampler.
+    pub fn sampler(mut self, sampler: Sampler) -> Self {
+        self.sampler = Some(sampler);
+        self
+    }
+
+    /// Builds (or not) the meter provider.
+    pub fn metrics(mut self, enabled: bool) -> Self {
+        self.metrics = Some(enabled);
+        self
+    }
+
+    /// The protocol this config resolves to with `env` as the environment.
+    fn resolve_protocol(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<OtlpProtocol, OtlpError> {
+        if let Some(p) = self.protocol {
+            return Ok(p);
+        }
+        for var in [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ] {
+            if let Some(v) = env(var).filter(|v| !v.trim().is_empty()) {
+                return OtlpProtocol::parse(&v).ok_or(OtlpError::Protocol { var, value: v });
+            }
+        }
+        Ok(OtlpProtocol::Grpc)
+    }
+}
+
+/// Why [`init`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    /// An unsupported protocol in the environment.
+    #[error("{var}={value:?} is not supported: use `grpc` or `http/protobuf`")]
+    Protocol {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The exporter could not be built (bad endpoint, …).
+    #[error("cannot build the OTLP {signal} exporter: {source}; check the endpoint and protocol")]
+    Exporter {
+        /// `traces` or `metrics`.
+        signal: &'static str,
+        /// The exporter's error.
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    /// Flushing or shutting down failed.
+    #[error("OTLP shutdown failed: {0}")]
+    Shutdown(String),
+}
+
+/// The providers [`init`] built.
+#[derive(Clone, Debug)]
+pub struct OtlpProviders {
+    /// The tracer provider (batch span processor).
+    pub tracer_provider: SdkTracerProvider,
+    /// The meter provider (periodic reader), unless metrics were turned off.
+    pub meter_provider: Option<SdkMeterProvider>,
+}
+
+impl OtlpProviders {
+    /// Makes these the global providers (what `InferenceTraceLayer::new()` and
+    /// `tracing-opentelemetry` use by default).
+    pub fn install_global(&self) {
+        opentelemetry::global::set_tracer_provider(self.tracer_provider.clone());
+        if let Some(m) = &self.meter_provider {
+            opentelemetry::global::set_meter_provider(m.clone());
+        }
+    }
+
+    /// Flushes pending spans and metrics and shuts both providers down.
+    pub fn shutdown(&self) -> Result<(), OtlpError> {
+        let traces = self.tracer_provider.shutdown();
+        let metrics = self.meter_provider.as_ref().map(|m| m.shutdown());
+        let mut errors = Vec::new();
+        if let Err(e) = traces {
+            errors.push(format!("traces: {e}"));
+        }
+        if let Some(Err(e)) = metrics {
+            errors.push(format!("metrics: {e}"));
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(OtlpError::Shutdown(errors.join("; ")))
+        }
+    }
+}
+
+fn http_url(base: &str, path: &str) -> String {
+    format!("{}{}", base.trim_end_matches('/'), path)
+}
+
+fn resource(config: &OtlpConfig) -> Resource {
+    // `Resource::builder()` reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+    let mut builder = Resource::builder().with_attributes(config.resource_attributes.clone());
+    if let Some(name) = &config.service_name {
+        builder = builder.with_service_name(name.clone());
+    }
+    builder.build()
+}
+
+/// Builds OTLP tracer and meter providers from `config` and the environment.
+pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
+    let protocol = config.resolve_protocol(|v| std::env::var(v).ok())?;
+    let resource = resource(&config);
+    let spans = match protocol {
+        OtlpProtocol::Grpc => {
+            let mut b = SpanExporter::builder().with_tonic();
+            if let Some(e) = &config.endpoint {
+                b = b.with_endpoint(e.clone());
+            }
+            b.build()
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let mut b = SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+            if let Some(e) = &config.endpoint {
+                b = b.with_endpoint(http_url(e, "/v1/traces"));
+            }
+            b.build()
+        }
+    }
+    .map_err(|source| OtlpError::Exporter {
+        signal: "traces",
+        source,
+    })?;
+    let mut tracer = SdkTracerProvider::builder()
+        .with_batch_exporter(spans)
+        .with_resource(resource.clone());
+    if let Some(sampler) = config.sampler.clone() {
+        tracer = tracer.with_sampler(sampler);
+    }
+    let tracer_provider = tracer.build();
+
+    let meter_provider = if config.metrics.unwrap_or(true) {
+        let exporter = match protocol {
+            OtlpProtocol::Grpc => {
+                let mut b = MetricExporter::builder().with_tonic();
+                if let Some(e) = &config.endpoint {
+                    b = b.with_endpoint(e.clone());
+                }
+                b.build()
+            }
+            OtlpProtocol::HttpProtobuf => {
+                let mut b = MetricExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+                if let Some(e) = &config.endpoint {
+                    b = b.with_endpoint(http_url(e, "/v1/metrics"));
+                }
+                b.build()
+            }
+        }
+        .map_err(|source| OtlpError::Exporter {
+            signal: "metrics",
+            source,
+        })?;
+        Some(
+            SdkMeterProvider::builder()
+                .with_reader(PeriodicReader::builder(exporter).build())
+                .with_resource(resource)
+                .build(),
+        )
+    } else {
+        None
+    };
+    Ok(OtlpProviders {
+        tracer_provider,
+        meter_provider,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn protocol_precedence() {
+        let none = env_of(&[]);
+        assert_eq!(
+            OtlpConfig::default().resolve_protocol(&none).unwrap(),
+            OtlpProtocol::Grpc
+        );
+        let http = env_of(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]);
+        assert_eq!(
+            OtlpConfig::default().resolve_protocol(&http).unwrap(),
+            OtlpProtocol::HttpProtobuf
+        );
+        let traces = env_of(&[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ]);
+        assert_eq!(
+            OtlpConfig::default().resolve_protocol(&traces).unwrap(),
+            OtlpProtocol::Grpc
+        );
+        // Code wins over the environment.
+        assert_eq!(
+            OtlpConfig::grpc("http://x:4317")
+                .resolve_protocol(&http)
+                .unwrap(),
+            OtlpProtocol::Grpc
+        );
+        let bad = env_of(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")]);
+        assert!(matches!(
+            OtlpConfig::default().resolve_protocol(&bad),
+            Err(OtlpError::Protocol { .. })
+        ));
+    }
+
+    #[test]
+    fn http_paths_are_appended_to_the_base() {
+        assert_eq!(
+            http_url("http://h:4318/", "/v1/traces"),
+            "http://h:4318/v1/traces"
+        );
+        assert_eq!(
+            http_url("http://h:4318", "/v1/metrics"),
+            "http://h:4318/v1/metrics"
+        );
+    }
+
+    #[test]
+    fn explicit_service_name_wins() {
+        let r = resource(&OtlpConfig::default().service_name("svc-a"));
+        let name = r.get(&opentelemetry::Key::from_static_str(
+            infertrace_semconv::resource::SERVICE_NAME,
+        ));
+        assert_eq!(
+            name.map(|v| v.as_str().into_owned()),
+            Some("svc-a".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn builds_both_protocols_and_shuts_down() {
+        for cfg in [
+            OtlpConfig::grpc("http://127.0.0.1:1"),
+            OtlpConfig::http("http://127.0.0.1:1"),
+        ] {
+            let providers = init(cfg.service_name("t")).unwrap();
+            assert!(providers.meter_provider.is_some());
+            // Nothing was recorded, so there is nothing to send to the closed port.
+            let _ = providers.shutdown();
+        }
+    }
+}

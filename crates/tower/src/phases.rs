@@ -1,0 +1,237 @@
+//! Phase boundaries of one request, computed once at its end from the marks the hot path stored.
+//!
+//! Every input is an offset from arrival on one monotonic clock, so the phases can neither
+//! overlap wrongly nor go negative: each boundary is clamped into `[previous boundary, end]`.
+
+use std::time::Duration;
+
+use crate::PhaseSource;
+
+/// The marks a request left, as offsets from arrival.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Marks {
+    /// The configured source.
+    pub(crate) source: Option<PhaseSource>,
+    /// Engine: scheduled.
+    pub(crate) scheduled: Option<Duration>,
+    /// Engine: first token.
+    pub(crate) first_token: Option<Duration>,
+    /// Engine: latest token.
+    pub(crate) last_token: Option<Duration>,
+    /// Admission queue: admitted (None without an admission queue).
+    pub(crate) admitted: Option<Duration>,
+    /// Body: first non-empty data frame.
+    pub(crate) first_chunk: Option<Duration>,
+    /// Body: last non-empty data frame.
+    pub(crate) last_chunk: Option<Duration>,
+    /// Whether the response is a stream (SSE, several gRPC messages, or the recorder says so).
+    pub(crate) streamed: bool,
+    /// End of the request (end of body, error, cancel).
+    pub(crate) end: Duration,
+}
+
+/// One phase: `[start, end]` offsets from arrival.
+pub(crate) type Interval = (Duration, Duration);
+
+/// The phases to emit.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Phases {
+    /// Where the boundaries came from (may fall back from engine to derived).
+    pub(crate) source: Option<PhaseSource>,
+    pub(crate) queue: Option<Interval>,
+    pub(crate) prefill: Option<Interval>,
+    pub(crate) decode: Option<Interval>,
+    /// Derived mode, non-streamed: admitted → end, when prefill and decode cannot be told apart.
+    pub(crate) inference: Option<Interval>,
+    /// Arrival → first token (engine) or first chunk (derived, streamed).
+    pub(crate) time_to_first_token: Option<Duration>,
+}
+
+fn clamp(t: Duration, lo: Duration, hi: Duration) -> Duration {
+    t.max(lo).min(hi.max(lo))
+}
+
+impl Phases {
+    /// Computes the phases from `m` (see [`PhaseSource`] for the two rules).
+    pub(crate) fn compute(m: &Marks) -> Phases {
+        let end = m.end;
+        let engine_marked = m.scheduled.is_some() || m.first_token.is_some();
+        if m.source == Some(PhaseSource::Engine) && engine_marked {
+            return Self::from_engine(m, end);
+        }
+        Self::derived(m, end)
+    }
+
+    fn from_engine(m: &Marks, end: Duration) -> Phases {
+        let mut p = Phases {
+            source: Some(PhaseSource::Engine),
+            ..Phases::default()
+        };
+        let zero = Duration::ZERO;
+        let scheduled = m.scheduled.map(|s| clamp(s, zero, end));
+        let admitted = m.admitted.map(|a| clamp(a, zero, end));
+        // Without a `scheduled` mark the layer's own admission queue still bounds the queue.
+        let queue_end = scheduled.or(admitted);
+        if let Some(q) = queue_end {
+            p.queue = Some((zero, q));
+        }
+        let prefill_start = queue_end.unwrap_or(zero);
+        match m.first_token.map(|f| clamp(f, prefill_start, end)) {
+            Some(first) => {
+                p.prefill = Some((prefill_start, first));
+                p.time_to_first_token = Some(first);
+                let last = clamp(m.last_token.unwrap_or(first), first, end);
+                p.decode = Some((first, last));
+            }
+            // Ended (error, cancel) before the first token: the time went to prefill.
+            None => p.prefill = Some((prefill_start, end)),
+        }
+        p
+    }
+
+    fn derived(m: &Marks, end: Duration) -> Phases {
+        let mut p = Phases {
+            source: Some(PhaseSource::Derived),
+            ..Phases::default()
+        };
+        let zero = Duration::ZERO;
+        let start = m.admitted.map(|a| clamp(a, zero, end)).unwrap_or(zero);
+        if m.admitted.is_some() {
+            p.queue = Some((zero, start));
+        }
+        if m.streamed {
+            match m.first_chunk.map(|f| clamp(f, start, end)) {
+                Some(first) => {
+                    p.prefill = Some((start, first));
+                    p.time_to_first_token = Some(first);
+                    let last = clamp(m.last_chunk.unwrap_or(first), first, end);
+                    p.decode = Some((first, last));
+                }
+                None => p.prefill = Some((start, end)),
+            }
+        } else {
+            p.inference = Some((start, end));
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn engine_marks_give_three_phases() {
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Engine),
+            scheduled: Some(ms(10)),
+            first_token: Some(ms(50)),
+            last_token: Some(ms(200)),
+            first_chunk: Some(ms(51)),
+            last_chunk: Some(ms(201)),
+            streamed: true,
+            end: ms(202),
+            ..Marks::default()
+        });
+        assert_eq!(p.source, Some(PhaseSource::Engine));
+        assert_eq!(p.queue, Some((ms(0), ms(10))));
+        assert_eq!(p.prefill, Some((ms(10), ms(50))));
+        assert_eq!(p.decode, Some((ms(50), ms(200))));
+        assert_eq!(p.inference, None);
+        assert_eq!(p.time_to_first_token, Some(ms(50)));
+    }
+
+    #[test]
+    fn engine_without_marks_falls_back_to_derived() {
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Engine),
+            admitted: Some(ms(5)),
+            first_chunk: Some(ms(30)),
+            last_chunk: Some(ms(90)),
+            streamed: true,
+            end: ms(91),
+            ..Marks::default()
+        });
+        assert_eq!(p.source, Some(PhaseSource::Derived));
+        assert_eq!(p.queue, Some((ms(0), ms(5))));
+        assert_eq!(p.prefill, Some((ms(5), ms(30))));
+        assert_eq!(p.decode, Some((ms(30), ms(90))));
+    }
+
+    #[test]
+    fn derived_non_streamed_gives_one_inference_span() {
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Derived),
+            admitted: Some(ms(7)),
+            first_chunk: Some(ms(80)),
+            last_chunk: Some(ms(80)),
+            streamed: false,
+            end: ms(81),
+            ..Marks::default()
+        });
+        assert_eq!(p.queue, Some((ms(0), ms(7))));
+        assert_eq!(p.inference, Some((ms(7), ms(81))));
+        assert_eq!(
+            (p.prefill, p.decode, p.time_to_first_token),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn no_admission_queue_means_no_queue_span_in_derived_mode() {
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Derived),
+            end: ms(9),
+            ..Marks::default()
+        });
+        assert_eq!(p.queue, None);
+        assert_eq!(p.inference, Some((ms(0), ms(9))));
+    }
+
+    #[test]
+    fn engine_without_scheduled_mark_uses_the_admission_queue() {
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Engine),
+            admitted: Some(ms(12)),
+            first_token: Some(ms(30)),
+            last_token: Some(ms(60)),
+            end: ms(61),
+            ..Marks::default()
+        });
+        assert_eq!(p.source, Some(PhaseSource::Engine));
+        assert_eq!(p.queue, Some((ms(0), ms(12))));
+        assert_eq!(p.prefill, Some((ms(12), ms(30))));
+        assert_eq!(p.decode, Some((ms(30), ms(60))));
+    }
+
+    #[test]
+    fn ended_before_first_token_is_all_prefill() {
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Engine),
+            scheduled: Some(ms(3)),
+            end: ms(40),
+            ..Marks::default()
+        });
+        assert_eq!(p.prefill, Some((ms(3), ms(40))));
+        assert_eq!(p.decode, None);
+    }
+
+    #[test]
+    fn marks_past_the_end_are_clamped_and_never_negative() {
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Engine),
+            scheduled: Some(ms(50)),
+            first_token: Some(ms(20)), // out of order: clamped to scheduled
+            last_token: Some(ms(500)), // after end: clamped to end
+            end: ms(100),
+            ..Marks::default()
+        });
+        assert_eq!(p.queue, Some((ms(0), ms(50))));
+        assert_eq!(p.prefill, Some((ms(50), ms(50))));
+        assert_eq!(p.decode, Some((ms(50), ms(100))));
+    }
+}

@@ -1,0 +1,419 @@
+//! [`RequestRecord`]: everything the layer keeps about one request while it runs, and the one
+//! place where spans and metrics are emitted when it ends.
+//!
+//! The hot path only stores instants and counters here. `finish` converts them to wall time once
+//! (`wall_arrival + offset`), computes the phases, sets the request span's attributes, emits the
+//! phase spans with exact timestamps, ends the request span and records the metrics.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{HeaderMap, Request, Response, header};
+use opentelemetry::trace::{Status, TraceContextExt};
+use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
+use tokio::sync::OwnedSemaphorePermit;
+
+use infertrace_semconv::{gen_ai, infer, latency, net, span as span_names};
+
+use crate::gaps::GapHistogram;
+use crate::grpc::{self, MessageCounter};
+use crate::layer::Shared;
+use crate::metrics::RequestMeasurements;
+use crate::phases::{Marks, Phases};
+use crate::request_facts::{RequestFacts, request_attributes};
+use crate::spans::RequestSpan;
+use crate::tick_clock::{self, TickSpan};
+use crate::{PhaseSource, RequestRecorder};
+
+/// How a request's life ended, as seen by the layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The response completed (end of body), or the service failed.
+    Completed,
+    /// The response future or body was dropped before completion: the client went away.
+    Cancelled,
+}
+
+/// One request in flight.
+pub(crate) struct RequestRecord {
+    shared: Arc<Shared>,
+    arrival: Instant,
+    wall_arrival: SystemTime,
+    recorder: RequestRecorder,
+    facts: RequestFacts,
+    span: RequestSpan,
+    /// The parent context with the request span's context in it: what the inner future runs
+    /// under, and the parent of the phase spans.
+    cx: Context,
+    queue_depth: Option<usize>,
+    admitted: Option<Instant>,
+    permit: Option<OwnedSemaphorePermit>,
+    http_status: Option<u16>,
+    grpc_status: Option<i32>,
+    event_stream: bool,
+    chunks: u64,
+    first_chunk: Option<Instant>,
+    /// [`tick_clock`] reading at the first chunk (anchor of the tick conversion).
+    first_tick: u64,
+    /// [`tick_clock`] reading at the latest chunk.
+    last_tick: u64,
+    /// Gaps between chunks, in ticks.
+    gaps: Option<Box<GapHistogram>>,
+    messages: Option<MessageCounter>,
+    failure: Option<&'static str>,
+    rejected: bool,
+    finished: bool,
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl RequestRecord {
+    /// Starts tracing `req`: extracts the parent context, starts the request span at `arrival`,
+    /// and puts a [`RequestRecorder`] in the request extensions.
+    pub(crate) fn start<B>(
+        shared: Arc<Shared>,
+        arrival: Instant,
+        facts: RequestFacts,
+        req: &mut Request<B>,
+    ) -> Box<Self> {
+        let wall_arrival = SystemTime::now();
+        let parent = crate::propagation::extract(req.headers());
+        let mut attrs = Vec::with_capacity(36);
+        request_attributes(req, &facts, &mut attrs);
+        let span = shared
+            .tracer
+            .start_request(facts.span_name(), wall_arrival, attrs, &parent);
+        let cx = parent.with_remote_span_context(span.span_context().clone());
+        let recorder = RequestRecorder::with_arrival(arrival);
+        req.extensions_mut().insert(recorder.clone());
+        shared.metrics.active_requests.add(1, &[]);
+        Box::new(Self {
+            shared,
+            arrival,
+            wall_arrival,
+            recorder,
+            facts,
+            span,
+            cx,
+            queue_depth: None,
+            admitted: None,
+            permit: None,
+            http_status: None,
+            grpc_status: None,
+            event_stream: false,
+            chunks: 0,
+            first_chunk: None,
+            first_tick: 0,
+            last_tick: 0,
+            gaps: None,
+            messages: None,
+            failure: None,
+            rejected: false,
+            finished: false,
+        })
+    }
+
+    /// The context the inner service runs under.
+    pub(crate) fn context(&self) -> &Context {
+        &self.cx
+    }
+
+    /// Admission-queue length at arrival.
+    pub(crate) fn set_queue_depth(&mut self, depth: usize) {
+        self.queue_depth = Some(depth);
+    }
+
+    /// The admission queue let the request in at `at`; the slot is held until the end.
+    pub(crate) fn admitted(&mut self, permit: OwnedSemaphorePermit, at: Instant) {
+        self.admitted = Some(at);
+        self.permit = Some(permit);
+    }
+
+    /// The admission queue was full.
+    pub(crate) fn reject(&mut self) {
+        self.rejected = true;
+    }
+
+    /// The inner service or the body failed.
+    pub(crate) fn fail(&mut self, kind: &'static str) {
+        self.failure.get_or_insert(kind);
+    }
+
+    /// Reads the response head: status, trailers-only `grpc-status`, stream content types.
+    pub(crate) fn on_response<B>(&mut self, response: &Response<B>) {
+        self.http_status = Some(response.status().as_u16());
+        let headers = response.headers();
+        if let Some(code) = grpc::status(headers) {
+            self.grpc_status = Some(code);
+        }
+        if self.facts.grpc || grpc::is_grpc(headers) {
+            self.facts.grpc = true;
+            self.messages = Some(MessageCounter::default());
+        } else {
+            self.event_stream = headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        }
+    }
+
+    /// One non-empty data frame went out. `bytes` is its first contiguous piece and `len` its
+    /// full length (they differ only for non-contiguous buffers, where a gRPC frame then counts
+    /// as one message). After the first chunk this reads only the tick clock.
+    #[inline]
+    pub(crate) fn on_data(&mut self, bytes: &[u8], len: usize) {
+        self.chunks += match &mut self.messages {
+            Some(counter) if bytes.len() == len => counter.feed(bytes),
+            _ => 1,
+        };
+        if self.first_chunk.is_none() {
+            self.first_chunk = Some(Instant::now());
+            self.first_tick = tick_clock::ticks();
+            self.last_tick = self.first_tick;
+            return;
+        }
+        let now = tick_clock::ticks();
+        self.gaps
+            .get_or_insert_with(Box::default)
+            .record(now.saturating_sub(self.last_tick));
+        self.last_tick = self.last_tick.max(now);
+    }
+
+    /// Trailers went out (gRPC status lives here for streams).
+    pub(crate) fn on_trailers(&mut self, trailers: &HeaderMap) {
+        if let Some(code) = grpc::status(trailers) {
+            self.grpc_status = Some(code);
+        }
+    }
+
+    fn offset(&self, t: Instant) -> Duration {
+        t.saturating_duration_since(self.arrival)
+    }
+
+    fn wall(&self, offset: Duration) -> SystemTime {
+        self.wall_arrival + offset
+    }
+
+    /// Ends the request now. Idempotent.
+    pub(crate) fn finish(&mut self, how: End) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let end = Instant::now();
+        let end_tick = tick_clock::ticks();
+        let end_offset = self.offset(end);
+        // Chunk ticks convert with this request's own pair of anchors.
+        let ticks = self
+            .first_chunk
+            .map(|first| TickSpan::new(first, self.first_tick, end, end_tick));
+        let first_chunk = self.first_chunk.map(|t| self.offset(t));
+        let last_chunk = match (first_chunk, ticks) {
+            (Some(first), Some(ticks)) => {
+                Some((first + ticks.offset(self.last_tick)).min(end_offset))
+            }
+            _ => None,
+        };
+        let marks = self.recorder.marks();
+        let strings = self.recorder.strings();
+
+        let error_type: Option<Cow<'static, str>> = if self.rejected {
+            None
+        } else if let Some(kind) = self.failure {
+            Some(Cow::Borrowed(kind))
+        } else if let Some(kind) = strings.error {
+            Some(Cow::Owned(kind.to_string()))
+        } else if let Some(code) = self.grpc_status.filter(|c| *c != 0) {
+            Some(Cow::Borrowed(grpc::status_name(code)))
+        } else {
+            self.http_status
+                .filter(|s| *s >= 500)
+                .map(|s| Cow::Owned(s.to_string()))
+        };
+        let outcome = if self.rejected {
+            infer::outcome::REJECTED
+        } else if error_type.is_some() {
+            infer::outcome::ERROR
+        } else if how == End::Cancelled {
+            infer::outcome::CANCELLED
+        } else {
+            infer::outcome::OK
+        };
+
+        let streamed = match self.recorder.stream_flag() {
+            Some(s) => s,
+            None => self.event_stream || (self.facts.grpc && self.chunks >= 2),
+        };
+        let phases = if self.rejected {
+            Phases::default()
+        } else {
+            Phases::compute(&Marks {
+                source: Some(self.shared.phase_source),
+                scheduled: marks.scheduled,
+                first_token: marks.first_token,
+                last_token: marks.last_token,
+                admitted: self.admitted.map(|t| self.offset(t)),
+                first_chunk,
+                last_chunk,
+                streamed,
+                end: end_offset,
+            })
+        };
+        let dur = |i: Option<(Duration, Duration)>| i.map(|(s, e)| secs(e.saturating_sub(s)));
+        // TPOT = decode / (output tokens − 1). Without engine usage, derived mode uses the
+        // number of chunks as the token count (one token per SSE event / gRPC message).
+        let token_count = marks
+            .output_tokens
+            .or((phases.source == Some(PhaseSource::Derived) && streamed).then_some(self.chunks));
+        let tpot = match (phases.decode, token_count) {
+            (Some((s, e)), Some(n)) if n >= 2 => Some(secs(e.saturating_sub(s)) / (n - 1) as f64),
+            _ => None,
+        };
+        let measurements = RequestMeasurements {
+            e2e: secs(end_offset),
+            ttft: phases.time_to_first_token.map(secs),
+            tpot,
+            queue: dur(phases.queue),
+            prefill: dur(phases.prefill),
+            decode: dur(phases.decode),
+            input_tokens: marks.input_tokens,
+            output_tokens: marks.output_tokens,
+        };
+
+        let request_model: Option<StringValue> = strings
+            .request_model
+            .map(|m| StringValue::from(Arc::clone(m)))
+            .or_else(|| self.facts.request_model.clone());
+        let response_model = strings.model.map(|m| StringValue::from(Arc::clone(m)));
+        let model_for_name = request_model.clone().or_else(|| response_model.clone());
+
+        let ttfc = first_chunk.map(secs);
+        let gap_stats = match (&self.gaps, ticks) {
+            (Some(g), Some(ticks)) => {
+                let s = |v: Option<u64>| v.map(|t| secs(ticks.duration(t)));
+                Some((s(g.quantile(0.50)), s(g.quantile(0.99)), s(g.max())))
+            }
+            _ => None,
+        };
+        if self.span.is_recording() {
+            // Straight into the span's own attribute list (sized at start): no extra Vec.
+            let span = &mut self.span;
+            // The request model may only be known now (recorder), which also renames the span.
+            let model_changed = match (&self.facts.request_model, &model_for_name) {
+                (Some(old), Some(new)) => old.as_str() != new.as_str(),
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            if model_changed && let Some(m) = &model_for_name {
+                span.update_name(format!("{} {}", self.facts.operation, m.as_str()));
+                span.set_attribute(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
+            }
+            if let Some(m) = response_model {
+                span.set_attribute(KeyValue::new(gen_ai::RESPONSE_MODEL, m));
+            }
+            if let Some(n) = marks.max_tokens {
+                span.set_attribute(KeyValue::new(gen_ai::REQUEST_MAX_TOKENS, n as i64));
+            }
+            span.set_attribute(KeyValue::new(gen_ai::REQUEST_STREAM, streamed));
+            if let Some(id) = strings.response_id {
+                span.set_attribute(KeyValue::new(gen_ai::RESPONSE_ID, Arc::clone(id)));
+            }
+            if let Some(reason) = strings.finish_reason {
+                span.set_attribute(KeyValue::new(
+                    gen_ai::RESPONSE_FINISH_REASONS,
+                    Value::Array(Array::String(vec![StringValue::from(Arc::clone(reason))])),
+                ));
+            }
+            if let Some(n) = marks.input_tokens {
+                span.set_attribute(KeyValue::new(gen_ai::USAGE_INPUT_TOKENS, n as i64));
+            }
+            if let Some(n) = marks.output_tokens {
+                span.set_attribute(KeyValue::new(gen_ai::USAGE_OUTPUT_TOKENS, n as i64));
+            }
+            if self.facts.grpc {
+                if let Some(code) = self.grpc_status.or(self.http_status.map(|_| 0)) {
+                    span.set_attribute(KeyValue::new(net::RPC_GRPC_STATUS_CODE, i64::from(code)));
+                }
+            } else if let Some(status) = self.http_status {
+                span.set_attribute(KeyValue::new(
+                    net::HTTP_RESPONSE_STATUS_CODE,
+                    i64::from(status),
+                ));
+            }
+            let mut latency = |key: &'static str, v: Option<f64>| {
+                if let Some(v) = v {
+                    span.set_attribute(KeyValue::new(key, v));
+                }
+            };
+            latency(latency::TIME_IN_QUEUE, measurements.queue);
+            latency(latency::TIME_TO_FIRST_TOKEN, measurements.ttft);
+            latency(latency::TIME_IN_MODEL_PREFILL, measurements.prefill);
+            latency(latency::TIME_IN_MODEL_DECODE, measurements.decode);
+            let inference = match (measurements.prefill, measurements.decode) {
+                (Some(p), Some(d)) => Some(p + d),
+                (Some(p), None) => Some(p),
+                _ => dur(phases.inference),
+            };
+            latency(latency::TIME_IN_MODEL_INFERENCE, inference);
+            latency(latency::E2E, Some(measurements.e2e));
+            latency(infer::TIME_PER_OUTPUT_TOKEN, tpot);
+            latency(infer::TIME_TO_FIRST_CHUNK, ttfc);
+            if let Some((p50, p99, max)) = gap_stats {
+                latency(infer::INTER_TOKEN_LATENCY_P50, p50);
+                latency(infer::INTER_TOKEN_LATENCY_P99, p99);
+                latency(infer::INTER_TOKEN_LATENCY_MAX, max);
+            }
+            span.set_attribute(KeyValue::new(infer::STREAM_CHUNKS, self.chunks as i64));
+            span.set_attribute(KeyValue::new(infer::OUTCOME, outcome));
+            if let Some(source) = phases.source {
+                span.set_attribute(KeyValue::new(infer::PHASE_SOURCE, source.as_str()));
+            }
+            if let Some(depth) = self.queue_depth {
+                span.set_attribute(KeyValue::new(infer::QUEUE_DEPTH, depth as i64));
+            }
+            if let Some(kind) = &error_type {
+                span.set_attribute(KeyValue::new(net::ERROR_TYPE, kind.clone()));
+                span.set_status(Status::error(kind.clone()));
+            }
+            if self.span.span_context().is_sampled() {
+                let tracer = &self.shared.tracer;
+                for (name, interval) in [
+                    (span_names::QUEUE, phases.queue),
+                    (span_names::PREFILL, phases.prefill),
+                    (span_names::DECODE, phases.decode),
+                    (span_names::INFERENCE, phases.inference),
+                ] {
+                    if let Some((s, e)) = interval {
+                        tracer.phase(name, self.wall(s), self.wall(e), &self.cx);
+                    }
+                }
+            }
+        }
+        self.span.end_with_timestamp(self.wall(end_offset));
+
+        let mut attrs = Vec::with_capacity(5);
+        attrs.push(KeyValue::new(
+            gen_ai::OPERATION_NAME,
+            self.facts.operation.clone(),
+        ));
+        if let Some(m) = model_for_name {
+            attrs.push(KeyValue::new(gen_ai::REQUEST_MODEL, m));
+        }
+        attrs.push(KeyValue::new(infer::OUTCOME, outcome));
+        if let Some(kind) = error_type {
+            attrs.push(KeyValue::new(net::ERROR_TYPE, kind));
+        }
+        self.shared.metrics.record(&measurements, &mut attrs);
+        self.shared.metrics.active_requests.add(-1, &[]);
+        // Free the admission slot only now: the engine is busy until the stream ends.
+        self.permit = None;
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        self.finish(End::Cancelled);
+    }
+}

@@ -1,0 +1,110 @@
+//! The tracer the layer uses and the request span it holds while a request runs.
+//!
+//! An [`SdkTracer`] is used directly so spans are neither boxed nor locked; any other tracer
+//! goes through `opentelemetry`'s [`BoxedTracer`].
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use opentelemetry::global::{BoxedSpan, BoxedTracer};
+use opentelemetry::trace::{Span, SpanBuilder, SpanContext, SpanKind, Status, Tracer};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::SdkTracer;
+
+/// The tracer of a layer.
+#[derive(Clone, Debug)]
+pub(crate) enum TracerHandle {
+    /// The SDK tracer, used without boxing.
+    Sdk(SdkTracer),
+    /// Any other tracer (the global one included).
+    Boxed(Arc<BoxedTracer>),
+}
+
+/// The request span, started at arrival and ended once the request is over.
+// It lives inside the already boxed `RequestRecord`: boxing the SDK span again would only
+// add an allocation per request.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum RequestSpan {
+    Sdk(opentelemetry_sdk::trace::Span),
+    Boxed(BoxedSpan),
+}
+
+macro_rules! on_span {
+    ($self:expr, $s:ident => $e:expr) => {
+        match $self {
+            RequestSpan::Sdk($s) => $e,
+            RequestSpan::Boxed($s) => $e,
+        }
+    };
+}
+
+impl TracerHandle {
+    /// Starts the SERVER request span at `start` under `parent`.
+    pub(crate) fn start_request(
+        &self,
+        name: Cow<'static, str>,
+        start: SystemTime,
+        attributes: Vec<KeyValue>,
+        parent: &Context,
+    ) -> RequestSpan {
+        let builder = SpanBuilder::from_name(name)
+            .with_kind(SpanKind::Server)
+            .with_start_time(start)
+            .with_attributes(attributes);
+        match self {
+            TracerHandle::Sdk(t) => RequestSpan::Sdk(t.build_with_context(builder, parent)),
+            TracerHandle::Boxed(t) => RequestSpan::Boxed(t.build_with_context(builder, parent)),
+        }
+    }
+
+    /// Emits one finished INTERNAL phase span `[start, end]` with `infer.phase = name` under
+    /// `parent` (a context carrying the request span).
+    pub(crate) fn phase(
+        &self,
+        name: &'static str,
+        start: SystemTime,
+        end: SystemTime,
+        parent: &Context,
+    ) {
+        let builder = SpanBuilder::from_name(name)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(start)
+            .with_attributes(vec![KeyValue::new(infertrace_semconv::infer::PHASE, name)]);
+        match self {
+            TracerHandle::Sdk(t) => t
+                .build_with_context(builder, parent)
+                .end_with_timestamp(end),
+            TracerHandle::Boxed(t) => t
+                .build_with_context(builder, parent)
+                .end_with_timestamp(end),
+        }
+    }
+}
+
+impl RequestSpan {
+    pub(crate) fn span_context(&self) -> &SpanContext {
+        on_span!(self, s => s.span_context())
+    }
+
+    pub(crate) fn is_recording(&self) -> bool {
+        on_span!(self, s => s.is_recording())
+    }
+
+    pub(crate) fn set_attribute(&mut self, attribute: KeyValue) {
+        on_span!(self, s => s.set_attribute(attribute))
+    }
+
+    pub(crate) fn set_status(&mut self, status: Status) {
+        on_span!(self, s => s.set_status(status))
+    }
+
+    pub(crate) fn update_name(&mut self, name: String) {
+        on_span!(self, s => s.update_name(name))
+    }
+
+    pub(crate) fn end_with_timestamp(&mut self, end: SystemTime) {
+        on_span!(self, s => s.end_with_timestamp(end))
+    }
+}

@@ -1,0 +1,751 @@
+//! The layer on an axum router over real loopback sockets: phases against the handler's own
+//! measurements (engine and derived modes, streamed and not), admission, cancellation, errors,
+//! trace-context propagation, `tracing` nesting and metrics.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use infertrace_tower::{AdmissionConfig, PhaseSource, RequestRecorder};
+use opentelemetry::trace::{SpanId, Status, TraceId, TracerProvider as _};
+use tokio::sync::mpsc;
+
+/// What the handler measured itself, as offsets from the recorder's arrival.
+#[derive(Clone, Copy, Debug, Default)]
+struct Truth {
+    handler_start: f64,
+    scheduled: f64,
+    first: f64,
+    last: f64,
+}
+
+type Truths = Arc<Mutex<Vec<(String, Truth)>>>;
+
+fn since(arrival: Instant) -> f64 {
+    arrival.elapsed().as_secs_f64()
+}
+
+fn sse(rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+fn model_of(rec: &RequestRecorder, headers: &axum::http::HeaderMap) -> String {
+    let _ = rec;
+    headers
+        .get("x-infertrace-model")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("test-model")
+        .to_owned()
+}
+
+/// Engine mode, streamed: an "engine" task marks scheduled after 30 ms, the first token 40 ms
+/// later, then 4 more tokens 15 ms apart, each sent as one SSE event, then `[DONE]`.
+async fn engine_stream(
+    State(truths): State<Truths>,
+    headers: axum::http::HeaderMap,
+    rec: RequestRecorder,
+) -> Response {
+    let (tx, rx) = mpsc::channel(16);
+    let key = model_of(&rec, &headers);
+    tokio::spawn(async move {
+        let arrival = rec.arrival();
+        let mut t = Truth {
+            handler_start: since(arrival),
+            ..Truth::default()
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        rec.scheduled();
+        t.scheduled = since(arrival);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        rec.tokens(1);
+        t.first = since(arrival);
+        let _ = tx.send(Bytes::from_static(b"data: {\"t\":0}\n\n")).await;
+        for i in 1..5 {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            rec.tokens(1);
+            t.last = since(arrival);
+            let _ = tx
+                .send(Bytes::from(format!("data: {{\"t\":{i}}}\n\n")))
+                .await;
+        }
+        rec.usage(12, 5);
+        rec.model("test-model-v2");
+        rec.response_id("resp-1");
+        rec.finish("stop");
+        truths.lock().unwrap().push((key, t));
+        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    });
+    sse(rx)
+}
+
+/// Engine mode, not streamed: marks inline, one JSON body.
+async fn engine_unary(State(truths): State<Truths>, rec: RequestRecorder) -> Response {
+    let arrival = rec.arrival();
+    let mut t = Truth {
+        handler_start: since(arrival),
+        ..Truth::default()
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    rec.scheduled();
+    t.scheduled = since(arrival);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    rec.tokens(1);
+    t.first = since(arrival);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    rec.tokens(9);
+    t.last = since(arrival);
+    rec.usage(7, 10);
+    rec.finish("length");
+    truths.lock().unwrap().push(("unary".into(), t));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        "{\"choices\":[]}",
+    )
+        .into_response()
+}
+
+/// Derived mode, streamed: no marks; 40 ms to the first event, then 3 more 10 ms apart.
+async fn derived_stream(
+    State(truths): State<Truths>,
+    headers: axum::http::HeaderMap,
+    rec: RequestRecorder,
+) -> Response {
+    let (tx, rx) = mpsc::channel(16);
+    let key = model_of(&rec, &headers);
+    let arrival = rec.arrival();
+    let mut t = Truth {
+        handler_start: since(arrival),
+        ..Truth::default()
+    };
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        t.first = since(arrival);
+        let _ = tx.send(Bytes::from_static(b"data: a\n\n")).await;
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            t.last = since(arrival);
+            let _ = tx.send(Bytes::from_static(b"data: b\n\n")).await;
+        }
+        truths.lock().unwrap().push((key, t));
+    });
+    sse(rx)
+}
+
+/// Derived mode, not streamed: 30 ms of work, one body.
+async fn derived_unary(State(truths): State<Truths>, rec: RequestRecorder) -> Response {
+    let arrival = rec.arrival();
+    let mut t = Truth {
+        handler_start: since(arrival),
+        ..Truth::default()
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    t.last = since(arrival);
+    truths.lock().unwrap().push(("derived-unary".into(), t));
+    "{}".into_response()
+}
+
+fn app(truths: &Truths) -> Router<()> {
+    Router::new()
+        .route("/v1/chat/completions", post(engine_stream))
+        .route("/v1/completions", post(engine_unary))
+        .route("/derived/stream", post(derived_stream))
+        .route("/derived/unary", post(derived_unary))
+        .with_state(Arc::clone(truths))
+}
+
+fn truth_of(truths: &Truths, key: &str) -> Truth {
+    truths
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, t)| *t)
+        .unwrap_or_else(|| panic!("no truth for {key}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_marks_streamed_phases_match_the_engine() {
+    let tel = Telemetry::new();
+    let truths = Truths::default();
+    let addr = serve_axum(app(&truths).layer(tel.layer().default_model("test-model"))).await;
+
+    let (status, _, body) = send(addr, "/v1/chat/completions", &[], "{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    let t = truth_of(&truths, "test-model");
+    assert_well_formed(&spans, req);
+
+    assert_eq!(req.name, "chat test-model");
+    assert_eq!(children_names(&spans, req), ["decode", "prefill", "queue"]);
+    let queue = child(&spans, req, "queue").unwrap();
+    let prefill = child(&spans, req, "prefill").unwrap();
+    let decode = child(&spans, req, "decode").unwrap();
+    // The queue starts exactly at arrival; phases are back to back.
+    assert_eq!(queue.start_time, req.start_time);
+    assert_eq!(queue.end_time, prefill.start_time);
+    assert_eq!(prefill.end_time, decode.start_time);
+    assert_close("queue", secs(queue), t.scheduled, TOL);
+    assert_close("prefill", secs(prefill), t.first - t.scheduled, TOL);
+    assert_close("decode", secs(decode), t.last - t.first, TOL);
+
+    assert_close(
+        "time_in_queue",
+        attr_f64(req, "gen_ai.latency.time_in_queue"),
+        secs(queue),
+        1e-6,
+    );
+    assert_close(
+        "ttft",
+        attr_f64(req, "gen_ai.latency.time_to_first_token"),
+        t.first,
+        TOL,
+    );
+    assert_close(
+        "prefill attr",
+        attr_f64(req, "gen_ai.latency.time_in_model_prefill"),
+        secs(prefill),
+        1e-6,
+    );
+    assert_close(
+        "decode attr",
+        attr_f64(req, "gen_ai.latency.time_in_model_decode"),
+        secs(decode),
+        1e-6,
+    );
+    assert_close(
+        "inference",
+        attr_f64(req, "gen_ai.latency.time_in_model_inference"),
+        secs(prefill) + secs(decode),
+        1e-6,
+    );
+    assert_close("e2e", attr_f64(req, "gen_ai.latency.e2e"), secs(req), 1e-6);
+    assert_close(
+        "tpot",
+        attr_f64(req, "infer.time_per_output_token"),
+        secs(decode) / 4.0,
+        1e-6,
+    );
+    assert!(
+        attr_f64(req, "infer.time_to_first_chunk")
+            >= attr_f64(req, "gen_ai.latency.time_to_first_token")
+    );
+    // Five token events and `[DONE]`, one frame each; gaps were ~15 ms (and ~0 before DONE).
+    assert_eq!(attr_i64(req, "infer.stream.chunks"), 6);
+    let p50 = attr_f64(req, "infer.inter_token_latency.p50");
+    let max = attr_f64(req, "infer.inter_token_latency.max");
+    assert!((0.010..0.030).contains(&p50), "p50 {p50}");
+    assert!(max >= p50 && max >= attr_f64(req, "infer.inter_token_latency.p99"));
+
+    assert_eq!(attr_i64(req, "gen_ai.usage.input_tokens"), 12);
+    assert_eq!(attr_i64(req, "gen_ai.usage.output_tokens"), 5);
+    assert_eq!(attr_str(req, "gen_ai.response.model"), "test-model-v2");
+    assert_eq!(attr_str(req, "gen_ai.response.id"), "resp-1");
+    assert_eq!(
+        attr(req, "gen_ai.response.finish_reasons")
+            .unwrap()
+            .to_string(),
+        "[\"stop\"]"
+    );
+    assert_eq!(
+        attr(req, "gen_ai.request.stream"),
+        Some(&opentelemetry::Value::Bool(true))
+    );
+    assert_eq!(attr_str(req, "gen_ai.operation.name"), "chat");
+    assert_eq!(attr_str(req, "gen_ai.request.model"), "test-model");
+    assert_eq!(attr_str(req, "infer.outcome"), "ok");
+    assert_eq!(attr_str(req, "infer.phase.source"), "engine");
+    assert_eq!(attr_str(req, "http.request.method"), "POST");
+    assert_eq!(attr_str(req, "url.path"), "/v1/chat/completions");
+    assert_eq!(attr_str(req, "http.route"), "/v1/chat/completions");
+    assert_eq!(attr_i64(req, "http.response.status_code"), 200);
+    assert_eq!(attr_str(req, "server.address"), "127.0.0.1");
+    assert_eq!(attr_i64(req, "server.port"), i64::from(addr.port()));
+    assert_eq!(attr_str(req, "user_agent.original"), "infertrace-test");
+    assert_eq!(req.status, Status::Unset);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_marks_non_streamed_phases_match_the_engine() {
+    let tel = Telemetry::new();
+    let truths = Truths::default();
+    let addr = serve_axum(app(&truths).layer(tel.layer().default_model("m"))).await;
+    let (status, _, _) = send(
+        addr,
+        "/v1/completions",
+        &[("x-infertrace-model", "big")],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    let t = truth_of(&truths, "unary");
+    assert_well_formed(&spans, req);
+    assert_eq!(req.name, "text_completion big");
+    let queue = child(&spans, req, "queue").unwrap();
+    let prefill = child(&spans, req, "prefill").unwrap();
+    let decode = child(&spans, req, "decode").unwrap();
+    assert_close("queue", secs(queue), t.scheduled, TOL);
+    assert_close("prefill", secs(prefill), t.first - t.scheduled, TOL);
+    assert_close("decode", secs(decode), t.last - t.first, TOL);
+    assert!(child(&spans, req, "inference").is_none());
+    assert_eq!(
+        attr(req, "gen_ai.request.stream"),
+        Some(&opentelemetry::Value::Bool(false))
+    );
+    assert_eq!(attr_i64(req, "gen_ai.usage.output_tokens"), 10);
+    assert_close(
+        "tpot",
+        attr_f64(req, "infer.time_per_output_token"),
+        secs(decode) / 9.0,
+        1e-6,
+    );
+    assert_eq!(attr_i64(req, "infer.stream.chunks"), 1);
+    assert!(attr(req, "infer.inter_token_latency.p50").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_streamed_phases_come_from_admission_and_body() {
+    let tel = Telemetry::new();
+    let truths = Truths::default();
+    let layer = tel
+        .layer()
+        .phase_source(PhaseSource::Derived)
+        .admission(AdmissionConfig::new(1, 8));
+    let addr = serve_axum(app(&truths).layer(layer)).await;
+
+    // Three requests 5 ms apart through one slot: the 2nd and 3rd queue behind the 1st.
+    let mut calls = Vec::new();
+    for m in ["r1", "r2", "r3"] {
+        calls.push(tokio::spawn(async move {
+            send(addr, "/derived/stream", &[("x-infertrace-model", m)], "{}").await
+        }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for c in calls {
+        assert_eq!(c.await.unwrap().0, StatusCode::OK);
+    }
+    let spans = tel.wait_for_requests(3).await;
+    let mut depths = Vec::new();
+    for m in ["r1", "r2", "r3"] {
+        let req = requests(&spans)
+            .into_iter()
+            .find(|s| s.name == format!("generate_content {m}"))
+            .unwrap();
+        assert_well_formed(&spans, req);
+        let t = truth_of(&truths, m);
+        assert_eq!(attr_str(req, "infer.phase.source"), "derived");
+        assert_eq!(children_names(&spans, req), ["decode", "prefill", "queue"]);
+        let queue = child(&spans, req, "queue").unwrap();
+        let prefill = child(&spans, req, "prefill").unwrap();
+        let decode = child(&spans, req, "decode").unwrap();
+        // Admission happens just before the handler starts.
+        assert_close(&format!("{m} queue"), secs(queue), t.handler_start, TOL);
+        assert_close(
+            &format!("{m} prefill"),
+            secs(prefill),
+            t.first - t.handler_start,
+            TOL,
+        );
+        assert_close(&format!("{m} decode"), secs(decode), t.last - t.first, TOL);
+        assert_eq!(attr_i64(req, "infer.stream.chunks"), 4);
+        assert_close(
+            "ttfc",
+            attr_f64(req, "infer.time_to_first_chunk"),
+            t.first,
+            TOL,
+        );
+        // No usage from an engine: chunks stand in for tokens.
+        assert_close(
+            "tpot",
+            attr_f64(req, "infer.time_per_output_token"),
+            secs(decode) / 3.0,
+            1e-6,
+        );
+        depths.push(attr_i64(req, "infer.queue.depth"));
+    }
+    assert_eq!(depths, [0, 0, 1]);
+    let q2 = child(
+        &spans,
+        requests(&spans)
+            .into_iter()
+            .find(|s| s.name.ends_with("r2"))
+            .unwrap(),
+        "queue",
+    )
+    .unwrap();
+    assert!(secs(q2) > 0.040, "r2 waited for r1: {}", secs(q2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_non_streamed_emits_queue_and_inference_only() {
+    let tel = Telemetry::new();
+    let truths = Truths::default();
+    let layer = tel
+        .layer()
+        .phase_source(PhaseSource::Derived)
+        .admission(AdmissionConfig::new(4, 4));
+    let addr = serve_axum(app(&truths).layer(layer)).await;
+    assert_eq!(
+        send(addr, "/derived/unary", &[], "{}").await.0,
+        StatusCode::OK
+    );
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    assert_well_formed(&spans, req);
+    let t = truth_of(&truths, "derived-unary");
+    assert_eq!(children_names(&spans, req), ["inference", "queue"]);
+    let inference = child(&spans, req, "inference").unwrap();
+    assert_close("inference", secs(inference), t.last - t.handler_start, TOL);
+    assert_close(
+        "inference attr",
+        attr_f64(req, "gen_ai.latency.time_in_model_inference"),
+        secs(inference),
+        1e-6,
+    );
+    assert!(attr(req, "gen_ai.latency.time_to_first_token").is_none());
+    assert!(attr(req, "gen_ai.latency.time_in_model_prefill").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_admission_queue_rejects_with_429() {
+    let tel = Telemetry::new();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = Arc::clone(&release);
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(move || {
+                let held = Arc::clone(&held);
+                async move {
+                    held.notified().await;
+                    "done"
+                }
+            }),
+        )
+        .layer(tel.layer().admission(AdmissionConfig::new(1, 0)));
+    let addr = serve_axum(app).await;
+    let first = tokio::spawn(async move { send(addr, "/v1/chat/completions", &[], "{}").await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, headers, _) = send(addr, "/v1/chat/completions", &[], "{}").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.contains_key(header::RETRY_AFTER));
+    release.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::OK);
+
+    let spans = tel.wait_for_requests(2).await;
+    let rejected: Vec<_> = requests(&spans)
+        .into_iter()
+        .filter(|s| attr_str(s, "infer.outcome") == "rejected")
+        .collect();
+    assert_eq!(rejected.len(), 1);
+    let r = rejected[0];
+    assert_eq!(attr_i64(r, "http.response.status_code"), 429);
+    assert_eq!(r.status, Status::Unset);
+    assert!(attr(r, "error.type").is_none());
+    assert!(children_names(&spans, r).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_cancel_mid_stream_ends_the_span_as_cancelled() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|rec: RequestRecorder| async move {
+                let (tx, rx) = mpsc::channel(1);
+                tokio::spawn(async move {
+                    rec.scheduled();
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        rec.tokens(1);
+                        if tx.send(Bytes::from_static(b"data: t\n\n")).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                sse(rx)
+            }),
+        )
+        .layer(tel.layer());
+    let addr = serve_axum(app).await;
+    {
+        let client = http1_client();
+        let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let mut body = client.request(req).await.unwrap().into_body();
+        for _ in 0..3 {
+            let frame = body.frame().await.unwrap().unwrap();
+            assert!(frame.is_data());
+        }
+        // Dropping body and client closes the connection mid-stream.
+    }
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    assert_well_formed(&spans, req);
+    assert_eq!(attr_str(req, "infer.outcome"), "cancelled");
+    assert_eq!(req.status, Status::Unset);
+    let chunks = attr_i64(req, "infer.stream.chunks");
+    assert!(chunks >= 3, "chunks {chunks}");
+    // Tokens the engine produced so far (the engine may be one token ahead of the wire).
+    let tokens = attr_i64(req, "gen_ai.usage.output_tokens");
+    assert!(
+        tokens >= chunks && tokens <= chunks + 2,
+        "tokens {tokens} chunks {chunks}"
+    );
+    assert!(child(&spans, req, "decode").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_error_and_5xx_set_error_status() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|rec: RequestRecorder| async move {
+                rec.scheduled();
+                rec.error("engine_oom");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }),
+        )
+        .route(
+            "/v1/completions",
+            post(|| async { StatusCode::SERVICE_UNAVAILABLE }),
+        )
+        .layer(tel.layer());
+    let addr = serve_axum(app).await;
+    assert_eq!(send(addr, "/v1/chat/completions", &[], "{}").await.0, 500);
+    assert_eq!(send(addr, "/v1/completions", &[], "{}").await.0, 503);
+    let spans = tel.wait_for_requests(2).await;
+    for req in requests(&spans) {
+        assert_eq!(attr_str(req, "infer.outcome"), "error");
+        assert!(
+            matches!(req.status, Status::Error { .. }),
+            "{:?}",
+            req.status
+        );
+        let expected = if req.name.starts_with("chat") {
+            "engine_oom"
+        } else {
+            "503"
+        };
+        assert_eq!(attr_str(req, "error.type"), expected);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|rec: RequestRecorder| async move {
+                rec.scheduled();
+                rec.tokens(1);
+                "ok"
+            }),
+        )
+        .layer(tel.layer().default_model("m"));
+    let addr = serve_axum(app).await;
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    send(
+        addr,
+        "/v1/chat/completions",
+        &[("traceparent", parent), ("x-infertrace-model", "good")],
+        "{}",
+    )
+    .await;
+    send(
+        addr,
+        "/v1/chat/completions",
+        &[
+            ("traceparent", "00-nothex-00f067aa0ba902b7-01"),
+            ("x-infertrace-model", "bad"),
+        ],
+        "{}",
+    )
+    .await;
+    let spans = tel.wait_for_requests(2).await;
+    let good = requests(&spans)
+        .into_iter()
+        .find(|s| s.name == "chat good")
+        .unwrap();
+    let expected_trace = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+    assert_eq!(good.span_context.trace_id(), expected_trace);
+    assert_eq!(
+        good.parent_span_id,
+        SpanId::from_hex("00f067aa0ba902b7").unwrap()
+    );
+    assert!(good.parent_span_is_remote);
+    for phase in ["queue", "prefill", "decode"] {
+        let p = child(&spans, good, phase).unwrap();
+        assert_eq!(p.span_context.trace_id(), expected_trace);
+        assert!(!p.parent_span_is_remote);
+    }
+
+    let bad = requests(&spans)
+        .into_iter()
+        .find(|s| s.name == "chat bad")
+        .unwrap();
+    assert_ne!(bad.span_context.trace_id(), expected_trace);
+    assert_ne!(bad.span_context.trace_id(), TraceId::INVALID);
+    assert_eq!(bad.parent_span_id, SpanId::INVALID);
+    assert_eq!(attr_str(bad, "infer.outcome"), "ok");
+}
+
+#[tokio::test]
+async fn tracing_spans_in_the_handler_nest_under_the_request_span() {
+    use tracing::Instrument as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    let tel = Telemetry::new();
+    let otel = tracing_opentelemetry::layer().with_tracer(tel.tracer_provider.tracer("handler"));
+    let subscriber = tracing_subscriber::registry().with(otel);
+    // Current-thread runtime: server, handler and test share this thread and its subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|rec: RequestRecorder| async move {
+                async {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    rec.scheduled();
+                    tracing::info_span!("tokenize").in_scope(|| ());
+                }
+                .instrument(tracing::info_span!("engine_step"))
+                .await;
+                "ok"
+            }),
+        )
+        .layer(tel.layer());
+    let addr = serve_axum(app).await;
+    send(addr, "/v1/chat/completions", &[], "{}").await;
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    let step = spans
+        .iter()
+        .find(|s| s.name == "engine_step")
+        .expect("engine_step exported");
+    assert_eq!(step.span_context.trace_id(), req.span_context.trace_id());
+    assert_eq!(step.parent_span_id, req.span_context.span_id());
+    let tokenize = spans.iter().find(|s| s.name == "tokenize").unwrap();
+    assert_eq!(tokenize.parent_span_id, step.span_context.span_id());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_recorded_with_the_recommended_buckets() {
+    let tel = Telemetry::new();
+    let truths = Truths::default();
+    let addr = serve_axum(app(&truths).layer(tel.layer().default_model("test-model"))).await;
+    send(addr, "/v1/chat/completions", &[], "{}").await;
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    let metrics = tel.finished_metrics();
+
+    let duration = f64_histogram(&metrics, "gen_ai.server.request.duration");
+    assert_eq!(duration.len(), 1);
+    let (attrs, count, sum) = &duration[0];
+    assert_eq!(*count, 1);
+    assert_close("duration sum", *sum, secs(req), 1e-6);
+    for kv in [
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.request.model", "test-model"),
+        ("infer.outcome", "ok"),
+    ] {
+        assert!(
+            attrs.contains(&(kv.0.to_owned(), kv.1.to_owned())),
+            "{kv:?} in {attrs:?}"
+        );
+    }
+    assert_eq!(
+        f64_histogram_bounds(&metrics, "gen_ai.server.request.duration"),
+        infertrace_semconv::metric::REQUEST_DURATION_BUCKETS
+    );
+    assert_eq!(
+        f64_histogram_bounds(&metrics, "gen_ai.server.time_to_first_token"),
+        infertrace_semconv::metric::TTFT_BUCKETS
+    );
+    assert_eq!(
+        f64_histogram_bounds(&metrics, "infer.server.decode.duration"),
+        infertrace_semconv::metric::PHASE_DURATION_BUCKETS
+    );
+    let ttft = f64_histogram(&metrics, "gen_ai.server.time_to_first_token");
+    assert_close(
+        "ttft sum",
+        ttft[0].2,
+        attr_f64(req, "gen_ai.latency.time_to_first_token"),
+        1e-6,
+    );
+    for name in [
+        "gen_ai.server.time_per_output_token",
+        "infer.server.queue.duration",
+        "infer.server.prefill.duration",
+        "infer.server.decode.duration",
+    ] {
+        let h = f64_histogram(&metrics, name);
+        assert_eq!(h.iter().map(|p| p.1).sum::<u64>(), 1, "{name}");
+    }
+    let mut tokens = token_usage(&metrics);
+    tokens.sort();
+    assert_eq!(tokens, [("input".into(), 1, 12), ("output".into(), 1, 5)]);
+    assert_eq!(i64_sum(&metrics, "infer.server.active_requests"), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_and_recorder_name_the_request() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route("/embed", post(|| async { "{}" }))
+        .route(
+            "/late",
+            post(|rec: RequestRecorder| async move {
+                // The handler learns the model from the body.
+                rec.request_model("from-body");
+                rec.max_tokens(64);
+                "{}"
+            }),
+        )
+        .layer(tel.layer().describe(|head| infertrace_tower::RequestDescription {
+            operation: (head.uri.path() == "/embed").then_some("embeddings".into()),
+            model: head
+                .headers
+                .get("x-my-model")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        }));
+    let addr = serve_axum(app).await;
+    send(addr, "/embed", &[("x-my-model", "e5")], "{}").await;
+    send(addr, "/late", &[], "{}").await;
+    let spans = tel.wait_for_requests(2).await;
+    let mut names: Vec<_> = requests(&spans).iter().map(|s| s.name.to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["embeddings e5", "generate_content from-body"]);
+    let late = requests(&spans)
+        .into_iter()
+        .find(|s| s.name.ends_with("from-body"))
+        .unwrap();
+    assert_eq!(attr_str(late, "gen_ai.request.model"), "from-body");
+    assert_eq!(attr_i64(late, "gen_ai.request.max_tokens"), 64);
+}
