@@ -485,6 +485,7 @@ fn healthcheck_passes(script: &str, port: u16) -> bool {
     let script = script.replace("/9464", &format!("/{port}"));
     Command::new("bash")
         .args(["-c", &script])
+        .stderr(std::process::Stdio::null())
         .status()
         .expect("bash runs")
         .success()
@@ -964,4 +965,188 @@ fn dashboard_and_shards_are_well_formed() {
         assert!(counts.iter().all(|c| *c > 0), "{n} shards: {counts:?}");
         assert_eq!(counts.iter().sum::<usize>(), specs.len());
     }
+}
+
+fn yaml(path: &str) -> serde_yaml_ng::Value {
+    let text =
+        std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{path} is not YAML: {e}"))
+}
+
+fn strings(v: &serde_yaml_ng::Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| {
+            s.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The files of otel-config/ and docker/ name each other (hosts, ports, paths, anchors): check
+/// that they agree, since no Docker engine, Grafana, Jaeger, Tempo or otelcol runs here.
+#[test]
+fn deployment_files_agree_with_each_other() {
+    let root = repo_root();
+
+    // The load balancer shards by trace id over exactly the compose replicas, on their gRPC
+    // port, and fans the traces out to Jaeger; every pipeline component is defined.
+    let otelcol = yaml("otel-config/otelcol-contrib.yaml");
+    let lb = &otelcol["exporters"]["loadbalancing/infertrace"];
+    assert_eq!(lb["routing_key"].as_str(), Some("traceID"));
+    let backends = strings(&lb["resolver"]["static"]["hostnames"]);
+    assert_eq!(
+        backends,
+        [
+            "infertrace-1:4317",
+            "infertrace-2:4317",
+            "infertrace-3:4317"
+        ]
+    );
+    for (kind, pipeline) in otelcol["service"]["pipelines"]
+        .as_mapping()
+        .expect("pipelines")
+    {
+        for section in ["receivers", "processors", "exporters"] {
+            for name in strings(&pipeline[section]) {
+                assert!(
+                    otelcol[section].get(name.as_str()).is_some(),
+                    "pipeline {kind:?} uses undefined {section} {name}"
+                );
+            }
+        }
+    }
+    let traces_out = strings(&otelcol["service"]["pipelines"]["traces"]["exporters"]);
+    assert!(
+        traces_out.contains(&"loadbalancing/infertrace".to_owned())
+            && traces_out.contains(&"otlp/jaeger".to_owned())
+    );
+    assert_eq!(
+        otelcol["exporters"]["otlp/jaeger"]["endpoint"].as_str(),
+        Some("jaeger:4317")
+    );
+
+    // compose.scale.yaml runs those replicas and Prometheus scrapes each one's API.
+    let scale = yaml("docker/compose.scale.yaml");
+    let mut scrape: Vec<String> = Vec::new();
+    let prom_scale = yaml("docker/prometheus.scale.yml");
+    for job in prom_scale["scrape_configs"]
+        .as_sequence()
+        .expect("scrape_configs")
+    {
+        if job["job_name"].as_str() == Some("infertrace") {
+            for sc in job["static_configs"].as_sequence().expect("static_configs") {
+                scrape.extend(strings(&sc["targets"]));
+            }
+        }
+    }
+    for backend in &backends {
+        let host = backend.split(':').next().expect("host");
+        assert!(
+            !scale["services"][host].is_null(),
+            "compose.scale.yaml has no service {host}"
+        );
+        assert!(
+            scrape.contains(&format!("{host}:9464")),
+            "prometheus.scale.yml does not scrape {host}"
+        );
+    }
+    assert!(!scale["services"]["otelcol"].is_null() && !scale["services"]["jaeger"].is_null());
+
+    // Jaeger listens where infertrace forwards in compose.yaml.
+    let jaeger = yaml("otel-config/jaeger.yaml");
+    assert_eq!(
+        jaeger["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].as_str(),
+        Some("0.0.0.0:4317")
+    );
+    let single =
+        CollectorConfig::from_file(&root.join("docker/infertrace.compose.yaml")).expect("parses");
+    assert_eq!(
+        single.forward.endpoint.as_deref(),
+        Some("http://jaeger:4317")
+    );
+    let tempo = yaml("otel-config/tempo.yaml");
+    assert!(
+        !tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"].is_null(),
+        "tempo OTLP gRPC"
+    );
+
+    // Every file a compose file mounts exists, and Grafana's provider reads the mounted folder.
+    let compose = yaml("docker/compose.yaml");
+    for file in [&compose, &scale] {
+        for (name, service) in file["services"].as_mapping().expect("services") {
+            for volume in strings(&service["volumes"]) {
+                let source = volume.split(':').next().expect("source");
+                if source.starts_with('.') {
+                    let path = root.join("docker").join(source);
+                    assert!(path.exists(), "{name:?} mounts missing {}", path.display());
+                }
+            }
+        }
+    }
+    let provider = yaml("otel-config/grafana/provisioning/dashboards/infertrace.yaml");
+    let dash_dir = provider["providers"][0]["options"]["path"]
+        .as_str()
+        .expect("provider path");
+    let grafana_mounts = strings(&compose["services"]["grafana"]["volumes"]);
+    assert!(
+        grafana_mounts
+            .iter()
+            .any(|v| v.ends_with(&format!("{dash_dir}:ro"))),
+        "grafana does not mount the dashboards at {dash_dir}: {grafana_mounts:?}"
+    );
+    let datasources = yaml("otel-config/grafana/provisioning/datasources/prometheus.yaml");
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            root.join("otel-config/grafana/dashboards/llm-latency-breakdown.json"),
+        )
+        .expect("dashboard"),
+    )
+    .expect("JSON");
+    let default_ds = dashboard["templating"]["list"][0]["current"]["value"]
+        .as_str()
+        .expect("datasource var");
+    assert_eq!(
+        datasources["datasources"][0]["uid"].as_str(),
+        Some(default_ds)
+    );
+
+    // Every alert has for, severity, summary, description and a runbook that exists.
+    let alerts = yaml("otel-config/alerts.yml");
+    let deploy = std::fs::read_to_string(root.join("docs/deploy.md")).expect("docs/deploy.md");
+    let mut n = 0;
+    for group in alerts["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = rule["alert"].as_str().expect("alerting rules only");
+            n += 1;
+            assert!(rule["for"].as_str().is_some(), "{name}: for");
+            assert!(
+                matches!(
+                    rule["labels"]["severity"].as_str(),
+                    Some("warning" | "critical")
+                ),
+                "{name}: severity"
+            );
+            for a in ["summary", "description", "runbook_url"] {
+                assert!(
+                    rule["annotations"][a]
+                        .as_str()
+                        .is_some_and(|s| !s.is_empty()),
+                    "{name}: {a}"
+                );
+            }
+            let url = rule["annotations"]["runbook_url"]
+                .as_str()
+                .expect("runbook_url");
+            assert!(
+                url.ends_with(&format!("docs/deploy.md#{}", name.to_lowercase())),
+                "{name}: {url}"
+            );
+            assert!(
+                deploy.contains(&format!("\n### {name}\n")),
+                "docs/deploy.md has no runbook for {name}"
+            );
+        }
+    }
+    assert!(n >= 6, "{n} alerts");
 }

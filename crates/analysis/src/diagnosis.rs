@@ -13,9 +13,9 @@
 //! | `queue-dominated-gpu-idle` | … queued > 40% while the GPU is < 50% busy |
 //! | `queue-dominated` | … queued > 40% with the GPU between the two, or unmeasured |
 //! | `prefill-dominated-ttft` | TTFT p90 > 1 s and prefill is ≥ 60% of it |
-//! | `high-tpot-large-batch` | TPOT p90 > 100 ms with ≥ 16 requests decoding at once (Little's law) |
+//! | `high-tpot-large-batch` | TPOT p90 > 100 ms with ≥ 16 requests decoding at once (Little's law), unless stalls explain it |
 //! | `high-tpot` | TPOT p90 > 100 ms at a smaller batch |
-//! | `inter-token-stalls` | inter-token latency p99 > 5 × p50 |
+//! | `inter-token-stalls` | TPOT p50 > 2 × inter-token p50 (a few long pauses), or inter-token p99 > 5 × p50 |
 //! | `gpu-saturated` / `gpu-underutilized` | GPU > 95% / < 50% busy (when no queue rule said so) |
 //! | `e2e-slo-breach` | e2e p95 above the latency SLO (30 s) |
 //! | `throughput-below-floor` | requests/s under a configured floor (off by default) |
@@ -117,6 +117,9 @@ pub struct DiagnosisConfig {
     pub large_batch_min: f64,
     /// Inter-token latency p99 / p50 above which decodes stall. Default 5.
     pub itl_p99_p50_ratio_max: f64,
+    /// TPOT p50 (a request's mean gap) over inter-token latency p50 (its median gap) above which
+    /// a few long gaps dominate decoding, i.e. decodes stall. Default 2.
+    pub tpot_itl_ratio_max: f64,
     /// e2e p95 SLO, seconds; `null` disables. Default 30.
     pub e2e_p95_slo_seconds: Option<f64>,
     /// Requests per second below which throughput is too low; `null` (default) disables.
@@ -145,6 +148,7 @@ impl Default for DiagnosisConfig {
             tpot_p90_max_seconds: 0.1,
             large_batch_min: 16.0,
             itl_p99_p50_ratio_max: 5.0,
+            tpot_itl_ratio_max: 2.0,
             e2e_p95_slo_seconds: Some(30.0),
             throughput_min_rps: None,
             error_rate_max: 0.01,
@@ -228,8 +232,8 @@ pub fn diagnose(
         let gpu = gpu_utilization_mean(series);
         let gpu_explained = d.queue_dominated(gpu, critical);
         d.prefill_dominated_ttft();
-        d.high_tpot(gpu);
-        d.inter_token_stalls();
+        let stalls = d.inter_token_stalls();
+        d.high_tpot(gpu, stalls);
         if let Some(crit) = critical {
             d.critical_path_hotspot(crit);
         }
@@ -506,11 +510,17 @@ impl Diagnoser<'_> {
         );
     }
 
-    fn high_tpot(&mut self, gpu: Option<f64>) {
+    /// Slow decoding. When stalls were found and the steady gap between tokens (inter-token
+    /// p50) is within the threshold, the stalls explain the slow TPOT and this rule is quiet:
+    /// blaming the batch size would send the user the wrong way.
+    fn high_tpot(&mut self, gpu: Option<f64>, stalls: bool) {
         let Some(tpot) = self.s.tpot else {
             return;
         };
         if tpot.p90 <= self.c.tpot_p90_max_seconds {
+            return;
+        }
+        if stalls && self.s.itl.is_some_and(|i| i.p50 <= self.c.tpot_p90_max_seconds) {
             return;
         }
         let mut evidence = vec![ev(
@@ -566,39 +576,71 @@ impl Diagnoser<'_> {
         }
     }
 
-    fn inter_token_stalls(&mut self) {
+    /// Decodes that stall: a request's mean gap between tokens (TPOT) far above its median gap
+    /// (inter-token p50) means a few long pauses, or the tail of gaps far above the median.
+    /// Returns whether the rule fired.
+    fn inter_token_stalls(&mut self) -> bool {
         let Some(itl) = self.s.itl else {
-            return;
+            return false;
         };
         if itl.p50 <= 0.0 {
-            return;
+            return false;
         }
-        let r = itl.p99 / itl.p50;
-        if r <= self.c.itl_p99_p50_ratio_max {
-            return;
+        let tail = itl.p99 / itl.p50;
+        let mean_over_median = self.s.tpot.map(|t| t.p50 / itl.p50);
+        let by_tail = tail > self.c.itl_p99_p50_ratio_max;
+        let by_mean = mean_over_median.is_some_and(|r| r > self.c.tpot_itl_ratio_max);
+        if !by_tail && !by_mean {
+            return false;
         }
+        let mut evidence = vec![
+            ev("itl.p50", itl.p50, None, "s"),
+            ev("itl.max", itl.max, None, "s"),
+            ev(
+                "itl.p99 / itl.p50",
+                tail,
+                Some(self.c.itl_p99_p50_ratio_max),
+                "ratio",
+            ),
+        ];
+        if let (Some(r), Some(t)) = (mean_over_median, self.s.tpot) {
+            evidence.insert(0, ev("tpot.p50", t.p50, None, "s"));
+            evidence.push(ev(
+                "tpot.p50 / itl.p50",
+                r,
+                Some(self.c.tpot_itl_ratio_max),
+                "ratio",
+            ));
+        }
+        let detail = match (by_mean, mean_over_median, self.s.tpot) {
+            (true, Some(r), Some(t)) => format!(
+                "the typical gap between tokens is {} but requests average {} per token ({r:.1}×, threshold {:.1}×)",
+                secs(itl.p50),
+                secs(t.p50),
+                self.c.tpot_itl_ratio_max
+            ),
+            _ => format!(
+                "inter-token latency p99 is {} against a p50 of {} ({tail:.1}×, threshold {:.1}×)",
+                secs(itl.p99),
+                secs(itl.p50),
+                self.c.itl_p99_p50_ratio_max
+            ),
+        };
         self.push(
             "inter-token-stalls",
             Severity::Warning,
             format!(
-                "Inter-token latency p99 is {} against a p50 of {} ({r:.1}×, threshold {:.1}×; worst gap {}): decodes stall",
-                secs(itl.p99),
-                secs(itl.p50),
-                self.c.itl_p99_p50_ratio_max,
+                "Decodes stall: {detail}; worst gap {}",
                 secs(itl.max)
             ),
-            vec![
-                ev("itl.p99", itl.p99, None, "s"),
-                ev("itl.p50", itl.p50, None, "s"),
-                ev("itl.p99 / itl.p50", r, Some(self.c.itl_p99_p50_ratio_max), "ratio"),
-                ev("itl.max", itl.max, None, "s"),
-            ],
+            evidence,
             "Prefills of newly admitted requests interrupt running decodes: enable chunked \
              prefill (vLLM --enable-chunked-prefill, a smaller --max-num-batched-tokens) so \
              prefill is spread over steps, or separate prefill and decode onto different \
              instances (disaggregated prefill)."
                 .to_string(),
         );
+        true
     }
 
     fn gpu_level(&mut self, gpu: Option<f64>) {

@@ -23,6 +23,9 @@
 //!    recognised request span of the same service (the HTTP span around TGI's `generate`, a
 //!    `TraceLayer` span around infertrace's).
 //!
+//! A request span nested inside a same-service request span of the same dialect is the same
+//! request (the outermost stands).
+//!
 //! # Outcome
 //! `infer.outcome` if present; else a non-OK `rpc.grpc.status_code` (1 CANCELLED → cancelled,
 //! 8 RESOURCE_EXHAUSTED → rejected, others → error); else `http.response.status_code` 429 →
@@ -102,6 +105,22 @@ pub fn extract_requests(spans: &[Span]) -> Vec<RequestRecord> {
             None => {}
         }
     }
+    // One request, one record: a request span nested in a same-service request span of the same
+    // dialect (SGLang's latency attributes on nested spans, two layers stacked) is not another
+    // request; the outermost stands.
+    let nested: Vec<usize> = specific
+        .iter()
+        .filter(|&&(i, d)| {
+            specific.iter().any(|&(j, e)| {
+                j != i
+                    && e == d
+                    && spans[j].service == spans[i].service
+                    && trace.is_ancestor(&spans[j], &spans[i])
+            })
+        })
+        .map(|&(i, _)| i)
+        .collect();
+    specific.retain(|(i, _)| !nested.contains(i));
     generic.retain(|&g| {
         !specific.iter().any(|&(s, _)| {
             let (gs, ss) = (&spans[g], &spans[s]);

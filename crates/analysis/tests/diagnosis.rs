@@ -245,6 +245,8 @@ fn prefill_dominated_ttft_points_at_long_prompts() {
 fn high_tpot_at_large_batch_is_bandwidth_bound() {
     let mut s = balanced();
     s.tpot = lat(0.12, 0.16, 0.18, 0.2);
+    // Every step is slow, not a few: the typical gap between tokens is as long as the mean.
+    s.itl = lat(0.12, 0.15, 0.17, 0.2);
     // 10 req/s × 3.99 s mean decode ≈ 40 requests decoding at once.
     let f = run(&s);
     let t = only(&f, "high-tpot-large-batch");
@@ -262,6 +264,21 @@ fn high_tpot_at_large_batch_is_bandwidth_bound() {
     assert!(!ids(&f).contains(&"high-tpot-large-batch"));
     let t = only(&f, "high-tpot");
     assert!(t.title.contains("4.0 requests"), "{}", t.title);
+}
+
+#[test]
+fn slow_tpot_from_stalls_is_not_blamed_on_the_batch() {
+    // Measured on the long-prompt demo: 17 ms between most tokens, 125 ms per token on average,
+    // because 6,000-token prefills pause every running decode.
+    let mut s = balanced();
+    s.tpot = lat(0.125, 0.239, 0.286, 0.389);
+    s.itl = lat(0.017, 0.0186, 0.0202, 0.0202);
+    let f = run(&s);
+    let i = only(&f, "inter-token-stalls");
+    assert!((evidence(i, "tpot.p50 / itl.p50") - 0.125 / 0.017).abs() < 1e-9);
+    assert!(i.title.contains("17 ms") && i.title.contains("125 ms"), "{}", i.title);
+    assert!(!ids(&f).contains(&"high-tpot-large-batch"), "{:?}", ids(&f));
+    assert!(!ids(&f).contains(&"high-tpot"), "{:?}", ids(&f));
 }
 
 #[test]

@@ -576,3 +576,21 @@ fn tgi_trace_with_thousands_of_decode_steps() {
     assert!(close(r.prefill, 0.2));
     assert!(took < std::time::Duration::from_secs(2), "{took:?}");
 }
+
+#[test]
+fn nested_request_spans_of_one_dialect_are_one_request() {
+    let outer = with(
+        span("Req 1", SpanKind::Server, 1, None, 0, 1000),
+        vec![f(sc::latency::E2E, 1.0)],
+    );
+    let inner = with(
+        span("Req 1 scheduler", SpanKind::Internal, 2, Some(1), 10, 990),
+        vec![f(sc::latency::TIME_IN_QUEUE, 0.1)],
+    );
+    let r = one(&[inner.clone(), outer.clone()]);
+    assert_eq!((r.span_id, r.dialect), (sid(1), Dialect::Sglang));
+    // Another service's nested span is a request of its own.
+    let mut other = inner;
+    other.service = Arc::from("engine");
+    assert_eq!(extract_requests(&[outer, other]).len(), 2);
+}

@@ -553,3 +553,26 @@ fn snapshot_json_has_the_api_shape() {
     }
     assert!(gw["phase_share"]["all"].is_null());
 }
+
+#[test]
+fn extreme_inputs_never_panic() {
+    let mut w = KpiWindows::new(KpiConfig::default());
+    let mut r = record("s", "m", f64::NAN);
+    r.input_tokens = Some(u64::MAX);
+    r.output_tokens = Some(u64::MAX);
+    r.queue = Some(f64::INFINITY);
+    r.ttft = Some(-3.0);
+    r.tpot = Some(1e300);
+    for now in [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+        w.record(&r, now);
+        w.record(&r, now);
+        let snap = w.snapshot(Duration::from_secs(3600), now);
+        let s = &snap.series[0];
+        assert_eq!(s.tokens.input, u64::MAX);
+        assert!(s.e2e.is_none() && s.queue.is_none());
+        assert_eq!(s.ttft.unwrap().max, 0.0);
+        let _ = serde_json::to_string(&snap).unwrap();
+    }
+    let _ = w.snapshot(Duration::ZERO, 0);
+    let _ = w.snapshot(Duration::MAX, u64::MAX);
+}

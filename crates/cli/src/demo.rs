@@ -245,7 +245,7 @@ fn client_summary(load: &LoadReport) -> Value {
     })
 }
 
-/// Exact percentiles (nearest rank) of the simulator's true phase times.
+/// Exact percentiles of the simulator's true phase times.
 fn ground_truth(sim: &SimHandle) -> Value {
     let records: Vec<TruthRecord> = sim
         .truth_all()
@@ -255,12 +255,11 @@ fn ground_truth(sim: &SimHandle) -> Value {
     let stat = |f: &dyn Fn(&TruthRecord) -> Option<Duration>| {
         let mut v: Vec<f64> = records.iter().filter_map(|r| f(r).map(|d| d.as_secs_f64())).collect();
         v.sort_by(f64::total_cmp);
+        // The value at rank ⌊q·(n − 1)⌋, the rank rule of the KPI sketches, so the two are
+        // comparable even on few requests.
         let q = |p: f64| -> Option<f64> {
-            if v.is_empty() {
-                return None;
-            }
-            let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
-            Some(v[rank - 1])
+            let last = v.len().checked_sub(1)?;
+            Some(v[((p * last as f64) as usize).min(last)])
         };
         let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
         json!({"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "mean": mean})

@@ -312,8 +312,13 @@ pub async fn run(
             tokio::pin!(stop);
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => { pipeline.tick(); }
+                    _ = ticker.tick() => {}
                     _ = &mut stop => break,
+                }
+                // Analysis is CPU work: keep it off the workers serving the receivers.
+                let p = pipeline.clone();
+                if tokio::task::spawn_blocking(move || p.tick()).await.is_err() {
+                    tracing::error!("pipeline tick panicked");
                 }
             }
         })

@@ -450,8 +450,10 @@ impl HostSampler {
         if end < start {
             return None;
         }
+        const ALL: [usize; field::COUNT] = [0, 1, 2, 3, 4, 5, 6];
         let f = fold(
             &self.shared.ring,
+            &ALL,
             self.shared.ns(start),
             self.shared.ns(end),
             self.shared.hold_ns,

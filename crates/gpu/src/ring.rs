@@ -38,6 +38,8 @@ impl<const F: usize> Slot<F> {
 /// A bounded single-writer, many-reader ring buffer of [`Record`]s in time order.
 pub(crate) struct SeqRing<const F: usize> {
     slots: Box<[Slot<F>]>,
+    /// `capacity − 1` (the capacity is a power of two, so a slot index is a mask, not a division).
+    mask: u64,
     /// Number of records published so far (record `n` lives in slot `n % capacity`).
     written: AtomicU64,
 }
@@ -52,11 +54,12 @@ impl<const F: usize> std::fmt::Debug for SeqRing<F> {
 }
 
 impl<const F: usize> SeqRing<F> {
-    /// A ring holding the latest `capacity` records (at least 2).
+    /// A ring holding the latest `capacity` records, rounded up to a power of two (at least 2).
     pub(crate) fn new(capacity: usize) -> Self {
-        let capacity = capacity.max(2);
+        let capacity = capacity.clamp(2, 1 << 24).next_power_of_two();
         Self {
             slots: (0..capacity).map(|_| Slot::empty()).collect(),
+            mask: capacity as u64 - 1,
             written: AtomicU64::new(0),
         }
     }
@@ -67,8 +70,8 @@ impl<const F: usize> SeqRing<F> {
     }
 
     fn slot(&self, n: u64) -> &Slot<F> {
-        // `n % len` is below `len`, which came from a `usize`.
-        &self.slots[(n % self.capacity()) as usize]
+        // `n & mask` is below the length, which came from a `usize`.
+        &self.slots[(n & self.mask) as usize]
     }
 
     /// Appends a record. Only one thread may push (the sampler); readers may run concurrently.
@@ -103,6 +106,28 @@ impl<const F: usize> SeqRing<F> {
         let v: [f64; F] =
             std::array::from_fn(|i| f64::from_bits(slot.v[i].load(Ordering::Relaxed)));
         // The loads above complete before the stamp is checked again.
+        fence(Ordering::Acquire);
+        (slot.stamp.load(Ordering::Relaxed) == expected).then_some(Record { t, v })
+    }
+
+    /// The timestamp and the fields `idx` of record `n` (validated like [`read`](Self::read)).
+    #[inline]
+    pub(crate) fn read_fields<const G: usize>(
+        &self,
+        n: u64,
+        idx: &[usize; G],
+    ) -> Option<Record<G>> {
+        let slot = self.slot(n);
+        let expected = 2 * n + 2;
+        if slot.stamp.load(Ordering::Acquire) != expected {
+            return None;
+        }
+        let t = slot.t.load(Ordering::Relaxed);
+        let v: [f64; G] = std::array::from_fn(|i| {
+            slot.v
+                .get(idx[i])
+                .map_or(f64::NAN, |c| f64::from_bits(c.load(Ordering::Relaxed)))
+        });
         fence(Ordering::Acquire);
         (slot.stamp.load(Ordering::Relaxed) == expected).then_some(Record { t, v })
     }
@@ -156,7 +181,8 @@ mod tests {
 
     #[test]
     fn keeps_only_the_latest_capacity_records() {
-        let ring = SeqRing::<2>::new(4);
+        let ring = SeqRing::<2>::new(3); // rounded up to 4
+        assert_eq!(ring.capacity(), 4);
         assert_eq!(ring.latest(), None);
         for i in 0..10 {
             ring.push(&rec(i * 10, i as f64));
@@ -180,6 +206,23 @@ mod tests {
         assert_eq!(ring.last_at_or_before(250, lo, end), Some(1));
         assert_eq!(ring.last_at_or_before(600, lo, end), Some(5));
         assert_eq!(ring.last_at_or_before(10_000, lo, end), Some(5));
+    }
+
+    #[test]
+    fn selected_fields_are_read_in_the_order_asked() {
+        let ring = SeqRing::<3>::new(4);
+        ring.push(&Record {
+            t: 5,
+            v: [1.0, 2.0, 3.0],
+        });
+        assert_eq!(
+            ring.read_fields(0, &[2, 0]),
+            Some(Record {
+                t: 5,
+                v: [3.0, 1.0]
+            })
+        );
+        assert_eq!(ring.read_fields(1, &[0]), None);
     }
 
     #[test]

@@ -34,10 +34,32 @@ pub(crate) mod field {
     pub(crate) const GPM_COUNT: usize = 4;
 }
 
+/// The fields a window reads, in this order (the rest are kept for `latest()` and metrics).
+const WINDOW_FIELDS: [usize; 5] = [
+    field::UTILIZATION,
+    field::MEMORY_USED,
+    field::POWER,
+    field::ENERGY,
+    field::TEMPERATURE,
+];
+/// Positions in [`WINDOW_FIELDS`].
+mod window_pos {
+    pub(super) const UTILIZATION: usize = 0;
+    pub(super) const MEMORY_USED: usize = 1;
+    pub(super) const POWER: usize = 2;
+    pub(super) const ENERGY: usize = 3;
+    pub(super) const TEMPERATURE: usize = 4;
+}
 const ENERGY_FIELDS: EnergyFields = EnergyFields {
-    counter: field::ENERGY,
-    power: field::POWER,
+    counter: window_pos::ENERGY,
+    power: window_pos::POWER,
 };
+const GPM_FIELDS: [usize; field::GPM_COUNT] = [
+    field::GPM_SM_ACTIVITY,
+    field::GPM_SM_OCCUPANCY,
+    field::GPM_TENSOR_ACTIVITY,
+    field::GPM_DRAM_ACTIVITY,
+];
 
 /// Settings of a [`GpuSampler`].
 #[derive(Clone, Debug, PartialEq)]
@@ -645,30 +667,47 @@ impl GpuSampler {
         let (s, e) = (self.shared.ns(start), self.shared.ns(end));
         let mut devices = Vec::new();
         for series in self.shared.devices.iter() {
-            let Some(main) = fold(&series.ring, s, e, self.shared.hold_ns, Some(ENERGY_FIELDS))
-            else {
+            let Some(main) = fold(
+                &series.ring,
+                &WINDOW_FIELDS,
+                s,
+                e,
+                self.shared.hold_ns,
+                Some(ENERGY_FIELDS),
+            ) else {
                 continue;
             };
-            let gpm = fold(&series.gpm, s, e, self.shared.gpm_hold_ns, None);
+            let gpm = if series.info.gpm_supported || series.gpm.bounds().1 > 0 {
+                fold(
+                    &series.gpm,
+                    &GPM_FIELDS,
+                    s,
+                    e,
+                    self.shared.gpm_hold_ns,
+                    None,
+                )
+            } else {
+                None
+            };
             let g = &main.gauges;
             let gm = |i: usize| gpm.as_ref().and_then(|x| x.gauges[i].mean());
             devices.push(DeviceWindow {
                 uuid: Arc::clone(&series.info.uuid),
                 samples: main.samples,
-                utilization_mean: g[field::UTILIZATION].mean(),
-                utilization_max: g[field::UTILIZATION].max(),
+                utilization_mean: g[window_pos::UTILIZATION].mean(),
+                utilization_max: g[window_pos::UTILIZATION].max(),
                 sm_activity_mean: gm(field::GPM_SM_ACTIVITY),
                 sm_occupancy_mean: gm(field::GPM_SM_OCCUPANCY),
                 tensor_activity_mean: gm(field::GPM_TENSOR_ACTIVITY),
                 dram_activity_mean: gm(field::GPM_DRAM_ACTIVITY),
-                memory_used_max: g[field::MEMORY_USED]
+                memory_used_max: g[window_pos::MEMORY_USED]
                     .max()
                     .filter(|x| *x >= 0.0)
                     .map(|x| x as u64),
-                power_mean: g[field::POWER].mean(),
-                power_max: g[field::POWER].max(),
+                power_mean: g[window_pos::POWER].mean(),
+                power_max: g[window_pos::POWER].max(),
                 energy_joules: main.energy,
-                temperature_max: g[field::TEMPERATURE].max(),
+                temperature_max: g[window_pos::TEMPERATURE].max(),
             });
         }
         (!devices.is_empty()).then_some(WindowStats {

@@ -59,7 +59,8 @@ impl GaugeAcc {
     }
 }
 
-/// Which fields of a record are the energy counter and the power gauge.
+/// Which of the folded fields (positions in the `fields` list given to [`fold`]) are the energy
+/// counter and the power gauge.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct EnergyFields {
     /// Cumulative energy in joules (monotonic; wrap and reset already removed).
@@ -152,15 +153,16 @@ impl<const F: usize> Fold<F> {
     }
 }
 
-/// Folds the samples of `ring` over `[start, end]` (ns since the ring's epoch). `None` when no
-/// sample counts.
-pub(crate) fn fold<const F: usize>(
+/// Folds the fields `fields` of the samples of `ring` over `[start, end]` (ns since the ring's
+/// epoch); the result's gauges are in the order of `fields`. `None` when no sample counts.
+pub(crate) fn fold<const F: usize, const G: usize>(
     ring: &SeqRing<F>,
+    fields: &[usize; G],
     start: u64,
     end: u64,
     hold: u64,
     energy_fields: Option<EnergyFields>,
-) -> Option<Folded<F>> {
+) -> Option<Folded<G>> {
     if end < start {
         return None;
     }
@@ -172,7 +174,7 @@ pub(crate) fn fold<const F: usize>(
         hold,
         energy_fields,
         out: Folded {
-            gauges: [GaugeAcc::default(); F],
+            gauges: [GaugeAcc::default(); G],
             samples: 0,
             energy: None,
         },
@@ -183,17 +185,20 @@ pub(crate) fn fold<const F: usize>(
     // A pair that ends before the first counted sample still gives the rate for extrapolation.
     if let Some(ef) = energy_fields
         && first > lo
-        && let (Some(a), Some(b)) = (ring.read(first - 1), ring.read(first))
+        && let (Some(a), Some(b)) = (
+            ring.read_fields(first - 1, fields),
+            ring.read_fields(first, fields),
+        )
     {
         let span = b.t.saturating_sub(a.t);
         if span > 0 && !a.v[ef.counter].is_nan() && !b.v[ef.counter].is_nan() {
             fold.last_rate = Some((b.v[ef.counter] - a.v[ef.counter]).max(0.0) / span as f64);
         }
     }
-    let mut prev: Option<Record<F>> = None;
+    let mut prev: Option<Record<G>> = None;
     let mut n = first;
     while n < written {
-        let Some(r) = ring.read(n) else {
+        let Some(r) = ring.read_fields(n, fields) else {
             // Overwritten while we read: everything before it is gone too.
             prev = None;
             n += 1;
@@ -224,6 +229,7 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+    const ALL: [usize; 3] = [0, 1, 2];
     const EF: Option<EnergyFields> = Some(EnergyFields {
         counter: 1,
         power: 2,
@@ -257,24 +263,24 @@ mod tests {
 
     #[test]
     fn empty_ring_or_window_before_every_sample_gives_none() {
-        assert_eq!(fold(&ring(&[]), 0, 100 * MS, 500 * MS, EF), None);
+        assert_eq!(fold(&ring(&[]), &ALL, 0, 100 * MS, 500 * MS, EF), None);
         let r = ring(&[(500, [0.5, 0.0, 1.0])]);
-        assert_eq!(fold(&r, 100 * MS, 200 * MS, 500 * MS, EF), None);
+        assert_eq!(fold(&r, &ALL, 100 * MS, 200 * MS, 500 * MS, EF), None);
         // Inverted window.
-        assert_eq!(fold(&four(), 200 * MS, 100 * MS, 500 * MS, EF), None);
+        assert_eq!(fold(&four(), &ALL, 200 * MS, 100 * MS, 500 * MS, EF), None);
     }
 
     #[test]
     fn a_stale_sample_does_not_count() {
         let r = ring(&[(0, [0.5, 0.0, 1.0])]);
         // Held for 500 ms only: a window at 600–700 ms has no data.
-        assert_eq!(fold(&r, 600 * MS, 700 * MS, 500 * MS, EF), None);
+        assert_eq!(fold(&r, &ALL, 600 * MS, 700 * MS, 500 * MS, EF), None);
     }
 
     #[test]
     fn one_sample_before_start_is_held_over_the_window() {
         let r = ring(&[(0, [0.5, 7.0, 40.0])]);
-        let f = fold(&r, 100 * MS, 300 * MS, 500 * MS, EF).unwrap();
+        let f = fold(&r, &ALL, 100 * MS, 300 * MS, 500 * MS, EF).unwrap();
         assert_eq!(f.samples, 1);
         approx(f.gauges[0].mean().unwrap(), 0.5);
         approx(f.gauges[0].max().unwrap(), 0.5);
@@ -284,7 +290,7 @@ mod tests {
 
     #[test]
     fn zero_length_window_takes_the_held_sample() {
-        let f = fold(&four(), 150 * MS, 150 * MS, 500 * MS, EF).unwrap();
+        let f = fold(&four(), &ALL, 150 * MS, 150 * MS, 500 * MS, EF).unwrap();
         assert_eq!(f.samples, 1);
         approx(f.gauges[0].mean().unwrap(), 0.4);
         approx(f.energy.unwrap(), 0.0);
@@ -293,7 +299,7 @@ mod tests {
     #[test]
     fn samples_straddling_both_edges() {
         // [50, 250]: 0.2 × 50 + 0.4 × 100 + 0.6 × 50 = 80 → mean 0.4 over 200 ms.
-        let f = fold(&four(), 50 * MS, 250 * MS, 500 * MS, EF).unwrap();
+        let f = fold(&four(), &ALL, 50 * MS, 250 * MS, 500 * MS, EF).unwrap();
         assert_eq!(f.samples, 3);
         approx(f.gauges[0].mean().unwrap(), 0.4);
         approx(f.gauges[0].max().unwrap(), 0.6);
@@ -306,7 +312,7 @@ mod tests {
     #[test]
     fn window_on_sample_boundaries() {
         // [100, 200]: sample 100 held 100 ms; sample 200 counts (lands on end) with no time.
-        let f = fold(&four(), 100 * MS, 200 * MS, 500 * MS, EF).unwrap();
+        let f = fold(&four(), &ALL, 100 * MS, 200 * MS, 500 * MS, EF).unwrap();
         assert_eq!(f.samples, 2);
         approx(f.gauges[0].mean().unwrap(), 0.4);
         approx(f.gauges[0].max().unwrap(), 0.6);
@@ -318,7 +324,7 @@ mod tests {
         // Last sample at 300 (rate 30 J / 100 ms); window [250, 1000], hold 200 ms:
         // util: 0.6 × 50 + 0.8 × 200 = 190 over 250 → 0.76.
         // energy: 45→60 (15 J) + 0.3 J/ms × 200 ms (60 J) = 75 J.
-        let f = fold(&four(), 250 * MS, 1000 * MS, 200 * MS, EF).unwrap();
+        let f = fold(&four(), &ALL, 250 * MS, 1000 * MS, 200 * MS, EF).unwrap();
         assert_eq!(f.samples, 2);
         approx(f.gauges[0].mean().unwrap(), 0.76);
         approx(f.energy.unwrap(), 75.0);
@@ -327,7 +333,7 @@ mod tests {
     #[test]
     fn a_window_after_all_pairs_still_uses_the_last_rate() {
         // Window [320, 400] starts after the last sample: rate from the pair before it.
-        let f = fold(&four(), 320 * MS, 400 * MS, 500 * MS, EF).unwrap();
+        let f = fold(&four(), &ALL, 320 * MS, 400 * MS, 500 * MS, EF).unwrap();
         assert_eq!(f.samples, 1);
         approx(f.energy.unwrap(), 0.3 * 80.0);
     }
@@ -338,7 +344,7 @@ mod tests {
             (0, [f64::NAN, f64::NAN, 100.0]),
             (100, [0.5, f64::NAN, 200.0]),
         ]);
-        let f = fold(&r, 0, 200 * MS, 500 * MS, EF).unwrap();
+        let f = fold(&r, &ALL, 0, 200 * MS, 500 * MS, EF).unwrap();
         assert_eq!(f.samples, 2);
         approx(f.gauges[0].mean().unwrap(), 0.5);
         // No counter: 100 W × 0.1 s + 200 W × 0.1 s.
@@ -349,7 +355,7 @@ mod tests {
     fn mean_is_time_weighted_not_sample_weighted() {
         // 0.0 held 900 ms, 1.0 held 100 ms → 0.1 (the plain mean would be 0.5).
         let r = ring(&[(0, [0.0, 0.0, 0.0]), (900, [1.0, 0.0, 0.0])]);
-        let f = fold(&r, 0, 1000 * MS, 2000 * MS, None).unwrap();
+        let f = fold(&r, &ALL, 0, 1000 * MS, 2000 * MS, None).unwrap();
         approx(f.gauges[0].mean().unwrap(), 0.1);
         assert_eq!(f.energy, None);
     }
@@ -364,7 +370,7 @@ mod tests {
             });
         }
         // Samples 0..=5 are gone; [0, 1000] sees 6, 7, 8, 9.
-        let f = fold(&r, 0, 1000 * MS, 500 * MS, None).unwrap();
+        let f = fold(&r, &ALL, 0, 1000 * MS, 500 * MS, None).unwrap();
         assert_eq!(f.samples, 4);
         approx(f.gauges[0].max().unwrap(), 9.0);
         // 6, 7, 8 held 100 ms each, 9 held 100 ms (to 1000) → 7.5.

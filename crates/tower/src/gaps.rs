@@ -39,15 +39,15 @@ impl Default for GapHistogram {
     }
 }
 
-fn bucket_of(ns: u64) -> usize {
-    if ns < (1 << MIN_EXP) {
+fn bucket_of(t: u64) -> usize {
+    if t < (1 << MIN_EXP) {
         return 0;
     }
-    let exp = 63 - ns.leading_zeros();
+    let exp = 63 - t.leading_zeros();
     if exp >= MAX_EXP {
         return BUCKETS - 1;
     }
-    let sub = (ns >> (exp - SUB_BITS)) & (SUBS - 1);
+    let sub = (t >> (exp - SUB_BITS)) & (SUBS - 1);
     1 + ((exp - MIN_EXP) as usize) * (SUBS as usize) + sub as usize
 }
 
@@ -63,12 +63,12 @@ fn bounds_of(bucket: usize) -> (u64, u64) {
 impl GapHistogram {
     /// Adds one gap.
     #[inline]
-    pub(crate) fn record(&mut self, ns: u64) {
-        let b = bucket_of(ns);
+    pub(crate) fn record(&mut self, t: u64) {
+        let b = bucket_of(t);
         self.counts[b] = self.counts[b].saturating_add(1);
         self.total += 1;
-        self.min = self.min.min(ns);
-        self.max = self.max.max(ns);
+        self.min = self.min.min(t);
+        self.max = self.max.max(t);
     }
 
     /// Gaps recorded.
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn buckets_cover_values() {
-        for ns in [
+        for t in [
             1_024u64,
             1_500,
             2_047,
@@ -124,10 +124,10 @@ mod tests {
             1_000_000_000,
             (1 << 40) - 1,
         ] {
-            let b = bucket_of(ns);
-            assert!(b > 0 && b < BUCKETS - 1, "{ns} → {b}");
+            let b = bucket_of(t);
+            assert!(b > 0 && b < BUCKETS - 1, "{t} → {b}");
             let (lo, hi) = bounds_of(b);
-            assert!(lo <= ns && ns < hi, "{ns} not in [{lo}, {hi})");
+            assert!(lo <= t && t < hi, "{t} not in [{lo}, {hi})");
         }
         assert_eq!(bucket_of(0), 0);
         assert_eq!(bucket_of(1_023), 0);
@@ -145,9 +145,9 @@ mod tests {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            let ns = 10_000 + (x >> 33) % 100_000_000;
-            gaps.push(ns);
-            h.record(ns);
+            let t = 10_000 + (x >> 33) % 100_000_000;
+            gaps.push(t);
+            h.record(t);
         }
         gaps.sort_unstable();
         for q in [0.5, 0.9, 0.99] {

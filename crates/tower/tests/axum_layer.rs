@@ -727,19 +727,24 @@ async fn describe_and_recorder_name_the_request() {
                 "{}"
             }),
         )
-        .layer(tel.layer().describe(|head| infertrace_tower::RequestDescription {
-            operation: (head.uri.path() == "/embed").then_some("embeddings".into()),
-            model: head
-                .headers
-                .get("x-my-model")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
+        .layer(tel.layer().describe(|head| {
+            infertrace_tower::RequestDescription {
+                operation: (head.uri.path() == "/embed").then_some("embeddings".into()),
+                model: head
+                    .headers
+                    .get("x-my-model")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+            }
         }));
     let addr = serve_axum(app).await;
     send(addr, "/embed", &[("x-my-model", "e5")], "{}").await;
     send(addr, "/late", &[], "{}").await;
     let spans = tel.wait_for_requests(2).await;
-    let mut names: Vec<_> = requests(&spans).iter().map(|s| s.name.to_string()).collect();
+    let mut names: Vec<_> = requests(&spans)
+        .iter()
+        .map(|s| s.name.to_string())
+        .collect();
     names.sort();
     assert_eq!(names, ["embeddings e5", "generate_content from-body"]);
     let late = requests(&spans)

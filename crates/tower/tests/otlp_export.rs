@@ -3,7 +3,6 @@
 //! The receiver does not decode protobuf; it checks that the encoded request carries the
 //! expected strings (protobuf stores strings as raw bytes, and compression is off by default).
 
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -106,7 +105,12 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-async fn exported_to(config: OtlpConfig, received: &Received, traces_path: &str, metrics_path: &str) {
+async fn exported_to(
+    config: OtlpConfig,
+    received: &Received,
+    traces_path: &str,
+    metrics_path: &str,
+) {
     let providers = otlp::init(config.service_name("svc-otlp-test")).unwrap();
     one_traced_request(&providers).await;
     // Shutdown blocks until the batch processor and the periodic reader have flushed.
@@ -118,17 +122,35 @@ async fn exported_to(config: OtlpConfig, received: &Received, traces_path: &str,
     tokio::time::sleep(Duration::from_millis(50)).await;
     let got = received.lock().unwrap().clone();
     let traces: Vec<_> = got.iter().filter(|(p, _, _)| p == traces_path).collect();
-    assert!(!traces.is_empty(), "no trace export to {traces_path}: {:?}", got.iter().map(|g| &g.0).collect::<Vec<_>>());
+    assert!(
+        !traces.is_empty(),
+        "no trace export to {traces_path}: {:?}",
+        got.iter().map(|g| &g.0).collect::<Vec<_>>()
+    );
     let all: Vec<u8> = traces.iter().flat_map(|(_, _, b)| b.to_vec()).collect();
-    for needle in [&b"svc-otlp-test"[..], b"chat m", b"queue", b"prefill", b"decode", b"infer.outcome"] {
-        assert!(contains(&all, needle), "{} missing from the trace export", String::from_utf8_lossy(needle));
+    for needle in [
+        &b"svc-otlp-test"[..],
+        b"chat m",
+        b"queue",
+        b"prefill",
+        b"decode",
+        b"infer.outcome",
+    ] {
+        assert!(
+            contains(&all, needle),
+            "{} missing from the trace export",
+            String::from_utf8_lossy(needle)
+        );
     }
     let metrics: Vec<u8> = got
         .iter()
         .filter(|(p, _, _)| p == metrics_path)
         .flat_map(|(_, _, b)| b.to_vec())
         .collect();
-    assert!(contains(&metrics, b"gen_ai.server.request.duration"), "metrics export missing");
+    assert!(
+        contains(&metrics, b"gen_ai.server.request.duration"),
+        "metrics export missing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +164,10 @@ async fn grpc_export_reaches_the_receiver() {
     )
     .await;
     let got = received.lock().unwrap();
-    assert!(got.iter().all(|(_, ct, _)| ct.starts_with("application/grpc")));
+    assert!(
+        got.iter()
+            .all(|(_, ct, _)| ct.starts_with("application/grpc"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,7 +89,11 @@ impl tower::Service<Request<tonic::body::Body>> for Generator {
             }
             let (tx, rx) = mpsc::channel(8);
             tokio::spawn(async move {
-                let rec_for_endless = if method == "Endless" { rec.clone() } else { None };
+                let rec_for_endless = if method == "Endless" {
+                    rec.clone()
+                } else {
+                    None
+                };
                 let marks = if method == "Generate" { rec } else { None };
                 if let Some(r) = &marks {
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -105,7 +109,11 @@ impl tower::Service<Request<tonic::body::Body>> for Generator {
                             if let Some(r) = &rec_for_endless {
                                 r.tokens(1);
                             }
-                            if tx.send(Frame::data(Bytes::from(message(b"t")))).await.is_err() {
+                            if tx
+                                .send(Frame::data(Bytes::from(message(b"t"))))
+                                .await
+                                .is_err()
+                            {
                                 break;
                             }
                         }

@@ -88,7 +88,7 @@ impl GpuSums {
             self.energy_attributed += e;
             if let Some(n) = r.output_tokens.filter(|n| *n > 0) {
                 self.per_token_energy += e;
-                self.per_token_tokens += n;
+                self.per_token_tokens = self.per_token_tokens.saturating_add(n);
             }
         }
     }
@@ -101,7 +101,7 @@ impl GpuSums {
         }
         self.energy_attributed += o.energy_attributed;
         self.per_token_energy += o.per_token_energy;
-        self.per_token_tokens += o.per_token_tokens;
+        self.per_token_tokens = self.per_token_tokens.saturating_add(o.per_token_tokens);
     }
 
     fn kpis(&self) -> Option<GpuKpis> {
@@ -151,8 +151,8 @@ impl Counts {
         self.cancelled += o.cancelled;
         self.rejected += o.rejected;
         self.good += o.good;
-        self.input_tokens += o.input_tokens;
-        self.output_tokens += o.output_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(o.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(o.output_tokens);
     }
 
     /// Requests goodput is judged on: every outcome but `cancelled`.
@@ -213,8 +213,9 @@ impl Accumulator {
             Outcome::Cancelled => c.cancelled += 1,
             Outcome::Rejected => c.rejected += 1,
         }
-        c.input_tokens += r.input_tokens.unwrap_or(0);
-        c.output_tokens += r.output_tokens.unwrap_or(0);
+        // Token counts come from span attributes: saturate rather than overflow.
+        c.input_tokens = c.input_tokens.saturating_add(r.input_tokens.unwrap_or(0));
+        c.output_tokens = c.output_tokens.saturating_add(r.output_tokens.unwrap_or(0));
         self.gpu.add_record(r);
         if r.outcome != Outcome::Ok {
             return;

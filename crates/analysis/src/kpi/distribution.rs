@@ -21,7 +21,7 @@ pub const SKETCH_RELATIVE_ACCURACY: f64 = 0.009;
 const SKETCH_MAX_BINS: u32 = 4096;
 /// Values at or below this (seconds) fall in the zero bucket.
 const SKETCH_MIN_VALUE: f64 = 1e-9;
-/// The bucket of values at or below [`SKETCH_MIN_VALUE`].
+/// The bucket of values at or below 1 ns (zero, for durations).
 pub const ZERO_BUCKET: i32 = i32::MIN;
 
 /// The sketch configuration every distribution uses.

@@ -44,6 +44,7 @@
 
 mod accumulator;
 mod distribution;
+mod ring;
 mod snapshot;
 
 use std::collections::HashMap;
@@ -55,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use sketches_ddsketch::Config;
 
 use crate::record::RequestRecord;
+use ring::{Ring, RingSpec};
 
 pub use accumulator::{Accumulator, Counts, PhaseSums, meets_slos};
 pub use distribution::{
@@ -149,82 +151,6 @@ pub struct SeriesKey {
 impl SeriesKey {
     fn matches(&self, service: &str, model: &str, operation: &str) -> bool {
         &*self.service == service && &*self.model == model && &*self.operation == operation
-    }
-}
-
-/// One window length's ring geometry.
-#[derive(Clone, Copy, Debug)]
-struct RingSpec {
-    window_nanos: u64,
-    slot_nanos: u64,
-    slots: u64,
-}
-
-/// A slot: its absolute index (`time / slot_nanos`) and what it accumulated.
-#[derive(Clone)]
-struct Slot {
-    index: u64,
-    acc: Accumulator,
-}
-
-/// One window length's slots of one series.
-#[derive(Clone, Default)]
-struct Ring {
-    slots: Vec<Option<Box<Slot>>>,
-    /// Newest slot index written.
-    newest: Option<u64>,
-}
-
-impl Ring {
-    fn add(
-        &mut self,
-        spec: &RingSpec,
-        now: u64,
-        config: &Config,
-        slo: &SloConfig,
-        r: &RequestRecord,
-    ) {
-        let index = now / spec.slot_nanos;
-        if let Some(newest) = self.newest
-            && index + spec.slots <= newest
-        {
-            return; // older than the whole window
-        }
-        if self.slots.is_empty() {
-            self.slots.resize_with(spec.slots as usize, || None);
-        }
-        let pos = (index % spec.slots) as usize;
-        let slot = self.slots[pos].get_or_insert_with(|| {
-            Box::new(Slot {
-                index,
-                acc: Accumulator::default(),
-            })
-        });
-        if slot.index != index {
-            slot.index = index;
-            slot.acc = Accumulator::default();
-        }
-        slot.acc.add(config, slo, r);
-        if let Some(newest) = self.newest
-            && newest < index
-        {
-            // The previous slot is complete: give back its spare capacity.
-            if let Some(prev) = &mut self.slots[(newest % spec.slots) as usize]
-                && prev.index == newest
-            {
-                prev.acc.shrink();
-            }
-        }
-        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
-    }
-
-    /// The slots with index in `(current − n, current]`.
-    fn live(&self, current: u64, n: u64) -> impl Iterator<Item = &Slot> {
-        self.slots
-            .iter()
-            .flatten()
-            .map(|s| &**s)
-            .filter(move |s| s.index <= current && s.index + n > current)
     }
 }
 
@@ -328,7 +254,6 @@ impl KpiWindows {
     /// series overhead), for the collector's memory accounting. Walks every slot: call it
     /// seldom (e.g. once per scrape), not per record.
     pub fn approx_memory_bytes(&self) -> usize {
-        let slot_bytes = |slot: &Slot| std::mem::size_of::<Slot>() + slot.acc.heap_bytes();
         self.series
             .iter()
             .chain(self.overflow.as_ref())
@@ -337,18 +262,7 @@ impl KpiWindows {
                     + s.key.service.len()
                     + s.key.model.len()
                     + s.key.operation.len()
-                    + s.rings
-                        .iter()
-                        .map(|r| {
-                            std::mem::size_of::<Ring>()
-                                + r.slots.len() * std::mem::size_of::<Option<Box<Slot>>>()
-                                + r.slots
-                                    .iter()
-                                    .flatten()
-                                    .map(|b| slot_bytes(b))
-                                    .sum::<usize>()
-                        })
-                        .sum::<usize>()
+                    + s.rings.iter().map(Ring::heap_bytes).sum::<usize>()
             })
             .sum()
     }
@@ -495,7 +409,9 @@ impl KpiWindows {
     /// start if later.
     fn covered_seconds(&self, spec: &RingSpec, n: u64, now: u64) -> f64 {
         let current = now / spec.slot_nanos;
-        let oldest_start = (current + 1).saturating_sub(n) * spec.slot_nanos;
+        let oldest_start = (current + 1)
+            .saturating_sub(n)
+            .saturating_mul(spec.slot_nanos);
         let from = self
             .started_unix_nano
             .map_or(oldest_start, |s| s.max(oldest_start));
@@ -612,7 +528,7 @@ impl KpiWindows {
         let mut out: Vec<SlotHistory> = s.rings[pos]
             .live(current, n)
             .map(|slot| SlotHistory {
-                start_unix_nano: slot.index * spec.slot_nanos,
+                start_unix_nano: slot.index.saturating_mul(spec.slot_nanos),
                 length_nanos: spec.slot_nanos,
                 accumulator: slot.acc.clone(),
             })

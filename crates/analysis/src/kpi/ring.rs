@@ -1,0 +1,104 @@
+//! [`Ring`]: one window length's time slots of one series.
+//!
+//! Slot `i` covers `[i·slot, (i + 1)·slot)` of Unix time and lives at position `i mod slots`; a
+//! position is reused (reset) when a newer slot index lands on it, so nothing is ever moved
+//! and expired data costs nothing until overwritten.
+
+use sketches_ddsketch::Config;
+
+use super::SloConfig;
+use super::accumulator::Accumulator;
+use crate::record::RequestRecord;
+
+/// One window length's ring geometry.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RingSpec {
+    /// Window length.
+    pub window_nanos: u64,
+    /// Slot length.
+    pub slot_nanos: u64,
+    /// Slots in the ring.
+    pub slots: u64,
+}
+
+/// A slot: its absolute index (`time / slot_nanos`) and what it accumulated.
+#[derive(Clone)]
+pub(super) struct Slot {
+    /// Absolute slot index.
+    pub index: u64,
+    /// What the slot accumulated.
+    pub acc: Accumulator,
+}
+
+/// One window length's slots of one series.
+#[derive(Clone, Default)]
+pub(super) struct Ring {
+    slots: Vec<Option<Box<Slot>>>,
+    /// Newest slot index written.
+    newest: Option<u64>,
+}
+
+impl Ring {
+    pub(super) fn add(
+        &mut self,
+        spec: &RingSpec,
+        now: u64,
+        config: &Config,
+        slo: &SloConfig,
+        r: &RequestRecord,
+    ) {
+        let index = now / spec.slot_nanos;
+        if let Some(newest) = self.newest
+            && index.saturating_add(spec.slots) <= newest
+        {
+            return; // older than the whole window
+        }
+        if self.slots.is_empty() {
+            self.slots.resize_with(spec.slots as usize, || None);
+        }
+        let pos = (index % spec.slots) as usize;
+        let slot = self.slots[pos].get_or_insert_with(|| {
+            Box::new(Slot {
+                index,
+                acc: Accumulator::default(),
+            })
+        });
+        if slot.index != index {
+            slot.index = index;
+            slot.acc = Accumulator::default();
+        }
+        slot.acc.add(config, slo, r);
+        if let Some(newest) = self.newest
+            && newest < index
+        {
+            // The previous slot is complete: give back its spare capacity.
+            if let Some(prev) = &mut self.slots[(newest % spec.slots) as usize]
+                && prev.index == newest
+            {
+                prev.acc.shrink();
+            }
+        }
+        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
+    }
+
+    /// Bytes held: the ring itself, its slot table and every slot's heap.
+    pub(super) fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.slots.len() * std::mem::size_of::<Option<Box<Slot>>>()
+            + self
+                .slots
+                .iter()
+                .flatten()
+                .map(|s| std::mem::size_of::<Slot>() + s.acc.heap_bytes())
+                .sum::<usize>()
+    }
+
+    /// The slots with index in `(current − n, current]`.
+    pub(super) fn live(&self, current: u64, n: u64) -> impl Iterator<Item = &Slot> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| &**s)
+            .filter(move |s| s.index <= current && s.index.saturating_add(n) > current)
+    }
+}
