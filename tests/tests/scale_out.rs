@@ -279,11 +279,11 @@ async fn send(http: &HttpClient, receiver: SocketAddr, traces: &[&RequestSpec]) 
 // ---------------------------------------------------------------------------------------------
 // Ground truth computed from the specs.
 
-/// Expected cumulative bucket counts of one histogram: (model, le) → count, over `values`.
-fn expected_buckets(
-    values: impl Iterator<Item = (&'static str, f64)>,
-    bounds: &[f64],
-) -> BTreeMap<(String, String), f64> {
+/// Cumulative bucket counts of one histogram by (model, le).
+type Buckets = BTreeMap<(String, String), f64>;
+
+/// Expected cumulative bucket counts of one histogram over `values` (model, seconds).
+fn expected_buckets(values: impl Iterator<Item = (&'static str, f64)>, bounds: &[f64]) -> Buckets {
     let values: Vec<_> = values.collect();
     let mut out = BTreeMap::new();
     for model in MODELS {
@@ -309,7 +309,7 @@ fn le_key(b: f64) -> String {
     }
 }
 
-fn by_model_le(samples: &[Sample]) -> BTreeMap<(String, String), f64> {
+fn by_model_le(samples: &[Sample]) -> Buckets {
     samples
         .iter()
         .map(|s| {
@@ -592,13 +592,29 @@ async fn sharded_collectors_add_up_in_prometheus() {
             .map(|r| (r.model, RequestSpec::secs(r.queue + r.prefill))),
         &sc::metric::TTFT_BUCKETS,
     );
-    let families: [(&str, Option<&BTreeMap<(String, String), f64>>); 6] = [
-        ("infertrace_request_duration_seconds", Some(&truth_e2e)),
-        ("infertrace_queue_duration_seconds", Some(&truth_queue)),
-        ("infertrace_prefill_duration_seconds", None),
-        ("infertrace_decode_duration_seconds", Some(&truth_decode)),
-        ("infertrace_time_to_first_token_seconds", Some(&truth_ttft)),
-        ("infertrace_time_per_output_token_seconds", None),
+    let truth_prefill = expected_buckets(
+        specs
+            .iter()
+            .map(|r| (r.model, RequestSpec::secs(r.prefill))),
+        &sc::metric::PHASE_DURATION_BUCKETS,
+    );
+    // TPOT = decode / (output tokens - 1), the GenAI definition (no attribute on these spans).
+    let truth_tpot = expected_buckets(
+        ok().map(|r| {
+            (
+                r.model,
+                RequestSpec::secs(r.decode) / (r.output_tokens - 1) as f64,
+            )
+        }),
+        &sc::metric::TPOT_BUCKETS,
+    );
+    let families: [(&str, &Buckets); 6] = [
+        ("infertrace_request_duration_seconds", &truth_e2e),
+        ("infertrace_queue_duration_seconds", &truth_queue),
+        ("infertrace_prefill_duration_seconds", &truth_prefill),
+        ("infertrace_decode_duration_seconds", &truth_decode),
+        ("infertrace_time_to_first_token_seconds", &truth_ttft),
+        ("infertrace_time_per_output_token_seconds", &truth_tpot),
     ];
     for (family, truth) in families {
         let q = |job: &str| format!(r#"sum by (le, model) ({family}_bucket{{job="{job}"}})"#);

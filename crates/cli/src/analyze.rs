@@ -91,6 +91,7 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
         // Not one JSON document: try one OTLP/JSON export request per line.
         Err(whole) => {
             let mut lines_ok = 0usize;
+            let mut line_problems = Vec::new();
             for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
@@ -99,7 +100,7 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                     Ok(decoded) => {
                         lines_ok += 1;
                         if decoded.rejected > 0 {
-                            inputs.problems.push(format!(
+                            line_problems.push(format!(
                                 "{name}:{}: {} invalid spans left out",
                                 i + 1,
                                 decoded.rejected
@@ -107,11 +108,14 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                         }
                         inputs.spans.extend(decoded.spans);
                     }
-                    Err(e) => inputs.problems.push(format!("{name}:{}: {e}", i + 1)),
+                    Err(e) => line_problems.push(format!("{name}:{}: {e}", i + 1)),
                 }
             }
+            // A file with no good line is one problem, not one per line.
             if lines_ok == 0 {
                 inputs.problems.push(format!("{name}: not JSON: {whole}"));
+            } else {
+                inputs.problems.extend(line_problems);
             }
         }
     }

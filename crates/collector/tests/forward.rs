@@ -216,3 +216,81 @@ async fn unreachable_downstream_counts_failures_and_queue_drops() {
     );
     c.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_forwarding_retries_503_then_delivers_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::Router;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+    use prost::Message;
+
+    // Answers 503 + Retry-After: 0 twice, then accepts (recording the body).
+    let calls = Arc::new(AtomicUsize::new(0));
+    let bodies: Arc<Mutex<Vec<ExportTraceServiceRequest>>> = Arc::default();
+    let (c2, b2) = (calls.clone(), bodies.clone());
+    let app = Router::new().route(
+        "/v1/traces",
+        post(move |headers: HeaderMap, body: bytes::Bytes| {
+            let (calls, bodies) = (c2.clone(), b2.clone());
+            async move {
+                assert_eq!(headers["content-type"], "application/x-protobuf");
+                if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("retry-after", "0")],
+                        Vec::new(),
+                    );
+                }
+                let req = ExportTraceServiceRequest::decode(body).unwrap();
+                bodies.lock().unwrap().push(req);
+                let ok = ExportTraceServiceResponse::default().encode_to_vec();
+                (StatusCode::OK, [("retry-after", "0")], ok)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let mut config = test_config();
+    config.forward.protocol = ForwardProtocol::Http;
+    config.forward.endpoint = Some(format!("http://{addr}"));
+    config.forward.retry.initial_backoff = Duration::from_millis(10);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let r = Req::new(1, "m", 1, 2, 3);
+    let sent = infertrace_spans(&r, t0());
+    assert_eq!(
+        post_protobuf(c.http_addr.unwrap(), &request("llm", sent.clone())).await,
+        200
+    );
+    let events = c.events().clone();
+    eventually(WAIT, "4 spans exported", || {
+        events
+            .exported_spans
+            .get_or_create(&infertrace_collector::internal_events::ExportLabels {
+                exporter: "otlp_forward",
+                outcome: "ok",
+            })
+            .get()
+            == 4
+    })
+    .await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "two refusals, one delivery"
+    );
+    let got: Vec<Span> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.resource_spans.iter())
+        .flat_map(|rs| rs.scope_spans.iter())
+        .flat_map(|ss| ss.spans.iter().cloned())
+        .collect();
+    assert_eq!(by_id(got), by_id(sent));
+    assert_eq!(events.dropped("forward_failed"), 0);
+    c.stop().await.unwrap();
+}

@@ -291,6 +291,31 @@ fn benches(c: &mut Criterion) {
         );
     }
 
+    // The floor: one SDK span with one attribute, started and ended, into the same processor.
+    let tracer = tracer_provider.tracer("floor");
+    let key = "sdk/span_1_attr".to_owned();
+    c.benchmark_group("sdk").bench_function("span_1_attr", |b| {
+        use opentelemetry::trace::{Span as _, SpanBuilder, Tracer as _};
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let mut span = tracer.build(
+                    SpanBuilder::from_name("decode")
+                        .with_attributes(vec![opentelemetry::KeyValue::new("infer.phase", "decode")]),
+                );
+                span.end();
+            }
+            let elapsed = start.elapsed();
+            REQUESTS.fetch_add(iters, Ordering::Relaxed);
+            if let Ok(mut s) = SAMPLES.lock() {
+                s.entry(key.clone())
+                    .or_default()
+                    .push(elapsed.as_nanos() as f64 / iters as f64);
+            }
+            elapsed
+        })
+    });
+
     c.benchmark_group("recorder")
         .bench_function("tokens_1", |b| {
             let rec = RequestRecorder::new();
@@ -326,6 +351,11 @@ fn summary() {
         let v = m(&format!("request/{name}"));
         println!("| {name} | {v:.0} | {:+.0} |", v - bare);
     }
+    let floor = m("sdk/span_1_attr");
+    println!(
+        "\nSDK floor: one span with one attribute {floor:.0} ns (4 spans ≈ {:.0} ns)",
+        4.0 * floor
+    );
     let per_chunk =
         |p: &str| (m(&format!("chunks/{p}_1025")) - m(&format!("chunks/{p}_1"))) / 1024.0;
     let (b, t) = (per_chunk("bare"), per_chunk("infertrace"));

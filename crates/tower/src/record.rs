@@ -53,9 +53,11 @@ pub(crate) struct RequestRecord {
     grpc_status: Option<i32>,
     event_stream: bool,
     chunks: u64,
-    first_chunk: Option<Instant>,
-    /// [`tick_clock`] reading at the first chunk (anchor of the tick conversion).
-    first_tick: u64,
+    /// [`tick_clock`] reading at arrival: with the one at the end, the anchors that convert
+    /// chunk ticks to time.
+    arrival_tick: u64,
+    /// [`tick_clock`] reading at the first chunk.
+    first_tick: Option<u64>,
     /// [`tick_clock`] reading at the latest chunk.
     last_tick: u64,
     /// Gaps between chunks, in ticks.
@@ -80,6 +82,7 @@ impl RequestRecord {
         req: &mut Request<B>,
     ) -> Box<Self> {
         let wall_arrival = SystemTime::now();
+        let arrival_tick = tick_clock::ticks();
         let parent = crate::propagation::extract(req.headers());
         let mut attrs = Vec::with_capacity(36);
         request_attributes(req, &facts, &mut attrs);
@@ -105,8 +108,8 @@ impl RequestRecord {
             grpc_status: None,
             event_stream: false,
             chunks: 0,
-            first_chunk: None,
-            first_tick: 0,
+            arrival_tick,
+            first_tick: None,
             last_tick: 0,
             gaps: None,
             messages: None,
@@ -168,13 +171,12 @@ impl RequestRecord {
             Some(counter) if bytes.len() == len => counter.feed(bytes),
             _ => 1,
         };
-        if self.first_chunk.is_none() {
-            self.first_chunk = Some(Instant::now());
-            self.first_tick = tick_clock::ticks();
-            self.last_tick = self.first_tick;
+        let now = tick_clock::ticks();
+        if self.first_tick.is_none() {
+            self.first_tick = Some(now);
+            self.last_tick = now;
             return;
         }
-        let now = tick_clock::ticks();
         self.gaps
             .get_or_insert_with(Box::default)
             .record(now.saturating_sub(self.last_tick));
@@ -206,16 +208,9 @@ impl RequestRecord {
         let end_tick = tick_clock::ticks();
         let end_offset = self.offset(end);
         // Chunk ticks convert with this request's own pair of anchors.
-        let ticks = self
-            .first_chunk
-            .map(|first| TickSpan::new(first, self.first_tick, end, end_tick));
-        let first_chunk = self.first_chunk.map(|t| self.offset(t));
-        let last_chunk = match (first_chunk, ticks) {
-            (Some(first), Some(ticks)) => {
-                Some((first + ticks.offset(self.last_tick)).min(end_offset))
-            }
-            _ => None,
-        };
+        let ticks = TickSpan::new(self.arrival, self.arrival_tick, end, end_tick);
+        let first_chunk = self.first_tick.map(|t| ticks.offset(t));
+        let last_chunk = self.first_tick.map(|_| ticks.offset(self.last_tick));
         let marks = self.recorder.marks();
         let strings = self.recorder.strings();
 
@@ -290,8 +285,8 @@ impl RequestRecord {
         let model_for_name = request_model.clone().or_else(|| response_model.clone());
 
         let ttfc = first_chunk.map(secs);
-        let gap_stats = match (&self.gaps, ticks) {
-            (Some(g), Some(ticks)) => {
+        let gap_stats = match &self.gaps {
+            Some(g) => {
                 let s = |v: Option<u64>| v.map(|t| secs(ticks.duration(t)));
                 Some((s(g.quantile(0.50)), s(g.quantile(0.99)), s(g.max())))
             }
