@@ -54,9 +54,9 @@ pub struct CollectorConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ReceiversConfig {
     /// OTLP/gRPC (`TraceService/Export`).
-    pub otlp_grpc: ReceiverEndpoint,
+    pub otlp_grpc: OtlpGrpcReceiver,
     /// OTLP/HTTP (`POST /v1/traces`, protobuf or JSON).
-    pub otlp_http: ReceiverEndpoint,
+    pub otlp_http: OtlpHttpReceiver,
     /// Largest accepted request body (after decompression), bytes. Default 16 MiB.
     pub max_body_bytes: usize,
 }
@@ -64,36 +64,49 @@ pub struct ReceiversConfig {
 impl Default for ReceiversConfig {
     fn default() -> Self {
         Self {
-            otlp_grpc: ReceiverEndpoint::new(([127, 0, 0, 1], 4317).into()),
-            otlp_http: ReceiverEndpoint::new(([127, 0, 0, 1], 4318).into()),
+            otlp_grpc: OtlpGrpcReceiver::default(),
+            otlp_http: OtlpHttpReceiver::default(),
             max_body_bytes: 16 * 1024 * 1024,
         }
     }
 }
 
-/// One receiver's listening address, which can be turned off.
+/// `receivers.otlp_grpc:` — the OTLP/gRPC listener, which can be turned off.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReceiverEndpoint {
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpGrpcReceiver {
     /// Whether the receiver runs. Default `true`.
-    #[serde(default = "yes")]
     pub enabled: bool,
-    /// `IP:port` to listen on (port 0 picks a free port).
+    /// `IP:port` to listen on (port 0 picks a free port). Default `127.0.0.1:4317`.
     pub endpoint: SocketAddr,
 }
 
-impl ReceiverEndpoint {
-    /// An enabled receiver on `endpoint`.
-    pub fn new(endpoint: SocketAddr) -> Self {
+impl Default for OtlpGrpcReceiver {
+    fn default() -> Self {
         Self {
             enabled: true,
-            endpoint,
+            endpoint: ([127, 0, 0, 1], 4317).into(),
         }
     }
 }
 
-fn yes() -> bool {
-    true
+/// `receivers.otlp_http:` — the OTLP/HTTP listener, which can be turned off.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpHttpReceiver {
+    /// Whether the receiver runs. Default `true`.
+    pub enabled: bool,
+    /// `IP:port` to listen on (port 0 picks a free port). Default `127.0.0.1:4318`.
+    pub endpoint: SocketAddr,
+}
+
+impl Default for OtlpHttpReceiver {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            endpoint: ([127, 0, 0, 1], 4318).into(),
+        }
+    }
 }
 
 /// `api:` — the HTTP API and Prometheus endpoint.
@@ -1027,6 +1040,17 @@ mod tests {
         )
         .unwrap();
         assert!(!c.receivers.otlp_grpc.enabled);
+    }
+
+    #[test]
+    fn a_receiver_can_be_turned_off_without_repeating_its_address() {
+        let c = CollectorConfig::from_yaml_str("receivers:\n  otlp_grpc:\n    enabled: false\n")
+            .unwrap();
+        assert!(!c.receivers.otlp_grpc.enabled);
+        assert_eq!(
+            c.receivers.otlp_grpc.endpoint,
+            CollectorConfig::default().receivers.otlp_grpc.endpoint
+        );
     }
 
     #[test]

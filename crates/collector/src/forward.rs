@@ -6,7 +6,9 @@
 //! that came as OTLP/JSON ([`IngestBatch::raw_json`]) are transcoded to protobuf here, with
 //! `opentelemetry-proto`'s OTLP/JSON mapping and prost, off the receive path and only when
 //! forwarding is on (the reduced spans the pipeline analyses could not be re-encoded: they keep
-//! only the attributes infertrace reads).
+//! only the attributes infertrace reads). A body is forwarded whole, including any spans this
+//! collector rejected as invalid (the downstream applies its own rules); the counters count
+//! the valid spans.
 //!
 //! **Batching.** Protobuf messages concatenate: two encoded `ExportTraceServiceRequest`s back to
 //! back are one request holding both `resource_spans` lists. Queued requests are merged this way

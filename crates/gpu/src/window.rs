@@ -10,14 +10,18 @@
 //!   the counted samples; the max is over the counted samples; `NaN` values (not measured) are
 //!   skipped field by field;
 //! - the energy is the difference of the cumulative energy counter linearly interpolated at both
-//!   edges: each pair of consecutive counter readings spreads its difference uniformly over the
-//!   time between them, and after the last reading the last pair's rate is extended for at most
-//!   `hold`. Where a pair of counter readings is missing, the held power × time is used instead.
+//!   edges (so each pair of consecutive readings spreads its difference uniformly over the time
+//!   between them); past the last reading the last pair's rate is extended for at most `hold`.
+//!   When a reading in the window lacks the counter, or there is no pair to give a rate, the
+//!   energy is the held power × time instead.
+//!
+//! The cost is one binary search plus one pass over the samples in the window, reading only the
+//! fields asked for; the energy needs only the readings at the edges.
 
 use crate::ring::{Record, SeqRing};
 
 /// Mean and max of one gauge over a window.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct GaugeAcc {
     weighted: f64,
     weight: f64,
@@ -26,7 +30,20 @@ pub(crate) struct GaugeAcc {
     max: f64,
 }
 
+impl Default for GaugeAcc {
+    fn default() -> Self {
+        Self {
+            weighted: 0.0,
+            weight: 0.0,
+            plain: 0.0,
+            count: 0,
+            max: f64::NEG_INFINITY,
+        }
+    }
+}
+
 impl GaugeAcc {
+    #[inline]
     fn add(&mut self, value: f64, weight: f64) {
         if value.is_nan() {
             return;
@@ -34,11 +51,7 @@ impl GaugeAcc {
         self.weighted += value * weight;
         self.weight += weight;
         self.plain += value;
-        self.max = if self.count == 0 {
-            value
-        } else {
-            self.max.max(value)
-        };
+        self.max = self.max.max(value);
         self.count += 1;
     }
 
@@ -57,6 +70,11 @@ impl GaugeAcc {
     pub(crate) fn max(&self) -> Option<f64> {
         (self.count > 0).then_some(self.max)
     }
+
+    /// `Σ value × held ns`.
+    fn integral(&self) -> f64 {
+        self.weighted
+    }
 }
 
 /// Which of the folded fields (positions in the `fields` list given to [`fold`]) are the energy
@@ -71,86 +89,38 @@ pub(crate) struct EnergyFields {
 
 /// The statistics of one ring over one window.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Folded<const F: usize> {
-    /// Per field.
-    pub(crate) gauges: [GaugeAcc; F],
+pub(crate) struct Folded<const G: usize> {
+    /// Per field, in the order asked for.
+    pub(crate) gauges: [GaugeAcc; G],
     /// Samples counted.
     pub(crate) samples: u32,
     /// Energy in joules, when a counter or power was available.
     pub(crate) energy: Option<f64>,
 }
 
+#[inline]
 fn overlap(a0: u64, a1: u64, start: u64, end: u64) -> u64 {
     a1.min(end).saturating_sub(a0.max(start))
 }
 
-struct Fold<const F: usize> {
-    start: u64,
-    end: u64,
-    hold: u64,
-    energy_fields: Option<EnergyFields>,
-    out: Folded<F>,
-    energy: f64,
-    energy_known: bool,
-    /// Rate (J/ns) of the latest pair of counter readings.
-    last_rate: Option<f64>,
+/// Counter value at `t` on the line through readings `a` and `b` (`t` clamped into `[a.t, b.t]`).
+fn interpolate(a: (u64, f64), b: (u64, f64), t: u64) -> f64 {
+    let span = b.0.saturating_sub(a.0);
+    if span == 0 {
+        return b.1;
+    }
+    let t = t.clamp(a.0, b.0);
+    a.1 + (b.1 - a.1) * (t - a.0) as f64 / span as f64
 }
 
-impl<const F: usize> Fold<F> {
-    /// Accounts for sample `a`, whose successor is `next` (if any).
-    fn segment(&mut self, a: &Record<F>, next: Option<&Record<F>>) {
-        let (start, end) = (self.start, self.end);
-        let held_until = match next {
-            Some(n) => n.t.min(a.t.saturating_add(self.hold)),
-            None => a.t.saturating_add(self.hold),
-        };
-        let counted = a.t <= end && (a.t > start || held_until > start);
-        let held = overlap(a.t, held_until, start, end);
-        if counted {
-            self.out.samples += 1;
-            for (acc, value) in self.out.gauges.iter_mut().zip(a.v.iter()) {
-                acc.add(*value, held as f64);
-            }
-        }
-        let Some(ef) = self.energy_fields else {
-            return;
-        };
-        let c0 = a.v[ef.counter];
-        match next {
-            Some(n) if !c0.is_nan() && !n.v[ef.counter].is_nan() => {
-                let delta = (n.v[ef.counter] - c0).max(0.0);
-                let span = n.t.saturating_sub(a.t);
-                if span == 0 {
-                    if a.t > start && a.t <= end {
-                        self.energy += delta;
-                        self.energy_known = true;
-                    }
-                } else {
-                    let rate = delta / span as f64;
-                    self.last_rate = Some(rate);
-                    let inside = overlap(a.t, n.t, start, end);
-                    if inside > 0 || (a.t <= end && n.t > start) {
-                        self.energy += rate * inside as f64;
-                        self.energy_known = true;
-                    }
-                }
-            }
-            None if !c0.is_nan() && self.last_rate.is_some() => {
-                let rate = self.last_rate.unwrap_or_default();
-                if counted {
-                    self.energy += rate * held as f64;
-                    self.energy_known = true;
-                }
-            }
-            _ => {
-                let power = a.v[ef.power];
-                if counted && !power.is_nan() {
-                    self.energy += power * held as f64 / 1e9;
-                    self.energy_known = true;
-                }
-            }
-        }
-    }
+/// Counter value at `t >= last.0`, extending `rate` (J/ns) for at most `hold`.
+fn extrapolate(last: (u64, f64), rate: f64, t: u64, hold: u64) -> f64 {
+    last.1 + rate * t.saturating_sub(last.0).min(hold) as f64
+}
+
+fn rate(a: (u64, f64), b: (u64, f64)) -> Option<f64> {
+    let span = b.0.saturating_sub(a.0);
+    (span > 0).then(|| (b.1 - a.1).max(0.0) / span as f64)
 }
 
 /// Folds the fields `fields` of the samples of `ring` over `[start, end]` (ns since the ring's
@@ -168,33 +138,32 @@ pub(crate) fn fold<const F: usize, const G: usize>(
     }
     let (lo, written) = ring.bounds();
     let first = ring.last_at_or_before(start, lo, written).unwrap_or(lo);
-    let mut fold = Fold {
-        start,
-        end,
-        hold,
-        energy_fields,
-        out: Folded {
-            gauges: [GaugeAcc::default(); G],
-            samples: 0,
-            energy: None,
-        },
-        energy: 0.0,
-        energy_known: false,
-        last_rate: None,
-    };
-    // A pair that ends before the first counted sample still gives the rate for extrapolation.
-    if let Some(ef) = energy_fields
+    let mut gauges = [GaugeAcc::default(); G];
+    let mut samples = 0u32;
+
+    // Counter readings `(t, joules)` needed at the edges.
+    let counter = energy_fields.map(|ef| ef.counter);
+    let c = |r: &Record<G>| counter.map(|i| (r.t, r.v[i]));
+    let mut counter_ok = counter.is_some();
+    let mut r0: Option<(u64, f64)> = None; // first record read
+    let mut r1: Option<(u64, f64)> = None; // second record read
+    let mut before_last: Option<(u64, f64)> = None;
+    let mut after_end: Option<(u64, f64)> = None;
+    // A pair just before the first record gives the rate when the window has a single reading.
+    let mut pre_rate = None;
+    if counter.is_some()
         && first > lo
         && let (Some(a), Some(b)) = (
             ring.read_fields(first - 1, fields),
             ring.read_fields(first, fields),
         )
+        && let (Some(a), Some(b)) = (c(&a), c(&b))
+        && !a.1.is_nan()
+        && !b.1.is_nan()
     {
-        let span = b.t.saturating_sub(a.t);
-        if span > 0 && !a.v[ef.counter].is_nan() && !b.v[ef.counter].is_nan() {
-            fold.last_rate = Some((b.v[ef.counter] - a.v[ef.counter]).max(0.0) / span as f64);
-        }
+        pre_rate = rate(a, b);
     }
+
     let mut prev: Option<Record<G>> = None;
     let mut n = first;
     while n < written {
@@ -205,23 +174,89 @@ pub(crate) fn fold<const F: usize, const G: usize>(
             continue;
         };
         if let Some(p) = prev.take() {
-            fold.segment(&p, Some(&r));
+            segment(&p, Some(r.t), start, end, hold, &mut gauges, &mut samples);
+            before_last = c(&p);
+        }
+        if let Some(rc) = c(&r) {
+            counter_ok &= !rc.1.is_nan();
+            if r0.is_none() {
+                r0 = Some(rc);
+            } else if r1.is_none() {
+                r1 = Some(rc);
+            }
         }
         if r.t > end {
-            prev = None;
+            after_end = c(&r);
             break;
         }
         prev = Some(r);
         n += 1;
     }
-    if let Some(p) = prev {
-        fold.segment(&p, None);
+    let last = prev.as_ref().and_then(c);
+    if let Some(p) = &prev {
+        segment(p, None, start, end, hold, &mut gauges, &mut samples);
     }
-    if fold.out.samples == 0 {
+    if samples == 0 {
         return None;
     }
-    fold.out.energy = fold.energy_known.then_some(fold.energy);
-    Some(fold.out)
+
+    let energy = energy_fields.and_then(|ef| {
+        let by_counter = || -> Option<f64> {
+            let a0 = r0?;
+            // The rate of the pair ending at the last reading (or the pair before the window).
+            let tail_rate = match (before_last, last) {
+                (Some(b), Some(l)) => rate(b, l),
+                _ => pre_rate,
+            };
+            let at_start = match r1 {
+                _ if a0.0 > start => a0.1,
+                Some(a1) => interpolate(a0, a1, start),
+                None => extrapolate(a0, tail_rate?, start, hold),
+            };
+            let at_end = match (after_end, before_last, last) {
+                (Some(after), Some(b), None) => interpolate(b, after, end),
+                (Some(after), None, None) => interpolate(a0, after, end),
+                (_, _, Some(l)) => extrapolate(l, tail_rate?, end, hold),
+                _ => return None,
+            };
+            Some((at_end - at_start).max(0.0))
+        };
+        if counter_ok && let Some(e) = by_counter() {
+            return Some(e);
+        }
+        let power = &gauges[ef.power];
+        (power.count > 0).then(|| power.integral() / 1e9)
+    });
+    Some(Folded {
+        gauges,
+        samples,
+        energy,
+    })
+}
+
+/// Accounts for the gauges of sample `a`, whose successor (if any) is at `next_t`.
+#[inline]
+fn segment<const G: usize>(
+    a: &Record<G>,
+    next_t: Option<u64>,
+    start: u64,
+    end: u64,
+    hold: u64,
+    gauges: &mut [GaugeAcc; G],
+    samples: &mut u32,
+) {
+    let held_until = match next_t {
+        Some(t) => t.min(a.t.saturating_add(hold)),
+        None => a.t.saturating_add(hold),
+    };
+    if a.t > end || (a.t <= start && held_until <= start) {
+        return;
+    }
+    let held = overlap(a.t, held_until, start, end) as f64;
+    *samples += 1;
+    for (acc, value) in gauges.iter_mut().zip(a.v.iter()) {
+        acc.add(*value, held);
+    }
 }
 
 #[cfg(test)]

@@ -646,7 +646,7 @@ mod tests {
         // busy machine add a few ms).
         let prefill = t.prefill().unwrap();
         assert!(
-            prefill >= Duration::from_millis(7) && prefill < Duration::from_millis(20),
+            prefill >= Duration::from_millis(7) && prefill < Duration::from_millis(30),
             "{prefill:?}"
         );
         // 5 decode steps of ≥ 7.1 ms × 0.2 each.
@@ -657,7 +657,7 @@ mod tests {
     async fn timer_lateness_does_not_accumulate_over_steps() {
         // 50 decode steps of (7 ms + 0.1 ms + ≈ 35 context tokens × 40 ns) × 0.2 ≈ 1.4205 ms
         // each: 71.0 ms nominal. Rounding every sleep up to tokio's 1 ms tick would make it
-        // ≈ 100 ms without the nominal clock.
+        // ≈ 100–130 ms without the nominal clock; a loaded machine adds a few ms at the end.
         let sim = Simulator::start(cfg(0.2)).unwrap();
         let mut s = sim
             .submit(
@@ -679,7 +679,7 @@ mod tests {
             .sum();
         assert!(
             decode >= nominal - Duration::from_micros(100)
-                && decode < nominal + Duration::from_millis(15),
+                && decode < nominal + Duration::from_millis(25),
             "decode {decode:?} vs nominal {nominal:?}"
         );
     }

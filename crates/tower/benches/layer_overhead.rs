@@ -299,10 +299,10 @@ fn benches(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let start = Instant::now();
             for _ in 0..iters {
-                let mut span = tracer.build(
-                    SpanBuilder::from_name("decode")
-                        .with_attributes(vec![opentelemetry::KeyValue::new("infer.phase", "decode")]),
-                );
+                let mut span =
+                    tracer.build(SpanBuilder::from_name("decode").with_attributes(vec![
+                        opentelemetry::KeyValue::new("infer.phase", "decode"),
+                    ]));
                 span.end();
             }
             let elapsed = start.elapsed();

@@ -117,17 +117,27 @@ fn method_value(method: &Method) -> StringValue {
     StringValue::from(known.unwrap_or("_OTHER"))
 }
 
+/// Splits `host[:port]` / `[v6]:port` (a `Host` header) without the full URI parser.
+fn split_host_port(s: &str) -> (&str, Option<u16>) {
+    if let Some(rest) = s.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((host, after)) => (host, after.strip_prefix(':').and_then(|p| p.parse().ok())),
+            None => (s, None),
+        };
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => (host, port.parse().ok()),
+        _ => (s, None),
+    }
+}
+
 /// Host and port the request was addressed to: `:authority` (HTTP/2) or `Host` (HTTP/1.1).
 fn server_address<B>(req: &Request<B>) -> Option<(String, Option<i64>)> {
     if let Some(a) = req.uri().authority() {
         return Some((a.host().to_owned(), a.port_u16().map(i64::from)));
     }
-    let host = header_str(req.headers(), &header::HOST)?;
-    let authority: http::uri::Authority = host.parse().ok()?;
-    Some((
-        authority.host().to_owned(),
-        authority.port_u16().map(i64::from),
-    ))
+    let (host, port) = split_host_port(header_str(req.headers(), &header::HOST)?);
+    (!host.is_empty()).then(|| (host.to_owned(), port.map(i64::from)))
 }
 
 /// Appends the request-side attributes: GenAI operation and model, then HTTP or RPC semconv.

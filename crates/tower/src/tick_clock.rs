@@ -3,9 +3,9 @@
 //!
 //! Reading `Instant::now()` costs 25–40 ns on a typical VM; `rdtsc` about a third of that,
 //! which is what keeps the per-chunk cost of the body wrapper near 20 ns. Ticks are never
-//! converted with a global calibration: a request takes an (`Instant`, ticks) pair at its first
-//! chunk and another at its end, and converts the ticks in between with that pair's own ratio
-//! ([`TickSpan`]). Results are clamped into the request's `[first chunk, end]`, so even a
+//! converted with a global calibration: a request takes an (`Instant`, ticks) pair at arrival
+//! and another at its end, and converts the ticks in between with that pair's own ratio
+//! ([`TickSpan`]). Results are clamped into the request's `[arrival, end]`, so even a
 //! misbehaving counter can only blur gap statistics, never produce a negative or out-of-range
 //! time.
 

@@ -127,8 +127,11 @@ impl Pipeline {
             config.slo(),
             config.limits.max_series,
         );
+        // Rates in windows longer than the uptime divide by the uptime, counted from now.
+        let mut kpis = KpiWindows::new(config.kpi_config());
+        kpis.set_start(unix_nanos_now());
         let analysis = Analysis {
-            kpis: KpiWindows::new(config.kpi_config()),
+            kpis,
             critical: CriticalPathWindows::new(config.critical_path_windows_config()),
             prom,
             recent: RecentTraces::new(config.api.recent_traces, config.api.recent_trace_spans),
@@ -319,3 +322,4 @@ impl Ingest for Pipeline {
 
 #[cfg(test)]
 mod tests;
+

@@ -1,0 +1,212 @@
+//! The collector fed by an independent client — the official OpenTelemetry Python SDK over OTLP
+//! gRPC and HTTP — in each engine dialect with known timings: the KPIs, `/metrics` and a real
+//! Prometheus' `histogram_quantile` agree with values computed here from the ground truth.
+
+mod support_prom;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use infertrace_collector::config::CollectorConfig;
+use infertrace_collector::server::{self, RunningCollector};
+use infertrace_semconv::metric::REQUEST_DURATION_BUCKETS;
+use serde_json::Value;
+use support_prom::{HttpClient, Prometheus, require_binary};
+
+/// The SDK is importable (installed by .ci/run from tests/python/requirements.txt).
+fn python_sdk() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, opentelemetry.exporter.otlp.proto.http"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the OpenTelemetry Python SDK is missing in CI: pip install -r tests/python/requirements.txt"
+        );
+        eprintln!("SKIPPED: the OpenTelemetry Python SDK is not installed (pip install -r tests/python/requirements.txt)");
+    }
+    ok
+}
+
+struct Sent {
+    service: String,
+    truth: Vec<Value>,
+}
+
+fn send(endpoint: &str, protocol: &str, dialect: &str, count: usize, error_every: usize) -> Sent {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/send_traces.py");
+    let service = format!("py-{dialect}-{protocol}");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--endpoint", endpoint, "--protocol", protocol, "--dialect", dialect])
+        .args(["--count", &count.to_string(), "--service", &service])
+        .args(["--error-every", &error_every.to_string()])
+        .output()
+        .expect("run python3");
+    assert!(out.status.success(), "send_traces.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("script prints JSON");
+    assert_eq!(v["flushed"], true, "the SDK flushed every span");
+    Sent { service, truth: v["requests"].as_array().expect("requests").clone() }
+}
+
+/// The value at rank ⌊q·(n−1)⌋ of the sorted values: the KPI sketches' rank rule.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((q * (v.len() - 1) as f64) as usize).min(v.len() - 1)]
+}
+
+/// Prometheus' `histogram_quantile` over classic buckets, computed independently.
+fn prom_histogram_quantile(values: &[f64], bounds: &[f64], q: f64) -> f64 {
+    let total = values.len() as f64;
+    let rank = q * total;
+    let mut below = 0.0;
+    let mut lower = 0.0;
+    for &upper in bounds {
+        let in_bucket = values.iter().filter(|v| **v <= upper).count() as f64 - below;
+        if below + in_bucket >= rank {
+            return lower + (upper - lower) * (rank - below) / in_bucket;
+        }
+        below += in_bucket;
+        lower = upper;
+    }
+    lower // above the last finite bound Prometheus returns the largest bound
+}
+
+fn series_of<'a>(kpis: &'a Value, service: &str) -> Option<&'a Value> {
+    kpis["series"].as_array()?.iter().find(|s| s["service"] == service)
+}
+
+async fn wait_for(collector: &RunningCollector, service: &str, requests: u64) -> Value {
+    let http = HttpClient::default();
+    let url = format!("http://{}/api/kpis?window=1h", collector.api_addr);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http.get(&url).await.expect("GET /api/kpis");
+        assert_eq!(status, 200);
+        let kpis: Value = serde_json::from_slice(&body).expect("kpis JSON");
+        if let Some(s) = series_of(&kpis, service) {
+            if s["requests"].as_u64() == Some(requests) {
+                return s.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "{service}: {requests} requests never arrived: {kpis}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn within(measured: &Value, truth: f64, what: &str) {
+    let m = measured.as_f64().unwrap_or_else(|| panic!("{what}: no value"));
+    // The sketch's relative error is 1%; times crossed the SDK as integer nanoseconds.
+    assert!((m - truth).abs() <= truth * 0.01 + 1e-6, "{what}: measured {m}, truth {truth}");
+}
+
+fn column(truth: &[Value], key: &str, ok_only: bool) -> Vec<f64> {
+    truth
+        .iter()
+        .filter(|r| !ok_only || r["error"] == false)
+        .map(|r| r[key].as_f64().expect("number"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_dialects_give_the_true_kpis() {
+    if !python_sdk() {
+        return;
+    }
+    let mut config = CollectorConfig::default();
+    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
+    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
+    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    config.assembly.grace = Duration::from_millis(200);
+    let collector = server::run(config, std::future::pending()).await.expect("collector starts");
+    let grpc = format!("http://{}", collector.grpc_addr.unwrap());
+    let http = format!("http://{}", collector.http_addr.unwrap());
+
+    // infertrace dialect over gRPC, every 5th request failing.
+    let sent = send(&grpc, "grpc", "infertrace", 40, 5);
+    let s = wait_for(&collector, &sent.service, 40).await;
+    assert_eq!(s["errors"], 8, "{s}");
+    assert_eq!((s["model"].as_str(), s["operation"].as_str()), (Some("llama-3.1-8b"), Some("chat")));
+    for key in ["e2e", "queue", "prefill", "ttft", "decode", "tpot"] {
+        let all = column(&sent.truth, key, false);
+        let ok = column(&sent.truth, key, true);
+        for (q, name) in [(0.5, "p50"), (0.9, "p90")] {
+            // Phase KPIs may be computed over every request or the successful ones only:
+            // accept either definition, but it must be one of them exactly (within 1%).
+            let m = s[key][name].as_f64().unwrap_or_else(|| panic!("{key}.{name}: {s}"));
+            let (a, b) = (quantile(&all, q), quantile(&ok, q));
+            assert!(
+                (m - a).abs() <= a * 0.01 + 1e-6 || (m - b).abs() <= b * 0.01 + 1e-6,
+                "{key}.{name}: measured {m}, truth {a} (all) / {b} (ok only)"
+            );
+        }
+    }
+    let input: f64 = column(&sent.truth, "input_tokens", false).iter().sum();
+    assert_eq!(s["tokens"]["input"].as_f64(), Some(input), "{s}");
+
+    // vLLM over HTTP: one span per request with gen_ai.latency.* attributes.
+    let vllm = send(&http, "http", "vllm", 30, 0);
+    let v = wait_for(&collector, &vllm.service, 30).await;
+    for key in ["e2e", "queue", "ttft", "prefill", "decode"] {
+        within(&v[key]["p50"], quantile(&column(&vllm.truth, key, false), 0.5), &format!("vllm {key}.p50"));
+    }
+    within(&v["tpot"]["p90"], quantile(&column(&vllm.truth, "tpot", false), 0.9), "vllm tpot.p90");
+
+    // TGI over gRPC: Debug-formatted duration strings.
+    let tgi = send(&grpc, "grpc", "tgi", 30, 0);
+    let t = wait_for(&collector, &tgi.service, 30).await;
+    within(&t["e2e"]["p50"], quantile(&column(&tgi.truth, "e2e", false), 0.5), "tgi e2e.p50");
+    within(&t["queue"]["p90"], quantile(&column(&tgi.truth, "queue", false), 0.9), "tgi queue.p90");
+
+    // Any other server span: e2e, rate and errors only.
+    let generic = send(&http, "http", "generic", 20, 4);
+    let g = wait_for(&collector, &generic.service, 20).await;
+    assert_eq!(g["errors"], 5, "{g}");
+    within(&g["e2e"]["max"], quantile(&column(&generic.truth, "e2e", false), 1.0), "generic e2e.max");
+    assert!(g["ttft"].is_null() || g["ttft"]["p50"].is_null(), "no TTFT without phases: {g}");
+
+    // /metrics carries the same counts.
+    let client = HttpClient::default();
+    let (_, body) = client.get(&format!("http://{}/metrics", collector.api_addr)).await.unwrap();
+    let text = String::from_utf8_lossy(&body);
+    let count: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("infertrace_requests_total{") && l.contains(&format!("service=\"{}\"", sent.service)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(count, 40.0, "requests_total of {}:\n{text}", sent.service);
+
+    // A real Prometheus scrapes /metrics; histogram_quantile lands where the buckets say.
+    let Some(bin) = require_binary("PROMETHEUS_BIN", "prometheus", "python_sdk_dialects_give_the_true_kpis (Prometheus part)") else {
+        return;
+    };
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: infertrace\n    static_configs:\n      - targets: ['{}']\n",
+        collector.api_addr
+    );
+    let prom = Prometheus::start(&bin, &config, &[]).await;
+    let e2e = column(&sent.truth, "e2e", false);
+    let expr = format!(
+        "histogram_quantile(0.9, sum by (le) (infertrace_request_duration_seconds_bucket{{service=\"{}\"}}))",
+        sent.service
+    );
+    let want = prom_histogram_quantile(&e2e, &REQUEST_DURATION_BUCKETS, 0.9);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match prom.query(&expr).await {
+            Ok(samples) if samples.len() == 1 && samples[0].value.is_finite() => {
+                let got = samples[0].value;
+                assert!((got - want).abs() < 1e-9, "histogram_quantile gave {got}, buckets say {want}");
+                break;
+            }
+            other => {
+                assert!(Instant::now() < deadline, "Prometheus never answered {expr}: {other:?}\n{}", prom.log());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    collector.stop().await.expect("clean shutdown");
+}
