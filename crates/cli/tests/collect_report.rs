@@ -1,0 +1,173 @@
+//! `infertrace collect` as a process: OTLP/JSON in over HTTP, `report` against it, the config
+//! checker, and a graceful SIGTERM that still counts the traces in flight.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_infertrace"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A minimal HTTP/1.1 exchange (no client crate needed for a test).
+fn http(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+struct Collector {
+    child: Child,
+    otlp_http: u16,
+    api: u16,
+}
+
+impl Collector {
+    fn start() -> Self {
+        let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
+        let mut child = bin()
+            .args(["collect", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
+            .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}")])
+            .args(["--listen", &format!("127.0.0.1:{api}")])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start infertrace collect");
+        // The first stderr line says where it listens.
+        let mut line = String::new();
+        let stderr = child.stderr.as_mut().unwrap();
+        BufReader::new(stderr).read_line(&mut line).unwrap();
+        assert!(line.contains(&format!("127.0.0.1:{api}")), "startup line: {line}");
+        Self { child, otlp_http, api }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `n` requests of the infertrace dialect ending just now, with 20 ms queue, 30 ms prefill and
+/// 100 ms decode each, as one OTLP/JSON export request.
+fn traces(n: u64) -> Value {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let ms = 1_000_000u64;
+    let mut spans = Vec::new();
+    for i in 0..n {
+        let t0 = now - 200 * ms - i * ms;
+        let trace = format!("{:032x}", 0x5000 + i);
+        let root = format!("{:016x}", 0x10 + i * 8);
+        let kv = |k: &str, v: &str| json!({"key": k, "value": {"stringValue": v}});
+        spans.push(json!({"traceId": trace, "spanId": root, "name": "chat m", "kind": 2,
+            "startTimeUnixNano": t0.to_string(), "endTimeUnixNano": (t0 + 150 * ms).to_string(),
+            "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m"), kv("infer.outcome", "ok"),
+                           {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "11"}}]}));
+        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)].into_iter().enumerate() {
+            spans.push(json!({"traceId": trace, "spanId": format!("{:016x}", 0x10 + i * 8 + j as u64 + 1),
+                "parentSpanId": root, "name": name, "kind": 1,
+                "startTimeUnixNano": (t0 + a * ms).to_string(), "endTimeUnixNano": (t0 + b * ms).to_string()}));
+        }
+    }
+    json!({"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "cli-test"}}]},
+        "scopeSpans": [{"spans": spans}]}]})
+}
+
+fn report(api: u16) -> Value {
+    let out = bin()
+        .args(["report", "--url", &format!("http://127.0.0.1:{api}"), "--window", "1m", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn collect_then_report() {
+    let c = Collector::start();
+    let body = traces(25).to_string();
+    let (status, resp) = http(c.otlp_http, "POST", "/v1/traces", "application/json", body.as_bytes());
+    assert_eq!(status, 200, "{resp}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let r = loop {
+        let r = report(c.api);
+        if r["kpis"]["series"][0]["requests"] == 25 {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "25 requests never showed up: {r}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let s = &r["kpis"]["series"][0];
+    assert_eq!(s["service"], "cli-test");
+    assert!((s["ttft"]["p50"].as_f64().expect(&format!("ttft in {s}")) - 0.050).abs() < 0.0005, "{s}");
+    assert!((s["tpot"]["p50"].as_f64().expect("tpot") - 0.010).abs() < 0.0001, "{s}");
+    assert!(r["critical_path"]["entries"].as_array().is_some_and(|e| !e.is_empty()), "{r}");
+    // The table format prints the same numbers.
+    let out = bin().args(["report", "--url", &format!("http://127.0.0.1:{}", c.api), "--window", "1m"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("cli-test") && text.contains("50.0ms"), "{text}");
+}
+
+#[test]
+fn report_without_a_collector_says_what_to_do() {
+    let out = bin().args(["report", "--url", &format!("http://127.0.0.1:{}", free_port())]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("is the collector running"), "{err}");
+}
+
+#[test]
+#[cfg(unix)]
+fn sigterm_flushes_traces_in_flight() {
+    let mut c = Collector::start();
+    let (status, _) = http(c.otlp_http, "POST", "/v1/traces", "application/json", traces(3).to_string().as_bytes());
+    assert_eq!(status, 200);
+    // Immediately, well inside the 2 s grace period: the traces are still being assembled.
+    let pid = c.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let out = std::mem::replace(&mut c.child, bin().arg("--version").stdout(Stdio::null()).spawn().unwrap())
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success(), "exit status {}", out.status);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("3 traces in flight were closed"), "{err}");
+}
+
+#[test]
+fn check_config_reports_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, "assembly:\n  grace: 1s\n").unwrap();
+    let out = bin().args(["check-config"]).arg(&good).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "assembly:\n  grace: 1s\n  graec: 2s\n").unwrap();
+    let out = bin().args(["check-config"]).arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml:3:"), "names file and line: {err}");
+    assert!(err.contains("graec"), "{err}");
+    // The shipped, documented config is valid.
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../../otel-config/infertrace.yaml");
+    let out = bin().args(["check-config", shipped]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
