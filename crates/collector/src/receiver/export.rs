@@ -63,6 +63,20 @@ impl Receiver {
         self.events.spans_dropped(reason, 1);
     }
 
+    /// The memory limiter's soft check on a body's declared size, made before reading it: `false`
+    /// (and the request counted as refused) when even that would pass the limit.
+    pub(crate) fn admits_declared_body(&self, declared_bytes: u64) -> bool {
+        let Some(limiter) = &self.limits.memory else {
+            return true;
+        };
+        let bytes = usize::try_from(declared_bytes).unwrap_or(usize::MAX);
+        let admitted = limiter.admits(body_reservation_bytes(bytes));
+        if !admitted {
+            self.refuse_request("memory_limit");
+        }
+        admitted
+    }
+
     /// Reserves memory, decodes, counts and ingests one request body.
     pub(crate) fn export(&self, payload: Payload) -> Outcome {
         let _reservation = match &self.limits.memory {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceResponse,
@@ -80,6 +81,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     if !is_grpc {
+        receiver.refuse_request("unsupported_content");
         let mut response = Response::new(GrpcBody::empty());
         *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return response;
@@ -92,6 +94,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
         None | Some(b"identity") => false,
         Some(b"gzip") => true,
         Some(_) => {
+            receiver.refuse_request("unsupported_content");
             return status_only(
                 Code::Unimplemented,
                 "unsupported grpc-encoding: send gzip or identity",
@@ -106,6 +109,12 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
             &format!("request message is larger than the limit of {limit} bytes"),
         )
     };
+    if !receiver.admits_declared_body(req.body().size_hint().lower()) {
+        return status_only(
+            Code::Unavailable,
+            "collector is over its memory limit; retry later",
+        );
+    }
     let body = match read_body(req.into_body(), limit.saturating_add(5)).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => return too_large(),

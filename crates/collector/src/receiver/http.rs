@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body as _;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -104,6 +105,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
         return response;
     }
     let Some(format) = request_format(req.headers()) else {
+        receiver.refuse_request("unsupported_content");
         return plain(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported content type: send application/x-protobuf or application/json",
@@ -118,6 +120,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
         Some(e) if e.eq_ignore_ascii_case(b"identity") => false,
         Some(e) if e.eq_ignore_ascii_case(b"gzip") => true,
         Some(_) => {
+            receiver.refuse_request("unsupported_content");
             return plain(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported content encoding: send gzip or identity",
@@ -134,6 +137,14 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             &format!("request body is larger than the limit of {limit} bytes"),
         )
     };
+    if !receiver.admits_declared_body(req.body().size_hint().lower()) {
+        return retry_later(
+            format,
+            StatusCode::TOO_MANY_REQUESTS,
+            receiver.limits.retry_after_secs,
+            "collector is over its memory limit; retry later",
+        );
+    }
     let body = match read_body(req.into_body(), limit).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => return too_large(),

@@ -8,9 +8,9 @@
 //! | accepted, some spans invalid | 200 + `partial_success` | OK + `partial_success` | `invalid_span` × spans |
 //! | body not decodable (or bad gzip) | 400 | `INVALID_ARGUMENT` | `decode_error` × 1 (request) |
 //! | body over `max_body_bytes`, before or after gunzip | 413 | `RESOURCE_EXHAUSTED` | `too_large` × 1 (request) |
-//! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans |
+//! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans (× 1 when refused on the declared `Content-Length`, before reading) |
 //! | pipeline shutting down | 503 + `Retry-After` | `UNAVAILABLE` | `shutting_down` × spans |
-//! | wrong content type / content encoding | 415 | HTTP 415 / `UNIMPLEMENTED` | — |
+//! | wrong content type / content encoding | 415 | HTTP 415 / `UNIMPLEMENTED` | `unsupported_content` × 1 (request) |
 //! | wrong method on `/v1/traces` | 405 + `Allow: POST` | — | — |
 //! | `/v1/metrics`, `/v1/logs` (metrics/logs services) | 501, explained | `UNIMPLEMENTED`, explained | — |
 //! | any other path | 404 | `UNIMPLEMENTED` | — |
@@ -33,7 +33,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
@@ -54,6 +54,9 @@ pub const HTTP_RECEIVER: &str = "otlp_http";
 /// How long a shutdown waits for in-flight requests before returning.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// How long an HTTP/1 client may take to send a request's headers (slow-loris guard).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// HTTP/2 flow-control windows and frame size: large enough that a 16-connection client sending
 /// ~300 KB requests is never stalled on window updates.
 const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -66,10 +69,12 @@ pub struct ReceiverLimits {
     /// Largest accepted body in bytes, checked on the wire and again after gunzip (zip bombs).
     /// Default [`DEFAULT_MAX_BODY_BYTES`] (16 MiB).
     pub max_body_bytes: usize,
-    /// The collector's shared memory budget. When set, a receiver reserves
-    /// [`body_reservation_bytes`](crate::limiter::body_reservation_bytes) for a body before
-    /// decoding it and refuses the request (429 / `UNAVAILABLE`) when that does not fit; the
-    /// reservation is released once the batch has been handed to the pipeline. Default `None`:
+    /// The collector's shared memory budget. When set, a receiver first checks a body's declared
+    /// length (`Content-Length`) against it without reading the body, then reserves
+    /// [`body_reservation_bytes`](crate::limiter::body_reservation_bytes) for the body it read
+    /// before decoding it, and refuses the request (429 / `UNAVAILABLE`) when either does not
+    /// fit; the reservation is released once the batch has been handed to the pipeline (which
+    /// reserves its own bytes for the spans it buffers). Default `None`:
     /// only the pipeline's own [`IngestError::Overloaded`](crate::IngestError) throttles.
     pub memory: Option<MemoryLimiter>,
     /// `Retry-After` (seconds) sent when the memory limiter refuses a request. Default 1.
@@ -109,7 +114,12 @@ where
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
         .http2()
+        .timer(TokioTimer::new())
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .max_frame_size(H2_MAX_FRAME);
