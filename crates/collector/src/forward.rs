@@ -200,14 +200,20 @@ impl Worker {
     }
 
     async fn run(mut self) {
+        // Closing: asked to (a deadline is set) or the task handle is gone.
+        let mut closing = false;
         loop {
-            let first = if self.deadline().is_some() {
+            closing |= self.deadline().is_some();
+            let first = if closing {
                 self.rx.close();
                 self.rx.recv().await
             } else {
                 tokio::select! {
                     item = self.rx.recv() => item,
-                    _ = self.close.changed() => continue,
+                    changed = self.close.changed() => {
+                        closing |= changed.is_err();
+                        continue;
+                    }
                 }
             };
             let Some(first) = first else { break };
@@ -215,14 +221,21 @@ impl Worker {
             self.add(&mut batch, first);
             let batch_deadline = Instant::now() + self.max_batch_delay;
             while batch.spans < self.max_batch_spans {
-                let wait_until = if self.deadline().is_some() {
-                    Instant::now()
-                } else {
-                    batch_deadline
-                };
-                match tokio::time::timeout_at(wait_until, self.rx.recv()).await {
-                    Ok(Some(item)) => self.add(&mut batch, item),
-                    _ => break,
+                closing |= self.deadline().is_some();
+                if closing {
+                    // Take what is queued already, wait for nothing.
+                    match self.rx.try_recv() {
+                        Ok(item) => self.add(&mut batch, item),
+                        Err(_) => break,
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    r = tokio::time::timeout_at(batch_deadline, self.rx.recv()) => match r {
+                        Ok(Some(item)) => self.add(&mut batch, item),
+                        _ => break,
+                    },
+                    changed = self.close.changed() => closing |= changed.is_err(),
                 }
             }
             let Batch { body, spans, holds } = batch;

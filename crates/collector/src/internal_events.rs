@@ -51,6 +51,10 @@ pub struct InternalEvents {
     pub exported_spans: Family<ExportLabels, Counter>,
     /// `infertrace_series_overflow_total`.
     pub series_overflow: Counter,
+    /// `infertrace_store_writes_total`: rows written to the history store.
+    pub store_writes: Counter,
+    /// `infertrace_store_dropped_total{reason}`: history-store items dropped.
+    pub store_dropped: Family<DropLabels, Counter>,
 }
 
 impl InternalEvents {
@@ -87,6 +91,27 @@ impl InternalEvents {
             "KPI series refused by the cardinality cap",
             self.series_overflow.clone(),
         );
+        r.register(
+            prom::STORE_WRITES,
+            "Rows written to the history store",
+            self.store_writes.clone(),
+        );
+        r.register(
+            prom::STORE_DROPPED,
+            "History-store items dropped, by reason",
+            self.store_dropped.clone(),
+        );
+    }
+
+    /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`),
+    /// and logs it at warn level.
+    pub fn store_items_dropped(&self, reason: &'static str, n: u64) {
+        if n > 0 {
+            tracing::warn!(reason, n, "history store items dropped");
+            self.store_dropped
+                .get_or_create(&DropLabels { reason })
+                .inc_by(n);
+        }
     }
 
     /// Counts `n` spans received by `receiver` with `outcome`.

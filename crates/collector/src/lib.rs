@@ -7,6 +7,7 @@
 pub mod api;
 pub mod assembler;
 pub mod config;
+pub mod dashboard;
 pub mod forward;
 pub mod ingest;
 pub mod internal_events;
@@ -16,6 +17,7 @@ pub mod pipeline;
 pub mod prom_export;
 pub mod receiver;
 pub mod server;
+pub mod store;
 
 pub use ingest::{Ingest, IngestBatch, IngestError};
 pub use internal_events::InternalEvents;

@@ -10,6 +10,9 @@
 //! 3. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]);
 //! 4. the API stops last, so a final scrape can still see the flushed KPIs until then.
 //!
+//! The API address serves the JSON API ([`crate::api`]) and the web dashboard
+//! ([`crate::dashboard`]).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use infertrace_collector::{config::CollectorConfig, server};
@@ -38,6 +41,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, Alerting, AlertsView, ApiState};
 use crate::config::CollectorConfig;
+use crate::dashboard;
 use crate::forward;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
@@ -336,8 +340,12 @@ pub async fn run(
         registry,
         alerting: alerting.clone(),
     });
+    let app = api::router(state).merge(dashboard::routes(
+        pipeline.clone(),
+        dashboard::DashboardSettings::from_config(&config),
+    ));
     let api_task = tokio::spawn(
-        axum::serve(api_listener, api::router(state))
+        axum::serve(api_listener, app)
             .with_graceful_shutdown(stopped(late_stop_rx))
             .into_future(),
     );

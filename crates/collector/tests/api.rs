@@ -108,6 +108,16 @@ async fn routes_answer_and_validate() {
     let (status, f) = get_json(api, "/api/findings").await;
     assert_eq!(status, 200);
     assert!(f["findings"].is_array());
+
+    // The dashboard is mounted on the same address and lists the pipeline's recent traces.
+    let (status, page) = get(api, "/").await;
+    assert_eq!(status, 200);
+    assert!(page.to_ascii_lowercase().contains("<html"), "{page}");
+    let (status, list) = get(api, "/api/traces?limit=10").await;
+    assert_eq!(status, 200, "{list}");
+    for r in &reqs {
+        assert!(list.contains(&r.trace_hex()), "{list}");
+    }
     c.stop().await.unwrap();
 }
 

@@ -294,3 +294,26 @@ async fn http_forwarding_retries_503_then_delivers_once() {
     assert_eq!(events.dropped("forward_failed"), 0);
     c.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_flushes_the_forward_queue() {
+    let sink = Sink::default();
+    let sink_addr = sink.start().await;
+    let mut config = test_config();
+    config.forward.endpoint = Some(format!("http://{sink_addr}"));
+    // Without a shutdown, nothing would be sent for a minute.
+    config.forward.max_batch_delay = Duration::from_secs(60);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let r = Req::new(1, "m", 1, 2, 3);
+    let sent = infertrace_spans(&r, t0());
+    assert_eq!(
+        post_protobuf(c.http_addr.unwrap(), &request("llm", sent.clone())).await,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(sink.spans().is_empty(), "still batching");
+    let started = std::time::Instant::now();
+    c.stop().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(by_id(sink.spans()), by_id(sent));
+}

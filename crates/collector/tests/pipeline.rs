@@ -248,16 +248,18 @@ async fn graceful_shutdown_flushes_in_flight_traces_into_the_kpis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_limit_answers_429_and_counts() {
-    let mut config = test_config();
-    config.limits.memory_limit_bytes = 4096;
-    let c = server::run(config, std::future::pending()).await.unwrap();
+async fn pipeline_memory_refusal_answers_429_and_counts_every_span() {
     let reqs: Vec<Req> = (0..50).map(|k| Req::new(k + 1, "m", 1, 1, 1)).collect();
     let spans = reqs
         .iter()
         .flat_map(|r| infertrace_spans(r, t0()))
         .collect();
     let body = request("llm", spans).encode_to_vec();
+    // The receiver reserves 4× the body while decoding, which fits; the pipeline then needs the
+    // decoded spans' footprint (> 1× the body) on top, which does not: the pipeline refuses.
+    let mut config = test_config();
+    config.limits.memory_limit_bytes = 5 * body.len();
+    let c = server::run(config, std::future::pending()).await.unwrap();
     let (status, _) = post(c.http_addr.unwrap(), "application/x-protobuf", body).await;
     assert_eq!(status, 429);
     let (_, text) = get(c.api_addr, "/metrics").await;
@@ -268,6 +270,12 @@ async fn memory_limit_answers_429_and_counts() {
         ),
         Some(200.0),
         "{text}"
+    );
+    assert_eq!(c.pipeline().traces_in_flight(), 0);
+    assert_eq!(
+        c.pipeline().limiter().used(),
+        0,
+        "every reservation released"
     );
     c.stop().await.unwrap();
 }

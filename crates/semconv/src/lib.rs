@@ -364,4 +364,8 @@ pub mod prom {
     pub const EXPORTED_SPANS: &str = "exported_spans";
     /// Self-metric: series refused by the cardinality cap.
     pub const SERIES_OVERFLOW: &str = "series_overflow";
+    /// Self-metric: rows written to the history store.
+    pub const STORE_WRITES: &str = "store_writes";
+    /// Self-metric: history-store items dropped, by reason (`queue_full`, `write_failed`).
+    pub const STORE_DROPPED: &str = "store_dropped";
 }

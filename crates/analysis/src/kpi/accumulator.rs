@@ -11,6 +11,7 @@
 use sketches_ddsketch::Config;
 
 use super::SloConfig;
+use super::codec::{self, DecodeError, Reader, Writer};
 use super::distribution::{Distribution, bucket_of, merge_many_sorted, merge_sorted};
 use super::snapshot::{
     Goodput, GpuKpis, GpuPhaseUtilization, LatencyStats, PhaseShare, PhaseShares, TokenTotals,
@@ -39,6 +40,23 @@ impl PhaseSums {
         self.queue += o.queue;
         self.prefill += o.prefill;
         self.decode += o.decode;
+    }
+
+    fn encode(&self, w: &mut Writer<'_>) {
+        w.varint(self.count);
+        for v in [self.e2e, self.queue, self.prefill, self.decode] {
+            w.f64(v);
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Self {
+            count: r.varint()?,
+            e2e: r.f64()?,
+            queue: r.f64()?,
+            prefill: r.f64()?,
+            decode: r.f64()?,
+        })
     }
 
     /// Σ phase / Σ e2e; `None` when nothing was summed or Σ e2e is zero.
@@ -102,6 +120,40 @@ impl GpuSums {
         self.energy_attributed += o.energy_attributed;
         self.per_token_energy += o.per_token_energy;
         self.per_token_tokens = self.per_token_tokens.saturating_add(o.per_token_tokens);
+    }
+
+    fn encode(&self, w: &mut Writer<'_>) {
+        w.varint(self.requests);
+        if self.requests == 0 {
+            return;
+        }
+        for v in self.util_weighted.iter().chain(&self.util_seconds) {
+            w.f64(*v);
+        }
+        w.f64(self.energy_attributed);
+        w.f64(self.per_token_energy);
+        w.varint(self.per_token_tokens);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let requests = r.varint()?;
+        if requests == 0 {
+            return Ok(Self::default());
+        }
+        let mut g = Self {
+            requests,
+            ..Self::default()
+        };
+        for i in 0..3 {
+            g.util_weighted[i] = r.f64()?;
+        }
+        for i in 0..3 {
+            g.util_seconds[i] = r.f64()?;
+        }
+        g.energy_attributed = r.f64()?;
+        g.per_token_energy = r.f64()?;
+        g.per_token_tokens = r.varint()?;
+        Ok(g)
     }
 
     fn kpis(&self) -> Option<GpuKpis> {
@@ -175,7 +227,7 @@ pub fn meets_slos(slo: &SloConfig, r: &RequestRecord) -> bool {
 }
 
 /// The mergeable aggregate of a set of records.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Accumulator {
     /// Exact counters.
     pub counts: Counts,
@@ -349,6 +401,108 @@ impl Accumulator {
         .map(|d| d.heap_bytes())
         .sum::<usize>()
             + self.phases_by_e2e_bucket.capacity() * std::mem::size_of::<(i32, PhaseSums)>()
+    }
+
+    /// Appends the compact binary encoding of this accumulator to `out` (see
+    /// [`Self::decode`]); everything is kept, so decoding gives an equal, mergeable accumulator.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer(out);
+        w.u8(codec::VERSION);
+        let c = &self.counts;
+        for v in [
+            c.requests,
+            c.errors,
+            c.cancelled,
+            c.rejected,
+            c.good,
+            c.input_tokens,
+            c.output_tokens,
+        ] {
+            w.varint(v);
+        }
+        for d in self.distributions() {
+            d.encode(&mut w);
+        }
+        match self.itl_max {
+            Some(m) => {
+                w.u8(1);
+                w.f64(m);
+            }
+            None => w.u8(0),
+        }
+        self.phases.encode(&mut w);
+        w.keys(&self.phases_by_e2e_bucket, |w, p| p.encode(w));
+        self.gpu.encode(&mut w);
+    }
+
+    /// The compact binary encoding as a new vector.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.heap_bytes() / 2);
+        self.encode(&mut out);
+        out
+    }
+
+    /// Decodes what [`Self::encode`] wrote. Refuses (never panics on) truncated, trailing or
+    /// malformed bytes and unknown versions.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        if r.u8()? != codec::VERSION {
+            return Err(r.error("unknown encoding version"));
+        }
+        let counts = Counts {
+            requests: r.varint()?,
+            errors: r.varint()?,
+            cancelled: r.varint()?,
+            rejected: r.varint()?,
+            good: r.varint()?,
+            input_tokens: r.varint()?,
+            output_tokens: r.varint()?,
+        };
+        let mut dist = || Distribution::decode(&mut r);
+        let (e2e, queue, ttft, prefill, decode, tpot, itl) = (
+            dist()?,
+            dist()?,
+            dist()?,
+            dist()?,
+            dist()?,
+            dist()?,
+            dist()?,
+        );
+        let itl_max = match r.u8()? {
+            0 => None,
+            1 => Some(r.f64()?),
+            _ => return Err(r.error("invalid option flag")),
+        };
+        let phases = PhaseSums::decode(&mut r)?;
+        let phases_by_e2e_bucket = r.keys(33, PhaseSums::decode)?;
+        let gpu = GpuSums::decode(&mut r)?;
+        r.finish()?;
+        Ok(Self {
+            counts,
+            e2e,
+            queue,
+            ttft,
+            prefill,
+            decode,
+            tpot,
+            itl,
+            itl_max,
+            phases,
+            phases_by_e2e_bucket,
+            gpu,
+        })
+    }
+
+    fn distributions(&self) -> [&Distribution; 7] {
+        [
+            &self.e2e,
+            &self.queue,
+            &self.ttft,
+            &self.prefill,
+            &self.decode,
+            &self.tpot,
+            &self.itl,
+        ]
     }
 
     /// True when no record was added.
@@ -532,5 +686,68 @@ mod tests {
         r.e2e = 1.0;
         r.outcome = Outcome::Cancelled;
         assert!(!meets_slos(&slo, &r));
+    }
+
+    #[test]
+    fn encoding_round_trips_and_refuses_damage() {
+        use crate::record::{GpuRecord, InterTokenStats, PerPhase};
+        let (config, slo) = (sketch_config(), SloConfig::default());
+        let empty = Accumulator::default();
+        let bytes = empty.to_bytes();
+        assert!(Accumulator::decode(&bytes).unwrap().is_empty());
+        let mut acc = Accumulator::default();
+        for k in 0..500u32 {
+            let outcome = if k % 11 == 0 {
+                Outcome::Error
+            } else {
+                Outcome::Ok
+            };
+            let mut r = rec(0.01 + f64::from(k) * 0.013, outcome);
+            r.ttft = Some(0.001 * f64::from(k % 37));
+            r.tpot = Some(0.02);
+            r.itl = Some(InterTokenStats {
+                p50: 0.02,
+                p99: 0.05,
+                max: 0.3 + f64::from(k),
+            });
+            if k % 3 == 0 {
+                r.gpu = Some(GpuRecord {
+                    utilization_mean: PerPhase {
+                        decode: Some(0.8),
+                        ..PerPhase::default()
+                    },
+                    energy_attributed_joules: Some(2.5),
+                    ..GpuRecord::default()
+                });
+            }
+            acc.add(&config, &slo, &r);
+        }
+        let bytes = acc.to_bytes();
+        let back = Accumulator::decode(&bytes).unwrap();
+        assert_eq!(back.to_bytes(), bytes);
+        assert_eq!(back.counts, acc.counts);
+        assert_eq!(back.e2e, acc.e2e);
+        assert_eq!(back.phase_shares(), acc.phase_shares());
+        assert_eq!(back.gpu(), acc.gpu());
+        assert_eq!(back.itl_stats(&config), acc.itl_stats(&config));
+        // Compact: well under the in-memory footprint of the sketches.
+        assert!(
+            bytes.len() < acc.heap_bytes() + 200,
+            "{} bytes",
+            bytes.len()
+        );
+        // Every truncation and a trailing byte are refused, never a panic.
+        for n in 0..bytes.len() {
+            assert!(Accumulator::decode(&bytes[..n]).is_err(), "prefix {n}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Accumulator::decode(&longer).is_err());
+        let mut other_version = bytes;
+        other_version[0] = 99;
+        assert_eq!(
+            Accumulator::decode(&other_version).unwrap_err().reason,
+            "unknown encoding version"
+        );
     }
 }

@@ -11,6 +11,7 @@
 
 use sketches_ddsketch::{Config, DDSketch};
 
+use super::codec::{DecodeError, Reader, Writer};
 use super::snapshot::LatencyStats;
 
 /// Relative accuracy α of every percentile. Below 1% with margin for floating-point rounding at
@@ -266,6 +267,38 @@ impl Distribution {
             p99: q(0.99),
             max: self.max,
             mean: self.sum / self.count as f64,
+        })
+    }
+
+    /// Appends the compact encoding (see [`super::codec`]).
+    pub(super) fn encode(&self, w: &mut Writer<'_>) {
+        w.varint(self.count);
+        if self.count == 0 {
+            return;
+        }
+        w.f64(self.sum);
+        w.f64(self.min);
+        w.f64(self.max);
+        w.keys(&self.bins, |w, n| w.varint(u64::from(*n)));
+    }
+
+    /// Reads what [`Self::encode`] wrote.
+    pub(super) fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let count = r.varint()?;
+        if count == 0 {
+            return Ok(Self::default());
+        }
+        let (sum, min, max) = (r.f64()?, r.f64()?, r.f64()?);
+        let bins = r.keys(2, |r| r.u32())?;
+        if bins.is_empty() {
+            return Err(r.error("distribution with values but no buckets"));
+        }
+        Ok(Self {
+            bins,
+            count,
+            sum,
+            min,
+            max,
         })
     }
 

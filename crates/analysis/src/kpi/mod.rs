@@ -43,6 +43,7 @@
 //! series with no record for longer than the longest window is dropped, freeing its place.
 
 mod accumulator;
+mod codec;
 mod distribution;
 mod ring;
 mod snapshot;
@@ -59,6 +60,7 @@ use crate::record::RequestRecord;
 use ring::{Ring, RingSpec};
 
 pub use accumulator::{Accumulator, Counts, PhaseSums, meets_slos};
+pub use codec::DecodeError;
 pub use distribution::{
     Distribution, SKETCH_RELATIVE_ACCURACY, ZERO_BUCKET, bucket_of, bucket_value, sketch_config,
 };
@@ -357,6 +359,84 @@ impl KpiWindows {
         kept
     }
 
+    /// Merges a stored slot's accumulator (e.g. a minute rollup read back from the collector's
+    /// history store after a restart) into series `key` — labels as the series would have, see
+    /// [`KpiConfig::dimensions`] — for the time `[slot_start_unix_nano, + length_nanos)`.
+    ///
+    /// It lands in every window whose slots are at least that long and hold that whole span
+    /// (with the default 60 slots, a one-minute rollup aligned to the minute fills one slot of
+    /// the 1h window; the 1m and 5m windows, with 1 s and 5 s slots, are left as they are), and
+    /// only if that slot is still inside the window at the newest time seen. The KPIs' start
+    /// ([`Self::set_start`]) moves back to the slot's start, so rates cover the restored time.
+    /// Returns whether it landed anywhere; the series cap applies as for records.
+    pub fn absorb_slot(
+        &mut self,
+        key: &SeriesKey,
+        slot_start_unix_nano: u64,
+        length_nanos: u64,
+        accumulator: &Accumulator,
+    ) -> bool {
+        if accumulator.is_empty() || length_nanos == 0 {
+            return false;
+        }
+        let end = slot_start_unix_nano.saturating_add(length_nanos);
+        let fits: Vec<(usize, u64)> = self
+            .specs
+            .iter()
+            .enumerate()
+            .filter(|(_, spec)| {
+                spec.slot_nanos >= length_nanos
+                    && slot_start_unix_nano / spec.slot_nanos == (end - 1) / spec.slot_nanos
+            })
+            .map(|(i, spec)| (i, slot_start_unix_nano / spec.slot_nanos))
+            .collect();
+        if fits.is_empty() {
+            return false;
+        }
+        let hash = self
+            .hasher
+            .hash_one((&*key.service, &*key.model, &*key.operation));
+        let found = self
+            .index
+            .get(&hash)
+            .and_then(|ids| ids.iter().copied().find(|&i| self.series[i].key == *key));
+        let series = match found {
+            Some(i) => &mut self.series[i],
+            None if self.series.len() < self.config.max_series => {
+                let s = self.new_series(&key.service, &key.model, &key.operation);
+                self.series.push(s);
+                let i = self.series.len() - 1;
+                self.index.entry(hash).or_default().push(i);
+                &mut self.series[i]
+            }
+            None => {
+                self.overflowed_records += accumulator.counts.requests;
+                if self.overflow.is_none() {
+                    let has = |d| self.config.dimensions.contains(&d);
+                    let label = |d| if has(d) { OVERFLOW_LABEL } else { "" };
+                    self.overflow = Some(self.new_series(
+                        label(Dimension::Service),
+                        label(Dimension::Model),
+                        label(Dimension::Operation),
+                    ));
+                }
+                match self.overflow.as_mut() {
+                    Some(s) => s,
+                    None => return false,
+                }
+            }
+        };
+        series.last_record_unix_nano = series.last_record_unix_nano.max(end);
+        for (pos, index) in fits {
+            series.rings[pos].absorb(&self.specs[pos], index, accumulator);
+        }
+        self.started_unix_nano = Some(
+            self.started_unix_nano
+                .map_or(slot_start_unix_nano, |s| s.min(slot_start_unix_nano)),
+        );
+        true
+    }
+
     fn sweep_interval(&self) -> u64 {
         self.specs
             .first()
@@ -426,33 +506,7 @@ impl KpiWindows {
     }
 
     fn series_kpis(&self, key: &SeriesKey, acc: &Accumulator, seconds: f64) -> SeriesKpis {
-        let c = &acc.counts;
-        let cfg = &self.sketch_config;
-        SeriesKpis {
-            service: key.service.to_string(),
-            model: key.model.to_string(),
-            operation: key.operation.to_string(),
-            requests: c.requests,
-            errors: c.errors,
-            cancelled: c.cancelled,
-            rejected: c.rejected,
-            e2e: acc.e2e.stats(cfg),
-            queue: acc.queue.stats(cfg),
-            ttft: acc.ttft.stats(cfg),
-            prefill: acc.prefill.stats(cfg),
-            decode: acc.decode.stats(cfg),
-            tpot: acc.tpot.stats(cfg),
-            itl: acc.itl_stats(cfg),
-            tokens: acc.tokens(),
-            throughput: Throughput {
-                requests_per_second: accumulator::per_second(c.requests, seconds),
-                input_tokens_per_second: accumulator::per_second(c.input_tokens, seconds),
-                output_tokens_per_second: accumulator::per_second(c.output_tokens, seconds),
-            },
-            goodput: acc.goodput(seconds),
-            phase_share: acc.phase_shares(),
-            gpu: acc.gpu(),
-        }
+        series_kpis(&self.sketch_config, key, acc, seconds)
     }
 
     /// The KPIs of every series with data in `window` at `now_unix_nano`.
@@ -538,6 +592,43 @@ impl KpiWindows {
     }
 }
 
+/// The KPIs of series `key` from a merged accumulator covering `seconds` of time (rates divide
+/// by it): what a snapshot reports, for accumulators merged elsewhere (e.g. stored minutes).
+pub fn series_kpis(
+    config: &Config,
+    key: &SeriesKey,
+    acc: &Accumulator,
+    seconds: f64,
+) -> SeriesKpis {
+    let c = &acc.counts;
+    let cfg = config;
+    SeriesKpis {
+        service: key.service.to_string(),
+        model: key.model.to_string(),
+        operation: key.operation.to_string(),
+        requests: c.requests,
+        errors: c.errors,
+        cancelled: c.cancelled,
+        rejected: c.rejected,
+        e2e: acc.e2e.stats(cfg),
+        queue: acc.queue.stats(cfg),
+        ttft: acc.ttft.stats(cfg),
+        prefill: acc.prefill.stats(cfg),
+        decode: acc.decode.stats(cfg),
+        tpot: acc.tpot.stats(cfg),
+        itl: acc.itl_stats(cfg),
+        tokens: acc.tokens(),
+        throughput: Throughput {
+            requests_per_second: accumulator::per_second(c.requests, seconds),
+            input_tokens_per_second: accumulator::per_second(c.input_tokens, seconds),
+            output_tokens_per_second: accumulator::per_second(c.output_tokens, seconds),
+        },
+        goodput: acc.goodput(seconds),
+        phase_share: acc.phase_shares(),
+        gpu: acc.gpu(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -608,5 +699,46 @@ mod tests {
             w.record(&rec(0.1 + k as f64 * 0.01), 10_000 * SEC + k * SEC);
         }
         assert!(w.approx_memory_bytes() > empty);
+    }
+
+    #[test]
+    fn absorbed_minutes_fill_the_hour_window() {
+        let config = sketch_config();
+        let slo = SloConfig::default();
+        let mut w = KpiWindows::new(KpiConfig::default());
+        let now = 100_000 * SEC;
+        w.set_start(now - SEC);
+        let key = SeriesKey {
+            service: Arc::from("s"),
+            model: Arc::from(crate::record::UNKNOWN),
+            operation: Arc::from(crate::record::UNKNOWN),
+        };
+        let minute = |m: u64| (now / (60 * SEC) - m) * 60 * SEC;
+        for m in 1..=3u64 {
+            let mut acc = Accumulator::default();
+            for _ in 0..m {
+                acc.add(&config, &slo, &rec(m as f64));
+            }
+            assert!(w.absorb_slot(&key, minute(m), 60 * SEC, &acc));
+        }
+        // Not aligned to any 1h slot: refused.
+        assert!(!w.absorb_slot(&key, minute(5) + SEC, 60 * SEC, &{
+            let mut a = Accumulator::default();
+            a.add(&config, &slo, &rec(1.0));
+            a
+        }));
+        w.record(&rec(10.0), now);
+        let hour = w.snapshot(Duration::from_secs(3600), now);
+        assert_eq!(hour.series.len(), 1);
+        assert_eq!(hour.series[0].requests, 1 + 2 + 3 + 1);
+        // Rates cover the restored minutes, not just the uptime.
+        let rps = hour.series[0].throughput.requests_per_second;
+        let covered = (now - minute(3)) as f64 / 1e9;
+        assert!((rps - 7.0 / covered).abs() < 1e-9, "{rps}");
+        // The 1m window holds only the live record.
+        assert_eq!(
+            w.snapshot(Duration::from_secs(60), now).series[0].requests,
+            1
+        );
     }
 }

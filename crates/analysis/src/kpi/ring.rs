@@ -81,6 +81,32 @@ impl Ring {
         self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
     }
 
+    /// Merges a whole accumulator into slot `index` (history restored from a store); ignored
+    /// when that slot is older than the ring's window.
+    pub(super) fn absorb(&mut self, spec: &RingSpec, index: u64, acc: &Accumulator) {
+        if let Some(newest) = self.newest
+            && index.saturating_add(spec.slots) <= newest
+        {
+            return;
+        }
+        if self.slots.is_empty() {
+            self.slots.resize_with(spec.slots as usize, || None);
+        }
+        let pos = (index % spec.slots) as usize;
+        let slot = self.slots[pos].get_or_insert_with(|| {
+            Box::new(Slot {
+                index,
+                acc: Accumulator::default(),
+            })
+        });
+        if slot.index != index {
+            slot.index = index;
+            slot.acc = Accumulator::default();
+        }
+        slot.acc.merge(acc);
+        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
+    }
+
     /// Bytes held: the ring itself, its slot table and every slot's heap.
     pub(super) fn heap_bytes(&self) -> usize {
         std::mem::size_of::<Self>()

@@ -308,9 +308,23 @@ impl Pipeline {
         diagnose_snapshot(&kpis, Some(&critical), &self.diagnosis)
     }
 
+    /// Calls `visit` for every recently completed trace still held, oldest first (under the
+    /// analysis lock: keep `visit` short).
+    pub fn visit_recent_traces(&self, visit: &mut dyn FnMut(&StoredTrace)) {
+        for t in lock(&self.analysis).recent.iter() {
+            visit(t);
+        }
+    }
+
     /// A recently completed trace, if still held.
     pub fn trace(&self, id: &TraceId) -> Option<StoredTrace> {
         lock(&self.analysis).recent.get(id).cloned()
+    }
+}
+
+impl crate::dashboard::RecentTraceSource for Pipeline {
+    fn visit_recent_traces(&self, visit: &mut dyn FnMut(&StoredTrace)) {
+        Pipeline::visit_recent_traces(self, visit);
     }
 }
 
@@ -322,4 +336,3 @@ impl Ingest for Pipeline {
 
 #[cfg(test)]
 mod tests;
-

@@ -111,6 +111,11 @@ impl RecentTraces {
         merged
     }
 
+    /// Every stored trace, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &StoredTrace> {
+        self.order.iter().filter_map(|id| self.traces.get(id))
+    }
+
     /// The stored trace.
     pub fn get(&self, id: &TraceId) -> Option<&StoredTrace> {
         self.traces.get(id)
@@ -174,6 +179,8 @@ mod tests {
         // 2 + 2 + 6 = 10 spans after dropping trace 2 (and 3 by count).
         assert!(r.spans <= 10);
         assert!(r.get(&TraceId([5; 16])).is_some());
+        let order: Vec<u8> = r.iter().map(|t| t.trace_id.0[0]).collect();
+        assert_eq!(order.last(), Some(&5), "oldest first: {order:?}");
     }
 
     #[test]

@@ -1,0 +1,331 @@
+//! [`StoreFeed`]: what the pipeline calls per request — a minute's accumulators per series and
+//! the requests worth keeping, handed to the [`StoreWriter`] at least once a second.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use infertrace_analysis::critical_path::CriticalPath;
+use infertrace_analysis::kpi::{
+    Accumulator, Dimension, KpiConfig, OVERFLOW_LABEL, SeriesKey, SloConfig, sketch_config,
+};
+use infertrace_analysis::record::RequestRecord;
+use sketches_ddsketch::Config;
+
+use super::writer::{CaptureReason, CapturedRequest, StoreWriter};
+use super::{StoreOptions, minute_of};
+
+/// Longest time between hand-overs to the writer.
+const MAX_HANDOVER: Duration = Duration::from_secs(1);
+
+/// An e2e ordered by `f64::total_cmp`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct E2e(f64);
+
+impl Eq for E2e {}
+
+impl PartialOrd for E2e {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for E2e {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Collects the current minute in memory and hands it to the writer. Not thread-safe by itself:
+/// the pipeline keeps it beside its KPI windows, under the same lock.
+///
+/// Series are labelled as `KpiWindows` labels them (its [`KpiConfig::dimensions`]), at most
+/// [`KpiConfig::max_series`] per minute (the rest go to the [`OVERFLOW_LABEL`] series), so the
+/// stored minutes rebuild exactly the series the windows would have held.
+#[derive(Debug)]
+pub struct StoreFeed {
+    writer: StoreWriter,
+    sketch: Config,
+    slo: SloConfig,
+    dimensions: Vec<Dimension>,
+    max_series: usize,
+    slow_per_minute: usize,
+    failed_per_minute: usize,
+    handover_nanos: u64,
+    minute: Option<u64>,
+    last_handover: u64,
+    hasher: RandomState,
+    index: HashMap<u64, Vec<usize>>,
+    series: Vec<(SeriesKey, Accumulator)>,
+    overflow: Option<(SeriesKey, Accumulator)>,
+    /// The minute's slowest e2e values so far (a min-heap of at most `slow_per_minute`).
+    slowest: BinaryHeap<Reverse<E2e>>,
+    failed: usize,
+    captured: Vec<CapturedRequest>,
+}
+
+impl StoreFeed {
+    /// A feed into `writer` with the store's `options` and the KPI windows' `kpi` config.
+    pub fn new(writer: StoreWriter, options: &StoreOptions, kpi: &KpiConfig) -> Self {
+        let handover = MAX_HANDOVER.min(options.flush_interval / 4);
+        Self {
+            writer,
+            sketch: sketch_config(),
+            slo: kpi.slo,
+            dimensions: kpi.dimensions.clone(),
+            max_series: kpi.max_series,
+            slow_per_minute: options.slow_per_minute,
+            failed_per_minute: options.failed_per_minute,
+            handover_nanos: u64::try_from(handover.as_nanos()).unwrap_or(u64::MAX),
+            minute: None,
+            last_handover: 0,
+            hasher: RandomState::new(),
+            index: HashMap::new(),
+            series: Vec::new(),
+            overflow: None,
+            slowest: BinaryHeap::new(),
+            failed: 0,
+            captured: Vec::new(),
+        }
+    }
+
+    /// The writer (for findings and alert transitions).
+    pub fn writer(&self) -> &StoreWriter {
+        &self.writer
+    }
+
+    fn label<'a>(&self, d: Dimension, v: &'a str) -> &'a str {
+        if self.dimensions.contains(&d) { v } else { "" }
+    }
+
+    /// Adds one request that reached the KPIs at `now_unix_nano` (the same clock and moment as
+    /// `KpiWindows::record`), with its critical path when computed. A record whose minute is
+    /// older than the current one counts in the current one.
+    pub fn record(
+        &mut self,
+        record: &RequestRecord,
+        critical_path: Option<&CriticalPath>,
+        now_unix_nano: u64,
+    ) {
+        self.tick(now_unix_nano);
+        let minute = self.minute.unwrap_or_else(|| minute_of(now_unix_nano));
+        let (service, model, operation) = (
+            self.label(Dimension::Service, &record.service),
+            self.label(Dimension::Model, &record.model),
+            self.label(Dimension::Operation, &record.operation),
+        );
+        let hash = self.hasher.hash_one((service, model, operation));
+        let found = self.index.get(&hash).and_then(|ids| {
+            ids.iter().copied().find(|&i| {
+                let k = &self.series[i].0;
+                &*k.service == service && &*k.model == model && &*k.operation == operation
+            })
+        });
+        let (key, acc) = match found {
+            Some(i) => {
+                let (k, a) = &mut self.series[i];
+                (&*k, a)
+            }
+            None if self.series.len() < self.max_series => {
+                self.series.push((
+                    SeriesKey {
+                        service: Arc::from(service),
+                        model: Arc::from(model),
+                        operation: Arc::from(operation),
+                    },
+                    Accumulator::default(),
+                ));
+                let i = self.series.len() - 1;
+                self.index.entry(hash).or_default().push(i);
+                let (k, a) = &mut self.series[i];
+                (&*k, a)
+            }
+            None => {
+                let has = |d| self.dimensions.contains(&d);
+                let label = |d| Arc::from(if has(d) { OVERFLOW_LABEL } else { "" });
+                let o = self.overflow.get_or_insert_with(|| {
+                    (
+                        SeriesKey {
+                            service: label(Dimension::Service),
+                            model: label(Dimension::Model),
+                            operation: label(Dimension::Operation),
+                        },
+                        Accumulator::default(),
+                    )
+                });
+                (&o.0, &mut o.1)
+            }
+        };
+        acc.add(&self.sketch, &self.slo, record);
+        let reason = CaptureReason::of(record.outcome);
+        let keep = match reason {
+            CaptureReason::Failed => {
+                let keep = self.failed < self.failed_per_minute;
+                self.failed += usize::from(keep);
+                keep
+            }
+            CaptureReason::Slow => {
+                let e2e = E2e(record.e2e);
+                if self.slow_per_minute == 0 || !record.e2e.is_finite() {
+                    false
+                } else if self.slowest.len() < self.slow_per_minute {
+                    self.slowest.push(Reverse(e2e));
+                    true
+                } else if self.slowest.peek().is_some_and(|m| e2e > m.0) {
+                    self.slowest.pop();
+                    self.slowest.push(Reverse(e2e));
+                    true
+                } else {
+                    false
+                }
+            }
+        };
+        if keep {
+            let series = key.clone();
+            self.captured.push(CapturedRequest {
+                minute_unix_nano: minute,
+                reason,
+                series,
+                record: record.clone(),
+                critical_path: critical_path.cloned(),
+            });
+            self.trim_captured();
+        }
+    }
+
+    /// Keeps the captured-but-not-handed-over list bounded: slow entries displaced since they
+    /// were captured can never be among the minute's slowest, so keep only the slowest ones.
+    fn trim_captured(&mut self) {
+        let slow = self
+            .captured
+            .iter()
+            .filter(|c| c.reason == CaptureReason::Slow)
+            .count();
+        if slow <= 2 * self.slow_per_minute.max(1) {
+            return;
+        }
+        let Some(Reverse(E2e(threshold))) = self.slowest.peek().copied() else {
+            return;
+        };
+        self.captured
+            .retain(|c| c.reason == CaptureReason::Failed || c.record.e2e >= threshold);
+    }
+
+    /// Hands what was collected to the writer when a minute ended or a hand-over step passed.
+    /// Call it on every pipeline tick (records call it too).
+    pub fn tick(&mut self, now_unix_nano: u64) {
+        let minute = minute_of(now_unix_nano);
+        match self.minute {
+            None => {
+                self.minute = Some(minute);
+                self.last_handover = now_unix_nano;
+            }
+            Some(current) if minute > current => {
+                self.hand_over(now_unix_nano);
+                self.minute = Some(minute);
+                self.index.clear();
+                self.series.clear();
+                self.overflow = None;
+                self.slowest.clear();
+                self.failed = 0;
+            }
+            Some(_) => {
+                if now_unix_nano.saturating_sub(self.last_handover) >= self.handover_nanos {
+                    self.hand_over(now_unix_nano);
+                }
+            }
+        }
+    }
+
+    /// Hands everything collected so far to the writer now (call before shutting down, then
+    /// [`StoreWriter::flush`]).
+    pub fn hand_over(&mut self, now_unix_nano: u64) {
+        self.last_handover = now_unix_nano;
+        let Some(minute) = self.minute else { return };
+        let rollups: Vec<(SeriesKey, Accumulator)> = self
+            .series
+            .iter_mut()
+            .chain(self.overflow.as_mut())
+            .filter(|(_, a)| !a.is_empty())
+            .map(|(k, a)| (k.clone(), std::mem::take(a)))
+            .collect();
+        if !rollups.is_empty() {
+            self.writer.write_rollups(minute, rollups);
+        }
+        if !self.captured.is_empty() {
+            self.writer
+                .write_requests(std::mem::take(&mut self.captured));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::internal_events::InternalEvents;
+    use crate::store::{MINUTE_NANOS, Store};
+    use infertrace_analysis::record::{Dialect, Outcome};
+    use infertrace_analysis::trace::{SpanId, TraceId};
+
+    fn rec(model: &str, e2e: f64, outcome: Outcome) -> RequestRecord {
+        let mut r = RequestRecord::new(
+            TraceId([2; 16]),
+            SpanId([2; 8]),
+            Arc::from("svc"),
+            Dialect::Generic,
+            0,
+            0,
+        );
+        r.model = model.to_owned();
+        r.e2e = e2e;
+        r.outcome = outcome;
+        r
+    }
+
+    #[test]
+    fn keeps_the_slowest_bounded_and_caps_series_and_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            slow_per_minute: 3,
+            failed_per_minute: 2,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(dir.path(), options).unwrap();
+        let writer = store.start_writer(InternalEvents::default()).unwrap();
+        let kpi = KpiConfig {
+            max_series: 2,
+            ..KpiConfig::default()
+        };
+        let mut feed = store.feed(writer.clone(), &kpi);
+        let minute = minute_of(crate::store::unix_nanos_now()) - 5 * MINUTE_NANOS;
+        // Ever slower requests within one minute: each one enters the top 3, yet the buffer
+        // of captured requests stays bounded.
+        for k in 0..500u64 {
+            let model = ["a", "b", "c"][(k % 3) as usize];
+            feed.record(&rec(model, k as f64, Outcome::Ok), None, minute + k);
+            assert!(feed.captured.len() <= 2 * 3 + 1, "{}", feed.captured.len());
+        }
+        for k in 0..5u64 {
+            feed.record(&rec("a", 0.1, Outcome::Error), None, minute + 600 + k);
+        }
+        feed.hand_over(minute + 1000);
+        writer.flush().unwrap();
+        let kept = store
+            .slow_requests(minute, minute + MINUTE_NANOS, 100)
+            .unwrap();
+        let slow: Vec<f64> = kept
+            .iter()
+            .filter(|r| r.reason == "slow")
+            .map(|r| r.e2e)
+            .collect();
+        assert_eq!(slow, [499.0, 498.0, 497.0]);
+        assert_eq!(kept.iter().filter(|r| r.reason == "failed").count(), 2);
+        let rollups = store.rollups(minute, minute + MINUTE_NANOS).unwrap();
+        let models: Vec<&str> = rollups.iter().map(|r| &*r.key.model).collect();
+        assert_eq!(models, ["__overflow__", "a", "b"]);
+        let total: u64 = rollups.iter().map(|r| r.accumulator.counts.requests).sum();
+        assert_eq!(total, 505);
+    }
+}

@@ -1,0 +1,516 @@
+//! The embedded history store: SQLite (WAL) at `<data_dir>/infertrace.db`.
+//!
+//! # What is kept
+//! - **Minute rollups**: per series (service, model, operation) and minute, the minute's KPI
+//!   [`Accumulator`] in its compact encoding ([`Accumulator::encode`]). Accumulators are
+//!   mergeable, so a percentile over any range is computed by merging the minutes' sketches
+//!   ([`Store::history`]), never by averaging percentiles, and the collector's 1h window is
+//!   rebuilt after a restart from the same rows ([`Store::rollups`] →
+//!   `KpiWindows::absorb_slot`).
+//! - **Requests**: record and critical path of the slowest `slow_per_minute` requests of each
+//!   minute and of every failed one (at most `failed_per_minute`) — [`Store::slow_requests`].
+//! - **Findings** and **alert transitions**, as JSON with their time — [`Store::findings`],
+//!   [`Store::alert_history`].
+//!
+//! # Writes
+//! Nothing is written on the ingest path. The pipeline hands what it collected to a
+//! [`StoreFeed`] (in memory, under its own lock); the feed passes it on, at least once a
+//! second, through a bounded queue to the [`StoreWriter`]'s thread, which writes everything
+//! received in one transaction every `flush_interval` (default 5 s) and then deletes what is
+//! older than `retention` (default 7 days). A full queue drops the item and counts it
+//! (`infertrace_store_dropped_total{reason="queue_full"}`). A crash (even `kill -9`) loses at
+//! most what arrived in the last flush interval plus one hand-over step (≤ 1 s): SQLite's WAL
+//! makes each committed flush durable and atomic.
+//!
+//! # Safety of the file
+//! The database carries an `application_id` (`ITRC`) and a schema version (`user_version`).
+//! A file that is not SQLite, another application's database, or a newer schema is refused with
+//! an error naming the file, and is never modified.
+//!
+//! # Reads
+//! [`Store`] is cheap to clone; reads use their own connection (WAL lets them run while the
+//! writer commits) and block: call them from `tokio::task::spawn_blocking` in async code.
+
+mod feed;
+mod history;
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use infertrace_analysis::kpi::{Accumulator, SeriesKey};
+use rusqlite::{Connection, params};
+use serde::{Deserialize, Serialize};
+
+use crate::config::human_duration;
+use crate::internal_events::InternalEvents;
+
+pub use feed::StoreFeed;
+pub use history::{HistoryFilter, HistoryPoint};
+pub use writer::{CaptureReason, CapturedRequest, StoreWriter};
+
+/// File name of the database inside the data directory.
+pub const DB_FILE_NAME: &str = "infertrace.db";
+/// Length of a rollup, nanoseconds (one minute).
+pub const MINUTE_NANOS: u64 = 60_000_000_000;
+
+/// Now as Unix nanoseconds (the writer's clock for retention).
+pub fn unix_nanos_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The start of the minute holding `unix_nano`.
+pub fn minute_of(unix_nano: u64) -> u64 {
+    unix_nano - unix_nano % MINUTE_NANOS
+}
+
+/// `store:` — the embedded history store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreOptions {
+    /// Keep history at all (`--no-store` sets false: everything stays in memory). Default true.
+    pub enabled: bool,
+    /// Directory of `infertrace.db` (`--data-dir`). Default `./infertrace-data`.
+    pub data_dir: PathBuf,
+    /// How often the writer commits what it received; a crash loses at most this much (plus
+    /// ≤ 1 s of hand-over). Default 5s.
+    #[serde(with = "human_duration")]
+    pub flush_interval: Duration,
+    /// Rows older than this are deleted, at every flush. Default 7d.
+    #[serde(with = "human_duration")]
+    pub retention: Duration,
+    /// Slowest requests kept per minute (record + critical path). Default 10.
+    pub slow_per_minute: usize,
+    /// Failed requests (error, rejected) kept per minute, the first ones. Default 100.
+    pub failed_per_minute: usize,
+    /// Items the writer's queue holds before new ones are dropped (and counted). Default 4096.
+    pub queue_capacity: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            data_dir: PathBuf::from("./infertrace-data"),
+            flush_interval: Duration::from_secs(5),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            slow_per_minute: 10,
+            failed_per_minute: 100,
+            queue_capacity: 4096,
+        }
+    }
+}
+
+/// Why the store could not be opened, written or read. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The data directory or file could not be created or read.
+    #[error("history store {path}: {source}; check the path and its permissions (--data-dir)")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file exists but is not an SQLite database; it was left as it is.
+    #[error(
+        "history store {path} is not an SQLite database (corrupt or another file); it was not \
+         modified: move it away or choose another --data-dir"
+    )]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is another application's SQLite database; it was left as it is.
+    #[error(
+        "history store {path} belongs to another application (SQLite application_id \
+         {application_id:#x}, tables: {tables}); it was not modified: choose another --data-dir"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// Its `application_id`.
+        application_id: i64,
+        /// Its tables, comma-separated.
+        tables: String,
+    },
+    /// The file was written by a newer infertrace (schema version above this build's).
+    #[error(
+        "history store {path} has schema version {found}, newer than this build's {supported}; \
+         upgrade infertrace or choose another --data-dir"
+    )]
+    NewerSchema {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// This build's version.
+        supported: i64,
+    },
+    /// SQLite refused an operation.
+    #[error("history store {path}: {source}")]
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
+    /// A writer is already running for this store (only one may merge minutes).
+    #[error("history store {path}: a writer is already running")]
+    WriterRunning {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A flush asked for with [`StoreWriter::flush`] failed (the items were dropped and
+    /// counted).
+    #[error("history store {path}: flush failed: {message}")]
+    FlushFailed {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// The writer thread has stopped.
+    #[error("history store {path}: the writer has stopped")]
+    WriterStopped {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A history query named an unknown KPI.
+    #[error("unknown KPI {kpi:?}: {reason}")]
+    UnknownKpi {
+        /// The KPI asked for.
+        kpi: String,
+        /// What is known.
+        reason: String,
+    },
+}
+
+/// One series' merged rollups over a time range (see [`Store::rollups`]).
+#[derive(Clone, Debug)]
+pub struct SeriesRollup {
+    /// The series.
+    pub key: SeriesKey,
+    /// Start of the minute, Unix nanoseconds.
+    pub minute_unix_nano: u64,
+    /// The minute's accumulator (every hand-over of that minute merged).
+    pub accumulator: Accumulator,
+}
+
+/// A captured request read back (see [`Store::slow_requests`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct StoredRequestRow {
+    /// Minute it was captured in, Unix nanoseconds.
+    pub minute_unix_nano: u64,
+    /// Why it was kept: `slow` or `failed`.
+    pub reason: String,
+    /// Trace id (hex).
+    pub trace_id: String,
+    /// Service.
+    pub service: String,
+    /// Model.
+    pub model: String,
+    /// Operation.
+    pub operation: String,
+    /// Outcome (`ok`, `error`, …).
+    pub outcome: String,
+    /// End-to-end latency, seconds.
+    pub e2e: f64,
+    /// The request record, as `/api/traces/{id}` shows it.
+    pub record: serde_json::Value,
+    /// Its critical path, `null` when it could not be computed.
+    pub critical_path: serde_json::Value,
+}
+
+/// A stored finding or alert transition (see [`Store::findings`], [`Store::alert_history`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct StoredEvent {
+    /// When it was stored (findings) or happened (alert transitions), Unix nanoseconds.
+    pub t_unix_nano: u64,
+    /// The finding or alert event as JSON.
+    pub body: serde_json::Value,
+}
+
+/// What one retention pass deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionStats {
+    /// Minute rollups.
+    pub rollups: usize,
+    /// Captured requests.
+    pub requests: usize,
+    /// Findings and alert transitions.
+    pub events: usize,
+}
+
+struct StoreInner {
+    path: PathBuf,
+    options: StoreOptions,
+    reader: Mutex<Connection>,
+    writer_started: AtomicBool,
+}
+
+/// The history store: a handle for reads and for starting the writer. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<StoreInner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Unix nanoseconds as SQLite's integer (saturating past year 2262).
+pub(crate) fn sql_time(unix_nano: u64) -> i64 {
+    i64::try_from(unix_nano).unwrap_or(i64::MAX)
+}
+
+/// SQLite's integer back to Unix nanoseconds (negative reads as 0).
+pub(crate) fn unix_time(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `<dir>/infertrace.db`.
+    ///
+    /// Refuses, without modifying it, a file that is not SQLite, another application's
+    /// database, or a newer schema. `options.data_dir` and `options.enabled` are not read
+    /// here (see [`Store::open_configured`]).
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        let path = dir.join(DB_FILE_NAME);
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let reader = schema::open(&path)?;
+        Ok(Store {
+            inner: Arc::new(StoreInner {
+                path,
+                options,
+                reader: Mutex::new(reader),
+                writer_started: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Opens the store configured by `options`: `None` when `enabled` is false (`--no-store`).
+    pub fn open_configured(options: &StoreOptions) -> Result<Option<Store>, StoreError> {
+        if !options.enabled {
+            return Ok(None);
+        }
+        Store::open(&options.data_dir, options.clone()).map(Some)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &StoreOptions {
+        &self.inner.options
+    }
+
+    /// Starts the writer thread (once per store) and returns its handle; drops and write
+    /// failures are counted in `events`.
+    pub fn start_writer(&self, events: InternalEvents) -> Result<StoreWriter, StoreError> {
+        if self.inner.writer_started.swap(true, Ordering::AcqRel) {
+            return Err(StoreError::WriterRunning {
+                path: self.inner.path.clone(),
+            });
+        }
+        let conn = schema::open(&self.inner.path)?;
+        writer::start(
+            conn,
+            self.inner.path.clone(),
+            self.inner.options.clone(),
+            events,
+        )
+    }
+
+    /// A [`StoreFeed`] for the pipeline, labelling series by `dimensions` (as `KpiWindows`
+    /// does), judging goodput by `slo`, keeping at most `max_series` series per minute (the
+    /// rest go to the `__overflow__` series).
+    pub fn feed(
+        &self,
+        writer: StoreWriter,
+        kpi: &infertrace_analysis::kpi::KpiConfig,
+    ) -> StoreFeed {
+        StoreFeed::new(writer, &self.inner.options, kpi)
+    }
+
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        self.inner.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn sql_error(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.inner.path.clone(),
+            source,
+        }
+    }
+
+    /// Deletes rows older than `now_unix_nano − retention` (the writer does this at every
+    /// flush; exposed for tests and tools).
+    pub fn enforce_retention(&self, now_unix_nano: u64) -> Result<RetentionStats, StoreError> {
+        let conn = self.reader();
+        schema::enforce_retention(&conn, now_unix_nano, self.inner.options.retention)
+            .map_err(|e| self.sql_error(e))
+    }
+
+    /// Every series' minute rollups with minute start in `[from, to)`, oldest first: what the
+    /// collector feeds to `KpiWindows::absorb_slot(&r.key, r.minute_unix_nano, MINUTE_NANOS,
+    /// &r.accumulator)` to rebuild its 1h window after a restart.
+    pub fn rollups(
+        &self,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+    ) -> Result<Vec<SeriesRollup>, StoreError> {
+        let conn = self.reader();
+        let run = || -> rusqlite::Result<Vec<SeriesRollup>> {
+            let mut stmt = conn.prepare_cached(
+                "SELECT r.minute, r.acc, s.service, s.model, s.operation
+                 FROM rollups r JOIN series s ON s.id = r.series_id
+                 WHERE r.minute >= ?1 AND r.minute < ?2
+                 ORDER BY r.minute, s.service, s.model, s.operation",
+            )?;
+            let mut rows = stmt.query(params![sql_time(from_unix_nano), sql_time(to_unix_nano)])?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                let bytes: Vec<u8> = row.get(1)?;
+                let Ok(accumulator) = Accumulator::decode(&bytes) else {
+                    tracing::warn!(path = %self.inner.path.display(), "skipping an undecodable rollup");
+                    continue;
+                };
+                out.push(SeriesRollup {
+                    key: SeriesKey {
+                        service: Arc::from(row.get::<_, String>(2)?),
+                        model: Arc::from(row.get::<_, String>(3)?),
+                        operation: Arc::from(row.get::<_, String>(4)?),
+                    },
+                    minute_unix_nano: unix_time(row.get(0)?),
+                    accumulator,
+                });
+            }
+            Ok(out)
+        };
+        run().map_err(|e| self.sql_error(e))
+    }
+
+    /// The values of `kpi` (a dotted path as in `/api/kpis` and alert rules: `ttft.p99`,
+    /// `requests`, `throughput.requests_per_second`, `goodput.ratio`,
+    /// `phase_share.all.queue`, …) over `[from, to)` in steps of `step` (rounded to whole
+    /// minutes, at least one), for the series matching `filter` merged together. Each point's
+    /// value merges that step's minute accumulators (so `ttft.p99` is the p99 of every request
+    /// of the step); `None` where the step holds no data for it. Rates divide by the step.
+    pub fn history(
+        &self,
+        kpi: &str,
+        filter: &HistoryFilter,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+        step: Duration,
+    ) -> Result<Vec<HistoryPoint>, StoreError> {
+        let path = history::parse_kpi(kpi)?;
+        let conn = self.reader();
+        history::query(&conn, path, filter, from_unix_nano, to_unix_nano, step)
+            .map_err(|e| self.sql_error(e))
+    }
+
+    /// Captured requests (slowest per minute and failed) in `[from, to)`, slowest first, at
+    /// most `limit`.
+    pub fn slow_requests(
+        &self,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredRequestRow>, StoreError> {
+        let conn = self.reader();
+        let run = || -> rusqlite::Result<Vec<StoredRequestRow>> {
+            let mut stmt = conn.prepare_cached(
+                "SELECT minute, reason, trace_id, service, model, operation, outcome, e2e,
+                        record, critical_path
+                 FROM requests WHERE minute >= ?1 AND minute < ?2
+                 ORDER BY e2e DESC, id LIMIT ?3",
+            )?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = stmt.query_map(
+                params![sql_time(from_unix_nano), sql_time(to_unix_nano), limit],
+                |row| {
+                    let json = |i: usize| -> rusqlite::Result<serde_json::Value> {
+                        let text: Option<String> = row.get(i)?;
+                        Ok(text
+                            .and_then(|t| serde_json::from_str(&t).ok())
+                            .unwrap_or(serde_json::Value::Null))
+                    };
+                    Ok(StoredRequestRow {
+                        minute_unix_nano: unix_time(row.get(0)?),
+                        reason: row.get(1)?,
+                        trace_id: row.get(2)?,
+                        service: row.get(3)?,
+                        model: row.get(4)?,
+                        operation: row.get(5)?,
+                        outcome: row.get(6)?,
+                        e2e: row.get(7)?,
+                        record: json(8)?,
+                        critical_path: json(9)?,
+                    })
+                },
+            )?;
+            rows.collect()
+        };
+        run().map_err(|e| self.sql_error(e))
+    }
+
+    /// Findings stored in `[from, to)`, oldest first.
+    pub fn findings(
+        &self,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.events("findings", from_unix_nano, to_unix_nano)
+    }
+
+    /// Alert transitions (pending, firing, resolved) in `[from, to)`, oldest first.
+    pub fn alert_history(
+        &self,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.events("alerts", from_unix_nano, to_unix_nano)
+    }
+
+    fn events(
+        &self,
+        table: &'static str,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let conn = self.reader();
+        let run = || -> rusqlite::Result<Vec<StoredEvent>> {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT t, body FROM {table} WHERE t >= ?1 AND t < ?2 ORDER BY t, id"
+            ))?;
+            let rows = stmt.query_map(
+                params![sql_time(from_unix_nano), sql_time(to_unix_nano)],
+                |row| {
+                    let body: String = row.get(1)?;
+                    Ok(StoredEvent {
+                        t_unix_nano: unix_time(row.get(0)?),
+                        body: serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+                    })
+                },
+            )?;
+            rows.collect()
+        };
+        run().map_err(|e| self.sql_error(e))
+    }
+}

@@ -1,0 +1,256 @@
+//! The database file: recognising it (or refusing it), creating the schema, retention.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, params};
+
+use super::{MINUTE_NANOS, RetentionStats, StoreError, sql_time};
+
+/// `PRAGMA application_id` of an infertrace store: `ITRC`.
+pub(super) const APPLICATION_ID: i64 = 0x4954_5243;
+/// `PRAGMA user_version` this build writes and reads.
+pub(super) const SCHEMA_VERSION: i64 = 1;
+/// The first 16 bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+const SCHEMA: &str = "
+CREATE TABLE series (
+    id INTEGER PRIMARY KEY,
+    service TEXT NOT NULL,
+    model TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    UNIQUE (service, model, operation)
+);
+CREATE TABLE rollups (
+    series_id INTEGER NOT NULL,
+    minute INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    acc BLOB NOT NULL,
+    PRIMARY KEY (series_id, minute)
+) WITHOUT ROWID;
+CREATE INDEX rollups_by_minute ON rollups (minute);
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY,
+    minute INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    service TEXT NOT NULL,
+    model TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    e2e REAL NOT NULL,
+    record TEXT NOT NULL,
+    critical_path TEXT
+);
+CREATE INDEX requests_by_minute ON requests (minute, reason, e2e);
+CREATE TABLE findings (
+    id INTEGER PRIMARY KEY,
+    t INTEGER NOT NULL,
+    rule_id TEXT NOT NULL,
+    service TEXT NOT NULL,
+    model TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX findings_by_t ON findings (t);
+CREATE TABLE alerts (
+    id INTEGER PRIMARY KEY,
+    t INTEGER NOT NULL,
+    alert TEXT NOT NULL,
+    state TEXT NOT NULL,
+    service TEXT NOT NULL,
+    model TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX alerts_by_t ON alerts (t);
+";
+
+/// Whether the file at `path` is absent, empty, or starts like an SQLite database.
+fn check_header(path: &Path) -> Result<(), StoreError> {
+    let io = |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    let mut head = Vec::with_capacity(16);
+    file.by_ref().take(16).read_to_end(&mut head).map_err(io)?;
+    if head.is_empty() || head.as_slice() == SQLITE_HEADER {
+        Ok(())
+    } else {
+        Err(StoreError::NotADatabase {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// Opens the store's database at `path`, creating the schema in a new or empty file, and
+/// refusing (untouched) anything else that is not an infertrace store of a supported version.
+pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
+    check_header(path)?;
+    let sql = |source: rusqlite::Error| {
+        if source.sqlite_error_code() == Some(ErrorCode::NotADatabase) {
+            StoreError::NotADatabase {
+                path: path.to_path_buf(),
+            }
+        } else {
+            StoreError::Sqlite {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    };
+    let mut conn = Connection::open(path).map_err(sql)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(sql)?;
+    let application_id: i64 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(sql)?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql)?;
+    let tables: Vec<String> = {
+        let mut stmt = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .map_err(sql)?;
+        let names = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(sql)?;
+        names.collect::<rusqlite::Result<_>>().map_err(sql)?
+    };
+    let fresh = application_id == 0 && version == 0 && tables.is_empty();
+    if !fresh && application_id != APPLICATION_ID {
+        return Err(StoreError::Foreign {
+            path: path.to_path_buf(),
+            application_id,
+            tables: tables.join(", "),
+        });
+    }
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.to_path_buf(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql)?;
+    // In WAL mode NORMAL keeps every commit across a process crash (kill -9); only a power
+    // loss may lose the last commits.
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sql)?;
+    if fresh {
+        let tx = conn.transaction().map_err(sql)?;
+        tx.execute_batch(SCHEMA).map_err(sql)?;
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(sql)?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(sql)?;
+        tx.commit().map_err(sql)?;
+    }
+    Ok(conn)
+}
+
+/// Deletes rows older than `now − retention`: minutes that ended before it, requests of those
+/// minutes, findings and alert transitions before it.
+pub(super) fn enforce_retention(
+    conn: &Connection,
+    now_unix_nano: u64,
+    retention: Duration,
+) -> rusqlite::Result<RetentionStats> {
+    let retention = u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX);
+    let cutoff = now_unix_nano.saturating_sub(retention);
+    // A minute [m, m + 1 min) is older than the cutoff when it ended at or before it.
+    let last_old_minute = sql_time(cutoff) - sql_time(MINUTE_NANOS);
+    let rollups = conn.execute(
+        "DELETE FROM rollups WHERE minute <= ?1",
+        params![last_old_minute],
+    )?;
+    let requests = conn.execute(
+        "DELETE FROM requests WHERE minute <= ?1",
+        params![last_old_minute],
+    )?;
+    let events = conn.execute(
+        "DELETE FROM findings WHERE t < ?1",
+        params![sql_time(cutoff)],
+    )? + conn.execute("DELETE FROM alerts WHERE t < ?1", params![sql_time(cutoff)])?;
+    Ok(RetentionStats {
+        rollups,
+        requests,
+        events,
+    })
+}
+
+/// Deletes series no rollup refers to any more; returns how many.
+pub(super) fn prune_series(conn: &Connection) -> rusqlite::Result<usize> {
+    conn.execute(
+        "DELETE FROM series WHERE NOT EXISTS
+            (SELECT 1 FROM rollups WHERE rollups.series_id = series.id)",
+        [],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_file_gets_the_schema_and_is_recognised_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        drop(open(&path).unwrap());
+        let conn = open(&path).unwrap();
+        let id: i64 = conn
+            .pragma_query_value(None, "application_id", |r| r.get(0))
+            .unwrap();
+        assert_eq!(id, APPLICATION_ID);
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let conn = open(&path).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        drop(conn);
+        let err = open(&path).unwrap_err();
+        assert!(
+            matches!(err, StoreError::NewerSchema { found: 2, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("x.db"));
+    }
+
+    #[test]
+    fn retention_cuts_at_whole_minutes() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open(&dir.path().join("x.db")).unwrap();
+        conn.execute(
+            "INSERT INTO series (id, service, model, operation) VALUES (1, 's', 'm', 'o')",
+            [],
+        )
+        .unwrap();
+        let m = MINUTE_NANOS as i64;
+        for minute in [0, m, 2 * m] {
+            conn.execute(
+                "INSERT INTO rollups VALUES (1, ?1, 1, x'00')",
+                params![minute],
+            )
+            .unwrap();
+        }
+        // Cutoff at 2 min: minute 0 and minute 1 (ending exactly at the cutoff) go.
+        let stats = enforce_retention(&conn, 3 * MINUTE_NANOS, Duration::from_secs(60)).unwrap();
+        assert_eq!(stats.rollups, 2);
+        assert_eq!(prune_series(&conn).unwrap(), 0);
+        enforce_retention(&conn, 10 * MINUTE_NANOS, Duration::from_secs(60)).unwrap();
+        assert_eq!(prune_series(&conn).unwrap(), 1);
+    }
+}

@@ -1,0 +1,493 @@
+//! [`StoreWriter`]: the handle of the store's writer thread.
+//!
+//! Items go through a bounded queue (a full queue drops the item and counts it); the thread
+//! keeps what it received in memory and writes it all in one transaction every
+//! `flush_interval`, then enforces retention. Minute rollups arrive as deltas (several per
+//! minute); the thread merges them with what is already stored for that minute, keeping the
+//! last two minutes' merged accumulators in memory so a flush rarely reads back.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+
+use infertrace_analysis::alert::AlertEvent;
+use infertrace_analysis::critical_path::CriticalPath;
+use infertrace_analysis::diagnosis::Finding;
+use infertrace_analysis::kpi::{Accumulator, SeriesKey};
+use infertrace_analysis::record::{Outcome, RequestRecord};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+use super::schema::{enforce_retention, prune_series};
+use super::{MINUTE_NANOS, StoreError, StoreOptions, sql_time};
+use crate::internal_events::InternalEvents;
+
+/// How long [`StoreWriter::flush`] waits for the writer.
+const FLUSH_WAIT: Duration = Duration::from_secs(60);
+/// How often series no rollup refers to any more are deleted.
+const SERIES_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Why a request was captured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureReason {
+    /// Among the slowest of its minute.
+    Slow,
+    /// It failed (outcome `error` or `rejected`).
+    Failed,
+}
+
+impl CaptureReason {
+    /// `slow` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Slow => "slow",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// The reason a record with `outcome` is captured for.
+    pub fn of(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Error | Outcome::Rejected => Self::Failed,
+            Outcome::Ok | Outcome::Cancelled => Self::Slow,
+        }
+    }
+}
+
+/// A request kept with its critical path.
+#[derive(Clone, Debug)]
+pub struct CapturedRequest {
+    /// Start of the minute it was captured in, Unix nanoseconds.
+    pub minute_unix_nano: u64,
+    /// Why.
+    pub reason: CaptureReason,
+    /// Its labels as its series has them.
+    pub series: SeriesKey,
+    /// The record.
+    pub record: RequestRecord,
+    /// Its critical path, if it was computed.
+    pub critical_path: Option<CriticalPath>,
+}
+
+enum WriteOp {
+    Rollups {
+        minute: u64,
+        series: Vec<(SeriesKey, Accumulator)>,
+    },
+    Requests(Vec<CapturedRequest>),
+    Findings {
+        t: u64,
+        findings: Vec<Finding>,
+    },
+    Alerts {
+        t: u64,
+        events: Vec<AlertEvent>,
+    },
+    Flush(SyncSender<Result<(), String>>),
+}
+
+impl WriteOp {
+    /// Items it carries, for drop counts.
+    fn items(&self) -> u64 {
+        match self {
+            Self::Rollups { series, .. } => series.len() as u64,
+            Self::Requests(r) => r.len() as u64,
+            Self::Findings { findings, .. } => findings.len() as u64,
+            Self::Alerts { events, .. } => events.len() as u64,
+            Self::Flush(_) => 0,
+        }
+    }
+}
+
+/// The writer thread's handle: cheap to clone, never blocks (except [`Self::flush`]).
+#[derive(Clone, Debug)]
+pub struct StoreWriter {
+    tx: SyncSender<WriteOp>,
+    events: InternalEvents,
+    path: Arc<PathBuf>,
+}
+
+impl StoreWriter {
+    fn send(&self, op: WriteOp) -> bool {
+        let n = op.items();
+        if n == 0 {
+            return true;
+        }
+        match self.tx.try_send(op) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                self.events.store_items_dropped("queue_full", n);
+                false
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.events.store_items_dropped("writer_stopped", n);
+                false
+            }
+        }
+    }
+
+    /// Adds `series` accumulators to minute `minute_unix_nano` (merged with what the minute
+    /// already holds: send deltas, each record once). `false` when dropped (queue full).
+    pub fn write_rollups(
+        &self,
+        minute_unix_nano: u64,
+        series: Vec<(SeriesKey, Accumulator)>,
+    ) -> bool {
+        self.send(WriteOp::Rollups {
+            minute: minute_unix_nano - minute_unix_nano % MINUTE_NANOS,
+            series,
+        })
+    }
+
+    /// Stores captured requests; slow ones beyond the configured number per minute are
+    /// trimmed to the slowest at each flush. `false` when dropped.
+    pub fn write_requests(&self, requests: Vec<CapturedRequest>) -> bool {
+        self.send(WriteOp::Requests(requests))
+    }
+
+    /// Stores findings current at `t_unix_nano`. `false` when dropped.
+    pub fn write_findings(&self, t_unix_nano: u64, findings: Vec<Finding>) -> bool {
+        self.send(WriteOp::Findings {
+            t: t_unix_nano,
+            findings,
+        })
+    }
+
+    /// Stores alert transitions that happened at `t_unix_nano`. `false` when dropped.
+    pub fn write_alert_events(&self, t_unix_nano: u64, events: Vec<AlertEvent>) -> bool {
+        self.send(WriteOp::Alerts {
+            t: t_unix_nano,
+            events,
+        })
+    }
+
+    /// Writes everything sent before this call now, and returns when it is committed (for
+    /// shutdown and tests). Blocks (up to a minute): not for async contexts.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let stopped = || StoreError::WriterStopped {
+            path: self.path.to_path_buf(),
+        };
+        let (ack, done) = mpsc::sync_channel(1);
+        self.tx.send(WriteOp::Flush(ack)).map_err(|_| stopped())?;
+        match done.recv_timeout(FLUSH_WAIT) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(StoreError::FlushFailed {
+                path: self.path.to_path_buf(),
+                message,
+            }),
+            Err(_) => Err(stopped()),
+        }
+    }
+}
+
+/// Starts the writer thread on `conn`.
+pub(super) fn start(
+    conn: Connection,
+    path: PathBuf,
+    options: StoreOptions,
+    events: InternalEvents,
+) -> Result<StoreWriter, StoreError> {
+    let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1));
+    let path = Arc::new(path);
+    let mut state = WriterState {
+        conn,
+        options,
+        events: events.clone(),
+        path: Arc::clone(&path),
+        series_ids: HashMap::new(),
+        recent: HashMap::new(),
+        pending: Pending::default(),
+        last_prune: Instant::now(),
+    };
+    std::thread::Builder::new()
+        .name("infertrace-store".into())
+        .spawn(move || state.run(rx))
+        .map_err(|source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(StoreWriter {
+        tx,
+        events,
+        path: Arc::clone(&path),
+    })
+}
+
+#[derive(Default)]
+struct Pending {
+    rollups: HashMap<(SeriesKey, u64), Accumulator>,
+    requests: Vec<CapturedRequest>,
+    findings: Vec<(u64, Finding)>,
+    alerts: Vec<(u64, AlertEvent)>,
+}
+
+impl Pending {
+    fn items(&self) -> u64 {
+        (self.rollups.len() + self.requests.len() + self.findings.len() + self.alerts.len()) as u64
+    }
+}
+
+struct WriterState {
+    conn: Connection,
+    options: StoreOptions,
+    events: InternalEvents,
+    path: Arc<PathBuf>,
+    series_ids: HashMap<SeriesKey, i64>,
+    /// Merged accumulators of recently written minutes, by (series id, minute).
+    recent: HashMap<(i64, u64), Accumulator>,
+    pending: Pending,
+    last_prune: Instant,
+}
+
+impl WriterState {
+    fn run(&mut self, rx: Receiver<WriteOp>) {
+        let interval = self.options.flush_interval.max(Duration::from_millis(1));
+        let mut deadline = Instant::now() + interval;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(WriteOp::Flush(ack)) => {
+                    let result = self.flush(super::unix_nanos_now());
+                    // The caller may have given up waiting; nothing to do then.
+                    let _ = ack.send(result.map_err(|e| e.to_string()));
+                }
+                Ok(op) => self.receive(op),
+                Err(RecvTimeoutError::Timeout) => {
+                    let _ = self.flush(super::unix_nanos_now());
+                    deadline = Instant::now() + interval;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = self.flush(super::unix_nanos_now());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn receive(&mut self, op: WriteOp) {
+        let p = &mut self.pending;
+        match op {
+            WriteOp::Rollups { minute, series } => {
+                for (key, acc) in series {
+                    match p.rollups.entry((key, minute)) {
+                        std::collections::hash_map::Entry::Occupied(mut e) => {
+                            e.get_mut().merge(&acc)
+                        }
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(acc);
+                        }
+                    }
+                }
+            }
+            WriteOp::Requests(r) => p.requests.extend(r),
+            WriteOp::Findings { t, findings } => {
+                p.findings.extend(findings.into_iter().map(|f| (t, f)));
+            }
+            WriteOp::Alerts { t, events } => p.alerts.extend(events.into_iter().map(|e| (t, e))),
+            WriteOp::Flush(_) => {}
+        }
+    }
+
+    /// Writes everything pending in one transaction, then enforces retention.
+    fn flush(&mut self, now_unix_nano: u64) -> Result<(), StoreError> {
+        let pending = std::mem::take(&mut self.pending);
+        let items = pending.items();
+        let prune = self.last_prune.elapsed() >= SERIES_PRUNE_INTERVAL;
+        let result = self.write(pending, now_unix_nano, prune);
+        match result {
+            Ok(rows) => {
+                self.events.store_writes.inc_by(rows);
+                if prune {
+                    self.last_prune = Instant::now();
+                }
+                // Keep the merged state of the newest two minutes only.
+                if let Some(newest) = self.recent.keys().map(|k| k.1).max() {
+                    let oldest_kept = newest.saturating_sub(MINUTE_NANOS);
+                    self.recent.retain(|k, _| k.1 >= oldest_kept);
+                }
+                Ok(())
+            }
+            Err(source) => {
+                // Ids and merged minutes may come from the rolled-back transaction.
+                self.series_ids.clear();
+                self.recent.clear();
+                self.events.store_items_dropped("write_failed", items);
+                tracing::error!(path = %self.path.display(), error = %source, "history store write failed");
+                Err(StoreError::Sqlite {
+                    path: self.path.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+
+    fn write(&mut self, p: Pending, now_unix_nano: u64, prune: bool) -> rusqlite::Result<u64> {
+        let tx = self.conn.transaction()?;
+        let mut rows = 0u64;
+        for ((key, minute), acc) in p.rollups {
+            let id = series_id(&tx, &mut self.series_ids, &key)?;
+            let merged = match self.recent.remove(&(id, minute)) {
+                Some(mut stored) => {
+                    stored.merge(&acc);
+                    stored
+                }
+                None => match stored_rollup(&tx, id, minute)? {
+                    Some(mut stored) => {
+                        stored.merge(&acc);
+                        stored
+                    }
+                    None => acc,
+                },
+            };
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO rollups (series_id, minute, requests, acc)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                id,
+                sql_time(minute),
+                sql_time(merged.counts.requests),
+                merged.to_bytes()
+            ])?;
+            self.recent.insert((id, minute), merged);
+            rows += 1;
+        }
+        let mut slow_minutes: Vec<u64> = Vec::new();
+        for r in &p.requests {
+            insert_request(&tx, r)?;
+            if r.reason == CaptureReason::Slow {
+                slow_minutes.push(r.minute_unix_nano);
+            }
+            rows += 1;
+        }
+        slow_minutes.sort_unstable();
+        slow_minutes.dedup();
+        let keep = i64::try_from(self.options.slow_per_minute).unwrap_or(i64::MAX);
+        for minute in slow_minutes {
+            tx.prepare_cached(
+                "DELETE FROM requests WHERE minute = ?1 AND reason = 'slow' AND id NOT IN
+                    (SELECT id FROM requests WHERE minute = ?1 AND reason = 'slow'
+                     ORDER BY e2e DESC, id LIMIT ?2)",
+            )?
+            .execute(params![sql_time(minute), keep])?;
+        }
+        for (t, f) in &p.findings {
+            let body = serde_json::to_string(f).unwrap_or_else(|_| "null".into());
+            tx.prepare_cached(
+                "INSERT INTO findings (t, rule_id, service, model, operation, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                sql_time(*t),
+                f.rule_id,
+                f.service,
+                f.model,
+                f.operation,
+                body
+            ])?;
+            rows += 1;
+        }
+        for (t, e) in &p.alerts {
+            let body = serde_json::to_string(e).unwrap_or_else(|_| "null".into());
+            let state = serde_json::to_value(e.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            tx.prepare_cached(
+                "INSERT INTO alerts (t, alert, state, service, model, operation, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                sql_time(*t),
+                e.alert,
+                state,
+                e.service,
+                e.model,
+                e.operation,
+                body
+            ])?;
+            rows += 1;
+        }
+        enforce_retention(&tx, now_unix_nano, self.options.retention)?;
+        if prune && prune_series(&tx)? > 0 {
+            self.series_ids.clear();
+            self.recent.clear();
+        }
+        tx.commit()?;
+        Ok(rows)
+    }
+}
+
+/// The id of series `key`, inserting it if new.
+fn series_id(
+    tx: &Transaction<'_>,
+    cache: &mut HashMap<SeriesKey, i64>,
+    key: &SeriesKey,
+) -> rusqlite::Result<i64> {
+    if let Some(id) = cache.get(key) {
+        return Ok(*id);
+    }
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO series (service, model, operation) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![&*key.service, &*key.model, &*key.operation])?;
+    let id: i64 = tx
+        .prepare_cached(
+            "SELECT id FROM series WHERE service = ?1 AND model = ?2 AND operation = ?3",
+        )?
+        .query_row(params![&*key.service, &*key.model, &*key.operation], |r| {
+            r.get(0)
+        })?;
+    cache.insert(key.clone(), id);
+    Ok(id)
+}
+
+/// The stored accumulator of (series, minute); an undecodable one is replaced (and logged).
+fn stored_rollup(
+    tx: &Transaction<'_>,
+    id: i64,
+    minute: u64,
+) -> rusqlite::Result<Option<Accumulator>> {
+    let bytes: Option<Vec<u8>> = tx
+        .prepare_cached("SELECT acc FROM rollups WHERE series_id = ?1 AND minute = ?2")?
+        .query_row(params![id, sql_time(minute)], |r| r.get(0))
+        .optional()?;
+    Ok(bytes.and_then(|b| match Accumulator::decode(&b) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::warn!(error = %e, minute, "replacing an undecodable stored rollup");
+            None
+        }
+    }))
+}
+
+fn insert_request(tx: &Transaction<'_>, r: &CapturedRequest) -> rusqlite::Result<()> {
+    let record = serde_json::to_string(&r.record).unwrap_or_else(|_| "null".into());
+    let critical_path = r
+        .critical_path
+        .as_ref()
+        .and_then(|c| serde_json::to_string(c).ok());
+    tx.prepare_cached(
+        "INSERT INTO requests (minute, reason, trace_id, service, model, operation, outcome,
+                               e2e, record, critical_path)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        sql_time(r.minute_unix_nano),
+        r.reason.as_str(),
+        r.record.trace_id.to_hex(),
+        &*r.series.service,
+        &*r.series.model,
+        &*r.series.operation,
+        r.record.outcome.as_str(),
+        if r.record.e2e.is_finite() {
+            r.record.e2e
+        } else {
+            0.0
+        },
+        record,
+        critical_path
+    ])?;
+    Ok(())
+}
