@@ -274,6 +274,49 @@ fn export_request(rng: &mut Rng, batch: usize) -> ExportTraceServiceRequest {
     }
 }
 
+/// A pre-encoded request and where its trace ids are, so every send can carry fresh trace ids:
+/// a collector that assembles traces must see new traces, not the same 8,000 again (those would
+/// count as late spans and skip the analysis).
+struct Body {
+    bytes: Bytes,
+    trace_id_offsets: Vec<usize>,
+}
+
+impl Body {
+    fn new(bytes: Bytes) -> Self {
+        // Every span starts with field 1 (trace_id, 16 bytes): tag 0x0a, length 0x10. A span's
+        // trace id is random, so matching the tag, the length and the id of the first span of
+        // its trace finds exactly the trace-id fields.
+        let mut trace_id_offsets = Vec::new();
+        let mut i = 0;
+        while i + 18 <= bytes.len() {
+            if bytes[i] == 0x0a && bytes[i + 1] == 0x10 && is_span_start(&bytes, i) {
+                trace_id_offsets.push(i + 2);
+                i += 18;
+            } else {
+                i += 1;
+            }
+        }
+        Self { bytes, trace_id_offsets }
+    }
+
+    /// The body with the last 8 bytes of every trace id replaced by a per-send counter.
+    fn send(&self, connection: usize, sequence: usize) -> Bytes {
+        let mut out = self.bytes.to_vec();
+        let stamp = ((connection as u64) << 40 | sequence as u64).to_le_bytes();
+        for &at in &self.trace_id_offsets {
+            out[at + 8..at + 16].copy_from_slice(&stamp);
+        }
+        Bytes::from(out)
+    }
+}
+
+/// Whether the bytes at `i` (tag 0x0a, length 16) are followed by a span id field (tag 0x12,
+/// length 8), i.e. this is a span's trace_id and not some other 16-byte field.
+fn is_span_start(bytes: &[u8], i: usize) -> bool {
+    bytes.get(i + 18) == Some(&0x12) && bytes.get(i + 19) == Some(&0x08)
+}
+
 fn grpc_frame(message: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(message.len() + 5);
     out.push(0);
@@ -286,7 +329,7 @@ fn grpc_frame(message: &[u8]) -> Bytes {
 async fn blast_connection(
     protocol: Protocol,
     addr: SocketAddr,
-    bodies: Arc<Vec<Bytes>>,
+    bodies: Arc<Vec<Body>>,
     offset: usize,
     deadline: Instant,
     errors: Arc<AtomicU64>,
@@ -311,7 +354,7 @@ async fn blast_connection(
                 let req = Request::post(format!("http://{addr}{EXPORT_PATH}"))
                     .header("content-type", "application/grpc")
                     .header("te", "trailers")
-                    .body(Full::new(bodies[i % bodies.len()].clone()))
+                    .body(Full::new(bodies[i % bodies.len()].send(offset, i)))
                     .map_err(|e| e.to_string())?;
                 i += 1;
                 let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
@@ -339,7 +382,7 @@ async fn blast_connection(
                 let req = Request::post("/v1/traces")
                     .header("host", addr.to_string())
                     .header("content-type", "application/x-protobuf")
-                    .body(Full::new(bodies[i % bodies.len()].clone()))
+                    .body(Full::new(bodies[i % bodies.len()].send(offset, i)))
                     .map_err(|e| e.to_string())?;
                 i += 1;
                 let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
@@ -433,15 +476,25 @@ async fn main() -> ExitCode {
         decode_benchmark(&requests, spans_per_request, args.duration);
         return ExitCode::SUCCESS;
     }
-    let bodies: Arc<Vec<Bytes>> = Arc::new(
+    let bodies: Arc<Vec<Body>> = Arc::new(
         requests
             .iter()
-            .map(|r| match args.protocol {
-                Protocol::Grpc => grpc_frame(r),
-                Protocol::Http => Bytes::from(r.clone()),
+            .map(|r| {
+                let bytes = match args.protocol {
+                    Protocol::Grpc => grpc_frame(r),
+                    Protocol::Http => Bytes::from(r.clone()),
+                };
+                Body::new(bytes)
             })
             .collect(),
     );
+    if let Some(b) = bodies.iter().find(|b| b.trace_id_offsets.len() as u64 != spans_per_request) {
+        eprintln!(
+            "otlp-blast: found {} trace ids in a request of {spans_per_request} spans",
+            b.trace_id_offsets.len()
+        );
+        return ExitCode::FAILURE;
+    }
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + args.duration;

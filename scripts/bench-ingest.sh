@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Ingest benchmark of issue 4: accepted spans/s with the receiver pinned to one core, for the
+# prost "null receiver" (decode and drop) and the full infertrace collector (decode, assemble,
+# dialects, KPIs, critical path, Prometheus), over OTLP/gRPC and OTLP/HTTP protobuf.
+# Also: memory per buffered span and KPI freshness. Prints a table; see docs/PERFORMANCE.md.
+#
+#   scripts/bench-ingest.sh [seconds per run, default 8] [rounds, default 3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-8}
+rounds=${2:-3}
+cargo build --release -q -p infertrace-collector --bins
+cargo build --release -q -p infertrace
+B=target/release
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+start_receiver() { # kind -> pid
+  case $1 in
+    null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:14317 --http 127.0.0.1:14318 >/dev/null 2>&1 & ;;
+    full) cat > "$tmp/c.yaml" <<YAML
+receivers:
+  otlp_grpc: { endpoint: 127.0.0.1:14317 }
+  otlp_http: { endpoint: 127.0.0.1:14318 }
+api: { listen: 127.0.0.1:19464 }
+limits: { memory_limit_bytes: 4294967296 }
+YAML
+      taskset -c 1 $B/infertrace collect --config "$tmp/c.yaml" >/dev/null 2>&1 & ;;
+  esac
+  echo $!
+}
+
+wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+
+printf '%-6s %-5s %-7s %14s %12s %16s\n' kind proto round "spans/s" "recv CPU" "spans/CPU-s"
+for round in $(seq "$rounds"); do
+  for kind in null full; do
+    for proto in grpc http; do
+      pid=$(start_receiver $kind)
+      wait_port 14317; wait_port 14318
+      port=14317; [ $proto = http ] && port=14318
+      t0=$(cpu_ticks "$pid")
+      out=$(taskset -c 0 $B/otlp-blast --protocol $proto --addr 127.0.0.1:$port --connections 16 --duration "$secs" 2>&1)
+      t1=$(cpu_ticks "$pid")
+      rate=$(echo "$out" | grep -oE 'accepted_spans_per_sec=[0-9]+' | tail -1 | cut -d= -f2 || echo 0)
+      cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v s="$secs" 'BEGIN{printf "%.2f", (b-a)/hz/s}')
+      per=$(awk -v r="$rate" -v c="$cpu" 'BEGIN{ if (c>0) printf "%.0f", r/c; else print "-" }')
+      printf '%-6s %-5s %-7s %14s %12s %16s\n' $kind $proto "$round" "$rate" "$cpu" "$per"
+      kill -INT "$pid"; wait "$pid" 2>/dev/null || true
+    done
+  done
+done
+
+# Memory per buffered span: a long grace keeps every trace in flight; RSS growth / spans held.
+cat > "$tmp/m.yaml" <<YAML
+receivers:
+  otlp_grpc: { endpoint: 127.0.0.1:14317 }
+  otlp_http: { endpoint: 127.0.0.1:14318 }
+api: { listen: 127.0.0.1:19464 }
+assembly: { grace: 10m, idle_timeout: 10m, max_age: 20m }
+limits: { memory_limit_bytes: 8589934592, max_traces_in_flight: 10000000 }
+YAML
+$B/infertrace collect --config "$tmp/m.yaml" >/dev/null 2>&1 &
+pid=$!
+wait_port 14318
+rss0=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
+taskset -c 0 $B/otlp-blast --protocol http --addr 127.0.0.1:14318 --connections 4 --duration 3 >/dev/null 2>&1
+sleep 1
+rss1=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
+inflight=$(curl -s 127.0.0.1:19464/metrics | awk '/^infertrace_traces_in_flight /{print $2}')
+spans=$(awk -v t="$inflight" 'BEGIN{print t*4}')
+echo "memory: RSS +$(( (rss1-rss0)/1024 )) MiB for ${inflight} traces in flight (${spans} spans): $(awk -v a="$rss0" -v b="$rss1" -v s="$spans" 'BEGIN{ if (s>0) printf "%.0f", (b-a)*1024/s; else print "-" }') bytes per buffered span"
+kill -INT $pid; wait $pid 2>/dev/null || true
