@@ -19,6 +19,10 @@
 //! - `sdk/span_1_attr`: the floor, one SDK span with one attribute into the same processor;
 //! - `recorder/tokens_1`: one `RequestRecorder::tokens(1)` call (the engine's per-token cost).
 //!
+//! Criterion measures the CPU time of the request's thread (`CLOCK_THREAD_CPUTIME_ID`), so time
+//! the thread spends preempted on a shared machine does not count; the summary also gives the
+//! process CPU time (adding the SDK batch-export thread's work on the spans) and wall time.
+//!
 //! Run: `cargo bench -p infertrace-tower --bench layer_overhead`. After criterion's own report
 //! a summary table prints the medians and the differences the targets are about.
 
@@ -163,8 +167,74 @@ where
     }
 }
 
-/// Median ns per iteration of each benchmark, from criterion's samples.
-static SAMPLES: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::new());
+/// Per benchmark, per criterion sample: (thread CPU ns, process CPU ns, wall ns) per iteration.
+static SAMPLES: Mutex<BTreeMap<String, Vec<[f64; 3]>>> = Mutex::new(BTreeMap::new());
+
+/// CPU clocks: the request thread's CPU time is what criterion measures (robust to the machine
+/// being shared: time the thread is not running does not count); the process CPU time adds
+/// what the SDK's batch-export thread spends on the spans; wall time for reference.
+struct CpuClocks {
+    thread: Duration,
+    process: Duration,
+    wall: Instant,
+}
+
+#[cfg(target_os = "linux")]
+fn cpu_clock(id: i32) -> Duration {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock_id: i32, tp: *mut Timespec) -> i32;
+    }
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock ids are Linux constants.
+    if unsafe { clock_gettime(id, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cpu_clock(_id: i32) -> Duration {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed()
+}
+
+const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+
+impl CpuClocks {
+    fn now() -> Self {
+        Self {
+            wall: Instant::now(),
+            process: cpu_clock(CLOCK_PROCESS_CPUTIME_ID),
+            thread: cpu_clock(CLOCK_THREAD_CPUTIME_ID),
+        }
+    }
+
+    /// Records the sample under `key` and returns the thread CPU time for criterion.
+    fn elapsed(&self, key: &str, iters: u64) -> Duration {
+        let thread = cpu_clock(CLOCK_THREAD_CPUTIME_ID).saturating_sub(self.thread);
+        let process = cpu_clock(CLOCK_PROCESS_CPUTIME_ID).saturating_sub(self.process);
+        let wall = self.wall.elapsed();
+        let per = |d: Duration| d.as_nanos() as f64 / iters.max(1) as f64;
+        if let Ok(mut s) = SAMPLES.lock() {
+            s.entry(key.to_owned())
+                .or_default()
+                .push([per(thread), per(process), per(wall)]);
+        }
+        thread
+    }
+}
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
 fn bench_service<S, B>(
@@ -181,25 +251,30 @@ fn bench_service<S, B>(
     let key = format!("{group}/{name}");
     c.benchmark_group(group).bench_function(name, |b| {
         b.iter_custom(|iters| {
-            let start = Instant::now();
+            let start = CpuClocks::now();
             for _ in 0..iters {
                 one(&mut svc);
             }
-            let elapsed = start.elapsed();
+            let elapsed = start.elapsed(&key, iters);
             REQUESTS.fetch_add(iters * spans_per_request, Ordering::Relaxed);
-            if let Ok(mut s) = SAMPLES.lock() {
-                s.entry(key.clone())
-                    .or_default()
-                    .push(elapsed.as_nanos() as f64 / iters as f64);
-            }
             elapsed
         })
     });
 }
 
+/// A batch span processor with a queue deep enough that the export thread keeps up on a small
+/// machine: a span dropped at a full queue is freed on the request thread, which would make
+/// variants emitting more spans look cheaper than they are.
 fn batch_provider() -> SdkTracerProvider {
+    let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+        .with_max_queue_size(1 << 16)
+        .with_max_export_batch_size(4096)
+        .build();
+    let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(DropExporter)
+        .with_batch_config(config)
+        .build();
     SdkTracerProvider::builder()
-        .with_batch_exporter(DropExporter)
+        .with_span_processor(processor)
         .build()
 }
 
@@ -297,7 +372,7 @@ fn benches(c: &mut Criterion) {
     c.benchmark_group("sdk").bench_function("span_1_attr", |b| {
         use opentelemetry::trace::{Span as _, SpanBuilder, Tracer as _};
         b.iter_custom(|iters| {
-            let start = Instant::now();
+            let start = CpuClocks::now();
             for _ in 0..iters {
                 let mut span =
                     tracer.build(SpanBuilder::from_name("decode").with_attributes(vec![
@@ -305,13 +380,8 @@ fn benches(c: &mut Criterion) {
                     ]));
                 span.end();
             }
-            let elapsed = start.elapsed();
+            let elapsed = start.elapsed(&key, iters);
             REQUESTS.fetch_add(iters, Ordering::Relaxed);
-            if let Ok(mut s) = SAMPLES.lock() {
-                s.entry(key.clone())
-                    .or_default()
-                    .push(elapsed.as_nanos() as f64 / iters as f64);
-            }
             elapsed
         })
     });
@@ -334,11 +404,19 @@ fn median(v: &[f64]) -> f64 {
 
 fn summary() {
     let Ok(samples) = SAMPLES.lock() else { return };
-    let m = |k: &str| samples.get(k).map(|v| median(v)).unwrap_or(f64::NAN);
-    let bare = m("request/bare");
-    println!("\n## layer_overhead summary (median ns per request, criterion samples)");
-    println!("| variant | ns/request | added vs bare |");
-    println!("|---|---:|---:|");
+    // Median over criterion's samples of clock `i` (0 thread CPU, 1 process CPU, 2 wall).
+    let m = |k: &str, i: usize| {
+        samples
+            .get(k)
+            .map(|v| median(&v.iter().map(|s| s[i]).collect::<Vec<_>>()))
+            .unwrap_or(f64::NAN)
+    };
+    println!("\n## layer_overhead summary (median over criterion samples, ns per request)");
+    println!(
+        "| variant | thread CPU | added | process CPU (incl. export thread) | added | wall | added |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let bare: Vec<f64> = (0..3).map(|i| m("request/bare", i)).collect();
     for name in [
         "bare",
         "infertrace",
@@ -348,21 +426,38 @@ fn summary() {
         "otel_instrumentation_tower_metrics",
         "tower_http_tracing_otel",
     ] {
-        let v = m(&format!("request/{name}"));
-        println!("| {name} | {v:.0} | {:+.0} |", v - bare);
+        let k = format!("request/{name}");
+        if !samples.contains_key(&k) {
+            continue;
+        }
+        let v: Vec<f64> = (0..3).map(|i| m(&k, i)).collect();
+        println!(
+            "| {name} | {:.0} | {:+.0} | {:.0} | {:+.0} | {:.0} | {:+.0} |",
+            v[0],
+            v[0] - bare[0],
+            v[1],
+            v[1] - bare[1],
+            v[2],
+            v[2] - bare[2]
+        );
     }
-    let floor = m("sdk/span_1_attr");
-    println!(
-        "\nSDK floor: one span with one attribute {floor:.0} ns (4 spans ≈ {:.0} ns)",
-        4.0 * floor
-    );
-    let per_chunk =
-        |p: &str| (m(&format!("chunks/{p}_1025")) - m(&format!("chunks/{p}_1"))) / 1024.0;
-    let (b, t) = (per_chunk("bare"), per_chunk("infertrace"));
-    println!(
-        "\nper streamed chunk: bare {b:.1} ns, infertrace {t:.1} ns, added {:.1} ns",
-        t - b
-    );
+    if samples.contains_key("sdk/span_1_attr") {
+        let floor = m("sdk/span_1_attr", 0);
+        println!(
+            "\nSDK floor (thread CPU): one span with one attribute {floor:.0} ns (4 spans ≈ {:.0} ns)",
+            4.0 * floor
+        );
+    }
+    if samples.contains_key("chunks/infertrace_1025") {
+        let per_chunk = |p: &str, i: usize| {
+            (m(&format!("chunks/{p}_1025"), i) - m(&format!("chunks/{p}_1"), i)) / 1024.0
+        };
+        let (b, t) = (per_chunk("bare", 0), per_chunk("infertrace", 0));
+        println!(
+            "per streamed chunk (thread CPU): bare {b:.1} ns, infertrace {t:.1} ns, added {:.1} ns",
+            t - b
+        );
+    }
     let emitted = REQUESTS.load(Ordering::Relaxed);
     let exported = EXPORTED.load(Ordering::Relaxed);
     println!(

@@ -72,9 +72,31 @@
 //! At the end, the response attributes are set in one call, the phase spans are built with
 //! exact start and end times, and the request span is ended at the exact end instant.
 //!
+//! # Behaviour worth knowing
+//!
+//! - The request span ends when the response body ends (last frame or trailers), not when the
+//!   handler returns; a body dropped before its end (client disconnect, HTTP/2 reset) ends the
+//!   request with `infer.outcome = cancelled` and the tokens and chunks counted so far.
+//! - `infer.stream.chunks` counts gRPC messages for gRPC and data frames otherwise (see
+//!   [`TracedBody`]); inter-token gaps are measured between frames.
+//! - In [`PhaseSource::Derived`] mode a non-streamed response gets `queue` + `inference` instead
+//!   of an invented prefill/decode split; a response is "streamed" when it is
+//!   `text/event-stream`, a gRPC response of several messages, or the handler said so with
+//!   [`RequestRecorder::stream`].
+//! - The OpenTelemetry context is attached while the inner service's *future* is polled. Work a
+//!   streaming body does later runs outside it: instrument such a stream with a span created in
+//!   the handler (`stream.instrument(tracing::Span::current())`) to keep it in the trace.
+//! - Errors: a service error, a body error, HTTP 5xx, a non-OK `grpc-status` (headers or
+//!   trailers) or [`RequestRecorder::error`] set span status Error and `error.type`.
+//!   Admission rejections are `rejected`, not errors (the server is shedding load as told).
+//!
 //! All instants come from one monotonic clock ([`std::time::Instant`]) and are converted to wall
 //! time once per request (`wall time at arrival + offset`), so phases never overlap wrongly or go
-//! negative.
+//! negative. Per-chunk and per-token marks read the CPU's invariant time-stamp counter where
+//! there is one (about a third of the cost of `Instant::now()`), converted against a pair of
+//! `Instant` readings taken at arrival and at the end of each request.
+//!
+//! The cost (criterion, `benches/layer_overhead.rs`) is recorded in `docs/PERFORMANCE.md`.
 #![warn(missing_docs)]
 
 mod admission;
@@ -82,6 +104,7 @@ mod body;
 mod extract;
 mod gaps;
 mod grpc;
+mod interning;
 mod layer;
 mod metrics;
 pub mod otlp;

@@ -106,11 +106,22 @@ pub(crate) struct RequestMeasurements {
     pub(crate) output_tokens: Option<u64>,
 }
 
+/// A request's metric attributes: operation, outcome, model?, error type?, and one spare slot
+/// for `gen_ai.token.type`. Fixed size so recording allocates nothing.
+pub(crate) type MetricAttributes = [KeyValue; 5];
+
 impl LayerMetrics {
-    /// Records one request. `attrs` are the request's metric attributes (operation, model,
-    /// outcome, error type); the token histogram adds `gen_ai.token.type`.
-    pub(crate) fn record(&self, m: &RequestMeasurements, attrs: &mut Vec<KeyValue>) {
-        self.request_duration.record(m.e2e, attrs);
+    /// Records one request. `attrs[..used]` are the request's attributes (`used` ≤ 4); the
+    /// token histogram adds `gen_ai.token.type` in the next slot.
+    pub(crate) fn record(
+        &self,
+        m: &RequestMeasurements,
+        attrs: &mut MetricAttributes,
+        used: usize,
+    ) {
+        let used = used.min(attrs.len() - 1);
+        let base = &attrs[..used];
+        self.request_duration.record(m.e2e, base);
         let pairs = [
             (&self.time_to_first_token, m.ttft),
             (&self.time_per_output_token, m.tpot),
@@ -120,19 +131,15 @@ impl LayerMetrics {
         ];
         for (instrument, value) in pairs {
             if let Some(v) = value {
-                instrument.record(v, attrs);
+                instrument.record(v, base);
             }
         }
         let token_type = infertrace_semconv::gen_ai::TOKEN_TYPE;
-        if let Some(n) = m.input_tokens {
-            attrs.push(KeyValue::new(token_type, "input"));
-            self.token_usage.record(n, attrs);
-            attrs.pop();
-        }
-        if let Some(n) = m.output_tokens {
-            attrs.push(KeyValue::new(token_type, "output"));
-            self.token_usage.record(n, attrs);
-            attrs.pop();
+        for (kind, count) in [("input", m.input_tokens), ("output", m.output_tokens)] {
+            if let Some(n) = count {
+                attrs[used] = KeyValue::new(token_type, kind);
+                self.token_usage.record(n, &attrs[..=used]);
+            }
         }
     }
 }

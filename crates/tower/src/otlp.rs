@@ -4,7 +4,7 @@
 //! | setting | code ([`OtlpConfig`]) | environment (used when code leaves it unset) |
 //! |---|---|---|
 //! | endpoint | `endpoint` (base URL) | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `_METRICS_ENDPOINT` (full URL), `OTEL_EXPORTER_OTLP_ENDPOINT` (base) |
-//! | protocol | `protocol` | `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, `OTEL_EXPORTER_OTLP_PROTOCOL` (`grpc`, `http/protobuf`); default `grpc` |
+//! | protocol | `protocol` | `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, `OTEL_EXPORTER_OTLP_PROTOCOL` (`grpc`, `http/protobuf`); default `http/protobuf`, as the OTLP exporter specification says |
 //! | service name | `service_name` | `OTEL_SERVICE_NAME`, then `service.name` in `OTEL_RESOURCE_ATTRIBUTES` |
 //! | resource | `resource_attributes` (added) | `OTEL_RESOURCE_ATTRIBUTES` |
 //! | sampler | `sampler` | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; default `parentbased_always_on` |
@@ -126,7 +126,8 @@ impl OtlpConfig {
                 return OtlpProtocol::parse(&v).ok_or(OtlpError::Protocol { var, value: v });
             }
         }
-        Ok(OtlpProtocol::Grpc)
+        // The OTLP exporter specification's default.
+        Ok(OtlpProtocol::HttpProtobuf)
     }
 }
 
@@ -295,7 +296,7 @@ mod tests {
         let none = env_of(&[]);
         assert_eq!(
             OtlpConfig::default().resolve_protocol(&none).unwrap(),
-            OtlpProtocol::Grpc
+            OtlpProtocol::HttpProtobuf
         );
         let http = env_of(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]);
         assert_eq!(

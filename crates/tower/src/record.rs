@@ -19,7 +19,7 @@ use infertrace_semconv::{gen_ai, infer, latency, net, span as span_names};
 use crate::gaps::GapHistogram;
 use crate::grpc::{self, MessageCounter};
 use crate::layer::Shared;
-use crate::metrics::RequestMeasurements;
+use crate::metrics::{MetricAttributes, RequestMeasurements};
 use crate::phases::{Marks, Phases};
 use crate::request_facts::{RequestFacts, request_attributes};
 use crate::spans::RequestSpan;
@@ -78,11 +78,11 @@ impl RequestRecord {
     pub(crate) fn start<B>(
         shared: Arc<Shared>,
         arrival: Instant,
+        arrival_tick: u64,
         facts: RequestFacts,
         req: &mut Request<B>,
     ) -> Box<Self> {
         let wall_arrival = SystemTime::now();
-        let arrival_tick = tick_clock::ticks();
         let parent = crate::propagation::extract(req.headers());
         let mut attrs = Vec::with_capacity(36);
         request_attributes(req, &facts, &mut attrs);
@@ -90,7 +90,7 @@ impl RequestRecord {
             .tracer
             .start_request(facts.span_name(), wall_arrival, attrs, &parent);
         let cx = parent.with_remote_span_context(span.span_context().clone());
-        let recorder = RequestRecorder::with_arrival(arrival);
+        let recorder = RequestRecorder::with_anchor(arrival, arrival, arrival_tick);
         req.extensions_mut().insert(recorder.clone());
         shared.metrics.active_requests.add(1, &[]);
         Box::new(Self {
@@ -211,7 +211,7 @@ impl RequestRecord {
         let ticks = TickSpan::new(self.arrival, self.arrival_tick, end, end_tick);
         let first_chunk = self.first_tick.map(|t| ticks.offset(t));
         let last_chunk = self.first_tick.map(|_| ticks.offset(self.last_tick));
-        let marks = self.recorder.marks();
+        let marks = self.recorder.marks_at(end, end_tick);
         let strings = self.recorder.strings();
 
         let error_type: Option<Cow<'static, str>> = if self.rejected {
@@ -302,7 +302,10 @@ impl RequestRecord {
                 _ => false,
             };
             if model_changed && let Some(m) = &model_for_name {
-                span.update_name(format!("{} {}", self.facts.operation, m.as_str()));
+                span.update_name(crate::interning::span_name(
+                    &self.facts.operation,
+                    m.as_str(),
+                ));
                 span.set_attribute(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
             }
             if let Some(m) = response_model {
@@ -388,19 +391,25 @@ impl RequestRecord {
         }
         self.span.end_with_timestamp(self.wall(end_offset));
 
-        let mut attrs = Vec::with_capacity(5);
-        attrs.push(KeyValue::new(
-            gen_ai::OPERATION_NAME,
-            self.facts.operation.clone(),
-        ));
+        // Metric attributes on the stack: the slot after the used ones takes the token type.
+        let spare = || KeyValue::new(infer::OUTCOME, "");
+        let mut attrs: MetricAttributes = [
+            KeyValue::new(gen_ai::OPERATION_NAME, self.facts.operation.clone()),
+            KeyValue::new(infer::OUTCOME, outcome),
+            spare(),
+            spare(),
+            spare(),
+        ];
+        let mut used = 2;
         if let Some(m) = model_for_name {
-            attrs.push(KeyValue::new(gen_ai::REQUEST_MODEL, m));
+            attrs[used] = KeyValue::new(gen_ai::REQUEST_MODEL, m);
+            used += 1;
         }
-        attrs.push(KeyValue::new(infer::OUTCOME, outcome));
         if let Some(kind) = error_type {
-            attrs.push(KeyValue::new(net::ERROR_TYPE, kind));
+            attrs[used] = KeyValue::new(net::ERROR_TYPE, kind);
+            used += 1;
         }
-        self.shared.metrics.record(&measurements, &mut attrs);
+        self.shared.metrics.record(&measurements, &mut attrs, used);
         self.shared.metrics.active_requests.add(-1, &[]);
         // Free the admission slot only now: the engine is busy until the stream ends.
         self.permit = None;

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::tick_clock::{self, TickSpan};
+
 const UNSET: u64 = u64::MAX;
 
 /// A cheap, cloneable, `Send + Sync` handle marking one request's phases.
@@ -37,6 +39,10 @@ pub struct RequestRecorder {
 #[derive(Debug)]
 struct RecorderState {
     arrival: Instant,
+    /// An (instant, ticks) pair taken together: marks are stored as [`tick_clock`] readings
+    /// (cheaper than `Instant::now()`) and converted against this pair and a later one.
+    anchor: Instant,
+    anchor_ticks: u64,
     scheduled: AtomicU64,
     first_token: AtomicU64,
     last_token: AtomicU64,
@@ -113,9 +119,17 @@ impl RequestRecorder {
 
     /// A recorder with a given arrival instant (the layer uses the instant the request came in).
     pub fn with_arrival(arrival: Instant) -> Self {
+        let ticks = tick_clock::ticks();
+        Self::with_anchor(arrival, Instant::now(), ticks)
+    }
+
+    /// Crate-internal: a recorder whose clock anchor is `(anchor, anchor_ticks)`, read together.
+    pub(crate) fn with_anchor(arrival: Instant, anchor: Instant, anchor_ticks: u64) -> Self {
         Self {
             inner: Arc::new(RecorderState {
                 arrival,
+                anchor,
+                anchor_ticks,
                 scheduled: AtomicU64::new(UNSET),
                 first_token: AtomicU64::new(UNSET),
                 last_token: AtomicU64::new(UNSET),
@@ -139,14 +153,9 @@ impl RequestRecorder {
         self.inner.arrival
     }
 
-    fn now_nanos(&self) -> u64 {
-        // Saturates rather than panics if the clock source ever misbehaves.
-        u64::try_from(
-            Instant::now()
-                .saturating_duration_since(self.inner.arrival)
-                .as_nanos(),
-        )
-        .unwrap_or(UNSET - 1)
+    /// Now, as a tick-clock reading (never the UNSET sentinel).
+    fn now_ticks(&self) -> u64 {
+        tick_clock::ticks().min(UNSET - 1)
     }
 
     /// Sets `slot` to `at` if unset and not earlier than `floor` (the previous phase's mark).
@@ -161,7 +170,7 @@ impl RequestRecorder {
 
     /// The engine admitted the request to a batch (end of the queue phase). First call wins.
     pub fn scheduled(&self) {
-        let now = self.now_nanos();
+        let now = self.now_ticks();
         if self.inner.first_token.load(Ordering::Acquire) != UNSET {
             return; // out of order: the first token already came
         }
@@ -171,7 +180,7 @@ impl RequestRecorder {
 
     /// The first output token was produced (end of prefill). First call wins.
     pub fn first_token(&self) {
-        let now = self.now_nanos();
+        let now = self.now_ticks();
         if self.inner.finished.load(Ordering::Acquire) != UNSET {
             return;
         }
@@ -191,7 +200,7 @@ impl RequestRecorder {
         if n == 0 || self.inner.finished.load(Ordering::Acquire) != UNSET {
             return;
         }
-        let now = self.now_nanos();
+        let now = self.now_ticks();
         if self.inner.first_token.load(Ordering::Acquire) == UNSET {
             self.mark_first_token(now);
         }
@@ -213,7 +222,7 @@ impl RequestRecorder {
 
     /// The request finished with `reason` (e.g. `stop`, `length`). First call wins.
     pub fn finish(&self, reason: &str) {
-        let now = self.now_nanos();
+        let now = self.now_ticks();
         let floor = if self.inner.last_token.load(Ordering::Acquire) != UNSET {
             &self.inner.last_token
         } else {
@@ -305,13 +314,17 @@ impl RequestRecorder {
         }
     }
 
-    /// Crate-internal: the numeric marks, without cloning any string.
-    pub(crate) fn marks(&self) -> RecorderMarks {
+    /// Crate-internal: the numeric marks, without cloning any string, converting tick readings
+    /// with the anchor pair and `(end, end_ticks)` (read together, after the marks).
+    pub(crate) fn marks_at(&self, end: Instant, end_ticks: u64) -> RecorderMarks {
         let get = |a: &AtomicU64| match a.load(Ordering::Acquire) {
             UNSET => None,
             v => Some(v),
         };
-        let dur = |a: &AtomicU64| get(a).map(Duration::from_nanos);
+        let s = &self.inner;
+        let ticks = TickSpan::new(s.anchor, s.anchor_ticks, end, end_ticks);
+        let base = s.anchor.saturating_duration_since(s.arrival);
+        let dur = |a: &AtomicU64| get(a).map(|t| base + ticks.offset(t));
         let tokens_seen = self.inner.tokens_seen.load(Ordering::Acquire);
         let input_tokens = get(&self.inner.input_tokens);
         let output_tokens = get(&self.inner.output_tokens)
@@ -331,7 +344,8 @@ impl RequestRecorder {
 
     /// A consistent-enough copy of what has been marked so far.
     pub fn snapshot(&self) -> RecorderSnapshot {
-        let m = self.marks();
+        let now = Instant::now();
+        let m = self.marks_at(now, tick_clock::ticks());
         let s = self.strings();
         let owned = |v: Option<&Arc<str>>| v.map(|s| s.to_string());
         RecorderSnapshot {
@@ -402,9 +416,40 @@ mod tests {
         r.tokens(3); // after finish: ignored
         let s = r.snapshot();
         assert_eq!(s.scheduled, None);
-        assert_eq!(s.first_token, first);
+        // The same mark (each snapshot converts ticks with its own end anchor: ns of jitter,
+        // where a moved mark would be ≥ 2 ms later).
+        let drift = s.first_token.unwrap().abs_diff(first.unwrap());
+        assert!(
+            drift < Duration::from_micros(100),
+            "first token moved by {drift:?}"
+        );
+        assert!(s.finished.unwrap() >= Duration::from_millis(2));
         assert_eq!(s.finish_reason.as_deref(), Some("stop"));
         assert_eq!(s.tokens_seen, 0);
+    }
+
+    #[test]
+    fn marks_match_the_monotonic_clock() {
+        let arrival = Instant::now();
+        let r = RequestRecorder::with_arrival(arrival);
+        std::thread::sleep(Duration::from_millis(10));
+        r.scheduled();
+        let scheduled_truth = arrival.elapsed();
+        std::thread::sleep(Duration::from_millis(10));
+        r.tokens(1);
+        let first_truth = arrival.elapsed();
+        let s = r.snapshot();
+        let close =
+            |mark: Duration, truth: Duration| truth.abs_diff(mark) < Duration::from_micros(500);
+        assert!(
+            close(s.scheduled.unwrap(), scheduled_truth),
+            "{s:?} vs {scheduled_truth:?}"
+        );
+        assert!(
+            close(s.first_token.unwrap(), first_truth),
+            "{s:?} vs {first_truth:?}"
+        );
+        assert!(s.scheduled.unwrap() >= Duration::from_millis(10));
     }
 
     #[test]

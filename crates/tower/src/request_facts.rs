@@ -10,6 +10,7 @@ use opentelemetry::{KeyValue, StringValue};
 use infertrace_semconv::{gen_ai, net};
 
 use crate::grpc;
+use crate::interning::{self, Kind};
 use crate::layer::{MODEL_HEADER, OPERATION_HEADER, RequestHead, Shared};
 
 /// Operation, model and protocol of one request.
@@ -94,7 +95,7 @@ impl RequestFacts {
     /// `"{operation} {model}"`, or the operation alone while no model is known.
     pub(crate) fn span_name(&self) -> Cow<'static, str> {
         match &self.request_model {
-            Some(m) => Cow::Owned(format!("{} {}", self.operation, m.as_str())),
+            Some(m) => interning::span_name(&self.operation, m.as_str()),
             None => self.operation.clone(),
         }
     }
@@ -132,12 +133,12 @@ fn split_host_port(s: &str) -> (&str, Option<u16>) {
 }
 
 /// Host and port the request was addressed to: `:authority` (HTTP/2) or `Host` (HTTP/1.1).
-fn server_address<B>(req: &Request<B>) -> Option<(String, Option<i64>)> {
+fn server_address<B>(req: &Request<B>) -> Option<(&str, Option<i64>)> {
     if let Some(a) = req.uri().authority() {
-        return Some((a.host().to_owned(), a.port_u16().map(i64::from)));
+        return Some((a.host(), a.port_u16().map(i64::from)));
     }
     let (host, port) = split_host_port(header_str(req.headers(), &header::HOST)?);
-    (!host.is_empty()).then(|| (host.to_owned(), port.map(i64::from)))
+    (!host.is_empty()).then(|| (host, port.map(i64::from)))
 }
 
 /// Appends the request-side attributes: GenAI operation and model, then HTTP or RPC semconv.
@@ -157,24 +158,42 @@ pub(crate) fn request_attributes<B>(
     if facts.grpc {
         attrs.push(KeyValue::new(net::RPC_SYSTEM, "grpc"));
         if let Some((service, method)) = grpc::service_and_method(path) {
-            attrs.push(KeyValue::new(net::RPC_SERVICE, service.to_owned()));
-            attrs.push(KeyValue::new(net::RPC_METHOD, method.to_owned()));
+            attrs.push(KeyValue::new(
+                net::RPC_SERVICE,
+                interning::shared(Kind::RpcService, service),
+            ));
+            attrs.push(KeyValue::new(
+                net::RPC_METHOD,
+                interning::shared(Kind::RpcMethod, method),
+            ));
         }
     } else {
         attrs.push(KeyValue::new(
             net::HTTP_REQUEST_METHOD,
             method_value(req.method()),
         ));
-        attrs.push(KeyValue::new(net::URL_PATH, path.to_owned()));
+        attrs.push(KeyValue::new(
+            net::URL_PATH,
+            interning::shared(Kind::Path, path),
+        ));
         if let Some(route) = req.extensions().get::<axum::extract::MatchedPath>() {
-            attrs.push(KeyValue::new(net::HTTP_ROUTE, route.as_str().to_owned()));
+            attrs.push(KeyValue::new(
+                net::HTTP_ROUTE,
+                interning::shared(Kind::Route, route.as_str()),
+            ));
         }
         if let Some(ua) = header_str(req.headers(), &header::USER_AGENT) {
-            attrs.push(KeyValue::new(net::USER_AGENT_ORIGINAL, ua.to_owned()));
+            attrs.push(KeyValue::new(
+                net::USER_AGENT_ORIGINAL,
+                interning::shared(Kind::UserAgent, ua),
+            ));
         }
     }
     if let Some((host, port)) = server_address(req) {
-        attrs.push(KeyValue::new(net::SERVER_ADDRESS, host));
+        attrs.push(KeyValue::new(
+            net::SERVER_ADDRESS,
+            interning::shared(Kind::Host, host),
+        ));
         if let Some(p) = port {
             attrs.push(KeyValue::new(net::SERVER_PORT, p));
         }
@@ -203,14 +222,11 @@ mod tests {
             .header("host", "example.com:8080")
             .body(())
             .unwrap();
-        assert_eq!(
-            server_address(&req),
-            Some(("example.com".to_owned(), Some(8080)))
-        );
+        assert_eq!(server_address(&req), Some(("example.com", Some(8080))));
         let req = Request::builder()
             .uri("http://h2.local/x")
             .body(())
             .unwrap();
-        assert_eq!(server_address(&req), Some(("h2.local".to_owned(), None)));
+        assert_eq!(server_address(&req), Some(("h2.local", None)));
     }
 }

@@ -17,6 +17,7 @@ use crate::grpc;
 use crate::layer::{RequestHead, Shared};
 use crate::record::{End, RequestRecord};
 use crate::request_facts::RequestFacts;
+use crate::tick_clock;
 
 /// The service [`InferenceTraceLayer`](crate::InferenceTraceLayer) wraps around an inner
 /// `http::Request → http::Response` service (axum router, tonic server, hyper `service_fn`).
@@ -65,6 +66,7 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let arrival = Instant::now();
+        let arrival_tick = tick_clock::ticks();
         let head = RequestHead {
             method: req.method(),
             uri: req.uri(),
@@ -80,7 +82,13 @@ where
         }
         let facts = RequestFacts::read(&head, &self.shared);
         let grpc = facts.grpc;
-        let mut record = RequestRecord::start(Arc::clone(&self.shared), arrival, facts, &mut req);
+        let mut record = RequestRecord::start(
+            Arc::clone(&self.shared),
+            arrival,
+            arrival_tick,
+            facts,
+            &mut req,
+        );
         let state = match &self.shared.admission {
             None => State::Calling {
                 future: self.inner.call(req).with_context(record.context().clone()),

@@ -100,7 +100,7 @@ impl RequestSpan {
         on_span!(self, s => s.set_status(status))
     }
 
-    pub(crate) fn update_name(&mut self, name: String) {
+    pub(crate) fn update_name(&mut self, name: Cow<'static, str>) {
         on_span!(self, s => s.update_name(name))
     }
 

@@ -158,10 +158,11 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, tol: f64) {
     );
 }
 
-/// Tolerance for comparing span timestamps with instants the handler measured: the handler
-/// takes its instant within microseconds of the recorder's, but the CI machine is small and
-/// shared, so allow scheduling noise.
-pub const TOL: f64 = 0.003;
+/// Tolerance for comparing span timestamps with instants the handler measured (its "truth"):
+/// the handler reads its clock within microseconds of the recorder's mark (engine mode) or of
+/// handing a chunk to the server (derived mode, where the server's poll of the body is the
+/// wire-side signal), but a preempted thread on a small shared CI machine can add a few ms.
+pub const TOL: f64 = 0.005;
 
 /// Serves an axum router on a loopback port.
 pub async fn serve_axum(app: axum::Router) -> SocketAddr {
