@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use sysinfo::{Networks, Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
-use crate::ring::{Record, SeqRing};
-use crate::window::fold;
+use crate::ring::Record;
+use crate::window::{Integrator, Layout, Series, fold};
 
 /// One reading of the host counters. Totals are cumulative; `None`: not measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -188,15 +188,32 @@ mod field {
     pub(super) const NET_TX: usize = 4;
     pub(super) const DISK_READ: usize = 5;
     pub(super) const DISK_WRITE: usize = 6;
-    pub(super) const COUNT: usize = 7;
+    /// Raw fields; the running integrals of the six means follow.
+    pub(super) const RAW: usize = 7;
+    pub(super) const COUNT: usize = RAW + 12;
 }
+
+/// Means of the CPU and I/O rates; max of the resident memory.
+const HOST_LAYOUT: Layout<6, 1> = Layout {
+    means: [
+        field::HOST_CPU,
+        field::PROCESS_CPU,
+        field::NET_RX,
+        field::NET_TX,
+        field::DISK_READ,
+        field::DISK_WRITE,
+    ],
+    integrals_at: field::RAW,
+    maxes: [field::PROCESS_MEMORY],
+    energy: None,
+};
 
 const NONE: u64 = u64::MAX;
 
 #[derive(Debug)]
 struct HostShared {
     epoch: Instant,
-    ring: SeqRing<{ field::COUNT }>,
+    ring: Series<{ field::COUNT }, 1>,
     hold_ns: u64,
     /// Latest cumulative totals: rx, tx, read, written (`u64::MAX`: unknown).
     totals: [AtomicU64; 4],
@@ -247,6 +264,7 @@ pub struct HostLatest {
 struct HostCore<S> {
     source: S,
     shared: Arc<HostShared>,
+    writer: Integrator<{ field::COUNT }, 6, 1>,
     last: Option<(u64, HostReading)>,
 }
 
@@ -273,7 +291,7 @@ impl<S: HostSource> HostCore<S> {
         v[field::NET_TX] = rate(r.network_transmitted, prev.network_transmitted, dt);
         v[field::DISK_READ] = rate(r.disk_read, prev.disk_read, dt);
         v[field::DISK_WRITE] = rate(r.disk_written, prev.disk_written, dt);
-        self.shared.ring.push(&Record { t, v });
+        self.writer.push(&self.shared.ring, Record { t, v });
         for (cell, total) in self.shared.totals.iter().zip([
             r.network_received,
             r.network_transmitted,
@@ -287,10 +305,13 @@ impl<S: HostSource> HostCore<S> {
     }
 
     fn run(&mut self, interval: Duration) {
+        let interval = interval.max(Duration::from_millis(1));
         let mut next = Instant::now();
         while !self.shared.stop.load(Ordering::Acquire) {
             self.tick(Instant::now());
-            next += interval;
+            next = next
+                .checked_add(interval)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let now = Instant::now();
             if next < now {
                 next = now;
@@ -366,7 +387,7 @@ impl HostSampler {
         let hold = every.saturating_mul(config.hold_intervals.max(1));
         Arc::new(HostShared {
             epoch,
-            ring: SeqRing::new(cap),
+            ring: Series::new(cap),
             hold_ns: u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX),
             totals: std::array::from_fn(|_| AtomicU64::new(NONE)),
             ticks: AtomicU64::new(0),
@@ -387,6 +408,7 @@ impl HostSampler {
         let shared = Self::shared(&config, Instant::now());
         let mut core = HostCore {
             source,
+            writer: Integrator::new(HOST_LAYOUT, shared.hold_ns),
             shared: Arc::clone(&shared),
             last: None,
         };
@@ -425,6 +447,7 @@ impl HostSampler {
             HostTicker {
                 core: HostCore {
                     source,
+                    writer: Integrator::new(HOST_LAYOUT, shared.hold_ns),
                     shared,
                     last: None,
                 },
@@ -450,31 +473,29 @@ impl HostSampler {
         if end < start {
             return None;
         }
-        const ALL: [usize; field::COUNT] = [0, 1, 2, 3, 4, 5, 6];
         let f = fold(
             &self.shared.ring,
-            &ALL,
+            &HOST_LAYOUT,
             self.shared.ns(start),
             self.shared.ns(end),
             self.shared.hold_ns,
-            None,
         )?;
-        let g = &f.gauges;
+        let m = &f.means;
         Some(HostWindowStats {
             samples: f.samples,
-            host_cpu_utilization_mean: g[field::HOST_CPU].mean(),
-            process_cpu_utilization_mean: g[field::PROCESS_CPU].mean(),
-            process_memory_max: g[field::PROCESS_MEMORY].max().map(|x| x.max(0.0) as u64),
-            network_receive_bytes_per_second: g[field::NET_RX].mean(),
-            network_transmit_bytes_per_second: g[field::NET_TX].mean(),
-            disk_read_bytes_per_second: g[field::DISK_READ].mean(),
-            disk_write_bytes_per_second: g[field::DISK_WRITE].mean(),
+            host_cpu_utilization_mean: m[0],
+            process_cpu_utilization_mean: m[1],
+            process_memory_max: f.maxes[0].map(|x| x.max(0.0) as u64),
+            network_receive_bytes_per_second: m[2],
+            network_transmit_bytes_per_second: m[3],
+            disk_read_bytes_per_second: m[4],
+            disk_write_bytes_per_second: m[5],
         })
     }
 
     /// The latest reading.
     pub fn latest(&self) -> Option<HostLatest> {
-        let r = self.shared.ring.latest()?;
+        let r = self.shared.ring.ring().latest()?;
         let opt = |v: f64| (!v.is_nan()).then_some(v);
         Some(HostLatest {
             host_cpu: opt(r.v[field::HOST_CPU]),

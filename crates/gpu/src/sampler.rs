@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use crate::attribution::EnergyAttribution;
 use crate::counter::{DEFAULT_MAX_WATTS, EnergyCounter};
 use crate::nvml_source::{GpuUnavailable, NvmlSource, load_nvml};
-use crate::ring::{Record, SeqRing};
+use crate::ring::Record;
 use crate::source::{CounterSource, DeviceInfo, DeviceSample};
 use crate::visible::VisibleDevices;
-use crate::window::{EnergyFields, fold};
+use crate::window::{EnergyFields, Integrator, Layout, Series, fold};
 
 /// Fields of a GPU ring record.
 pub(crate) mod field {
@@ -25,41 +25,40 @@ pub(crate) mod field {
     pub(crate) const SM_CLOCK: usize = 5;
     pub(crate) const TEMPERATURE: usize = 6;
     pub(crate) const THROTTLE: usize = 7;
-    pub(crate) const COUNT: usize = 8;
+    /// Raw fields; the running integrals of utilisation and power follow.
+    pub(crate) const RAW: usize = 8;
+    pub(crate) const COUNT: usize = RAW + 4;
 
     pub(crate) const GPM_SM_ACTIVITY: usize = 0;
     pub(crate) const GPM_SM_OCCUPANCY: usize = 1;
     pub(crate) const GPM_TENSOR_ACTIVITY: usize = 2;
     pub(crate) const GPM_DRAM_ACTIVITY: usize = 3;
-    pub(crate) const GPM_COUNT: usize = 4;
+    pub(crate) const GPM_RAW: usize = 4;
+    pub(crate) const GPM_COUNT: usize = GPM_RAW + 8;
 }
 
-/// The fields a window reads, in this order (the rest are kept for `latest()` and metrics).
-const WINDOW_FIELDS: [usize; 5] = [
-    field::UTILIZATION,
-    field::MEMORY_USED,
-    field::POWER,
-    field::ENERGY,
-    field::TEMPERATURE,
-];
-/// Positions in [`WINDOW_FIELDS`].
-mod window_pos {
-    pub(super) const UTILIZATION: usize = 0;
-    pub(super) const MEMORY_USED: usize = 1;
-    pub(super) const POWER: usize = 2;
-    pub(super) const ENERGY: usize = 3;
-    pub(super) const TEMPERATURE: usize = 4;
-}
-const ENERGY_FIELDS: EnergyFields = EnergyFields {
-    counter: window_pos::ENERGY,
-    power: window_pos::POWER,
+/// Means: utilisation, power; maxima: utilisation, memory used, power.
+const GPU_LAYOUT: Layout<2, 3> = Layout {
+    means: [field::UTILIZATION, field::POWER],
+    integrals_at: field::RAW,
+    maxes: [field::UTILIZATION, field::MEMORY_USED, field::POWER],
+    energy: Some(EnergyFields {
+        counter: field::ENERGY,
+        power_mean: 1,
+    }),
 };
-const GPM_FIELDS: [usize; field::GPM_COUNT] = [
-    field::GPM_SM_ACTIVITY,
-    field::GPM_SM_OCCUPANCY,
-    field::GPM_TENSOR_ACTIVITY,
-    field::GPM_DRAM_ACTIVITY,
-];
+/// Means of the four GPM metrics.
+const GPM_LAYOUT: Layout<4, 0> = Layout {
+    means: [
+        field::GPM_SM_ACTIVITY,
+        field::GPM_SM_OCCUPANCY,
+        field::GPM_TENSOR_ACTIVITY,
+        field::GPM_DRAM_ACTIVITY,
+    ],
+    integrals_at: field::GPM_RAW,
+    maxes: [],
+    energy: None,
+};
 
 /// Settings of a [`GpuSampler`].
 #[derive(Clone, Debug, PartialEq)]
@@ -68,7 +67,8 @@ pub struct GpuSamplerConfig {
     pub interval: Duration,
     /// Time between GPM samples on Hopper and newer (default 1 s).
     pub gpm_interval: Duration,
-    /// How much history each device keeps (default 60 s).
+    /// How much history each device keeps at least (default 60 s; the ring is rounded up to a
+    /// power of two of samples, so 60 s at 100 ms keeps 1024 samples, ~102 s).
     pub retention: Duration,
     /// How often a lost GPU is looked up again (default 10 s).
     pub lost_retry: Duration,
@@ -111,8 +111,8 @@ impl GpuSamplerConfig {
 #[derive(Debug)]
 pub(crate) struct DeviceSeries {
     pub(crate) info: DeviceInfo,
-    pub(crate) ring: SeqRing<{ field::COUNT }>,
-    pub(crate) gpm: SeqRing<{ field::GPM_COUNT }>,
+    pub(crate) ring: Series<{ field::COUNT }, 3>,
+    pub(crate) gpm: Series<{ field::GPM_COUNT }, 0>,
     pub(crate) lost: AtomicBool,
 }
 
@@ -153,8 +153,8 @@ impl Shared {
                 .into_iter()
                 .map(|info| DeviceSeries {
                     info,
-                    ring: SeqRing::new(cap),
-                    gpm: SeqRing::new(gpm_cap),
+                    ring: Series::new(cap),
+                    gpm: Series::new(gpm_cap),
                     lost: AtomicBool::new(false),
                 })
                 .collect(),
@@ -214,8 +214,6 @@ pub struct DeviceWindow {
     pub power_max: Option<f64>,
     /// Energy over the window, joules (interpolated counter difference; power × time fallback).
     pub energy_joules: Option<f64>,
-    /// Max temperature, °C.
-    pub temperature_max: Option<f64>,
 }
 
 /// Window statistics of all devices over `[start, end]`.
@@ -383,10 +381,17 @@ impl ManualTicker {
     }
 }
 
+/// The integrators of one device's two rings.
+struct DeviceWriters {
+    main: Integrator<{ field::COUNT }, 2, 3>,
+    gpm: Integrator<{ field::GPM_COUNT }, 4, 0>,
+}
+
 /// The sampling loop's state: the source, the energy counters, the scratch buffer.
 struct Core<S> {
     source: S,
     shared: Arc<Shared>,
+    writers: Vec<DeviceWriters>,
     counters: Vec<EnergyCounter>,
     last_energy: Vec<Option<f64>>,
     last_t: Option<u64>,
@@ -396,9 +401,16 @@ struct Core<S> {
 impl<S: CounterSource> Core<S> {
     fn new(source: S, shared: Arc<Shared>) -> Self {
         let n = shared.devices.len();
+        let writers = (0..n)
+            .map(|_| DeviceWriters {
+                main: Integrator::new(GPU_LAYOUT, shared.hold_ns),
+                gpm: Integrator::new(GPM_LAYOUT, shared.gpm_hold_ns),
+            })
+            .collect();
         Self {
             source,
             shared,
+            writers,
             counters: vec![EnergyCounter::new(64, DEFAULT_MAX_WATTS); n],
             last_energy: vec![None; n],
             last_t: None,
@@ -445,14 +457,18 @@ impl<S: CounterSource> Core<S> {
             v[field::SM_CLOCK] = f(r.sm_clock_mhz.map(f64::from));
             v[field::TEMPERATURE] = f(r.temperature_celsius.map(f64::from));
             v[field::THROTTLE] = f(r.throttle_reasons.map(|x| x as f64));
-            series.ring.push(&Record { t, v });
+            self.writers[s.device]
+                .main
+                .push(&series.ring, Record { t, v });
             if let Some(g) = &s.gpm {
                 let mut v = [f64::NAN; field::GPM_COUNT];
                 v[field::GPM_SM_ACTIVITY] = f(g.sm_activity);
                 v[field::GPM_SM_OCCUPANCY] = f(g.sm_occupancy);
                 v[field::GPM_TENSOR_ACTIVITY] = f(g.tensor_activity);
                 v[field::GPM_DRAM_ACTIVITY] = f(g.dram_activity);
-                series.gpm.push(&Record { t, v });
+                self.writers[s.device]
+                    .gpm
+                    .push(&series.gpm, Record { t, v });
             }
         }
         self.shared.attribution.distribute(t, tick_energy);
@@ -472,10 +488,13 @@ impl<S: CounterSource> Core<S> {
 
     /// Ticks every `interval` until the sampler is stopped.
     fn run(&mut self, interval: Duration) {
+        let interval = interval.max(Duration::from_millis(1));
         let mut next = Instant::now();
         while !self.shared.stop.load(Ordering::Acquire) {
             self.tick(Instant::now());
-            next += interval;
+            next = next
+                .checked_add(interval)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let now = Instant::now();
             if next < now {
                 // Fell behind (a slow call): skip the missed ticks instead of bursting.
@@ -659,55 +678,45 @@ impl GpuSampler {
     }
 
     /// Window statistics over `[start, end]`; `None` when no device has a sample in it (or GPU
-    /// telemetry is off). See the crate docs for the exact rules.
+    /// telemetry is off).
+    ///
+    /// A sample's value is held from its time until the next sample (at most
+    /// [`hold_intervals`](GpuSamplerConfig::hold_intervals) intervals). The sample held at
+    /// `start` counts, as does every sample in `(start, end)`; a sample exactly at `end` belongs
+    /// to what follows, so back-to-back phases share no sample. Means are time-weighted (a
+    /// zero-length window takes the held sample); maxima are over the counted samples; energy
+    /// is the device energy counter interpolated at both edges (wrap and reset removed; the
+    /// last rate extended for at most the hold past the last sample), or held power × time
+    /// where the counter is missing. Costs O(log n + n/16) reads per device, no lock.
     pub fn window(&self, start: Instant, end: Instant) -> Option<WindowStats> {
         if end < start || self.shared.devices.is_empty() {
             return None;
         }
         let (s, e) = (self.shared.ns(start), self.shared.ns(end));
-        let mut devices = Vec::new();
+        let mut devices = Vec::with_capacity(self.shared.devices.len());
         for series in self.shared.devices.iter() {
-            let Some(main) = fold(
-                &series.ring,
-                &WINDOW_FIELDS,
-                s,
-                e,
-                self.shared.hold_ns,
-                Some(ENERGY_FIELDS),
-            ) else {
+            let Some(main) = fold(&series.ring, &GPU_LAYOUT, s, e, self.shared.hold_ns) else {
                 continue;
             };
-            let gpm = if series.info.gpm_supported || series.gpm.bounds().1 > 0 {
-                fold(
-                    &series.gpm,
-                    &GPM_FIELDS,
-                    s,
-                    e,
-                    self.shared.gpm_hold_ns,
-                    None,
-                )
+            let gpm = if series.info.gpm_supported || series.gpm.ring().bounds().1 > 0 {
+                fold(&series.gpm, &GPM_LAYOUT, s, e, self.shared.gpm_hold_ns)
             } else {
                 None
             };
-            let g = &main.gauges;
-            let gm = |i: usize| gpm.as_ref().and_then(|x| x.gauges[i].mean());
+            let gm = |i: usize| gpm.as_ref().and_then(|x| x.means[i]);
             devices.push(DeviceWindow {
                 uuid: Arc::clone(&series.info.uuid),
                 samples: main.samples,
-                utilization_mean: g[window_pos::UTILIZATION].mean(),
-                utilization_max: g[window_pos::UTILIZATION].max(),
-                sm_activity_mean: gm(field::GPM_SM_ACTIVITY),
-                sm_occupancy_mean: gm(field::GPM_SM_OCCUPANCY),
-                tensor_activity_mean: gm(field::GPM_TENSOR_ACTIVITY),
-                dram_activity_mean: gm(field::GPM_DRAM_ACTIVITY),
-                memory_used_max: g[window_pos::MEMORY_USED]
-                    .max()
-                    .filter(|x| *x >= 0.0)
-                    .map(|x| x as u64),
-                power_mean: g[window_pos::POWER].mean(),
-                power_max: g[window_pos::POWER].max(),
+                utilization_mean: main.means[0],
+                utilization_max: main.maxes[0],
+                sm_activity_mean: gm(0),
+                sm_occupancy_mean: gm(1),
+                tensor_activity_mean: gm(2),
+                dram_activity_mean: gm(3),
+                memory_used_max: main.maxes[1].filter(|x| *x >= 0.0).map(|x| x as u64),
+                power_mean: main.means[1],
+                power_max: main.maxes[2],
                 energy_joules: main.energy,
-                temperature_max: g[window_pos::TEMPERATURE].max(),
             });
         }
         (!devices.is_empty()).then_some(WindowStats {
@@ -723,8 +732,8 @@ impl GpuSampler {
             .devices
             .iter()
             .filter_map(|series| {
-                let r = series.ring.latest()?;
-                let g = series.gpm.latest();
+                let r = series.ring.ring().latest()?;
+                let g = series.gpm.ring().latest();
                 let v = &r.v;
                 Some(LatestSample {
                     info: series.info.clone(),

@@ -543,3 +543,81 @@ fn hardware_metrics_carry_the_device_attributes() {
     approx(found[hw::GPU_MEMORY_USAGE].0, 100.0);
     approx(found[hw::GPU_MEMORY_LIMIT].0, 141.0);
 }
+
+#[test]
+fn back_to_back_phases_get_their_own_statistics() {
+    // The way the layer will call it: arrival + phase offsets, one call per phase.
+    // Idle (0 %, 100 W) until 300 ms, prefill-like (50 %, 400 W) until 500 ms, then decode-like
+    // (100 %, 600 W); the counter follows the power exactly.
+    let epoch = Instant::now();
+    let level = |t_ms: u64| match t_ms {
+        0..300 => (0.0, 100.0),
+        300..500 => (0.5, 400.0),
+        _ => (1.0, 600.0),
+    };
+    let source = ScriptedSource::new(
+        vec![DeviceInfo::new(0, "GPU-p", "H200")],
+        move |tick, _, out| {
+            let t = tick * 100;
+            // Energy at t: ∫ power over [0, t].
+            let energy_j: f64 = (0..tick).map(|k| level(k * 100).1 * 0.1).sum();
+            let (util, power) = level(t);
+            out.push(sample(
+                0,
+                GpuReading {
+                    utilization: Some(util),
+                    power_watts: Some(power),
+                    energy_millijoules: Some((energy_j * 1000.0).round() as u64),
+                    ..GpuReading::default()
+                },
+            ));
+        },
+    );
+    let (sampler, mut ticker) =
+        GpuSampler::manual(GpuSamplerConfig::default(), Box::new(source), epoch);
+    let telemetry = GpuTelemetry::new(Some(sampler.clone()), None);
+    ticker.tick(at(epoch, 0));
+    let request = telemetry.begin_request().unwrap();
+    for k in 1..=15u64 {
+        // The request processes 1 token per interval after it is scheduled at 300 ms.
+        if k * 100 > 300 {
+            request.tokens(1);
+        }
+        ticker.tick(at(epoch, k * 100));
+    }
+    let arrival = epoch;
+    let phases = [
+        ("queue", 0, 300),
+        ("prefill", 300, 500),
+        ("decode", 500, 1500),
+    ];
+    let mut total_energy = 0.0;
+    let mut total_attributed = 0.0;
+    let mut counts = 0;
+    for (name, s, e) in phases {
+        let (start, end) = (
+            arrival + Duration::from_millis(s),
+            arrival + Duration::from_millis(e),
+        );
+        let mut out = Vec::new();
+        telemetry.phase_attributes(start, end, Some(&request), &mut out);
+        let m = attrs_map(&out);
+        let (util, power) = level(s);
+        approx(f(&m, gpu::UTILIZATION_MEAN), util);
+        approx(f(&m, gpu::UTILIZATION_MAX), util);
+        approx(f(&m, gpu::POWER_MEAN), power);
+        let energy = f(&m, gpu::ENERGY);
+        approx(energy, power * (e - s) as f64 / 1000.0);
+        total_energy += energy;
+        total_attributed += f(&m, gpu::ENERGY_ATTRIBUTED);
+        counts += i(&m, gpu::SAMPLE_COUNT);
+        assert!(!m.contains_key(gpu::SM_ACTIVITY_MEAN), "{name}");
+    }
+    // The phases tile [0, 1500]: every sample counted once, energy split exactly.
+    assert_eq!(counts, 15);
+    approx(total_energy, 30.0 + 80.0 + 600.0);
+    // Only request active: every interval's energy went to it (the idle queue interval (0, 300]
+    // had no token but one active request, so it was split equally — to it).
+    approx(request.attributed(), total_energy);
+    approx(total_attributed, total_energy);
+}

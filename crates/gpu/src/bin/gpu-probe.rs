@@ -153,9 +153,13 @@ fn main() -> ExitCode {
     }
 
     let first = Instant::now();
+    let budget = args
+        .interval
+        .saturating_mul(u32::try_from(args.samples.saturating_mul(3)).unwrap_or(u32::MAX))
+        .saturating_add(Duration::from_secs(5));
     let deadline = first
-        + args.interval * u32::try_from(args.samples * 3).unwrap_or(u32::MAX)
-        + Duration::from_secs(5);
+        .checked_add(budget)
+        .unwrap_or(first + Duration::from_secs(3600));
     let mut printed = 0u64;
     let mut last_tick = 0u64;
     let mut measured = 0u64;
