@@ -20,12 +20,12 @@ hz=$(getconf CLK_TCK)
 
 start_receiver() { # kind -> pid
   case $1 in
-    null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:14317 --http 127.0.0.1:14318 >/dev/null 2>&1 & ;;
+    null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:24317 --http 127.0.0.1:24318 >/dev/null 2>&1 & ;;
     full) cat > "$tmp/c.yaml" <<YAML
 receivers:
-  otlp_grpc: { endpoint: 127.0.0.1:14317 }
-  otlp_http: { endpoint: 127.0.0.1:14318 }
-api: { listen: 127.0.0.1:19464 }
+  otlp_grpc: { endpoint: 127.0.0.1:24317 }
+  otlp_http: { endpoint: 127.0.0.1:24318 }
+api: { listen: 127.0.0.1:29464 }
 limits: { memory_limit_bytes: 4294967296 }
 YAML
       taskset -c 1 $B/infertrace collect --config "$tmp/c.yaml" >/dev/null 2>&1 & ;;
@@ -40,8 +40,8 @@ for round in $(seq "$rounds"); do
   for kind in null full; do
     for proto in grpc http; do
       pid=$(start_receiver $kind)
-      wait_port 14317; wait_port 14318
-      port=14317; [ $proto = http ] && port=14318
+      wait_port 24317; wait_port 24318
+      port=24317; [ $proto = http ] && port=24318
       t0=$(cpu_ticks "$pid")
       out=$(taskset -c 0 $B/otlp-blast --protocol $proto --addr 127.0.0.1:$port --connections 16 --duration "$secs" 2>&1)
       t1=$(cpu_ticks "$pid")
@@ -57,20 +57,20 @@ done
 # Memory per buffered span: a long grace keeps every trace in flight; RSS growth / spans held.
 cat > "$tmp/m.yaml" <<YAML
 receivers:
-  otlp_grpc: { endpoint: 127.0.0.1:14317 }
-  otlp_http: { endpoint: 127.0.0.1:14318 }
-api: { listen: 127.0.0.1:19464 }
+  otlp_grpc: { endpoint: 127.0.0.1:24317 }
+  otlp_http: { endpoint: 127.0.0.1:24318 }
+api: { listen: 127.0.0.1:29464 }
 assembly: { grace: 10m, idle_timeout: 10m, max_age: 20m }
 limits: { memory_limit_bytes: 8589934592, max_traces_in_flight: 10000000 }
 YAML
 $B/infertrace collect --config "$tmp/m.yaml" >/dev/null 2>&1 &
 pid=$!
-wait_port 14318
+wait_port 24318
 rss0=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
-taskset -c 0 $B/otlp-blast --protocol http --addr 127.0.0.1:14318 --connections 4 --duration 3 >/dev/null 2>&1
+taskset -c 0 $B/otlp-blast --protocol http --addr 127.0.0.1:24318 --connections 4 --duration 3 >/dev/null 2>&1
 sleep 1
 rss1=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
-inflight=$(curl -s 127.0.0.1:19464/metrics | awk '/^infertrace_traces_in_flight /{print $2}')
+inflight=$(curl -s 127.0.0.1:29464/metrics | awk '/^infertrace_traces_in_flight /{print $2}')
 spans=$(awk -v t="$inflight" 'BEGIN{print t*4}')
 echo "memory: RSS +$(( (rss1-rss0)/1024 )) MiB for ${inflight} traces in flight (${spans} spans): $(awk -v a="$rss0" -v b="$rss1" -v s="$spans" 'BEGIN{ if (s>0) printf "%.0f", (b-a)*1024/s; else print "-" }') bytes per buffered span"
 kill -INT $pid; wait $pid 2>/dev/null || true

@@ -57,7 +57,7 @@ pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// A listener could not be bound.
-    #[error("cannot listen on {addr} ({what}): {source}; pick another address ({hint})")]
+    #[error("cannot listen on {addr} ({what}): {error}; pick another address ({hint})")]
     Bind {
         /// Which listener.
         what: &'static str,
@@ -66,7 +66,7 @@ pub enum ServerError {
         /// Config key or flag that sets it.
         hint: &'static str,
         /// The OS error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
@@ -75,12 +75,12 @@ pub enum ServerError {
     #[error(transparent)]
     Forward(#[from] forward::ForwardError),
     /// A server task failed.
-    #[error("{what} failed: {source}")]
+    #[error("{what} failed: {error}")]
     Serve {
         /// Which server.
         what: &'static str,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -158,7 +158,7 @@ impl RunningCollector {
             Ok(r) => r,
             Err(e) => Err(ServerError::Serve {
                 what: "collector",
-                source: std::io::Error::other(e.to_string()),
+                error: std::io::Error::other(e.to_string()),
             }),
         }
     }
@@ -177,11 +177,11 @@ async fn bind(
 ) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| ServerError::Bind {
+        .map_err(|error| ServerError::Bind {
             what,
             addr,
             hint,
-            source,
+            error,
         })
 }
 
@@ -190,7 +190,7 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 }
 
 fn serve_error(what: &'static str) -> impl FnOnce(std::io::Error) -> ServerError {
-    move |source| ServerError::Serve { what, source }
+    move |error| ServerError::Serve { what, error }
 }
 
 /// Starts the collector; it runs until `shutdown` resolves or [`RunningCollector::shutdown`].
@@ -367,11 +367,11 @@ pub async fn run(
                 if let Some(task) = task {
                     match task.await {
                         Ok(Ok(())) => {}
-                        Ok(Err(e)) => result = Err(ServerError::Serve { what, source: e }),
+                        Ok(Err(e)) => result = Err(ServerError::Serve { what, error: e }),
                         Err(e) => {
                             result = Err(ServerError::Serve {
                                 what,
-                                source: std::io::Error::other(e.to_string()),
+                                error: std::io::Error::other(e.to_string()),
                             })
                         }
                     }

@@ -181,9 +181,15 @@ mod tests {
         let tag = r.headers()[header::ETAG].clone();
         let mut h = HeaderMap::new();
         h.insert(header::IF_NONE_MATCH, tag);
-        assert_eq!(respond("dashboard.js", &h).status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(
+            respond("dashboard.js", &h).status(),
+            StatusCode::NOT_MODIFIED
+        );
         let mut other = HeaderMap::new();
-        other.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"x\", \"y\""));
+        other.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_static("\"x\", \"y\""),
+        );
         assert_eq!(respond("dashboard.js", &other).status(), StatusCode::OK);
         assert_eq!(respond("nope.js", &h).status(), StatusCode::NOT_FOUND);
     }

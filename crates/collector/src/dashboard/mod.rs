@@ -181,11 +181,18 @@ mod tests {
         let (status, headers, body) = get(&app, "/").await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(headers[header::CONTENT_TYPE], "text/html; charset=utf-8");
-        assert!(String::from_utf8(body).unwrap().contains("<title>infertrace"));
+        assert!(
+            String::from_utf8(body)
+                .unwrap()
+                .contains("<title>infertrace")
+        );
         let (status, headers, _) = get(&app, "/assets/dashboard.css").await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(headers[header::CONTENT_TYPE], "text/css; charset=utf-8");
-        assert_eq!(get(&app, "/assets/../Cargo.toml").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            get(&app, "/assets/../Cargo.toml").await.0,
+            StatusCode::NOT_FOUND
+        );
         let (status, _, body) = get(&app, "/api/dashboard").await;
         assert_eq!(status, StatusCode::OK);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -169,7 +169,8 @@ pub fn list_traces(source: &dyn RecentTraceSource, query: &TraceListQuery) -> Tr
             kept.push(TraceSummary::of(r));
         }
     });
-    let newest_first = |a: &TraceSummary, b: &TraceSummary| b.start_unix_nano.cmp(&a.start_unix_nano);
+    let newest_first =
+        |a: &TraceSummary, b: &TraceSummary| b.start_unix_nano.cmp(&a.start_unix_nano);
     match query.sort {
         TraceSort::Slowest => kept.sort_by(|a, b| b.e2e.total_cmp(&a.e2e).then(newest_first(a, b))),
         TraceSort::Newest => kept.sort_by(newest_first),
@@ -250,7 +251,10 @@ mod tests {
     }
 
     fn ids(list: &TraceList) -> Vec<String> {
-        list.traces.iter().map(|t| t.trace_id[..2].to_owned()).collect()
+        list.traces
+            .iter()
+            .map(|t| t.trace_id[..2].to_owned())
+            .collect()
     }
 
     #[test]
@@ -269,7 +273,10 @@ mod tests {
             sort: TraceSort::Newest,
             ..TraceListQuery::default()
         };
-        assert_eq!(ids(&list_traces(&source(), &q)), ["05", "04", "03", "02", "01"]);
+        assert_eq!(
+            ids(&list_traces(&source(), &q)),
+            ["05", "04", "03", "02", "01"]
+        );
         let q = TraceListQuery {
             service: Some("a".into()),
             model: Some("m1".into()),
@@ -293,7 +300,11 @@ mod tests {
             limit: Some(0),
             ..TraceListQuery::default()
         };
-        assert_eq!(list_traces(&source(), &q).traces.len(), 1, "limit clamps to 1");
+        assert_eq!(
+            list_traces(&source(), &q).traces.len(),
+            1,
+            "limit clamps to 1"
+        );
     }
 
     #[test]

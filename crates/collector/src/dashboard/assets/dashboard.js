@@ -300,10 +300,10 @@
         },
       },
     };
-    const axes = [axis({ space: 60 }), axis({ values: axisValues(unit), size: 56 })];
+    const axes = [axis({ space: 60 }), axis({ values: axisValues(unit), size: 64 })];
     if (spec.right) {
       scales.r = { range: (u, min, max) => [0, max > 0 ? max * 1.12 : 1] };
-      axes.push(axis({ scale: 'r', side: 1, values: axisValues(spec.right.unit), size: 50, grid: { show: false } }));
+      axes.push(axis({ scale: 'r', side: 1, values: axisValues(spec.right.unit), size: 56, grid: { show: false } }));
     }
     const opts = {
       width: Math.max(200, el.clientWidth),
@@ -340,7 +340,13 @@
     }
     u.setData([xs].concat(data));
     // Off the plot, the legend shows the latest values (uPlot shows them under the cursor).
-    if (xs.length && !(u.cursor.left >= 0)) u.setLegend({ idx: xs.length - 1 });
+    if (xs.length) {
+      const showLatest = () => {
+        if (!(u.cursor.left >= 0) && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 });
+      };
+      showLatest();
+      requestAnimationFrame(showLatest); // a chart just built settles its cursor first
+    }
     const el = document.getElementById(id);
     let points = 0;
     let last = null;
@@ -423,10 +429,14 @@
     for (const spec of Object.values(SPECS)) for (const l of spec.lines) if (!CLIENT_ONLY.has(l.path)) paths.add(l.path);
     const next = new Map();
     await Promise.all(Array.from(paths).map(async (kpi) => {
-      const q = new URLSearchParams({ kpi, service: state.service, model: state.model, from: String(from), to: String(to), step: String(step) });
+      const q = new URLSearchParams({ kpi, from: String(from), to: String(to), step: String(step) });
+      if (state.service) q.set('service', state.service);
+      if (state.model) q.set('model', state.model);
       try {
         const h = await getJson('/api/history?' + q);
-        next.set(kpi, (h.points || []).filter((p) => Array.isArray(p) && p.length === 2));
+        // [[unix_seconds, value|null], ...]; {t_unix_nano, value} objects are read too.
+        const pts = (h.points || []).map((p) => (Array.isArray(p) ? p : p && typeof p === 'object' ? [p.t_unix_nano / 1e9, p.value] : null));
+        next.set(kpi, pts.filter((p) => p && p.length === 2 && typeof p[0] === 'number'));
       } catch (e) { /* this KPI has no history: the live points still show */ }
     }));
     if (key === state.historyKey) state.history = next;
@@ -526,7 +536,7 @@
       st.textContent = state.lastError;
     } else if (state.pollCount > 0) {
       st.className = 'status live';
-      st.textContent = 'live · ' + new Date().toLocaleTimeString() + ' · every ' + state.settings.poll_interval_ms / 1000 + ' s' +
+      st.textContent = 'live · ' + new Date().toLocaleTimeString() + ' · every ' + state.settings.poll_interval_ms / 1000 + ' s · figures over the last ' + fmtWindow(liveWindow()) +
         (state.zoomed ? ' · data since ' + new Date((state.xmin + 15) * 1000).toLocaleTimeString() : '');
     }
     document.body.dataset.polls = String(state.pollCount);
@@ -549,7 +559,7 @@
       ['error rate', fmtPct(v('error_rate')), v('error_rate') > 0.01 ? 'bad' : ''],
       ['GPU util (decode)', fmtPct(v('gpu.utilization.decode')), ''],
     ];
-    $('#tiles').innerHTML = tiles.map(([k, val, cls], i) => '<div class="tile" data-tile="' + i + '"><div class="k">' + esc(k) + ' <small>· last ' + w + '</small></div><div class="v ' + cls + '">' + esc(val) + '</div></div>').join('');
+    $('#tiles').innerHTML = tiles.map(([k, val, cls], i) => '<div class="tile" data-tile="' + i + '" title="' + esc(k + ' over the last ' + w) + '"><div class="k">' + esc(k) + '</div><div class="v ' + cls + '">' + esc(val) + '</div></div>').join('');
     const e2e = $('#tiles [data-tile="3"] .v');
     if (e2e) e2e.dataset.value = v('e2e.p99') == null ? '' : String(v('e2e.p99'));
   }
@@ -764,7 +774,7 @@
   }
 
   // Exposed for debugging from the console and for the browser test.
-  window.infertraceDashboard = { state, poll, openTrace };
+  window.infertraceDashboard = { state, poll, render, openTrace };
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start);
   else start();
 })();
