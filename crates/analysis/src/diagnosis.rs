@@ -16,7 +16,7 @@
 //! | `high-tpot-large-batch` | TPOT p90 > 100 ms with ≥ 16 requests decoding at once (Little's law), unless stalls explain it |
 //! | `high-tpot` | TPOT p90 > 100 ms at a smaller batch |
 //! | `inter-token-stalls` | TPOT p50 > 2 × inter-token p50 (a few long pauses), or inter-token p99 > 5 × p50 |
-//! | `gpu-saturated` / `gpu-underutilized` | GPU > 95% / < 50% busy (when no queue rule said so) |
+//! | `gpu-saturated` / `gpu-underutilized` | GPU > 95% / < 50% busy (when no queue rule said so); saturated is a warning only once p90 requests queue ≥ 10% of e2e or goodput is below target, else info |
 //! | `e2e-slo-breach` | e2e p95 above the latency SLO (30 s) |
 //! | `throughput-below-floor` | requests/s under a configured floor (off by default) |
 //! | `error-rate` / `rejection-rate` / `cancel-rate` | > 1% / > 1% / > 5% of requests |
@@ -266,6 +266,9 @@ pub fn diagnose_snapshot(
     out
 }
 
+/// Queue share of the p90 requests' e2e from which a saturated GPU is a warning, not a note.
+const SATURATED_QUEUE_SHARE: f64 = 0.1;
+
 struct Diagnoser<'a> {
     s: &'a SeriesKpis,
     c: &'a DiagnosisConfig,
@@ -394,11 +397,14 @@ impl Diagnoser<'_> {
                     format!("{queued} while the GPU is {} busy: capacity-bound", pct(u)),
                     evidence,
                     format!(
-                        "The engine cannot take more work: add replicas (or GPUs) until GPU \
-                         utilisation is below {} at peak, or shed load at admission; a bigger \
-                         batch will not help a GPU already {} busy.",
-                        pct(self.c.gpu_saturated_min),
-                        pct(u)
+                        "The engine is busy {} of the time and work waits for it: add replicas \
+                         (or GPUs) until utilisation is below {} at peak, or shed load at \
+                         admission. One check first: utilisation counts time any kernel runs, \
+                         not how full each step is — if the batch limit (max_num_seqs) is small \
+                         and GPU memory has room for more KV cache (gpu.memory.used.max), \
+                         raising the limit adds throughput on the same GPU.",
+                        pct(u),
+                        pct(self.c.gpu_saturated_min)
                     ),
                 );
                 true
@@ -648,11 +654,29 @@ impl Diagnoser<'_> {
             return;
         };
         if u > self.c.gpu_saturated_min {
+            // A continuously batching engine keeps a kernel running whenever any request is in
+            // flight, so "busy" alone is normal under steady load. It is a problem once requests
+            // start to wait or miss their SLOs; until then it is a capacity note.
+            let queueing = self
+                .s
+                .phase_share
+                .p90
+                .is_some_and(|p| p.queue >= SATURATED_QUEUE_SHARE);
+            let missing_slos = self
+                .s
+                .goodput
+                .ratio
+                .is_some_and(|g| g < self.c.goodput_min);
+            let (severity, consequence) = if queueing || missing_slos {
+                (Severity::Warning, "requests already wait or miss their SLOs")
+            } else {
+                (Severity::Info, "requests do not queue yet, but there is no headroom for bursts")
+            };
             self.push(
                 "gpu-saturated",
-                Severity::Warning,
+                severity,
                 format!(
-                    "GPU is {} busy (threshold {}): no headroom for bursts",
+                    "GPU is {} busy (threshold {}): {consequence}",
                     pct(u),
                     pct(self.c.gpu_saturated_min)
                 ),

@@ -300,6 +300,16 @@ fn gpu_levels_alone() {
     let f = run(&s);
     assert_eq!(ids(&f), ["gpu-saturated"]);
     assert!(f[0].title.contains("97%"));
+    // Busy but nobody waits: a capacity note, not a warning.
+    assert_eq!(f[0].severity, Severity::Info, "{}", f[0].title);
+    // Once the slow requests queue, the same level is a warning.
+    let mut queued = s.clone();
+    if let Some(p) = queued.phase_share.p90.as_mut() {
+        p.queue = 0.2;
+    }
+    let f = run(&queued);
+    let g = only(&f, "gpu-saturated");
+    assert_eq!(g.severity, Severity::Warning);
     set_gpu(&mut s, Some(0.35));
     let f = run(&s);
     assert_eq!(ids(&f), ["gpu-underutilized"]);

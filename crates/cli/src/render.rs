@@ -180,10 +180,24 @@ fn render_gpu(series: &[Value], out: &mut String) {
     if with_gpu.is_empty() {
         return;
     }
-    out.push_str("\nGPU\n");
+    out.push_str("\nGPU (utilisation while each phase ran; energy attributed by token share)\n");
+    let mut t = Table::new(&[
+        "service", "model", "", "util queue", "util prefill", "util decode", "energy", "J / out token",
+    ]);
     for x in with_gpu {
-        let _ = writeln!(out, "  {}/{}: {}", s(x, "service"), s(x, "model"), x["gpu"]);
+        let g = &x["gpu"];
+        t.row(vec![
+            s(x, "service").into(),
+            s(x, "model").into(),
+            String::new(),
+            pct(f(g, &["utilization_mean", "queue"])),
+            pct(f(g, &["utilization_mean", "prefill"])),
+            pct(f(g, &["utilization_mean", "decode"])),
+            f(g, &["energy_attributed_joules"]).map_or("-".into(), |j| format!("{j:.0} J")),
+            num(f(g, &["energy_per_output_token_joules"]), 2),
+        ]);
     }
+    t.render(out);
 }
 
 fn render_critical_path(cp: Option<&Value>, out: &mut String) {
