@@ -1,9 +1,12 @@
-//! What the server binaries share: [`ServerOptions`] (command-line flags), the simulator and
-//! layer they build, [`Telemetry`] (logs + OTLP from the standard environment variables) and
+//! What the server binaries share: [`ServerOptions`] (command-line flags), the simulator, GPU /
+//! host telemetry and layer they build, [`Telemetry`] (logs + OTLP from the standard environment variables) and
 //! [`shutdown_signal`].
 
+use std::time::Duration;
+
 use clap::{Args, ValueEnum};
-use infertrace_sim::SimConfig;
+use infertrace_gpu::{GpuSamplerConfig, GpuTelemetry, HostSamplerConfig, TelemetryConfig};
+use infertrace_sim::{SimConfig, SimHandle, SimulatedGpu};
 use infertrace_tower::otlp::{self, OtlpConfig, OtlpProviders};
 use infertrace_tower::{AdmissionConfig, InferenceTraceLayer, PhaseSource};
 
@@ -55,6 +58,23 @@ pub struct ServerOptions {
     /// Do not export OTLP (spans and metrics are still computed, then dropped).
     #[arg(long)]
     pub no_otlp: bool,
+    /// Sample NVIDIA GPUs through NVML (the default; where NVML does not load, one log line says
+    /// why and GPU telemetry is off).
+    #[arg(long, overrides_with = "no_gpu")]
+    pub gpu: bool,
+    /// Do not sample GPUs.
+    #[arg(long, overrides_with = "gpu")]
+    pub no_gpu: bool,
+    /// Sample a *simulated* H100 driven by this server's simulated engine instead of NVML
+    /// (utilisation = the engine's busy fraction; for machines without a GPU).
+    #[arg(long, conflicts_with = "no_gpu")]
+    pub simulated_gpu: bool,
+    /// Time between GPU and host counter samples (e.g. 100ms, 1s).
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub sample_interval: Duration,
+    /// Do not sample host and process counters (CPU, memory) onto the phase spans.
+    #[arg(long)]
+    pub no_host_counters: bool,
 }
 
 impl ServerOptions {
@@ -82,8 +102,46 @@ impl ServerOptions {
         Some(AdmissionConfig::new(concurrent.max(1), self.max_queue))
     }
 
-    /// The layer these flags describe, on the global tracer and meter providers.
-    pub fn layer(&self) -> InferenceTraceLayer {
+    /// What [`gpu_telemetry`](Self::gpu_telemetry) starts for real GPUs (`--gpu`,
+    /// `--no-gpu`, `--sample-interval`, `--no-host-counters`).
+    pub fn telemetry_config(&self) -> TelemetryConfig {
+        TelemetryConfig {
+            gpu: !self.no_gpu,
+            gpu_sampler: GpuSamplerConfig {
+                interval: self.sample_interval,
+                ..GpuSamplerConfig::default()
+            },
+            host: !self.no_host_counters,
+            host_sampler: HostSamplerConfig {
+                interval: self.sample_interval,
+                ..HostSamplerConfig::default()
+            },
+        }
+    }
+
+    /// Starts the GPU and host samplers these flags ask for: a [`SimulatedGpu`] following `sim`
+    /// with `--simulated-gpu`, else NVML (falling back to no GPU where it does not load). Blocks
+    /// while NVML loads: call it once, at startup.
+    pub fn gpu_telemetry(&self, sim: &SimHandle) -> GpuTelemetry {
+        if self.simulated_gpu {
+            return SimulatedGpu::telemetry(
+                sim.clone(),
+                self.sample_interval,
+                !self.no_host_counters,
+            );
+        }
+        GpuTelemetry::start(&self.telemetry_config())
+    }
+
+    /// The layer these flags describe, on the global tracer and meter providers, with the GPU and
+    /// host telemetry of [`gpu_telemetry`](Self::gpu_telemetry) (started here).
+    pub fn layer(&self, sim: &SimHandle) -> InferenceTraceLayer {
+        self.layer_without_telemetry()
+            .gpu_telemetry(self.gpu_telemetry(sim))
+    }
+
+    /// The layer these flags describe, without GPU or host counters.
+    pub fn layer_without_telemetry(&self) -> InferenceTraceLayer {
         let source = match self.mode {
             Mode::Engine => PhaseSource::Engine,
             Mode::Derived => PhaseSource::Derived,
@@ -192,5 +250,47 @@ mod tests {
         assert_eq!(cli.opts.sim_config().max_num_seqs, 64);
         let cli = Cli::parse_from(["x", "--max-concurrent", "3", "--max-queue", "0"]);
         assert_eq!(cli.opts.admission(), Some(AdmissionConfig::new(3, 0)));
+    }
+
+    #[test]
+    fn gpu_and_host_counters_are_on_by_default() {
+        let cli = Cli::parse_from(["x"]);
+        let c = cli.opts.telemetry_config();
+        assert!(c.gpu && c.host && !cli.opts.simulated_gpu);
+        assert_eq!(c.gpu_sampler.interval, Duration::from_millis(100));
+        assert_eq!(c.host_sampler.interval, Duration::from_millis(100));
+        let cli = Cli::parse_from([
+            "x",
+            "--no-gpu",
+            "--no-host-counters",
+            "--sample-interval",
+            "250ms",
+        ]);
+        let c = cli.opts.telemetry_config();
+        assert!(!c.gpu && !c.host);
+        assert_eq!(c.gpu_sampler.interval, Duration::from_millis(250));
+        // The last of --gpu / --no-gpu wins.
+        let cli = Cli::parse_from(["x", "--no-gpu", "--gpu"]);
+        assert!(cli.opts.telemetry_config().gpu);
+        assert!(Cli::try_parse_from(["x", "--no-gpu", "--simulated-gpu"]).is_err());
+    }
+
+    #[tokio::test]
+    async fn simulated_gpu_flag_samples_the_simulated_engine() {
+        let cli = Cli::parse_from(["x", "--simulated-gpu", "--no-host-counters"]);
+        let sim = infertrace_sim::Simulator::start(cli.opts.sim_config()).unwrap();
+        let t = cli.opts.gpu_telemetry(&sim);
+        assert!(
+            t.gpu_unavailable().is_none(),
+            "a simulated GPU is always available"
+        );
+        assert!(t.host().is_none());
+        let uuids: Vec<String> = t
+            .gpu()
+            .unwrap()
+            .devices()
+            .map(|d| d.uuid.to_string())
+            .collect();
+        assert_eq!(uuids, [infertrace_sim::SIMULATED_GPU_UUID]);
     }
 }

@@ -2,7 +2,11 @@
 //!
 //! 1. starts the collector (OTLP/gRPC on a free port, the API on `--listen`);
 //! 2. starts a simulated continuous-batching engine ([`infertrace_sim`]) behind an
-//!    OpenAI-compatible axum server wrapped in [`InferenceTraceLayer`], exporting OTLP to (1);
+//!    OpenAI-compatible axum server wrapped in [`InferenceTraceLayer`], exporting OTLP to (1).
+//!    The layer samples a **simulated** GPU ([`SimulatedGpu`]: utilisation = the engine's busy
+//!    fraction, power and energy from it, memory from the KV cache) plus the real host and process
+//!    counters, so the report shows GPU utilisation per phase and energy per output token, and
+//!    the diagnosis can tell a saturated GPU from an idle one;
 //! 3. drives it with the Poisson load generator, with a progress bar;
 //! 4. flushes the spans, waits for the collector to assemble every trace, and prints the report
 //!    — plus a check of what infertrace measured against the simulator's ground truth.
@@ -20,7 +24,7 @@ use infertrace_collector::config::CollectorConfig;
 use infertrace_collector::server::{self, RunningCollector};
 use infertrace_examples::loadgen::{self, LengthDist, LoadConfig, LoadReport};
 use infertrace_examples::openai;
-use infertrace_sim::{SimConfig, SimHandle, Simulator, TruthOutcome, TruthRecord};
+use infertrace_sim::{SimConfig, SimHandle, SimulatedGpu, Simulator, TruthOutcome, TruthRecord};
 use infertrace_tower::InferenceTraceLayer;
 use infertrace_tower::otlp::{self, OtlpConfig};
 use serde_json::{Value, json};
@@ -32,9 +36,12 @@ use crate::report::{Format, print_report};
 /// A workload whose bottleneck is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
-    /// Moderate load well within capacity: nothing should be flagged.
+    /// Moderate load well within capacity: no latency rule should fire. The simulated GPU reads
+    /// ~97% busy (a continuously batching engine runs a step whenever a request is in flight,
+    /// which is what "GPU utilisation" counts), so `gpu-saturated` may be reported.
     Balanced,
-    /// Arrivals beyond the engine's capacity with a small batch limit: queueing dominates.
+    /// Arrivals beyond the engine's capacity with a small batch limit: queueing dominates while
+    /// the engine steps back to back, so the diagnosis is `queue-dominated-gpu-saturated`.
     Overload,
     /// Long prompts: prefill dominates time to first token and stalls running decodes.
     LongPrompts,
@@ -75,6 +82,8 @@ struct Workload {
 }
 
 const MODEL: &str = "llama-3.1-8b";
+/// How often the demo samples its simulated GPU and the host.
+const GPU_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
 fn workload(scenario: Scenario, rate: Option<f64>, duration: Duration, seed: u64) -> Workload {
     let mut sim = SimConfig { model: MODEL.to_owned(), seed, ..SimConfig::default() };
@@ -135,10 +144,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // 2. The instrumented server on the simulated engine.
     let providers = otlp::init(OtlpConfig::grpc(format!("http://{grpc}")).service_name("infertrace-demo").metrics(false))
         .context("setting up OTLP export to the collector")?;
+    let sim = Simulator::start(wl.sim.clone()).map_err(|e| anyhow::anyhow!("starting the simulator: {e}"))?;
     let layer = InferenceTraceLayer::new()
         .with_tracer_provider(&providers.tracer_provider)
-        .default_model(MODEL);
-    let sim = Simulator::start(wl.sim.clone()).map_err(|e| anyhow::anyhow!("starting the simulator: {e}"))?;
+        .default_model(MODEL)
+        .gpu_telemetry(SimulatedGpu::telemetry(sim.clone(), GPU_SAMPLE_INTERVAL, true));
     let app = openai::router(sim.clone(), layer, MODEL);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the demo server")?;
     let server_addr = listener.local_addr()?;

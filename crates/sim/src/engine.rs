@@ -358,8 +358,12 @@ struct Engine {
     active: HashMap<u64, Active>,
     events: Vec<SeqEvent>,
     cancelled: Vec<u64>,
+    /// Prompt chunks of the step in progress, reported to recorders when it ends.
+    prefilled: Vec<(u64, u32)>,
     /// Nominal end of the previous step, while the engine runs back to back.
     clock: Option<Instant>,
+    /// When the previous step actually ended.
+    last_end: Option<Instant>,
 }
 
 /// A step starting within this of the previous step's nominal end continues the engine's
@@ -381,7 +385,9 @@ impl Engine {
             active: HashMap::new(),
             events: Vec::new(),
             cancelled: Vec::new(),
+            prefilled: Vec::new(),
             clock: None,
+            last_end: None,
         }
     }
 
@@ -454,13 +460,28 @@ impl Engine {
         stats
             .running
             .store(self.scheduler.running_len() as u64, Ordering::Release);
+        let context: u64 = self
+            .scheduler
+            .running()
+            .iter()
+            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
+            .sum();
+        stats.context_tokens.store(context, Ordering::Release);
     }
 
     async fn step(&mut self) {
         let plan = self.scheduler.plan_step();
         let start = Instant::now();
         let stats = &self.shared.stats;
-        stats.step_begin(start);
+        // Back to back (continuing the nominal clock), the simulator's own CPU time between two
+        // steps is paid back by the next step's shorter sleep: to the simulated GPU it is busy
+        // time, as on an engine whose scheduler overlaps the GPU's work.
+        let back_to_back = matches!(self.clock, Some(c) if c <= start && start - c <= CLOCK_SLACK);
+        let busy_from = match self.last_end {
+            Some(e) if back_to_back && e <= start => e,
+            _ => start,
+        };
+        stats.step_begin(busy_from);
         {
             let mut truth = self.shared.truth();
             for id in &plan.admitted {
@@ -477,6 +498,8 @@ impl Engine {
                 }
             }
         }
+        self.prefilled.clear();
+        self.prefilled.extend_from_slice(&plan.prefill);
         stats
             .waiting
             .fetch_sub(plan.admitted.len() as u64, Ordering::AcqRel);
@@ -505,7 +528,14 @@ impl Engine {
         let end = Instant::now();
         self.events.clear();
         self.scheduler.complete_step(&mut self.events);
-        stats.step_end(start, end);
+        stats.step_end(busy_from, end);
+        self.last_end = Some(end);
+        // The prompt chunks were processed in this step (GPU energy attribution only).
+        for (id, chunk) in &self.prefilled {
+            if let Some(a) = self.active.get(id) {
+                a.recorder.prefilled(u64::from(*chunk));
+            }
+        }
         self.emit(end);
         self.publish_sizes();
     }

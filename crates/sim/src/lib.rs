@@ -11,6 +11,8 @@
 //! streams tokens through a [`TokenStream`], and keeps a [`TruthRecord`] of every request's true
 //! phase instants so tests can check what spans say against what happened. [`EngineStats`] gives
 //! the busy fraction (a simulated GPU utilisation), batch size and queue length.
+//! [`SimulatedGpu`] turns those into the counters of a **simulated** H100 (utilisation, power,
+//! energy, memory) for GPU telemetry on machines without a GPU.
 //!
 //! Steps sleep on tokio timers, which have a 1 ms resolution and wake a little late on a busy
 //! runtime: a step scaled below a few milliseconds lasts longer than the cost model says. The
@@ -26,6 +28,7 @@ pub mod config;
 mod engine;
 mod error;
 pub mod scheduler;
+mod simulated_gpu;
 mod stats;
 mod text;
 mod truth;
@@ -34,5 +37,9 @@ pub use config::{CostModel, OutputLength, SimConfig, StepShape};
 pub use engine::{SimEvent, SimHandle, SimRequest, Simulator, Token, TokenStream, Usage};
 pub use error::SimError;
 pub use scheduler::Scheduler;
+pub use simulated_gpu::{
+    IDLE_WATTS, KV_BYTES_PER_TOKEN, MAX_WATTS, MEMORY_TOTAL_BYTES, SIMULATED_GPU_NAME,
+    SIMULATED_GPU_UUID, SM_CLOCK_MHZ, SimulatedGpu, TEMPERATURE_CELSIUS, WEIGHTS_BYTES,
+};
 pub use stats::EngineStats;
 pub use truth::{FinishReason, TruthLog, TruthOutcome, TruthRecord};

@@ -1,5 +1,7 @@
 //! [`EngineStats`]: counters of the simulated engine, including its busy fraction (the share of
-//! time a step was running: a simulated GPU utilisation).
+//! time a step was running: a simulated GPU utilisation). While steps run back to back, the
+//! simulator's short CPU gap between them counts as busy (the engine's nominal clock pays it
+//! back, so the simulated GPU never idles there).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +22,8 @@ pub(crate) struct StatsCell {
     pub(crate) cancelled: AtomicU64,
     pub(crate) prompt_tokens: AtomicU64,
     pub(crate) output_tokens: AtomicU64,
+    /// Tokens held in the KV cache by the running batch (prefilled + generated).
+    pub(crate) context_tokens: AtomicU64,
 }
 
 const IDLE: u64 = u64::MAX;
@@ -39,6 +43,7 @@ impl StatsCell {
             cancelled: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             output_tokens: AtomicU64::new(0),
+            context_tokens: AtomicU64::new(0),
         }
     }
 
@@ -79,6 +84,7 @@ impl StatsCell {
             cancelled: load(&self.cancelled),
             prompt_tokens: load(&self.prompt_tokens),
             output_tokens: load(&self.output_tokens),
+            context_tokens: load(&self.context_tokens),
         }
     }
 }
@@ -111,6 +117,9 @@ pub struct EngineStats {
     pub prompt_tokens: u64,
     /// Output tokens produced.
     pub output_tokens: u64,
+    /// Tokens the running batch holds in the KV cache (prompt tokens prefilled so far plus
+    /// tokens generated, summed over the running sequences).
+    pub context_tokens: u64,
 }
 
 impl EngineStats {

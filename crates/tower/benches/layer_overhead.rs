@@ -315,6 +315,13 @@ fn benches(c: &mut Criterion) {
         with_metrics.layer(engine),
         4,
     );
+    // GPU and host telemetry: samplers on their threads (100 ms) over scripted sources, so the
+    // request pays energy registration, the per-token add, and six window queries.
+    let with_gpu = InferenceTraceLayer::new()
+        .with_tracer_provider(&tracer_provider)
+        .default_model("llama-3.1-8b")
+        .gpu_telemetry(scripted_telemetry());
+    bench_service(c, "request", "infertrace_gpu", with_gpu.layer(engine), 4);
 
     // Peers, same tracer provider (global), same exporter.
     if let Ok(peer) = opentelemetry_instrumentation_tower::http::server::LayerBuilder::builder()
@@ -396,6 +403,39 @@ fn benches(c: &mut Criterion) {
     let _ = tracer_provider.force_flush();
 }
 
+/// One scripted GPU (constant readings, energy counter at 300 W) and scripted host counters,
+/// each sampled every 100 ms on its own thread.
+fn scripted_telemetry() -> infertrace_gpu::GpuTelemetry {
+    use infertrace_gpu::*;
+    let epoch = Instant::now();
+    let gpu = ScriptedSource::new(
+        vec![DeviceInfo::new(0, "GPU-bench", "scripted")],
+        move |_, now, out| {
+            let t = now.saturating_duration_since(epoch).as_secs_f64();
+            out.push(DeviceSample {
+                device: 0,
+                reading: GpuReading {
+                    utilization: Some(0.9),
+                    memory_used: Some(20_000_000_000),
+                    power_watts: Some(300.0),
+                    energy_millijoules: Some((300_000.0 * t) as u64),
+                    ..GpuReading::default()
+                },
+                ..DeviceSample::default()
+            });
+        },
+    );
+    let host = ScriptedHostSource::new(|_, _| HostReading {
+        host_cpu: Some(0.5),
+        process_cpu: Some(0.2),
+        process_memory: Some(1 << 30),
+        ..HostReading::default()
+    });
+    let gpu = GpuSampler::with_source(GpuSamplerConfig::default(), Box::new(gpu));
+    let host = HostSampler::with_source(HostSamplerConfig::default(), Box::new(host)).ok();
+    GpuTelemetry::new(Some(gpu), host)
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -422,6 +462,7 @@ fn summary() {
         "infertrace",
         "infertrace_global",
         "infertrace_metrics",
+        "infertrace_gpu",
         "otel_instrumentation_tower",
         "otel_instrumentation_tower_metrics",
         "tower_http_tracing_otel",

@@ -5,7 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::{HeaderMap, Method, Uri};
-use opentelemetry::metrics::MeterProvider;
+use infertrace_gpu::GpuTelemetry;
+use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, StringValue, global};
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -114,7 +115,9 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 pub struct InferenceTraceLayer {
     tracer: Option<TracerHandle>,
     metrics: Option<LayerMetrics>,
+    meter: Option<Meter>,
     phase_source: PhaseSource,
+    gpu: Option<GpuTelemetry>,
     admission: Option<Arc<AdmissionQueue>>,
     default_model: Option<StringValue>,
     default_operation: Cow<'static, str>,
@@ -132,6 +135,7 @@ impl fmt::Debug for InferenceTraceLayer {
             .field("admission", &self.admission.as_ref().map(|a| a.config()))
             .field("default_model", &self.default_model)
             .field("default_operation", &self.default_operation)
+            .field("gpu_telemetry", &self.gpu.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -156,7 +160,9 @@ impl InferenceTraceLayer {
         Self {
             tracer: None,
             metrics: None,
+            meter: None,
             phase_source: PhaseSource::Engine,
+            gpu: None,
             admission: None,
             default_model: None,
             default_operation: Cow::Borrowed(
@@ -194,13 +200,34 @@ impl InferenceTraceLayer {
 
     /// Records metrics through `provider` instead of the global meter provider.
     pub fn with_meter_provider<P: MeterProvider + ?Sized>(mut self, provider: &P) -> Self {
-        self.metrics = Some(LayerMetrics::new(&provider.meter_with_scope(scope())));
+        let meter = provider.meter_with_scope(scope());
+        self.metrics = Some(LayerMetrics::new(&meter));
+        self.meter = Some(meter);
         self.changed()
     }
 
     /// Where phase boundaries come from (default [`PhaseSource::Engine`]).
     pub fn phase_source(mut self, source: PhaseSource) -> Self {
         self.phase_source = source;
+        self.changed()
+    }
+
+    /// Enriches every phase span with the GPU and host counters of `telemetry` over exactly that
+    /// phase (`gpu.*`, `host.*`, `process.*` window statistics and `gpu.energy.attributed`, the
+    /// request's token-share estimate of the GPU energy), and registers its `hw.*` and host
+    /// metrics once on the layer's meter.
+    ///
+    /// Start the telemetry once, at startup: [`GpuTelemetry::start`] blocks while NVML loads.
+    /// Without GPUs (NVML absent, or [`GpuTelemetry::disabled`]) no `gpu.*` attribute is ever
+    /// emitted — never zeros. See the crate docs, "GPU and host counters".
+    ///
+    /// ```
+    /// use infertrace_tower::{GpuTelemetry, InferenceTraceLayer};
+    /// let layer = InferenceTraceLayer::new().gpu_telemetry(GpuTelemetry::disabled());
+    /// # let _ = layer;
+    /// ```
+    pub fn gpu_telemetry(mut self, telemetry: GpuTelemetry) -> Self {
+        self.gpu = Some(telemetry);
         self.changed()
     }
 
@@ -252,10 +279,17 @@ impl InferenceTraceLayer {
                 let tracer = self.tracer.clone().unwrap_or_else(|| {
                     TracerHandle::Boxed(Arc::new(global::tracer_with_scope(scope())))
                 });
+                let meter = self
+                    .meter
+                    .clone()
+                    .unwrap_or_else(|| global::meter_with_scope(scope()));
                 let metrics = self
                     .metrics
                     .clone()
-                    .unwrap_or_else(|| LayerMetrics::new(&global::meter_with_scope(scope())));
+                    .unwrap_or_else(|| LayerMetrics::new(&meter));
+                if let Some(gpu) = &self.gpu {
+                    gpu.register_metrics(&meter);
+                }
                 Arc::new(Shared {
                     tracer,
                     metrics,
@@ -265,6 +299,7 @@ impl InferenceTraceLayer {
                     default_operation: self.default_operation.clone(),
                     describe: self.describe.clone(),
                     skip: self.skip.clone(),
+                    gpu: self.gpu.clone(),
                 })
             })
             .clone()
@@ -289,6 +324,8 @@ pub(crate) struct Shared {
     pub(crate) default_operation: Cow<'static, str>,
     pub(crate) describe: Option<Arc<DescribeFn>>,
     pub(crate) skip: Option<Arc<SkipFn>>,
+    /// GPU and host counters for the phase spans (`None`: no enrichment at all).
+    pub(crate) gpu: Option<GpuTelemetry>,
 }
 
 impl fmt::Debug for Shared {

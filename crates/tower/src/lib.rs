@@ -58,6 +58,35 @@
 //!
 //! In a tonic handler the recorder is `request.extensions().get::<RequestRecorder>()`.
 //!
+//! # GPU and host counters
+//!
+//! [`InferenceTraceLayer::gpu_telemetry`] takes a [`GpuTelemetry`] (crate `infertrace-gpu`,
+//! re-exported here): GPU samplers (NVML, on a dedicated thread, every 100 ms by default) and a
+//! host sampler (host and process CPU, process memory). Each `queue` / `prefill` / `decode`
+//! span then carries the window statistics of exactly its interval — `gpu.utilization.mean` /
+//! `.max`, `gpu.memory.used.max`, `gpu.power.mean`, `gpu.energy`, `gpu.sample.count`,
+//! `gpu.uuids`, `host.cpu.utilization.mean`, `process.cpu.utilization.mean`,
+//! `process.memory.usage.max` — and `gpu.energy.attributed`, the request's share of the GPU
+//! energy: each sampling interval's energy is split across the requests in flight by the tokens
+//! each processed in it (an **estimate**; see `infertrace_gpu::EnergyAttribution`). Tokens count
+//! as the engine reports them: [`RequestRecorder::tokens`] for output tokens and
+//! [`RequestRecorder::prefilled`] for prompt tokens as prefill processes them. The `hw.*` GPU
+//! metrics and the host metrics are registered once on the layer's meter.
+//!
+//! ```no_run
+//! use infertrace_tower::{GpuTelemetry, InferenceTraceLayer, TelemetryConfig};
+//! // Once, at startup: blocks while NVML loads.
+//! let telemetry = GpuTelemetry::start(&TelemetryConfig::default());
+//! let layer = InferenceTraceLayer::new().gpu_telemetry(telemetry);
+//! # let _ = layer;
+//! ```
+//!
+//! Without NVML (no library, driver not loaded, no permission) the sampler logs one line and the
+//! spans get no `gpu.*` attribute at all — never zeros; the host counters still apply. Without
+//! `gpu_telemetry` a phase span carries only `infer.phase`, and the request's cost is unchanged.
+//! With it, a request costs a few µs more (registration, six window queries, more attributes;
+//! see `docs/PERFORMANCE.md`); a token costs one more relaxed atomic add.
+//!
 //! # How the request span gets its identity up front
 //!
 //! The spans are built at the end of the request, but the handler's own `tracing` spans (through
@@ -119,6 +148,7 @@ mod tick_clock;
 
 pub use body::TracedBody;
 pub use extract::MissingRecorder;
+pub use infertrace_gpu::{GpuTelemetry, TelemetryConfig};
 pub use layer::{
     AdmissionConfig, InferenceTraceLayer, MODEL_HEADER, OPERATION_HEADER, PhaseSource,
     RequestDescription, RequestHead,

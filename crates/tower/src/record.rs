@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderMap, Request, Response, header};
+use infertrace_gpu::RequestEnergy;
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use tokio::sync::OwnedSemaphorePermit;
@@ -41,6 +42,8 @@ pub(crate) struct RequestRecord {
     arrival: Instant,
     wall_arrival: SystemTime,
     recorder: RequestRecorder,
+    /// This request's share of the GPU energy (only with GPU telemetry that found GPUs).
+    energy: Option<RequestEnergy>,
     facts: RequestFacts,
     span: RequestSpan,
     /// The parent context with the request span's context in it: what the inner future runs
@@ -68,6 +71,9 @@ pub(crate) struct RequestRecord {
     finished: bool,
 }
 
+/// Room for `infer.phase` plus every `gpu.*`, `host.*` and `process.*` window attribute.
+const PHASE_ATTRIBUTES_WITH_COUNTERS: usize = 20;
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -90,7 +96,9 @@ impl RequestRecord {
             .tracer
             .start_request(facts.span_name(), wall_arrival, attrs, &parent);
         let cx = parent.with_remote_span_context(span.span_context().clone());
-        let recorder = RequestRecorder::with_anchor(arrival, arrival, arrival_tick);
+        let energy = shared.gpu.as_ref().and_then(|g| g.begin_request());
+        let recorder =
+            RequestRecorder::with_anchor_and_energy(arrival, arrival, arrival_tick, energy.clone());
         req.extensions_mut().insert(recorder.clone());
         shared.metrics.active_requests.add(1, &[]);
         Box::new(Self {
@@ -98,6 +106,7 @@ impl RequestRecord {
             arrival,
             wall_arrival,
             recorder,
+            energy,
             facts,
             span,
             cx,
@@ -196,6 +205,23 @@ impl RequestRecord {
 
     fn wall(&self, offset: Duration) -> SystemTime {
         self.wall_arrival + offset
+    }
+
+    /// The attributes of the phase span `name` over `[s, e]` (offsets from arrival):
+    /// `infer.phase`, then, with GPU telemetry, the GPU / host / process window statistics.
+    fn phase_attributes(&self, name: &'static str, s: Duration, e: Duration) -> Vec<KeyValue> {
+        let Some(gpu) = &self.shared.gpu else {
+            return vec![KeyValue::new(infer::PHASE, name)];
+        };
+        let mut attrs = Vec::with_capacity(PHASE_ATTRIBUTES_WITH_COUNTERS);
+        attrs.push(KeyValue::new(infer::PHASE, name));
+        gpu.phase_attributes(
+            self.arrival + s,
+            self.arrival + e,
+            self.energy.as_ref(),
+            &mut attrs,
+        );
+        attrs
     }
 
     /// Ends the request now. Idempotent.
@@ -384,12 +410,16 @@ impl RequestRecord {
                     (span_names::INFERENCE, phases.inference),
                 ] {
                     if let Some((s, e)) = interval {
-                        tracer.phase(name, self.wall(s), self.wall(e), &self.cx);
+                        let attrs = self.phase_attributes(name, s, e);
+                        tracer.phase(name, self.wall(s), self.wall(e), attrs, &self.cx);
                     }
                 }
             }
         }
         self.span.end_with_timestamp(self.wall(end_offset));
+        if let Some(energy) = &self.energy {
+            energy.end();
+        }
 
         // Metric attributes on the stack: the slot after the used ones takes the token type.
         let spare = || KeyValue::new(infer::OUTCOME, "");

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use infertrace_gpu::RequestEnergy;
+
 use crate::tick_clock::{self, TickSpan};
 
 const UNSET: u64 = u64::MAX;
@@ -57,6 +59,8 @@ struct RecorderState {
     response_id: OnceLock<Arc<str>>,
     finish_reason: OnceLock<Arc<str>>,
     error: OnceLock<Arc<str>>,
+    /// The request's GPU energy attribution handle (only under a layer with GPU telemetry).
+    energy: Option<RequestEnergy>,
 }
 
 const STREAM_UNSET: u8 = 0;
@@ -125,6 +129,17 @@ impl RequestRecorder {
 
     /// Crate-internal: a recorder whose clock anchor is `(anchor, anchor_ticks)`, read together.
     pub(crate) fn with_anchor(arrival: Instant, anchor: Instant, anchor_ticks: u64) -> Self {
+        Self::with_anchor_and_energy(arrival, anchor, anchor_ticks, None)
+    }
+
+    /// Crate-internal: like [`with_anchor`](Self::with_anchor), also reporting the tokens the
+    /// engine processes to `energy` (GPU energy attribution).
+    pub(crate) fn with_anchor_and_energy(
+        arrival: Instant,
+        anchor: Instant,
+        anchor_ticks: u64,
+        energy: Option<RequestEnergy>,
+    ) -> Self {
         Self {
             inner: Arc::new(RecorderState {
                 arrival,
@@ -144,6 +159,7 @@ impl RequestRecorder {
                 response_id: OnceLock::new(),
                 finish_reason: OnceLock::new(),
                 error: OnceLock::new(),
+                energy,
             }),
         }
     }
@@ -205,6 +221,9 @@ impl RequestRecorder {
             self.mark_first_token(now);
         }
         self.inner.tokens_seen.fetch_add(n, Ordering::AcqRel);
+        if let Some(energy) = &self.inner.energy {
+            energy.tokens(n);
+        }
         // Latest token wins, also when several threads report at once (UNSET is u64::MAX).
         let mut prev = self.inner.last_token.load(Ordering::Acquire);
         while prev == UNSET || now > prev {
@@ -217,6 +236,22 @@ impl RequestRecorder {
                 Ok(_) => break,
                 Err(actual) => prev = actual,
             }
+        }
+    }
+
+    /// `n` prompt tokens were prefilled now (one call per prefill chunk, or one for the whole
+    /// prompt). Used only to attribute GPU energy — the prefill's work gets its token share of
+    /// the sampling intervals it ran in; it marks nothing and changes no span attribute. A no-op
+    /// (one branch) unless the layer has GPU telemetry (see
+    /// [`InferenceTraceLayer::gpu_telemetry`](crate::InferenceTraceLayer::gpu_telemetry)).
+    ///
+    /// Prompt tokens reported later through [`usage`](Self::usage) are *not* attributed: engines
+    /// usually report usage at the end, and crediting the whole prompt to the request's last
+    /// sampling interval would move prefill energy into decode.
+    #[inline]
+    pub fn prefilled(&self, n: u64) {
+        if let Some(energy) = &self.inner.energy {
+            energy.tokens(n);
         }
     }
 

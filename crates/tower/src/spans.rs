@@ -59,19 +59,21 @@ impl TracerHandle {
         }
     }
 
-    /// Emits one finished INTERNAL phase span `[start, end]` with `infer.phase = name` under
-    /// `parent` (a context carrying the request span).
+    /// Emits one finished INTERNAL phase span `[start, end]` named `name` with `attributes`
+    /// (`infer.phase = name` first, then any counter window statistics) under `parent` (a
+    /// context carrying the request span).
     pub(crate) fn phase(
         &self,
         name: &'static str,
         start: SystemTime,
         end: SystemTime,
+        attributes: Vec<KeyValue>,
         parent: &Context,
     ) {
         let builder = SpanBuilder::from_name(name)
             .with_kind(SpanKind::Internal)
             .with_start_time(start)
-            .with_attributes(vec![KeyValue::new(infertrace_semconv::infer::PHASE, name)]);
+            .with_attributes(attributes);
         match self {
             TracerHandle::Sdk(t) => t
                 .build_with_context(builder, parent)

@@ -38,6 +38,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let telemetry = Telemetry::init("tonic-server", !cli.opts.no_otlp)?;
     let sim = Simulator::start(cli.opts.sim_config()).context("bad simulator flags")?;
+    let layer = cli.opts.layer(&sim);
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
         .with_context(|| {
@@ -50,7 +51,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let served = grpc::serve(
         listener,
         GeneratorServer::new(sim, &cli.opts.model),
-        cli.opts.layer(),
+        layer,
         shutdown_signal(),
     )
     .await
