@@ -115,9 +115,15 @@ fn bench(c: &mut Criterion) {
     });
     let db_bytes = std::fs::metadata(store.path()).map_or(0, |m| m.len())
         + std::fs::metadata(store.path().with_extension("db-wal")).map_or(0, |m| m.len());
+    let rows = store
+        .rollups(0, u64::MAX / 2)
+        .expect("rollups")
+        .len()
+        .max(1);
     println!(
-        "database after the write benchmark: {} KiB",
-        db_bytes / 1024
+        "database after the write benchmark: {} KiB for {rows} series-minutes, {} bytes each",
+        db_bytes / 1024,
+        db_bytes / rows as u64
     );
 
     // The per-request cost of feeding the store (the writer takes the hand-overs).

@@ -2,9 +2,9 @@
 //! rollups (the collector's history store) and merging them back later.
 //!
 //! Layout (version 1): a version byte, then every field in declaration order; integers as
-//! LEB128 varints, floats as 8 little-endian bytes, sorted bucket keys as a zigzag first key
-//! followed by varint deltas. A minute of one series with a few hundred requests encodes in a
-//! few hundred bytes — about the size of the occupied sketch buckets, nothing more.
+//! LEB128 varints, floats as 8 little-endian bytes (the per-e2e-bucket tail phase sums as 4),
+//! sorted bucket keys as a zigzag first key followed by varint deltas. A minute of one series
+//! holds about the occupied sketch buckets and nothing more (measured in docs/PERFORMANCE.md).
 
 use std::fmt;
 
@@ -49,6 +49,10 @@ impl Writer<'_> {
     }
 
     pub(super) fn f64(&mut self, v: f64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub(super) fn f32(&mut self, v: f32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
@@ -121,6 +125,18 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(b);
         self.pos = end;
         Ok(f64::from_le_bytes(a))
+    }
+
+    pub(super) fn f32(&mut self) -> Result<f32, DecodeError> {
+        let end = self.pos + 4;
+        let b = self
+            .bytes
+            .get(self.pos..end)
+            .ok_or_else(|| self.error("unexpected end"))?;
+        let mut a = [0u8; 4];
+        a.copy_from_slice(b);
+        self.pos = end;
+        Ok(f32::from_le_bytes(a))
     }
 
     /// A length, refused when larger than the bytes left could hold (`min_item` bytes each).

@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{MINUTE_NANOS, StoreError, minute_of, sql_time, unix_time};
 
+/// Decoded minutes a step buffers before merging them in one pass (`Accumulator::merge_many`
+/// merges each sketch once over a dense array instead of one allocation per pairwise merge).
+const MERGE_BATCH: usize = 64;
+
 /// Most points one history query returns; a finer step over a longer range is widened.
 pub const MAX_HISTORY_POINTS: u64 = 20_000;
 
@@ -64,7 +68,7 @@ pub(super) fn query(
     }
     let step = step_nanos(step, to_unix_nano - start);
     let points = usize::try_from((to_unix_nano - start).div_ceil(step)).unwrap_or(usize::MAX);
-    let mut steps: Vec<Option<Accumulator>> = vec![None; points];
+    let mut steps: Vec<Vec<Accumulator>> = vec![Vec::new(); points];
     let ids: Vec<i64> = {
         let mut stmt = conn.prepare_cached(
             "SELECT id FROM series WHERE (?1 IS NULL OR service = ?1)
@@ -89,9 +93,10 @@ pub(super) fn query(
             };
             let i = usize::try_from((minute.saturating_sub(start)) / step).unwrap_or(usize::MAX);
             if let Some(slot) = steps.get_mut(i) {
-                match slot {
-                    Some(merged) => merged.merge(&acc),
-                    None => *slot = Some(acc),
+                slot.push(acc);
+                if slot.len() >= MERGE_BATCH {
+                    let merged = merge(std::mem::take(slot));
+                    slot.extend(merged);
                 }
             }
         }
@@ -105,10 +110,10 @@ pub(super) fn query(
     Ok(steps
         .into_iter()
         .enumerate()
-        .map(|(i, acc)| {
+        .map(|(i, parts)| {
             let t = start + i as u64 * step;
             let covered = (t + step).min(to_unix_nano) - t;
-            let value = acc
+            let value = merge(parts)
                 .and_then(|acc| kpi.value(&series_kpis(&config, &key, &acc, covered as f64 / 1e9)));
             HistoryPoint {
                 t_unix_nano: t,
@@ -116,6 +121,15 @@ pub(super) fn query(
             }
         })
         .collect())
+}
+
+/// One accumulator from several; `None` from none.
+fn merge(mut parts: Vec<Accumulator>) -> Option<Accumulator> {
+    if parts.len() <= 1 {
+        return parts.pop();
+    }
+    let refs: Vec<&Accumulator> = parts.iter().collect();
+    Some(Accumulator::merge_many(&refs))
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use infertrace_analysis::kpi::{Accumulator, SeriesKey};
+use infertrace_analysis::kpi::{Accumulator, KpiWindows, SeriesKey};
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
@@ -401,6 +401,56 @@ impl Store {
                 });
             }
             Ok(out)
+        };
+        run().map_err(|e| self.sql_error(e))
+    }
+
+    /// Rebuilds `kpis` after a restart: absorbs every stored minute that started in the
+    /// `window` before `now_unix_nano` (the current minute included) with
+    /// `KpiWindows::absorb_slot`. Returns the series-minutes absorbed. With the default KPI
+    /// config this refills the 1h window (60-second slots); the 1m and 5m windows refill from
+    /// live traffic.
+    pub fn restore_kpis(
+        &self,
+        kpis: &mut KpiWindows,
+        now_unix_nano: u64,
+        window: Duration,
+    ) -> Result<usize, StoreError> {
+        let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        let from = minute_of(now_unix_nano.saturating_sub(window));
+        let rollups = self.rollups(from, now_unix_nano.saturating_add(1))?;
+        Ok(rollups
+            .iter()
+            .filter(|r| kpis.absorb_slot(&r.key, r.minute_unix_nano, MINUTE_NANOS, &r.accumulator))
+            .count())
+    }
+
+    /// The series with at least one stored minute in `[from, to)`, sorted (for the
+    /// dashboard's service and model selectors across restarts).
+    pub fn series(
+        &self,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+    ) -> Result<Vec<SeriesKey>, StoreError> {
+        let conn = self.reader();
+        let run = || -> rusqlite::Result<Vec<SeriesKey>> {
+            let mut stmt = conn.prepare_cached(
+                "SELECT service, model, operation FROM series s WHERE EXISTS
+                    (SELECT 1 FROM rollups r
+                     WHERE r.series_id = s.id AND r.minute >= ?1 AND r.minute < ?2)
+                 ORDER BY service, model, operation",
+            )?;
+            let rows = stmt.query_map(
+                params![sql_time(from_unix_nano), sql_time(to_unix_nano)],
+                |row| {
+                    Ok(SeriesKey {
+                        service: Arc::from(row.get::<_, String>(0)?),
+                        model: Arc::from(row.get::<_, String>(1)?),
+                        operation: Arc::from(row.get::<_, String>(2)?),
+                    })
+                },
+            )?;
+            rows.collect()
         };
         run().map_err(|e| self.sql_error(e))
     }
