@@ -76,3 +76,8 @@ fn init_logging() {
         .with_writer(std::io::stderr)
         .try_init();
 }
+
+/// mimalloc: the decoder and the pipeline allocate many small strings and vectors, which glibc's
+/// malloc handles markedly slower (measured in docs/PERFORMANCE.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -27,6 +27,10 @@
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
+
+// Trace ids are random by specification; foldhash is several times cheaper than SipHash on
+// them and still seeded per process (no hash flooding with chosen ids).
+use foldhash::fast::RandomState;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -118,13 +122,13 @@ pub struct TraceAssembler {
     config: AssemblerConfig,
     is_request: fn(&Span) -> bool,
     events: InternalEvents,
-    traces: HashMap<TraceId, PendingTrace>,
+    traces: HashMap<TraceId, PendingTrace, RandomState>,
     /// (trace, first_seen) in first-seen order; entries of closed traces are skipped lazily.
     by_age: VecDeque<(TraceId, Instant)>,
     /// (trace, request arrival) in arrival order; stale entries are skipped lazily.
     by_grace: VecDeque<(TraceId, Instant)>,
     /// Recently completed traces: id → (had a request span, completion time).
-    completed: HashMap<TraceId, (bool, Instant)>,
+    completed: HashMap<TraceId, (bool, Instant), RandomState>,
     completed_order: VecDeque<(TraceId, Instant)>,
     late: Vec<Span>,
     last_idle_scan: Option<Instant>,
@@ -153,10 +157,10 @@ impl TraceAssembler {
             config,
             is_request,
             events,
-            traces: HashMap::new(),
+            traces: HashMap::default(),
             by_age: VecDeque::new(),
             by_grace: VecDeque::new(),
-            completed: HashMap::new(),
+            completed: HashMap::default(),
             completed_order: VecDeque::new(),
             late: Vec::new(),
             last_idle_scan: None,
@@ -206,7 +210,8 @@ impl TraceAssembler {
                     self.completed.remove(&id);
                     self.by_age.push_back((id, now));
                     self.traces.entry(id).or_insert(PendingTrace {
-                        spans: Vec::new(),
+                        // An inference trace is typically a request span and three phases.
+                        spans: Vec::with_capacity(4),
                         first_seen: now,
                         last_seen: now,
                         request_at: None,

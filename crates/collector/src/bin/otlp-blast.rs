@@ -543,3 +543,8 @@ async fn main() -> ExitCode {
     );
     ExitCode::SUCCESS
 }
+
+/// mimalloc: the decoder and the pipeline allocate many small strings and vectors, which glibc's
+/// malloc handles markedly slower (measured in docs/PERFORMANCE.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -254,3 +254,8 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+/// mimalloc: the decoder and the pipeline allocate many small strings and vectors, which glibc's
+/// malloc handles markedly slower (measured in docs/PERFORMANCE.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -40,7 +40,7 @@ pub struct RecentTraces {
     max_traces: usize,
     max_spans: usize,
     spans: usize,
-    traces: HashMap<TraceId, StoredTrace>,
+    traces: HashMap<TraceId, StoredTrace, foldhash::fast::RandomState>,
     order: VecDeque<TraceId>,
 }
 
@@ -51,7 +51,7 @@ impl RecentTraces {
             max_traces: max_traces.max(1),
             max_spans: max_spans.max(1),
             spans: 0,
-            traces: HashMap::new(),
+            traces: HashMap::default(),
             order: VecDeque::new(),
         }
     }
