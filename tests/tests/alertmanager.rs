@@ -122,10 +122,10 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
     for round in 0..16u64 {
         let (status, _) = http.post(&otlp, "application/json", slow_requests(round)).await.unwrap();
         assert_eq!(status, 200);
-        if let Some(s) = alert_state(&http, collector.api_addr).await {
-            if seen.last() != Some(&s) {
-                seen.push(s);
-            }
+        if let Some(s) = alert_state(&http, collector.api_addr).await
+            && seen.last() != Some(&s)
+        {
+            seen.push(s);
         }
         delivered |= in_alertmanager(&http, am.port).await;
         if delivered && seen.iter().any(|s| s == "firing") && started.elapsed() > Duration::from_secs(3) {

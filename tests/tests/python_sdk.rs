@@ -87,10 +87,10 @@ async fn wait_for(collector: &RunningCollector, service: &str, requests: u64) ->
         let (status, body) = http.get(&url).await.expect("GET /api/kpis");
         assert_eq!(status, 200);
         let kpis: Value = serde_json::from_slice(&body).expect("kpis JSON");
-        if let Some(s) = series_of(&kpis, service) {
-            if s["requests"].as_u64() == Some(requests) {
-                return s.clone();
-            }
+        if let Some(s) = series_of(&kpis, service)
+            && s["requests"].as_u64() == Some(requests)
+        {
+            return s.clone();
         }
         assert!(Instant::now() < deadline, "{service}: {requests} requests never arrived: {kpis}");
         tokio::time::sleep(Duration::from_millis(200)).await;
