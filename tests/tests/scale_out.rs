@@ -1,24 +1,27 @@
-//! Proof of the scale-out story of docs/deploy.md, against a real Prometheus.
+//! Proof of the scale-out story of docs/deploy.md, against a real Prometheus, and checks of the
+//! shipped deployment files.
 //!
-//! Two collectors each receive the traces whose trace id hashes to them (as the OpenTelemetry
-//! Collector's `loadbalancing` exporter with `routing_key: traceID` would send them); a third
-//! receives every trace. Prometheus scrapes all three every second (job `split`: the two
-//! shards; job `single`: the one that saw everything) and:
+//! `sharded_collectors_add_up_in_prometheus`: two collectors each receive the traces whose
+//! trace id hashes to them (as the OpenTelemetry Collector's `loadbalancing` exporter with
+//! `routing_key: traceID` sends them); a third receives every trace. Prometheus scrapes all
+//! three every second (job `split`: the two shards; job `single`: the one that saw everything):
 //! - `sum by (le, model) (<histogram>_bucket{job="split"})` equals the single collector's
-//!   buckets for every classic histogram, and both equal the buckets computed here from the
-//!   traces' known timings;
+//!   buckets for every classic histogram, and both equal the buckets computed from the traces'
+//!   known timings;
 //! - requests, tokens and goodput counters add up the same way;
 //! - the per-instance `infertrace_critical_path_seconds_total` add up to the single
-//!   collector's, which equal the phase and own-time seconds computed here;
-//! - every PromQL expression of otel-config/alerts.yml (loaded as Prometheus rules and also run
-//!   as instant queries) and of the Grafana dashboard evaluates without error, and the
-//!   dashboard's infertrace panels return data.
+//!   collector's, which equal the phase and own-time seconds computed from the traces;
+//! - every rule of otel-config/alerts.yml (loaded into Prometheus, and run as instant queries)
+//!   and every PromQL expression of the Grafana dashboard evaluates without error, and the
+//!   dashboard's infertrace panels return data;
+//! - the Docker image's healthcheck command passes on a live collector.
 //!
-//! A second test runs promtool / amtool on every Prometheus and Alertmanager file we ship and
-//! parses the collector configs the compose files mount.
+//! The other tests run promtool / amtool on the Prometheus and Alertmanager files, parse the
+//! collector configs the compose files mount, and check that the files agree with each other.
 //!
-//! Needs `/usr/bin/prometheus` (and promtool, amtool): skipped with a message when absent and
-//! `CI` is unset; in CI (.ci/run installs them) a missing binary fails.
+//! Needs `prometheus`, `promtool` and `amtool` (Debian packages `prometheus`,
+//! `prometheus-alertmanager`): skipped with a message when absent and `CI` is unset; in CI
+//! (.ci/run installs them) a missing binary fails.
 
 mod support_prom;
 
@@ -26,24 +29,19 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use infertrace_collector::config::CollectorConfig;
 use infertrace_collector::server::{self, RunningCollector};
-use infertrace_semconv as sc;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{
-    ResourceSpans, ScopeSpans, Span, Status, span, status,
-};
-use prost::Message;
-use support_prom::{HttpClient, Prometheus, Sample, require_binary};
+use support_prom::traffic::{self, Buckets, RequestSpec};
+use support_prom::{HttpClient, Prometheus, Sample, dashboard, require_binary};
 
-const SERVICE: &str = "scale-test-api";
-const MODELS: [&str; 2] = ["llama-3.1-8b", "mistral-7b"];
+/// Traces sent (each to one shard, and all to the single collector).
 const TRACES: usize = 240;
-const MS: u64 = 1_000_000;
+/// The history store's directory in the image (docker/Dockerfile, docker/*.yaml).
+const STORE_DIR: &str = "/var/lib/infertrace/infertrace-data";
+/// How long to wait for Prometheus to see what was sent.
+const WAIT: Duration = Duration::from_secs(30);
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -53,268 +51,14 @@ fn repo_root() -> PathBuf {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The traffic: infertrace-dialect traces with known timings.
-
-/// One request with exactly known phase timings (nanoseconds).
-#[derive(Clone, Debug)]
-struct RequestSpec {
-    trace_id: [u8; 16],
-    model: &'static str,
-    error: bool,
-    start: u64,
-    queue: u64,
-    prefill: u64,
-    /// 0 for failed requests (no decode span).
-    decode: u64,
-    /// The request span's own time after the last phase (response framing, network).
-    tail: u64,
-    input_tokens: u64,
-    output_tokens: u64,
-}
-
-impl RequestSpec {
-    fn e2e(&self) -> u64 {
-        self.queue + self.prefill + self.decode + self.tail
-    }
-    fn secs(ns: u64) -> f64 {
-        ns as f64 / 1e9
-    }
-    /// Which of `n` collectors the load balancer sends this trace to.
-    fn shard(&self, n: usize) -> usize {
-        // FNV-1a over the trace id: any stable hash partitions traces the same way.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.trace_id {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        (h % n as u64) as usize
-    }
-}
-
-/// A small deterministic generator (64-bit LCG, Knuth's constants).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.0 >> 17
-    }
-    /// A duration of `lo..hi` whole milliseconds plus 0.3 ms, so no value lands on a bucket
-    /// bound (every bound is a whole number of milliseconds, and so are sums of them).
-    fn ms(&mut self, lo: u64, hi: u64) -> u64 {
-        (lo + self.next() % (hi - lo)) * MS + 300_000
-    }
-}
-
-fn requests() -> Vec<RequestSpec> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos() as u64;
-    let base = now - 90 * 1_000 * MS;
-    let mut rng = Lcg(0x5eed);
-    (0..TRACES)
-        .map(|i| {
-            let mut trace_id = [0u8; 16];
-            for chunk in trace_id.chunks_mut(8) {
-                chunk.copy_from_slice(&rng.next().to_be_bytes());
-            }
-            let error = i % 9 == 4;
-            let output_tokens = 2 + rng.next() % 300;
-            RequestSpec {
-                trace_id,
-                model: MODELS[i % 2],
-                error,
-                start: base + i as u64 * 150 * MS,
-                queue: rng.ms(0, 900),
-                prefill: rng.ms(5, 450),
-                decode: if error { 0 } else { rng.ms(10, 3000) },
-                tail: rng.ms(0, 6),
-                input_tokens: 16 + rng.next() % 2000,
-                output_tokens: if error { 0 } else { output_tokens },
-            }
-        })
-        .collect()
-}
-
-fn kv_str(key: &str, v: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(v.to_owned())),
-        }),
-        ..Default::default()
-    }
-}
-
-fn kv_int(key: &str, v: u64) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::IntValue(v as i64)),
-        }),
-        ..Default::default()
-    }
-}
-
-fn span_id(trace: &RequestSpec, n: u8) -> Vec<u8> {
-    let mut id = trace.trace_id[..8].to_vec();
-    id[7] = id[7].wrapping_add(n);
-    id[0] |= 1; // never all zero
-    id
-}
-
-/// The request span: kind SERVER, infertrace's request attributes.
-fn request_span(r: &RequestSpec) -> Span {
-    let mut attributes = vec![
-        kv_str(sc::gen_ai::OPERATION_NAME, sc::gen_ai::operation::CHAT),
-        kv_str(sc::gen_ai::REQUEST_MODEL, r.model),
-        kv_str(sc::gen_ai::RESPONSE_MODEL, r.model),
-        kv_int(sc::gen_ai::USAGE_INPUT_TOKENS, r.input_tokens),
-        kv_str(sc::infer::PHASE_SOURCE, sc::infer::phase_source::ENGINE),
-        kv_str(sc::net::HTTP_REQUEST_METHOD, "POST"),
-        kv_str(sc::net::HTTP_ROUTE, "/v1/chat/completions"),
-    ];
-    let status = if r.error {
-        attributes.push(kv_str(sc::infer::OUTCOME, sc::infer::outcome::ERROR));
-        attributes.push(kv_str(sc::net::ERROR_TYPE, "EngineError"));
-        attributes.push(kv_int(sc::net::HTTP_RESPONSE_STATUS_CODE, 500));
-        Status {
-            code: status::StatusCode::Error as i32,
-            message: "EngineError".to_owned(),
-        }
-    } else {
-        attributes.push(kv_str(sc::infer::OUTCOME, sc::infer::outcome::OK));
-        attributes.push(kv_int(sc::gen_ai::USAGE_OUTPUT_TOKENS, r.output_tokens));
-        attributes.push(kv_int(sc::net::HTTP_RESPONSE_STATUS_CODE, 200));
-        Status::default()
-    };
-    Span {
-        trace_id: r.trace_id.to_vec(),
-        span_id: span_id(r, 0),
-        name: format!("{} {}", sc::gen_ai::operation::CHAT, r.model),
-        kind: span::SpanKind::Server as i32,
-        start_time_unix_nano: r.start,
-        end_time_unix_nano: r.start + r.e2e(),
-        attributes,
-        status: Some(status),
-        ..Default::default()
-    }
-}
-
-/// The queue / prefill / decode children, back to back from the request's start.
-fn phase_spans(r: &RequestSpec) -> Vec<Span> {
-    let mut at = r.start;
-    let phases = [
-        (sc::span::QUEUE, r.queue),
-        (sc::span::PREFILL, r.prefill),
-        (sc::span::DECODE, r.decode),
-    ];
-    let mut out = Vec::new();
-    for (n, (name, d)) in phases.into_iter().enumerate() {
-        if d == 0 {
-            continue;
-        }
-        out.push(Span {
-            trace_id: r.trace_id.to_vec(),
-            span_id: span_id(r, n as u8 + 1),
-            parent_span_id: span_id(r, 0),
-            name: name.to_owned(),
-            kind: span::SpanKind::Internal as i32,
-            start_time_unix_nano: at,
-            end_time_unix_nano: at + d,
-            attributes: vec![kv_str(sc::infer::PHASE, name)],
-            ..Default::default()
-        });
-        at += d;
-    }
-    out
-}
-
-fn export_request(spans: Vec<Span>) -> ExportTraceServiceRequest {
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: vec![kv_str(sc::resource::SERVICE_NAME, SERVICE)],
-                ..Default::default()
-            }),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(InstrumentationScope {
-                    name: "infertrace-tower".to_owned(),
-                    ..Default::default()
-                }),
-                spans,
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
-}
-
-/// Sends `traces` to an OTLP/HTTP receiver the way an SDK's batch processor does: phase spans
-/// (which end first) in one batch, the request spans in a later one, 40 traces per batch.
-async fn send(http: &HttpClient, receiver: SocketAddr, traces: &[&RequestSpec]) {
-    let url = format!("http://{receiver}/v1/traces");
-    for chunk in traces.chunks(40) {
-        let phases: Vec<Span> = chunk.iter().flat_map(|r| phase_spans(r)).collect();
-        let reqs: Vec<Span> = chunk.iter().map(|r| request_span(r)).collect();
-        for batch in [phases, reqs] {
-            let body = export_request(batch).encode_to_vec();
-            let (status, resp) = http
-                .post(&url, "application/x-protobuf", body)
-                .await
-                .unwrap_or_else(|e| panic!("POST {url}: {e}"));
-            assert_eq!(
-                status,
-                200,
-                "POST {url}: {}",
-                String::from_utf8_lossy(&resp)
-            );
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Ground truth computed from the specs.
-
-/// Cumulative bucket counts of one histogram by (model, le).
-type Buckets = BTreeMap<(String, String), f64>;
-
-/// Expected cumulative bucket counts of one histogram over `values` (model, seconds).
-fn expected_buckets(values: impl Iterator<Item = (&'static str, f64)>, bounds: &[f64]) -> Buckets {
-    let values: Vec<_> = values.collect();
-    let mut out = BTreeMap::new();
-    for model in MODELS {
-        let mine: Vec<f64> = values
-            .iter()
-            .filter(|(m, _)| *m == model)
-            .map(|(_, v)| *v)
-            .collect();
-        for &b in bounds.iter().chain([f64::INFINITY].iter()) {
-            let n = mine.iter().filter(|v| **v <= b).count();
-            out.insert((model.to_owned(), le_key(b)), n as f64);
-        }
-    }
-    out
-}
-
-/// A canonical text for a bucket bound, whatever formatting the exposition used.
-fn le_key(b: f64) -> String {
-    if b.is_infinite() {
-        "+Inf".to_owned()
-    } else {
-        format!("{b:.6}")
-    }
-}
+// Reading Prometheus answers.
 
 fn by_model_le(samples: &[Sample]) -> Buckets {
     samples
         .iter()
         .map(|s| {
             let le = support_prom::parse_value(s.label("le")).expect("numeric le");
-            ((s.label("model").to_owned(), le_key(le)), s.value)
+            ((s.label("model").to_owned(), traffic::le_key(le)), s.value)
         })
         .collect()
 }
@@ -344,6 +88,8 @@ fn collector_config() -> CollectorConfig {
     // Close traces soon after their request span arrives: the test does not wait 2 s per trace.
     c.assembly.grace = Duration::from_millis(100);
     c.assembly.tick = Duration::from_millis(20);
+    // No history store: three collectors in one process would share ./infertrace-data.
+    c.store.enabled = false;
     c
 }
 
@@ -372,9 +118,9 @@ fn prometheus_config(split: &[SocketAddr], single: SocketAddr) -> String {
     )
 }
 
-/// Polls `expr` until it equals `want` (or panics after `timeout` with the last value).
-async fn wait_for_value(prom: &Prometheus, expr: &str, want: f64, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
+/// Polls `expr` until it equals `want` (or panics after [`WAIT`] with the last value).
+async fn wait_for_value(prom: &Prometheus, expr: &str, want: f64) {
+    let deadline = Instant::now() + WAIT;
     let mut last = Err(String::new());
     while Instant::now() < deadline {
         last = prom.query_sum(expr).await;
@@ -389,79 +135,14 @@ async fn wait_for_value(prom: &Prometheus, expr: &str, want: f64, timeout: Durat
     );
 }
 
-/// Substitutes Grafana's variables for an instant query.
-fn grafana_to_promql(expr: &str) -> String {
-    expr.replace("$__rate_interval", "1m")
-        .replace("$__interval", "15s")
-        .replace("$__range", "5m")
-        .replace("${model}", ".*")
-        .replace("$model", ".*")
-        .replace("${instance}", ".*")
-        .replace("$instance", ".*")
-}
-
-/// Every PromQL expression of the dashboard: panel targets and `label_values(metric, label)`
-/// variable queries (as `count by (label) (metric)`). (title, expr, is a variable).
-fn dashboard_exprs(dashboard: &serde_json::Value) -> Vec<(String, String, bool)> {
-    let mut out = Vec::new();
-    fn walk(v: &serde_json::Value, out: &mut Vec<(String, String, bool)>) {
-        if let Some(panels) = v["panels"].as_array() {
-            for p in panels {
-                let title = p["title"].as_str().unwrap_or("").to_owned();
-                for t in p["targets"].as_array().into_iter().flatten() {
-                    if let Some(e) = t["expr"].as_str() {
-                        out.push((title.clone(), e.to_owned(), false));
-                    }
-                }
-                walk(p, out);
-            }
-        }
-    }
-    walk(dashboard, &mut out);
-    for var in dashboard["templating"]["list"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        if var["type"] != "query" {
-            continue;
-        }
-        let q = var["query"]["query"]
-            .as_str()
-            .or_else(|| var["query"].as_str())
-            .unwrap_or("");
-        let inner = q
-            .strip_prefix("label_values(")
-            .and_then(|s| s.strip_suffix(')'))
-            .unwrap_or_else(|| panic!("variable {} is not label_values(...): {q}", var["name"]));
-        let (metric, label) = inner
-            .rsplit_once(',')
-            .unwrap_or_else(|| panic!("label_values without a metric: {q}"));
-        out.push((
-            format!("variable {}", var["name"]),
-            format!("count by ({}) ({})", label.trim(), metric.trim()),
-            true,
-        ));
-    }
-    out
-}
-
-/// Whether a dashboard expression must return data after this test's traffic: it reads only
-/// families every collector exposes once requests flowed (not GPU, alert, drop or forward
-/// families, nor the middleware's own metrics, which this test does not produce).
-fn must_have_data(expr: &str) -> bool {
-    expr.contains("infertrace_")
-        && ![
-            "DCGM_",
-            "hw_",
-            "gen_ai_server_",
-            "infer_server_",
-            "infertrace_alerts_active",
-            "infertrace_dropped_spans",
-            "infertrace_exported_spans",
-        ]
-        .iter()
-        .any(|f| expr.contains(f))
+/// Whether two labelled value maps have the same keys and values within `rel` (relative, and
+/// absolute below 1).
+fn close(a: &BTreeMap<Vec<String>, f64>, b: &BTreeMap<Vec<String>, f64>, rel: f64) -> bool {
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| {
+            b.get(k)
+                .is_some_and(|w| (v - w).abs() <= rel * w.abs().max(1.0))
+        })
 }
 
 /// The shell command of docker/Dockerfile's HEALTHCHECK (the JSON exec form's last element).
@@ -503,13 +184,8 @@ async fn sharded_collectors_add_up_in_prometheus() {
     let started = Instant::now();
     let root = repo_root();
     let alerts = std::fs::read_to_string(root.join("otel-config/alerts.yml")).expect("alerts.yml");
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            root.join("otel-config/grafana/dashboards/llm-latency-breakdown.json"),
-        )
-        .expect("dashboard JSON"),
-    )
-    .expect("dashboard is JSON");
+    let dashboard =
+        dashboard::load(&root.join("otel-config/grafana/dashboards/llm-latency-breakdown.json"));
 
     // Three collectors: two shards and one that sees everything.
     let shards = [start_collector().await, start_collector().await];
@@ -523,7 +199,7 @@ async fn sharded_collectors_add_up_in_prometheus() {
     .await;
 
     // The traffic, split by trace id as the loadbalancing exporter would.
-    let specs = requests();
+    let specs = traffic::requests(TRACES);
     let http = HttpClient::default();
     let mut per_shard: [Vec<&RequestSpec>; 2] = [Vec::new(), Vec::new()];
     for r in &specs {
@@ -536,87 +212,41 @@ async fn sharded_collectors_add_up_in_prometheus() {
         per_shard[1].len()
     );
     for (collector, traces) in shards.iter().zip(&per_shard) {
-        send(
-            &http,
-            collector.http_addr.expect("HTTP receiver on"),
-            traces,
-        )
-        .await;
+        let receiver = collector.http_addr.expect("HTTP receiver on");
+        traffic::send(&http, receiver, traces).await;
     }
     let all: Vec<&RequestSpec> = specs.iter().collect();
-    send(&http, single.http_addr.expect("HTTP receiver on"), &all).await;
+    traffic::send(&http, single.http_addr.expect("HTTP receiver on"), &all).await;
 
     // Wait until Prometheus has scraped every request from every collector.
     let n = TRACES as f64;
-    let wait = Duration::from_secs(30);
-    wait_for_value(
-        &prom,
-        r#"sum(infertrace_requests_total{job="split"})"#,
-        n,
-        wait,
-    )
-    .await;
-    wait_for_value(
-        &prom,
-        r#"sum(infertrace_requests_total{job="single"})"#,
-        n,
-        wait,
-    )
-    .await;
-    wait_for_value(
-        &prom,
-        r#"count(count by (instance) (infertrace_requests_total{job="split"}))"#,
-        2.0,
-        wait,
-    )
-    .await;
+    wait_for_value(&prom, r#"sum(infertrace_requests_total{job="split"})"#, n).await;
+    wait_for_value(&prom, r#"sum(infertrace_requests_total{job="single"})"#, n).await;
+    let instances = r#"count(count by (instance) (infertrace_requests_total{job="split"}))"#;
+    wait_for_value(&prom, instances, 2.0).await;
 
-    // 1. Histograms: the shards' sum by (le, model) is the single collector's, exactly, and
-    //    matches the buckets computed from the traces.
-    let ok = || specs.iter().filter(|r| !r.error);
-    let truth_e2e = expected_buckets(
-        specs.iter().map(|r| (r.model, RequestSpec::secs(r.e2e()))),
-        &sc::metric::REQUEST_DURATION_BUCKETS,
+    histograms_add_up(&prom, &specs).await;
+    counters_add_up(&prom, &specs).await;
+    critical_path_adds_up(&prom, &specs).await;
+    alert_rules_evaluate(&prom, &alerts).await;
+    dashboard_queries_run(&prom, &dashboard).await;
+    docker_healthcheck_works(&http, single.api_addr).await;
+
+    drop(prom);
+    for c in shards {
+        c.stop().await.expect("shard stops");
+    }
+    single.stop().await.expect("single stops");
+    eprintln!(
+        "scale-out proof took {:.1} s",
+        started.elapsed().as_secs_f64()
     );
-    let truth_queue = expected_buckets(
-        specs.iter().map(|r| (r.model, RequestSpec::secs(r.queue))),
-        &sc::metric::PHASE_DURATION_BUCKETS,
-    );
-    let truth_decode = expected_buckets(
-        ok().map(|r| (r.model, RequestSpec::secs(r.decode))),
-        &sc::metric::PHASE_DURATION_BUCKETS,
-    );
-    let truth_ttft = expected_buckets(
-        specs
-            .iter()
-            .map(|r| (r.model, RequestSpec::secs(r.queue + r.prefill))),
-        &sc::metric::TTFT_BUCKETS,
-    );
-    let truth_prefill = expected_buckets(
-        specs
-            .iter()
-            .map(|r| (r.model, RequestSpec::secs(r.prefill))),
-        &sc::metric::PHASE_DURATION_BUCKETS,
-    );
-    // TPOT = decode / (output tokens - 1), the GenAI definition (no attribute on these spans).
-    let truth_tpot = expected_buckets(
-        ok().map(|r| {
-            (
-                r.model,
-                RequestSpec::secs(r.decode) / (r.output_tokens - 1) as f64,
-            )
-        }),
-        &sc::metric::TPOT_BUCKETS,
-    );
-    let families: [(&str, &Buckets); 6] = [
-        ("infertrace_request_duration_seconds", &truth_e2e),
-        ("infertrace_queue_duration_seconds", &truth_queue),
-        ("infertrace_prefill_duration_seconds", &truth_prefill),
-        ("infertrace_decode_duration_seconds", &truth_decode),
-        ("infertrace_time_to_first_token_seconds", &truth_ttft),
-        ("infertrace_time_per_output_token_seconds", &truth_tpot),
-    ];
-    for (family, truth) in families {
+}
+
+/// The shards' `sum by (le, model)` is the single collector's, exactly, for every histogram,
+/// and matches the buckets computed from the traces; `_sum` and `_count` add up too.
+async fn histograms_add_up(prom: &Prometheus, specs: &[RequestSpec]) {
+    for (family, truth) in traffic::expected_histograms(specs) {
         let q = |job: &str| format!(r#"sum by (le, model) ({family}_bucket{{job="{job}"}})"#);
         let split = by_model_le(&prom.query(&q("split")).await.expect("split query"));
         let whole = by_model_le(&prom.query(&q("single")).await.expect("single query"));
@@ -626,64 +256,49 @@ async fn sharded_collectors_add_up_in_prometheus() {
             "{family}: sharded sum differs from the single collector"
         );
         assert_eq!(
-            &split, truth,
+            split, truth,
             "{family}: buckets differ from the traces' timings"
         );
-        // _sum and _count aggregate too (sums of floats: equal up to rounding).
         for part in ["sum", "count"] {
             let q = |job: &str| format!(r#"sum by (model) ({family}_{part}{{job="{job}"}})"#);
             let a = by_labels(&prom.query(&q("split")).await.expect("query"), &["model"]);
             let b = by_labels(&prom.query(&q("single")).await.expect("query"), &["model"]);
-            assert_eq!(a.len(), b.len(), "{family}_{part}");
-            for (k, v) in &a {
-                let w = b[k];
-                assert!(
-                    (v - w).abs() <= 1e-9 * w.abs().max(1.0),
-                    "{family}_{part} {k:?}: {v} vs {w}"
-                );
-            }
+            // Sums of floats in another order: equal up to rounding.
+            assert!(close(&a, &b, 1e-9), "{family}_{part}: {a:?} vs {b:?}");
         }
     }
-    // The e2e sum is the traces' total duration.
     let e2e_sum = prom
         .query_sum(r#"sum(infertrace_request_duration_seconds_sum{job="split"})"#)
         .await
         .expect("query");
-    let truth_sum: f64 = specs.iter().map(|r| RequestSpec::secs(r.e2e())).sum();
+    let truth: f64 = specs.iter().map(|r| RequestSpec::secs(r.e2e())).sum();
     assert!(
-        (e2e_sum - truth_sum).abs() < 1e-6,
-        "e2e sum {e2e_sum} vs {truth_sum}"
+        (e2e_sum - truth).abs() < 1e-6,
+        "e2e sum {e2e_sum} vs {truth}"
     );
+}
 
-    // 2. Counters add up: requests by outcome, tokens by type, goodput.
+/// Requests by outcome, tokens by type and goodput add up across the shards.
+async fn counters_add_up(prom: &Prometheus, specs: &[RequestSpec]) {
     for (expr, labels) in [
         (
-            "sum by (model, outcome) (infertrace_requests_total{job=\"JOB\"})",
+            r#"sum by (model, outcome) (infertrace_requests_total{job="JOB"})"#,
             &["model", "outcome"][..],
         ),
         (
-            "sum by (model, type) (infertrace_tokens_total{job=\"JOB\"})",
+            r#"sum by (model, type) (infertrace_tokens_total{job="JOB"})"#,
             &["model", "type"][..],
         ),
         (
-            "sum by (model) (infertrace_goodput_requests_total{job=\"JOB\"})",
+            r#"sum by (model) (infertrace_goodput_requests_total{job="JOB"})"#,
             &["model"][..],
         ),
     ] {
-        let a = by_labels(
-            &prom
-                .query(&expr.replace("JOB", "split"))
-                .await
-                .expect("query"),
-            labels,
-        );
-        let b = by_labels(
-            &prom
-                .query(&expr.replace("JOB", "single"))
-                .await
-                .expect("query"),
-            labels,
-        );
+        let split = expr.replace("JOB", "split");
+        let single = expr.replace("JOB", "single");
+        let a = by_labels(&prom.query(&split).await.expect("query"), labels);
+        let b = by_labels(&prom.query(&single).await.expect("query"), labels);
+        assert!(!a.is_empty(), "{expr}: no data");
         assert_eq!(a, b, "{expr}");
     }
     let errors = specs.iter().filter(|r| r.error).count() as f64;
@@ -698,52 +313,30 @@ async fn sharded_collectors_add_up_in_prometheus() {
         .await
         .expect("query");
     assert_eq!(got_output, output_tokens as f64, "output tokens");
+}
 
-    // 3. Critical-path seconds: per-instance counters add up to the single collector's, and
-    //    to the phases' and the request span's own time.
+/// Per-instance critical-path counters add up to the single collector's, and to the phases'
+/// and the request spans' own time.
+async fn critical_path_adds_up(prom: &Prometheus, specs: &[RequestSpec]) {
     let cp = |job: &str| {
         format!(r#"sum by (service, span) (infertrace_critical_path_seconds_total{{job="{job}"}})"#)
     };
-    let split_cp = by_labels(
-        &prom.query(&cp("split")).await.expect("query"),
-        &["service", "span"],
-    );
-    let single_cp = by_labels(
-        &prom.query(&cp("single")).await.expect("query"),
-        &["service", "span"],
-    );
-    let mut truth_cp: BTreeMap<Vec<String>, f64> = BTreeMap::new();
-    for r in &specs {
-        let own = format!("{} {}", sc::gen_ai::operation::CHAT, r.model);
-        for (name, ns) in [
-            (sc::span::QUEUE.to_owned(), r.queue),
-            (sc::span::PREFILL.to_owned(), r.prefill),
-            (sc::span::DECODE.to_owned(), r.decode),
-            (own, r.tail),
-        ] {
-            if ns > 0 {
-                *truth_cp.entry(vec![SERVICE.to_owned(), name]).or_default() +=
-                    RequestSpec::secs(ns);
-            }
-        }
-    }
-    let close = |a: &BTreeMap<Vec<String>, f64>, b: &BTreeMap<Vec<String>, f64>| {
-        a.len() == b.len()
-            && a.iter().all(|(k, v)| {
-                b.get(k)
-                    .is_some_and(|w| (v - w).abs() <= 1e-6 * w.abs().max(1.0))
-            })
-    };
+    let labels = ["service", "span"];
+    let split = by_labels(&prom.query(&cp("split")).await.expect("query"), &labels);
+    let single = by_labels(&prom.query(&cp("single")).await.expect("query"), &labels);
+    let truth = traffic::expected_critical_path(specs);
     assert!(
-        close(&split_cp, &single_cp),
-        "critical path: shards {split_cp:?}\nsingle {single_cp:?}"
+        close(&split, &single, 1e-6),
+        "critical path: shards {split:?}\nsingle {single:?}"
     );
     assert!(
-        close(&split_cp, &truth_cp),
-        "critical path: shards {split_cp:?}\ntruth {truth_cp:?}"
+        close(&split, &truth, 1e-6),
+        "critical path: shards {split:?}\ntruth {truth:?}"
     );
+}
 
-    // 4. Every alert rule evaluates in Prometheus without error, and runs as a query.
+/// Every alert rule loads, evaluates in Prometheus without error, and runs as a query.
+async fn alert_rules_evaluate(prom: &Prometheus, alerts: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let rules = loop {
         let data = prom.api("rules").await.expect("rules API");
@@ -753,13 +346,12 @@ async fn sharded_collectors_add_up_in_prometheus() {
             .flatten()
             .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
             .collect();
-        let evaluated = !rules.is_empty()
-            && rules.iter().all(|r| {
-                r["lastEvaluation"]
-                    .as_str()
-                    .is_some_and(|t| !t.starts_with("0001-"))
-            });
-        if evaluated {
+        let evaluated = |r: &serde_json::Value| {
+            r["lastEvaluation"]
+                .as_str()
+                .is_some_and(|t| !t.starts_with("0001-"))
+        };
+        if !rules.is_empty() && rules.iter().all(evaluated) {
             break rules;
         }
         assert!(Instant::now() < deadline, "rules never evaluated: {data}");
@@ -781,31 +373,28 @@ async fn sharded_collectors_add_up_in_prometheus() {
             .await
             .unwrap_or_else(|e| panic!("rule {} query fails: {e}\n{q}", r["name"]));
     }
+}
 
-    // 5. Every dashboard expression runs; the infertrace panels show data (once every series
-    //    has the two samples `rate` needs).
-    wait_for_value(
-        &prom,
-        "min(count_over_time(infertrace_requests_total[1m])) >= bool 2",
-        1.0,
-        wait,
-    )
-    .await;
-    let exprs = dashboard_exprs(&dashboard);
+/// Every dashboard expression runs; the infertrace panels show data (once every series has the
+/// two samples `rate` needs).
+async fn dashboard_queries_run(prom: &Prometheus, dashboard: &serde_json::Value) {
+    let two_samples = "min(count_over_time(infertrace_requests_total[1m])) >= bool 2";
+    wait_for_value(prom, two_samples, 1.0).await;
+    let exprs = dashboard::exprs(dashboard);
     assert!(
         exprs.len() > 20,
         "dashboard has its queries: {}",
         exprs.len()
     );
     let mut empty = Vec::new();
-    for (title, expr, _) in &exprs {
-        let q = grafana_to_promql(expr);
+    for dashboard::Query { title, expr, .. } in &exprs {
+        let q = dashboard::to_promql(expr);
         assert!(!q.contains('$'), "{title}: unsubstituted variable in {q}");
         let result = prom
             .query(&q)
             .await
             .unwrap_or_else(|e| panic!("dashboard panel {title:?}: {e}\n{q}"));
-        if must_have_data(&q) && result.is_empty() {
+        if dashboard::must_have_data(&q) && result.is_empty() {
             empty.push(format!("{title}: {q}"));
         }
     }
@@ -814,32 +403,25 @@ async fn sharded_collectors_add_up_in_prometheus() {
         "dashboard queries without data:\n{}",
         empty.join("\n")
     );
+}
 
-    // 6. The Docker image's healthcheck (bash /dev/tcp, no curl in the image) sees a healthy
-    //    collector, and fails on a port where nothing listens.
+/// The Docker image's healthcheck (bash /dev/tcp, no curl in the image) sees a healthy
+/// collector, and fails on a port where nothing listens.
+async fn docker_healthcheck_works(http: &HttpClient, api: SocketAddr) {
     let script = dockerfile_healthcheck();
     assert!(
-        healthcheck_passes(&script, single.api_addr.port()),
+        healthcheck_passes(&script, api.port()),
         "healthcheck on a live collector"
     );
     let (status, body) = http
-        .get(&format!("http://{}/health", single.api_addr))
+        .get(&format!("http://{api}/health"))
         .await
         .expect("GET /health");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let closed = support_prom::free_port();
     assert!(
-        !healthcheck_passes(&script, support_prom::free_port()),
+        !healthcheck_passes(&script, closed),
         "healthcheck on a closed port"
-    );
-
-    drop(prom);
-    for c in shards {
-        c.stop().await.expect("shard stops");
-    }
-    single.stop().await.expect("single stops");
-    eprintln!(
-        "scale-out proof took {:.1} s",
-        started.elapsed().as_secs_f64()
     );
 }
 
@@ -911,7 +493,24 @@ fn compose_collector_configs_are_valid() {
             cfg.receivers.otlp_http.endpoint.ip().is_unspecified(),
             "{file}: otlp_http"
         );
+        // The history store lives where the Dockerfile creates a directory the non-root user
+        // owns (and where docker/compose.yaml mounts its volume).
+        assert_eq!(
+            cfg.store.data_dir,
+            Path::new(STORE_DIR),
+            "{file}: store.data_dir"
+        );
     }
+    let dockerfile = std::fs::read_to_string(root.join("docker/Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile.contains(&format!("install -d -o 10001 -g 10001 {STORE_DIR}")),
+        "the image creates {STORE_DIR} for uid 10001"
+    );
+    let compose = std::fs::read_to_string(root.join("docker/compose.yaml")).expect("compose");
+    assert!(
+        compose.contains(&format!("infertrace-data:{STORE_DIR}")),
+        "compose.yaml mounts a volume at {STORE_DIR}"
+    );
     let scale =
         CollectorConfig::from_file(&root.join("docker/infertrace.scale.yaml")).expect("parses");
     assert_eq!(
@@ -922,12 +521,9 @@ fn compose_collector_configs_are_valid() {
 
 #[test]
 fn dashboard_and_shards_are_well_formed() {
-    let root = repo_root();
-    let text = std::fs::read_to_string(
-        root.join("otel-config/grafana/dashboards/llm-latency-breakdown.json"),
-    )
-    .expect("dashboard");
-    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    let dashboard = dashboard::load(
+        &repo_root().join("otel-config/grafana/dashboards/llm-latency-breakdown.json"),
+    );
     let vars: Vec<&str> = dashboard["templating"]["list"]
         .as_array()
         .expect("templating")
@@ -938,39 +534,40 @@ fn dashboard_and_shards_are_well_formed() {
         vars.contains(&"model") && vars.contains(&"instance"),
         "{vars:?}"
     );
-    let exprs = dashboard_exprs(&dashboard);
+    let queries = dashboard::exprs(&dashboard);
     // Percentiles aggregate classic histograms across collectors by (le, model).
-    assert!(
-        exprs
-            .iter()
-            .any(|(_, e, _)| e.contains("histogram_quantile(0.95, sum by (le, model)"))
-    );
-    for (title, e, var) in &exprs {
-        if !var
-            && e.contains("infertrace_")
-            && !e.contains("critical_path")
-            && !e.contains("receiver_spans")
-            && !e.contains("dropped_spans")
-            && !e.contains("traces_in_flight")
-            && !e.contains("exported_spans")
-            && !e.contains("alerts_active")
-            && !e.contains("series_overflow")
-            && !e.contains("late_spans")
-        {
+    let fleet_p95 = "histogram_quantile(0.95, sum by (le, model)";
+    assert!(queries.iter().any(|q| q.expr.contains(fleet_p95)));
+    // Families without a model label (per collector, or per (service, span)).
+    let modelless = [
+        "critical_path",
+        "receiver_spans",
+        "dropped_spans",
+        "traces_in_flight",
+        "exported_spans",
+        "alerts_active",
+        "series_overflow",
+        "late_spans",
+        "store_",
+    ];
+    for q in queries
+        .iter()
+        .filter(|q| !q.is_variable && q.expr.contains("infertrace_"))
+    {
+        let (title, e) = (&q.title, &q.expr);
+        if !modelless.iter().any(|m| e.contains(m)) {
             assert!(
                 e.contains("$model"),
                 "{title}: request panels filter by $model: {e}"
             );
         }
-        if !var && e.contains("infertrace_") {
-            assert!(
-                e.contains("$instance"),
-                "{title}: collector panels filter by $instance: {e}"
-            );
-        }
+        assert!(
+            e.contains("$instance"),
+            "{title}: collector panels filter by $instance: {e}"
+        );
     }
     // The shard function partitions: every trace goes to exactly one of n shards, all used.
-    let specs = requests();
+    let specs = traffic::requests(TRACES);
     for n in [2usize, 3] {
         let mut counts = vec![0usize; n];
         for r in &specs {
@@ -1163,4 +760,45 @@ fn deployment_files_agree_with_each_other() {
         }
     }
     assert!(n >= 6, "{n} alerts");
+}
+
+/// `docker-compose config` (Compose v1) or `docker compose config` (v2) parses both compose files
+/// against the Compose schema without a Docker engine. Optional: runs where a Compose client is
+/// installed (`apt-get install docker-compose`), says so and passes where none is.
+#[test]
+fn compose_files_pass_docker_compose_config() {
+    let docker_compose_v2 = support_prom::find_binary("DOCKER_BIN", "docker").filter(|docker| {
+        Command::new(docker)
+            .args(["compose", "version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let (bin, prefix): (PathBuf, &[&str]) = match docker_compose_v2 {
+        Some(docker) => (docker, &["compose"]),
+        None => match support_prom::find_binary("DOCKER_COMPOSE_BIN", "docker-compose") {
+            Some(p) => (p, &[]),
+            None => {
+                eprintln!(
+                    "SKIPPED compose_files_pass_docker_compose_config: no `docker compose` or \
+                     `docker-compose` client"
+                );
+                return;
+            }
+        },
+    };
+    let docker_dir = repo_root().join("docker");
+    for file in ["compose.yaml", "compose.scale.yaml"] {
+        let mut args: Vec<&str> = prefix.to_vec();
+        args.extend([
+            "-f",
+            file,
+            "--profile",
+            "tempo",
+            "--profile",
+            "gpu",
+            "config",
+            "-q",
+        ]);
+        run_tool(&bin, &args, &docker_dir);
+    }
 }

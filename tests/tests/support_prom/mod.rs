@@ -8,6 +8,9 @@
 
 #![allow(dead_code)] // each test crate uses a different subset
 
+pub mod dashboard;
+pub mod traffic;
+
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
