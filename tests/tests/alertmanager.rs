@@ -98,6 +98,7 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
     };
     let am = start_alertmanager(&bin).await;
     let mut config = CollectorConfig::default();
+    config.store.enabled = false; // in memory: no ./infertrace-data left behind
     config.receivers.otlp_grpc.enabled = false;
     config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
     config.api.listen = "127.0.0.1:0".parse().unwrap();

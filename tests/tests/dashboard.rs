@@ -31,6 +31,7 @@ receivers:
   otlp_http: { endpoint: "127.0.0.1:0" }
 api: { listen: "127.0.0.1:0" }
 assembly: { grace: 200ms, tick: 50ms }
+store: { enabled: false }
 alerts:
   evaluation_interval: 1s
   rules:

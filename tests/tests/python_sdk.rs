@@ -117,6 +117,7 @@ async fn python_sdk_dialects_give_the_true_kpis() {
         return;
     }
     let mut config = CollectorConfig::default();
+    config.store.enabled = false; // in memory: no ./infertrace-data left behind
     config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
     config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
     config.api.listen = "127.0.0.1:0".parse().unwrap();
