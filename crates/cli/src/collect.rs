@@ -24,6 +24,12 @@ pub struct CollectArgs {
     /// API, dashboard and Prometheus /metrics listen address [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Directory of the history store (infertrace.db) [default: ./infertrace-data].
+    #[arg(long, value_name = "PATH", conflicts_with = "no_store")]
+    pub data_dir: Option<PathBuf>,
+    /// Keep no history: everything stays in memory (no /api/history, no report --since).
+    #[arg(long)]
+    pub no_store: bool,
 }
 
 /// Arguments of `infertrace check-config`.
@@ -47,6 +53,13 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
     }
     if let Some(a) = args.listen {
         config.api.listen = a;
+    }
+    if let Some(dir) = &args.data_dir {
+        config.store.data_dir = dir.clone();
+        config.store.enabled = true;
+    }
+    if args.no_store {
+        config.store.enabled = false;
     }
     config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     Ok(config)
@@ -79,8 +92,11 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     let collector = server::run(config, shutdown_signal()).await.context("starting the collector")?;
     let show = |a: Option<SocketAddr>| a.map_or("disabled".to_owned(), |a| a.to_string());
+    let history = collector
+        .store()
+        .map_or("history: off".to_owned(), |s| format!("history: {}", s.path().display()));
     eprintln!(
-        "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API http://{}  (metrics: /metrics, KPIs: /api/kpis; Ctrl-C stops)",
+        "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API http://{}  (metrics: /metrics, KPIs: /api/kpis; {history}; Ctrl-C stops)",
         show(collector.grpc_addr),
         show(collector.http_addr),
         collector.api_addr

@@ -138,6 +138,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         (None, false) => "127.0.0.1:0".parse()?,
     };
     config.assembly.grace = Duration::from_millis(500);
+    // The demo keeps everything in memory: it never creates ./infertrace-data.
+    config.store.enabled = false;
     let collector = server::run(config, std::future::pending()).await.context("starting the collector")?;
     let grpc = collector.grpc_addr.context("the demo needs the OTLP/gRPC receiver")?;
 

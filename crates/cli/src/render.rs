@@ -45,11 +45,17 @@ fn s<'a>(v: &'a Value, key: &str) -> &'a str {
 struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
+    /// Leading columns aligned left (labels); the rest align right (numbers).
+    left: usize,
 }
 
 impl Table {
     fn new(header: &[&str]) -> Self {
-        Self { header: header.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new() }
+        Self { header: header.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new(), left: 3 }
+    }
+    fn left_columns(mut self, n: usize) -> Self {
+        self.left = n;
+        self
     }
     fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
@@ -66,7 +72,7 @@ impl Table {
             let mut l = String::from("  ");
             for (i, c) in r.iter().enumerate().take(cols) {
                 let pad = width[i] - c.chars().count();
-                if i < 3 {
+                if i < self.left {
                     l.push_str(c);
                     l.push_str(&" ".repeat(pad));
                 } else {
@@ -295,6 +301,73 @@ fn render_alerts(v: Option<&Value>, out: &mut String) {
     }
 }
 
+/// Formats a KPI value of a history report by its unit (`seconds`, `count`, `per_second`,
+/// `ratio`).
+fn history_value(unit: &str, v: Option<f64>) -> String {
+    match unit {
+        "seconds" => secs(v),
+        "count" => num(v, 0),
+        "per_second" => num(v, 2),
+        _ => pct(v),
+    }
+}
+
+/// Formats a history delta with its sign: seconds as durations, ratios in percentage points.
+fn history_delta(unit: &str, v: Option<f64>) -> String {
+    let Some(d) = v.filter(|x| x.is_finite()) else { return "-".into() };
+    let sign = if d < 0.0 { "-" } else { "+" };
+    let m = d.abs();
+    match unit {
+        "seconds" => format!("{sign}{}", secs(Some(m))),
+        "count" => format!("{sign}{m:.0}"),
+        "per_second" => format!("{sign}{m:.2}"),
+        _ => format!("{sign}{:.1}pp", m * 100.0),
+    }
+}
+
+/// Renders a history report (`infertrace report --since/--compare`): one row per KPI, with the
+/// baseline, delta and relative change when comparing.
+pub fn history_table(report: &Value) -> String {
+    let mut out = String::new();
+    let since = window_label(f(report, &["since_seconds"]));
+    let compare = f(report, &["compare_seconds"]);
+    let _ = write!(out, "infertrace report — last {since} of history");
+    for key in ["service", "model"] {
+        if let Some(v) = report.get(key).and_then(Value::as_str) {
+            let _ = write!(out, " — {key} {v}");
+        }
+    }
+    let _ = writeln!(out, " — source {}", s(report, "source"));
+    let empty = Vec::new();
+    let rows = report.get("kpis").and_then(Value::as_array).unwrap_or(&empty);
+    let requests = rows.iter().find(|r| r["kpi"] == "requests").and_then(|r| r["value"].as_f64());
+    if requests.is_none_or(|n| n == 0.0) {
+        out.push_str("\nNo requests stored in this range.\n");
+    }
+    out.push('\n');
+    let ago = compare.map(|c| format!("{} ago", window_label(Some(c))));
+    let mut header = vec!["kpi", "now"];
+    if let Some(a) = &ago {
+        header.extend([a.as_str(), "delta", "change"]);
+    }
+    let mut t = Table::new(&header).left_columns(1);
+    for r in rows {
+        let unit = s(r, "unit");
+        let mut cells = vec![s(r, "kpi").to_owned(), history_value(unit, f(r, &["value"]))];
+        if compare.is_some() {
+            let change = f(r, &["change"]).filter(|x| x.is_finite());
+            cells.extend([
+                history_value(unit, f(r, &["baseline"])),
+                history_delta(unit, f(r, &["delta"])),
+                change.map_or("-".into(), |c| format!("{:+.0}%", c * 100.0)),
+            ]);
+        }
+        t.row(cells);
+    }
+    t.render(&mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,5 +408,19 @@ mod tests {
         assert!(text.contains("[WARNING] queue_dominated"), "{text}");
         assert!(text.contains("phase_share.p99.queue = 50% (threshold 40%)"), "{text}");
         assert!(text.contains("decode"), "{text}");
+    }
+
+    #[test]
+    fn history_deltas_carry_their_sign_and_unit() {
+        assert_eq!(history_delta("seconds", Some(-0.05)), "-50.0ms");
+        assert_eq!(history_delta("count", Some(15.0)), "+15");
+        assert_eq!(history_delta("ratio", Some(0.031)), "+3.1pp");
+        assert_eq!(history_delta("per_second", None), "-");
+        let report = serde_json::json!({"source": "x", "since_seconds": 3600, "compare_seconds": 86400,
+            "kpis": [{"kpi": "requests", "unit": "count", "value": 25.0, "baseline": 10.0, "delta": 15.0, "change": 1.5}]});
+        let t = history_table(&report);
+        assert!(t.contains("last 1h of history") && t.contains("24h ago"), "{t}");
+        let line = t.lines().find(|l| l.trim_start().starts_with("requests")).unwrap();
+        assert_eq!(line.split_whitespace().collect::<Vec<_>>(), ["requests", "25", "10", "+15", "+150%"]);
     }
 }

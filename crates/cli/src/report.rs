@@ -1,6 +1,13 @@
 //! `infertrace report`: the latency breakdown, critical path and findings of a running collector.
+//!
+//! With `--since 1h` the report covers a stretch of the collector's history instead of a live
+//! window (from its store, through `GET /api/history`): end-to-end, TTFT and TPOT p50/p99,
+//! requests, rates, goodput and phase shares. `--compare 1h` adds the same KPIs over the same
+//! length of time one hour earlier, with the deltas. Ranges are whole minutes (the store keeps
+//! minute rollups), so `--since 1h` covers the current minute and the 60 before it.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
@@ -24,11 +31,162 @@ pub struct ReportArgs {
     #[arg(long, default_value = "http://127.0.0.1:9464")]
     pub url: String,
     /// Window to report on: one of the collector's KPI windows (1m, 5m, 1h by default).
-    #[arg(long, default_value = "5m")]
+    #[arg(long, default_value = "5m", conflicts_with_all = ["since", "compare"])]
     pub window: String,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// Report on this much history from the collector's store (e.g. 1h, 30m, 1d) instead of a
+    /// live window.
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Compare with the same KPIs this long ago (e.g. 1h, 1d), with deltas; over --since
+    /// (default 1h) of history.
+    #[arg(long, value_name = "DURATION")]
+    pub compare: Option<String>,
+    /// History reports: only this service.
+    #[arg(long)]
+    pub service: Option<String>,
+    /// History reports: only this model.
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+/// How a history KPI is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Seconds.
+    Seconds,
+    /// A count.
+    Count,
+    /// Per second.
+    Rate,
+    /// A fraction of 1.
+    Ratio,
+}
+
+impl Unit {
+    fn name(self) -> &'static str {
+        match self {
+            Unit::Seconds => "seconds",
+            Unit::Count => "count",
+            Unit::Rate => "per_second",
+            Unit::Ratio => "ratio",
+        }
+    }
+}
+
+/// The KPIs of a history report, as `/api/history?kpi=` names them.
+pub const HISTORY_KPIS: [(&str, Unit); 14] = [
+    ("requests", Unit::Count),
+    ("throughput.requests_per_second", Unit::Rate),
+    ("throughput.output_tokens_per_second", Unit::Rate),
+    ("goodput.ratio", Unit::Ratio),
+    ("error_rate", Unit::Ratio),
+    ("e2e.p50", Unit::Seconds),
+    ("e2e.p99", Unit::Seconds),
+    ("ttft.p50", Unit::Seconds),
+    ("ttft.p99", Unit::Seconds),
+    ("tpot.p50", Unit::Seconds),
+    ("tpot.p99", Unit::Seconds),
+    ("phase_share.all.queue", Unit::Ratio),
+    ("phase_share.all.prefill", Unit::Ratio),
+    ("phase_share.all.decode", Unit::Ratio),
+];
+
+/// What a history report covers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistoryRequest {
+    /// How far back from now.
+    pub since: Duration,
+    /// Compare with the same length of time this long before.
+    pub compare: Option<Duration>,
+    /// Only this service.
+    pub service: Option<String>,
+    /// Only this model.
+    pub model: Option<String>,
+}
+
+/// Parses a `--since` / `--compare` duration (at least a second).
+pub fn parse_span(flag: &str, s: &str) -> anyhow::Result<Duration> {
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| anyhow::anyhow!("{flag} {s:?}: {e}; write e.g. 30m, 1h, 1d"))?;
+    if d < Duration::from_secs(1) {
+        anyhow::bail!("{flag} {s:?} must be at least 1s");
+    }
+    Ok(d)
+}
+
+/// Percent-encodes a query value (everything but RFC 3986's unreserved characters).
+fn encode_query(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The `/api/history` query of `kpi` over the `span` ending `ago` before now, as one step.
+pub fn history_query(kpi: &str, span: Duration, ago: Duration, h: &HistoryRequest) -> String {
+    let (span, ago) = (span.as_secs(), ago.as_secs());
+    let to = if ago == 0 { "now".to_owned() } else { format!("-{ago}s") };
+    // One step covering the whole range: the range starts at the minute holding `from`.
+    let step = span + 60;
+    let mut q = format!("kpi={}&from=-{}s&to={to}&step={step}", encode_query(kpi), span + ago);
+    if let Some(s) = &h.service {
+        q.push_str(&format!("&service={}", encode_query(s)));
+    }
+    if let Some(m) = &h.model {
+        q.push_str(&format!("&model={}", encode_query(m)));
+    }
+    q
+}
+
+/// The value of a one-step `/api/history` answer (`None`: no data in the range).
+pub fn single_value(answer: &Value) -> Option<f64> {
+    answer.get("points")?.as_array()?.iter().find_map(|p| p.get(1).and_then(Value::as_f64))
+}
+
+/// One KPI of a history report: its value, and with `--compare` the baseline and the deltas.
+pub fn history_row(kpi: &str, unit: Unit, value: Option<f64>, baseline: Option<Option<f64>>) -> Value {
+    let mut row = json!({"kpi": kpi, "unit": unit.name(), "value": value});
+    if let Some(before) = baseline {
+        let delta = value.zip(before).map(|(a, b)| a - b);
+        let change = value.zip(before).and_then(|(a, b)| (b != 0.0).then_some((a - b) / b));
+        row["baseline"] = json!(before);
+        row["delta"] = json!(delta);
+        row["change"] = json!(change);
+    }
+    row
+}
+
+/// Fetches a history report from the collector at `url`.
+pub async fn fetch_history(url: &str, h: &HistoryRequest) -> anyhow::Result<Value> {
+    let base = url.trim_end_matches('/');
+    let mut rows = Vec::with_capacity(HISTORY_KPIS.len());
+    for (kpi, unit) in HISTORY_KPIS {
+        let now = get_json(&format!("{base}/api/history?{}", history_query(kpi, h.since, Duration::ZERO, h))).await?;
+        let baseline = match h.compare {
+            Some(ago) => {
+                let before = get_json(&format!("{base}/api/history?{}", history_query(kpi, h.since, ago, h))).await?;
+                Some(single_value(&before))
+            }
+            None => None,
+        };
+        rows.push(history_row(kpi, unit, single_value(&now), baseline));
+    }
+    Ok(json!({
+        "source": base,
+        "since_seconds": h.since.as_secs(),
+        "compare_seconds": h.compare.map(|d| d.as_secs()),
+        "service": h.service,
+        "model": h.model,
+        "kpis": rows,
+    }))
 }
 
 /// Fetches every part of a report from the collector at `url`.
@@ -60,7 +218,61 @@ pub fn print_report(report: &Value, format: Format) -> anyhow::Result<()> {
 
 /// Runs `infertrace report`.
 pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    if args.since.is_some() || args.compare.is_some() {
+        let h = HistoryRequest {
+            since: match &args.since {
+                Some(s) => parse_span("--since", s)?,
+                None => Duration::from_secs(3600),
+            },
+            compare: args.compare.as_deref().map(|c| parse_span("--compare", c)).transpose()?,
+            service: args.service,
+            model: args.model,
+        };
+        let report = fetch_history(&args.url, &h).await?;
+        match args.format {
+            Format::Table => print!("{}", render::history_table(&report)),
+            Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let report = fetch_report(&args.url, &args.window).await?;
     print_report(&report, args.format)?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> HistoryRequest {
+        HistoryRequest { since: Duration::from_secs(3600), compare: None, service: None, model: None }
+    }
+
+    #[test]
+    fn queries_cover_the_range_in_one_step() {
+        let h = HistoryRequest { model: Some("llama 3/8b".into()), ..req() };
+        assert_eq!(
+            history_query("ttft.p99", h.since, Duration::ZERO, &h),
+            "kpi=ttft.p99&from=-3600s&to=now&step=3660&model=llama%203%2F8b"
+        );
+        assert_eq!(
+            history_query("requests", h.since, Duration::from_secs(3600), &req()),
+            "kpi=requests&from=-7200s&to=-3600s&step=3660"
+        );
+    }
+
+    #[test]
+    fn rows_carry_deltas() {
+        let r = history_row("e2e.p99", Unit::Seconds, Some(0.3), Some(Some(0.2)));
+        assert!((r["delta"].as_f64().unwrap() - 0.1).abs() < 1e-12);
+        assert!((r["change"].as_f64().unwrap() - 0.5).abs() < 1e-12);
+        let r = history_row("requests", Unit::Count, Some(5.0), Some(None));
+        assert!(r["delta"].is_null() && r["baseline"].is_null());
+        let r = history_row("requests", Unit::Count, Some(5.0), None);
+        assert!(r.get("delta").is_none());
+        assert_eq!(single_value(&json!({"points": [[1.0, null], [2.0, 4.5]]})), Some(4.5));
+        assert_eq!(single_value(&json!({"points": []})), None);
+        assert!(parse_span("--since", "0s").is_err());
+        assert!(parse_span("--since", "soon").is_err());
+    }
 }

@@ -47,6 +47,8 @@ pub struct CollectorConfig {
     pub forward: ForwardConfig,
     /// Critical-path options.
     pub critical_path: CriticalPathSection,
+    /// The embedded history store (`--data-dir`, `--no-store`).
+    pub store: crate::store::StoreOptions,
 }
 
 /// `receivers:` — where OTLP comes in.
@@ -564,6 +566,32 @@ impl CollectorConfig {
         self.validate_diagnosis()?;
         self.validate_alerts()?;
         self.validate_forward()?;
+        self.validate_store()?;
+        Ok(())
+    }
+
+    fn validate_store(&self) -> Result<(), Invalid> {
+        let s = &self.store;
+        if !s.enabled {
+            return Ok(());
+        }
+        if s.data_dir.as_os_str().is_empty() {
+            return Err(Invalid::new(
+                &["store", "data_dir"],
+                "must name a directory (or set store.enabled: false)",
+            ));
+        }
+        for (key, d) in [
+            ("flush_interval", s.flush_interval),
+            ("retention", s.retention),
+        ] {
+            if d.is_zero() {
+                return Err(Invalid::new(&["store", key], "must be a positive duration"));
+            }
+        }
+        if s.queue_capacity == 0 {
+            return Err(Invalid::new(&["store", "queue_capacity"], "must be > 0"));
+        }
         Ok(())
     }
 

@@ -7,8 +7,15 @@
 //! 1. the receivers stop accepting and let in-flight requests finish;
 //! 2. the pipeline refuses anything later, closes every trace in flight (without waiting for
 //!    its grace) and records it into the KPIs;
-//! 3. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]);
-//! 4. the API stops last, so a final scrape can still see the flushed KPIs until then.
+//! 3. the history store (when on) receives what the pipeline's feed holds and commits it;
+//! 4. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]);
+//! 5. the API stops last, so a final scrape can still see the flushed KPIs until then.
+//!
+//! **History store** ([`crate::store`], `store:` in the config): opened before anything is
+//! bound; a file that is not infertrace's database stops `run` with [`ServerError::Store`]
+//! naming the file (and leaves it untouched). On start the KPI windows are refilled from the
+//! stored minutes (so `/api/kpis?window=1h` survives a restart); findings of the last 5 minutes
+//! are stored once a minute, alert transitions as they happen.
 //!
 //! The API address serves the JSON API ([`crate::api`]) and the web dashboard
 //! ([`crate::dashboard`]).
@@ -49,9 +56,14 @@ use crate::limiter::MemoryLimiter;
 use crate::pipeline::{Pipeline, TickStats};
 use crate::prom_export::{PromMetrics, build_registry};
 use crate::receiver::{ReceiverLimits, serve_grpc, serve_http};
+use crate::store::{Store, StoreError, unix_nanos_now};
 
 /// Longest the forwarder may take to send its queue at shutdown.
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+/// How often the current findings are stored in the history store.
+pub const FINDINGS_INTERVAL: Duration = Duration::from_secs(60);
+/// The KPI window whose findings are stored.
+pub const FINDINGS_WINDOW: Duration = Duration::from_secs(300);
 
 /// Why the collector could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +86,9 @@ pub enum ServerError {
     /// The forwarder could not be set up.
     #[error(transparent)]
     Forward(#[from] forward::ForwardError),
+    /// The history store could not be opened, started or flushed (the message names the file).
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// A server task failed.
     #[error("{what} failed: {error}")]
     Serve {
@@ -103,6 +118,7 @@ pub struct RunningCollector {
     pipeline: Arc<Pipeline>,
     alerting: Arc<Mutex<Alerting>>,
     metrics: PromMetrics,
+    store: Option<Store>,
     stop: watch::Sender<bool>,
     join: JoinHandle<Result<ShutdownReport, ServerError>>,
 }
@@ -145,6 +161,11 @@ impl RunningCollector {
     /// The self-metrics.
     pub fn events(&self) -> &InternalEvents {
         self.pipeline.events()
+    }
+
+    /// The history store (`None` with `store.enabled: false`).
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
     }
 
     /// Starts the shutdown (same as the shutdown future resolving); see [`join`](Self::join).
@@ -201,6 +222,8 @@ pub async fn run(
     config
         .validate()
         .map_err(|e| ServerError::Config(e.to_string()))?;
+    // Before binding anything: a refused file stops the start with its name.
+    let store = Store::open_configured(&config.store)?;
     let r = &config.receivers;
     let grpc_listener = match r.otlp_grpc.enabled {
         true => Some(
@@ -254,6 +277,12 @@ pub async fn run(
         limiter.clone(),
         forward_handle,
     ));
+    if let Some(store) = &store {
+        let writer = store.start_writer(events.clone())?;
+        let feed = store.feed(writer, &config.kpi_config());
+        let restored = pipeline.attach_store(store, feed)?;
+        tracing::info!(path = %store.path().display(), restored, "history store open");
+    }
     let alerting = Arc::new(Mutex::new(
         Alerting::new(&config, &format!("http://{api_addr}")).map_err(ServerError::Config)?,
     ));
@@ -335,14 +364,36 @@ pub async fn run(
         alertmanager,
         stopped(late_stop_rx.clone()),
     ));
+    let findings_task = pipeline.store_writer().map(|writer| {
+        let pipeline = pipeline.clone();
+        let stop = stopped(late_stop_rx.clone());
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(FINDINGS_INTERVAL);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick is immediate: there is nothing to diagnose yet.
+            ticker.tick().await;
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    _ = &mut stop => break,
+                }
+                let findings = pipeline.findings(FINDINGS_WINDOW);
+                if !findings.is_empty() {
+                    writer.write_findings(unix_nanos_now(), findings);
+                }
+            }
+        })
+    });
     let state = Arc::new(ApiState {
         pipeline: pipeline.clone(),
         registry,
         alerting: alerting.clone(),
+        store: store.clone(),
     });
     let app = api::router(state).merge(dashboard::routes(
         pipeline.clone(),
-        dashboard::DashboardSettings::from_config(&config),
+        dashboard::DashboardSettings::from_config(&config).with_history(store.is_some()),
     ));
     let api_task = tokio::spawn(
         axum::serve(api_listener, app)
@@ -385,11 +436,26 @@ pub async fn run(
                 requests = flushed.requests,
                 "flushed traces in flight into the KPIs"
             );
+            if let Some(writer) = pipeline.hand_over_store(unix_nanos_now()) {
+                match tokio::task::spawn_blocking(move || writer.flush()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => result = Err(ServerError::Store(e)),
+                    Err(e) => {
+                        result = Err(ServerError::Serve {
+                            what: "history store",
+                            error: std::io::Error::other(e.to_string()),
+                        })
+                    }
+                }
+            }
             if let Some(f) = forward_task {
                 f.close(SHUTDOWN_DEADLINE).await;
             }
             let _ = late_stop_tx.send(true);
             let _ = alert_task.await;
+            if let Some(t) = findings_task {
+                let _ = t.await;
+            }
             match api_task.await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => result = Err(serve_error("api")(e)),
@@ -406,6 +472,7 @@ pub async fn run(
         pipeline,
         alerting,
         metrics,
+        store,
         stop: stop_tx,
         join,
     })

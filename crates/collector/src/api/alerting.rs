@@ -195,7 +195,8 @@ fn lock(m: &Mutex<Alerting>) -> std::sync::MutexGuard<'_, Alerting> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Evaluates every `interval` until `stop` resolves; delivers to `alertmanager` when set.
+/// Evaluates every `interval` until `stop` resolves; delivers to `alertmanager` when set and
+/// stores every transition in the history store when the pipeline has one.
 pub async fn run(
     pipeline: Arc<Pipeline>,
     alerting: Arc<Mutex<Alerting>>,
@@ -207,6 +208,7 @@ pub async fn run(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_resend = tokio::time::Instant::now();
+    let history = pipeline.store_writer();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -214,6 +216,11 @@ pub async fn run(
             _ = &mut stop => break,
         }
         let events = evaluate_once(&pipeline, &alerting, &metrics);
+        if let Some(w) = &history
+            && !events.is_empty()
+        {
+            w.write_alert_events(unix_nanos_now(), events.clone());
+        }
         if let Some(am) = &alertmanager {
             if !events.is_empty() {
                 am.post(&events).await;

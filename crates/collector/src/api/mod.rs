@@ -9,11 +9,14 @@
 //! | `GET /api/findings?window=1m` | the diagnosis findings per series of the window |
 //! | `GET /api/traces/{trace_id}` | one recent trace: records, spans, critical paths (404 if unknown) |
 //! | `GET /api/alerts` | rules, pending / firing / resolved alerts, anomalies |
+//! | `GET /api/history?kpi=ttft.p99&from=-1h&to=now&step=60` | a KPI's history from the store ([`history`]) |
+//! | `GET /api/history/slow-requests`, `/alerts`, `/findings` | stored requests, alert transitions, findings |
 //!
 //! `window` must be one of `kpi.windows` (humantime: `1m`, `300s`, `1h`); without it the first
 //! window is used. Errors are JSON `{"error": "..."}` with 400 (bad window, bad trace id) or 404.
 
 pub mod alerting;
+pub mod history;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,6 +35,7 @@ use serde_json::json;
 use crate::config::parse_duration;
 use crate::pipeline::Pipeline;
 use crate::prom_export::{CONTENT_TYPE, encode};
+use crate::store::Store;
 
 pub use alerting::{Alerting, AlertsView};
 
@@ -43,6 +47,8 @@ pub struct ApiState {
     pub registry: Arc<Registry>,
     /// Alert rules and results.
     pub alerting: Arc<Mutex<Alerting>>,
+    /// The history store (`None` with `--no-store`: the history routes answer 404).
+    pub store: Option<Store>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -61,6 +67,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/findings", get(findings))
         .route("/api/traces/{trace_id}", get(trace))
         .route("/api/alerts", get(alerts))
+        .route("/api/history", get(history::history))
+        .route("/api/history/slow-requests", get(history::slow_requests))
+        .route("/api/history/alerts", get(history::alerts))
+        .route("/api/history/findings", get(history::findings))
         .with_state(state)
 }
 

@@ -19,9 +19,16 @@
 //! bounded ring of recent traces behind `/api/traces/{id}` ([`RecentTraces`]). Late spans are
 //! merged into that ring only (see [`crate::assembler`]).
 //!
+//! **History** (when the embedded store is on, [`Pipeline::attach_store`]): every request the
+//! KPIs record is also added, under the same lock and with the same clock, to the
+//! [`StoreFeed`], which hands each minute to the store's writer thread (nothing is written on
+//! the ingest path). Every tick lets the feed hand over, even a tick without traffic, so
+//! minutes reach the store while idle.
+//!
 //! **Shutdown**: [`Pipeline::begin_shutdown`] refuses new batches
 //! ([`IngestError::ShuttingDown`]); [`Pipeline::flush`] closes every trace in flight, whatever
-//! its grace, and records it into the KPIs.
+//! its grace, and records it into the KPIs; [`Pipeline::hand_over_store`] then hands what the
+//! feed holds to the writer.
 
 pub mod recent;
 
@@ -44,6 +51,7 @@ use crate::ingest::{Ingest, IngestBatch, IngestError};
 use crate::internal_events::InternalEvents;
 use crate::limiter::{MemoryLimiter, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
+use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
 
 pub use recent::{RecentTraces, StoredRequest, StoredTrace};
 
@@ -71,6 +79,8 @@ struct Analysis {
     critical: CriticalPathWindows,
     prom: PromRecorder,
     recent: RecentTraces,
+    /// The history store's feed, when the store is on.
+    store: Option<StoreFeed>,
 }
 
 /// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
@@ -135,6 +145,7 @@ impl Pipeline {
             critical: CriticalPathWindows::new(config.critical_path_windows_config()),
             prom,
             recent: RecentTraces::new(config.api.recent_traces, config.api.recent_trace_spans),
+            store: None,
         };
         Self {
             assembler: Mutex::new(assembler),
@@ -148,6 +159,35 @@ impl Pipeline {
             windows: config.kpi.windows.clone(),
             requests_recorded: AtomicU64::new(0),
         }
+    }
+
+    /// Connects the history store: first refills the KPI windows from the minutes `store`
+    /// holds for the longest configured window before now (moving the windows' start back so
+    /// rates over them stay right across a restart), then feeds every later request to `feed`.
+    /// Call once, before the pipeline receives traffic. Returns the series-minutes restored.
+    pub fn attach_store(&self, store: &Store, feed: StoreFeed) -> Result<usize, StoreError> {
+        let longest = self.windows.iter().copied().max().unwrap_or(Duration::ZERO);
+        let mut a = lock(&self.analysis);
+        let restored = store.restore_kpis(&mut a.kpis, unix_nanos_now(), longest)?;
+        a.store = Some(feed);
+        Ok(restored)
+    }
+
+    /// The history store's writer, when a store is attached (for findings and alerts).
+    pub fn store_writer(&self) -> Option<StoreWriter> {
+        lock(&self.analysis)
+            .store
+            .as_ref()
+            .map(|f| f.writer().clone())
+    }
+
+    /// Hands everything the store feed holds to the writer at `now_unix_nano` (shutdown, after
+    /// [`flush`](Self::flush)); returns the writer to flush, `None` without a store.
+    pub fn hand_over_store(&self, now_unix_nano: u64) -> Option<StoreWriter> {
+        let mut a = lock(&self.analysis);
+        let feed = a.store.as_mut()?;
+        feed.hand_over(now_unix_nano);
+        Some(feed.writer().clone())
     }
 
     /// The configured KPI windows.
@@ -228,10 +268,17 @@ impl Pipeline {
             ..TickStats::default()
         };
         if completed.is_empty() && late.is_empty() {
+            // Minutes reach the store without traffic too.
+            if let Some(f) = &mut lock(&self.analysis).store {
+                f.tick(now_unix_nano);
+            }
             return stats;
         }
         let mut overflowed = 0u64;
         let mut a = lock(&self.analysis);
+        if let Some(f) = &mut a.store {
+            f.tick(now_unix_nano);
+        }
         for trace in completed {
             let CompletedTrace {
                 trace_id,
@@ -251,6 +298,9 @@ impl Pipeline {
                 if let Some(p) = &path {
                     a.critical.record(p, record.e2e, now_unix_nano);
                     a.prom.record_critical_path(p);
+                }
+                if let Some(f) = &mut a.store {
+                    f.record(&record, path.as_ref(), now_unix_nano);
                 }
                 requests.push(StoredRequest {
                     record,

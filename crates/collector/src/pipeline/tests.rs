@@ -255,3 +255,108 @@ fn findings_run_on_the_window() {
         "{findings:#?}"
     );
 }
+
+/// A store in a fresh temporary directory, attached to a fresh pipeline.
+fn pipeline_with_store(dir: &std::path::Path) -> (Pipeline, Store) {
+    let config = CollectorConfig::default();
+    let (p, _) = pipeline(&config);
+    let store = Store::open(dir, config.store.clone()).unwrap();
+    let writer = store.start_writer(p.events().clone()).unwrap();
+    let feed = store.feed(writer, &config.kpi_config());
+    assert_eq!(
+        p.attach_store(&store, feed).unwrap(),
+        0,
+        "an empty store restores nothing"
+    );
+    (p, store)
+}
+
+#[test]
+fn an_idle_tick_hands_the_ended_minute_to_the_store() {
+    use crate::store::{HistoryFilter, MINUTE_NANOS, minute_of};
+    let dir = tempfile::tempdir().unwrap();
+    let (p, store) = pipeline_with_store(dir.path());
+    let t0 = Instant::now();
+    // Well inside a minute, so that the records and the hand-over stay in it.
+    let minute = minute_of(unix_nanos_now()) - 2 * MINUTE_NANOS;
+    let unix = minute + 10_000 * MS;
+    for (k, d) in [(1, 900), (2, 400), (3, 100)] {
+        p.ingest_at(batch(request_trace(k, "m", 20, 80, d, 11)), t0)
+            .unwrap();
+    }
+    assert_eq!(p.tick_at(t0 + Duration::from_secs(2), unix).requests, 3);
+    let count = |store: &Store| {
+        store
+            .history(
+                "requests",
+                &HistoryFilter::default(),
+                minute,
+                minute + 2 * MINUTE_NANOS,
+                Duration::from_secs(60),
+            )
+            .unwrap()[0]
+            .value
+    };
+    p.store_writer().unwrap().flush().unwrap();
+    assert_eq!(
+        count(&store),
+        None,
+        "nothing handed over within the hand-over step"
+    );
+    // No traffic, the next minute: the ended minute is handed over all the same.
+    let stats = p.tick_at(t0 + Duration::from_secs(3), minute + MINUTE_NANOS + 1);
+    assert_eq!(stats.requests, 0);
+    p.store_writer().unwrap().flush().unwrap();
+    assert_eq!(count(&store), Some(3.0));
+    let slow = store
+        .slow_requests(minute, minute + MINUTE_NANOS, 10)
+        .unwrap();
+    let e2e: Vec<f64> = slow.iter().map(|r| r.e2e).collect();
+    assert!(
+        e2e.len() == 3 && close(e2e[0], 1.0) && close(e2e[2], 0.2),
+        "{e2e:?}"
+    );
+    assert!(
+        !slow[0].critical_path.is_null(),
+        "kept with its critical path"
+    );
+}
+
+#[test]
+fn the_shutdown_hand_over_reaches_the_store() {
+    use crate::store::{HistoryFilter, minute_of};
+    let dir = tempfile::tempdir().unwrap();
+    let (p, store) = pipeline_with_store(dir.path());
+    p.ingest_at(
+        batch(request_trace(1, "m", 20, 80, 900, 11)),
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(p.flush().requests, 1);
+    let now = unix_nanos_now();
+    p.hand_over_store(now).unwrap().flush().unwrap();
+    let points = store
+        .history(
+            "ttft.p50",
+            &HistoryFilter::default(),
+            minute_of(now),
+            now + 1,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert!(close(points[0].value.unwrap(), 0.100), "{points:?}");
+    // A restarted pipeline on the same store starts with that request in its 1h window.
+    let config = CollectorConfig::default();
+    let (q, _) = pipeline(&config);
+    let writer = store.start_writer(q.events().clone());
+    assert!(writer.is_err(), "one writer per store handle");
+    let reopened = Store::open(dir.path(), config.store.clone()).unwrap();
+    let feed = reopened.feed(
+        reopened.start_writer(q.events().clone()).unwrap(),
+        &config.kpi_config(),
+    );
+    assert_eq!(q.attach_store(&reopened, feed).unwrap(), 1);
+    let snap = q.kpis(Duration::from_secs(3600));
+    assert_eq!(snap.series[0].requests, 1);
+    assert!(q.kpis(Duration::from_secs(60)).series.is_empty());
+}

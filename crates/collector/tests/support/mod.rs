@@ -21,9 +21,11 @@ use prost::Message;
 
 pub const MS: u64 = 1_000_000;
 
-/// A collector config on port 0 everywhere, with a short grace and a fast tick.
+/// A collector config on port 0 everywhere, with a short grace and a fast tick, and no history
+/// store (tests that want one set `store.enabled` and a temporary `store.data_dir`).
 pub fn test_config() -> CollectorConfig {
     let mut c = CollectorConfig::default();
+    c.store.enabled = false;
     c.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
     c.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
     c.api.listen = "127.0.0.1:0".parse().unwrap();

@@ -1,0 +1,247 @@
+//! `infertrace collect --data-dir` and `infertrace report --since / --compare` as processes: a
+//! refused store file stops the start with one line naming it (and stays byte-identical), and
+//! history reports match the traffic sent and a baseline stored an hour earlier.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use infertrace_analysis::kpi::KpiConfig;
+use infertrace_analysis::record::{Dialect, Outcome, RequestRecord};
+use infertrace_analysis::trace::{SpanId, TraceId};
+use infertrace_collector::InternalEvents;
+use infertrace_collector::store::{DB_FILE_NAME, Store, StoreOptions, unix_nanos_now};
+use serde_json::{Value, json};
+
+const MS: u64 = 1_000_000;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_infertrace"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+struct Collector {
+    child: Child,
+    otlp_http: u16,
+    api: u16,
+}
+
+impl Collector {
+    fn start(data_dir: &Path) -> Self {
+        let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
+        let mut child = bin()
+            .args(["collect", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
+            .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}")])
+            .args(["--listen", &format!("127.0.0.1:{api}")])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start infertrace collect");
+        let mut line = String::new();
+        BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.contains(&format!("127.0.0.1:{api}")), "startup line: {line}");
+        assert!(line.contains(DB_FILE_NAME), "names the store: {line}");
+        Self { child, otlp_http, api }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `n` requests ending just now: 20 ms queue, 30 ms prefill, 100 ms decode, 11 output tokens.
+fn traces(n: u64) -> Value {
+    let now = unix_nanos_now();
+    let mut spans = Vec::new();
+    for i in 0..n {
+        let t0 = now - 200 * MS - i * MS;
+        let trace = format!("{:032x}", 0x7000 + i);
+        let root = format!("{:016x}", 0x10 + i * 8);
+        let kv = |k: &str, v: &str| json!({"key": k, "value": {"stringValue": v}});
+        spans.push(json!({"traceId": trace, "spanId": root, "name": "chat m", "kind": 2,
+            "startTimeUnixNano": t0.to_string(), "endTimeUnixNano": (t0 + 150 * MS).to_string(),
+            "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m"), kv("infer.outcome", "ok"),
+                           {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "11"}}]}));
+        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)].into_iter().enumerate() {
+            spans.push(json!({"traceId": trace, "spanId": format!("{:016x}", 0x10 + i * 8 + j as u64 + 1),
+                "parentSpanId": root, "name": name, "kind": 1,
+                "startTimeUnixNano": (t0 + a * MS).to_string(), "endTimeUnixNano": (t0 + b * MS).to_string()}));
+        }
+    }
+    json!({"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "cli-test"}}]},
+        "scopeSpans": [{"spans": spans}]}]})
+}
+
+/// Stores `n` requests of 300 ms (TTFT 100 ms) as received 62 minutes ago: the baseline of
+/// `--compare 1h`, outside the restored 1h window and the `--since 1h` range.
+fn store_baseline(dir: &Path, n: u64) {
+    let store = Store::open(dir, StoreOptions::default()).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    let at = unix_nanos_now() - 62 * 60 * 1_000 * MS;
+    for i in 0..n {
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&(i + 1).to_be_bytes());
+        let mut r = RequestRecord::new(TraceId(id), SpanId([1; 8]), Arc::from("cli-test"), Dialect::Infertrace, 0, 0);
+        r.model = "m".into();
+        r.operation = "chat".into();
+        r.e2e = 0.3;
+        r.queue = Some(0.05);
+        r.prefill = Some(0.05);
+        r.ttft = Some(0.1);
+        r.decode = Some(0.2);
+        r.tpot = Some(0.02);
+        r.output_tokens = Some(11);
+        r.outcome = Outcome::Ok;
+        feed.record(&r, None, at);
+    }
+    feed.hand_over(at);
+    writer.flush().unwrap();
+}
+
+fn report(api: u16, args: &[&str]) -> Value {
+    let out = bin()
+        .args(["report", "--url", &format!("http://127.0.0.1:{api}"), "--format", "json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn row<'a>(r: &'a Value, kpi: &str) -> &'a Value {
+    r["kpis"].as_array().unwrap().iter().find(|x| x["kpi"] == kpi).unwrap_or_else(|| panic!("{kpi} in {r:#}"))
+}
+
+fn close(got: Option<f64>, want: f64, rel: f64) -> bool {
+    got.is_some_and(|g| (g - want).abs() <= rel * want.abs())
+}
+
+#[test]
+fn report_since_and_compare_read_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    store_baseline(dir.path(), 10);
+    let c = Collector::start(dir.path());
+    let (status, resp) = http(c.otlp_http, "POST", "/v1/traces", traces(25).to_string().as_bytes());
+    assert_eq!(status, 200, "{resp}");
+
+    let url = format!("http://127.0.0.1:{}", c.api);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        let r = report(c.api, &["--since", "1h"]);
+        if row(&r, "requests")["value"] == 25.0 {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "25 requests never reached the store: {r:#}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(r["since_seconds"], 3600);
+    assert!(close(row(&r, "e2e.p50")["value"].as_f64(), 0.150, 0.01), "{r:#}");
+    assert!(close(row(&r, "e2e.p99")["value"].as_f64(), 0.150, 0.01), "{r:#}");
+    assert!(close(row(&r, "ttft.p50")["value"].as_f64(), 0.050, 0.01), "{r:#}");
+    assert!(close(row(&r, "tpot.p99")["value"].as_f64(), 0.010, 0.01), "{r:#}");
+    assert!(close(row(&r, "phase_share.all.queue")["value"].as_f64(), 20.0 / 150.0, 0.01), "{r:#}");
+    assert!(close(row(&r, "phase_share.all.decode")["value"].as_f64(), 100.0 / 150.0, 0.01), "{r:#}");
+    assert!(row(&r, "e2e.p50").get("delta").is_none(), "no comparison asked");
+
+    // An hour ago: the stored baseline (10 requests of 300 ms, TTFT 100 ms).
+    let r = report(c.api, &["--since", "1h", "--compare", "1h"]);
+    assert_eq!(r["compare_seconds"], 3600);
+    let req = row(&r, "requests");
+    assert_eq!((req["value"].as_f64(), req["baseline"].as_f64()), (Some(25.0), Some(10.0)), "{r:#}");
+    assert_eq!(req["delta"].as_f64(), Some(15.0));
+    assert!(close(req["change"].as_f64(), 1.5, 1e-9), "{req}");
+    let ttft = row(&r, "ttft.p50");
+    assert!(close(ttft["baseline"].as_f64(), 0.100, 0.01), "{ttft}");
+    assert!(close(ttft["delta"].as_f64(), -0.050, 0.03), "{ttft}");
+    // The table shows both ranges and the deltas.
+    let out = bin().args(["report", "--url", &url, "--since", "1h", "--compare", "1h"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("last 1h of history") && text.contains("1h ago"), "{text}");
+    let line = text.lines().find(|l| l.trim_start().starts_with("requests")).unwrap_or_default();
+    assert!(line.contains("25") && line.contains("10") && line.contains("+15") && line.contains("+150%"), "{text}");
+    let line = text.lines().find(|l| l.trim_start().starts_with("ttft.p50")).unwrap_or_default();
+    assert!(line.contains("50.") && line.contains("100.") && line.contains("-50."), "{text}");
+}
+
+#[test]
+fn report_since_without_a_store_says_so() {
+    let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
+    let mut child = bin()
+        .args(["collect", "--no-store", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
+        .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}"), "--listen", &format!("127.0.0.1:{api}")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("history: off"), "{line}");
+    let out = bin().args(["report", "--url", &format!("http://127.0.0.1:{api}"), "--since", "1h"]).output().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("404") && err.contains("--data-dir"), "{err}");
+}
+
+#[test]
+fn a_corrupt_store_stops_collect_with_one_line_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join(DB_FILE_NAME);
+    let junk: Vec<u8> = b"not a database\n".iter().copied().cycle().take(8192).collect();
+    std::fs::write(&db, &junk).unwrap();
+    let out = bin()
+        .args(["collect", "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains(&db.display().to_string()), "names the file: {err}");
+    assert!(err.contains("not an SQLite database"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), junk, "left byte-identical");
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 1, "nothing created beside it: {names:?}");
+}
+
+#[test]
+fn demo_keeps_no_history_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bin()
+        .current_dir(dir.path())
+        .args(["demo", "--duration", "1s", "--rate", "5", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!dir.path().join("infertrace-data").exists());
+}

@@ -1,0 +1,307 @@
+//! The history routes, served from the embedded store ([`crate::store`]):
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /api/history?kpi=ttft.p99&service=&model=&operation=&from=-1h&to=now&step=60` | `{"kpi","from","to","step_seconds","points":[[unix_seconds, value_or_null], …]}` |
+//! | `GET /api/history/slow-requests?from=&to=&limit=50` | `{"from","to","requests":[…]}`: the slowest and failed requests kept, slowest first |
+//! | `GET /api/history/alerts?from=&to=` | `{"from","to","events":[{"t_unix_nano","body"}…]}`: alert transitions |
+//! | `GET /api/history/findings?from=&to=` | `{"from","to","events":[…]}`: findings stored once a minute |
+//!
+//! **Times** (`from`, `to`): Unix seconds (`1767225600`, fractions allowed), `now`, or relative
+//! to now: `-1h`, `now-90m`, `-30s`, `-3600` (humantime units; a bare number is seconds). Defaults: `to=now`, `from=to-1h`.
+//! `from` and `to` in the answers are Unix seconds.
+//!
+//! **Step**: seconds (`60`) or a duration (`5m`); rounded up to whole minutes (the store keeps
+//! minutes) and widened so that one answer has at most 20,000 points. Default `60`. Each point
+//! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step);
+//! `null` where the step holds no data. `kpi` is a dotted path as in `/api/kpis` and alert
+//! rules (`e2e.p50`, `requests`, `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is
+//! a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
+//! on the blocking pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiState, error};
+use crate::config::parse_duration;
+use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, unix_nanos_now};
+
+/// Default range of a history query.
+const DEFAULT_RANGE: Duration = Duration::from_secs(3600);
+/// Default number of requests of `/api/history/slow-requests`.
+const DEFAULT_LIMIT: usize = 50;
+/// Most requests one `/api/history/slow-requests` answer lists.
+const MAX_LIMIT: usize = 1000;
+
+/// Query of `GET /api/history`.
+#[derive(Debug, Default, Deserialize)]
+pub struct HistoryQuery {
+    /// KPI path, e.g. `ttft.p99`.
+    pub kpi: Option<String>,
+    /// Only this service.
+    pub service: Option<String>,
+    /// Only this model.
+    pub model: Option<String>,
+    /// Only this operation.
+    pub operation: Option<String>,
+    /// Start (see the module docs).
+    pub from: Option<String>,
+    /// End (see the module docs).
+    pub to: Option<String>,
+    /// Step, seconds or a duration.
+    pub step: Option<String>,
+}
+
+/// Query of the other history routes.
+#[derive(Debug, Default, Deserialize)]
+pub struct RangeQuery {
+    /// Start (see the module docs).
+    pub from: Option<String>,
+    /// End (see the module docs).
+    pub to: Option<String>,
+    /// Most rows (slow requests only).
+    pub limit: Option<usize>,
+}
+
+/// Parses one time of a history query as Unix nanoseconds: Unix seconds, `now`, `-1h` or
+/// `now-1h`.
+pub fn parse_time(s: &str, now_unix_nano: u64) -> Result<u64, String> {
+    let t = s.trim();
+    if t == "now" {
+        return Ok(now_unix_nano);
+    }
+    let relative = t.strip_prefix("now-").or_else(|| t.strip_prefix('-'));
+    if let Some(ago) = relative {
+        // A bare number counts seconds: `-3600` is `-1h`.
+        let d = match ago.parse::<f64>() {
+            Ok(secs) => {
+                Duration::try_from_secs_f64(secs).map_err(|e| format!("time {s:?}: {e}"))?
+            }
+            Err(_) => parse_duration(ago).map_err(|e| format!("time {s:?}: {e}"))?,
+        };
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        return Ok(now_unix_nano.saturating_sub(nanos));
+    }
+    match t.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Ok((secs * 1e9) as u64),
+        _ => Err(format!(
+            "time {s:?} is neither Unix seconds nor relative to now; write e.g. 1767225600, \
+             now, -1h or now-30m"
+        )),
+    }
+}
+
+/// Parses `step`: seconds (`60`) or a duration (`5m`).
+pub fn parse_step(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("step {s:?} must be a positive number of seconds"));
+    }
+    parse_duration(t).map_err(|e| format!("step {s:?}: {e}"))
+}
+
+/// The `[from, to)` range of a query, Unix nanoseconds, with the defaults applied.
+pub fn parse_range(from: Option<&str>, to: Option<&str>, now: u64) -> Result<(u64, u64), String> {
+    let to = to.map_or(Ok(now), |t| parse_time(t, now))?;
+    let default_from = to.saturating_sub(DEFAULT_RANGE.as_nanos() as u64);
+    let from = from.map_or(Ok(default_from), |f| parse_time(f, now))?;
+    if from >= to {
+        return Err("from must be before to".into());
+    }
+    Ok((from, to))
+}
+
+fn secs(unix_nano: u64) -> f64 {
+    unix_nano as f64 / 1e9
+}
+
+fn no_store() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no history: the collector runs without its store (--no-store or store.enabled: false); \
+         start it with --data-dir PATH to keep history",
+    )
+}
+
+fn store_error(e: StoreError) -> Response {
+    match e {
+        StoreError::UnknownKpi { .. } => error(StatusCode::BAD_REQUEST, e.to_string()),
+        _ => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Runs a blocking store read on the blocking pool.
+async fn read<T: Send + 'static>(
+    store: &Store,
+    f: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Response> {
+    let store = store.clone();
+    match tokio::task::spawn_blocking(move || f(&store)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(store_error(e)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("history read failed: {e}"),
+        )),
+    }
+}
+
+fn nonempty(s: Option<String>) -> Option<String> {
+    s.filter(|v| !v.is_empty())
+}
+
+/// `GET /api/history`.
+pub(super) async fn history(
+    State(s): State<Arc<ApiState>>,
+    Query(q): Query<HistoryQuery>,
+) -> Response {
+    let Some(store) = &s.store else {
+        return no_store();
+    };
+    let Some(kpi) = nonempty(q.kpi) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "kpi is required, e.g. /api/history?kpi=ttft.p99&from=-1h",
+        );
+    };
+    let (from, to) = match parse_range(q.from.as_deref(), q.to.as_deref(), unix_nanos_now()) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let step = match q.step.as_deref().map(parse_step).transpose() {
+        Ok(s) => s.unwrap_or(Duration::from_secs(60)),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let filter = HistoryFilter {
+        service: nonempty(q.service),
+        model: nonempty(q.model),
+        operation: nonempty(q.operation),
+    };
+    let name = kpi.clone();
+    let points = match read(store, move |st| st.history(&kpi, &filter, from, to, step)).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let asked_minutes = (step.as_nanos() as u64).div_ceil(MINUTE_NANOS).max(1);
+    let step_nanos = match points.as_slice() {
+        [a, b, ..] => b.t_unix_nano - a.t_unix_nano,
+        _ => asked_minutes * MINUTE_NANOS,
+    };
+    let points: Vec<Value> = points
+        .iter()
+        .map(|p| json!([secs(p.t_unix_nano), p.value]))
+        .collect();
+    Json(json!({
+        "kpi": name,
+        "from": secs(from),
+        "to": secs(to),
+        "step_seconds": secs(step_nanos),
+        "points": points,
+    }))
+    .into_response()
+}
+
+/// `GET /api/history/slow-requests`.
+pub(super) async fn slow_requests(
+    State(s): State<Arc<ApiState>>,
+    Query(q): Query<RangeQuery>,
+) -> Response {
+    let Some(store) = &s.store else {
+        return no_store();
+    };
+    let (from, to) = match parse_range(q.from.as_deref(), q.to.as_deref(), unix_nanos_now()) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
+    match read(store, move |st| st.slow_requests(from, to, limit)).await {
+        Ok(rows) => {
+            Json(json!({"from": secs(from), "to": secs(to), "requests": rows})).into_response()
+        }
+        Err(r) => r,
+    }
+}
+
+/// `GET /api/history/alerts`.
+pub(super) async fn alerts(
+    State(s): State<Arc<ApiState>>,
+    Query(q): Query<RangeQuery>,
+) -> Response {
+    events(&s, q, Store::alert_history).await
+}
+
+/// `GET /api/history/findings`.
+pub(super) async fn findings(
+    State(s): State<Arc<ApiState>>,
+    Query(q): Query<RangeQuery>,
+) -> Response {
+    events(&s, q, Store::findings).await
+}
+
+async fn events(
+    s: &ApiState,
+    q: RangeQuery,
+    get: fn(&Store, u64, u64) -> Result<Vec<crate::store::StoredEvent>, StoreError>,
+) -> Response {
+    let Some(store) = &s.store else {
+        return no_store();
+    };
+    let (from, to) = match parse_range(q.from.as_deref(), q.to.as_deref(), unix_nanos_now()) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match read(store, move |st| get(st, from, to)).await {
+        Ok(events) => {
+            Json(json!({"from": secs(from), "to": secs(to), "events": events})).into_response()
+        }
+        Err(r) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_767_225_600_000_000_000;
+
+    #[test]
+    fn times_parse() {
+        assert_eq!(parse_time("now", NOW), Ok(NOW));
+        assert_eq!(parse_time("-1h", NOW), Ok(NOW - 3_600_000_000_000));
+        assert_eq!(parse_time("now-90s", NOW), Ok(NOW - 90_000_000_000));
+        assert_eq!(parse_time("-3600", NOW), Ok(NOW - 3_600_000_000_000));
+        assert_eq!(parse_time("1767225600", NOW), Ok(NOW));
+        assert_eq!(parse_time("1767225600.5", NOW), Ok(NOW + 500_000_000));
+        assert!(parse_time("yesterday", NOW).is_err());
+        assert!(parse_time("-1 fortnight", NOW).is_err());
+    }
+
+    #[test]
+    fn ranges_default_to_the_last_hour() {
+        assert_eq!(
+            parse_range(None, None, NOW),
+            Ok((NOW - 3_600_000_000_000, NOW))
+        );
+        assert_eq!(
+            parse_range(Some("-2h"), Some("-1h"), NOW),
+            Ok((NOW - 7_200_000_000_000, NOW - 3_600_000_000_000))
+        );
+        assert!(parse_range(Some("now"), Some("-1h"), NOW).is_err());
+    }
+
+    #[test]
+    fn steps_parse() {
+        assert_eq!(parse_step("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_step("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_step("-3").is_err());
+        assert!(parse_step("often").is_err());
+    }
+}
