@@ -28,12 +28,19 @@ impl Drop for Alertmanager {
 async fn start_alertmanager(bin: &std::path::Path) -> Alertmanager {
     let dir = TempDir::new("alertmanager");
     let config = dir.path().join("alertmanager.yml");
-    std::fs::write(&config, "route:\n  receiver: blackhole\n  group_wait: 0s\nreceivers:\n  - name: blackhole\n").unwrap();
+    std::fs::write(
+        &config,
+        "route:\n  receiver: blackhole\n  group_wait: 0s\nreceivers:\n  - name: blackhole\n",
+    )
+    .unwrap();
     let port = free_port();
     let log = std::fs::File::create(dir.path().join("alertmanager.log")).unwrap();
     let child = Command::new(bin)
         .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.path={}", dir.path().join("data").display()))
+        .arg(format!(
+            "--storage.path={}",
+            dir.path().join("data").display()
+        ))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .arg("--cluster.listen-address=")
         .arg("--log.level=warn")
@@ -42,10 +49,17 @@ async fn start_alertmanager(bin: &std::path::Path) -> Alertmanager {
         .stderr(log)
         .spawn()
         .expect("start alertmanager");
-    let am = Alertmanager { child, port, _dir: dir };
+    let am = Alertmanager {
+        child,
+        port,
+        _dir: dir,
+    };
     let http = HttpClient::default();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !matches!(http.get(&format!("http://127.0.0.1:{port}/-/ready")).await, Ok((200, _))) {
+    while !matches!(
+        http.get(&format!("http://127.0.0.1:{port}/-/ready")).await,
+        Ok((200, _))
+    ) {
         assert!(Instant::now() < deadline, "alertmanager not ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -54,7 +68,10 @@ async fn start_alertmanager(bin: &std::path::Path) -> Alertmanager {
 
 /// Five 150 ms requests in the infertrace dialect, ending now, as OTLP/JSON.
 fn slow_requests(seed: u64) -> Vec<u8> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     let ms = 1_000_000;
     let spans: Vec<Value> = (0..5u64)
         .map(|i| {
@@ -84,16 +101,26 @@ async fn alert_state(http: &HttpClient, api: std::net::SocketAddr) -> Option<Str
 }
 
 async fn in_alertmanager(http: &HttpClient, port: u16) -> bool {
-    let Ok((_, body)) = http.get(&format!("http://127.0.0.1:{port}/api/v2/alerts?active=true")).await else {
+    let Ok((_, body)) = http
+        .get(&format!(
+            "http://127.0.0.1:{port}/api/v2/alerts?active=true"
+        ))
+        .await
+    else {
         return false;
     };
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    v.as_array().is_some_and(|a| a.iter().any(|x| x["labels"]["alertname"] == "SlowRequests"))
+    v.as_array()
+        .is_some_and(|a| a.iter().any(|x| x["labels"]["alertname"] == "SlowRequests"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_fire_resolve_and_reach_alertmanager() {
-    let Some(bin) = require_binary("ALERTMANAGER_BIN", "prometheus-alertmanager", "alerts_fire_resolve_and_reach_alertmanager") else {
+    let Some(bin) = require_binary(
+        "ALERTMANAGER_BIN",
+        "prometheus-alertmanager",
+        "alerts_fire_resolve_and_reach_alertmanager",
+    ) else {
         return;
     };
     let am = start_alertmanager(&bin).await;
@@ -112,7 +139,9 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
         "name: SlowRequests\nexpr: e2e.p95 > 100ms\nfor: 1s\nseverity: warning\nsummary: requests are slow\n",
     )
     .expect("rule config")];
-    let collector = server::run(config, std::future::pending()).await.expect("collector starts");
+    let collector = server::run(config, std::future::pending())
+        .await
+        .expect("collector starts");
     let http = HttpClient::default();
     let otlp = format!("http://{}/v1/traces", collector.http_addr.unwrap());
 
@@ -121,7 +150,10 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
     let started = Instant::now();
     let mut delivered = false;
     for round in 0..16u64 {
-        let (status, _) = http.post(&otlp, "application/json", slow_requests(round)).await.unwrap();
+        let (status, _) = http
+            .post(&otlp, "application/json", slow_requests(round))
+            .await
+            .unwrap();
         assert_eq!(status, 200);
         if let Some(s) = alert_state(&http, collector.api_addr).await
             && seen.last() != Some(&s)
@@ -129,18 +161,32 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
             seen.push(s);
         }
         delivered |= in_alertmanager(&http, am.port).await;
-        if delivered && seen.iter().any(|s| s == "firing") && started.elapsed() > Duration::from_secs(3) {
+        if delivered
+            && seen.iter().any(|s| s == "firing")
+            && started.elapsed() > Duration::from_secs(3)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert_eq!(seen.first().map(String::as_str), Some("pending"), "states seen: {seen:?}");
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("pending"),
+        "states seen: {seen:?}"
+    );
     assert!(seen.iter().any(|s| s == "firing"), "states seen: {seen:?}");
     assert!(delivered, "the firing alert never reached Alertmanager");
-    let (_, metrics) = http.get(&format!("http://{}/metrics", collector.api_addr)).await.unwrap();
+    let (_, metrics) = http
+        .get(&format!("http://{}/metrics", collector.api_addr))
+        .await
+        .unwrap();
     let metrics = String::from_utf8_lossy(&metrics);
     assert!(
-        metrics.lines().any(|l| l.starts_with("infertrace_alerts_active{") && l.contains("SlowRequests") && l.ends_with(" 1")),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("infertrace_alerts_active{")
+                && l.contains("SlowRequests")
+                && l.ends_with(" 1")),
         "alerts_active:\n{metrics}"
     );
 
@@ -152,11 +198,20 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
         if active.is_none() && !in_am {
             break;
         }
-        assert!(Instant::now() < deadline, "never resolved: collector {active:?}, in Alertmanager {in_am}");
+        assert!(
+            Instant::now() < deadline,
+            "never resolved: collector {active:?}, in Alertmanager {in_am}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let (_, body) = http.get(&format!("http://{}/api/alerts", collector.api_addr)).await.unwrap();
+    let (_, body) = http
+        .get(&format!("http://{}/api/alerts", collector.api_addr))
+        .await
+        .unwrap();
     let v: Value = serde_json::from_slice(&body).unwrap();
-    assert!(v["resolved"].to_string().contains("SlowRequests"), "resolved list: {v}");
+    assert!(
+        v["resolved"].to_string().contains("SlowRequests"),
+        "resolved list: {v}"
+    );
     collector.stop().await.expect("clean shutdown");
 }

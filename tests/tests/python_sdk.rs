@@ -25,7 +25,9 @@ fn python_sdk() -> bool {
             std::env::var_os("CI").is_none(),
             "the OpenTelemetry Python SDK is missing in CI: pip install -r tests/python/requirements.txt"
         );
-        eprintln!("SKIPPED: the OpenTelemetry Python SDK is not installed (pip install -r tests/python/requirements.txt)");
+        eprintln!(
+            "SKIPPED: the OpenTelemetry Python SDK is not installed (pip install -r tests/python/requirements.txt)"
+        );
     }
     ok
 }
@@ -40,15 +42,29 @@ fn send(endpoint: &str, protocol: &str, dialect: &str, count: usize, error_every
     let service = format!("py-{dialect}-{protocol}");
     let out = Command::new("python3")
         .arg(script)
-        .args(["--endpoint", endpoint, "--protocol", protocol, "--dialect", dialect])
+        .args([
+            "--endpoint",
+            endpoint,
+            "--protocol",
+            protocol,
+            "--dialect",
+            dialect,
+        ])
         .args(["--count", &count.to_string(), "--service", &service])
         .args(["--error-every", &error_every.to_string()])
         .output()
         .expect("run python3");
-    assert!(out.status.success(), "send_traces.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "send_traces.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("script prints JSON");
     assert_eq!(v["flushed"], true, "the SDK flushed every span");
-    Sent { service, truth: v["requests"].as_array().expect("requests").clone() }
+    Sent {
+        service,
+        truth: v["requests"].as_array().expect("requests").clone(),
+    }
 }
 
 /// The value at rank ⌊q·(n−1)⌋ of the sorted values: the KPI sketches' rank rule.
@@ -76,7 +92,10 @@ fn prom_histogram_quantile(values: &[f64], bounds: &[f64], q: f64) -> f64 {
 }
 
 fn series_of<'a>(kpis: &'a Value, service: &str) -> Option<&'a Value> {
-    kpis["series"].as_array()?.iter().find(|s| s["service"] == service)
+    kpis["series"]
+        .as_array()?
+        .iter()
+        .find(|s| s["service"] == service)
 }
 
 async fn wait_for(collector: &RunningCollector, service: &str, requests: u64) -> Value {
@@ -92,15 +111,23 @@ async fn wait_for(collector: &RunningCollector, service: &str, requests: u64) ->
         {
             return s.clone();
         }
-        assert!(Instant::now() < deadline, "{service}: {requests} requests never arrived: {kpis}");
+        assert!(
+            Instant::now() < deadline,
+            "{service}: {requests} requests never arrived: {kpis}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 fn within(measured: &Value, truth: f64, what: &str) {
-    let m = measured.as_f64().unwrap_or_else(|| panic!("{what}: no value"));
+    let m = measured
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what}: no value"));
     // The sketch's relative error is 1%; times crossed the SDK as integer nanoseconds.
-    assert!((m - truth).abs() <= truth * 0.01 + 1e-6, "{what}: measured {m}, truth {truth}");
+    assert!(
+        (m - truth).abs() <= truth * 0.01 + 1e-6,
+        "{what}: measured {m}, truth {truth}"
+    );
 }
 
 fn column(truth: &[Value], key: &str, ok_only: bool) -> Vec<f64> {
@@ -122,7 +149,9 @@ async fn python_sdk_dialects_give_the_true_kpis() {
     config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
     config.api.listen = "127.0.0.1:0".parse().unwrap();
     config.assembly.grace = Duration::from_millis(200);
-    let collector = server::run(config, std::future::pending()).await.expect("collector starts");
+    let collector = server::run(config, std::future::pending())
+        .await
+        .expect("collector starts");
     let grpc = format!("http://{}", collector.grpc_addr.unwrap());
     let http = format!("http://{}", collector.http_addr.unwrap());
 
@@ -130,14 +159,19 @@ async fn python_sdk_dialects_give_the_true_kpis() {
     let sent = send(&grpc, "grpc", "infertrace", 40, 5);
     let s = wait_for(&collector, &sent.service, 40).await;
     assert_eq!(s["errors"], 8, "{s}");
-    assert_eq!((s["model"].as_str(), s["operation"].as_str()), (Some("llama-3.1-8b"), Some("chat")));
+    assert_eq!(
+        (s["model"].as_str(), s["operation"].as_str()),
+        (Some("llama-3.1-8b"), Some("chat"))
+    );
     for key in ["e2e", "queue", "prefill", "ttft", "decode", "tpot"] {
         let all = column(&sent.truth, key, false);
         let ok = column(&sent.truth, key, true);
         for (q, name) in [(0.5, "p50"), (0.9, "p90")] {
             // Phase KPIs may be computed over every request or the successful ones only:
             // accept either definition, but it must be one of them exactly (within 1%).
-            let m = s[key][name].as_f64().unwrap_or_else(|| panic!("{key}.{name}: {s}"));
+            let m = s[key][name]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{key}.{name}: {s}"));
             let (a, b) = (quantile(&all, q), quantile(&ok, q));
             assert!(
                 (m - a).abs() <= a * 0.01 + 1e-6 || (m - b).abs() <= b * 0.01 + 1e-6,
@@ -152,36 +186,69 @@ async fn python_sdk_dialects_give_the_true_kpis() {
     let vllm = send(&http, "http", "vllm", 30, 0);
     let v = wait_for(&collector, &vllm.service, 30).await;
     for key in ["e2e", "queue", "ttft", "prefill", "decode"] {
-        within(&v[key]["p50"], quantile(&column(&vllm.truth, key, false), 0.5), &format!("vllm {key}.p50"));
+        within(
+            &v[key]["p50"],
+            quantile(&column(&vllm.truth, key, false), 0.5),
+            &format!("vllm {key}.p50"),
+        );
     }
-    within(&v["tpot"]["p90"], quantile(&column(&vllm.truth, "tpot", false), 0.9), "vllm tpot.p90");
+    within(
+        &v["tpot"]["p90"],
+        quantile(&column(&vllm.truth, "tpot", false), 0.9),
+        "vllm tpot.p90",
+    );
 
     // TGI over gRPC: Debug-formatted duration strings.
     let tgi = send(&grpc, "grpc", "tgi", 30, 0);
     let t = wait_for(&collector, &tgi.service, 30).await;
-    within(&t["e2e"]["p50"], quantile(&column(&tgi.truth, "e2e", false), 0.5), "tgi e2e.p50");
-    within(&t["queue"]["p90"], quantile(&column(&tgi.truth, "queue", false), 0.9), "tgi queue.p90");
+    within(
+        &t["e2e"]["p50"],
+        quantile(&column(&tgi.truth, "e2e", false), 0.5),
+        "tgi e2e.p50",
+    );
+    within(
+        &t["queue"]["p90"],
+        quantile(&column(&tgi.truth, "queue", false), 0.9),
+        "tgi queue.p90",
+    );
 
     // Any other server span: e2e, rate and errors only.
     let generic = send(&http, "http", "generic", 20, 4);
     let g = wait_for(&collector, &generic.service, 20).await;
     assert_eq!(g["errors"], 5, "{g}");
-    within(&g["e2e"]["max"], quantile(&column(&generic.truth, "e2e", false), 1.0), "generic e2e.max");
-    assert!(g["ttft"].is_null() || g["ttft"]["p50"].is_null(), "no TTFT without phases: {g}");
+    within(
+        &g["e2e"]["max"],
+        quantile(&column(&generic.truth, "e2e", false), 1.0),
+        "generic e2e.max",
+    );
+    assert!(
+        g["ttft"].is_null() || g["ttft"]["p50"].is_null(),
+        "no TTFT without phases: {g}"
+    );
 
     // /metrics carries the same counts.
     let client = HttpClient::default();
-    let (_, body) = client.get(&format!("http://{}/metrics", collector.api_addr)).await.unwrap();
+    let (_, body) = client
+        .get(&format!("http://{}/metrics", collector.api_addr))
+        .await
+        .unwrap();
     let text = String::from_utf8_lossy(&body);
     let count: f64 = text
         .lines()
-        .filter(|l| l.starts_with("infertrace_requests_total{") && l.contains(&format!("service=\"{}\"", sent.service)))
+        .filter(|l| {
+            l.starts_with("infertrace_requests_total{")
+                && l.contains(&format!("service=\"{}\"", sent.service))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(count, 40.0, "requests_total of {}:\n{text}", sent.service);
 
     // A real Prometheus scrapes /metrics; histogram_quantile lands where the buckets say.
-    let Some(bin) = require_binary("PROMETHEUS_BIN", "prometheus", "python_sdk_dialects_give_the_true_kpis (Prometheus part)") else {
+    let Some(bin) = require_binary(
+        "PROMETHEUS_BIN",
+        "prometheus",
+        "python_sdk_dialects_give_the_true_kpis (Prometheus part)",
+    ) else {
         return;
     };
     let config = format!(
@@ -200,11 +267,18 @@ async fn python_sdk_dialects_give_the_true_kpis() {
         match prom.query(&expr).await {
             Ok(samples) if samples.len() == 1 && samples[0].value.is_finite() => {
                 let got = samples[0].value;
-                assert!((got - want).abs() < 1e-9, "histogram_quantile gave {got}, buckets say {want}");
+                assert!(
+                    (got - want).abs() < 1e-9,
+                    "histogram_quantile gave {got}, buckets say {want}"
+                );
                 break;
             }
             other => {
-                assert!(Instant::now() < deadline, "Prometheus never answered {expr}: {other:?}\n{}", prom.log());
+                assert!(
+                    Instant::now() < deadline,
+                    "Prometheus never answered {expr}: {other:?}\n{}",
+                    prom.log()
+                );
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }

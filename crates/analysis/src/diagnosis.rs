@@ -526,7 +526,12 @@ impl Diagnoser<'_> {
         if tpot.p90 <= self.c.tpot_p90_max_seconds {
             return;
         }
-        if stalls && self.s.itl.is_some_and(|i| i.p50 <= self.c.tpot_p90_max_seconds) {
+        if stalls
+            && self
+                .s
+                .itl
+                .is_some_and(|i| i.p50 <= self.c.tpot_p90_max_seconds)
+        {
             return;
         }
         let mut evidence = vec![ev(
@@ -635,10 +640,7 @@ impl Diagnoser<'_> {
         self.push(
             "inter-token-stalls",
             Severity::Warning,
-            format!(
-                "Decodes stall: {detail}; worst gap {}",
-                secs(itl.max)
-            ),
+            format!("Decodes stall: {detail}; worst gap {}", secs(itl.max)),
             evidence,
             "Prefills of newly admitted requests interrupt running decodes: enable chunked \
              prefill (vLLM --enable-chunked-prefill, a smaller --max-num-batched-tokens) so \
@@ -662,15 +664,17 @@ impl Diagnoser<'_> {
                 .phase_share
                 .p90
                 .is_some_and(|p| p.queue >= SATURATED_QUEUE_SHARE);
-            let missing_slos = self
-                .s
-                .goodput
-                .ratio
-                .is_some_and(|g| g < self.c.goodput_min);
+            let missing_slos = self.s.goodput.ratio.is_some_and(|g| g < self.c.goodput_min);
             let (severity, consequence) = if queueing || missing_slos {
-                (Severity::Warning, "requests already wait or miss their SLOs")
+                (
+                    Severity::Warning,
+                    "requests already wait or miss their SLOs",
+                )
             } else {
-                (Severity::Info, "requests do not queue yet, but there is no headroom for bursts")
+                (
+                    Severity::Info,
+                    "requests do not queue yet, but there is no headroom for bursts",
+                )
             };
             self.push(
                 "gpu-saturated",

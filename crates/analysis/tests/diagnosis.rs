@@ -276,7 +276,11 @@ fn slow_tpot_from_stalls_is_not_blamed_on_the_batch() {
     let f = run(&s);
     let i = only(&f, "inter-token-stalls");
     assert!((evidence(i, "tpot.p50 / itl.p50") - 0.125 / 0.017).abs() < 1e-9);
-    assert!(i.title.contains("17 ms") && i.title.contains("125 ms"), "{}", i.title);
+    assert!(
+        i.title.contains("17 ms") && i.title.contains("125 ms"),
+        "{}",
+        i.title
+    );
     assert!(!ids(&f).contains(&"high-tpot-large-batch"), "{:?}", ids(&f));
     assert!(!ids(&f).contains(&"high-tpot"), "{:?}", ids(&f));
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use infertrace_analysis::critical_path::{
-    CriticalPath, CriticalPathOptions, CriticalPathWindows, CriticalPathWindowsConfig, critical_path,
+    CriticalPath, CriticalPathOptions, CriticalPathWindows, CriticalPathWindowsConfig,
+    critical_path,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, diagnose_snapshot};
 use infertrace_analysis::dialect::extract_requests;
@@ -71,7 +72,9 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
         Ok(doc) if looks_like_jaeger(&doc) => match spans_from_jaeger(&doc) {
             Ok((spans, problems)) => {
                 inputs.spans.extend(spans);
-                inputs.problems.extend(problems.into_iter().map(|p| format!("{name}: {p}")));
+                inputs
+                    .problems
+                    .extend(problems.into_iter().map(|p| format!("{name}: {p}")));
             }
             Err(e) => inputs.problems.push(format!("{name}: {e:#}")),
         },
@@ -86,7 +89,9 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                 }
                 inputs.spans.extend(decoded.spans);
             }
-            Err(e) => inputs.problems.push(format!("{name}: not OTLP/JSON or Jaeger JSON: {e}")),
+            Err(e) => inputs
+                .problems
+                .push(format!("{name}: not OTLP/JSON or Jaeger JSON: {e}")),
         },
         // Not one JSON document: try one OTLP/JSON export request per line.
         Err(whole) => {
@@ -138,11 +143,18 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
         }
     }
     done.sort_by_key(|(r, _)| (r.end_unix_nano, r.trace_id));
-    let first = done.iter().map(|(r, _)| r.arrival_unix_nano).min().unwrap_or(0);
+    let first = done
+        .iter()
+        .map(|(r, _)| r.arrival_unix_nano)
+        .min()
+        .unwrap_or(0);
     let last = done.iter().map(|(r, _)| r.end_unix_nano).max().unwrap_or(0);
     // One window covering all the data, whole seconds, at least one.
     let window = Duration::from_secs(last.saturating_sub(first).div_ceil(1_000_000_000).max(1));
-    let mut kpis = KpiWindows::new(KpiConfig { windows: vec![window], ..KpiConfig::default() });
+    let mut kpis = KpiWindows::new(KpiConfig {
+        windows: vec![window],
+        ..KpiConfig::default()
+    });
     kpis.set_start(first);
     let mut cps = CriticalPathWindows::new(CriticalPathWindowsConfig {
         slot: (window / 60).max(Duration::from_millis(1)),
@@ -188,7 +200,12 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
 
 fn per_trace_table(report: &Value) -> String {
     let mut out = String::from("\nCritical path per request\n");
-    for t in report.get("traces").and_then(Value::as_array).into_iter().flatten() {
+    for t in report
+        .get("traces")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         out.push_str(&format!(
             "  trace {} span {} ({}, e2e {})\n",
             t["trace_id"].as_str().unwrap_or("-"),
@@ -235,5 +252,9 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     if args.per_trace && args.format == Format::Table {
         print!("{}", per_trace_table(&report));
     }
-    Ok(if inputs.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if inputs.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -61,7 +61,9 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
     if args.no_store {
         config.store.enabled = false;
     }
-    config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     Ok(config)
 }
 
@@ -90,18 +92,23 @@ pub async fn shutdown_signal() {
 /// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully.
 pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
-    let collector = server::run(config, shutdown_signal()).await.context("starting the collector")?;
+    let collector = server::run(config, shutdown_signal())
+        .await
+        .context("starting the collector")?;
     let show = |a: Option<SocketAddr>| a.map_or("disabled".to_owned(), |a| a.to_string());
-    let history = collector
-        .store()
-        .map_or("history: off".to_owned(), |s| format!("history: {}", s.path().display()));
+    let history = collector.store().map_or("history: off".to_owned(), |s| {
+        format!("history: {}", s.path().display())
+    });
     eprintln!(
         "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API http://{}  (metrics: /metrics, KPIs: /api/kpis; {history}; Ctrl-C stops)",
         show(collector.grpc_addr),
         show(collector.http_addr),
         collector.api_addr
     );
-    let report = collector.join().await.context("collector stopped with an error")?;
+    let report = collector
+        .join()
+        .await
+        .context("collector stopped with an error")?;
     eprintln!(
         "infertrace collector: stopped; {} traces in flight were closed and recorded",
         report.flushed.traces

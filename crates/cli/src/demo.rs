@@ -86,7 +86,11 @@ const MODEL: &str = "llama-3.1-8b";
 const GPU_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
 fn workload(scenario: Scenario, rate: Option<f64>, duration: Duration, seed: u64) -> Workload {
-    let mut sim = SimConfig { model: MODEL.to_owned(), seed, ..SimConfig::default() };
+    let mut sim = SimConfig {
+        model: MODEL.to_owned(),
+        seed,
+        ..SimConfig::default()
+    };
     let mut load = LoadConfig {
         model: MODEL.to_owned(),
         duration,
@@ -98,26 +102,54 @@ fn workload(scenario: Scenario, rate: Option<f64>, duration: Duration, seed: u64
     let description = match scenario {
         Scenario::Balanced => {
             load.rate = rate.unwrap_or(6.0);
-            load.prompt_tokens = LengthDist::LogNormal { median: 400.0, sigma: 0.5, max: 2048 };
-            load.output_tokens = LengthDist::LogNormal { median: 96.0, sigma: 0.5, max: 512 };
+            load.prompt_tokens = LengthDist::LogNormal {
+                median: 400.0,
+                sigma: 0.5,
+                max: 2048,
+            };
+            load.output_tokens = LengthDist::LogNormal {
+                median: 96.0,
+                sigma: 0.5,
+                max: 512,
+            };
             "moderate load within capacity (max_num_seqs 64)"
         }
         Scenario::Overload => {
             sim.max_num_seqs = 8;
             load.rate = rate.unwrap_or(12.0);
-            load.prompt_tokens = LengthDist::LogNormal { median: 400.0, sigma: 0.5, max: 2048 };
-            load.output_tokens = LengthDist::LogNormal { median: 96.0, sigma: 0.5, max: 512 };
+            load.prompt_tokens = LengthDist::LogNormal {
+                median: 400.0,
+                sigma: 0.5,
+                max: 2048,
+            };
+            load.output_tokens = LengthDist::LogNormal {
+                median: 96.0,
+                sigma: 0.5,
+                max: 512,
+            };
             "arrivals beyond capacity with max_num_seqs 8: requests wait for a batch slot"
         }
         Scenario::LongPrompts => {
             sim.max_batched_tokens = 16_384;
             load.rate = rate.unwrap_or(2.0);
-            load.prompt_tokens = LengthDist::LogNormal { median: 6000.0, sigma: 0.3, max: 16_000 };
-            load.output_tokens = LengthDist::LogNormal { median: 48.0, sigma: 0.4, max: 256 };
+            load.prompt_tokens = LengthDist::LogNormal {
+                median: 6000.0,
+                sigma: 0.3,
+                max: 16_000,
+            };
+            load.output_tokens = LengthDist::LogNormal {
+                median: 48.0,
+                sigma: 0.4,
+                max: 256,
+            };
             "long prompts (median 6,000 tokens) without chunked prefill"
         }
     };
-    Workload { sim, load, description }
+    Workload {
+        sim,
+        load,
+        description,
+    }
 }
 
 /// Runs `infertrace demo`.
@@ -140,19 +172,34 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     config.assembly.grace = Duration::from_millis(500);
     // The demo keeps everything in memory: it never creates ./infertrace-data.
     config.store.enabled = false;
-    let collector = server::run(config, std::future::pending()).await.context("starting the collector")?;
-    let grpc = collector.grpc_addr.context("the demo needs the OTLP/gRPC receiver")?;
+    let collector = server::run(config, std::future::pending())
+        .await
+        .context("starting the collector")?;
+    let grpc = collector
+        .grpc_addr
+        .context("the demo needs the OTLP/gRPC receiver")?;
 
     // 2. The instrumented server on the simulated engine.
-    let providers = otlp::init(OtlpConfig::grpc(format!("http://{grpc}")).service_name("infertrace-demo").metrics(false))
-        .context("setting up OTLP export to the collector")?;
-    let sim = Simulator::start(wl.sim.clone()).map_err(|e| anyhow::anyhow!("starting the simulator: {e}"))?;
+    let providers = otlp::init(
+        OtlpConfig::grpc(format!("http://{grpc}"))
+            .service_name("infertrace-demo")
+            .metrics(false),
+    )
+    .context("setting up OTLP export to the collector")?;
+    let sim = Simulator::start(wl.sim.clone())
+        .map_err(|e| anyhow::anyhow!("starting the simulator: {e}"))?;
     let layer = InferenceTraceLayer::new()
         .with_tracer_provider(&providers.tracer_provider)
         .default_model(MODEL)
-        .gpu_telemetry(SimulatedGpu::telemetry(sim.clone(), GPU_SAMPLE_INTERVAL, true));
+        .gpu_telemetry(SimulatedGpu::telemetry(
+            sim.clone(),
+            GPU_SAMPLE_INTERVAL,
+            true,
+        ));
     let app = openai::router(sim.clone(), layer, MODEL);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the demo server")?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("binding the demo server")?;
     let server_addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(openai::serve(listener, app, async move {
@@ -166,12 +213,20 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         wl.load.rate,
         humantime::format_duration(args.duration)
     );
-    eprintln!("  collector API http://{}  ·  server http://{server_addr}", collector.api_addr);
+    eprintln!(
+        "  collector API http://{}  ·  server http://{server_addr}",
+        collector.api_addr
+    );
 
     // 3. Load.
-    let load_cfg = LoadConfig { target: format!("http://{server_addr}"), ..wl.load.clone() };
+    let load_cfg = LoadConfig {
+        target: format!("http://{server_addr}"),
+        ..wl.load.clone()
+    };
     let started = Instant::now();
-    let load = loadgen::run(&load_cfg, interactive).await.context("running the load generator")?;
+    let load = loadgen::run(&load_cfg, interactive)
+        .await
+        .context("running the load generator")?;
 
     // 4. Flush spans and let the collector assemble every trace.
     let p = providers.clone();
@@ -183,7 +238,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let window = report_window(started.elapsed());
     let received = wait_for_requests(&collector, window, expected, Duration::from_secs(10)).await;
     if received < expected {
-        eprintln!("infertrace demo: note: the collector has {received} of {expected} requests after 10s");
+        eprintln!(
+            "infertrace demo: note: the collector has {received} of {expected} requests after 10s"
+        );
     }
 
     let mut report = local_report(&collector, window);
@@ -222,10 +279,20 @@ fn report_window(elapsed: Duration) -> Duration {
 }
 
 fn requests_in(collector: &RunningCollector, window: Duration) -> u64 {
-    collector.kpis(window).series.iter().map(|s| s.requests).sum()
+    collector
+        .kpis(window)
+        .series
+        .iter()
+        .map(|s| s.requests)
+        .sum()
 }
 
-async fn wait_for_requests(collector: &RunningCollector, window: Duration, expected: u64, limit: Duration) -> u64 {
+async fn wait_for_requests(
+    collector: &RunningCollector,
+    window: Duration,
+    expected: u64,
+    limit: Duration,
+) -> u64 {
     let deadline = Instant::now() + limit;
     loop {
         let n = requests_in(collector, window);
@@ -265,7 +332,10 @@ fn ground_truth(sim: &SimHandle) -> Value {
         .filter(|r| matches!(r.outcome, Some(TruthOutcome::Finished(_))))
         .collect();
     let stat = |f: &dyn Fn(&TruthRecord) -> Option<Duration>| {
-        let mut v: Vec<f64> = records.iter().filter_map(|r| f(r).map(|d| d.as_secs_f64())).collect();
+        let mut v: Vec<f64> = records
+            .iter()
+            .filter_map(|r| f(r).map(|d| d.as_secs_f64()))
+            .collect();
         v.sort_by(f64::total_cmp);
         // The value at rank ⌊q·(n − 1)⌋, the rank rule of the KPI sketches, so the two are
         // comparable even on few requests.
@@ -274,7 +344,8 @@ fn ground_truth(sim: &SimHandle) -> Value {
             Some(v[((p * last as f64) as usize).min(last)])
         };
         let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-        json!({"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "mean": mean})
+        let sum: f64 = v.iter().sum();
+        json!({"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "mean": mean, "sum": sum})
     };
     json!({
         "requests": records.len(),
@@ -293,7 +364,9 @@ fn truth_table(report: &Value) -> String {
     let Some(series) = report.pointer("/kpis/series").and_then(Value::as_array) else {
         return String::new();
     };
-    let Some(s) = series.first() else { return String::new() };
+    let Some(s) = series.first() else {
+        return String::new();
+    };
     let mut out = format!(
         "\nMeasured by infertrace vs the simulator's ground truth ({} completed requests)\n",
         truth["requests"]

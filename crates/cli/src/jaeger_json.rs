@@ -47,7 +47,10 @@ fn tag_value(tag: &Value) -> Option<AttrValue> {
         ("float64", Value::Number(n)) => AttrValue::Double(n.as_f64()?),
         (_, Value::String(s)) => AttrValue::Str(s.clone()),
         (_, Value::Bool(b)) => AttrValue::Bool(*b),
-        (_, Value::Number(n)) => n.as_i64().map(AttrValue::Int).or_else(|| n.as_f64().map(AttrValue::Double))?,
+        (_, Value::Number(n)) => n
+            .as_i64()
+            .map(AttrValue::Int)
+            .or_else(|| n.as_f64().map(AttrValue::Double))?,
         _ => return None,
     })
 }
@@ -64,13 +67,20 @@ pub fn spans_from_jaeger(doc: &Value) -> anyhow::Result<(Vec<Span>, Vec<String>)
         let mut services: HashMap<&str, Arc<str>> = HashMap::new();
         if let Some(procs) = trace.get("processes").and_then(Value::as_object) {
             for (id, p) in procs {
-                let name = p.get("serviceName").and_then(Value::as_str).unwrap_or(UNKNOWN_SERVICE);
+                let name = p
+                    .get("serviceName")
+                    .and_then(Value::as_str)
+                    .unwrap_or(UNKNOWN_SERVICE);
                 services.insert(id.as_str(), Arc::from(name));
             }
         }
         let unknown: Arc<str> = Arc::from(UNKNOWN_SERVICE);
         let empty = Vec::new();
-        for js in trace.get("spans").and_then(Value::as_array).unwrap_or(&empty) {
+        for js in trace
+            .get("spans")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty)
+        {
             match convert_span(js, &services, &unknown) {
                 Ok(span) => spans.push(span),
                 Err(e) => problems.push(format!("{e:#}")),
@@ -80,32 +90,64 @@ pub fn spans_from_jaeger(doc: &Value) -> anyhow::Result<(Vec<Span>, Vec<String>)
     Ok((spans, problems))
 }
 
-fn convert_span(js: &Value, services: &HashMap<&str, Arc<str>>, unknown: &Arc<str>) -> anyhow::Result<Span> {
+fn convert_span(
+    js: &Value,
+    services: &HashMap<&str, Arc<str>>,
+    unknown: &Arc<str>,
+) -> anyhow::Result<Span> {
     let str_field = |k: &str| js.get(k).and_then(Value::as_str);
-    let trace_id = str_field("traceID").and_then(parse_trace_id).context("span with a missing or bad traceID")?;
-    let span_id = str_field("spanID").and_then(parse_span_id).context("span with a missing or bad spanID")?;
-    let start_us = js.get("startTime").and_then(Value::as_u64).context("span without a startTime")?;
+    let trace_id = str_field("traceID")
+        .and_then(parse_trace_id)
+        .context("span with a missing or bad traceID")?;
+    let span_id = str_field("spanID")
+        .and_then(parse_span_id)
+        .context("span with a missing or bad spanID")?;
+    let start_us = js
+        .get("startTime")
+        .and_then(Value::as_u64)
+        .context("span without a startTime")?;
     let dur_us = js.get("duration").and_then(Value::as_u64).unwrap_or(0);
     let mut parent = None;
     let mut links = Vec::new();
-    for r in js.get("references").and_then(Value::as_array).into_iter().flatten() {
+    for r in js
+        .get("references")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let (Some(t), Some(s)) = (
-            r.get("traceID").and_then(Value::as_str).and_then(parse_trace_id),
-            r.get("spanID").and_then(Value::as_str).and_then(parse_span_id),
+            r.get("traceID")
+                .and_then(Value::as_str)
+                .and_then(parse_trace_id),
+            r.get("spanID")
+                .and_then(Value::as_str)
+                .and_then(parse_span_id),
         ) else {
             continue;
         };
         match r.get("refType").and_then(Value::as_str) {
             Some("CHILD_OF") if parent.is_none() && t == trace_id => parent = Some(s),
-            _ => links.push(SpanLink { trace_id: t, span_id: s }),
+            _ => links.push(SpanLink {
+                trace_id: t,
+                span_id: s,
+            }),
         }
     }
     let mut kind = SpanKind::Unspecified;
     let mut status = StatusCode::Unset;
     let mut attributes = Vec::new();
-    for tag in js.get("tags").and_then(Value::as_array).into_iter().flatten() {
-        let Some(key) = tag.get("key").and_then(Value::as_str) else { continue };
-        let Some(value) = tag_value(tag) else { continue };
+    for tag in js
+        .get("tags")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(key) = tag.get("key").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(value) = tag_value(tag) else {
+            continue;
+        };
         match key {
             "span.kind" => {
                 kind = match value.as_str() {

@@ -22,11 +22,13 @@ pub fn secs(v: Option<f64>) -> String {
 }
 
 fn pct(v: Option<f64>) -> String {
-    v.filter(|x| x.is_finite()).map_or("-".into(), |x| format!("{:.0}%", x * 100.0))
+    v.filter(|x| x.is_finite())
+        .map_or("-".into(), |x| format!("{:.0}%", x * 100.0))
 }
 
 fn num(v: Option<f64>, decimals: usize) -> String {
-    v.filter(|x| x.is_finite()).map_or("-".into(), |x| format!("{x:.decimals$}"))
+    v.filter(|x| x.is_finite())
+        .map_or("-".into(), |x| format!("{x:.decimals$}"))
 }
 
 fn f(v: &Value, path: &[&str]) -> Option<f64> {
@@ -51,7 +53,11 @@ struct Table {
 
 impl Table {
     fn new(header: &[&str]) -> Self {
-        Self { header: header.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new(), left: 3 }
+        Self {
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            rows: Vec::new(),
+            left: 3,
+        }
     }
     fn left_columns(mut self, n: usize) -> Self {
         self.left = n;
@@ -104,7 +110,11 @@ fn window_label(seconds: Option<f64>) -> String {
 pub fn report_table(report: &Value) -> String {
     let mut out = String::new();
     let window = window_label(f(report, &["window_seconds"]));
-    let _ = writeln!(out, "infertrace report — window {window} — source {}", s(report, "source"));
+    let _ = writeln!(
+        out,
+        "infertrace report — window {window} — source {}",
+        s(report, "source")
+    );
     let empty = Vec::new();
     let series = report
         .pointer("/kpis/series")
@@ -124,10 +134,25 @@ pub fn report_table(report: &Value) -> String {
 }
 
 fn render_breakdown(series: &[Value], out: &mut String) {
-    out.push_str("\nLatency breakdown per model (share of end-to-end time: all requests | slowest 1%)\n");
+    out.push_str(
+        "\nLatency breakdown per model (share of end-to-end time: all requests | slowest 1%)\n",
+    );
     let mut t = Table::new(&[
-        "service", "model", "operation", "requests", "errors", "cancelled", "rejected", "req/s",
-        "out tok/s", "goodput", "queue", "prefill", "decode", "p99 queue", "p99 prefill",
+        "service",
+        "model",
+        "operation",
+        "requests",
+        "errors",
+        "cancelled",
+        "rejected",
+        "req/s",
+        "out tok/s",
+        "goodput",
+        "queue",
+        "prefill",
+        "decode",
+        "p99 queue",
+        "p99 prefill",
         "p99 decode",
     ]);
     for x in series {
@@ -155,7 +180,9 @@ fn render_breakdown(series: &[Value], out: &mut String) {
 
 fn render_percentiles(series: &[Value], out: &mut String) {
     out.push_str("\nLatency percentiles\n");
-    let mut t = Table::new(&["model", "metric", "", "p50", "p90", "p95", "p99", "max", "mean"]);
+    let mut t = Table::new(&[
+        "model", "metric", "", "p50", "p90", "p95", "p99", "max", "mean",
+    ]);
     for x in series {
         let model = format!("{}/{}", s(x, "service"), s(x, "model"));
         for (key, label) in [
@@ -167,7 +194,9 @@ fn render_percentiles(series: &[Value], out: &mut String) {
             ("prefill", "prefill"),
             ("decode", "decode"),
         ] {
-            let Some(q) = x.get(key).filter(|q| !q.is_null()) else { continue };
+            let Some(q) = x.get(key).filter(|q| !q.is_null()) else {
+                continue;
+            };
             if f(q, &["p50"]).is_none() {
                 continue;
             }
@@ -182,13 +211,23 @@ fn render_percentiles(series: &[Value], out: &mut String) {
 }
 
 fn render_gpu(series: &[Value], out: &mut String) {
-    let with_gpu: Vec<&Value> = series.iter().filter(|x| x.get("gpu").is_some_and(|g| !g.is_null())).collect();
+    let with_gpu: Vec<&Value> = series
+        .iter()
+        .filter(|x| x.get("gpu").is_some_and(|g| !g.is_null()))
+        .collect();
     if with_gpu.is_empty() {
         return;
     }
     out.push_str("\nGPU (utilisation while each phase ran; energy attributed by token share)\n");
     let mut t = Table::new(&[
-        "service", "model", "", "util queue", "util prefill", "util decode", "energy", "J / out token",
+        "service",
+        "model",
+        "",
+        "util queue",
+        "util prefill",
+        "util decode",
+        "energy",
+        "J / out token",
     ]);
     for x in with_gpu {
         let g = &x["gpu"];
@@ -207,9 +246,14 @@ fn render_gpu(series: &[Value], out: &mut String) {
 }
 
 fn render_critical_path(cp: Option<&Value>, out: &mut String) {
-    let Some(cp) = cp.filter(|v| !v.is_null()) else { return };
+    let Some(cp) = cp.filter(|v| !v.is_null()) else {
+        return;
+    };
     let empty = Vec::new();
-    let entries = cp.get("entries").and_then(Value::as_array).unwrap_or(&empty);
+    let entries = cp
+        .get("entries")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
     if entries.is_empty() {
         return;
     }
@@ -218,10 +262,22 @@ fn render_critical_path(cp: Option<&Value>, out: &mut String) {
         "\nCritical path (what the requests waited on; {} requests)",
         num(f(cp, &["requests"]), 0)
     );
-    let mut t = Table::new(&["service", "span", "", "share all", "share >p90", "share >p99", "seconds all"]);
+    let mut t = Table::new(&[
+        "service",
+        "span",
+        "",
+        "share all",
+        "share >p90",
+        "share >p99",
+        "seconds all",
+    ]);
     let mut sorted: Vec<&Value> = entries.iter().collect();
     sorted.sort_by(|a, b| {
-        let k = |v: &Value| f(v, &["share", "p99"]).or(f(v, &["share", "all"])).unwrap_or(0.0);
+        let k = |v: &Value| {
+            f(v, &["share", "p99"])
+                .or(f(v, &["share", "all"]))
+                .unwrap_or(0.0)
+        };
         k(b).total_cmp(&k(a))
     });
     for e in sorted.into_iter().take(12) {
@@ -241,7 +297,11 @@ fn render_critical_path(cp: Option<&Value>, out: &mut String) {
 fn findings_list(v: Option<&Value>) -> Vec<&Value> {
     match v {
         Some(Value::Array(a)) => a.iter().collect(),
-        Some(Value::Object(o)) => o.get("findings").and_then(Value::as_array).map(|a| a.iter().collect()).unwrap_or_default(),
+        Some(Value::Object(o)) => o
+            .get("findings")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().collect())
+            .unwrap_or_default(),
         _ => Vec::new(),
     }
 }
@@ -273,7 +333,9 @@ fn render_findings(v: Option<&Value>, out: &mut String) {
                         "ratio" => pct(v),
                         _ => num(v, 3),
                     };
-                    let th = f(e, &["threshold"]).map(|t| format!(" (threshold {})", fmt(Some(t)))).unwrap_or_default();
+                    let th = f(e, &["threshold"])
+                        .map(|t| format!(" (threshold {})", fmt(Some(t))))
+                        .unwrap_or_default();
                     format!("{} = {}{}", s(e, "metric"), fmt(f(e, &["value"])), th)
                 })
                 .collect();
@@ -288,7 +350,11 @@ fn render_findings(v: Option<&Value>, out: &mut String) {
 fn render_alerts(v: Option<&Value>, out: &mut String) {
     let list: Vec<&Value> = match v {
         Some(Value::Array(a)) => a.iter().collect(),
-        Some(Value::Object(o)) => o.get("alerts").and_then(Value::as_array).map(|a| a.iter().collect()).unwrap_or_default(),
+        Some(Value::Object(o)) => o
+            .get("alerts")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().collect())
+            .unwrap_or_default(),
         _ => return,
     };
     if list.is_empty() {
@@ -296,8 +362,17 @@ fn render_alerts(v: Option<&Value>, out: &mut String) {
     }
     out.push_str("\nAlerts\n");
     for a in list {
-        let name = a.get("name").or(a.get("alert")).and_then(Value::as_str).unwrap_or("-");
-        let _ = writeln!(out, "  {name}: {} {}", s(a, "state"), a.get("labels").map(Value::to_string).unwrap_or_default());
+        let name = a
+            .get("name")
+            .or(a.get("alert"))
+            .and_then(Value::as_str)
+            .unwrap_or("-");
+        let _ = writeln!(
+            out,
+            "  {name}: {} {}",
+            s(a, "state"),
+            a.get("labels").map(Value::to_string).unwrap_or_default()
+        );
     }
 }
 
@@ -314,7 +389,9 @@ fn history_value(unit: &str, v: Option<f64>) -> String {
 
 /// Formats a history delta with its sign: seconds as durations, ratios in percentage points.
 fn history_delta(unit: &str, v: Option<f64>) -> String {
-    let Some(d) = v.filter(|x| x.is_finite()) else { return "-".into() };
+    let Some(d) = v.filter(|x| x.is_finite()) else {
+        return "-".into();
+    };
     let sign = if d < 0.0 { "-" } else { "+" };
     let m = d.abs();
     match unit {
@@ -339,8 +416,14 @@ pub fn history_table(report: &Value) -> String {
     }
     let _ = writeln!(out, " — source {}", s(report, "source"));
     let empty = Vec::new();
-    let rows = report.get("kpis").and_then(Value::as_array).unwrap_or(&empty);
-    let requests = rows.iter().find(|r| r["kpi"] == "requests").and_then(|r| r["value"].as_f64());
+    let rows = report
+        .get("kpis")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
+    let requests = rows
+        .iter()
+        .find(|r| r["kpi"] == "requests")
+        .and_then(|r| r["value"].as_f64());
     if requests.is_none_or(|n| n == 0.0) {
         out.push_str("\nNo requests stored in this range.\n");
     }
@@ -353,7 +436,10 @@ pub fn history_table(report: &Value) -> String {
     let mut t = Table::new(&header).left_columns(1);
     for r in rows {
         let unit = s(r, "unit");
-        let mut cells = vec![s(r, "kpi").to_owned(), history_value(unit, f(r, &["value"]))];
+        let mut cells = vec![
+            s(r, "kpi").to_owned(),
+            history_value(unit, f(r, &["value"])),
+        ];
         if compare.is_some() {
             let change = f(r, &["change"]).filter(|x| x.is_finite());
             cells.extend([
@@ -406,7 +492,10 @@ mod tests {
         assert!(text.contains("90%"), "{text}");
         assert!(text.contains("1.00s"), "{text}");
         assert!(text.contains("[WARNING] queue_dominated"), "{text}");
-        assert!(text.contains("phase_share.p99.queue = 50% (threshold 40%)"), "{text}");
+        assert!(
+            text.contains("phase_share.p99.queue = 50% (threshold 40%)"),
+            "{text}"
+        );
         assert!(text.contains("decode"), "{text}");
     }
 
@@ -419,8 +508,17 @@ mod tests {
         let report = serde_json::json!({"source": "x", "since_seconds": 3600, "compare_seconds": 86400,
             "kpis": [{"kpi": "requests", "unit": "count", "value": 25.0, "baseline": 10.0, "delta": 15.0, "change": 1.5}]});
         let t = history_table(&report);
-        assert!(t.contains("last 1h of history") && t.contains("24h ago"), "{t}");
-        let line = t.lines().find(|l| l.trim_start().starts_with("requests")).unwrap();
-        assert_eq!(line.split_whitespace().collect::<Vec<_>>(), ["requests", "25", "10", "+15", "+150%"]);
+        assert!(
+            t.contains("last 1h of history") && t.contains("24h ago"),
+            "{t}"
+        );
+        let line = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("requests"))
+            .unwrap();
+        assert_eq!(
+            line.split_whitespace().collect::<Vec<_>>(),
+            ["requests", "25", "10", "+15", "+150%"]
+        );
     }
 }

@@ -133,10 +133,18 @@ fn encode_query(v: &str) -> String {
 /// The `/api/history` query of `kpi` over the `span` ending `ago` before now, as one step.
 pub fn history_query(kpi: &str, span: Duration, ago: Duration, h: &HistoryRequest) -> String {
     let (span, ago) = (span.as_secs(), ago.as_secs());
-    let to = if ago == 0 { "now".to_owned() } else { format!("-{ago}s") };
+    let to = if ago == 0 {
+        "now".to_owned()
+    } else {
+        format!("-{ago}s")
+    };
     // One step covering the whole range: the range starts at the minute holding `from`.
     let step = span + 60;
-    let mut q = format!("kpi={}&from=-{}s&to={to}&step={step}", encode_query(kpi), span + ago);
+    let mut q = format!(
+        "kpi={}&from=-{}s&to={to}&step={step}",
+        encode_query(kpi),
+        span + ago
+    );
     if let Some(s) = &h.service {
         q.push_str(&format!("&service={}", encode_query(s)));
     }
@@ -148,15 +156,26 @@ pub fn history_query(kpi: &str, span: Duration, ago: Duration, h: &HistoryReques
 
 /// The value of a one-step `/api/history` answer (`None`: no data in the range).
 pub fn single_value(answer: &Value) -> Option<f64> {
-    answer.get("points")?.as_array()?.iter().find_map(|p| p.get(1).and_then(Value::as_f64))
+    answer
+        .get("points")?
+        .as_array()?
+        .iter()
+        .find_map(|p| p.get(1).and_then(Value::as_f64))
 }
 
 /// One KPI of a history report: its value, and with `--compare` the baseline and the deltas.
-pub fn history_row(kpi: &str, unit: Unit, value: Option<f64>, baseline: Option<Option<f64>>) -> Value {
+pub fn history_row(
+    kpi: &str,
+    unit: Unit,
+    value: Option<f64>,
+    baseline: Option<Option<f64>>,
+) -> Value {
     let mut row = json!({"kpi": kpi, "unit": unit.name(), "value": value});
     if let Some(before) = baseline {
         let delta = value.zip(before).map(|(a, b)| a - b);
-        let change = value.zip(before).and_then(|(a, b)| (b != 0.0).then_some((a - b) / b));
+        let change = value
+            .zip(before)
+            .and_then(|(a, b)| (b != 0.0).then_some((a - b) / b));
         row["baseline"] = json!(before);
         row["delta"] = json!(delta);
         row["change"] = json!(change);
@@ -169,10 +188,18 @@ pub async fn fetch_history(url: &str, h: &HistoryRequest) -> anyhow::Result<Valu
     let base = url.trim_end_matches('/');
     let mut rows = Vec::with_capacity(HISTORY_KPIS.len());
     for (kpi, unit) in HISTORY_KPIS {
-        let now = get_json(&format!("{base}/api/history?{}", history_query(kpi, h.since, Duration::ZERO, h))).await?;
+        let now = get_json(&format!(
+            "{base}/api/history?{}",
+            history_query(kpi, h.since, Duration::ZERO, h)
+        ))
+        .await?;
         let baseline = match h.compare {
             Some(ago) => {
-                let before = get_json(&format!("{base}/api/history?{}", history_query(kpi, h.since, ago, h))).await?;
+                let before = get_json(&format!(
+                    "{base}/api/history?{}",
+                    history_query(kpi, h.since, ago, h)
+                ))
+                .await?;
                 Some(single_value(&before))
             }
             None => None,
@@ -194,9 +221,15 @@ pub async fn fetch_report(url: &str, window: &str) -> anyhow::Result<Value> {
     let base = url.trim_end_matches('/');
     let kpis = get_json(&format!("{base}/api/kpis?window={window}")).await?;
     // The other parts are optional: an older or differently configured collector may lack them.
-    let critical_path = get_json(&format!("{base}/api/critical-path?window={window}")).await.unwrap_or(Value::Null);
-    let findings = get_json(&format!("{base}/api/findings?window={window}")).await.unwrap_or(Value::Null);
-    let alerts = get_json(&format!("{base}/api/alerts")).await.unwrap_or(Value::Null);
+    let critical_path = get_json(&format!("{base}/api/critical-path?window={window}"))
+        .await
+        .unwrap_or(Value::Null);
+    let findings = get_json(&format!("{base}/api/findings?window={window}"))
+        .await
+        .unwrap_or(Value::Null);
+    let alerts = get_json(&format!("{base}/api/alerts"))
+        .await
+        .unwrap_or(Value::Null);
     Ok(json!({
         "source": base,
         "window_seconds": kpis.get("window_seconds").cloned().unwrap_or(Value::Null),
@@ -224,7 +257,11 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
                 Some(s) => parse_span("--since", s)?,
                 None => Duration::from_secs(3600),
             },
-            compare: args.compare.as_deref().map(|c| parse_span("--compare", c)).transpose()?,
+            compare: args
+                .compare
+                .as_deref()
+                .map(|c| parse_span("--compare", c))
+                .transpose()?,
             service: args.service,
             model: args.model,
         };
@@ -245,12 +282,20 @@ mod tests {
     use super::*;
 
     fn req() -> HistoryRequest {
-        HistoryRequest { since: Duration::from_secs(3600), compare: None, service: None, model: None }
+        HistoryRequest {
+            since: Duration::from_secs(3600),
+            compare: None,
+            service: None,
+            model: None,
+        }
     }
 
     #[test]
     fn queries_cover_the_range_in_one_step() {
-        let h = HistoryRequest { model: Some("llama 3/8b".into()), ..req() };
+        let h = HistoryRequest {
+            model: Some("llama 3/8b".into()),
+            ..req()
+        };
         assert_eq!(
             history_query("ttft.p99", h.since, Duration::ZERO, &h),
             "kpi=ttft.p99&from=-3600s&to=now&step=3660&model=llama%203%2F8b"
@@ -270,7 +315,10 @@ mod tests {
         assert!(r["delta"].is_null() && r["baseline"].is_null());
         let r = history_row("requests", Unit::Count, Some(5.0), None);
         assert!(r.get("delta").is_none());
-        assert_eq!(single_value(&json!({"points": [[1.0, null], [2.0, 4.5]]})), Some(4.5));
+        assert_eq!(
+            single_value(&json!({"points": [[1.0, null], [2.0, 4.5]]})),
+            Some(4.5)
+        );
         assert_eq!(single_value(&json!({"points": []})), None);
         assert!(parse_span("--since", "0s").is_err());
         assert!(parse_span("--since", "soon").is_err());

@@ -29,7 +29,10 @@ fn request_spans(i: u64, queue: u64, prefill: u64, decode: u64) -> Vec<Value> {
         ],
         "status": {}
     })];
-    for (n, (name, a, b)) in [("queue", start, s), ("prefill", s, f), ("decode", f, e)].into_iter().enumerate() {
+    for (n, (name, a, b)) in [("queue", start, s), ("prefill", s, f), ("decode", f, e)]
+        .into_iter()
+        .enumerate()
+    {
         spans.push(json!({
             "traceId": trace, "spanId": format!("{:016x}", 0x100 + i * 16 + n as u64 + 1),
             "parentSpanId": root, "name": name, "kind": 1,
@@ -66,33 +69,70 @@ fn json_report(out: &Output) -> Value {
 fn check_report(report: &Value) {
     let s = &report["kpis"]["series"][0];
     assert_eq!(s["requests"], 3, "{s}");
-    assert_eq!((s["service"].as_str(), s["model"].as_str()), (Some("svc"), Some("m")));
+    assert_eq!(
+        (s["service"].as_str(), s["model"].as_str()),
+        (Some("svc"), Some("m"))
+    );
     // e2e are 250, 490 and 125 ms: the max is exact, the median within the sketch's 1%.
-    assert!((s["e2e"]["max"].as_f64().unwrap() - 0.490).abs() < 1e-9, "{s}");
-    assert!((s["e2e"]["p50"].as_f64().unwrap() - 0.250).abs() < 0.0025, "{s}");
-    assert!((s["tpot"]["max"].as_f64().unwrap() - 0.040).abs() < 1e-9, "{s}");
-    let traces = report["traces"].as_array().expect("--per-trace lists traces");
+    assert!(
+        (s["e2e"]["max"].as_f64().unwrap() - 0.490).abs() < 1e-9,
+        "{s}"
+    );
+    assert!(
+        (s["e2e"]["p50"].as_f64().unwrap() - 0.250).abs() < 0.0025,
+        "{s}"
+    );
+    assert!(
+        (s["tpot"]["max"].as_f64().unwrap() - 0.040).abs() < 1e-9,
+        "{s}"
+    );
+    let traces = report["traces"]
+        .as_array()
+        .expect("--per-trace lists traces");
     assert_eq!(traces.len(), 3);
     for t in traces {
-        let names: Vec<&str> = t["segments"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> = t["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
         assert_eq!(names, ["queue", "prefill", "decode"], "{t}");
         let seg = &t["segments"][1];
         assert!(seg["span_id"].is_string() && seg["service"] == "svc");
         assert!(seg["end_unix_nano"].as_u64() > seg["start_unix_nano"].as_u64());
     }
     let cp = report["critical_path"]["entries"].as_array().unwrap();
-    let decode = cp.iter().find(|e| e["span"] == "decode").expect("decode on the critical path");
-    assert!((decode["seconds"]["all"].as_f64().unwrap() - 0.7).abs() < 1e-9, "{decode}");
+    let decode = cp
+        .iter()
+        .find(|e| e["span"] == "decode")
+        .expect("decode on the critical path");
+    assert!(
+        (decode["seconds"]["all"].as_f64().unwrap() - 0.7).abs() < 1e-9,
+        "{decode}"
+    );
 }
 
 #[test]
 fn otlp_json_whole_file_and_per_line() {
     let dir = tempfile::tempdir().unwrap();
-    let all: Vec<Value> = PHASES.iter().enumerate().flat_map(|(i, p)| request_spans(i as u64, p.0, p.1, p.2)).collect();
+    let all: Vec<Value> = PHASES
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| request_spans(i as u64, p.0, p.1, p.2))
+        .collect();
     let whole = dir.path().join("whole.json");
-    std::fs::write(&whole, serde_json::to_vec_pretty(&export_request(all)).unwrap()).unwrap();
+    std::fs::write(
+        &whole,
+        serde_json::to_vec_pretty(&export_request(all)).unwrap(),
+    )
+    .unwrap();
     let out = analyze(&[&whole], &["--format", "json", "--per-trace"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     check_report(&json_report(&out));
 
     let lines: Vec<String> = PHASES
@@ -103,7 +143,11 @@ fn otlp_json_whole_file_and_per_line() {
     let jsonl = dir.path().join("lines.jsonl");
     std::fs::write(&jsonl, lines.join("\n") + "\n").unwrap();
     let out = analyze(&[&jsonl], &["--format", "json", "--per-trace"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     check_report(&json_report(&out));
 
     // The table format prints the breakdown and every request's critical path.
@@ -119,8 +163,18 @@ fn jaeger_json_export() {
     let mut spans = Vec::new();
     for (i, p) in PHASES.iter().enumerate() {
         for s in request_spans(i as u64, p.0, p.1, p.2) {
-            let start = s["startTimeUnixNano"].as_str().unwrap().parse::<u64>().unwrap() / 1000;
-            let end = s["endTimeUnixNano"].as_str().unwrap().parse::<u64>().unwrap() / 1000;
+            let start = s["startTimeUnixNano"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                / 1000;
+            let end = s["endTimeUnixNano"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                / 1000;
             let mut tags: Vec<Value> = s["attributes"]
                 .as_array()
                 .unwrap()
@@ -151,7 +205,11 @@ fn jaeger_json_export() {
     let file = dir.path().join("jaeger.json");
     std::fs::write(&file, doc.to_string()).unwrap();
     let out = analyze(&[&file], &["--format", "json", "--per-trace"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     check_report(&json_report(&out));
 }
 
@@ -159,18 +217,30 @@ fn jaeger_json_export() {
 fn broken_files_are_reported_and_the_rest_analysed() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.json");
-    let all: Vec<Value> = PHASES.iter().enumerate().flat_map(|(i, p)| request_spans(i as u64, p.0, p.1, p.2)).collect();
+    let all: Vec<Value> = PHASES
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| request_spans(i as u64, p.0, p.1, p.2))
+        .collect();
     std::fs::write(&good, export_request(all).to_string()).unwrap();
     let broken = dir.path().join("broken.json");
     std::fs::write(&broken, "{\"resourceSpans\": [ {\"oops\"").unwrap();
     let missing = dir.path().join("missing.json");
-    let out = analyze(&[&broken, &good, &missing], &["--format", "json", "--per-trace"]);
+    let out = analyze(
+        &[&broken, &good, &missing],
+        &["--format", "json", "--per-trace"],
+    );
     assert_eq!(out.status.code(), Some(1), "partial problems exit 1");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 2, "one line per problem: {stderr}");
     assert!(lines.iter().any(|l| l.contains("broken.json")), "{stderr}");
-    assert!(lines.iter().any(|l| l.contains("missing.json") && l.contains("cannot read")), "{stderr}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("missing.json") && l.contains("cannot read")),
+        "{stderr}"
+    );
     check_report(&json_report(&out));
 
     let out = analyze(&[&broken], &[]);

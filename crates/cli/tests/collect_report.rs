@@ -13,7 +13,11 @@ fn bin() -> Command {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A minimal HTTP/1.1 exchange (no client crate needed for a test).
@@ -29,7 +33,11 @@ fn http(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) ->
     s.write_all(body).unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
-    let status = resp.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
     (status, body)
 }
@@ -56,8 +64,15 @@ impl Collector {
         let mut line = String::new();
         let stderr = child.stderr.as_mut().unwrap();
         BufReader::new(stderr).read_line(&mut line).unwrap();
-        assert!(line.contains(&format!("127.0.0.1:{api}")), "startup line: {line}");
-        Self { child, otlp_http, api }
+        assert!(
+            line.contains(&format!("127.0.0.1:{api}")),
+            "startup line: {line}"
+        );
+        Self {
+            child,
+            otlp_http,
+            api,
+        }
     }
 }
 
@@ -71,7 +86,10 @@ impl Drop for Collector {
 /// `n` requests of the infertrace dialect ending just now, with 20 ms queue, 30 ms prefill and
 /// 100 ms decode each, as one OTLP/JSON export request.
 fn traces(n: u64) -> Value {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     let ms = 1_000_000u64;
     let mut spans = Vec::new();
     for i in 0..n {
@@ -83,7 +101,10 @@ fn traces(n: u64) -> Value {
             "startTimeUnixNano": t0.to_string(), "endTimeUnixNano": (t0 + 150 * ms).to_string(),
             "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m"), kv("infer.outcome", "ok"),
                            {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "11"}}]}));
-        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)].into_iter().enumerate() {
+        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)]
+            .into_iter()
+            .enumerate()
+        {
             spans.push(json!({"traceId": trace, "spanId": format!("{:016x}", 0x10 + i * 8 + j as u64 + 1),
                 "parentSpanId": root, "name": name, "kind": 1,
                 "startTimeUnixNano": (t0 + a * ms).to_string(), "endTimeUnixNano": (t0 + b * ms).to_string()}));
@@ -95,10 +116,22 @@ fn traces(n: u64) -> Value {
 
 fn report(api: u16) -> Value {
     let out = bin()
-        .args(["report", "--url", &format!("http://127.0.0.1:{api}"), "--window", "1m", "--format", "json"])
+        .args([
+            "report",
+            "--url",
+            &format!("http://127.0.0.1:{api}"),
+            "--window",
+            "1m",
+            "--format",
+            "json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -106,7 +139,13 @@ fn report(api: u16) -> Value {
 fn collect_then_report() {
     let c = Collector::start();
     let body = traces(25).to_string();
-    let (status, resp) = http(c.otlp_http, "POST", "/v1/traces", "application/json", body.as_bytes());
+    let (status, resp) = http(
+        c.otlp_http,
+        "POST",
+        "/v1/traces",
+        "application/json",
+        body.as_bytes(),
+    );
     assert_eq!(status, 200, "{resp}");
     let deadline = Instant::now() + Duration::from_secs(15);
     let r = loop {
@@ -114,24 +153,56 @@ fn collect_then_report() {
         if r["kpis"]["series"][0]["requests"] == 25 {
             break r;
         }
-        assert!(Instant::now() < deadline, "25 requests never showed up: {r}");
+        assert!(
+            Instant::now() < deadline,
+            "25 requests never showed up: {r}"
+        );
         std::thread::sleep(Duration::from_millis(300));
     };
     let s = &r["kpis"]["series"][0];
     assert_eq!(s["service"], "cli-test");
-    let ttft = s["ttft"]["p50"].as_f64().unwrap_or_else(|| panic!("ttft in {s}"));
+    let ttft = s["ttft"]["p50"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("ttft in {s}"));
     assert!((ttft - 0.050).abs() < 0.0005, "{s}");
-    assert!((s["tpot"]["p50"].as_f64().expect("tpot") - 0.010).abs() < 0.0001, "{s}");
-    assert!(r["critical_path"]["entries"].as_array().is_some_and(|e| !e.is_empty()), "{r}");
+    assert!(
+        (s["tpot"]["p50"].as_f64().expect("tpot") - 0.010).abs() < 0.0001,
+        "{s}"
+    );
+    assert!(
+        r["critical_path"]["entries"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty()),
+        "{r}"
+    );
     // The table format prints the same numbers.
-    let out = bin().args(["report", "--url", &format!("http://127.0.0.1:{}", c.api), "--window", "1m"]).output().unwrap();
+    let out = bin()
+        .args([
+            "report",
+            "--url",
+            &format!("http://127.0.0.1:{}", c.api),
+            "--window",
+            "1m",
+        ])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("cli-test") && text.contains("50.0ms"), "{text}");
+    assert!(
+        text.contains("cli-test") && text.contains("50.0ms"),
+        "{text}"
+    );
 }
 
 #[test]
 fn report_without_a_collector_says_what_to_do() {
-    let out = bin().args(["report", "--url", &format!("http://127.0.0.1:{}", free_port())]).output().unwrap();
+    let out = bin()
+        .args([
+            "report",
+            "--url",
+            &format!("http://127.0.0.1:{}", free_port()),
+        ])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
@@ -142,14 +213,33 @@ fn report_without_a_collector_says_what_to_do() {
 #[cfg(unix)]
 fn sigterm_flushes_traces_in_flight() {
     let mut c = Collector::start();
-    let (status, _) = http(c.otlp_http, "POST", "/v1/traces", "application/json", traces(3).to_string().as_bytes());
+    let (status, _) = http(
+        c.otlp_http,
+        "POST",
+        "/v1/traces",
+        "application/json",
+        traces(3).to_string().as_bytes(),
+    );
     assert_eq!(status, 200);
     // Immediately, well inside the 2 s grace period: the traces are still being assembled.
     let pid = c.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let out = std::mem::replace(&mut c.child, bin().arg("--version").stdout(Stdio::null()).spawn().unwrap())
-        .wait_with_output()
-        .unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = std::mem::replace(
+        &mut c.child,
+        bin()
+            .arg("--version")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+    .wait_with_output()
+    .unwrap();
     assert!(out.status.success(), "exit status {}", out.status);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("3 traces in flight were closed"), "{err}");
@@ -161,7 +251,11 @@ fn check_config_reports_the_line() {
     let good = dir.path().join("good.yaml");
     std::fs::write(&good, "assembly:\n  grace: 1s\n").unwrap();
     let out = bin().args(["check-config"]).arg(&good).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "assembly:\n  grace: 1s\n  graec: 2s\n").unwrap();
     let out = bin().args(["check-config"]).arg(&bad).output().unwrap();
@@ -170,7 +264,14 @@ fn check_config_reports_the_line() {
     assert!(err.contains("bad.yaml:3:"), "names file and line: {err}");
     assert!(err.contains("graec"), "{err}");
     // The shipped, documented config is valid.
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../../otel-config/infertrace.yaml");
+    let shipped = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../otel-config/infertrace.yaml"
+    );
     let out = bin().args(["check-config", shipped]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

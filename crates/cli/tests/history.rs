@@ -23,7 +23,11 @@ fn bin() -> Command {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
@@ -38,7 +42,11 @@ fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     s.write_all(body).unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
-    let status = resp.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
     (status, body)
 }
@@ -62,10 +70,19 @@ impl Collector {
             .spawn()
             .expect("start infertrace collect");
         let mut line = String::new();
-        BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line).unwrap();
-        assert!(line.contains(&format!("127.0.0.1:{api}")), "startup line: {line}");
+        BufReader::new(child.stderr.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains(&format!("127.0.0.1:{api}")),
+            "startup line: {line}"
+        );
         assert!(line.contains(DB_FILE_NAME), "names the store: {line}");
-        Self { child, otlp_http, api }
+        Self {
+            child,
+            otlp_http,
+            api,
+        }
     }
 }
 
@@ -89,7 +106,10 @@ fn traces(n: u64) -> Value {
             "startTimeUnixNano": t0.to_string(), "endTimeUnixNano": (t0 + 150 * MS).to_string(),
             "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m"), kv("infer.outcome", "ok"),
                            {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "11"}}]}));
-        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)].into_iter().enumerate() {
+        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)]
+            .into_iter()
+            .enumerate()
+        {
             spans.push(json!({"traceId": trace, "spanId": format!("{:016x}", 0x10 + i * 8 + j as u64 + 1),
                 "parentSpanId": root, "name": name, "kind": 1,
                 "startTimeUnixNano": (t0 + a * MS).to_string(), "endTimeUnixNano": (t0 + b * MS).to_string()}));
@@ -109,7 +129,14 @@ fn store_baseline(dir: &Path, n: u64) {
     for i in 0..n {
         let mut id = [0u8; 16];
         id[..8].copy_from_slice(&(i + 1).to_be_bytes());
-        let mut r = RequestRecord::new(TraceId(id), SpanId([1; 8]), Arc::from("cli-test"), Dialect::Infertrace, 0, 0);
+        let mut r = RequestRecord::new(
+            TraceId(id),
+            SpanId([1; 8]),
+            Arc::from("cli-test"),
+            Dialect::Infertrace,
+            0,
+            0,
+        );
         r.model = "m".into();
         r.operation = "chat".into();
         r.e2e = 0.3;
@@ -128,16 +155,31 @@ fn store_baseline(dir: &Path, n: u64) {
 
 fn report(api: u16, args: &[&str]) -> Value {
     let out = bin()
-        .args(["report", "--url", &format!("http://127.0.0.1:{api}"), "--format", "json"])
+        .args([
+            "report",
+            "--url",
+            &format!("http://127.0.0.1:{api}"),
+            "--format",
+            "json",
+        ])
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn row<'a>(r: &'a Value, kpi: &str) -> &'a Value {
-    r["kpis"].as_array().unwrap().iter().find(|x| x["kpi"] == kpi).unwrap_or_else(|| panic!("{kpi} in {r:#}"))
+    r["kpis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["kpi"] == kpi)
+        .unwrap_or_else(|| panic!("{kpi} in {r:#}"))
 }
 
 fn close(got: Option<f64>, want: f64, rel: f64) -> bool {
@@ -149,7 +191,12 @@ fn report_since_and_compare_read_the_store() {
     let dir = tempfile::tempdir().unwrap();
     store_baseline(dir.path(), 10);
     let c = Collector::start(dir.path());
-    let (status, resp) = http(c.otlp_http, "POST", "/v1/traces", traces(25).to_string().as_bytes());
+    let (status, resp) = http(
+        c.otlp_http,
+        "POST",
+        "/v1/traces",
+        traces(25).to_string().as_bytes(),
+    );
     assert_eq!(status, 200, "{resp}");
 
     let url = format!("http://127.0.0.1:{}", c.api);
@@ -159,52 +206,134 @@ fn report_since_and_compare_read_the_store() {
         if row(&r, "requests")["value"] == 25.0 {
             break r;
         }
-        assert!(Instant::now() < deadline, "25 requests never reached the store: {r:#}");
+        assert!(
+            Instant::now() < deadline,
+            "25 requests never reached the store: {r:#}"
+        );
         std::thread::sleep(Duration::from_millis(300));
     };
     assert_eq!(r["since_seconds"], 3600);
-    assert!(close(row(&r, "e2e.p50")["value"].as_f64(), 0.150, 0.01), "{r:#}");
-    assert!(close(row(&r, "e2e.p99")["value"].as_f64(), 0.150, 0.01), "{r:#}");
-    assert!(close(row(&r, "ttft.p50")["value"].as_f64(), 0.050, 0.01), "{r:#}");
-    assert!(close(row(&r, "tpot.p99")["value"].as_f64(), 0.010, 0.01), "{r:#}");
-    assert!(close(row(&r, "phase_share.all.queue")["value"].as_f64(), 20.0 / 150.0, 0.01), "{r:#}");
-    assert!(close(row(&r, "phase_share.all.decode")["value"].as_f64(), 100.0 / 150.0, 0.01), "{r:#}");
-    assert!(row(&r, "e2e.p50").get("delta").is_none(), "no comparison asked");
+    assert!(
+        close(row(&r, "e2e.p50")["value"].as_f64(), 0.150, 0.01),
+        "{r:#}"
+    );
+    assert!(
+        close(row(&r, "e2e.p99")["value"].as_f64(), 0.150, 0.01),
+        "{r:#}"
+    );
+    assert!(
+        close(row(&r, "ttft.p50")["value"].as_f64(), 0.050, 0.01),
+        "{r:#}"
+    );
+    assert!(
+        close(row(&r, "tpot.p99")["value"].as_f64(), 0.010, 0.01),
+        "{r:#}"
+    );
+    assert!(
+        close(
+            row(&r, "phase_share.all.queue")["value"].as_f64(),
+            20.0 / 150.0,
+            0.01
+        ),
+        "{r:#}"
+    );
+    assert!(
+        close(
+            row(&r, "phase_share.all.decode")["value"].as_f64(),
+            100.0 / 150.0,
+            0.01
+        ),
+        "{r:#}"
+    );
+    assert!(
+        row(&r, "e2e.p50").get("delta").is_none(),
+        "no comparison asked"
+    );
 
     // An hour ago: the stored baseline (10 requests of 300 ms, TTFT 100 ms).
     let r = report(c.api, &["--since", "1h", "--compare", "1h"]);
     assert_eq!(r["compare_seconds"], 3600);
     let req = row(&r, "requests");
-    assert_eq!((req["value"].as_f64(), req["baseline"].as_f64()), (Some(25.0), Some(10.0)), "{r:#}");
+    assert_eq!(
+        (req["value"].as_f64(), req["baseline"].as_f64()),
+        (Some(25.0), Some(10.0)),
+        "{r:#}"
+    );
     assert_eq!(req["delta"].as_f64(), Some(15.0));
     assert!(close(req["change"].as_f64(), 1.5, 1e-9), "{req}");
     let ttft = row(&r, "ttft.p50");
     assert!(close(ttft["baseline"].as_f64(), 0.100, 0.01), "{ttft}");
     assert!(close(ttft["delta"].as_f64(), -0.050, 0.03), "{ttft}");
     // The table shows both ranges and the deltas.
-    let out = bin().args(["report", "--url", &url, "--since", "1h", "--compare", "1h"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = bin()
+        .args(["report", "--url", &url, "--since", "1h", "--compare", "1h"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("last 1h of history") && text.contains("1h ago"), "{text}");
-    let line = text.lines().find(|l| l.trim_start().starts_with("requests")).unwrap_or_default();
-    assert!(line.contains("25") && line.contains("10") && line.contains("+15") && line.contains("+150%"), "{text}");
-    let line = text.lines().find(|l| l.trim_start().starts_with("ttft.p50")).unwrap_or_default();
-    assert!(line.contains("50.") && line.contains("100.") && line.contains("-50."), "{text}");
+    assert!(
+        text.contains("last 1h of history") && text.contains("1h ago"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("requests"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("25")
+            && line.contains("10")
+            && line.contains("+15")
+            && line.contains("+150%"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("ttft.p50"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("50.") && line.contains("100.") && line.contains("-50."),
+        "{text}"
+    );
 }
 
 #[test]
 fn report_since_without_a_store_says_so() {
     let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
     let mut child = bin()
-        .args(["collect", "--no-store", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
-        .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}"), "--listen", &format!("127.0.0.1:{api}")])
+        .args([
+            "collect",
+            "--no-store",
+            "--otlp-grpc",
+            &format!("127.0.0.1:{grpc}"),
+        ])
+        .args([
+            "--otlp-http",
+            &format!("127.0.0.1:{otlp_http}"),
+            "--listen",
+            &format!("127.0.0.1:{api}"),
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert!(line.contains("history: off"), "{line}");
-    let out = bin().args(["report", "--url", &format!("http://127.0.0.1:{api}"), "--since", "1h"]).output().unwrap();
+    let out = bin()
+        .args([
+            "report",
+            "--url",
+            &format!("http://127.0.0.1:{api}"),
+            "--since",
+            "1h",
+        ])
+        .output()
+        .unwrap();
     let _ = child.kill();
     let _ = child.wait();
     assert!(!out.status.success());
@@ -216,10 +345,23 @@ fn report_since_without_a_store_says_so() {
 fn a_corrupt_store_stops_collect_with_one_line_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join(DB_FILE_NAME);
-    let junk: Vec<u8> = b"not a database\n".iter().copied().cycle().take(8192).collect();
+    let junk: Vec<u8> = b"not a database\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(8192)
+        .collect();
     std::fs::write(&db, &junk).unwrap();
     let out = bin()
-        .args(["collect", "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0", "--listen", "127.0.0.1:0"])
+        .args([
+            "collect",
+            "--otlp-grpc",
+            "127.0.0.1:0",
+            "--otlp-http",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .output()
@@ -227,10 +369,16 @@ fn a_corrupt_store_stops_collect_with_one_line_naming_it() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.contains(&db.display().to_string()), "names the file: {err}");
+    assert!(
+        err.contains(&db.display().to_string()),
+        "names the file: {err}"
+    );
     assert!(err.contains("not an SQLite database"), "{err}");
     assert_eq!(std::fs::read(&db).unwrap(), junk, "left byte-identical");
-    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 1, "nothing created beside it: {names:?}");
 }
 
@@ -239,9 +387,21 @@ fn demo_keeps_no_history_on_disk() {
     let dir = tempfile::tempdir().unwrap();
     let out = bin()
         .current_dir(dir.path())
-        .args(["demo", "--duration", "1s", "--rate", "5", "--format", "json"])
+        .args([
+            "demo",
+            "--duration",
+            "1s",
+            "--rate",
+            "5",
+            "--format",
+            "json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!dir.path().join("infertrace-data").exists());
 }

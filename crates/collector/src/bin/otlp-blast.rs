@@ -297,7 +297,10 @@ impl Body {
                 i += 1;
             }
         }
-        Self { bytes, trace_id_offsets }
+        Self {
+            bytes,
+            trace_id_offsets,
+        }
     }
 
     /// The body with the last 8 bytes of every trace id replaced by a per-send counter.
@@ -488,7 +491,10 @@ async fn main() -> ExitCode {
             })
             .collect(),
     );
-    if let Some(b) = bodies.iter().find(|b| b.trace_id_offsets.len() as u64 != spans_per_request) {
+    if let Some(b) = bodies
+        .iter()
+        .find(|b| b.trace_id_offsets.len() as u64 != spans_per_request)
+    {
         eprintln!(
             "otlp-blast: found {} trace ids in a request of {spans_per_request} spans",
             b.trace_id_offsets.len()
