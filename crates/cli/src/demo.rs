@@ -38,7 +38,7 @@ use crate::report::{Format, print_report};
 pub enum Scenario {
     /// Moderate load well within capacity: no latency rule should fire. The simulated GPU reads
     /// ~97% busy (a continuously batching engine runs a step whenever a request is in flight,
-    /// which is what "GPU utilisation" counts), so `gpu-saturated` may be reported.
+    /// which is what "GPU utilisation" counts), which is reported as an info-level note only.
     Balanced,
     /// Arrivals beyond the engine's capacity with a small batch limit: queueing dominates while
     /// the engine steps back to back, so the diagnosis is `queue-dominated-gpu-saturated`.
