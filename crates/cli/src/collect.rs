@@ -67,27 +67,8 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
     Ok(config)
 }
 
-/// Waits for SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-}
+/// Waits for SIGINT or SIGTERM (the example servers' handler: one implementation for both).
+pub use infertrace_examples::server::shutdown_signal;
 
 /// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully.
 pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
