@@ -8,6 +8,7 @@
 //! | service name | `service_name` | `OTEL_SERVICE_NAME`, then `service.name` in `OTEL_RESOURCE_ATTRIBUTES` |
 //! | resource | `resource_attributes` (added) | `OTEL_RESOURCE_ATTRIBUTES` |
 //! | sampler | `sampler` | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; default `parentbased_always_on` |
+//! | metrics on/off | `metrics` | `OTEL_METRICS_EXPORTER=none` turns them off (the infertrace collector takes traces only) |
 //!
 //! Spans go through a batch processor, metrics through a periodic reader
 //! (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 s). The gRPC exporter needs a Tokio runtime:
@@ -108,6 +109,14 @@ impl OtlpConfig {
     pub fn metrics(mut self, enabled: bool) -> Self {
         self.metrics = Some(enabled);
         self
+    }
+
+    /// Whether to build the meter provider: the code's choice, else `OTEL_METRICS_EXPORTER`
+    /// (`none` turns metrics off, as the SDK environment specification says), else on.
+    fn metrics_enabled(&self, env: impl Fn(&str) -> Option<String>) -> bool {
+        self.metrics.unwrap_or_else(|| {
+            env("OTEL_METRICS_EXPORTER").is_none_or(|v| v.trim() != "none")
+        })
     }
 
     /// The protocol this config resolves to with `env` as the environment.
@@ -240,7 +249,7 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
     }
     let tracer_provider = tracer.build();
 
-    let meter_provider = if config.metrics.unwrap_or(true) {
+    let meter_provider = if config.metrics_enabled(|v| std::env::var(v).ok()) {
         let exporter = match protocol {
             OtlpProtocol::Grpc => {
                 let mut b = MetricExporter::builder().with_tonic();
@@ -289,6 +298,17 @@ mod tests {
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| v.to_string())
         }
+    }
+
+    #[test]
+    fn metrics_exporter_none_turns_metrics_off() {
+        assert!(OtlpConfig::default().metrics_enabled(env_of(&[])));
+        let none = env_of(&[("OTEL_METRICS_EXPORTER", "none")]);
+        assert!(!OtlpConfig::default().metrics_enabled(&none));
+        let otlp = env_of(&[("OTEL_METRICS_EXPORTER", "otlp")]);
+        assert!(OtlpConfig::default().metrics_enabled(&otlp));
+        // Code wins over the environment.
+        assert!(OtlpConfig::default().metrics(true).metrics_enabled(&none));
     }
 
     #[test]
