@@ -114,9 +114,8 @@ impl OtlpConfig {
     /// Whether to build the meter provider: the code's choice, else `OTEL_METRICS_EXPORTER`
     /// (`none` turns metrics off, as the SDK environment specification says), else on.
     fn metrics_enabled(&self, env: impl Fn(&str) -> Option<String>) -> bool {
-        self.metrics.unwrap_or_else(|| {
-            env("OTEL_METRICS_EXPORTER").is_none_or(|v| v.trim() != "none")
-        })
+        self.metrics
+            .unwrap_or_else(|| env("OTEL_METRICS_EXPORTER").is_none_or(|v| v.trim() != "none"))
     }
 
     /// The protocol this config resolves to with `env` as the environment.
