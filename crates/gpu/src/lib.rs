@@ -60,6 +60,7 @@ mod ring;
 mod sampler;
 mod source;
 mod telemetry;
+mod ticker;
 mod visible;
 mod window;
 

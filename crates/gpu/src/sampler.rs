@@ -488,26 +488,8 @@ impl<S: CounterSource> Core<S> {
 
     /// Ticks every `interval` until the sampler is stopped.
     fn run(&mut self, interval: Duration) {
-        let interval = interval.max(Duration::from_millis(1));
-        let mut next = Instant::now();
-        while !self.shared.stop.load(Ordering::Acquire) {
-            self.tick(Instant::now());
-            next = next
-                .checked_add(interval)
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            let now = Instant::now();
-            if next < now {
-                // Fell behind (a slow call): skip the missed ticks instead of bursting.
-                next = now;
-            }
-            while !self.shared.stop.load(Ordering::Acquire) {
-                let now = Instant::now();
-                if now >= next {
-                    break;
-                }
-                thread::park_timeout(next - now);
-            }
-        }
+        let shared = self.shared.clone();
+        crate::ticker::run_every(&shared.stop, interval, |now| self.tick(now));
     }
 }
 
