@@ -97,36 +97,27 @@ fn workload(scenario: Scenario, rate: Option<f64>, duration: Duration, seed: u64
         seed,
         stream: true,
         ignore_eos: true,
+        // Chat-sized requests unless the scenario says otherwise.
+        prompt_tokens: LengthDist::LogNormal {
+            median: 400.0,
+            sigma: 0.5,
+            max: 2048,
+        },
+        output_tokens: LengthDist::LogNormal {
+            median: 96.0,
+            sigma: 0.5,
+            max: 512,
+        },
         ..LoadConfig::default()
     };
     let description = match scenario {
         Scenario::Balanced => {
             load.rate = rate.unwrap_or(6.0);
-            load.prompt_tokens = LengthDist::LogNormal {
-                median: 400.0,
-                sigma: 0.5,
-                max: 2048,
-            };
-            load.output_tokens = LengthDist::LogNormal {
-                median: 96.0,
-                sigma: 0.5,
-                max: 512,
-            };
             "moderate load within capacity (max_num_seqs 64)"
         }
         Scenario::Overload => {
             sim.max_num_seqs = 8;
             load.rate = rate.unwrap_or(12.0);
-            load.prompt_tokens = LengthDist::LogNormal {
-                median: 400.0,
-                sigma: 0.5,
-                max: 2048,
-            };
-            load.output_tokens = LengthDist::LogNormal {
-                median: 96.0,
-                sigma: 0.5,
-                max: 512,
-            };
             "arrivals beyond capacity with max_num_seqs 8: requests wait for a batch slot"
         }
         Scenario::LongPrompts => {
