@@ -1,87 +1,14 @@
 //! `infertrace collect` as a process: OTLP/JSON in over HTTP, `report` against it, the config
 //! checker, and a graceful SIGTERM that still counts the traces in flight.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Collector, bin, free_port, http};
+
 use serde_json::{Value, json};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_infertrace"))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A minimal HTTP/1.1 exchange (no client crate needed for a test).
-fn http(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    s.write_all(body).unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
-    (status, body)
-}
-
-struct Collector {
-    child: Child,
-    otlp_http: u16,
-    api: u16,
-}
-
-impl Collector {
-    fn start() -> Self {
-        let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
-        let mut child = bin()
-            .args(["collect", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
-            .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}")])
-            .args(["--listen", &format!("127.0.0.1:{api}")])
-            // History has its own tests (history.rs): nothing is written here.
-            .arg("--no-store")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start infertrace collect");
-        // The first stderr line says where it listens.
-        let mut line = String::new();
-        let stderr = child.stderr.as_mut().unwrap();
-        BufReader::new(stderr).read_line(&mut line).unwrap();
-        assert!(
-            line.contains(&format!("127.0.0.1:{api}")),
-            "startup line: {line}"
-        );
-        Self {
-            child,
-            otlp_http,
-            api,
-        }
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// `n` requests of the infertrace dialect ending just now, with 20 ms queue, 30 ms prefill and
 /// 100 ms decode each, as one OTLP/JSON export request.
@@ -137,7 +64,8 @@ fn report(api: u16) -> Value {
 
 #[test]
 fn collect_then_report() {
-    let c = Collector::start();
+    // History has its own tests (history.rs): nothing is written here.
+    let c = Collector::start(["--no-store"]);
     let body = traces(25).to_string();
     let (status, resp) = http(
         c.otlp_http,
@@ -212,7 +140,7 @@ fn report_without_a_collector_says_what_to_do() {
 #[test]
 #[cfg(unix)]
 fn sigterm_flushes_traces_in_flight() {
-    let mut c = Collector::start();
+    let mut c = Collector::start(["--no-store"]);
     let (status, _) = http(
         c.otlp_http,
         "POST",

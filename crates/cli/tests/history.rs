@@ -2,10 +2,12 @@
 //! refused store file stops the start with one line naming it (and stays byte-identical), and
 //! history reports match the traffic sent and a baseline stored an hour earlier.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod common;
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,82 +18,9 @@ use infertrace_collector::InternalEvents;
 use infertrace_collector::store::{DB_FILE_NAME, Store, StoreOptions, unix_nanos_now};
 use serde_json::{Value, json};
 
+use common::{Collector, bin, free_port, http};
+
 const MS: u64 = 1_000_000;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_infertrace"))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    s.write_all(body).unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
-    (status, body)
-}
-
-struct Collector {
-    child: Child,
-    otlp_http: u16,
-    api: u16,
-}
-
-impl Collector {
-    fn start(data_dir: &Path) -> Self {
-        let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
-        let mut child = bin()
-            .args(["collect", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
-            .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}")])
-            .args(["--listen", &format!("127.0.0.1:{api}")])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start infertrace collect");
-        let mut line = String::new();
-        BufReader::new(child.stderr.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(
-            line.contains(&format!("127.0.0.1:{api}")),
-            "startup line: {line}"
-        );
-        assert!(line.contains(DB_FILE_NAME), "names the store: {line}");
-        Self {
-            child,
-            otlp_http,
-            api,
-        }
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// `n` requests ending just now: 20 ms queue, 30 ms prefill, 100 ms decode, 11 output tokens.
 fn traces(n: u64) -> Value {
@@ -190,11 +119,17 @@ fn close(got: Option<f64>, want: f64, rel: f64) -> bool {
 fn report_since_and_compare_read_the_store() {
     let dir = tempfile::tempdir().unwrap();
     store_baseline(dir.path(), 10);
-    let c = Collector::start(dir.path());
+    let c = Collector::start([OsStr::new("--data-dir"), dir.path().as_os_str()]);
+    assert!(
+        c.startup_line.contains(DB_FILE_NAME),
+        "names the store: {}",
+        c.startup_line
+    );
     let (status, resp) = http(
         c.otlp_http,
         "POST",
         "/v1/traces",
+        "application/json",
         traces(25).to_string().as_bytes(),
     );
     assert_eq!(status, 200, "{resp}");

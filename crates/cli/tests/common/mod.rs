@@ -1,0 +1,99 @@
+//! What the CLI's process tests share: the binary, free ports, a minimal HTTP/1.1 client, and
+//! an `infertrace collect` child process that is killed when dropped.
+
+#![allow(dead_code)] // each test crate uses a different subset
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The `infertrace` binary under test.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_infertrace"))
+}
+
+/// A free loopback port (the listener is closed again; a small race, fine for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 exchange with `Connection: close` (no client crate needed): status and body.
+pub fn http(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+/// `infertrace collect` on free ports, killed on drop.
+pub struct Collector {
+    /// The child process.
+    pub child: Child,
+    /// Its OTLP/HTTP port.
+    pub otlp_http: u16,
+    /// Its API port.
+    pub api: u16,
+    /// The first line it printed on stderr (where it listens, where history goes).
+    pub startup_line: String,
+}
+
+impl Collector {
+    /// Starts the collector with `extra` flags (e.g. `--no-store`, or `--data-dir DIR`) and
+    /// waits for its startup line, which must name the API address.
+    pub fn start<I, S>(extra: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
+        let mut child = bin()
+            .args(["collect", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
+            .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}")])
+            .args(["--listen", &format!("127.0.0.1:{api}")])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start infertrace collect");
+        let mut line = String::new();
+        BufReader::new(child.stderr.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains(&format!("127.0.0.1:{api}")),
+            "startup line: {line}"
+        );
+        Self {
+            child,
+            otlp_http,
+            api,
+            startup_line: line,
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
