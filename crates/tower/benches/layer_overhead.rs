@@ -9,6 +9,8 @@
 //! - `bare`: the service alone (it also looks for a `RequestRecorder` and finds none);
 //! - `infertrace`: request span + `queue` / `prefill` / `decode` (the service marks scheduled,
 //!   first token, more tokens, usage, finish), ~25 attributes, metrics to a no-op meter;
+//! - `infertrace_fast`: the same exported directly to the span processor
+//!   (`with_span_processor`: finished `SpanData`, no tracer);
 //! - `infertrace_global`: the same through the global (boxed) tracer;
 //! - `infertrace_metrics`: the same plus every metric recorded into an SDK meter provider;
 //! - `otel_instrumentation_tower`: `opentelemetry-instrumentation-tower` 0.19, one span, tracing
@@ -41,7 +43,7 @@ use criterion::Criterion;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use infertrace_tower::{InferenceTraceLayer, RequestRecorder};
+use infertrace_tower::{InferenceTraceLayer, RequestRecorder, SharedSpanProcessor};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -265,7 +267,10 @@ fn bench_service<S, B>(
 /// A batch span processor with a queue deep enough that the export thread keeps up on a small
 /// machine: a span dropped at a full queue is freed on the request thread, which would make
 /// variants emitting more spans look cheaper than they are.
-fn batch_provider() -> SdkTracerProvider {
+///
+/// The processor is shared: the provider (every tracer-based variant and peer) and the
+/// `infertrace_fast` layer (direct export) feed the same queue and exporter.
+fn batch_provider() -> (SdkTracerProvider, SharedSpanProcessor) {
     let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
         .with_max_queue_size(1 << 16)
         .with_max_export_batch_size(4096)
@@ -273,9 +278,13 @@ fn batch_provider() -> SdkTracerProvider {
     let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(DropExporter)
         .with_batch_config(config)
         .build();
-    SdkTracerProvider::builder()
-        .with_span_processor(processor)
-        .build()
+    let resource = opentelemetry_sdk::Resource::builder().build();
+    let processor = SharedSpanProcessor::new(processor, &resource);
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(processor.clone())
+        .with_resource(resource)
+        .build();
+    (provider, processor)
 }
 
 fn meter_provider() -> SdkMeterProvider {
@@ -289,7 +298,7 @@ fn meter_provider() -> SdkMeterProvider {
 }
 
 fn benches(c: &mut Criterion) {
-    let tracer_provider = batch_provider();
+    let (tracer_provider, processor) = batch_provider();
     opentelemetry::global::set_tracer_provider(tracer_provider.clone());
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
@@ -301,6 +310,11 @@ fn benches(c: &mut Criterion) {
         .with_tracer_provider(&tracer_provider)
         .default_model("llama-3.1-8b");
     bench_service(c, "request", "infertrace", layer.layer(engine), 4);
+    let fast = InferenceTraceLayer::new()
+        .with_tracer_provider(&tracer_provider)
+        .with_span_processor(processor.clone())
+        .default_model("llama-3.1-8b");
+    bench_service(c, "request", "infertrace_fast", fast.layer(engine), 4);
     let global = InferenceTraceLayer::new().default_model("llama-3.1-8b");
     bench_service(c, "request", "infertrace_global", global.layer(engine), 4);
     let meters = meter_provider();
@@ -460,6 +474,7 @@ fn summary() {
     for name in [
         "bare",
         "infertrace",
+        "infertrace_fast",
         "infertrace_global",
         "infertrace_metrics",
         "infertrace_gpu",

@@ -9,10 +9,11 @@ use infertrace_gpu::GpuTelemetry;
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, StringValue, global};
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{SdkTracerProvider, ShouldSample};
 use tower::Layer;
 
 use crate::admission::AdmissionQueue;
+use crate::direct::{self, DirectExport, SharedSpanProcessor};
 use crate::metrics::LayerMetrics;
 use crate::service::InferenceTraceService;
 use crate::spans::TracerHandle;
@@ -114,6 +115,10 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 #[derive(Clone)]
 pub struct InferenceTraceLayer {
     tracer: Option<TracerHandle>,
+    /// Export finished spans straight to this processor instead of through `tracer`.
+    direct: Option<DirectExport>,
+    /// The sampler of the direct path, when set by [`with_sampler`](Self::with_sampler).
+    sampler: Option<Box<dyn ShouldSample>>,
     metrics: Option<LayerMetrics>,
     meter: Option<Meter>,
     phase_source: PhaseSource,
@@ -131,6 +136,7 @@ pub struct InferenceTraceLayer {
 impl fmt::Debug for InferenceTraceLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InferenceTraceLayer")
+            .field("direct_export", &self.direct.is_some())
             .field("phase_source", &self.phase_source)
             .field("admission", &self.admission.as_ref().map(|a| a.config()))
             .field("default_model", &self.default_model)
@@ -159,6 +165,8 @@ impl InferenceTraceLayer {
     pub fn new() -> Self {
         Self {
             tracer: None,
+            direct: None,
+            sampler: None,
             metrics: None,
             meter: None,
             phase_source: PhaseSource::Engine,
@@ -182,6 +190,11 @@ impl InferenceTraceLayer {
     /// Uses a tracer from `provider` instead of the global one. An
     /// [`SdkTracerProvider`] is used directly (no boxing per span); any other provider through
     /// `opentelemetry`'s boxed tracer.
+    ///
+    /// A provider built by [`otlp::init`](crate::otlp::init) also turns on the direct export
+    /// path to that provider's span processor, with its sampler (see
+    /// [`with_span_processor`](Self::with_span_processor)); for any other provider this call
+    /// turns the direct path off, so call `with_span_processor` after it, not before.
     pub fn with_tracer_provider<P>(mut self, provider: &P) -> Self
     where
         P: TracerProvider + 'static,
@@ -189,12 +202,64 @@ impl InferenceTraceLayer {
         <P::Tracer as opentelemetry::trace::Tracer>::Span: Send + Sync + 'static,
     {
         let any: &dyn std::any::Any = provider;
+        self.direct = None;
         self.tracer = Some(match any.downcast_ref::<SdkTracerProvider>() {
-            Some(sdk) => TracerHandle::Sdk(sdk.tracer_with_scope(scope())),
+            Some(sdk) => {
+                self.direct = direct::registered_for(&format!("{sdk:?}"));
+                TracerHandle::Sdk(sdk.tracer_with_scope(scope()))
+            }
             None => TracerHandle::Boxed(Arc::new(global::BoxedTracer::new(Box::new(
                 provider.tracer_with_scope(scope()),
             )))),
         });
+        self.changed()
+    }
+
+    /// Exports the layer's spans straight to `processor` — the request span and its phase
+    /// spans as finished [`SpanData`](opentelemetry_sdk::trace::SpanData), one
+    /// `SpanProcessor::on_end` call each — instead of through a tracer. The layer builds its
+    /// spans once, at the end, from instants it already recorded, so it skips the SDK's
+    /// live-span work (builder, context, a sampler call and ids per span, the span's
+    /// bookkeeping): about half the layer's cost per request (see `docs/PERFORMANCE.md`).
+    ///
+    /// What stays the same: span names, kinds, attributes, status and timestamps (a test checks
+    /// both paths give equal spans); the incoming `traceparent` is continued; the handler runs
+    /// under a context holding the request span's context, so `tracing` spans (through
+    /// `tracing-opentelemetry`) and outgoing propagation nest under the request span. Share
+    /// `processor` with the tracer provider those go to, so everything ends up in one queue.
+    ///
+    /// Sampling: the request span's decision is made once at arrival by the sampler of
+    /// [`with_sampler`](Self::with_sampler), by default the SDK's default —
+    /// `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` (`always_on`, `always_off`,
+    /// `traceidratio`, `parentbased_always_on` (the default), `parentbased_always_off`,
+    /// `parentbased_traceidratio`), exactly as an `SdkTracerProvider` reads them. Phase spans
+    /// follow the request span. Unlike the SDK tracer, the layer does not call
+    /// `SpanProcessor::on_start` and applies no span limits (its spans carry at most ≈ 35
+    /// attributes).
+    ///
+    /// [`otlp::init`](crate::otlp::init) sets this up by itself when its tracer provider is
+    /// given to [`with_tracer_provider`](Self::with_tracer_provider). See
+    /// [`SharedSpanProcessor`] for an example.
+    pub fn with_span_processor(mut self, processor: SharedSpanProcessor) -> Self {
+        let sampler = opentelemetry_sdk::trace::Config::default().sampler;
+        self.direct = Some(DirectExport::new(processor, sampler));
+        self.changed()
+    }
+
+    /// The sampler that decides, once per request, whether the request span (and with it the
+    /// phase spans) is recorded on the direct path ([`with_span_processor`](Self::with_span_processor)).
+    /// Ignored on the tracer path, where the tracer provider's sampler decides.
+    ///
+    /// ```
+    /// use infertrace_tower::InferenceTraceLayer;
+    /// use opentelemetry_sdk::trace::Sampler;
+    /// let layer = InferenceTraceLayer::new().with_sampler(Sampler::ParentBased(Box::new(
+    ///     Sampler::TraceIdRatioBased(0.1),
+    /// )));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_sampler(mut self, sampler: impl ShouldSample + 'static) -> Self {
+        self.sampler = Some(Box::new(sampler));
         self.changed()
     }
 
@@ -276,9 +341,19 @@ impl InferenceTraceLayer {
     pub(crate) fn shared(&self) -> Arc<Shared> {
         self.shared
             .get_or_init(|| {
-                let tracer = self.tracer.clone().unwrap_or_else(|| {
-                    TracerHandle::Boxed(Arc::new(global::tracer_with_scope(scope())))
-                });
+                let tracer = match (&self.direct, &self.tracer) {
+                    (Some(direct), _) => {
+                        let mut direct = direct.clone();
+                        if let Some(sampler) = &self.sampler {
+                            direct.set_sampler(sampler.clone());
+                        }
+                        TracerHandle::Direct(Arc::new(direct))
+                    }
+                    (None, Some(tracer)) => tracer.clone(),
+                    (None, None) => {
+                        TracerHandle::Boxed(Arc::new(global::tracer_with_scope(scope())))
+                    }
+                };
                 let meter = self
                     .meter
                     .clone()

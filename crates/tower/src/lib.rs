@@ -130,6 +130,7 @@
 
 mod admission;
 mod body;
+mod direct;
 mod extract;
 mod gaps;
 mod grpc;
@@ -147,6 +148,7 @@ mod spans;
 mod tick_clock;
 
 pub use body::TracedBody;
+pub use direct::SharedSpanProcessor;
 pub use extract::MissingRecorder;
 pub use infertrace_gpu::{GpuTelemetry, TelemetryConfig};
 pub use layer::{

@@ -14,12 +14,23 @@
 //! (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 s). The gRPC exporter needs a Tokio runtime:
 //! call [`init`] from inside one. [`OtlpProviders::shutdown`] flushes both.
 //!
+//! A layer given the tracer provider with
+//! [`InferenceTraceLayer::with_tracer_provider`](crate::InferenceTraceLayer::with_tracer_provider)
+//! exports its spans straight to that provider's batch processor, with the provider's sampler
+//! and resource (the direct path, see
+//! [`with_span_processor`](crate::InferenceTraceLayer::with_span_processor)); the handler's own
+//! spans go through the provider to the same processor. A layer using the *global* provider
+//! (after [`OtlpProviders::install_global`]) goes through the tracer: the global provider
+//! cannot be inspected, and could be replaced at any time.
+//!
 //! ```no_run
 //! # async fn run() -> Result<(), infertrace_tower::otlp::OtlpError> {
 //! use infertrace_tower::otlp::{self, OtlpConfig};
 //! let providers = otlp::init(OtlpConfig::grpc("http://127.0.0.1:4317").service_name("demo"))?;
-//! providers.install_global();
-//! // … serve with `InferenceTraceLayer::new()` …
+//! providers.install_global(); // for `tracing-opentelemetry` and other instrumentation
+//! let layer = infertrace_tower::InferenceTraceLayer::new()
+//!     .with_tracer_provider(&providers.tracer_provider); // the direct path
+//! // … serve with `layer` …
 //! providers.shutdown()?;
 //! # Ok(()) }
 //! ```
@@ -28,7 +39,9 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracerProvider, ShouldSample};
+
+use crate::direct::SharedSpanProcessor;
 
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,13 +253,20 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
         signal: "traces",
         source,
     })?;
-    let mut tracer = SdkTracerProvider::builder()
-        .with_batch_exporter(spans)
-        .with_resource(resource.clone());
-    if let Some(sampler) = config.sampler.clone() {
-        tracer = tracer.with_sampler(sampler);
-    }
-    let tracer_provider = tracer.build();
+    // One batch processor, shared by the provider (the handler's own spans) and by any layer
+    // given this provider, which exports its spans to it directly (`direct.rs`).
+    let processor = SharedSpanProcessor::new(BatchSpanProcessor::builder(spans).build(), &resource);
+    let sampler: Box<dyn ShouldSample> = match config.sampler.clone() {
+        Some(sampler) => Box::new(sampler),
+        // What the SDK reads from OTEL_TRACES_SAMPLER(_ARG) when no sampler is given.
+        None => opentelemetry_sdk::trace::Config::default().sampler,
+    };
+    let tracer_provider = SdkTracerProvider::builder()
+        .with_span_processor(processor.clone())
+        .with_resource(resource.clone())
+        .with_sampler(sampler.clone())
+        .build();
+    crate::direct::register(&processor, sampler);
 
     let meter_provider = if config.metrics_enabled(|v| std::env::var(v).ok()) {
         let exporter = match protocol {

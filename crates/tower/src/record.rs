@@ -411,12 +411,20 @@ impl RequestRecord {
                 ] {
                     if let Some((s, e)) = interval {
                         let attrs = self.phase_attributes(name, s, e);
-                        tracer.phase(name, self.wall(s), self.wall(e), attrs, &self.cx);
+                        tracer.phase(
+                            name,
+                            self.wall(s),
+                            self.wall(e),
+                            attrs,
+                            &self.cx,
+                            &self.span,
+                        );
                     }
                 }
             }
         }
-        self.span.end_with_timestamp(self.wall(end_offset));
+        let end_wall = self.wall(end_offset);
+        self.shared.tracer.end(&mut self.span, end_wall);
         if let Some(energy) = &self.energy {
             energy.end();
         }

@@ -1,7 +1,8 @@
 //! The tracer the layer uses and the request span it holds while a request runs.
 //!
 //! An [`SdkTracer`] is used directly so spans are neither boxed nor locked; any other tracer
-//! goes through `opentelemetry`'s [`BoxedTracer`].
+//! goes through `opentelemetry`'s [`BoxedTracer`]; with a span processor the layer bypasses the
+//! tracer and exports finished spans itself ([`DirectExport`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -12,6 +13,8 @@ use opentelemetry::trace::{Span, SpanBuilder, SpanContext, SpanKind, Status, Tra
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
 
+use crate::direct::{DirectExport, DirectSpan};
+
 /// The tracer of a layer.
 #[derive(Clone, Debug)]
 pub(crate) enum TracerHandle {
@@ -19,6 +22,8 @@ pub(crate) enum TracerHandle {
     Sdk(SdkTracer),
     /// Any other tracer (the global one included).
     Boxed(Arc<BoxedTracer>),
+    /// No tracer: finished spans go straight to a span processor.
+    Direct(Arc<DirectExport>),
 }
 
 /// The request span, started at arrival and ended once the request is over.
@@ -29,6 +34,7 @@ pub(crate) enum TracerHandle {
 pub(crate) enum RequestSpan {
     Sdk(opentelemetry_sdk::trace::Span),
     Boxed(BoxedSpan),
+    Direct(DirectSpan),
 }
 
 macro_rules! on_span {
@@ -36,6 +42,7 @@ macro_rules! on_span {
         match $self {
             RequestSpan::Sdk($s) => $e,
             RequestSpan::Boxed($s) => $e,
+            RequestSpan::Direct($s) => $e,
         }
     };
 }
@@ -49,19 +56,28 @@ impl TracerHandle {
         attributes: Vec<KeyValue>,
         parent: &Context,
     ) -> RequestSpan {
-        let builder = SpanBuilder::from_name(name)
-            .with_kind(SpanKind::Server)
-            .with_start_time(start)
-            .with_attributes(attributes);
+        let builder = |name, attributes| {
+            SpanBuilder::from_name(name)
+                .with_kind(SpanKind::Server)
+                .with_start_time(start)
+                .with_attributes(attributes)
+        };
         match self {
-            TracerHandle::Sdk(t) => RequestSpan::Sdk(t.build_with_context(builder, parent)),
-            TracerHandle::Boxed(t) => RequestSpan::Boxed(t.build_with_context(builder, parent)),
+            TracerHandle::Sdk(t) => {
+                RequestSpan::Sdk(t.build_with_context(builder(name, attributes), parent))
+            }
+            TracerHandle::Boxed(t) => {
+                RequestSpan::Boxed(t.build_with_context(builder(name, attributes), parent))
+            }
+            TracerHandle::Direct(d) => {
+                RequestSpan::Direct(d.start_request(name, start, attributes, parent))
+            }
         }
     }
 
     /// Emits one finished INTERNAL phase span `[start, end]` named `name` with `attributes`
-    /// (`infer.phase = name` first, then any counter window statistics) under `parent` (a
-    /// context carrying the request span).
+    /// (`infer.phase = name` first, then any counter window statistics) under the request span
+    /// `request`, whose context `parent` carries.
     pub(crate) fn phase(
         &self,
         name: &'static str,
@@ -69,18 +85,35 @@ impl TracerHandle {
         end: SystemTime,
         attributes: Vec<KeyValue>,
         parent: &Context,
+        request: &RequestSpan,
     ) {
-        let builder = SpanBuilder::from_name(name)
-            .with_kind(SpanKind::Internal)
-            .with_start_time(start)
-            .with_attributes(attributes);
+        let builder = |attributes| {
+            SpanBuilder::from_name(name)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(start)
+                .with_attributes(attributes)
+        };
         match self {
             TracerHandle::Sdk(t) => t
-                .build_with_context(builder, parent)
+                .build_with_context(builder(attributes), parent)
                 .end_with_timestamp(end),
             TracerHandle::Boxed(t) => t
-                .build_with_context(builder, parent)
+                .build_with_context(builder(attributes), parent)
                 .end_with_timestamp(end),
+            TracerHandle::Direct(d) => {
+                d.phase(name, start, end, attributes, request.span_context())
+            }
+        }
+    }
+
+    /// Ends `span` at `end` (and, on the direct path, exports it).
+    pub(crate) fn end(&self, span: &mut RequestSpan, end: SystemTime) {
+        match (self, span) {
+            (TracerHandle::Direct(d), RequestSpan::Direct(s)) => d.end(s, end),
+            (_, RequestSpan::Sdk(s)) => s.end_with_timestamp(end),
+            (_, RequestSpan::Boxed(s)) => s.end_with_timestamp(end),
+            // A direct span always comes from a direct handle (one handle per layer).
+            (_, RequestSpan::Direct(_)) => {}
         }
     }
 }
@@ -104,9 +137,5 @@ impl RequestSpan {
 
     pub(crate) fn update_name(&mut self, name: Cow<'static, str>) {
         on_span!(self, s => s.update_name(name))
-    }
-
-    pub(crate) fn end_with_timestamp(&mut self, end: SystemTime) {
-        on_span!(self, s => s.end_with_timestamp(end))
     }
 }

@@ -1,0 +1,338 @@
+//! The direct export path: the layer hands finished [`SpanData`] straight to a span processor.
+//!
+//! The layer builds its phase spans once, at the end of a request, from instants it already
+//! recorded, so the SDK's live-span machinery (span builder, `Context`, a sampler call and id
+//! generation per span, the span's own bookkeeping, `end` → processor) is pure overhead for them.
+//! With a processor (see [`InferenceTraceLayer::with_span_processor`](crate::InferenceTraceLayer::with_span_processor))
+//! the layer instead:
+//!
+//! - at arrival, takes the trace id of the parent context (incoming `traceparent` or the current
+//!   span) or makes a new one, makes the request span's id, asks the sampler once (with the
+//!   request attributes known then, exactly as the SDK would for the SERVER span), and runs the
+//!   handler under a context holding that span context, so `tracing` spans and outgoing
+//!   propagation nest under the request span;
+//! - at the end, builds the request span and its phase spans as [`SpanData`] (phase spans follow
+//!   the request span's sampling decision, as a parent-based sampler would decide) and calls
+//!   [`SpanProcessor::on_end`] for each.
+//!
+//! What the direct path does not do, unlike the SDK tracer: call `SpanProcessor::on_start` (there
+//! is no live SDK span to pass; the batch and simple processors ignore it), apply span limits
+//! (the layer's spans carry at most ≈ 35 attributes, well under the default limit of 128), or
+//! notice a tracer provider's shutdown (the processor is shut down with it and drops what it
+//! receives afterwards).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceState,
+};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, Span, SpanData, SpanEvents,
+    SpanLinks, SpanProcessor,
+};
+
+/// A [`SpanProcessor`] that can be shared: one clone goes into a tracer provider (for the
+/// handler's own spans), another to
+/// [`InferenceTraceLayer::with_span_processor`](crate::InferenceTraceLayer::with_span_processor),
+/// and both feed the same processor (the same batch queue and exporter).
+///
+/// The resource is given once, to [`new`](Self::new): a tracer provider's later
+/// `set_resource` call is ignored, because the processor is already shared by then. Give both
+/// the same resource.
+///
+/// ```
+/// use infertrace_tower::{InferenceTraceLayer, SharedSpanProcessor};
+/// use opentelemetry_sdk::Resource;
+/// use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor};
+///
+/// let resource = Resource::builder().with_service_name("my-llm-server").build();
+/// let processor = SharedSpanProcessor::new(
+///     SimpleSpanProcessor::new(InMemorySpanExporter::default()),
+///     &resource,
+/// );
+/// let provider = SdkTracerProvider::builder()
+///     .with_span_processor(processor.clone())
+///     .with_resource(resource)
+///     .build();
+/// let layer = InferenceTraceLayer::new()
+///     .with_tracer_provider(&provider)
+///     .with_span_processor(processor);
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+pub struct SharedSpanProcessor {
+    inner: Arc<dyn SpanProcessor>,
+    /// Names this processor in the `Debug` output of a tracer provider holding it (see
+    /// [`registered_for`]).
+    id: u64,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl SharedSpanProcessor {
+    /// Wraps `processor` after giving it `resource` (what a tracer provider would have done).
+    pub fn new(mut processor: impl SpanProcessor + 'static, resource: &Resource) -> Self {
+        processor.set_resource(resource);
+        Self {
+            inner: Arc::new(processor),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+impl fmt::Debug for SharedSpanProcessor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The marker `registered_for` looks for; keep the two in step.
+        write!(f, "{MARKER}{};{:?}", self.id, self.inner)
+    }
+}
+
+const MARKER: &str = "infertrace.SharedSpanProcessor#";
+
+impl SpanProcessor for SharedSpanProcessor {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn shutdown(&self) -> OTelSdkResult {
+        self.inner.shutdown()
+    }
+
+    /// Ignored: the resource was given to [`SharedSpanProcessor::new`].
+    fn set_resource(&mut self, _resource: &Resource) {}
+}
+
+/// Processors `otlp::init` put into the tracer providers it built, with those providers'
+/// samplers: a layer given such a provider exports directly to its processor.
+type Registered = (u64, Weak<dyn SpanProcessor>, Box<dyn ShouldSample>);
+static REGISTERED: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+
+/// Records that `processor` is the only span processor of a tracer provider whose sampler is
+/// `sampler` (called by `otlp::init`).
+pub(crate) fn register(processor: &SharedSpanProcessor, sampler: Box<dyn ShouldSample>) {
+    if let Ok(mut all) = REGISTERED.lock() {
+        all.retain(|(_, p, _)| p.strong_count() > 0);
+        all.push((processor.id, Arc::downgrade(&processor.inner), sampler));
+    }
+}
+
+/// The direct export of a tracer provider built by `otlp::init`, found by the processor's marker
+/// in the provider's `Debug` output (the SDK offers no other way to look at a provider's
+/// processors). `None` for any other provider, or if a later SDK stops printing its processors:
+/// the layer then uses the tracer, which is correct, only slower.
+pub(crate) fn registered_for(provider_debug: &str) -> Option<DirectExport> {
+    let (_, rest) = provider_debug.split_once(MARKER)?;
+    let id: u64 = rest.split_once(';')?.0.parse().ok()?;
+    let all = REGISTERED.lock().ok()?;
+    let (_, processor, sampler) = all.iter().find(|(i, _, _)| *i == id)?;
+    let inner = processor.upgrade()?;
+    Some(DirectExport::new(
+        SharedSpanProcessor { inner, id },
+        sampler.clone(),
+    ))
+}
+
+/// Where and how the layer exports directly: the processor, the sampler for request spans, and
+/// the instrumentation scope every span carries.
+#[derive(Clone, Debug)]
+pub(crate) struct DirectExport {
+    processor: SharedSpanProcessor,
+    sampler: Box<dyn ShouldSample>,
+    scope: InstrumentationScope,
+    ids: RandomIdGenerator,
+}
+
+impl DirectExport {
+    pub(crate) fn new(processor: SharedSpanProcessor, sampler: Box<dyn ShouldSample>) -> Self {
+        Self {
+            processor,
+            sampler,
+            scope: crate::layer::scope(),
+            ids: RandomIdGenerator::default(),
+        }
+    }
+
+    pub(crate) fn set_sampler(&mut self, sampler: Box<dyn ShouldSample>) {
+        self.sampler = sampler;
+    }
+
+    /// The SERVER request span, started at `start` under `parent`: its identity and sampling
+    /// decision are final; attributes and status are added until [`DirectSpan::end`].
+    pub(crate) fn start_request(
+        &self,
+        name: Cow<'static, str>,
+        start: SystemTime,
+        mut attributes: Vec<KeyValue>,
+        parent: &Context,
+    ) -> DirectSpan {
+        let parent_span = parent.span();
+        let psc = parent_span.span_context();
+        let (psc_valid, trace_id) = if psc.is_valid() {
+            (true, psc.trace_id())
+        } else {
+            (false, self.ids.new_trace_id())
+        };
+        let span_id = self.ids.new_span_id();
+        let result = if parent.is_telemetry_suppressed() {
+            None
+        } else {
+            Some(self.sampler.should_sample(
+                Some(parent),
+                trace_id,
+                &name,
+                &SpanKind::Server,
+                &attributes,
+                &[],
+            ))
+        };
+        let (decision, trace_state) = match result {
+            Some(r) => {
+                attributes.extend(r.attributes);
+                (r.decision, r.trace_state)
+            }
+            None => (SamplingDecision::Drop, TraceState::NONE),
+        };
+        let flags = if psc_valid {
+            psc.trace_flags()
+        } else {
+            TraceFlags::default()
+        };
+        let (recording, flags) = match decision {
+            SamplingDecision::RecordAndSample => (true, flags.with_sampled(true)),
+            SamplingDecision::RecordOnly => (true, flags.with_sampled(false)),
+            SamplingDecision::Drop => (false, TraceFlags::default()),
+        };
+        DirectSpan {
+            context: SpanContext::new(trace_id, span_id, flags, false, trace_state),
+            parent_span_id: psc.span_id(),
+            parent_span_is_remote: psc_valid && psc.is_remote(),
+            name,
+            start,
+            attributes,
+            status: Status::Unset,
+            recording,
+            ended: false,
+        }
+    }
+
+    /// Exports one finished INTERNAL phase span `[start, end]` under the request span `parent`.
+    pub(crate) fn phase(
+        &self,
+        name: &'static str,
+        start: SystemTime,
+        end: SystemTime,
+        attributes: Vec<KeyValue>,
+        parent: &SpanContext,
+    ) {
+        let context = SpanContext::new(
+            parent.trace_id(),
+            self.ids.new_span_id(),
+            parent.trace_flags(),
+            false,
+            parent.trace_state().clone(),
+        );
+        self.processor.on_end(SpanData {
+            span_context: context,
+            parent_span_id: parent.span_id(),
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: Cow::Borrowed(name),
+            start_time: start,
+            end_time: end,
+            attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: self.scope.clone(),
+        });
+    }
+
+    /// Ends `span` at `end` and exports it, once, if it is recording.
+    pub(crate) fn end(&self, span: &mut DirectSpan, end: SystemTime) {
+        if span.ended {
+            return;
+        }
+        span.ended = true;
+        if !span.recording {
+            return;
+        }
+        self.processor.on_end(SpanData {
+            span_context: span.context.clone(),
+            parent_span_id: span.parent_span_id,
+            parent_span_is_remote: span.parent_span_is_remote,
+            span_kind: SpanKind::Server,
+            name: std::mem::take(&mut span.name),
+            start_time: span.start,
+            end_time: end,
+            attributes: std::mem::take(&mut span.attributes),
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: std::mem::take(&mut span.status),
+            instrumentation_scope: self.scope.clone(),
+        });
+    }
+}
+
+/// The request span on the direct path: its final identity, and what it collects until it ends.
+#[derive(Debug)]
+pub(crate) struct DirectSpan {
+    context: SpanContext,
+    parent_span_id: SpanId,
+    parent_span_is_remote: bool,
+    name: Cow<'static, str>,
+    start: SystemTime,
+    attributes: Vec<KeyValue>,
+    status: Status,
+    recording: bool,
+    ended: bool,
+}
+
+impl DirectSpan {
+    pub(crate) fn span_context(&self) -> &SpanContext {
+        &self.context
+    }
+
+    pub(crate) fn is_recording(&self) -> bool {
+        self.recording && !self.ended
+    }
+
+    pub(crate) fn set_attribute(&mut self, attribute: KeyValue) {
+        if self.is_recording() {
+            self.attributes.push(attribute);
+        }
+    }
+
+    /// As the SDK does: `Ok` is final, `Error` replaces `Unset`, `Unset` never replaces.
+    pub(crate) fn set_status(&mut self, status: Status) {
+        if self.is_recording() && status > self.status {
+            self.status = status;
+        }
+    }
+
+    pub(crate) fn update_name(&mut self, name: Cow<'static, str>) {
+        if self.is_recording() {
+            self.name = name;
+        }
+    }
+}
