@@ -336,3 +336,207 @@ impl DirectSpan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+    use opentelemetry_sdk::trace::{
+        InMemorySpanExporter, Sampler, SdkTracerProvider, SimpleSpanProcessor,
+    };
+
+    use super::*;
+    use crate::spans::{RequestSpan, TracerHandle};
+
+    fn in_memory() -> (InMemorySpanExporter, SharedSpanProcessor) {
+        let exporter = InMemorySpanExporter::default();
+        let processor = SharedSpanProcessor::new(
+            SimpleSpanProcessor::new(exporter.clone()),
+            &Resource::builder().build(),
+        );
+        (exporter, processor)
+    }
+
+    fn direct(processor: SharedSpanProcessor, sampler: Sampler) -> TracerHandle {
+        TracerHandle::Direct(Arc::new(DirectExport::new(processor, Box::new(sampler))))
+    }
+
+    fn at(ms: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(1_800_000_000_000 + ms)
+    }
+
+    fn remote_parent(sampled: bool) -> Context {
+        let flags = if sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        Context::new().with_remote_span_context(SpanContext::new(
+            TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128),
+            SpanId::from(0x00f0_67aa_0ba9_02b7_u64),
+            flags,
+            true,
+            TraceState::from_key_value([("vendor", "v")]).unwrap_or_default(),
+        ))
+    }
+
+    /// Drives `tracer` the way `RequestRecord` does: start, attributes, rename, status, three
+    /// phases, end.
+    fn one_request(tracer: &TracerHandle, parent: &Context) -> SpanContext {
+        let mut span = tracer.start_request(
+            Cow::Borrowed("chat m"),
+            at(0),
+            vec![KeyValue::new("gen_ai.operation.name", "chat")],
+            parent,
+        );
+        let cx = parent.with_remote_span_context(span.span_context().clone());
+        if span.is_recording() {
+            span.update_name(Cow::Borrowed("chat m2"));
+            span.set_attribute(KeyValue::new("infer.outcome", "error"));
+            span.set_attribute(KeyValue::new("gen_ai.latency.e2e", 0.5));
+            span.set_status(Status::error("engine_oom"));
+            span.set_status(Status::Unset);
+            if span.span_context().is_sampled() {
+                for (name, s, e) in [("queue", 0, 10), ("prefill", 10, 50), ("decode", 50, 500)] {
+                    let attrs = vec![KeyValue::new("infer.phase", name)];
+                    tracer.phase(name, at(s), at(e), attrs, &cx, &span);
+                }
+            }
+        }
+        let context = span.span_context().clone();
+        tracer.end(&mut span, at(500));
+        tracer.end(&mut span, at(900)); // idempotent
+        drop::<RequestSpan>(span);
+        context
+    }
+
+    #[test]
+    fn direct_spans_equal_the_sdk_tracers_spans() {
+        let api = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(api.clone())
+            .build();
+        let sdk = TracerHandle::Sdk(provider.tracer_with_scope(crate::layer::scope()));
+        let (fast, processor) = in_memory();
+        let fast_tracer = direct(processor, Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
+        for parent in [remote_parent(true), Context::new()] {
+            api.reset();
+            fast.reset();
+            one_request(&sdk, &parent);
+            one_request(&fast_tracer, &parent);
+            let a = api.get_finished_spans().unwrap_or_default();
+            let b = fast.get_finished_spans().unwrap_or_default();
+            assert_eq!(a.len(), 4);
+            assert_eq!(b.len(), 4);
+            let request_id = |spans: &[SpanData]| {
+                spans
+                    .iter()
+                    .find(|s| s.span_kind == SpanKind::Server)
+                    .map(|s| s.span_context.span_id())
+            };
+            let (ra, rb) = (request_id(&a), request_id(&b));
+            for (x, y) in a.iter().zip(&b) {
+                // Ids are random; everything else must be equal.
+                assert_eq!(x.name, y.name);
+                assert_eq!(x.span_kind, y.span_kind);
+                assert_eq!(x.start_time, y.start_time, "{}", x.name);
+                assert_eq!(x.end_time, y.end_time, "{}", x.name);
+                assert_eq!(x.attributes, y.attributes, "{}", x.name);
+                assert_eq!(x.status, y.status, "{}", x.name);
+                assert_eq!(x.instrumentation_scope, y.instrumentation_scope);
+                assert_eq!(x.parent_span_is_remote, y.parent_span_is_remote);
+                assert_eq!(x.dropped_attributes_count, y.dropped_attributes_count);
+                assert_eq!(x.events, y.events);
+                assert_eq!(x.links, y.links);
+                assert_eq!(x.span_context.trace_flags(), y.span_context.trace_flags());
+                assert_eq!(x.span_context.trace_state(), y.span_context.trace_state());
+                assert_eq!(x.span_context.is_remote(), y.span_context.is_remote());
+                if x.span_kind == SpanKind::Internal {
+                    assert_eq!(Some(x.parent_span_id), ra);
+                    assert_eq!(Some(y.parent_span_id), rb);
+                    assert_eq!(y.span_context.trace_id(), b[3].span_context.trace_id());
+                } else if parent.has_active_span() {
+                    assert_eq!(x.parent_span_id, y.parent_span_id);
+                    assert_eq!(x.span_context.trace_id(), y.span_context.trace_id());
+                } else {
+                    assert_eq!(y.parent_span_id, SpanId::INVALID);
+                    assert_ne!(y.span_context.trace_id(), TraceId::INVALID);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unsampled_remote_parent_exports_nothing_but_keeps_the_trace() {
+        let (exporter, processor) = in_memory();
+        let tracer = direct(processor, Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
+        let sc = one_request(&tracer, &remote_parent(false));
+        assert!(!sc.is_sampled());
+        assert_eq!(
+            sc.trace_id(),
+            TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128)
+        );
+        assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
+        // A sampled parent is followed even when roots would never be sampled.
+        let (exporter, processor) = in_memory();
+        let tracer = direct(
+            processor,
+            Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        );
+        assert!(one_request(&tracer, &remote_parent(true)).is_sampled());
+        assert_eq!(exporter.get_finished_spans().unwrap_or_default().len(), 4);
+        one_request(&tracer, &Context::new());
+        assert_eq!(exporter.get_finished_spans().unwrap_or_default().len(), 4);
+    }
+
+    #[test]
+    fn ratio_sampling_decides_per_trace_like_the_sdk() {
+        let ratio = Sampler::TraceIdRatioBased(0.25);
+        let (exporter, processor) = in_memory();
+        let tracer = direct(processor, Sampler::ParentBased(Box::new(ratio.clone())));
+        let n = 2000;
+        let mut sampled = 0;
+        for _ in 0..n {
+            let sc = one_request(&tracer, &Context::new());
+            // The same decision the SDK's sampler makes for this trace id.
+            let expected = ratio
+                .should_sample(None, sc.trace_id(), "x", &SpanKind::Server, &[], &[])
+                .decision;
+            assert_eq!(
+                sc.is_sampled(),
+                expected == SamplingDecision::RecordAndSample
+            );
+            sampled += usize::from(sc.is_sampled());
+        }
+        assert!((400..600).contains(&sampled), "{sampled} of {n}");
+        let spans = exporter.get_finished_spans().unwrap_or_default();
+        assert_eq!(spans.len(), 4 * sampled);
+    }
+
+    #[test]
+    fn suppressed_telemetry_emits_nothing() {
+        let (exporter, processor) = in_memory();
+        let tracer = direct(processor, Sampler::AlwaysOn);
+        let _guard = Context::enter_telemetry_suppressed_scope();
+        one_request(&tracer, &Context::current());
+        assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
+    }
+
+    #[test]
+    fn otlp_providers_are_found_by_their_processor() {
+        let (_, processor) = in_memory();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor.clone())
+            .build();
+        let debug = format!("{provider:?}");
+        // Not registered (only `otlp::init` registers): no direct export.
+        assert!(registered_for(&debug).is_none());
+        register(&processor, Box::new(Sampler::AlwaysOff));
+        assert!(registered_for(&debug).is_some());
+        assert!(registered_for("SdkTracerProvider { processors: [] }").is_none());
+        drop((provider, processor));
+        // Gone with its last handle.
+        assert!(registered_for(&debug).is_none());
+    }
+}

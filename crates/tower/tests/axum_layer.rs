@@ -183,7 +183,15 @@ fn truth_of(truths: &Truths, key: &str) -> Truth {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_marks_streamed_phases_match_the_engine() {
-    let tel = Telemetry::new();
+    engine_marks_streamed_phases_match_the_engine_with(Telemetry::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_marks_streamed_phases_match_the_engine_direct_export() {
+    engine_marks_streamed_phases_match_the_engine_with(Telemetry::direct()).await;
+}
+
+async fn engine_marks_streamed_phases_match_the_engine_with(tel: Telemetry) {
     let truths = Truths::default();
     let addr = serve_axum(app(&truths).layer(tel.layer().default_model("test-model"))).await;
 
@@ -468,7 +476,15 @@ async fn full_admission_queue_rejects_with_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_cancel_mid_stream_ends_the_span_as_cancelled() {
-    let tel = Telemetry::new();
+    client_cancel_mid_stream_ends_the_span_as_cancelled_with(Telemetry::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_cancel_mid_stream_ends_the_span_as_cancelled_direct_export() {
+    client_cancel_mid_stream_ends_the_span_as_cancelled_with(Telemetry::direct()).await;
+}
+
+async fn client_cancel_mid_stream_ends_the_span_as_cancelled_with(tel: Telemetry) {
     let app = Router::new()
         .route(
             "/v1/chat/completions",
@@ -519,7 +535,15 @@ async fn client_cancel_mid_stream_ends_the_span_as_cancelled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_error_and_5xx_set_error_status() {
-    let tel = Telemetry::new();
+    engine_error_and_5xx_set_error_status_with(Telemetry::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_error_and_5xx_set_error_status_direct_export() {
+    engine_error_and_5xx_set_error_status_with(Telemetry::direct()).await;
+}
+
+async fn engine_error_and_5xx_set_error_status_with(tel: Telemetry) {
     let app = Router::new()
         .route(
             "/v1/chat/completions",
@@ -556,7 +580,16 @@ async fn engine_error_and_5xx_set_error_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace() {
-    let tel = Telemetry::new();
+    incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_with(Telemetry::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_direct_export() {
+    incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_with(Telemetry::direct())
+        .await;
+}
+
+async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_with(tel: Telemetry) {
     let app = Router::new()
         .route(
             "/v1/chat/completions",
@@ -616,10 +649,18 @@ async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace() {
 
 #[tokio::test]
 async fn tracing_spans_in_the_handler_nest_under_the_request_span() {
+    tracing_spans_nest_with(Telemetry::new()).await;
+}
+
+#[tokio::test]
+async fn tracing_spans_in_the_handler_nest_under_the_request_span_direct_export() {
+    tracing_spans_nest_with(Telemetry::direct()).await;
+}
+
+async fn tracing_spans_nest_with(tel: Telemetry) {
     use tracing::Instrument as _;
     use tracing_subscriber::layer::SubscriberExt as _;
 
-    let tel = Telemetry::new();
     let otel = tracing_opentelemetry::layer().with_tracer(tel.tracer_provider.tracer("handler"));
     let subscriber = tracing_subscriber::registry().with(otel);
     // Current-thread runtime: server, handler and test share this thread and its subscriber.

@@ -85,6 +85,11 @@ async fn one_traced_request(providers: &otlp::OtlpProviders) {
     if let Some(m) = &providers.meter_provider {
         layer = layer.with_meter_provider(m);
     }
+    // `otlp::init`'s provider turns on the direct export to its batch processor.
+    assert!(
+        format!("{layer:?}").contains("direct_export: true"),
+        "{layer:?}"
+    );
     let svc = layer.layer(tower::service_fn(|req: Request<Full<Bytes>>| async move {
         if let Some(rec) = req.extensions().get::<RequestRecorder>() {
             rec.scheduled();

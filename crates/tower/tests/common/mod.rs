@@ -10,12 +10,15 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use infertrace_tower::InferenceTraceLayer;
+use infertrace_tower::{InferenceTraceLayer, SharedSpanProcessor};
 use opentelemetry::trace::{SpanId, SpanKind};
 use opentelemetry::{Key, Value};
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry_sdk::trace::{
+    InMemorySpanExporter, SdkTracerProvider, SimpleSpanProcessor, SpanData,
+};
 
 /// Tracer and meter providers writing to memory.
 pub struct Telemetry {
@@ -23,6 +26,8 @@ pub struct Telemetry {
     pub tracer_provider: SdkTracerProvider,
     pub metrics: InMemoryMetricExporter,
     pub meter_provider: SdkMeterProvider,
+    /// Set by [`Telemetry::direct`]: the processor the layer exports to directly.
+    pub direct: Option<SharedSpanProcessor>,
 }
 
 impl Telemetry {
@@ -40,14 +45,39 @@ impl Telemetry {
             tracer_provider,
             metrics,
             meter_provider,
+            direct: None,
+        }
+    }
+
+    /// Like [`new`](Self::new), but the layer exports directly to the span processor the tracer
+    /// provider uses (`with_span_processor`), so the handler's `tracing` spans and the layer's
+    /// spans end up in the same exporter.
+    pub fn direct() -> Self {
+        let spans = InMemorySpanExporter::default();
+        let resource = Resource::builder().build();
+        let processor =
+            SharedSpanProcessor::new(SimpleSpanProcessor::new(spans.clone()), &resource);
+        let tracer_provider = SdkTracerProvider::builder()
+            .with_span_processor(processor.clone())
+            .with_resource(resource)
+            .build();
+        Self {
+            spans,
+            tracer_provider,
+            direct: Some(processor),
+            ..Self::new()
         }
     }
 
     /// A layer recording into these providers.
     pub fn layer(&self) -> InferenceTraceLayer {
-        InferenceTraceLayer::new()
+        let layer = InferenceTraceLayer::new()
             .with_tracer_provider(&self.tracer_provider)
-            .with_meter_provider(&self.meter_provider)
+            .with_meter_provider(&self.meter_provider);
+        match &self.direct {
+            Some(processor) => layer.with_span_processor(processor.clone()),
+            None => layer,
+        }
     }
 
     /// Waits (up to 5 s) until `n` SERVER spans have ended, then returns every span.
