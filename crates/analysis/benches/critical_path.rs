@@ -33,7 +33,7 @@ fn span(i: usize, parent: Option<usize>, start: u64, end: u64, service: &Arc<str
         trace_id: TraceId([3; 16]),
         span_id: id(i),
         parent_span_id: parent.map(id),
-        name: format!("op{}", i % 50),
+        name: format!("op{}", i % 50).into(),
         service: service.clone(),
         kind: SpanKind::Internal,
         start_unix_nano: start,

@@ -22,7 +22,7 @@ fn span(name: &str, id: u8, parent: Option<u8>, start_ms: u64, end_ms: u64) -> S
         trace_id: TraceId([1; 16]),
         span_id: SpanId([id; 8]),
         parent_span_id: parent.map(|p| SpanId([p; 8])),
-        name: name.to_owned(),
+        name: name.into(),
         service: Arc::from("svc"),
         kind: if parent.is_none() {
             SpanKind::Server

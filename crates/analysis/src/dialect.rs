@@ -410,7 +410,7 @@ mod tests {
             trace_id: TraceId([1; 16]),
             span_id: SpanId([id; 8]),
             parent_span_id: parent.map(|p| SpanId([p; 8])),
-            name: format!("s{id}"),
+            name: format!("s{id}").into(),
             service: Arc::from("svc"),
             kind: SpanKind::Internal,
             start_unix_nano: 0,

@@ -9,4 +9,5 @@ pub mod diagnosis;
 pub mod dialect;
 pub mod kpi;
 pub mod record;
+pub mod text;
 pub mod trace;

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use infertrace_semconv as sc;
 use serde::{Serialize, Serializer};
 
+pub use crate::text::Text;
+
 /// A 16-byte trace id.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct TraceId(pub [u8; 16]);
@@ -146,8 +148,8 @@ impl StatusCode {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum AttrValue {
-    /// String.
-    Str(String),
+    /// String (shared; decoders intern repeated values).
+    Str(Text),
     /// Integer.
     Int(i64),
     /// Double.
@@ -155,7 +157,7 @@ pub enum AttrValue {
     /// Boolean.
     Bool(bool),
     /// Array of strings (other array kinds are not kept).
-    StrArray(Vec<String>),
+    StrArray(Vec<Text>),
 }
 
 impl AttrValue {
@@ -268,8 +270,8 @@ pub struct Span {
     pub span_id: SpanId,
     /// Parent span id, `None` for a root.
     pub parent_span_id: Option<SpanId>,
-    /// Span name.
-    pub name: String,
+    /// Span name (shared; decoders intern repeated names).
+    pub name: Text,
     /// `service.name` of the span's resource (`unknown_service` when absent).
     pub service: Arc<str>,
     /// Span kind.

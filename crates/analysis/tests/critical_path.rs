@@ -562,7 +562,7 @@ fn random_trace_scaled(scale: u64) -> impl Strategy<Value = Vec<Span>> {
                         (start, start + b * scale + jitter(jb))
                     };
                     let mut s = span(i, parent, "s", start, end);
-                    s.name = format!("s{i}");
+                    s.name = format!("s{i}").into();
                     s.kind = match kind {
                         0 => SpanKind::Producer,
                         1 => SpanKind::Consumer,

@@ -26,7 +26,7 @@ fn i(key: &str, v: i64) -> (&'static str, AttrValue) {
     attr(key, AttrValue::Int(v))
 }
 fn s(key: &str, v: &str) -> (&'static str, AttrValue) {
-    attr(key, AttrValue::Str(v.to_owned()))
+    attr(key, AttrValue::Str(v.into()))
 }
 
 /// A span of trace 1, service `svc`, from `start_ms` to `end_ms` after T0.
@@ -42,7 +42,7 @@ fn span(
         trace_id: TraceId([1; 16]),
         span_id: sid(id),
         parent_span_id: parent.map(sid),
-        name: name.to_owned(),
+        name: name.into(),
         service: Arc::from("svc"),
         kind,
         start_unix_nano: T0 + start_ms * MS,
@@ -274,7 +274,7 @@ fn vllm_derives_missing_phases() {
 #[test]
 fn sglang_is_told_from_vllm_by_span_name() {
     let mut sp = vllm_span(1);
-    sp.name = "Req 7f3a".to_owned();
+    sp.name = "Req 7f3a".into();
     sp.kind = SpanKind::Internal;
     assert_eq!(detect(&sp), Some(Dialect::Sglang));
     let r = one(&[sp]);
@@ -399,7 +399,7 @@ fn tgi_failed_request_without_fields_takes_the_http_status() {
 #[test]
 fn tgi_chat_completions_is_chat() {
     let mut spans = tgi_trace(false, true, 200);
-    spans[1].name = "chat_completions".to_owned();
+    spans[1].name = "chat_completions".into();
     assert_eq!(one(&spans).operation, "chat");
 }
 

@@ -576,3 +576,87 @@ fn extreme_inputs_never_panic() {
     let _ = w.snapshot(Duration::ZERO, 0);
     let _ = w.snapshot(Duration::MAX, u64::MAX);
 }
+
+/// Every number of `a` equals the one at the same place in `b` (relative 1e-9: sums may add
+/// up in another order).
+fn assert_json_close(a: &serde_json::Value, b: &serde_json::Value, path: &str) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+            assert!(
+                (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1e-12),
+                "{path}: {x} vs {y}"
+            );
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{path}: lengths");
+            for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                assert_json_close(x, y, &format!("{path}[{i}]"));
+            }
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{path}: keys"
+            );
+            for (k, v) in x {
+                assert_json_close(v, &y[k], &format!("{path}.{k}"));
+            }
+        }
+        _ => assert_eq!(a, b, "{path}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Recording into the finest ring and rolling its slots up gives every window exactly what
+    /// recording into each window separately gives — including records that arrive late
+    /// (older than slots already rolled up, or older than the finest window).
+    #[test]
+    fn rolled_up_windows_equal_separately_recorded_ones(
+        seed in any::<u64>(),
+        steps in proptest::collection::vec((0u64..4_000, 0u8..10), 1..300),
+    ) {
+        let windows = [60u64, 300, 3600];
+        let mut rng = Rng(seed);
+        let mut all = KpiWindows::new(KpiConfig::default());
+        let mut single: Vec<KpiWindows> = windows
+            .iter()
+            .map(|w| KpiWindows::new(KpiConfig {
+                windows: vec![Duration::from_secs(*w)],
+                ..KpiConfig::default()
+            }))
+            .collect();
+        let mut now = T;
+        for (i, (dt_ms, late)) in steps.iter().enumerate() {
+            now += dt_ms * 1_000_000 * (1 + (*late as u64 % 3) * 20);
+            let at = match late {
+                0 => now.saturating_sub(3 * SEC),
+                1 => now.saturating_sub(90 * SEC),
+                _ => now,
+            };
+            let r = random_full(&mut rng);
+            all.record(&r, at);
+            for s in &mut single {
+                s.record(&r, at);
+            }
+            if i % 17 == 0 || i + 1 == steps.len() {
+                for (w, s) in windows.iter().zip(&single) {
+                    let got = serde_json::to_value(all.snapshot(Duration::from_secs(*w), now)).unwrap();
+                    let want = serde_json::to_value(s.snapshot(Duration::from_secs(*w), now)).unwrap();
+                    assert_json_close(&got, &want, &format!("{w}s window, step {i}"));
+                    let key = SeriesKey { service: "svc".into(), model: "m".into(), operation: "chat".into() };
+                    let got = all.series_history(&key, Duration::from_secs(*w), now);
+                    let want = s.series_history(&key, Duration::from_secs(*w), now);
+                    prop_assert_eq!(got.len(), want.len());
+                    for (g, h) in got.iter().zip(&want) {
+                        prop_assert_eq!(g.start_unix_nano, h.start_unix_nano);
+                        prop_assert_eq!(g.accumulator.counts, h.accumulator.counts);
+                    }
+                }
+            }
+        }
+    }
+}

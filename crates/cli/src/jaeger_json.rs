@@ -45,7 +45,7 @@ fn tag_value(tag: &Value) -> Option<AttrValue> {
         ("bool", Value::Bool(b)) => AttrValue::Bool(*b),
         ("int64", Value::Number(n)) => AttrValue::Int(n.as_i64()?),
         ("float64", Value::Number(n)) => AttrValue::Double(n.as_f64()?),
-        (_, Value::String(s)) => AttrValue::Str(s.clone()),
+        (_, Value::String(s)) => AttrValue::Str(s.as_str().into()),
         (_, Value::Bool(b)) => AttrValue::Bool(*b),
         (_, Value::Number(n)) => n
             .as_i64()
@@ -184,7 +184,7 @@ fn convert_span(
         trace_id,
         span_id,
         parent_span_id: parent,
-        name: str_field("operationName").unwrap_or("").to_owned(),
+        name: str_field("operationName").unwrap_or("").into(),
         service,
         kind,
         start_unix_nano: start_us.saturating_mul(1000),

@@ -37,7 +37,7 @@ fn trace(n: u32, service: &Arc<str>) -> Vec<Span> {
         trace_id: TraceId(tid),
         span_id: id(k),
         parent_span_id: parent,
-        name: name.to_owned(),
+        name: name.into(),
         service: service.clone(),
         kind: if parent.is_some() {
             SpanKind::Internal
@@ -47,7 +47,7 @@ fn trace(n: u32, service: &Arc<str>) -> Vec<Span> {
         start_unix_nano: s,
         end_unix_nano: e,
         status: StatusCode::Unset,
-        attributes: vec![(sc::infer::PHASE, AttrValue::Str(name.to_owned()))],
+        attributes: vec![(sc::infer::PHASE, AttrValue::Str(name.into()))],
         links: Vec::new(),
     };
     let mut root = span(1, None, "chat llama-3.1-8b", t0, d);

@@ -24,6 +24,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use infertrace_analysis::text::{MAX_INTERNED_LEN, Text};
 use infertrace_analysis::trace::{AttrValue, Span, SpanLink};
 
 /// Default memory limit: 512 MiB.
@@ -209,31 +210,28 @@ pub fn body_reservation_bytes(wire_bytes: usize) -> usize {
 
 /// Estimated heap + inline bytes one decoded [`Span`] occupies, for the assembler's reservations.
 ///
-/// Counts the `Span` struct, the capacity of its name, attribute and link vectors, every string an
-/// attribute owns, and 16 bytes of allocator overhead per heap allocation. The service name
-/// is shared by all spans of a resource (`Arc<str>`) and is not counted per span. An infertrace
-/// request span with 18 kept attributes (7 of them strings) comes to about 1.25 KiB, a phase
-/// span with two attributes to about 300 bytes (the `Span` struct alone is 144 bytes).
+/// Counts the `Span` struct, the capacity of its attribute and link vectors, every string too
+/// long to be interned (short names and values are shared [`Text`]s, counted once in the
+/// decoders' bounded interners, not per span), and 16 bytes of allocator overhead per heap
+/// allocation. The service name is shared by all spans of a resource and not counted per
+/// span. An infertrace request span with 18 kept attributes comes to about 850 bytes, a phase
+/// span with two attributes to about 230 bytes (the `Span` struct alone is 136 bytes).
 pub fn span_footprint(span: &Span) -> usize {
-    let mut bytes = size_of::<Span>() + heap_string(span.name.capacity());
+    let mut bytes = size_of::<Span>() + text_heap(&span.name);
     if span.attributes.capacity() > 0 {
         bytes += span.attributes.capacity() * size_of::<(&'static str, AttrValue)>()
             + ALLOCATION_OVERHEAD;
     }
     for (_, value) in &span.attributes {
         bytes += match value {
-            AttrValue::Str(s) => heap_string(s.capacity()),
+            AttrValue::Str(s) => text_heap(s),
             AttrValue::StrArray(items) => {
                 let outer = if items.capacity() > 0 {
-                    items.capacity() * size_of::<String>() + ALLOCATION_OVERHEAD
+                    items.capacity() * size_of::<Text>() + ALLOCATION_OVERHEAD
                 } else {
                     0
                 };
-                outer
-                    + items
-                        .iter()
-                        .map(|s| heap_string(s.capacity()))
-                        .sum::<usize>()
+                outer + items.iter().map(text_heap).sum::<usize>()
             }
             AttrValue::Int(_) | AttrValue::Double(_) | AttrValue::Bool(_) => 0,
         };
@@ -242,6 +240,15 @@ pub fn span_footprint(span: &Span) -> usize {
         bytes += span.links.capacity() * size_of::<SpanLink>() + ALLOCATION_OVERHEAD;
     }
     bytes
+}
+
+/// Heap bytes of a [`Text`] charged to one span: nothing when short enough to be interned.
+fn text_heap(t: &Text) -> usize {
+    if t.len() <= MAX_INTERNED_LEN {
+        0
+    } else {
+        heap_string(t.len() + 16)
+    }
 }
 
 fn heap_string(capacity: usize) -> usize {
@@ -433,7 +440,7 @@ mod tests {
             trace_id: TraceId([1; 16]),
             span_id: SpanId([2; 8]),
             parent_span_id: None,
-            name: String::new(),
+            name: "".into(),
             service: Arc::from("svc"),
             kind: SpanKind::Server,
             start_unix_nano: 1,
@@ -443,21 +450,21 @@ mod tests {
             links: Vec::new(),
         };
         assert_eq!(span_footprint(&bare), size_of::<Span>());
+        let long = "x".repeat(MAX_INTERNED_LEN + 1);
         let mut span = bare.clone();
-        span.name = String::with_capacity(10);
+        span.name = "short, interned".into();
         span.attributes = Vec::with_capacity(2);
         span.attributes
-            .push(("a", AttrValue::Str(String::with_capacity(5))));
+            .push(("a", AttrValue::Str(long.as_str().into())));
         span.attributes.push((
             "b",
-            AttrValue::StrArray(vec![String::with_capacity(3), String::new()]),
+            AttrValue::StrArray(vec!["stop".into(), long.as_str().into()]),
         ));
         let expected = size_of::<Span>()
-            + (10 + 16)
             + (2 * size_of::<(&str, AttrValue)>() + 16)
-            + (5 + 16)
-            + (2 * size_of::<String>() + 16)
-            + (3 + 16);
+            + (long.len() + 16 + 16)
+            + (2 * size_of::<Text>() + 16)
+            + (long.len() + 16 + 16);
         assert_eq!(span_footprint(&span), expected);
     }
 }

@@ -21,7 +21,9 @@
 //! capped the same way at [`MAX_CRITICAL_PATH_KEYS`].
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
+
+use foldhash::fast::RandomState;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
@@ -320,7 +322,7 @@ impl PromRecorder {
             dimensions,
             slo,
             max_series,
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             series: HashMap::new(),
             series_count: 0,
             overflow: None,

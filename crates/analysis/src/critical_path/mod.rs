@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::trace::{Span, SpanId, SpanKind, TraceId};
+use crate::trace::{Span, SpanId, SpanKind, Text, TraceId};
 
 pub use windows::{
     CriticalPathEntry, CriticalPathSummary, CriticalPathTotal, CriticalPathWindows,
@@ -67,7 +67,7 @@ pub struct Segment {
     /// The owning span.
     pub span_id: SpanId,
     /// Its name.
-    pub name: String,
+    pub name: Text,
     /// Its `service.name`.
     pub service: Arc<str>,
     /// Start of the piece, Unix nanoseconds.

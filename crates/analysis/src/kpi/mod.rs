@@ -11,6 +11,14 @@
 //! follows traffic; fewer slots per window trade sliding granularity for memory.
 //! A snapshot merges the slots of the window; slots older than the window are ignored and reused.
 //!
+//! A record is added to the finest ring only; when that ring moves on to a new slot, the slots
+//! it completed are *rolled up* — merged once into the slot of every coarser ring whose slot
+//! length is a multiple of the finest one (all of them with the default windows). A snapshot
+//! of a coarser window adds the finest ring's slots not yet rolled up. Each record thus costs
+//! one sketch update per latency instead of one per window (the windows' contents are exactly
+//! what adding to each would give); a coarser ring whose slots are not a multiple of the
+//! finest ones gets every record directly instead.
+//!
 //! # Which time counts
 //! A record lands in the slot of `now_unix_nano`, the moment it reached the KPIs (the collector's
 //! clock), not its span's end time: remote clocks may be skewed, and the assembler hands each
@@ -49,7 +57,9 @@ mod ring;
 mod snapshot;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
+
+use foldhash::fast::RandomState;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -181,6 +191,8 @@ pub struct KpiWindows {
     config: KpiConfig,
     sketch_config: Config,
     specs: Vec<RingSpec>,
+    /// Per ring: whether it is filled by rolling up the finest ring (never the finest itself).
+    rolled: Vec<bool>,
     hasher: RandomState,
     index: HashMap<u64, Vec<usize>>,
     series: Vec<Series>,
@@ -214,11 +226,18 @@ impl KpiWindows {
         }
         specs.sort_by_key(|s| s.window_nanos);
         specs.dedup_by_key(|s| s.window_nanos);
+        let finest = specs[0].slot_nanos;
+        let rolled = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| i > 0 && s.slot_nanos % finest == 0)
+            .collect();
         Self {
             config,
             sketch_config: sketch_config(),
             specs,
-            hasher: RandomState::new(),
+            rolled,
+            hasher: RandomState::default(),
             index: HashMap::new(),
             series: Vec::new(),
             overflow: None,
@@ -347,14 +366,34 @@ impl KpiWindows {
             }
         };
         series.last_record_unix_nano = series.last_record_unix_nano.max(now_unix_nano);
-        for (ring, spec) in series.rings.iter_mut().zip(&self.specs) {
-            ring.add(
-                spec,
-                now_unix_nano,
-                &self.sketch_config,
-                &self.config.slo,
-                record,
-            );
+        let fine_index = now_unix_nano / self.specs[0].slot_nanos;
+        if series.rings[0].newest().is_some_and(|n| fine_index > n) {
+            roll_up(&self.specs, &self.rolled, series, fine_index);
+        }
+        let (finest, coarser) = series.rings.split_at_mut(1);
+        // Into a slot already rolled up (a record older than the newest): straight into every
+        // ring, as the roll-up will not see it.
+        let handed_on = finest[0].add(
+            &self.specs[0],
+            now_unix_nano,
+            &self.sketch_config,
+            &self.config.slo,
+            record,
+        );
+        for ((ring, spec), rolled) in coarser
+            .iter_mut()
+            .zip(&self.specs[1..])
+            .zip(&self.rolled[1..])
+        {
+            if handed_on || !rolled {
+                ring.add(
+                    spec,
+                    now_unix_nano,
+                    &self.sketch_config,
+                    &self.config.slo,
+                    record,
+                );
+            }
         }
         kept
     }
@@ -427,7 +466,14 @@ impl KpiWindows {
             }
         };
         series.last_record_unix_nano = series.last_record_unix_nano.max(end);
+        // Into the finest ring's slot not yet rolled up, the roll-up carries it on.
+        let pending_in_finest = fits.first().is_some_and(|&(pos, index)| {
+            pos == 0 && !series.rings[0].absorb(&self.specs[0], index, accumulator)
+        });
         for (pos, index) in fits {
+            if pos == 0 || (pending_in_finest && self.rolled[pos]) {
+                continue;
+            }
             series.rings[pos].absorb(&self.specs[pos], index, accumulator);
         }
         self.started_unix_nano = Some(
@@ -498,10 +544,34 @@ impl KpiWindows {
         now.saturating_sub(from) as f64 / 1e9
     }
 
+    /// The finest ring's slots not yet rolled up into ring `pos`, as (index in ring `pos`,
+    /// accumulator); nothing when `pos` is not filled by roll-up.
+    fn pending<'a>(
+        &'a self,
+        series: &'a Series,
+        pos: usize,
+    ) -> impl Iterator<Item = (u64, &'a Accumulator)> + 'a {
+        let ratio = self.specs[pos].slot_nanos / self.specs[0].slot_nanos;
+        let on = self.rolled[pos];
+        series.rings[0]
+            .unrolled()
+            .filter(move |_| on)
+            .map(move |s| (s.index / ratio.max(1), &s.acc))
+    }
+
     /// Merges one series' slots of the window.
     fn merged(&self, series: &Series, pos: usize, n: u64, now: u64) -> Accumulator {
         let current = now / self.specs[pos].slot_nanos;
-        let slots: Vec<&Accumulator> = series.rings[pos].live(current, n).map(|s| &s.acc).collect();
+        let in_window = |i: u64| i <= current && i.saturating_add(n) > current;
+        let slots: Vec<&Accumulator> = series.rings[pos]
+            .live(current, n)
+            .map(|s| &s.acc)
+            .chain(
+                self.pending(series, pos)
+                    .filter(|(i, _)| in_window(*i))
+                    .map(|(_, a)| a),
+            )
+            .collect();
         Accumulator::merge_many(&slots)
     }
 
@@ -587,9 +657,37 @@ impl KpiWindows {
                 accumulator: slot.acc.clone(),
             })
             .collect();
+        for (index, acc) in self.pending(s, pos) {
+            if index > current || index.saturating_add(n) <= current {
+                continue;
+            }
+            let start = index.saturating_mul(spec.slot_nanos);
+            match out.iter_mut().find(|h| h.start_unix_nano == start) {
+                Some(h) => h.accumulator.merge(acc),
+                None => out.push(SlotHistory {
+                    start_unix_nano: start,
+                    length_nanos: spec.slot_nanos,
+                    accumulator: acc.clone(),
+                }),
+            }
+        }
         out.sort_by_key(|h| h.start_unix_nano);
         out
     }
+}
+
+/// Rolls every slot of the finest ring older than `before` that is not rolled up yet into the
+/// rolled-up rings of `series`.
+fn roll_up(specs: &[RingSpec], rolled: &[bool], series: &mut Series, before: u64) {
+    let (finest, coarser) = series.rings.split_at_mut(1);
+    let fine = specs[0].slot_nanos;
+    finest[0].roll_up(before, |index, acc| {
+        for ((ring, spec), on) in coarser.iter_mut().zip(&specs[1..]).zip(&rolled[1..]) {
+            if *on {
+                ring.absorb(spec, index.saturating_mul(fine) / spec.slot_nanos, acc);
+            }
+        }
+    });
 }
 
 /// The KPIs of series `key` from a merged accumulator covering `seconds` of time (rates divide

@@ -28,6 +28,9 @@ pub(super) struct Slot {
     pub index: u64,
     /// What the slot accumulated.
     pub acc: Accumulator,
+    /// Finest ring only: whether the slot was already rolled up into the coarser rings (see
+    /// [`super::KpiWindows`]); always `false` elsewhere.
+    pub rolled: bool,
 }
 
 /// One window length's slots of one series.
@@ -46,12 +49,12 @@ impl Ring {
         config: &Config,
         slo: &SloConfig,
         r: &RequestRecord,
-    ) {
+    ) -> bool {
         let index = now / spec.slot_nanos;
         if let Some(newest) = self.newest
             && index.saturating_add(spec.slots) <= newest
         {
-            return; // older than the whole window
+            return true; // older than the whole window: treat as handed on
         }
         if self.slots.is_empty() {
             self.slots.resize_with(spec.slots as usize, || None);
@@ -61,13 +64,16 @@ impl Ring {
             Box::new(Slot {
                 index,
                 acc: Accumulator::default(),
+                rolled: false,
             })
         });
         if slot.index != index {
             slot.index = index;
             slot.acc = Accumulator::default();
+            slot.rolled = false;
         }
         slot.acc.add(config, slo, r);
+        let rolled = slot.rolled;
         if let Some(newest) = self.newest
             && newest < index
         {
@@ -79,15 +85,41 @@ impl Ring {
             }
         }
         self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
+        rolled
+    }
+
+    /// The newest slot index written.
+    pub(super) fn newest(&self) -> Option<u64> {
+        self.newest
+    }
+
+    /// The slots not yet rolled up (finest ring only).
+    pub(super) fn unrolled(&self) -> impl Iterator<Item = &Slot> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|s| &**s)
+            .filter(|s| !s.rolled)
+    }
+
+    /// Marks every slot older than `before` rolled up, handing each to `roll` first.
+    pub(super) fn roll_up(&mut self, before: u64, mut roll: impl FnMut(u64, &Accumulator)) {
+        for slot in self.slots.iter_mut().flatten() {
+            if !slot.rolled && slot.index < before {
+                roll(slot.index, &slot.acc);
+                slot.rolled = true;
+            }
+        }
     }
 
     /// Merges a whole accumulator into slot `index` (history restored from a store); ignored
     /// when that slot is older than the ring's window.
-    pub(super) fn absorb(&mut self, spec: &RingSpec, index: u64, acc: &Accumulator) {
+    /// Returns whether the slot it landed in was already rolled up (or it landed nowhere).
+    pub(super) fn absorb(&mut self, spec: &RingSpec, index: u64, acc: &Accumulator) -> bool {
         if let Some(newest) = self.newest
             && index.saturating_add(spec.slots) <= newest
         {
-            return;
+            return true;
         }
         if self.slots.is_empty() {
             self.slots.resize_with(spec.slots as usize, || None);
@@ -97,14 +129,18 @@ impl Ring {
             Box::new(Slot {
                 index,
                 acc: Accumulator::default(),
+                rolled: false,
             })
         });
         if slot.index != index {
             slot.index = index;
             slot.acc = Accumulator::default();
+            slot.rolled = false;
         }
         slot.acc.merge(acc);
+        let rolled = slot.rolled;
         self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
+        rolled
     }
 
     /// Bytes held: the ring itself, its slot table and every slot's heap.

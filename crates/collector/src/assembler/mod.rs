@@ -14,8 +14,9 @@
 //!   reservation in as a [`MemoryHold`]; every trace that got spans from the batch keeps a clone,
 //!   so the memory is released when the last of those traces completes.
 //!
-//! **Late spans.** The ids of recently completed traces are remembered (for the idle timeout,
-//! at most `max_traces_in_flight` of them). A span of such a trace is *late*: it is counted
+//! **Late spans.** The ids of recently completed traces are remembered (for at least the idle
+//! timeout and at most twice it, at most 2 × `max_traces_in_flight` of them; see
+//! [`completed`] for the compact layout). A span of such a trace is *late*: it is counted
 //! (`late_spans_total`) and handed back by [`TraceAssembler::poll`] in [`Ready::late`], so the
 //! pipeline can merge it where that is honest: into the stored trace behind
 //! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (the
@@ -26,6 +27,8 @@
 //! [`MemoryLimiter`]: crate::limiter::MemoryLimiter
 
 use std::any::Any;
+mod completed;
+
 use std::collections::{HashMap, VecDeque};
 
 // Trace ids are random by specification; foldhash is several times cheaper than SipHash on
@@ -37,6 +40,7 @@ use std::time::{Duration, Instant};
 use infertrace_analysis::trace::{Span, TraceId};
 
 use crate::internal_events::InternalEvents;
+use completed::CompletedIds;
 
 /// Memory held for buffered spans (a limiter reservation): released when the last clone drops.
 pub type MemoryHold = Arc<dyn Any + Send + Sync>;
@@ -55,7 +59,7 @@ pub struct AssemblerConfig {
     pub max_age: Duration,
     /// Spans kept per trace.
     pub max_spans_per_trace: usize,
-    /// Traces assembled at once (also the number of completed ids remembered).
+    /// Traces assembled at once (also bounds the completed ids remembered: twice this).
     pub max_traces_in_flight: usize,
 }
 
@@ -127,9 +131,8 @@ pub struct TraceAssembler {
     by_age: VecDeque<(TraceId, Instant)>,
     /// (trace, request arrival) in arrival order; stale entries are skipped lazily.
     by_grace: VecDeque<(TraceId, Instant)>,
-    /// Recently completed traces: id → (had a request span, completion time).
-    completed: HashMap<TraceId, (bool, Instant), RandomState>,
-    completed_order: VecDeque<(TraceId, Instant)>,
+    /// Recently completed traces: id → had a request span.
+    completed: CompletedIds,
     late: Vec<Span>,
     last_idle_scan: Option<Instant>,
     /// Earliest idle deadline found by the last scan (`None`: scan at the next poll).
@@ -154,14 +157,13 @@ impl TraceAssembler {
         is_request: fn(&Span) -> bool,
     ) -> Self {
         Self {
+            completed: CompletedIds::new(config.idle_timeout, config.max_traces_in_flight),
             config,
             is_request,
             events,
             traces: HashMap::default(),
             by_age: VecDeque::new(),
             by_grace: VecDeque::new(),
-            completed: HashMap::default(),
-            completed_order: VecDeque::new(),
             late: Vec::new(),
             last_idle_scan: None,
             next_idle_due: None,
@@ -192,7 +194,7 @@ impl TraceAssembler {
             let trace = match self.traces.get_mut(&id) {
                 Some(t) => t,
                 None => {
-                    if let Some(&(had_request, _)) = self.completed.get(&id)
+                    if let Some(had_request) = self.completed.get(&id)
                         && (had_request || !is_request)
                     {
                         late += 1;
@@ -330,8 +332,7 @@ impl TraceAssembler {
     fn close(&mut self, id: TraceId, reason: CloseReason, now: Instant) -> Option<CompletedTrace> {
         let t = self.traces.remove(&id)?;
         let has_request = t.request_at.is_some();
-        self.completed.insert(id, (has_request, now));
-        self.completed_order.push_back((id, now));
+        self.completed.insert(&id, has_request, now);
         Some(CompletedTrace {
             trace_id: id,
             spans: t.spans,
@@ -341,20 +342,9 @@ impl TraceAssembler {
         })
     }
 
-    /// Forgets completed ids older than the idle timeout, or beyond the count bound.
+    /// Forgets completed ids older than the idle timeout (see [`CompletedIds`]).
     fn forget_completed(&mut self, now: Instant) {
-        while let Some(&(id, at)) = self.completed_order.front() {
-            let expired = at + self.config.idle_timeout <= now;
-            if !expired && self.completed_order.len() <= self.config.max_traces_in_flight {
-                break;
-            }
-            self.completed_order.pop_front();
-            // A re-opened trace (request span after an idle close) may have completed again
-            // later; only forget the id if this entry is its newest completion.
-            if self.completed.get(&id).is_some_and(|(_, t)| *t == at) {
-                self.completed.remove(&id);
-            }
-        }
+        self.completed.rotate(now);
     }
 
     /// Drops stale queue entries when they outnumber live traces (amortised O(1) per push).
@@ -385,7 +375,7 @@ mod tests {
             trace_id: TraceId([trace; 16]),
             span_id: SpanId([id; 8]),
             parent_span_id: None,
-            name: name.to_owned(),
+            name: name.into(),
             service: Arc::from("svc"),
             kind: SpanKind::Internal,
             start_unix_nano: 1,
@@ -545,17 +535,20 @@ mod tests {
     }
 
     #[test]
-    fn completed_ids_are_forgotten_after_idle_timeout() {
+    fn completed_ids_are_forgotten_after_twice_the_idle_timeout() {
         let (mut a, events) = assembler(AssemblerConfig::default());
         let t0 = Instant::now();
         a.push(vec![span(1, 1, "request")], None, t0);
         a.poll(t0 + secs(2.0));
         a.poll(t0 + secs(32.0));
-        a.push(vec![span(1, 2, "request")], None, t0 + secs(33.0));
+        a.push(vec![span(1, 2, "x")], None, t0 + secs(33.0));
+        assert_eq!(events.late_spans.get(), 1, "still remembered after 31 s");
+        a.poll(t0 + secs(62.0));
+        a.push(vec![span(1, 3, "request")], None, t0 + secs(63.0));
         assert_eq!(
             events.late_spans.get(),
-            0,
-            "a new trace with a reused id after 30 s"
+            1,
+            "a new trace with a reused id after 60 s"
         );
         assert_eq!(a.traces_in_flight(), 1);
     }

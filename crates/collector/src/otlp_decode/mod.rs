@@ -26,16 +26,46 @@
 //!   bytes, mixed arrays, a missing value) drops the attribute. Attributes keep their order,
 //!   duplicates included.
 //! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is refused.
+//! - Span names and string values are [`Text`]s from a per-thread bounded [`Interner`] (the
+//!   same model, route or phase name is one shared string across all spans), except
+//!   `gen_ai.request.id`, which is unique per request and is copied.
 
 mod json;
 mod protobuf;
 mod reference;
 
+use std::cell::RefCell;
+
+use infertrace_analysis::text::{Interner, Text};
 use infertrace_analysis::trace::{Span, SpanId, TraceId};
+use infertrace_semconv as sc;
 
 pub use json::decode_json;
 pub use protobuf::{count_spans, decode_protobuf};
 pub use reference::from_proto;
+
+thread_local! {
+    /// Each receiver thread's interner (see the module rules).
+    static INTERNER: RefCell<Interner> = RefCell::default();
+}
+
+/// Runs `f` with this thread's interner.
+fn with_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
+    INTERNER.with(|i| match i.try_borrow_mut() {
+        Ok(mut i) => f(&mut i),
+        // Not reentrant in practice; a fresh interner keeps it correct if it ever were.
+        Err(_) => f(&mut Interner::default()),
+    })
+}
+
+/// A string attribute value: interned unless its key holds a per-request unique value.
+fn intern_value(key: &'static str, value: &str, interner: &mut Interner) -> Text {
+    if key == sc::gen_ai::REQUEST_ID {
+        Text::from(value)
+    } else {
+        interner.intern(value)
+    }
+}
 
 /// The result of decoding one export request.
 #[derive(Debug, Clone, Default, PartialEq)]

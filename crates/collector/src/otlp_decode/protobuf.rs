@@ -17,7 +17,8 @@ use infertrace_analysis::trace::{AttrValue, KNOWN_KEYS, Span, SpanKind, StatusCo
 use infertrace_analysis::trace::{SpanLink, UNKNOWN_SERVICE};
 use infertrace_semconv::resource::SERVICE_NAME;
 
-use super::{DecodeError, Decoded, valid_link, validate_span};
+use super::{DecodeError, Decoded, intern_value, valid_link, validate_span, with_interner};
+use infertrace_analysis::text::Interner;
 
 const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
@@ -31,6 +32,10 @@ const MAX_GROUP_DEPTH: u32 = 100;
 
 /// Decodes a protobuf `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn decode_protobuf(buf: &[u8]) -> Result<Decoded, DecodeError> {
+    with_interner(|interner| decode_with(buf, interner))
+}
+
+fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeError> {
     // Size the output for typical spans (~250 wire bytes) to skip most regrowth of a large
     // vector without a separate pass over the body.
     let capacity = buf.len() / 256;
@@ -42,6 +47,7 @@ pub fn decode_protobuf(buf: &[u8]) -> Result<Decoded, DecodeError> {
         attributes: Vec::new(),
         links: Vec::new(),
         last_service: None,
+        interner,
     };
     let mut r = Reader::new(buf);
     while let Some((field, wire)) = r.key()? {
@@ -78,14 +84,15 @@ pub fn count_spans(buf: &[u8]) -> Option<u64> {
 }
 
 /// Per-request state: the output and scratch vectors reused for every span.
-struct RequestDecoder<'a> {
+struct RequestDecoder<'a, 'i> {
     out: Decoded,
+    interner: &'i mut Interner,
     attributes: Vec<(&'static str, AttrValue)>,
     links: Vec<SpanLink>,
     last_service: Option<(&'a [u8], Arc<str>)>,
 }
 
-impl<'a> RequestDecoder<'a> {
+impl<'a> RequestDecoder<'a, '_> {
     fn resource_spans(&mut self, buf: &'a [u8]) -> Result<(), DecodeError> {
         // Pass 1: the service name, from every `resource` occurrence (they merge).
         let mut service_name: Option<&'a [u8]> = None;
@@ -156,7 +163,7 @@ impl<'a> RequestDecoder<'a> {
                 7 => start = r.fixed64_field(wire)?,
                 8 => end = r.fixed64_field(wire)?,
                 9 => {
-                    if let Some(attribute) = key_value(r.len_field(wire)?)? {
+                    if let Some(attribute) = key_value(r.len_field(wire)?, self.interner)? {
                         self.attributes.push(attribute);
                     }
                 }
@@ -190,7 +197,7 @@ impl<'a> RequestDecoder<'a> {
             trace_id: ids.trace_id,
             span_id: ids.span_id,
             parent_span_id: ids.parent_span_id,
-            name: name.to_owned(),
+            name: self.interner.intern(name),
             service: service.clone(),
             kind: SpanKind::from_otlp(kind),
             start_unix_nano: start,
@@ -223,7 +230,10 @@ fn resource_service_name(buf: &[u8]) -> Result<Option<&[u8]>, DecodeError> {
 }
 
 /// A `KeyValue` whose key is kept, converted; `None` for dropped keys and values.
-fn key_value(buf: &[u8]) -> Result<Option<(&'static str, AttrValue)>, DecodeError> {
+fn key_value(
+    buf: &[u8],
+    interner: &mut Interner,
+) -> Result<Option<(&'static str, AttrValue)>, DecodeError> {
     // One pass for the usual shape (one key, one value); repeated values fold in a second pass.
     let mut key: &[u8] = &[];
     let mut value: Option<&[u8]> = None;
@@ -252,14 +262,14 @@ fn key_value(buf: &[u8]) -> Result<Option<(&'static str, AttrValue)>, DecodeErro
         state
     };
     let value = match state {
-        AnyValueState::Str(s) => AttrValue::Str(utf8(s)?.to_owned()),
+        AnyValueState::Str(s) => AttrValue::Str(intern_value(key, utf8(s)?, interner)),
         AnyValueState::Bool(b) => AttrValue::Bool(b),
         AnyValueState::Int(i) => AttrValue::Int(i),
         AnyValueState::Double(d) => AttrValue::Double(d),
         AnyValueState::Array(Some(items)) => AttrValue::StrArray(
             items
                 .into_iter()
-                .map(|s| utf8(s).map(str::to_owned))
+                .map(|s| utf8(s).map(|s| interner.intern(s)))
                 .collect::<Result<_, _>>()?,
         ),
         AnyValueState::Array(None) | AnyValueState::Other | AnyValueState::Empty => {

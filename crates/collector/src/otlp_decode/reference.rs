@@ -10,10 +10,16 @@ use infertrace_semconv::resource::SERVICE_NAME;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
 
-use super::{Decoded, valid_link, validate_span};
+use infertrace_analysis::text::Interner;
+
+use super::{Decoded, intern_value, valid_link, validate_span, with_interner};
 
 /// Converts a decoded `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn from_proto(req: &ExportTraceServiceRequest) -> Decoded {
+    with_interner(|interner| convert(req, interner))
+}
+
+fn convert(req: &ExportTraceServiceRequest, interner: &mut Interner) -> Decoded {
     let mut out = Decoded::default();
     for resource_spans in &req.resource_spans {
         let service: Arc<str> = Arc::from(
@@ -41,7 +47,7 @@ pub fn from_proto(req: &ExportTraceServiceRequest) -> Decoded {
                 trace_id: ids.trace_id,
                 span_id: ids.span_id,
                 parent_span_id: ids.parent_span_id,
-                name: span.name.clone(),
+                name: interner.intern(&span.name),
                 service: service.clone(),
                 kind: SpanKind::from_otlp(span.kind),
                 start_unix_nano: span.start_time_unix_nano,
@@ -52,7 +58,7 @@ pub fn from_proto(req: &ExportTraceServiceRequest) -> Decoded {
                     .iter()
                     .filter_map(|kv| {
                         let key = known_key(kv.key.as_bytes())?;
-                        Some((key, attr_value(kv.value.as_ref()?)?))
+                        Some((key, attr_value(key, kv.value.as_ref()?, interner)?))
                     })
                     .collect(),
                 links: span
@@ -80,9 +86,9 @@ fn service_name(attributes: &[KeyValue]) -> Option<&str> {
 }
 
 /// The kept form of a value, `None` for kinds infertrace drops.
-fn attr_value(value: &AnyValue) -> Option<AttrValue> {
+fn attr_value(key: &'static str, value: &AnyValue, interner: &mut Interner) -> Option<AttrValue> {
     Some(match value.value.as_ref()? {
-        Value::StringValue(s) => AttrValue::Str(s.clone()),
+        Value::StringValue(s) => AttrValue::Str(intern_value(key, s, interner)),
         Value::BoolValue(b) => AttrValue::Bool(*b),
         Value::IntValue(i) => AttrValue::Int(*i),
         Value::DoubleValue(d) => AttrValue::Double(*d),
@@ -91,7 +97,7 @@ fn attr_value(value: &AnyValue) -> Option<AttrValue> {
                 .values
                 .iter()
                 .map(|v| match v.value.as_ref()? {
-                    Value::StringValue(s) => Some(s.clone()),
+                    Value::StringValue(s) => Some(interner.intern(s)),
                     _ => None,
                 })
                 .collect::<Option<_>>()?,

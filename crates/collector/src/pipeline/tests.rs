@@ -17,7 +17,7 @@ fn request_trace(trace: u8, model: &str, q: u64, p: u64, d: u64, out: i64) -> Ve
         trace_id: TraceId([trace; 16]),
         span_id: id(n),
         parent_span_id: parent,
-        name: name.to_owned(),
+        name: name.into(),
         service: Arc::from("llm"),
         kind: if parent.is_none() {
             SpanKind::Server
@@ -136,7 +136,7 @@ fn memory_limit_refuses_with_overloaded() {
         &CollectorConfig::default(),
         events,
         PromMetrics::default(),
-        MemoryLimiter::new(1000),
+        MemoryLimiter::new(400),
         None,
     );
     let err = p

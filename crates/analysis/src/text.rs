@@ -1,0 +1,180 @@
+//! [`Text`]: the immutable, cheaply cloned string of span names and string attribute values.
+//!
+//! Collectors see the same few names and values (model, operation, outcome, route, phase
+//! names) in every trace. Decoders intern them ([`Interner`]), so a span holds a 16-byte
+//! shared pointer instead of its own heap copy: no allocation per value on the hot path, a
+//! smaller footprint per buffered span, and a clone is a reference-count increment.
+
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use serde::{Serialize, Serializer};
+
+/// An immutable shared string (an `Arc<str>` that reads like a `&str`).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Text(Arc<str>);
+
+impl Text {
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Text {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for Text {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Self {
+        Self(Arc::from(s))
+    }
+}
+
+impl From<String> for Text {
+    fn from(s: String) -> Self {
+        Self(Arc::from(s))
+    }
+}
+
+impl From<Arc<str>> for Text {
+    fn from(s: Arc<str>) -> Self {
+        Self(s)
+    }
+}
+
+impl From<Text> for Arc<str> {
+    fn from(t: Text) -> Self {
+        t.0
+    }
+}
+
+impl PartialEq<str> for Text {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Text {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Text {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Text {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+/// Strings longer than this are not interned (they are rarely repeated).
+pub const MAX_INTERNED_LEN: usize = 96;
+
+/// Distinct strings an [`Interner`] holds before it starts over (bounds its memory when
+/// values are not repeated after all).
+pub const MAX_INTERNED: usize = 4096;
+
+/// Hands out one shared [`Text`] per distinct short string. Bounded: past [`MAX_INTERNED`]
+/// entries it forgets everything and starts over, so a stream of unique values costs what
+/// copying them would, never unbounded memory.
+#[derive(Debug, Default)]
+pub struct Interner {
+    set: HashSet<Text, foldhash::fast::RandomState>,
+}
+
+impl Interner {
+    /// The shared [`Text`] for `s`.
+    pub fn intern(&mut self, s: &str) -> Text {
+        if s.len() > MAX_INTERNED_LEN {
+            return Text::from(s);
+        }
+        if let Some(t) = self.set.get(s) {
+            return t.clone();
+        }
+        if self.set.len() >= MAX_INTERNED {
+            self.set.clear();
+        }
+        let t = Text::from(s);
+        self.set.insert(t.clone());
+        t
+    }
+
+    /// Distinct strings held.
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_like_a_str() {
+        let t = Text::from("decode");
+        assert_eq!(t, "decode");
+        assert_eq!(t.len(), 6);
+        assert_eq!(format!("{t}/{t:?}"), "decode/\"decode\"");
+        assert_eq!(
+            serde_json::to_string(&t).ok().as_deref(),
+            Some("\"decode\"")
+        );
+    }
+
+    #[test]
+    fn interning_shares_and_is_bounded() {
+        let mut i = Interner::default();
+        let a = i.intern("llama");
+        let b = i.intern("llama");
+        assert!(Arc::ptr_eq(&a.0, &b.0));
+        let long = "x".repeat(MAX_INTERNED_LEN + 1);
+        assert_eq!(i.intern(&long), long.as_str());
+        assert_eq!(i.len(), 1, "long strings are not kept");
+        for n in 0..MAX_INTERNED + 10 {
+            let _ = i.intern(&n.to_string());
+        }
+        assert!(i.len() <= MAX_INTERNED);
+        assert_eq!(i.intern("llama"), "llama");
+    }
+}
