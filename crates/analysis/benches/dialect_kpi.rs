@@ -97,7 +97,7 @@ fn bench(c: &mut Criterion) {
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-                r.model = format!("model-{s}");
+                r.model = format!("model-{s}").into();
                 r.queue = Some(0.001 + u * u * 2.0);
                 r.prefill = Some(0.05 + u * 0.4);
                 r.ttft = Some(r.queue.unwrap() + r.prefill.unwrap());

@@ -39,7 +39,7 @@ pub mod infertrace;
 pub mod latency_attrs;
 pub mod tgi;
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use infertrace_semconv as sc;
 
@@ -300,17 +300,17 @@ pub(crate) fn base_record(span: &Span, dialect: Dialect, trace: &TraceView<'_>) 
         span.end_unix_nano,
     );
     if let Some(m) = span
-        .attr_str(sc::gen_ai::RESPONSE_MODEL)
-        .or_else(|| span.attr_str(sc::gen_ai::REQUEST_MODEL))
+        .attr_text(sc::gen_ai::RESPONSE_MODEL)
+        .or_else(|| span.attr_text(sc::gen_ai::REQUEST_MODEL))
         .filter(|m| !m.is_empty())
     {
-        r.model = m.to_owned();
+        r.model = m.clone();
     }
     if let Some(op) = span
-        .attr_str(sc::gen_ai::OPERATION_NAME)
+        .attr_text(sc::gen_ai::OPERATION_NAME)
         .filter(|m| !m.is_empty())
     {
-        r.operation = op.to_owned();
+        r.operation = op.clone();
     }
     r.outcome = outcome_of(span, trace);
     r.input_tokens = count_attr(span, sc::gen_ai::USAGE_INPUT_TOKENS)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use infertrace_semconv as sc;
 use serde::Serialize;
 
-use crate::trace::{SpanId, TraceId};
+use crate::trace::{SpanId, Text, TraceId};
 
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -172,9 +172,9 @@ pub struct RequestRecord {
     /// `service.name` of the request span's resource.
     pub service: Arc<str>,
     /// Model (response model, else request model, else [`UNKNOWN`]).
-    pub model: String,
+    pub model: Text,
     /// Operation (`gen_ai.operation.name`, else the dialect's best knowledge, else [`UNKNOWN`]).
-    pub operation: String,
+    pub operation: Text,
     /// How the request ended.
     pub outcome: Outcome,
     /// Which dialect reported it.
@@ -219,6 +219,9 @@ pub struct RequestRecord {
 /// Model or operation value used when the spans do not tell.
 pub const UNKNOWN: &str = "unknown";
 
+/// [`UNKNOWN`] as one shared [`Text`] (records start with it; no allocation per record).
+static UNKNOWN_TEXT: std::sync::LazyLock<Text> = std::sync::LazyLock::new(|| Text::from(UNKNOWN));
+
 /// TPOT by the GenAI definition: decode time / (output tokens − 1); `None` below two tokens.
 pub fn tpot_from(decode: f64, output_tokens: u64) -> Option<f64> {
     (output_tokens >= 2 && decode.is_finite() && decode >= 0.0)
@@ -242,8 +245,8 @@ impl RequestRecord {
             trace_id,
             span_id,
             service,
-            model: UNKNOWN.to_owned(),
-            operation: UNKNOWN.to_owned(),
+            model: UNKNOWN_TEXT.clone(),
+            operation: UNKNOWN_TEXT.clone(),
             outcome: Outcome::Ok,
             dialect,
             arrival_unix_nano,

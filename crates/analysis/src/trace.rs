@@ -252,6 +252,27 @@ pub fn known_key(key: &[u8]) -> Option<&'static str> {
     KNOWN_KEYS.iter().copied().find(|k| k.as_bytes() == key)
 }
 
+/// `a == b` for attribute keys, cheaper on the misses that dominate lookups: many known keys
+/// share a length, and they differ more often in their last eight bytes than their first.
+#[inline]
+fn key_eq(a: &str, b: &str) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.len() >= 8 {
+        let tail = |s: &str| {
+            let bytes = s.as_bytes();
+            let mut t = [0u8; 8];
+            t.copy_from_slice(&bytes[bytes.len() - 8..]);
+            u64::from_ne_bytes(t)
+        };
+        if tail(a) != tail(b) {
+            return false;
+        }
+    }
+    a == b
+}
+
 /// A span link (links never make a child in the critical path).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SpanLink {
@@ -293,12 +314,19 @@ impl Span {
     pub fn attr(&self, key: &str) -> Option<&AttrValue> {
         self.attributes
             .iter()
-            .find(|(k, _)| *k == key)
+            .find(|(k, _)| key_eq(k, key))
             .map(|(_, v)| v)
     }
     /// A string attribute.
     pub fn attr_str(&self, key: &str) -> Option<&str> {
         self.attr(key).and_then(AttrValue::as_str)
+    }
+    /// A string attribute as the shared [`Text`] (a clone costs no copy).
+    pub fn attr_text(&self, key: &str) -> Option<&Text> {
+        match self.attr(key)? {
+            AttrValue::Str(t) => Some(t),
+            _ => None,
+        }
     }
     /// A numeric attribute.
     pub fn attr_f64(&self, key: &str) -> Option<f64> {

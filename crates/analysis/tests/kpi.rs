@@ -47,8 +47,8 @@ fn record(service: &str, model: &str, e2e: f64) -> RequestRecord {
         T + (e2e * 1e9) as u64,
     );
     r.e2e = e2e;
-    r.model = model.to_owned();
-    r.operation = "chat".to_owned();
+    r.model = model.into();
+    r.operation = "chat".into();
     r
 }
 

@@ -38,8 +38,8 @@ fn record(n: u64, model: &str) -> RequestRecord {
         0,
         0,
     );
-    r.model = model.to_owned();
-    r.operation = "chat".to_owned();
+    r.model = model.into();
+    r.operation = "chat".into();
     r.outcome = Outcome::Ok;
     r.e2e = e2e;
     r.queue = Some(e2e * 0.1);

@@ -20,7 +20,7 @@
 //! `infertrace_series_overflow_total` by the pipeline. Critical-path (service, span) keys are
 //! capped the same way at [`MAX_CRITICAL_PATH_KEYS`].
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
@@ -530,8 +530,8 @@ mod tests {
             0,
             (e2e * 1e9) as u64,
         );
-        r.model = model.to_owned();
-        r.operation = "chat".to_owned();
+        r.model = model.into();
+        r.operation = "chat".into();
         r.e2e = e2e;
         r
     }

@@ -37,8 +37,8 @@ fn rec(n: u64, model: &str, e2e: f64, outcome: Outcome) -> RequestRecord {
         0,
         0,
     );
-    r.model = model.to_owned();
-    r.operation = "chat".to_owned();
+    r.model = model.into();
+    r.operation = "chat".into();
     r.e2e = e2e;
     r.ttft = Some(e2e * 0.2);
     r.queue = Some(e2e * 0.1);

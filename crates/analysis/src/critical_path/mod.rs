@@ -34,7 +34,7 @@
 
 mod windows;
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use serde::Serialize;

@@ -13,7 +13,11 @@
 //! Distinct (service, span) keys are capped; segments of further keys are summed under
 //! [`OVERFLOW_LABEL`] and counted ([`CriticalPathWindows::overflowed_segments`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+// Span names and services come from clients: foldhash is seeded per process, and far cheaper
+// than SipHash on the short keys looked up for every segment of every request.
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 

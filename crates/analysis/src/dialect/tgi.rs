@@ -111,7 +111,7 @@ pub fn extract(span: &Span, trace: &TraceView<'_>) -> RequestRecord {
         } else {
             sc::gen_ai::operation::TEXT_COMPLETION
         }
-        .to_owned();
+        .into();
     }
     let field = |k| field_seconds(span, k);
     if let Some(total) = field(sc::tgi::TOTAL_TIME) {

@@ -56,10 +56,10 @@ mod distribution;
 mod ring;
 mod snapshot;
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 

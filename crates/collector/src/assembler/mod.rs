@@ -188,9 +188,12 @@ impl TraceAssembler {
         let mut over_spans = 0u64;
         let mut late = 0u64;
         let mut late_overflow = 0u64;
-        for span in spans {
+        let is_request_span = self.is_request;
+        let max_spans = self.config.max_spans_per_trace;
+        let mut spans = spans.into_iter().peekable();
+        while let Some(span) = spans.next() {
             let id = span.trace_id;
-            let is_request = (self.is_request)(&span);
+            let is_request = is_request_span(&span);
             let trace = match self.traces.get_mut(&id) {
                 Some(t) => t,
                 None => {
@@ -221,21 +224,30 @@ impl TraceAssembler {
                     })
                 }
             };
-            if trace.spans.len() >= self.config.max_spans_per_trace {
-                over_spans += 1;
-                continue;
+            let mut add = |trace: &mut PendingTrace, span: Span, is_request: bool| {
+                if trace.spans.len() >= max_spans {
+                    over_spans += 1;
+                    return;
+                }
+                trace.last_seen = now;
+                if is_request {
+                    trace.request_at = Some(now);
+                    self.by_grace.push_back((id, now));
+                }
+                if let Some(h) = &hold
+                    && !trace.holds.last().is_some_and(|l| Arc::ptr_eq(l, h))
+                {
+                    trace.holds.push(h.clone());
+                }
+                trace.spans.push(span);
+            };
+            add(trace, span, is_request);
+            // The spans of one trace usually arrive together: those that follow go to the same
+            // entry without another lookup in a map of (at full rate) a million traces.
+            while let Some(next) = spans.next_if(|s| s.trace_id == id) {
+                let is_request = is_request_span(&next);
+                add(trace, next, is_request);
             }
-            trace.last_seen = now;
-            if is_request {
-                trace.request_at = Some(now);
-                self.by_grace.push_back((id, now));
-            }
-            if let Some(h) = &hold
-                && !trace.holds.last().is_some_and(|l| Arc::ptr_eq(l, h))
-            {
-                trace.holds.push(h.clone());
-            }
-            trace.spans.push(span);
         }
         self.events
             .spans_dropped("max_traces_in_flight", over_traces);

@@ -126,8 +126,8 @@ impl TraceSummary {
             trace_id: record.trace_id.to_hex(),
             span_id: record.span_id.to_hex(),
             service: record.service.to_string(),
-            model: record.model.clone(),
-            operation: record.operation.clone(),
+            model: record.model.to_string(),
+            operation: record.operation.to_string(),
             outcome: record.outcome,
             e2e: record.e2e,
             queue: record.queue,
@@ -161,7 +161,7 @@ pub fn list_traces(source: &dyn RecentTraceSource, query: &TraceListQuery) -> Tr
             held += 1;
             let r = &request.record;
             if service.is_some_and(|s| s != &*r.service)
-                || model.is_some_and(|m| m != r.model)
+                || model.is_some_and(|m| r.model != m)
                 || query.outcome.is_some_and(|o| !o.keeps(r.outcome))
             {
                 continue;

@@ -2,7 +2,9 @@
 //! the requests worth keeping, handed to the [`StoreWriter`] at least once a second.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use foldhash::{HashMap, HashMapExt};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
@@ -278,7 +280,7 @@ mod tests {
             0,
             0,
         );
-        r.model = model.to_owned();
+        r.model = model.into();
         r.e2e = e2e;
         r.outcome = outcome;
         r
