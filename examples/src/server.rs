@@ -133,8 +133,9 @@ impl ServerOptions {
         GpuTelemetry::start(&self.telemetry_config())
     }
 
-    /// The layer these flags describe, on the global tracer and meter providers, with the GPU and
-    /// host telemetry of [`gpu_telemetry`](Self::gpu_telemetry) (started here).
+    /// The layer these flags describe, on the global tracer and meter providers (see
+    /// [`Telemetry::attach`] for OTLP export), with the GPU and host telemetry of
+    /// [`gpu_telemetry`](Self::gpu_telemetry) (started here).
     pub fn layer(&self, sim: &SimHandle) -> InferenceTraceLayer {
         self.layer_without_telemetry()
             .gpu_telemetry(self.gpu_telemetry(sim))
@@ -166,7 +167,7 @@ pub struct Telemetry {
 impl Telemetry {
     /// Installs a `tracing` log subscriber (`RUST_LOG`, default `info`) and, unless `otlp` is
     /// false, global OTLP tracer and meter providers configured by the standard `OTEL_*`
-    /// variables. `service_name` is used when neither `OTEL_SERVICE_NAME` nor
+    /// variables (give the layer to [`attach`](Self::attach) to export its spans directly). `service_name` is used when neither `OTEL_SERVICE_NAME` nor
     /// `OTEL_RESOURCE_ATTRIBUTES` names the service. Must run inside a tokio runtime.
     pub fn init(service_name: &str, otlp: bool) -> anyhow::Result<Self> {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -193,6 +194,17 @@ impl Telemetry {
         Ok(Self {
             providers: Some(providers),
         })
+    }
+
+    /// `layer`, exporting through these providers: with OTLP on, its spans go straight to the
+    /// OTLP batch processor (the direct path, [`InferenceTraceLayer::with_otlp`]) and its
+    /// metrics to the OTLP meter provider; with `--no-otlp`, `layer` unchanged (global no-op
+    /// providers).
+    pub fn attach(&self, layer: InferenceTraceLayer) -> InferenceTraceLayer {
+        match &self.providers {
+            Some(providers) => layer.with_otlp(providers),
+            None => layer,
+        }
     }
 
     /// Flushes and shuts the providers down, logging (not failing on) export errors.

@@ -23,8 +23,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
@@ -69,12 +68,7 @@ use opentelemetry_sdk::trace::{
 #[derive(Clone)]
 pub struct SharedSpanProcessor {
     inner: Arc<dyn SpanProcessor>,
-    /// Names this processor in the `Debug` output of a tracer provider holding it (see
-    /// [`registered_for`]).
-    id: u64,
 }
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl SharedSpanProcessor {
     /// Wraps `processor` after giving it `resource` (what a tracer provider would have done).
@@ -82,19 +76,17 @@ impl SharedSpanProcessor {
         processor.set_resource(resource);
         Self {
             inner: Arc::new(processor),
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
 }
 
 impl fmt::Debug for SharedSpanProcessor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The marker `registered_for` looks for; keep the two in step.
-        write!(f, "{MARKER}{};{:?}", self.id, self.inner)
+        f.debug_tuple("SharedSpanProcessor")
+            .field(&self.inner)
+            .finish()
     }
 }
-
-const MARKER: &str = "infertrace.SharedSpanProcessor#";
 
 impl SpanProcessor for SharedSpanProcessor {
     fn on_start(&self, span: &mut Span, cx: &Context) {
@@ -119,36 +111,6 @@ impl SpanProcessor for SharedSpanProcessor {
 
     /// Ignored: the resource was given to [`SharedSpanProcessor::new`].
     fn set_resource(&mut self, _resource: &Resource) {}
-}
-
-/// Processors `otlp::init` put into the tracer providers it built, with those providers'
-/// samplers: a layer given such a provider exports directly to its processor.
-type Registered = (u64, Weak<dyn SpanProcessor>, Box<dyn ShouldSample>);
-static REGISTERED: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
-
-/// Records that `processor` is the only span processor of a tracer provider whose sampler is
-/// `sampler` (called by `otlp::init`).
-pub(crate) fn register(processor: &SharedSpanProcessor, sampler: Box<dyn ShouldSample>) {
-    if let Ok(mut all) = REGISTERED.lock() {
-        all.retain(|(_, p, _)| p.strong_count() > 0);
-        all.push((processor.id, Arc::downgrade(&processor.inner), sampler));
-    }
-}
-
-/// The direct export of a tracer provider built by `otlp::init`, found by the processor's marker
-/// in the provider's `Debug` output (the SDK offers no other way to look at a provider's
-/// processors). `None` for any other provider, or if a later SDK stops printing its processors:
-/// the layer then uses the tracer, which is correct, only slower.
-pub(crate) fn registered_for(provider_debug: &str) -> Option<DirectExport> {
-    let (_, rest) = provider_debug.split_once(MARKER)?;
-    let id: u64 = rest.split_once(';')?.0.parse().ok()?;
-    let all = REGISTERED.lock().ok()?;
-    let (_, processor, sampler) = all.iter().find(|(i, _, _)| *i == id)?;
-    let inner = processor.upgrade()?;
-    Some(DirectExport::new(
-        SharedSpanProcessor { inner, id },
-        sampler.clone(),
-    ))
 }
 
 /// Where and how the layer exports directly: the processor, the sampler for request spans, and
@@ -521,22 +483,5 @@ mod tests {
         let _guard = Context::enter_telemetry_suppressed_scope();
         one_request(&tracer, &Context::current());
         assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
-    }
-
-    #[test]
-    fn otlp_providers_are_found_by_their_processor() {
-        let (_, processor) = in_memory();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor.clone())
-            .build();
-        let debug = format!("{provider:?}");
-        // Not registered (only `otlp::init` registers): no direct export.
-        assert!(registered_for(&debug).is_none());
-        register(&processor, Box::new(Sampler::AlwaysOff));
-        assert!(registered_for(&debug).is_some());
-        assert!(registered_for("SdkTracerProvider { processors: [] }").is_none());
-        drop((provider, processor));
-        // Gone with its last handle.
-        assert!(registered_for(&debug).is_none());
     }
 }

@@ -13,8 +13,9 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, ShouldSample};
 use tower::Layer;
 
 use crate::admission::AdmissionQueue;
-use crate::direct::{self, DirectExport, SharedSpanProcessor};
+use crate::direct::{DirectExport, SharedSpanProcessor};
 use crate::metrics::LayerMetrics;
+use crate::otlp::OtlpProviders;
 use crate::service::InferenceTraceService;
 use crate::spans::TracerHandle;
 
@@ -191,10 +192,10 @@ impl InferenceTraceLayer {
     /// [`SdkTracerProvider`] is used directly (no boxing per span); any other provider through
     /// `opentelemetry`'s boxed tracer.
     ///
-    /// A provider built by [`otlp::init`](crate::otlp::init) also turns on the direct export
-    /// path to that provider's span processor, with its sampler (see
-    /// [`with_span_processor`](Self::with_span_processor)); for any other provider this call
-    /// turns the direct path off, so call `with_span_processor` after it, not before.
+    /// This alone keeps the layer on the tracer path. For the cheaper direct path give the
+    /// layer the provider's span processor too ([`with_span_processor`](Self::with_span_processor),
+    /// in either order), or, for providers from [`otlp::init`](crate::otlp::init), use
+    /// [`with_otlp`](Self::with_otlp).
     pub fn with_tracer_provider<P>(mut self, provider: &P) -> Self
     where
         P: TracerProvider + 'static,
@@ -202,17 +203,41 @@ impl InferenceTraceLayer {
         <P::Tracer as opentelemetry::trace::Tracer>::Span: Send + Sync + 'static,
     {
         let any: &dyn std::any::Any = provider;
-        self.direct = None;
         self.tracer = Some(match any.downcast_ref::<SdkTracerProvider>() {
-            Some(sdk) => {
-                self.direct = direct::registered_for(&format!("{sdk:?}"));
-                TracerHandle::Sdk(sdk.tracer_with_scope(scope()))
-            }
+            Some(sdk) => TracerHandle::Sdk(sdk.tracer_with_scope(scope())),
             None => TracerHandle::Boxed(Arc::new(global::BoxedTracer::new(Box::new(
                 provider.tracer_with_scope(scope()),
             )))),
         });
         self.changed()
+    }
+
+    /// Exports through what [`otlp::init`](crate::otlp::init) built: the layer's spans go
+    /// straight to [`OtlpProviders::span_processor`] (the direct path of
+    /// [`with_span_processor`](Self::with_span_processor)), sampled by the tracer provider's
+    /// sampler; the layer's metrics go to the meter provider, if metrics are on. The handler's
+    /// own spans reach the same batch processor through the tracer provider (install it
+    /// globally, or give it to `tracing-opentelemetry`).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), infertrace_tower::otlp::OtlpError> {
+    /// use infertrace_tower::InferenceTraceLayer;
+    /// use infertrace_tower::otlp::{self, OtlpConfig};
+    /// let providers = otlp::init(OtlpConfig::from_env())?;
+    /// providers.install_global(); // for the handler's `tracing` spans
+    /// let layer = InferenceTraceLayer::new().with_otlp(&providers);
+    /// # let _ = layer;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_otlp(self, providers: &OtlpProviders) -> Self {
+        let mut layer = self
+            .with_tracer_provider(&providers.tracer_provider)
+            .with_span_processor(providers.span_processor.clone());
+        layer.sampler = Some(providers.sampler.clone());
+        match &providers.meter_provider {
+            Some(meters) => layer.with_meter_provider(meters),
+            None => layer.changed(),
+        }
     }
 
     /// Exports the layer's spans straight to `processor` — the request span and its phase
@@ -237,9 +262,8 @@ impl InferenceTraceLayer {
     /// `SpanProcessor::on_start` and applies no span limits (its spans carry at most ≈ 35
     /// attributes).
     ///
-    /// [`otlp::init`](crate::otlp::init) sets this up by itself when its tracer provider is
-    /// given to [`with_tracer_provider`](Self::with_tracer_provider). See
-    /// [`SharedSpanProcessor`] for an example.
+    /// [`with_otlp`](Self::with_otlp) sets this up for the providers of
+    /// [`otlp::init`](crate::otlp::init). See [`SharedSpanProcessor`] for an example.
     pub fn with_span_processor(mut self, processor: SharedSpanProcessor) -> Self {
         let sampler = opentelemetry_sdk::trace::Config::default().sampler;
         self.direct = Some(DirectExport::new(processor, sampler));

@@ -101,8 +101,8 @@
 //! At the end, the response attributes are set in one call, the phase spans are built with
 //! exact start and end times, and the request span is ended at the exact end instant.
 //!
-//! With [`InferenceTraceLayer::with_span_processor`] (or a tracer provider from
-//! [`otlp::init`]) the layer skips the tracer: it makes the request span's ids and sampling
+//! With [`InferenceTraceLayer::with_span_processor`] (or [`InferenceTraceLayer::with_otlp`]
+//! for the providers of [`otlp::init`]) the layer skips the tracer: it makes the request span's ids and sampling
 //! decision itself at arrival, runs the handler under the same kind of context, and at the end
 //! hands the four spans to the span processor as finished `SpanData` — the same spans, for less
 //! CPU (see [`SharedSpanProcessor`]).

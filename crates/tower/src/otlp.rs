@@ -14,22 +14,22 @@
 //! (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 s). The gRPC exporter needs a Tokio runtime:
 //! call [`init`] from inside one. [`OtlpProviders::shutdown`] flushes both.
 //!
-//! A layer given the tracer provider with
-//! [`InferenceTraceLayer::with_tracer_provider`](crate::InferenceTraceLayer::with_tracer_provider)
-//! exports its spans straight to that provider's batch processor, with the provider's sampler
-//! and resource (the direct path, see
-//! [`with_span_processor`](crate::InferenceTraceLayer::with_span_processor)); the handler's own
-//! spans go through the provider to the same processor. A layer using the *global* provider
-//! (after [`OtlpProviders::install_global`]) goes through the tracer: the global provider
-//! cannot be inspected, and could be replaced at any time.
+//! [`InferenceTraceLayer::with_otlp`](crate::InferenceTraceLayer::with_otlp) wires a layer to
+//! what [`init`] built: the layer exports its spans straight to the batch processor of
+//! [`OtlpProviders::span_processor`], with the provider's sampler and resource (the direct path,
+//! see [`with_span_processor`](crate::InferenceTraceLayer::with_span_processor)), and records its
+//! metrics into the meter provider; the handler's own spans go through the tracer provider to the
+//! same processor. A layer given only the tracer provider
+//! ([`with_tracer_provider`](crate::InferenceTraceLayer::with_tracer_provider)) or using the
+//! global one (after [`OtlpProviders::install_global`]) goes through the tracer: the same spans,
+//! at a higher cost per request.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), infertrace_tower::otlp::OtlpError> {
 //! use infertrace_tower::otlp::{self, OtlpConfig};
 //! let providers = otlp::init(OtlpConfig::grpc("http://127.0.0.1:4317").service_name("demo"))?;
 //! providers.install_global(); // for `tracing-opentelemetry` and other instrumentation
-//! let layer = infertrace_tower::InferenceTraceLayer::new()
-//!     .with_tracer_provider(&providers.tracer_provider); // the direct path
+//! let layer = infertrace_tower::InferenceTraceLayer::new().with_otlp(&providers); // the direct path
 //! // … serve with `layer` …
 //! providers.shutdown()?;
 //! # Ok(()) }
@@ -41,7 +41,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracerProvider, ShouldSample};
 
-use crate::direct::SharedSpanProcessor;
+use crate::SharedSpanProcessor;
 
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,13 +176,19 @@ pub enum OtlpError {
     Shutdown(String),
 }
 
-/// The providers [`init`] built.
+/// The providers [`init`] built. Give them to a layer with
+/// [`InferenceTraceLayer::with_otlp`](crate::InferenceTraceLayer::with_otlp).
 #[derive(Clone, Debug)]
 pub struct OtlpProviders {
     /// The tracer provider (batch span processor).
     pub tracer_provider: SdkTracerProvider,
     /// The meter provider (periodic reader), unless metrics were turned off.
     pub meter_provider: Option<SdkMeterProvider>,
+    /// The tracer provider's only span processor (its batch processor), shared: a layer given it
+    /// exports its finished spans straight to it (the direct path).
+    pub span_processor: SharedSpanProcessor,
+    /// The tracer provider's sampler, which the direct path uses for request spans too.
+    pub(crate) sampler: Box<dyn ShouldSample>,
 }
 
 impl OtlpProviders {
@@ -254,7 +260,7 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
         source,
     })?;
     // One batch processor, shared by the provider (the handler's own spans) and by any layer
-    // given this provider, which exports its spans to it directly (`direct.rs`).
+    // given these providers (`with_otlp`), which exports its spans to it directly (`direct.rs`).
     let processor = SharedSpanProcessor::new(BatchSpanProcessor::builder(spans).build(), &resource);
     let sampler: Box<dyn ShouldSample> = match config.sampler.clone() {
         Some(sampler) => Box::new(sampler),
@@ -266,7 +272,6 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
         .with_resource(resource.clone())
         .with_sampler(sampler.clone())
         .build();
-    crate::direct::register(&processor, sampler);
 
     let meter_provider = if config.metrics_enabled(|v| std::env::var(v).ok()) {
         let exporter = match protocol {
@@ -303,6 +308,8 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
     Ok(OtlpProviders {
         tracer_provider,
         meter_provider,
+        span_processor: processor,
+        sampler,
     })
 }
 
@@ -399,5 +406,106 @@ mod tests {
             // Nothing was recorded, so there is nothing to send to the closed port.
             let _ = providers.shutdown();
         }
+    }
+
+    /// Providers shaped like `init`'s, exporting to memory.
+    fn in_memory(
+        sampler: Sampler,
+    ) -> (
+        OtlpProviders,
+        opentelemetry_sdk::trace::InMemorySpanExporter,
+        opentelemetry_sdk::metrics::InMemoryMetricExporter,
+    ) {
+        use opentelemetry_sdk::metrics::InMemoryMetricExporter;
+        use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor};
+        let spans = InMemorySpanExporter::default();
+        let metrics = InMemoryMetricExporter::default();
+        let resource = Resource::builder().with_service_name("svc").build();
+        let processor =
+            SharedSpanProcessor::new(SimpleSpanProcessor::new(spans.clone()), &resource);
+        let tracer_provider = SdkTracerProvider::builder()
+            .with_span_processor(processor.clone())
+            .with_sampler(sampler.clone())
+            .build();
+        let meter_provider = SdkMeterProvider::builder()
+            .with_reader(PeriodicReader::builder(metrics.clone()).build())
+            .build();
+        let providers = OtlpProviders {
+            tracer_provider,
+            meter_provider: Some(meter_provider),
+            span_processor: processor,
+            sampler: Box::new(sampler),
+        };
+        (providers, spans, metrics)
+    }
+
+    async fn one_request(layer: crate::InferenceTraceLayer) {
+        use http_body_util::BodyExt as _;
+        use tower::{Layer as _, ServiceExt as _};
+        let svc = layer.layer(tower::service_fn(|req: http::Request<String>| async move {
+            if let Some(rec) = req.extensions().get::<crate::RequestRecorder>() {
+                rec.scheduled();
+                rec.tokens(2);
+                rec.finish("stop");
+            }
+            Ok::<_, std::convert::Infallible>(http::Response::new(String::from("{}")))
+        }));
+        let req = http::Request::post("/v1/chat/completions")
+            .body(String::new())
+            .unwrap();
+        let response = svc.oneshot(req).await.unwrap();
+        response.into_body().collect().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn with_otlp_exports_directly_with_the_providers_sampler_and_meters() {
+        let (providers, spans, metrics) = in_memory(Sampler::AlwaysOn);
+        let layer = crate::InferenceTraceLayer::new().with_otlp(&providers);
+        assert!(format!("{layer:?}").contains("direct_export: true"));
+        one_request(layer).await;
+        let got = spans.get_finished_spans().unwrap();
+        let mut names: Vec<_> = got.iter().map(|s| s.name.to_string()).collect();
+        names.sort();
+        assert_eq!(names, ["chat", "decode", "prefill", "queue"]);
+        // The resource given to the shared processor, the layer's scope.
+        assert!(
+            got.iter()
+                .all(|s| s.instrumentation_scope.name() == "infertrace-tower")
+        );
+        providers
+            .meter_provider
+            .as_ref()
+            .unwrap()
+            .force_flush()
+            .unwrap();
+        let exported = metrics.get_finished_metrics().unwrap();
+        let names: Vec<String> = exported
+            .iter()
+            .flat_map(|rm| rm.scope_metrics())
+            .flat_map(|sm| sm.metrics())
+            .map(|m| m.name().to_owned())
+            .collect();
+        assert!(
+            names.iter().any(|n| n == "gen_ai.server.request.duration"),
+            "{names:?}"
+        );
+
+        // The providers' sampler decides on the direct path too.
+        let (providers, spans, _) = in_memory(Sampler::AlwaysOff);
+        one_request(crate::InferenceTraceLayer::new().with_otlp(&providers)).await;
+        assert!(spans.get_finished_spans().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_tracer_provider_alone_keeps_the_tracer_path_in_any_order() {
+        let (providers, _, _) = in_memory(Sampler::AlwaysOn);
+        let tracer_only =
+            crate::InferenceTraceLayer::new().with_tracer_provider(&providers.tracer_provider);
+        assert!(format!("{tracer_only:?}").contains("direct_export: false"));
+        // Giving the processor before the provider keeps the direct path.
+        let either_order = crate::InferenceTraceLayer::new()
+            .with_span_processor(providers.span_processor.clone())
+            .with_tracer_provider(&providers.tracer_provider);
+        assert!(format!("{either_order:?}").contains("direct_export: true"));
     }
 }

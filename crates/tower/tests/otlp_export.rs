@@ -79,13 +79,16 @@ async fn receiver() -> (SocketAddr, Received) {
 
 /// Serves one traced request in-process through a layer using `providers`.
 async fn one_traced_request(providers: &otlp::OtlpProviders) {
-    let mut layer = InferenceTraceLayer::new()
-        .with_tracer_provider(&providers.tracer_provider)
+    // The tracer provider alone keeps the tracer path; `with_otlp` turns on the direct export
+    // to the providers' batch processor.
+    let tracer_only = InferenceTraceLayer::new().with_tracer_provider(&providers.tracer_provider);
+    assert!(
+        format!("{tracer_only:?}").contains("direct_export: false"),
+        "{tracer_only:?}"
+    );
+    let layer = InferenceTraceLayer::new()
+        .with_otlp(providers)
         .default_model("m");
-    if let Some(m) = &providers.meter_provider {
-        layer = layer.with_meter_provider(m);
-    }
-    // `otlp::init`'s provider turns on the direct export to its batch processor.
     assert!(
         format!("{layer:?}").contains("direct_export: true"),
         "{layer:?}"

@@ -43,7 +43,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let telemetry = Telemetry::init("axum-server", !cli.opts.no_otlp)?;
     let sim = Simulator::start(cli.opts.sim_config()).context("bad simulator flags")?;
-    let layer = cli.opts.layer(&sim);
+    let layer = telemetry.attach(cli.opts.layer(&sim));
     let app = openai::router(sim, layer, &cli.opts.model);
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await

@@ -40,10 +40,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let telemetry = Telemetry::init("hyper-server", !cli.opts.no_otlp)?;
     let sim = Simulator::start(cli.opts.sim_config()).context("bad simulator flags")?;
     let service = OpenAiHyperService::new(OpenAiService::new(sim.clone(), &cli.opts.model));
-    let layer = cli
-        .opts
-        .layer(&sim)
-        .skip(|head| Endpoint::from_path(head.uri.path()).is_none());
+    let layer = telemetry.attach(
+        cli.opts
+            .layer(&sim)
+            .skip(|head| Endpoint::from_path(head.uri.path()).is_none()),
+    );
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
         .with_context(|| {

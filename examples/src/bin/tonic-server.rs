@@ -38,7 +38,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let telemetry = Telemetry::init("tonic-server", !cli.opts.no_otlp)?;
     let sim = Simulator::start(cli.opts.sim_config()).context("bad simulator flags")?;
-    let layer = cli.opts.layer(&sim);
+    let layer = telemetry.attach(cli.opts.layer(&sim));
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
         .with_context(|| {
