@@ -34,7 +34,7 @@
 
 mod windows;
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -162,21 +162,76 @@ pub fn critical_path(
     root: SpanId,
     opts: &CriticalPathOptions,
 ) -> Option<CriticalPath> {
-    let tree = Tree::build(spans, root)?;
-    let mut walk = Walk::new(spans, &tree, opts);
+    SCRATCH.with(|cell| {
+        // Reentrancy cannot happen here; a fresh scratch keeps it correct if it ever did.
+        let mut scratch = cell
+            .try_borrow_mut()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        let path = critical_path_in(spans, root, opts, &mut scratch);
+        if let Ok(mut s) = cell.try_borrow_mut() {
+            *s = scratch;
+        }
+        path
+    })
+}
+
+/// The vectors one computation needs, kept per thread between computations: the collector
+/// computes a path per request, and allocating ~8 vectors each time cost more than the walk.
+#[derive(Default)]
+struct Scratch {
+    index: HashMap<SpanId, usize>,
+    node: Vec<bool>,
+    parent: Vec<usize>,
+    offsets: Vec<usize>,
+    fill: Vec<usize>,
+    children: Vec<usize>,
+    pool: Vec<Candidate>,
+    stack: Vec<Frame>,
+}
+
+/// Traces up to this many spans find parents by a scan rather than an id map.
+const SCAN_THRESHOLD: usize = 16;
+
+/// Above this many spans a trace's scratch is not kept (a huge trace must not pin memory).
+const KEEP_SCRATCH_MAX_SPANS: usize = 4096;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+fn critical_path_in(
+    spans: &[Span],
+    root: SpanId,
+    opts: &CriticalPathOptions,
+    scratch: &mut Scratch,
+) -> Option<CriticalPath> {
+    let tree = Tree::build(spans, root, scratch)?;
+    let mut walk = Walk::new(spans, &tree, opts, scratch);
     walk.run();
     let Walk {
         mut segments,
         adjustments,
+        pool,
+        stack,
         ..
     } = walk;
     segments.reverse();
-    Some(CriticalPath {
+    let path = CriticalPath {
         trace_id: spans[tree.root].trace_id,
         root,
         segments,
         adjustments,
-    })
+    };
+    if spans.len() <= KEEP_SCRATCH_MAX_SPANS {
+        scratch.pool = pool;
+        scratch.stack = stack;
+        scratch.offsets = tree.offsets;
+        scratch.children = tree.children;
+    } else {
+        *scratch = Scratch::default();
+    }
+    Some(path)
 }
 
 /// Parent → children in arrival order, as compressed rows over span indices.
@@ -189,30 +244,57 @@ struct Tree {
 }
 
 impl Tree {
-    fn build(spans: &[Span], root_id: SpanId) -> Option<Self> {
+    fn build(spans: &[Span], root_id: SpanId, scratch: &mut Scratch) -> Option<Self> {
         let root = spans.iter().position(|s| s.span_id == root_id)?;
         let trace_id = spans[root].trace_id;
+        let n = spans.len();
         // The first span with each id of the trace; later duplicates and other traces are
         // not nodes.
-        let mut index: HashMap<SpanId, usize> = HashMap::with_capacity(spans.len());
-        let mut node = vec![false; spans.len()];
+        let scan = n <= SCAN_THRESHOLD;
+        let index = &mut scratch.index;
+        index.clear();
+        let node = &mut scratch.node;
+        node.clear();
+        node.resize(n, false);
         for (i, s) in spans.iter().enumerate() {
-            if s.trace_id == trace_id
-                && let std::collections::hash_map::Entry::Vacant(v) = index.entry(s.span_id)
-            {
+            if s.trace_id != trace_id {
+                continue;
+            }
+            if scan {
+                node[i] = !spans[..i]
+                    .iter()
+                    .zip(node.iter())
+                    .any(|(o, &is_node)| is_node && o.span_id == s.span_id);
+            } else if let std::collections::hash_map::Entry::Vacant(v) = index.entry(s.span_id) {
                 v.insert(i);
                 node[i] = true;
             }
         }
+        let node = &*node;
+        let index = &*index;
+        let find = |id: SpanId| -> Option<usize> {
+            if scan {
+                spans
+                    .iter()
+                    .zip(node.iter())
+                    .position(|(s, &is_node)| is_node && s.span_id == id)
+            } else {
+                index.get(&id).copied()
+            }
+        };
         // The parent of each node (never the analysed span itself: it is the top, so a parent
         // cycle through it cannot be walked into); `usize::MAX` for none.
-        let mut parent = vec![usize::MAX; spans.len()];
-        let mut offsets = vec![0usize; spans.len() + 1];
+        let parent = &mut scratch.parent;
+        parent.clear();
+        parent.resize(n, usize::MAX);
+        let mut offsets = std::mem::take(&mut scratch.offsets);
+        offsets.clear();
+        offsets.resize(n + 1, 0);
         for (i, s) in spans.iter().enumerate() {
             if i == root || !node[i] {
                 continue;
             }
-            let Some(&p) = s.parent_span_id.and_then(|id| index.get(&id)) else {
+            let Some(p) = s.parent_span_id.and_then(find) else {
                 continue;
             };
             let blocking = !(s.kind == SpanKind::Consumer && spans[p].kind == SpanKind::Producer);
@@ -221,11 +303,15 @@ impl Tree {
                 offsets[p + 1] += 1;
             }
         }
-        for i in 0..spans.len() {
+        for i in 0..n {
             offsets[i + 1] += offsets[i];
         }
-        let mut fill = offsets.clone();
-        let mut children = vec![0usize; offsets[spans.len()]];
+        let fill = &mut scratch.fill;
+        fill.clear();
+        fill.extend_from_slice(&offsets);
+        let mut children = std::mem::take(&mut scratch.children);
+        children.clear();
+        children.resize(offsets[n], 0);
         for (i, &p) in parent.iter().enumerate() {
             if p != usize::MAX {
                 children[fill[p]] = i;
@@ -279,13 +365,22 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(spans: &'a [Span], tree: &'a Tree, opts: &CriticalPathOptions) -> Self {
+    fn new(
+        spans: &'a [Span],
+        tree: &'a Tree,
+        opts: &CriticalPathOptions,
+        scratch: &mut Scratch,
+    ) -> Self {
+        let mut pool = std::mem::take(&mut scratch.pool);
+        pool.clear();
+        let mut stack = std::mem::take(&mut scratch.stack);
+        stack.clear();
         Self {
             spans,
             tree,
             opts: *opts,
-            pool: Vec::new(),
-            stack: Vec::new(),
+            pool,
+            stack,
             segments: Vec::new(),
             adjustments: Vec::new(),
         }

@@ -25,13 +25,21 @@ use crate::trace::Span;
 /// The record of an infertrace request span.
 pub fn extract(span: &Span, trace: &TraceView<'_>) -> RequestRecord {
     let mut r = base_record(span, Dialect::Infertrace, trace);
-    let child = |p: Phase| trace.children(span).find(|c| Phase::of(c) == Some(p));
-    let (queue_span, prefill_span, decode_span, inference_span) = (
-        child(Phase::Queue),
-        child(Phase::Prefill),
-        child(Phase::Decode),
-        child(Phase::Inference),
-    );
+    // The first child of each phase, in one pass over the children.
+    let (mut queue_span, mut prefill_span, mut decode_span, mut inference_span) =
+        (None, None, None, None);
+    for c in trace.children(span) {
+        let slot = match Phase::of(c) {
+            Some(Phase::Queue) => &mut queue_span,
+            Some(Phase::Prefill) => &mut prefill_span,
+            Some(Phase::Decode) => &mut decode_span,
+            Some(Phase::Inference) => &mut inference_span,
+            None => continue,
+        };
+        if slot.is_none() {
+            *slot = Some(c);
+        }
+    }
     let derived_mode = span
         .attr_str(sc::infer::PHASE_SOURCE)
         .or_else(|| prefill_span.and_then(|p| p.attr_str(sc::infer::PHASE_SOURCE)))

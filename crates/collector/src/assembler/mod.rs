@@ -45,6 +45,39 @@ use completed::CompletedIds;
 /// Memory held for buffered spans (a limiter reservation): released when the last clone drops.
 pub type MemoryHold = Arc<dyn Any + Send + Sync>;
 
+/// The reservations a trace holds: nearly always one (its spans came in one batch), kept
+/// inline so a trace costs no allocation for it.
+#[derive(Debug, Default)]
+pub struct Holds {
+    first: Option<MemoryHold>,
+    more: Vec<MemoryHold>,
+}
+
+impl Holds {
+    /// Keeps `hold` unless it is the one added last.
+    fn add(&mut self, hold: &MemoryHold) {
+        let last = self.more.last().or(self.first.as_ref());
+        if last.is_some_and(|l| Arc::ptr_eq(l, hold)) {
+            return;
+        }
+        if self.first.is_none() {
+            self.first = Some(hold.clone());
+        } else {
+            self.more.push(hold.clone());
+        }
+    }
+
+    /// Reservations held.
+    pub fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.more.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
 /// Most late spans kept between two polls; more are dropped (`late_span_buffer_full`).
 const MAX_LATE_BUFFER: usize = 65_536;
 
@@ -100,7 +133,7 @@ pub struct CompletedTrace {
     /// Whether a request span was seen.
     pub has_request: bool,
     /// Memory held for the spans; dropping it (with the spans) releases the reservation.
-    pub holds: Vec<MemoryHold>,
+    pub holds: Holds,
 }
 
 /// What [`TraceAssembler::poll`] hands back.
@@ -118,7 +151,7 @@ struct PendingTrace {
     first_seen: Instant,
     last_seen: Instant,
     request_at: Option<Instant>,
-    holds: Vec<MemoryHold>,
+    holds: Holds,
 }
 
 /// Groups spans into traces and closes them by the rules in the module docs.
@@ -197,7 +230,8 @@ impl TraceAssembler {
             let trace = match self.traces.get_mut(&id) {
                 Some(t) => t,
                 None => {
-                    if let Some(had_request) = self.completed.get(&id)
+                    let completed = self.completed.get(&id);
+                    if let Some(had_request) = completed
                         && (had_request || !is_request)
                     {
                         late += 1;
@@ -212,7 +246,9 @@ impl TraceAssembler {
                         over_traces += 1;
                         continue;
                     }
-                    self.completed.remove(&id);
+                    if completed.is_some() {
+                        self.completed.remove(&id);
+                    }
                     self.by_age.push_back((id, now));
                     self.traces.entry(id).or_insert(PendingTrace {
                         // An inference trace is typically a request span and three phases.
@@ -220,7 +256,7 @@ impl TraceAssembler {
                         first_seen: now,
                         last_seen: now,
                         request_at: None,
-                        holds: Vec::new(),
+                        holds: Holds::default(),
                     })
                 }
             };
@@ -234,10 +270,8 @@ impl TraceAssembler {
                     trace.request_at = Some(now);
                     self.by_grace.push_back((id, now));
                 }
-                if let Some(h) = &hold
-                    && !trace.holds.last().is_some_and(|l| Arc::ptr_eq(l, h))
-                {
-                    trace.holds.push(h.clone());
+                if let Some(h) = &hold {
+                    trace.holds.add(h);
                 }
                 trace.spans.push(span);
             };

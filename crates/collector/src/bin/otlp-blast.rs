@@ -4,11 +4,13 @@
 //! infer / HTTP attributes, and queue, prefill and decode child spans with a few each; ~276 bytes
 //! per span on the wire), then sends them at full speed over N concurrent connections for D
 //! seconds, one request in flight per connection (as an OTLP exporter does), over gRPC or
-//! HTTP/protobuf, and prints the accepted spans per second.
+//! HTTP/protobuf, and prints the accepted spans per second. `--rate N` paces the sends to N
+//! spans per second in all instead (open loop: a send that falls behind is not made up by a
+//! burst), to measure the cost per span at a load the receiver sustains.
 //!
 //! ```text
 //! otlp-blast [--protocol grpc|http] [--addr HOST:PORT] [--connections 16] [--duration 10]
-//!            [--batch 1000] [--decode-only]
+//!            [--batch 1000] [--rate SPANS_PER_SEC] [--decode-only]
 //! ```
 //!
 //! `--decode-only` sends nothing: it times decoding the generated requests in this process, with
@@ -53,6 +55,8 @@ struct Args {
     connections: usize,
     duration: Duration,
     batch: usize,
+    /// Spans per second over all connections; `None`: full speed.
+    rate: Option<f64>,
     decode_only: bool,
 }
 
@@ -63,6 +67,7 @@ fn parse_args() -> Result<Args, String> {
     let mut duration = 10.0f64;
     let mut batch = 1000usize;
     let mut decode_only = false;
+    let mut rate: Option<f64> = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -92,11 +97,21 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|e| format!("--duration: {e} (seconds)"))?
             }
             "--batch" => batch = value()?.parse().map_err(|e| format!("--batch: {e}"))?,
+            "--rate" => {
+                let r: f64 = value()?
+                    .parse()
+                    .map_err(|e| format!("--rate: {e} (spans per second)"))?;
+                if !(r.is_finite() && r > 0.0) {
+                    return Err("--rate must be > 0".into());
+                }
+                rate = Some(r);
+            }
             "--decode-only" => decode_only = true,
             "-h" | "--help" => {
                 return Err(
                     "usage: otlp-blast [--protocol grpc|http] [--addr HOST:PORT] \
-                            [--connections 16] [--duration 10] [--batch 1000] [--decode-only]"
+                            [--connections 16] [--duration 10] [--batch 1000] \
+                            [--rate SPANS_PER_SEC] [--decode-only]"
                         .into(),
                 );
             }
@@ -117,6 +132,7 @@ fn parse_args() -> Result<Args, String> {
         connections,
         duration: Duration::from_secs_f64(duration),
         batch,
+        rate,
         decode_only,
     })
 }
@@ -335,8 +351,21 @@ async fn blast_connection(
     bodies: Arc<Vec<Body>>,
     offset: usize,
     deadline: Instant,
+    pace: Option<Duration>,
     errors: Arc<AtomicU64>,
 ) -> Result<u64, String> {
+    let mut next = Instant::now();
+    let mut wait = async move || {
+        if let Some(p) = pace {
+            next += p;
+            let now = Instant::now();
+            if next > now {
+                tokio::time::sleep(next - now).await;
+            } else {
+                next = now; // behind: no burst to catch up
+            }
+        }
+    };
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
@@ -354,6 +383,7 @@ async fn blast_connection(
             tokio::spawn(conn);
             let mut i = offset;
             while Instant::now() < deadline {
+                wait().await;
                 let req = Request::post(format!("http://{addr}{EXPORT_PATH}"))
                     .header("content-type", "application/grpc")
                     .header("te", "trailers")
@@ -382,6 +412,7 @@ async fn blast_connection(
             tokio::spawn(conn);
             let mut i = offset;
             while Instant::now() < deadline {
+                wait().await;
                 let req = Request::post("/v1/traces")
                     .header("host", addr.to_string())
                     .header("content-type", "application/x-protobuf")
@@ -502,6 +533,9 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let errors = Arc::new(AtomicU64::new(0));
+    let pace = args.rate.map(|r| {
+        Duration::from_secs_f64(args.connections as f64 * spans_per_request as f64 / r)
+    });
     let started = Instant::now();
     let deadline = started + args.duration;
     let workers: Vec<_> = (0..args.connections)
@@ -512,6 +546,7 @@ async fn main() -> ExitCode {
                 bodies.clone(),
                 c * 7,
                 deadline,
+                pace,
                 errors.clone(),
             ))
         })

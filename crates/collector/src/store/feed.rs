@@ -4,8 +4,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use std::hash::BuildHasher;
+
+use foldhash::fast::RandomState;
 use foldhash::{HashMap, HashMapExt};
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,7 +85,7 @@ impl StoreFeed {
             handover_nanos: u64::try_from(handover.as_nanos()).unwrap_or(u64::MAX),
             minute: None,
             last_handover: 0,
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             index: HashMap::new(),
             series: Vec::new(),
             overflow: None,
