@@ -6,8 +6,8 @@
 //! smaller footprint per buffered span, and a clone is a reference-count increment.
 
 use std::borrow::Borrow;
-use std::collections::HashSet;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -113,36 +113,55 @@ pub const MAX_INTERNED: usize = 4096;
 /// Hands out one shared [`Text`] per distinct short string. Bounded: past [`MAX_INTERNED`]
 /// entries it forgets everything and starts over, so a stream of unique values costs what
 /// copying them would, never unbounded memory.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Interner {
-    set: HashSet<Text, foldhash::fast::RandomState>,
+    table: hashbrown::HashTable<Text>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl std::fmt::Debug for Interner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interner")
+            .field("len", &self.table.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Interner {
     /// The shared [`Text`] for `s`.
     pub fn intern(&mut self, s: &str) -> Text {
-        if s.len() > MAX_INTERNED_LEN {
-            return Text::from(s);
+        self.intern_utf8(s.as_bytes())
+            .unwrap_or_else(|_| Text::from(s))
+    }
+
+    /// The shared [`Text`] for UTF-8 `bytes` (as decoders read them off the wire), or the
+    /// UTF-8 error. Bytes already held were validated when they were first seen, so a hit
+    /// skips validation.
+    pub fn intern_utf8(&mut self, bytes: &[u8]) -> Result<Text, std::str::Utf8Error> {
+        if bytes.len() > MAX_INTERNED_LEN {
+            return std::str::from_utf8(bytes).map(Text::from);
         }
-        if let Some(t) = self.set.get(s) {
-            return t.clone();
+        let Self { table, hasher } = self;
+        let hash = hasher.hash_one(bytes);
+        if let Some(t) = table.find(hash, |t| t.as_bytes() == bytes) {
+            return Ok(t.clone());
         }
-        if self.set.len() >= MAX_INTERNED {
-            self.set.clear();
+        let t = Text::from(std::str::from_utf8(bytes)?);
+        if table.len() >= MAX_INTERNED {
+            table.clear();
         }
-        let t = Text::from(s);
-        self.set.insert(t.clone());
-        t
+        table.insert_unique(hash, t.clone(), |t| hasher.hash_one(t.as_bytes()));
+        Ok(t)
     }
 
     /// Distinct strings held.
     pub fn len(&self) -> usize {
-        self.set.len()
+        self.table.len()
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.set.is_empty()
+        self.table.is_empty()
     }
 }
 
@@ -176,5 +195,11 @@ mod tests {
         }
         assert!(i.len() <= MAX_INTERNED);
         assert_eq!(i.intern("llama"), "llama");
+        assert!(i.intern_utf8(b"\xff\xfe").is_err());
+        assert!(i.intern_utf8(&[0xff; MAX_INTERNED_LEN + 1]).is_err());
+        assert_eq!(
+            i.intern_utf8("décode".as_bytes()).ok().as_deref(),
+            Some("décode")
+        );
     }
 }

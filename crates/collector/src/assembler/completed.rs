@@ -143,7 +143,11 @@ mod tests {
         c.rotate(t0 + Duration::from_secs(31));
         c.insert(&id(2), true, t0 + Duration::from_secs(31));
         assert_eq!(c.get(&id(2)), Some(true), "the newest completion wins");
-        assert_eq!(c.len(), 2, "the older entry stays in the previous generation");
+        assert_eq!(
+            c.len(),
+            2,
+            "the older entry stays in the previous generation"
+        );
         c.remove(&id(2));
         assert_eq!(c.get(&id(2)), None);
         assert_eq!(c.get(&id(3)), None);

@@ -533,9 +533,9 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let errors = Arc::new(AtomicU64::new(0));
-    let pace = args.rate.map(|r| {
-        Duration::from_secs_f64(args.connections as f64 * spans_per_request as f64 / r)
-    });
+    let pace = args
+        .rate
+        .map(|r| Duration::from_secs_f64(args.connections as f64 * spans_per_request as f64 / r));
     let started = Instant::now();
     let deadline = started + args.duration;
     let workers: Vec<_> = (0..args.connections)

@@ -58,12 +58,21 @@ fn with_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
     })
 }
 
-/// A string attribute value: interned unless its key holds a per-request unique value.
-fn intern_value(key: &'static str, value: &str, interner: &mut Interner) -> Text {
+/// A string attribute value, validated as UTF-8: interned unless its key holds a per-request
+/// unique value.
+fn intern_value(
+    key: &'static str,
+    value: &[u8],
+    interner: &mut Interner,
+) -> Result<Text, DecodeError> {
     if key == sc::gen_ai::REQUEST_ID {
-        Text::from(value)
+        std::str::from_utf8(value)
+            .map(Text::from)
+            .map_err(|_| DecodeError::InvalidUtf8)
     } else {
-        interner.intern(value)
+        interner
+            .intern_utf8(value)
+            .map_err(|_| DecodeError::InvalidUtf8)
     }
 }
 

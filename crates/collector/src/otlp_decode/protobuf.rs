@@ -185,7 +185,10 @@ impl<'a> RequestDecoder<'a, '_> {
                 _ => r.skip(field, wire)?,
             }
         }
-        let name = utf8(name)?;
+        let name = self
+            .interner
+            .intern_utf8(name)
+            .map_err(|_| DecodeError::InvalidUtf8)?;
         let ids = match validate_span(trace_id, span_id, parent, start, end) {
             Ok(ids) => ids,
             Err(why) => {
@@ -197,7 +200,7 @@ impl<'a> RequestDecoder<'a, '_> {
             trace_id: ids.trace_id,
             span_id: ids.span_id,
             parent_span_id: ids.parent_span_id,
-            name: self.interner.intern(name),
+            name,
             service: service.clone(),
             kind: SpanKind::from_otlp(kind),
             start_unix_nano: start,
@@ -262,14 +265,18 @@ fn key_value(
         state
     };
     let value = match state {
-        AnyValueState::Str(s) => AttrValue::Str(intern_value(key, utf8(s)?, interner)),
+        AnyValueState::Str(s) => AttrValue::Str(intern_value(key, s, interner)?),
         AnyValueState::Bool(b) => AttrValue::Bool(b),
         AnyValueState::Int(i) => AttrValue::Int(i),
         AnyValueState::Double(d) => AttrValue::Double(d),
         AnyValueState::Array(Some(items)) => AttrValue::StrArray(
             items
                 .into_iter()
-                .map(|s| utf8(s).map(|s| interner.intern(s)))
+                .map(|s| {
+                    interner
+                        .intern_utf8(s)
+                        .map_err(|_| DecodeError::InvalidUtf8)
+                })
                 .collect::<Result<_, _>>()?,
         ),
         AnyValueState::Array(None) | AnyValueState::Other | AnyValueState::Empty => {

@@ -88,7 +88,7 @@ fn service_name(attributes: &[KeyValue]) -> Option<&str> {
 /// The kept form of a value, `None` for kinds infertrace drops.
 fn attr_value(key: &'static str, value: &AnyValue, interner: &mut Interner) -> Option<AttrValue> {
     Some(match value.value.as_ref()? {
-        Value::StringValue(s) => AttrValue::Str(intern_value(key, s, interner)),
+        Value::StringValue(s) => AttrValue::Str(intern_value(key, s.as_bytes(), interner).ok()?),
         Value::BoolValue(b) => AttrValue::Bool(*b),
         Value::IntValue(i) => AttrValue::Int(*i),
         Value::DoubleValue(d) => AttrValue::Double(*d),
