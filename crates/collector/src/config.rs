@@ -118,7 +118,9 @@ pub struct ApiConfig {
     /// `IP:port` of `/metrics`, `/health` and `/api/...`. Default `127.0.0.1:9464`.
     pub listen: SocketAddr,
     /// How many recently completed traces `/api/traces/{trace_id}` can return (a ring: the
-    /// oldest is forgotten first). Default 1000.
+    /// oldest is forgotten first). Also the admission rate: at most this many traces per second
+    /// enter the ring (and as many again with a failed request); beyond, traces are analysed
+    /// but not kept. Default 1000.
     pub recent_traces: usize,
     /// Most spans those traces may hold in all (the oldest trace is forgotten first).
     /// Default 100000.

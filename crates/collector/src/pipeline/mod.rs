@@ -287,7 +287,12 @@ impl Pipeline {
                 ..
             } = trace;
             let records = dialect::extract_requests(&spans);
-            let mut requests = Vec::with_capacity(records.len());
+            let failed = records
+                .iter()
+                .any(|r| r.outcome != infertrace_analysis::record::Outcome::Ok);
+            let keep = a.recent.admit(now_unix_nano, failed);
+            let mut requests = Vec::with_capacity(if keep { records.len() } else { 0 });
+            stats.requests += records.len();
             for record in records {
                 if !a.kpis.record(&record, now_unix_nano) {
                     overflowed += 1;
@@ -302,21 +307,24 @@ impl Pipeline {
                 if let Some(f) = &mut a.store {
                     f.record(&record, path.as_ref(), now_unix_nano);
                 }
-                requests.push(StoredRequest {
-                    record,
-                    critical_path: path,
-                });
+                if keep {
+                    requests.push(StoredRequest {
+                        record,
+                        critical_path: path,
+                    });
+                }
             }
-            stats.requests += requests.len();
             // The spans leave the limiter's accounting here: the ring is bounded by its own
             // configuration (`api.recent_traces`, `api.recent_trace_spans`).
             drop(holds);
-            a.recent.insert(StoredTrace {
-                trace_id,
-                requests,
-                spans,
-                late_spans: 0,
-            });
+            if keep {
+                a.recent.insert(StoredTrace {
+                    trace_id,
+                    requests,
+                    spans,
+                    late_spans: 0,
+                });
+            }
         }
         if !late.is_empty() {
             stats.late_merged = a.recent.merge_late(late, &self.cp_options);

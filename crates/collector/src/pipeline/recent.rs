@@ -4,6 +4,13 @@
 //! Bounded two ways: at most `max_traces` traces and at most `max_spans` spans in all; the
 //! oldest trace is forgotten first when either bound is passed. Late spans are merged into a
 //! stored trace (and its critical paths recomputed) as long as it is still in the ring.
+//!
+//! **Admission.** Up to `max_traces` completed traces per second (a burst of as many) enter the
+//! ring, and as many again of those with a failed, cancelled or rejected request; past either
+//! rate the rest are analysed as usual but not kept. At a few hundred requests per second every
+//! trace is kept; at 150,000 a plain ring of 1,000 would have held the last 7 ms and churned a
+//! trace in and a cold one out for every request (about a tenth of the collector's CPU at full
+//! rate), where the sampled ring covers the last second or more and keeps failures first.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -34,9 +41,44 @@ pub struct StoredTrace {
     pub late_spans: u64,
 }
 
+/// A token bucket refilled at `rate` per second up to `rate` tokens.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    last_unix_nano: Option<u64>,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Self {
+        Self {
+            tokens: rate,
+            last_unix_nano: None,
+        }
+    }
+
+    fn take(&mut self, now_unix_nano: u64, rate: f64) -> bool {
+        if let Some(last) = self.last_unix_nano {
+            let secs = now_unix_nano.saturating_sub(last) as f64 / 1e9;
+            self.tokens = (self.tokens + secs * rate).min(rate);
+        }
+        self.last_unix_nano = Some(
+            self.last_unix_nano
+                .map_or(now_unix_nano, |l| l.max(now_unix_nano)),
+        );
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// The ring. Not thread-safe by itself: the pipeline keeps it behind its analysis lock.
 #[derive(Debug)]
 pub struct RecentTraces {
+    all: Bucket,
+    failed: Bucket,
     max_traces: usize,
     max_spans: usize,
     spans: usize,
@@ -47,7 +89,10 @@ pub struct RecentTraces {
 impl RecentTraces {
     /// A ring of at most `max_traces` traces and `max_spans` spans.
     pub fn new(max_traces: usize, max_spans: usize) -> Self {
+        let rate = max_traces.max(1) as f64;
         Self {
+            all: Bucket::new(rate),
+            failed: Bucket::new(rate),
             max_traces: max_traces.max(1),
             max_spans: max_spans.max(1),
             spans: 0,
@@ -64,6 +109,13 @@ impl RecentTraces {
     /// Whether the ring is empty.
     pub fn is_empty(&self) -> bool {
         self.traces.is_empty()
+    }
+
+    /// Whether a trace completed at `now_unix_nano` is kept (see the module docs); `failed`:
+    /// it has a request that did not end `ok`.
+    pub fn admit(&mut self, now_unix_nano: u64, failed: bool) -> bool {
+        let rate = self.max_traces as f64;
+        (failed && self.failed.take(now_unix_nano, rate)) || self.all.take(now_unix_nano, rate)
     }
 
     /// Stores a trace (merging with a stored trace of the same id, e.g. one re-opened by a late
@@ -181,6 +233,30 @@ mod tests {
         assert!(r.get(&TraceId([5; 16])).is_some());
         let order: Vec<u8> = r.iter().map(|t| t.trace_id.0[0]).collect();
         assert_eq!(order.last(), Some(&5), "oldest first: {order:?}");
+    }
+
+    #[test]
+    fn admission_keeps_everything_at_low_rates_and_samples_at_high_ones() {
+        const SEC: u64 = 1_000_000_000;
+        let mut r = RecentTraces::new(100, 100_000);
+        let t0 = 1_000 * SEC;
+        // 50 traces a second for 10 s: all kept.
+        let kept = (0..500u64)
+            .filter(|i| r.admit(t0 + i * SEC / 50, false))
+            .count();
+        assert_eq!(kept, 500);
+        // 10,000 a second for 2 s: the burst, then 100 a second.
+        let t1 = t0 + 20 * SEC;
+        let kept = (0..20_000u64)
+            .filter(|i| r.admit(t1 + i * SEC / 10_000, false))
+            .count();
+        assert!((290..=310).contains(&kept), "{kept}");
+        // Failures have their own allowance on top.
+        let t2 = t1 + 2 * SEC;
+        let failed = (0..1_000u64)
+            .filter(|i| r.admit(t2 + i * SEC / 10_000, true))
+            .count();
+        assert!(failed >= 100, "{failed}");
     }
 
     #[test]
