@@ -19,6 +19,10 @@
 //! - `chunks/*`: a streamed (`text/event-stream`) body of 1 and 1025 chunks, bare and traced;
 //!   the per-chunk cost is the slope difference;
 //! - `sdk/span_1_attr`: the floor, one SDK span with one attribute into the same processor;
+//! - `floor/infertrace_no_handoff`: the `infertrace_fast` layer with a span processor that
+//!   drops each finished span on the request thread (no batch queue, nothing exported): what
+//!   the layer costs without the hand-off to the batch processor and the frees on its thread —
+//!   a diagnostic, not a way to run the layer;
 //! - `recorder/tokens_1`: one `RequestRecorder::tokens(1)` call (the engine's per-token cost).
 //!
 //! Criterion measures the CPU time of the request's thread (`CLOCK_THREAD_CPUTIME_ID`), so time
@@ -47,9 +51,29 @@ use infertrace_tower::{InferenceTraceLayer, RequestRecorder, SharedSpanProcessor
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
 use tower::{Layer, Service};
 use tracing_subscriber::layer::SubscriberExt as _;
+
+/// A span processor that drops every span where it ends (`floor/infertrace_no_handoff`).
+#[derive(Debug)]
+struct DropInPlace;
+
+impl SpanProcessor for DropInPlace {
+    fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        black_box(&span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
 
 /// Spans the no-op exporter received (to check the batch processor kept up).
 static EXPORTED: AtomicU64 = AtomicU64::new(0);
@@ -387,6 +411,21 @@ fn benches(c: &mut Criterion) {
         );
     }
 
+    // The layer without the hand-off: its spans are built, then dropped on the request thread.
+    let no_handoff = InferenceTraceLayer::new()
+        .with_span_processor(SharedSpanProcessor::new(
+            DropInPlace,
+            &opentelemetry_sdk::Resource::builder().build(),
+        ))
+        .default_model("llama-3.1-8b");
+    bench_service(
+        c,
+        "floor",
+        "infertrace_no_handoff",
+        no_handoff.layer(engine),
+        0,
+    );
+
     // The floor: one SDK span with one attribute, started and ended, into the same processor.
     let tracer = tracer_provider.tracer("floor");
     let key = "sdk/span_1_attr".to_owned();
@@ -502,6 +541,13 @@ fn summary() {
         println!(
             "\nSDK floor (thread CPU): one span with one attribute {floor:.0} ns (4 spans ≈ {:.0} ns)",
             4.0 * floor
+        );
+    }
+    if samples.contains_key("floor/infertrace_no_handoff") {
+        let v = m("floor/infertrace_no_handoff", 0);
+        println!(
+            "layer without the hand-off (spans dropped on the request thread, thread CPU): {v:.0} ns ({:+.0} over bare)",
+            v - m("request/bare", 0)
         );
     }
     if samples.contains_key("chunks/infertrace_1025") {

@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceState,
 };
-use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
@@ -113,13 +113,11 @@ impl SpanProcessor for SharedSpanProcessor {
     fn set_resource(&mut self, _resource: &Resource) {}
 }
 
-/// Where and how the layer exports directly: the processor, the sampler for request spans, and
-/// the instrumentation scope every span carries.
+/// Where and how the layer exports directly: the processor and the sampler for request spans.
 #[derive(Clone, Debug)]
 pub(crate) struct DirectExport {
     processor: SharedSpanProcessor,
     sampler: Box<dyn ShouldSample>,
-    scope: InstrumentationScope,
     ids: RandomIdGenerator,
 }
 
@@ -128,7 +126,6 @@ impl DirectExport {
         Self {
             processor,
             sampler,
-            scope: crate::layer::scope(),
             ids: RandomIdGenerator::default(),
         }
     }
@@ -225,7 +222,8 @@ impl DirectExport {
             events: SpanEvents::default(),
             links: SpanLinks::default(),
             status: Status::Unset,
-            instrumentation_scope: self.scope.clone(),
+            // Built from constants: cheaper than cloning a stored scope.
+            instrumentation_scope: crate::layer::scope(),
         });
     }
 
@@ -251,7 +249,8 @@ impl DirectExport {
             events: SpanEvents::default(),
             links: SpanLinks::default(),
             status: std::mem::take(&mut span.status),
-            instrumentation_scope: self.scope.clone(),
+            // Built from constants: cheaper than cloning a stored scope.
+            instrumentation_scope: crate::layer::scope(),
         });
     }
 }
@@ -283,6 +282,11 @@ impl DirectSpan {
         if self.is_recording() {
             self.attributes.push(attribute);
         }
+    }
+
+    /// The attribute list, while the span is recording.
+    pub(crate) fn attributes_mut(&mut self) -> Option<&mut Vec<KeyValue>> {
+        self.is_recording().then_some(&mut self.attributes)
     }
 
     /// As the SDK does: `Ok` is final, `Error` replaces `Unset`, `Unset` never replaces.

@@ -1,5 +1,6 @@
 //! Allocation-free attribute values and span names for the strings that repeat from request to
-//! request (path, route, user agent, host, RPC service and method, `"{operation} {model}"`).
+//! request (path, route, user agent, host, RPC service and method, the recorder's finish reason,
+//! models and error kind, `"{operation} {model}"`).
 //!
 //! Spans are freed on the batch processor's thread, so every per-request `String` is a
 //! cross-thread malloc/free pair: measurable next to the ~1 µs a request's spans cost. Instead:
@@ -7,7 +8,8 @@
 //! - [`shared`] keeps, per thread, the last few values seen for each kind of string as
 //!   `Arc<str>`; a repeat costs a comparison and a reference-count increment. Strings longer than
 //!   [`MAX_CACHED_LEN`] are not cached (plain allocation), so a thread holds at most
-//!   `6 kinds × 4 values × 256 bytes`.
+//!   `9 kinds × 4 values × 256 bytes`. The cache keeps a reference, so the span's copy is not
+//!   the last one: the batch processor's thread, which drops the span, does not free the string.
 //! - [`span_name`] interns `"{operation} {model}"` as `&'static str` (span names must be
 //!   `Cow<'static, str>`), at most [`MAX_NAMES`] distinct names per process; beyond that, names
 //!   are allocated per request as usual. The interned names are leaked on purpose: they live as
@@ -28,9 +30,12 @@ pub(crate) enum Kind {
     Host = 3,
     RpcService = 4,
     RpcMethod = 5,
+    FinishReason = 6,
+    Model = 7,
+    Error = 8,
 }
 
-const KINDS: usize = 6;
+const KINDS: usize = 9;
 const WAYS: usize = 4;
 /// Longer strings are not cached.
 pub(crate) const MAX_CACHED_LEN: usize = 256;
@@ -49,21 +54,26 @@ static INTERNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
 /// `s` as a shared attribute value, reusing this thread's copy when `s` was seen recently.
 pub(crate) fn shared(kind: Kind, s: &str) -> StringValue {
+    StringValue::from(shared_str(kind, s))
+}
+
+/// `s` as a shared string, reusing this thread's copy when `s` was seen recently.
+pub(crate) fn shared_str(kind: Kind, s: &str) -> Arc<str> {
     if s.len() > MAX_CACHED_LEN {
-        return StringValue::from(s.to_owned());
+        return Arc::from(s);
     }
     VALUES.with(|cell| {
         let Ok(mut all) = cell.try_borrow_mut() else {
-            return StringValue::from(s.to_owned());
+            return Arc::from(s);
         };
         let ways = &mut all[kind as usize];
         if let Some(hit) = ways.iter().flatten().find(|v| &***v == s) {
-            return StringValue::from(Arc::clone(hit));
+            return Arc::clone(hit);
         }
         let value: Arc<str> = Arc::from(s);
         ways.rotate_right(1);
         ways[0] = Some(Arc::clone(&value));
-        StringValue::from(value)
+        value
     })
 }
 

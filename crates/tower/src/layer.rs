@@ -154,6 +154,7 @@ impl Default for InferenceTraceLayer {
 }
 
 /// The instrumentation scope of every span and metric the layer emits.
+#[inline]
 pub(crate) fn scope() -> InstrumentationScope {
     InstrumentationScope::builder("infertrace-tower")
         .with_version(env!("CARGO_PKG_VERSION"))

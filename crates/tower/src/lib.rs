@@ -137,6 +137,7 @@
 mod admission;
 mod body;
 mod direct;
+mod end_attributes;
 mod extract;
 mod gaps;
 mod grpc;

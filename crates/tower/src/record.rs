@@ -12,11 +12,12 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{HeaderMap, Request, Response, header};
 use infertrace_gpu::RequestEnergy;
 use opentelemetry::trace::{Status, TraceContextExt};
-use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
+use opentelemetry::{Context, KeyValue, StringValue};
 use tokio::sync::OwnedSemaphorePermit;
 
-use infertrace_semconv::{gen_ai, infer, latency, net, span as span_names};
+use infertrace_semconv::{gen_ai, infer, net, span as span_names};
 
+use crate::end_attributes::{EndAttributes, StatusCode};
 use crate::gaps::GapHistogram;
 use crate::grpc::{self, MessageCounter};
 use crate::layer::Shared;
@@ -310,17 +311,11 @@ impl RequestRecord {
         let response_model = strings.model.map(|m| StringValue::from(Arc::clone(m)));
         let model_for_name = request_model.clone().or_else(|| response_model.clone());
 
-        let ttfc = first_chunk.map(secs);
-        let gap_stats = match &self.gaps {
-            Some(g) => {
-                let s = |v: Option<u64>| v.map(|t| secs(ticks.duration(t)));
-                Some((s(g.quantile(0.50)), s(g.quantile(0.99)), s(g.max())))
-            }
-            _ => None,
-        };
+        let gaps = self.gaps.as_ref().map(|g| {
+            let s = |v: Option<u64>| v.map(|t| secs(ticks.duration(t)));
+            (s(g.quantile(0.50)), s(g.quantile(0.99)), s(g.max()))
+        });
         if self.span.is_recording() {
-            // Straight into the span's own attribute list (sized at start): no extra Vec.
-            let span = &mut self.span;
             // The request model may only be known now (recorder), which also renames the span.
             let model_changed = match (&self.facts.request_model, &model_for_name) {
                 (Some(old), Some(new)) => old.as_str() != new.as_str(),
@@ -328,78 +323,55 @@ impl RequestRecord {
                 _ => false,
             };
             if model_changed && let Some(m) = &model_for_name {
-                span.update_name(crate::interning::span_name(
+                self.span.update_name(crate::interning::span_name(
                     &self.facts.operation,
                     m.as_str(),
                 ));
-                span.set_attribute(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
+                self.span
+                    .set_attribute(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
             }
-            if let Some(m) = response_model {
-                span.set_attribute(KeyValue::new(gen_ai::RESPONSE_MODEL, m));
-            }
-            if let Some(n) = marks.max_tokens {
-                span.set_attribute(KeyValue::new(gen_ai::REQUEST_MAX_TOKENS, n as i64));
-            }
-            span.set_attribute(KeyValue::new(gen_ai::REQUEST_STREAM, streamed));
-            if let Some(id) = strings.response_id {
-                span.set_attribute(KeyValue::new(gen_ai::RESPONSE_ID, Arc::clone(id)));
-            }
-            if let Some(reason) = strings.finish_reason {
-                span.set_attribute(KeyValue::new(
-                    gen_ai::RESPONSE_FINISH_REASONS,
-                    Value::Array(Array::String(vec![StringValue::from(Arc::clone(reason))])),
-                ));
-            }
-            if let Some(n) = marks.input_tokens {
-                span.set_attribute(KeyValue::new(gen_ai::USAGE_INPUT_TOKENS, n as i64));
-            }
-            if let Some(n) = marks.output_tokens {
-                span.set_attribute(KeyValue::new(gen_ai::USAGE_OUTPUT_TOKENS, n as i64));
-            }
-            if self.facts.grpc {
-                if let Some(code) = self.grpc_status.or(self.http_status.map(|_| 0)) {
-                    span.set_attribute(KeyValue::new(net::RPC_GRPC_STATUS_CODE, i64::from(code)));
-                }
-            } else if let Some(status) = self.http_status {
-                span.set_attribute(KeyValue::new(
-                    net::HTTP_RESPONSE_STATUS_CODE,
-                    i64::from(status),
-                ));
-            }
-            let mut latency = |key: &'static str, v: Option<f64>| {
-                if let Some(v) = v {
-                    span.set_attribute(KeyValue::new(key, v));
-                }
+            let status = if self.facts.grpc {
+                self.grpc_status
+                    .or(self.http_status.map(|_| 0))
+                    .map(StatusCode::Grpc)
+            } else {
+                self.http_status.map(StatusCode::Http)
             };
-            latency(latency::TIME_IN_QUEUE, measurements.queue);
-            latency(latency::TIME_TO_FIRST_TOKEN, measurements.ttft);
-            latency(latency::TIME_IN_MODEL_PREFILL, measurements.prefill);
-            latency(latency::TIME_IN_MODEL_DECODE, measurements.decode);
-            let inference = match (measurements.prefill, measurements.decode) {
-                (Some(p), Some(d)) => Some(p + d),
-                (Some(p), None) => Some(p),
-                _ => dur(phases.inference),
+            let end = EndAttributes {
+                response_model,
+                max_tokens: marks.max_tokens,
+                streamed,
+                response_id: strings.response_id,
+                finish_reason: strings.finish_reason,
+                input_tokens: marks.input_tokens,
+                output_tokens: marks.output_tokens,
+                status,
+                queue: measurements.queue,
+                ttft: measurements.ttft,
+                prefill: measurements.prefill,
+                decode: measurements.decode,
+                inference: match (measurements.prefill, measurements.decode) {
+                    (Some(p), Some(d)) => Some(p + d),
+                    (Some(p), None) => Some(p),
+                    _ => dur(phases.inference),
+                },
+                e2e: measurements.e2e,
+                tpot,
+                time_to_first_chunk: first_chunk.map(secs),
+                gaps,
+                chunks: self.chunks,
+                outcome,
+                phase_source: phases.source.map(PhaseSource::as_str),
+                queue_depth: self.queue_depth,
+                error_type: error_type.clone(),
             };
-            latency(latency::TIME_IN_MODEL_INFERENCE, inference);
-            latency(latency::E2E, Some(measurements.e2e));
-            latency(infer::TIME_PER_OUTPUT_TOKEN, tpot);
-            latency(infer::TIME_TO_FIRST_CHUNK, ttfc);
-            if let Some((p50, p99, max)) = gap_stats {
-                latency(infer::INTER_TOKEN_LATENCY_P50, p50);
-                latency(infer::INTER_TOKEN_LATENCY_P99, p99);
-                latency(infer::INTER_TOKEN_LATENCY_MAX, max);
-            }
-            span.set_attribute(KeyValue::new(infer::STREAM_CHUNKS, self.chunks as i64));
-            span.set_attribute(KeyValue::new(infer::OUTCOME, outcome));
-            if let Some(source) = phases.source {
-                span.set_attribute(KeyValue::new(infer::PHASE_SOURCE, source.as_str()));
-            }
-            if let Some(depth) = self.queue_depth {
-                span.set_attribute(KeyValue::new(infer::QUEUE_DEPTH, depth as i64));
+            // Straight into the span's own attribute list (sized at start) on the direct path.
+            match self.span.attributes_mut() {
+                Some(attributes) => end.write(&mut |kv| attributes.push(kv)),
+                None => end.write(&mut |kv| self.span.set_attribute(kv)),
             }
             if let Some(kind) = &error_type {
-                span.set_attribute(KeyValue::new(net::ERROR_TYPE, kind.clone()));
-                span.set_status(Status::error(kind.clone()));
+                self.span.set_status(Status::error(kind.clone()));
             }
             if self.span.span_context().is_sampled() {
                 let tracer = &self.shared.tracer;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use infertrace_gpu::RequestEnergy;
 
+use crate::interning::{self, Kind};
 use crate::tick_clock::{self, TickSpan};
 
 const UNSET: u64 = u64::MAX;
@@ -264,7 +265,10 @@ impl RequestRecorder {
             &self.inner.scheduled
         };
         if Self::mark(&self.inner.finished, now, floor) {
-            let _ = self.inner.finish_reason.set(Arc::from(reason));
+            let _ = self
+                .inner
+                .finish_reason
+                .set(interning::shared_str(Kind::FinishReason, reason));
         }
     }
 
@@ -285,14 +289,20 @@ impl RequestRecorder {
     /// If no request model is known (no `x-infertrace-model` header, no
     /// [`request_model`](Self::request_model) call, no layer default), this also names the span.
     pub fn model(&self, name: &str) {
-        let _ = self.inner.model.set(Arc::from(name));
+        let _ = self
+            .inner
+            .model
+            .set(interning::shared_str(Kind::Model, name));
     }
 
     /// The model the client asked for (`gen_ai.request.model`, part of the span name), when the
     /// handler learns it from the request body. First call wins; it overrides the layer's default
     /// model and the `x-infertrace-model` header.
     pub fn request_model(&self, name: &str) {
-        let _ = self.inner.request_model.set(Arc::from(name));
+        let _ = self
+            .inner
+            .request_model
+            .set(interning::shared_str(Kind::Model, name));
     }
 
     /// The maximum number of output tokens the client asked for (`gen_ai.request.max_tokens`).
@@ -326,7 +336,10 @@ impl RequestRecorder {
 
     /// The request failed with `kind` (becomes `error.type`). First call wins.
     pub fn error(&self, kind: &str) {
-        let _ = self.inner.error.set(Arc::from(kind));
+        let _ = self
+            .inner
+            .error
+            .set(interning::shared_str(Kind::Error, kind));
     }
 
     /// Crate-internal view of the string marks, without cloning them.
@@ -493,6 +506,25 @@ mod tests {
         r.tokens(7);
         assert_eq!(r.snapshot().output_tokens, Some(7));
         assert_eq!(r.snapshot().input_tokens, None);
+    }
+
+    #[test]
+    fn repeated_strings_share_one_copy() {
+        let (a, b) = (RequestRecorder::new(), RequestRecorder::new());
+        for r in [&a, &b] {
+            r.scheduled();
+            r.tokens(1);
+            r.model("m");
+            r.finish("stop");
+        }
+        let (sa, sb) = (a.strings(), b.strings());
+        for (x, y) in [(sa.finish_reason, sb.finish_reason), (sa.model, sb.model)] {
+            let (Some(x), Some(y)) = (x, y) else {
+                panic!("string not recorded");
+            };
+            assert!(Arc::ptr_eq(x, y), "{x} allocated twice");
+        }
+        assert_eq!(a.snapshot().finish_reason.as_deref(), Some("stop"));
     }
 
     #[test]

@@ -135,6 +135,15 @@ impl RequestSpan {
         on_span!(self, s => s.set_status(status))
     }
 
+    /// The attribute list of a recording direct span, to append to without a call per
+    /// attribute; `None` for SDK and boxed spans (use [`set_attribute`](Self::set_attribute)).
+    pub(crate) fn attributes_mut(&mut self) -> Option<&mut Vec<KeyValue>> {
+        match self {
+            RequestSpan::Direct(s) => s.attributes_mut(),
+            RequestSpan::Sdk(_) | RequestSpan::Boxed(_) => None,
+        }
+    }
+
     pub(crate) fn update_name(&mut self, name: Cow<'static, str>) {
         on_span!(self, s => s.update_name(name))
     }

@@ -1,0 +1,202 @@
+//! [`EndAttributes`]: the request span's attributes that are known only when the request ends,
+//! computed once and written in one pass.
+//!
+//! Writing goes through a generic `push`, so on the direct path the attributes go straight into
+//! the span's own vector (one `Vec::push` each) instead of one `set_attribute` call through the
+//! span enum per attribute.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use opentelemetry::{Array, KeyValue, StringValue, Value};
+
+use infertrace_semconv::{gen_ai, infer, latency, net};
+
+/// The response status attribute: HTTP status code or gRPC status code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StatusCode {
+    /// `http.response.status_code`.
+    Http(u16),
+    /// `rpc.grpc.status_code`.
+    Grpc(i32),
+}
+
+/// What the request span says about how the request ended (REFERENCE.md §1). `None` fields are
+/// not written.
+#[derive(Debug, Default)]
+pub(crate) struct EndAttributes<'a> {
+    pub(crate) response_model: Option<StringValue>,
+    pub(crate) max_tokens: Option<u64>,
+    pub(crate) streamed: bool,
+    pub(crate) response_id: Option<&'a Arc<str>>,
+    pub(crate) finish_reason: Option<&'a Arc<str>>,
+    pub(crate) input_tokens: Option<u64>,
+    pub(crate) output_tokens: Option<u64>,
+    pub(crate) status: Option<StatusCode>,
+    pub(crate) queue: Option<f64>,
+    pub(crate) ttft: Option<f64>,
+    pub(crate) prefill: Option<f64>,
+    pub(crate) decode: Option<f64>,
+    pub(crate) inference: Option<f64>,
+    pub(crate) e2e: f64,
+    pub(crate) tpot: Option<f64>,
+    pub(crate) time_to_first_chunk: Option<f64>,
+    /// Inter-token gap p50, p99 and max, when there were gaps.
+    pub(crate) gaps: Option<(Option<f64>, Option<f64>, Option<f64>)>,
+    pub(crate) chunks: u64,
+    pub(crate) outcome: &'static str,
+    pub(crate) phase_source: Option<&'static str>,
+    pub(crate) queue_depth: Option<usize>,
+    pub(crate) error_type: Option<Cow<'static, str>>,
+}
+
+impl EndAttributes<'_> {
+    /// Passes every attribute to `push`, in a fixed order.
+    #[inline]
+    pub(crate) fn write(&self, push: &mut impl FnMut(KeyValue)) {
+        if let Some(m) = &self.response_model {
+            push(KeyValue::new(gen_ai::RESPONSE_MODEL, m.clone()));
+        }
+        if let Some(n) = self.max_tokens {
+            push(KeyValue::new(gen_ai::REQUEST_MAX_TOKENS, n as i64));
+        }
+        push(KeyValue::new(gen_ai::REQUEST_STREAM, self.streamed));
+        if let Some(id) = self.response_id {
+            push(KeyValue::new(gen_ai::RESPONSE_ID, Arc::clone(id)));
+        }
+        if let Some(reason) = self.finish_reason {
+            push(KeyValue::new(
+                gen_ai::RESPONSE_FINISH_REASONS,
+                Value::Array(Array::String(vec![StringValue::from(Arc::clone(reason))])),
+            ));
+        }
+        if let Some(n) = self.input_tokens {
+            push(KeyValue::new(gen_ai::USAGE_INPUT_TOKENS, n as i64));
+        }
+        if let Some(n) = self.output_tokens {
+            push(KeyValue::new(gen_ai::USAGE_OUTPUT_TOKENS, n as i64));
+        }
+        match self.status {
+            Some(StatusCode::Grpc(code)) => {
+                push(KeyValue::new(net::RPC_GRPC_STATUS_CODE, i64::from(code)));
+            }
+            Some(StatusCode::Http(code)) => {
+                push(KeyValue::new(
+                    net::HTTP_RESPONSE_STATUS_CODE,
+                    i64::from(code),
+                ));
+            }
+            None => {}
+        }
+        let mut seconds = |key: &'static str, v: Option<f64>| {
+            if let Some(v) = v {
+                push(KeyValue::new(key, v));
+            }
+        };
+        seconds(latency::TIME_IN_QUEUE, self.queue);
+        seconds(latency::TIME_TO_FIRST_TOKEN, self.ttft);
+        seconds(latency::TIME_IN_MODEL_PREFILL, self.prefill);
+        seconds(latency::TIME_IN_MODEL_DECODE, self.decode);
+        seconds(latency::TIME_IN_MODEL_INFERENCE, self.inference);
+        seconds(latency::E2E, Some(self.e2e));
+        seconds(infer::TIME_PER_OUTPUT_TOKEN, self.tpot);
+        seconds(infer::TIME_TO_FIRST_CHUNK, self.time_to_first_chunk);
+        if let Some((p50, p99, max)) = self.gaps {
+            seconds(infer::INTER_TOKEN_LATENCY_P50, p50);
+            seconds(infer::INTER_TOKEN_LATENCY_P99, p99);
+            seconds(infer::INTER_TOKEN_LATENCY_MAX, max);
+        }
+        push(KeyValue::new(infer::STREAM_CHUNKS, self.chunks as i64));
+        push(KeyValue::new(infer::OUTCOME, self.outcome));
+        if let Some(source) = self.phase_source {
+            push(KeyValue::new(infer::PHASE_SOURCE, source));
+        }
+        if let Some(depth) = self.queue_depth {
+            push(KeyValue::new(infer::QUEUE_DEPTH, depth as i64));
+        }
+        if let Some(kind) = &self.error_type {
+            push(KeyValue::new(net::ERROR_TYPE, kind.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(end: &EndAttributes<'_>) -> Vec<String> {
+        let mut out = Vec::new();
+        end.write(&mut |kv| out.push(kv.key.as_str().to_owned()));
+        out
+    }
+
+    #[test]
+    fn absent_values_are_not_written() {
+        let end = EndAttributes {
+            e2e: 0.5,
+            outcome: infer::outcome::OK,
+            ..EndAttributes::default()
+        };
+        assert_eq!(
+            keys(&end),
+            [
+                gen_ai::REQUEST_STREAM,
+                latency::E2E,
+                infer::STREAM_CHUNKS,
+                infer::OUTCOME
+            ]
+        );
+    }
+
+    #[test]
+    fn every_value_is_written_once() {
+        let id: Arc<str> = Arc::from("resp-1");
+        let reason: Arc<str> = Arc::from("stop");
+        let end = EndAttributes {
+            response_model: Some(StringValue::from("m")),
+            max_tokens: Some(16),
+            streamed: true,
+            response_id: Some(&id),
+            finish_reason: Some(&reason),
+            input_tokens: Some(3),
+            output_tokens: Some(4),
+            status: Some(StatusCode::Grpc(0)),
+            queue: Some(0.1),
+            ttft: Some(0.2),
+            prefill: Some(0.1),
+            decode: Some(0.3),
+            inference: Some(0.4),
+            e2e: 0.5,
+            tpot: Some(0.1),
+            time_to_first_chunk: Some(0.2),
+            gaps: Some((Some(0.1), Some(0.2), Some(0.3))),
+            chunks: 4,
+            outcome: infer::outcome::ERROR,
+            phase_source: Some(infer::phase_source::ENGINE),
+            queue_depth: Some(2),
+            error_type: Some(Cow::Borrowed("engine_oom")),
+        };
+        let all = keys(&end);
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(all.len(), 24);
+        assert_eq!(unique.len(), all.len());
+        let mut values = Vec::new();
+        end.write(&mut |kv| values.push(kv));
+        let get = |k: &str| {
+            values
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| &kv.value)
+        };
+        assert_eq!(
+            get(gen_ai::RESPONSE_FINISH_REASONS),
+            Some(&Value::Array(Array::String(vec![StringValue::from(
+                "stop"
+            )])))
+        );
+        assert_eq!(get(net::RPC_GRPC_STATUS_CODE), Some(&Value::I64(0)));
+        assert_eq!(get(net::HTTP_RESPONSE_STATUS_CODE), None);
+    }
+}
