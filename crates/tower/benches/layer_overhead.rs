@@ -339,6 +339,22 @@ fn benches(c: &mut Criterion) {
         .with_span_processor(processor.clone())
         .default_model("llama-3.1-8b");
     bench_service(c, "request", "infertrace_fast", fast.layer(engine), 4);
+    // The layer without the hand-off: its spans are built, then dropped on the request thread
+    // (metrics to the global no-op meter, as for `infertrace_fast`).
+    let no_handoff = InferenceTraceLayer::new()
+        .with_span_processor(SharedSpanProcessor::new(
+            DropInPlace,
+            &opentelemetry_sdk::Resource::builder().build(),
+        ))
+        .default_model("llama-3.1-8b");
+    bench_service(
+        c,
+        "floor",
+        "infertrace_no_handoff",
+        no_handoff.layer(engine),
+        0,
+    );
+
     let global = InferenceTraceLayer::new().default_model("llama-3.1-8b");
     bench_service(c, "request", "infertrace_global", global.layer(engine), 4);
     let meters = meter_provider();
@@ -410,21 +426,6 @@ fn benches(c: &mut Criterion) {
             4,
         );
     }
-
-    // The layer without the hand-off: its spans are built, then dropped on the request thread.
-    let no_handoff = InferenceTraceLayer::new()
-        .with_span_processor(SharedSpanProcessor::new(
-            DropInPlace,
-            &opentelemetry_sdk::Resource::builder().build(),
-        ))
-        .default_model("llama-3.1-8b");
-    bench_service(
-        c,
-        "floor",
-        "infertrace_no_handoff",
-        no_handoff.layer(engine),
-        0,
-    );
 
     // The floor: one SDK span with one attribute, started and ended, into the same processor.
     let tracer = tracer_provider.tracer("floor");
