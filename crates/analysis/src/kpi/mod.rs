@@ -200,7 +200,26 @@ pub struct KpiWindows {
     overflowed_records: u64,
     started_unix_nano: Option<u64>,
     last_sweep_unix_nano: u64,
+    /// Completed finest-ring slots for a consumer (see [`KpiWindows::enable_slot_tap`]).
+    tap: Option<Vec<TappedSlot>>,
 }
+
+/// A finest-ring slot handed to the tap: what one series accumulated over
+/// `[start_unix_nano, start_unix_nano + length_nanos)`.
+#[derive(Clone)]
+pub struct TappedSlot {
+    /// The series (labelled as the windows label it, overflow included).
+    pub key: SeriesKey,
+    /// Start of the slot, Unix nanoseconds.
+    pub start_unix_nano: u64,
+    /// Slot length, nanoseconds.
+    pub length_nanos: u64,
+    /// What the slot accumulated.
+    pub accumulator: Accumulator,
+}
+
+/// One minute, nanoseconds.
+const MINUTE_NANOS: u64 = 60_000_000_000;
 
 impl KpiWindows {
     /// Empty windows.
@@ -244,6 +263,7 @@ impl KpiWindows {
             overflowed_records: 0,
             started_unix_nano: None,
             last_sweep_unix_nano: 0,
+            tap: None,
         }
     }
 
@@ -258,6 +278,56 @@ impl KpiWindows {
             .iter()
             .map(|s| Duration::from_nanos(s.window_nanos))
             .collect()
+    }
+
+    /// Turns on the slot tap: from now on every slot of the finest ring is handed, once
+    /// complete, to [`take_tapped`](Self::take_tapped) (with any record that bypassed it, as a
+    /// slot of its own) — so a consumer that needs per-minute totals (the history store) gets
+    /// them without adding every record a second time. Only when the finest slots tile a
+    /// minute exactly and are shorter than it (1 s with the default windows); returns whether
+    /// it is on. A consumer must call `take_tapped` regularly (with
+    /// [`roll_due`](Self::roll_due) before it), or the tapped slots pile up.
+    pub fn enable_slot_tap(&mut self) -> bool {
+        let fine = self.specs[0].slot_nanos;
+        let ok = fine < MINUTE_NANOS && MINUTE_NANOS.is_multiple_of(fine);
+        if ok && self.tap.is_none() {
+            self.tap = Some(Vec::new());
+        }
+        ok
+    }
+
+    /// Completes every finest-ring slot that ended before `now_unix_nano` (a series without
+    /// new records does not complete its last slot by itself).
+    pub fn roll_due(&mut self, now_unix_nano: u64) {
+        let before = now_unix_nano / self.specs[0].slot_nanos;
+        self.roll_every_series(before);
+    }
+
+    /// Completes every finest-ring slot, the current one included (shutdown: nothing is
+    /// recorded after it).
+    pub fn roll_all(&mut self) {
+        self.roll_every_series(u64::MAX);
+    }
+
+    fn roll_every_series(&mut self, before: u64) {
+        let Self {
+            specs,
+            rolled,
+            series,
+            overflow,
+            tap,
+            ..
+        } = self;
+        for s in series.iter_mut().chain(overflow.as_mut()) {
+            if s.rings[0].has_unrolled_before(before) {
+                roll_up(specs, rolled, s, before, tap.as_mut());
+            }
+        }
+    }
+
+    /// The slots completed since the last call (empty without [`enable_slot_tap`](Self::enable_slot_tap)).
+    pub fn take_tapped(&mut self) -> Vec<TappedSlot> {
+        self.tap.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Marks when the KPIs started (e.g. the collector's start), so rates in windows longer than
@@ -368,7 +438,13 @@ impl KpiWindows {
         series.last_record_unix_nano = series.last_record_unix_nano.max(now_unix_nano);
         let fine_index = now_unix_nano / self.specs[0].slot_nanos;
         if series.rings[0].newest().is_some_and(|n| fine_index > n) {
-            roll_up(&self.specs, &self.rolled, series, fine_index);
+            roll_up(
+                &self.specs,
+                &self.rolled,
+                series,
+                fine_index,
+                self.tap.as_mut(),
+            );
         }
         let (finest, coarser) = series.rings.split_at_mut(1);
         // Into a slot already rolled up (a record older than the newest): straight into every
@@ -380,6 +456,18 @@ impl KpiWindows {
             &self.config.slo,
             record,
         );
+        if handed_on && let Some(tap) = &mut self.tap {
+            // Not in a slot the tap will see: hand it on alone.
+            let mut accumulator = Accumulator::default();
+            accumulator.add(&self.sketch_config, &self.config.slo, record);
+            let fine = self.specs[0].slot_nanos;
+            tap.push(TappedSlot {
+                key: series.key.clone(),
+                start_unix_nano: fine_index.saturating_mul(fine),
+                length_nanos: fine,
+                accumulator,
+            });
+        }
         for ((ring, spec), rolled) in coarser
             .iter_mut()
             .zip(&self.specs[1..])
@@ -677,11 +765,26 @@ impl KpiWindows {
 }
 
 /// Rolls every slot of the finest ring older than `before` that is not rolled up yet into the
-/// rolled-up rings of `series`.
-fn roll_up(specs: &[RingSpec], rolled: &[bool], series: &mut Series, before: u64) {
+/// rolled-up rings of `series`, and hands it to `tap` when on.
+fn roll_up(
+    specs: &[RingSpec],
+    rolled: &[bool],
+    series: &mut Series,
+    before: u64,
+    mut tap: Option<&mut Vec<TappedSlot>>,
+) {
     let (finest, coarser) = series.rings.split_at_mut(1);
     let fine = specs[0].slot_nanos;
+    let key = &series.key;
     finest[0].roll_up(before, |index, acc| {
+        if let Some(tap) = tap.as_deref_mut() {
+            tap.push(TappedSlot {
+                key: key.clone(),
+                start_unix_nano: index.saturating_mul(fine),
+                length_nanos: fine,
+                accumulator: acc.clone(),
+            });
+        }
         for ((ring, spec), on) in coarser.iter_mut().zip(&specs[1..]).zip(&rolled[1..]) {
             if *on {
                 ring.absorb(spec, index.saturating_mul(fine) / spec.slot_nanos, acc);

@@ -19,9 +19,11 @@
 //! bounded ring of recent traces behind `/api/traces/{id}` ([`RecentTraces`]). Late spans are
 //! merged into that ring only (see [`crate::assembler`]).
 //!
-//! **History** (when the embedded store is on, [`Pipeline::attach_store`]): every request the
-//! KPIs record is also added, under the same lock and with the same clock, to the
-//! [`StoreFeed`], which hands each minute to the store's writer thread (nothing is written on
+//! **History** (when the embedded store is on, [`Pipeline::attach_store`]): every one-second
+//! slot the KPI windows complete is merged, under the same lock, into the [`StoreFeed`]'s
+//! minute (the windows' slot tap; with window settings whose finest slots do not tile a minute,
+//! every request is added to the feed instead), and the slowest and failed requests are
+//! captured; the feed hands each minute to the store's writer thread (nothing is written on
 //! the ingest path). Every tick lets the feed hand over, even a tick without traffic, so
 //! minutes reach the store while idle.
 //!
@@ -169,6 +171,11 @@ impl Pipeline {
         let longest = self.windows.iter().copied().max().unwrap_or(Duration::ZERO);
         let mut a = lock(&self.analysis);
         let restored = store.restore_kpis(&mut a.kpis, unix_nanos_now(), longest)?;
+        let mut feed = feed;
+        // Minutes from the windows' completed seconds rather than a second sketch per record.
+        if a.kpis.enable_slot_tap() {
+            feed.use_tapped_slots();
+        }
         a.store = Some(feed);
         Ok(restored)
     }
@@ -185,7 +192,11 @@ impl Pipeline {
     /// [`flush`](Self::flush)); returns the writer to flush, `None` without a store.
     pub fn hand_over_store(&self, now_unix_nano: u64) -> Option<StoreWriter> {
         let mut a = lock(&self.analysis);
+        a.store.as_ref()?;
+        a.kpis.roll_all();
+        let slots = a.kpis.take_tapped();
         let feed = a.store.as_mut()?;
+        feed.absorb(slots);
         feed.hand_over(now_unix_nano);
         Some(feed.writer().clone())
     }
@@ -269,16 +280,12 @@ impl Pipeline {
         };
         if completed.is_empty() && late.is_empty() {
             // Minutes reach the store without traffic too.
-            if let Some(f) = &mut lock(&self.analysis).store {
-                f.tick(now_unix_nano);
-            }
+            feed_store(&mut lock(&self.analysis), now_unix_nano);
             return stats;
         }
         let mut overflowed = 0u64;
         let mut a = lock(&self.analysis);
-        if let Some(f) = &mut a.store {
-            f.tick(now_unix_nano);
-        }
+        feed_store(&mut a, now_unix_nano);
         for trace in completed {
             let CompletedTrace {
                 trace_id,
@@ -378,6 +385,15 @@ impl Pipeline {
     pub fn trace(&self, id: &TraceId) -> Option<StoredTrace> {
         lock(&self.analysis).recent.get(id).cloned()
     }
+}
+
+/// Hands the store feed the KPI seconds completed by `now_unix_nano`, then lets it hand a
+/// minute (or a second's progress) to the writer.
+fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
+    let Some(feed) = &mut a.store else { return };
+    a.kpis.roll_due(now_unix_nano);
+    feed.absorb(a.kpis.take_tapped());
+    feed.tick(now_unix_nano);
 }
 
 impl crate::dashboard::RecentTraceSource for Pipeline {

@@ -1,5 +1,11 @@
 //! [`StoreFeed`]: what the pipeline calls per request — a minute's accumulators per series and
 //! the requests worth keeping, handed to the [`StoreWriter`] at least once a second.
+//!
+//! The minute's accumulators come one of two ways: by adding every request
+//! ([`StoreFeed::record`]), or — when the KPI windows' slot tap is on
+//! ([`KpiWindows::enable_slot_tap`](infertrace_analysis::kpi::KpiWindows::enable_slot_tap)),
+//! as the pipeline arranges — by merging the windows' completed one-second slots
+//! ([`StoreFeed::absorb`]), which spares a second sketch update per latency and request.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -13,7 +19,8 @@ use std::time::Duration;
 
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{
-    Accumulator, Dimension, KpiConfig, OVERFLOW_LABEL, SeriesKey, SloConfig, sketch_config,
+    Accumulator, Dimension, KpiConfig, OVERFLOW_LABEL, SeriesKey, SloConfig, TappedSlot,
+    sketch_config,
 };
 use infertrace_analysis::record::RequestRecord;
 use sketches_ddsketch::Config;
@@ -68,6 +75,8 @@ pub struct StoreFeed {
     slowest: BinaryHeap<Reverse<E2e>>,
     failed: usize,
     captured: Vec<CapturedRequest>,
+    /// Accumulators come from [`absorb`](Self::absorb), not from [`record`](Self::record).
+    tapped: bool,
 }
 
 impl StoreFeed {
@@ -92,6 +101,40 @@ impl StoreFeed {
             slowest: BinaryHeap::new(),
             failed: 0,
             captured: Vec::new(),
+            tapped: false,
+        }
+    }
+
+    /// From now on the minute's accumulators come from [`absorb`](Self::absorb) only;
+    /// [`record`](Self::record) then keeps just the slow and failed requests.
+    pub fn use_tapped_slots(&mut self) {
+        self.tapped = true;
+    }
+
+    /// Merges completed KPI slots into the current minute (a slot of an earlier minute counts
+    /// in the current one, as a late record does). Call before [`tick`](Self::tick).
+    pub fn absorb(&mut self, slots: Vec<TappedSlot>) {
+        for slot in slots {
+            if self.minute.is_none() {
+                self.minute = Some(minute_of(slot.start_unix_nano));
+            }
+            let hash =
+                self.hasher
+                    .hash_one((&*slot.key.service, &*slot.key.model, &*slot.key.operation));
+            let found = self
+                .index
+                .get(&hash)
+                .and_then(|ids| ids.iter().copied().find(|&i| self.series[i].0 == slot.key));
+            match found {
+                Some(i) => self.series[i].1.merge(&slot.accumulator),
+                None => {
+                    self.series.push((slot.key, slot.accumulator));
+                    self.index
+                        .entry(hash)
+                        .or_default()
+                        .push(self.series.len() - 1);
+                }
+            }
         }
     }
 
@@ -115,6 +158,10 @@ impl StoreFeed {
     ) {
         self.tick(now_unix_nano);
         let minute = self.minute.unwrap_or_else(|| minute_of(now_unix_nano));
+        if self.tapped {
+            self.capture(minute, None, record, critical_path);
+            return;
+        }
         let (service, model, operation) = (
             self.label(Dimension::Service, &record.service),
             self.label(Dimension::Model, &record.model),
@@ -163,6 +210,29 @@ impl StoreFeed {
             }
         };
         acc.add(&self.sketch, &self.slo, record);
+        let key = key.clone();
+        self.capture(minute, Some(key), record, critical_path);
+    }
+
+    /// The series key `record` has in the KPI windows (for captured requests in tapped mode;
+    /// the overflow series is not known here, so the record's own labels are used).
+    fn key_of(&self, record: &RequestRecord) -> SeriesKey {
+        SeriesKey {
+            service: Arc::from(self.label(Dimension::Service, &record.service)),
+            model: Arc::from(self.label(Dimension::Model, &record.model)),
+            operation: Arc::from(self.label(Dimension::Operation, &record.operation)),
+        }
+    }
+
+    /// Keeps `record` when it is among the minute's slowest or failed ones, under `series`
+    /// (else the key its labels give).
+    fn capture(
+        &mut self,
+        minute: u64,
+        series: Option<SeriesKey>,
+        record: &RequestRecord,
+        critical_path: Option<&CriticalPath>,
+    ) {
         let reason = CaptureReason::of(record.outcome);
         let keep = match reason {
             CaptureReason::Failed => {
@@ -187,7 +257,7 @@ impl StoreFeed {
             }
         };
         if keep {
-            let series = key.clone();
+            let series = series.unwrap_or_else(|| self.key_of(record));
             self.captured.push(CapturedRequest {
                 minute_unix_nano: minute,
                 reason,
@@ -286,6 +356,103 @@ mod tests {
         r.e2e = e2e;
         r.outcome = outcome;
         r
+    }
+
+    #[test]
+    fn minutes_from_tapped_kpi_slots_equal_minutes_from_every_record() {
+        use crate::store::HistoryFilter;
+        use infertrace_analysis::kpi::KpiWindows;
+        let kpi = KpiConfig::default();
+        let open = |dir: &std::path::Path| {
+            let store = Store::open(dir, StoreOptions::default()).unwrap();
+            let writer = store.start_writer(InternalEvents::default()).unwrap();
+            let feed = store.feed(writer.clone(), &kpi);
+            (store, writer, feed)
+        };
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (store_a, writer_a, mut every) = open(dir_a.path());
+        let (store_b, writer_b, mut tapped) = open(dir_b.path());
+        tapped.use_tapped_slots();
+        let mut windows = KpiWindows::new(kpi.clone());
+        assert!(windows.enable_slot_tap());
+        let minute = minute_of(crate::store::unix_nanos_now()) - 5 * MINUTE_NANOS;
+        let mut x = 7u64;
+        let mut last = minute;
+        for k in 0..3_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let model = ["a", "b", "c"][(x >> 60) as usize % 3];
+            let outcome = if x.is_multiple_of(17) {
+                Outcome::Error
+            } else {
+                Outcome::Ok
+            };
+            let mut r = rec(model, (x >> 11) as f64 / (1u64 << 53) as f64 * 5.0, outcome);
+            r.ttft = Some(r.e2e / 4.0);
+            // Spread over 50 s of one minute, some late by 3 s (into seconds already rolled
+            // up); the pipeline's order: completed seconds first, then the tick, then records.
+            let now = minute + k * 50 * 1_000_000_000 / 3_000;
+            let at = if x.is_multiple_of(29) {
+                now.saturating_sub(3_000_000_000).max(minute)
+            } else {
+                now
+            };
+            if k % 100 == 0 {
+                windows.roll_due(now);
+                tapped.absorb(windows.take_tapped());
+                tapped.tick(now);
+            }
+            every.record(&r, None, at);
+            windows.record(&r, at);
+            tapped.record(&r, None, at);
+            last = now;
+        }
+        windows.roll_all();
+        tapped.absorb(windows.take_tapped());
+        every.hand_over(last);
+        tapped.hand_over(last);
+        writer_a.flush().unwrap();
+        writer_b.flush().unwrap();
+        let from = minute - MINUTE_NANOS;
+        let to = minute + 2 * MINUTE_NANOS;
+        for model in ["a", "b", "c"] {
+            let filter = HistoryFilter {
+                model: Some(model.to_owned()),
+                ..HistoryFilter::default()
+            };
+            for kpi in [
+                "requests",
+                "error_rate",
+                "e2e.p50",
+                "e2e.p99",
+                "ttft.p90",
+                "goodput.ratio",
+            ] {
+                let step = Duration::from_secs(60);
+                let a = store_a.history(kpi, &filter, from, to, step).unwrap();
+                let b = store_b.history(kpi, &filter, from, to, step).unwrap();
+                let values = |h: &[crate::store::HistoryPoint]| {
+                    h.iter().map(|p| p.value).collect::<Vec<_>>()
+                };
+                assert_eq!(values(&a), values(&b), "{model} {kpi}");
+                assert!(
+                    values(&a).iter().any(Option::is_some),
+                    "{model} {kpi}: no data"
+                );
+            }
+        }
+        let slow = |store: &Store| {
+            let mut e2e: Vec<f64> = store
+                .slow_requests(minute, minute + MINUTE_NANOS, 1000)
+                .unwrap()
+                .iter()
+                .map(|r| r.e2e)
+                .collect();
+            e2e.sort_by(f64::total_cmp);
+            e2e
+        };
+        assert_eq!(slow(&store_a), slow(&store_b), "same captured requests");
     }
 
     #[test]
