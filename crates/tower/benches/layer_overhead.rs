@@ -569,7 +569,8 @@ fn summary() {
     );
 }
 
-fn main() {
+/// Also the entry point of `layer_overhead_mimalloc` (this file as a module).
+pub(crate) fn main() {
     let mut c = Criterion::default().configure_from_args();
     benches(&mut c);
     c.final_summary();
