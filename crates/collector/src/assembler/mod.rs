@@ -309,6 +309,11 @@ impl TraceAssembler {
                 .get(&id)
                 .is_some_and(|t| t.request_at == Some(at));
             if current && let Some(t) = self.close(id, CloseReason::Grace, now) {
+                // Traces usually complete in the order they started: drop the age entry now
+                // rather than leave it for a compaction pass over the whole queue.
+                if self.by_age.front().is_some_and(|(front, _)| *front == id) {
+                    self.by_age.pop_front();
+                }
                 completed.push(t);
             }
         }
