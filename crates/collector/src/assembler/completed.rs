@@ -2,15 +2,17 @@
 //! arriving after its trace completed is recognised as late.
 //!
 //! At a steady 150,000 traces/s and the default 30 s idle timeout this set holds millions of
-//! ids, so its layout matters more than its code: each id is folded to 64 bits (the XOR of its
-//! two halves; trace ids are random by specification, so two live ids share a fold with
-//! probability ~n²/2⁶⁵, about 10⁻⁶ for 4.5M ids — such a pair would make one span look late)
-//! and kept with one flag in two generations of hash maps. Every `span` (the idle timeout) the
-//! older generation is cleared and reused as the new one — no per-id queue, no per-id expiry
-//! check, no re-growth of the tables in steady state. An id is therefore remembered for at
-//! least `span` and at most twice that; a generation that reaches `max_ids` rotates early, so
-//! at most `2 × max_ids` ids are held. Measured before this layout (a map of full ids with
-//! completion instants and an order queue): ~100 B per id; now ~20–40 B.
+//! ids, and every new trace looks its id up in it (a miss, nearly always), so its layout matters
+//! more than its code: each id is folded to 64 bits (the XOR of its two halves; trace ids are
+//! random by specification, so two live ids share a fold with probability ~n²/2⁶⁵, about 10⁻⁶
+//! for 4.5M ids — such a pair would make one span look late) and kept with one flag and a
+//! generation number in a single hash table: one probe per lookup. Every `span` (the idle
+//! timeout) a new generation starts and the entries two generations old are purged in one pass
+//! (tens of milliseconds for millions of ids, once per `span`, under the assembler's lock). An
+//! id is therefore remembered for at least `span` and at most twice that; a generation that
+//! reaches `max_ids` ends early, so at most `2 × max_ids` ids are held. Measured before this
+//! layout (a map of full ids with completion instants and an order queue): ~100 B per id; now
+//! ~20–40 B.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -18,13 +20,16 @@ use std::time::{Duration, Instant};
 use foldhash::fast::RandomState;
 use infertrace_analysis::trace::TraceId;
 
-/// Two generations of completed trace ids (see the module docs).
+/// Recently completed trace ids (see the module docs).
 #[derive(Debug)]
 pub(crate) struct CompletedIds {
-    /// fold(id) → whether the completed trace had a request span.
-    current: HashMap<u64, bool, RandomState>,
-    previous: HashMap<u64, bool, RandomState>,
-    /// When `current` started.
+    /// fold(id) → generation << 1 | whether the completed trace had a request span.
+    ids: HashMap<u64, u64, RandomState>,
+    /// The current generation.
+    generation: u64,
+    /// Ids added in the current generation.
+    current_len: usize,
+    /// When the current generation started.
     since: Option<Instant>,
     span: Duration,
     max_ids: usize,
@@ -42,8 +47,9 @@ impl CompletedIds {
     /// Remembers ids for at least `span`, at most `max_ids` per generation.
     pub(crate) fn new(span: Duration, max_ids: usize) -> Self {
         Self {
-            current: HashMap::default(),
-            previous: HashMap::default(),
+            ids: HashMap::default(),
+            generation: 1,
+            current_len: 0,
             since: None,
             span,
             max_ids: max_ids.max(1),
@@ -53,36 +59,35 @@ impl CompletedIds {
     /// Remembers that `id` completed at `now`, with or without a request span.
     pub(crate) fn insert(&mut self, id: &TraceId, had_request: bool, now: Instant) {
         self.rotate(now);
-        if self.current.len() >= self.max_ids {
+        if self.current_len >= self.max_ids {
             self.turn(now);
         }
-        // An older entry in `previous` may stay: `get` reads `current` first.
-        self.current.insert(fold(id), had_request);
+        let value = self.generation << 1 | u64::from(had_request);
+        let before = self.ids.insert(fold(id), value);
+        if before.is_none_or(|v| v >> 1 != self.generation) {
+            self.current_len += 1;
+        }
     }
 
     /// Whether `id` completed recently, and if so whether it had a request span.
     pub(crate) fn get(&self, id: &TraceId) -> Option<bool> {
-        if self.current.is_empty() && self.previous.is_empty() {
+        if self.ids.is_empty() {
             return None;
         }
-        let key = fold(id);
-        self.current
-            .get(&key)
-            .or_else(|| self.previous.get(&key))
-            .copied()
+        let v = *self.ids.get(&fold(id))?;
+        (v >> 1 >= self.generation.saturating_sub(1)).then_some(v & 1 == 1)
     }
 
     /// Forgets `id` (its trace was opened again).
     pub(crate) fn remove(&mut self, id: &TraceId) {
-        if self.current.is_empty() && self.previous.is_empty() {
-            return;
+        if let Some(v) = self.ids.remove(&fold(id))
+            && v >> 1 == self.generation
+        {
+            self.current_len = self.current_len.saturating_sub(1);
         }
-        let key = fold(id);
-        self.current.remove(&key);
-        self.previous.remove(&key);
     }
 
-    /// Drops the older generation when the current one is `span` old.
+    /// Starts a new generation when the current one is `span` old.
     pub(crate) fn rotate(&mut self, now: Instant) {
         match self.since {
             None => self.since = Some(now),
@@ -91,16 +96,17 @@ impl CompletedIds {
         }
     }
 
-    /// Ids held, both generations.
+    /// Ids held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.current.len() + self.previous.len()
+        self.ids.len()
     }
 
     fn turn(&mut self, now: Instant) {
-        // `clear` keeps the table's memory: the next generation fills it without growing.
-        self.previous.clear();
-        std::mem::swap(&mut self.current, &mut self.previous);
+        self.generation += 1;
+        self.current_len = 0;
+        let keep_from = self.generation - 1;
+        self.ids.retain(|_, v| *v >> 1 >= keep_from);
         self.since = Some(now);
     }
 }
@@ -143,11 +149,7 @@ mod tests {
         c.rotate(t0 + Duration::from_secs(31));
         c.insert(&id(2), true, t0 + Duration::from_secs(31));
         assert_eq!(c.get(&id(2)), Some(true), "the newest completion wins");
-        assert_eq!(
-            c.len(),
-            2,
-            "the older entry stays in the previous generation"
-        );
+        assert_eq!(c.len(), 1, "one entry per id");
         c.remove(&id(2));
         assert_eq!(c.get(&id(2)), None);
         assert_eq!(c.get(&id(3)), None);
