@@ -305,4 +305,24 @@ mod tests {
             .collect();
         assert_eq!(uuids, [infertrace_sim::SIMULATED_GPU_UUID]);
     }
+
+    #[tokio::test]
+    async fn attach_exports_directly_when_otlp_is_on() {
+        let providers = otlp::init(
+            OtlpConfig::http("http://127.0.0.1:1")
+                .service_name("t")
+                .metrics(false),
+        )
+        .unwrap();
+        let on = Telemetry {
+            providers: Some(providers),
+        };
+        let layer = on.attach(InferenceTraceLayer::new());
+        assert!(format!("{layer:?}").contains("direct_export: true"));
+        let off = Telemetry { providers: None };
+        let layer = off.attach(InferenceTraceLayer::new());
+        assert!(format!("{layer:?}").contains("direct_export: false"));
+        // Nothing was recorded, so shutting down sends nothing to the closed port.
+        on.shutdown();
+    }
 }
