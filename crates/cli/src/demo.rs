@@ -180,7 +180,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let sim = Simulator::start(wl.sim.clone())
         .map_err(|e| anyhow::anyhow!("starting the simulator: {e}"))?;
     let layer = InferenceTraceLayer::new()
-        .with_tracer_provider(&providers.tracer_provider)
+        .with_otlp(&providers)
         .default_model(MODEL)
         .gpu_telemetry(SimulatedGpu::telemetry(
             sim.clone(),
