@@ -7,11 +7,13 @@
 //! mutex. The lock is held only for the hash-map inserts (analysis never runs under it).
 //! A mutex was chosen over a channel to the assembler: it answers "overloaded" synchronously
 //! with the real state and needs no second queue bound, and it is cheap. Measured
-//! (`cargo bench -p infertrace-collector --bench pipeline`, 2 shared cores): ingesting a
-//! 1,000-span batch of 4-span inference traces costs ~95 µs (~95 ns a span, ~10M spans/s), so
-//! at the receivers' ~300–500K spans/s the lock is held ~3–5% of the time and contention is
-//! negligible; a channel would add a task hop for the same inserts. Analysing the completed
-//! traces costs ~2.7 µs a trace (~680 µs per 250 traces), on the tick task.
+//! (`cargo bench -p infertrace-collector --bench pipeline`, quiet 2-core VM): ingesting a
+//! 1,000-span batch of 4-span inference traces costs ~40 µs (~40 ns a span) with warm caches,
+//! so at the receivers' ~1M spans/s the lock is held a few per cent of the time and contention
+//! is negligible; a channel would add a task hop for the same inserts. Analysing the completed
+//! traces costs ~1 µs a trace (~250 µs per 250 traces) in that warm loop, on the tick task —
+//! about 3× more at full rate, where the traces went cold during their grace period
+//! (docs/PERFORMANCE.md).
 //!
 //! **Tick** (one task, every `assembly.tick`): poll the assembler, then, outside its lock, for
 //! each completed trace: dialect extraction → [`KpiWindows`], critical path of each request span
