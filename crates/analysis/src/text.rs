@@ -117,7 +117,11 @@ pub const MAX_INTERNED: usize = 4096;
 pub struct Interner {
     table: hashbrown::HashTable<Text>,
     hasher: foldhash::fast::RandomState,
+    fresh_bytes: usize,
 }
+
+/// Heap bytes charged per string allocated (the `Arc` header and allocator slack).
+const STRING_OVERHEAD: usize = 32;
 
 impl std::fmt::Debug for Interner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -139,9 +143,15 @@ impl Interner {
     /// skips validation.
     pub fn intern_utf8(&mut self, bytes: &[u8]) -> Result<Text, std::str::Utf8Error> {
         if bytes.len() > MAX_INTERNED_LEN {
-            return std::str::from_utf8(bytes).map(Text::from);
+            let t = std::str::from_utf8(bytes).map(Text::from)?;
+            self.note_fresh(bytes.len());
+            return Ok(t);
         }
-        let Self { table, hasher } = self;
+        let Self {
+            table,
+            hasher,
+            fresh_bytes,
+        } = self;
         let hash = hasher.hash_one(bytes);
         if let Some(t) = table.find(hash, |t| t.as_bytes() == bytes) {
             return Ok(t.clone());
@@ -151,7 +161,20 @@ impl Interner {
             table.clear();
         }
         table.insert_unique(hash, t.clone(), |t| hasher.hash_one(t.as_bytes()));
+        *fresh_bytes += bytes.len() + STRING_OVERHEAD;
         Ok(t)
+    }
+
+    /// Counts a string of `len` bytes allocated outside the table (a value never interned).
+    pub fn note_fresh(&mut self, len: usize) {
+        self.fresh_bytes += len + STRING_OVERHEAD;
+    }
+
+    /// Heap bytes of the strings allocated since the last call (new distinct values, long or
+    /// unshared ones), then zero: what a decoder's caller adds to its memory reservation, as
+    /// spans that share a string do not each pay for it.
+    pub fn take_fresh_bytes(&mut self) -> usize {
+        std::mem::take(&mut self.fresh_bytes)
     }
 
     /// Distinct strings held.
@@ -195,6 +218,11 @@ mod tests {
         }
         assert!(i.len() <= MAX_INTERNED);
         assert_eq!(i.intern("llama"), "llama");
+        let _ = i.take_fresh_bytes();
+        let _ = i.intern("llama");
+        assert_eq!(i.take_fresh_bytes(), 0, "a hit allocates nothing");
+        let _ = i.intern("new value");
+        assert_eq!(i.take_fresh_bytes(), 9 + STRING_OVERHEAD);
         assert!(i.intern_utf8(b"\xff\xfe").is_err());
         assert!(i.intern_utf8(&[0xff; MAX_INTERNED_LEN + 1]).is_err());
         assert_eq!(

@@ -83,36 +83,20 @@ fn init_logging() {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-unsafe extern "C" {
-    /// mimalloc's `mi_option_set` (linked through the `mimalloc` crate).
-    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
-}
-
 #[cfg(target_os = "linux")]
 unsafe extern "C" {
     /// glibc's `prctl(2)`.
     fn prctl(option: std::ffi::c_int, ...) -> std::ffi::c_int;
 }
 
-/// `mi_option_purge_delay` (index 15 in mimalloc 2 and 3).
-const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
-
-/// Two defaults that cost the collector a quarter of its CPU at full ingest rate
-/// (docs/PERFORMANCE.md), where it allocates and frees whole traces at the rate it receives
-/// them and grows while a backlog builds:
-/// - transparent huge pages: mimalloc asks for them, and on kernels with THP `defrag=madvise`
-///   (a common default) every fresh 2 MiB region is then compacted and zeroed synchronously on
-///   first touch; 4 KiB pages fault in far more cheaply. Turned off for this process with
-///   `prctl(PR_SET_THP_DISABLE)` (what mimalloc's own `MIMALLOC_ALLOW_THP=0` does), unless
-///   `MIMALLOC_ALLOW_THP` is set.
-/// - purge delay: freed memory is kept 1 s (arenas 10 s) before it goes back to the OS instead
-///   of 10 ms, so it is reused rather than returned and faulted in again, unless
-///   `MIMALLOC_PURGE_DELAY` is set.
+/// Turns transparent huge pages off for this process (what mimalloc's own
+/// `MIMALLOC_ALLOW_THP=0` does), unless `MIMALLOC_ALLOW_THP` is set. mimalloc asks for huge
+/// pages, and on kernels with THP `defrag=madvise` (a common default) every fresh 2 MiB region
+/// is then compacted and zeroed synchronously on first touch: the collector, which allocates
+/// whole traces at the rate it receives them and grows while a backlog builds, spent 22–30 % of
+/// its CPU in `clear_page_erms` at full ingest rate (docs/PERFORMANCE.md); 4 KiB pages fault in
+/// far more cheaply. The setting is inherited by child processes (infertrace starts none).
 fn tune_allocator() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: a plain C call that sets an integer option; valid at any time.
-        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
-    }
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         const PR_SET_THP_DISABLE: std::ffi::c_int = 41;

@@ -203,3 +203,17 @@ fn check_config_reports_the_line() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `infertrace` turns transparent huge pages off for itself (main.rs `tune_allocator`; the
+/// `THP_enabled` field of /proc/PID/status exists since Linux 5.0).
+#[cfg(target_os = "linux")]
+#[test]
+fn collect_runs_without_transparent_huge_pages() {
+    let c = Collector::start(["--no-store"]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.child.id())).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("THP_enabled:"))
+        .expect("THP_enabled in /proc/PID/status (Linux ≥ 5.0)");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}

@@ -14,6 +14,10 @@ pub struct IngestBatch {
     /// The (decompressed) OTLP/JSON body when the request came as JSON, so the forwarder can
     /// transcode it to protobuf (only when forwarding is on); `None` for protobuf requests.
     pub raw_json: Option<Bytes>,
+    /// Heap bytes of the strings decoding allocated for these spans (names and values seen for
+    /// the first time, and unshared ones), reserved with them; shared strings cost nothing
+    /// per span. See [`crate::otlp_decode::take_fresh_text_bytes`].
+    pub text_bytes: usize,
 }
 
 /// Why a batch was refused as a whole.

@@ -24,7 +24,7 @@ use std::mem::size_of;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use infertrace_analysis::text::{MAX_INTERNED_LEN, Text};
+use infertrace_analysis::text::Text;
 use infertrace_analysis::trace::{AttrValue, Span, SpanLink};
 
 /// Default memory limit: 512 MiB.
@@ -210,28 +210,29 @@ pub fn body_reservation_bytes(wire_bytes: usize) -> usize {
 
 /// Estimated heap + inline bytes one decoded [`Span`] occupies, for the assembler's reservations.
 ///
-/// Counts the `Span` struct, the capacity of its attribute and link vectors, every string too
-/// long to be interned (short names and values are shared [`Text`]s, counted once in the
-/// decoders' bounded interners, not per span), and 16 bytes of allocator overhead per heap
-/// allocation. The service name is shared by all spans of a resource and not counted per
-/// span. An infertrace request span with 18 kept attributes comes to about 850 bytes, a phase
-/// span with two attributes to about 230 bytes (the `Span` struct alone is 136 bytes).
+/// Counts the `Span` struct, the capacity of its attribute and link vectors, and 16 bytes of
+/// allocator overhead per heap allocation. Strings are not counted here: names and string
+/// values are shared [`Text`]s, and the decoders report the bytes of the strings they allocate
+/// per request (`IngestBatch::text_bytes`), which the pipeline reserves with the spans. The
+/// service name is shared by all spans of a resource. An infertrace request span with 18 kept
+/// attributes comes to about 850 bytes, a phase span with two attributes to about 230 bytes
+/// (the `Span` struct alone is 136 bytes).
 pub fn span_footprint(span: &Span) -> usize {
-    let mut bytes = size_of::<Span>() + text_heap(&span.name);
+    let mut bytes = size_of::<Span>();
     if span.attributes.capacity() > 0 {
         bytes += span.attributes.capacity() * size_of::<(&'static str, AttrValue)>()
             + ALLOCATION_OVERHEAD;
     }
     for (_, value) in &span.attributes {
         bytes += match value {
-            AttrValue::Str(s) => text_heap(s),
+            AttrValue::Str(_) => 0,
             AttrValue::StrArray(items) => {
                 let outer = if items.capacity() > 0 {
                     items.capacity() * size_of::<Text>() + ALLOCATION_OVERHEAD
                 } else {
                     0
                 };
-                outer + items.iter().map(text_heap).sum::<usize>()
+                outer
             }
             AttrValue::Int(_) | AttrValue::Double(_) | AttrValue::Bool(_) => 0,
         };
@@ -240,23 +241,6 @@ pub fn span_footprint(span: &Span) -> usize {
         bytes += span.links.capacity() * size_of::<SpanLink>() + ALLOCATION_OVERHEAD;
     }
     bytes
-}
-
-/// Heap bytes of a [`Text`] charged to one span: nothing when short enough to be interned.
-fn text_heap(t: &Text) -> usize {
-    if t.len() <= MAX_INTERNED_LEN {
-        0
-    } else {
-        heap_string(t.len() + 16)
-    }
-}
-
-fn heap_string(capacity: usize) -> usize {
-    if capacity == 0 {
-        0
-    } else {
-        capacity + ALLOCATION_OVERHEAD
-    }
 }
 
 #[cfg(test)]
@@ -450,9 +434,9 @@ mod tests {
             links: Vec::new(),
         };
         assert_eq!(span_footprint(&bare), size_of::<Span>());
-        let long = "x".repeat(MAX_INTERNED_LEN + 1);
+        let long = "x".repeat(200);
         let mut span = bare.clone();
-        span.name = "short, interned".into();
+        span.name = "strings are reserved per request, not per span".into();
         span.attributes = Vec::with_capacity(2);
         span.attributes
             .push(("a", AttrValue::Str(long.as_str().into())));
@@ -462,9 +446,7 @@ mod tests {
         ));
         let expected = size_of::<Span>()
             + (2 * size_of::<(&str, AttrValue)>() + 16)
-            + (long.len() + 16 + 16)
-            + (2 * size_of::<Text>() + 16)
-            + (long.len() + 16 + 16);
+            + (2 * size_of::<Text>() + 16);
         assert_eq!(span_footprint(&span), expected);
     }
 }

@@ -1,18 +1,18 @@
 //! [`CompletedIds`]: the ids of recently completed traces, remembered compactly so that a span
 //! arriving after its trace completed is recognised as late.
 //!
-//! At a steady 150,000 traces/s and the default 30 s idle timeout this set holds millions of
-//! ids, and every new trace looks its id up in it (a miss, nearly always), so its layout matters
-//! more than its code: each id is folded to 64 bits (the XOR of its two halves; trace ids are
-//! random by specification, so two live ids share a fold with probability ~n²/2⁶⁵, about 10⁻⁶
-//! for 4.5M ids — such a pair would make one span look late) and kept with one flag and a
-//! generation number in a single hash table: one probe per lookup. Every `span` (the idle
-//! timeout) a new generation starts and the entries two generations old are purged in one pass
-//! (tens of milliseconds for millions of ids, once per `span`, under the assembler's lock). An
-//! id is therefore remembered for at least `span` and at most twice that; a generation that
-//! reaches `max_ids` ends early, so at most `2 × max_ids` ids are held. Measured before this
-//! layout (a map of full ids with completion instants and an order queue): ~100 B per id; now
-//! ~20–40 B.
+//! Every new trace looks its id up here (a miss, nearly always), and the set holds up to twice
+//! `max_traces_in_flight` ids (millions when that limit is raised for high rates), so its layout
+//! matters more than its code: each id is kept whole, with one flag and a generation number, in
+//! a single hash table — one probe per lookup. Every `span` (the idle timeout) a new generation
+//! starts and the entries two generations old are purged in one pass (tens of milliseconds for
+//! millions of ids, once per `span`, under the assembler's lock). An id is remembered for at
+//! least `span` and at most twice that — unless a generation reaches `max_ids` first and ends
+//! early, so at most `2 × max_ids` ids are held (at a completion rate above `max_ids / span`
+//! ids are then remembered for less than `span`: a span that arrives later still is taken for
+//! the start of a new trace, as with the earlier layout's count bound). Measured before this
+//! layout (a map of ids with completion instants and an order queue): ~100 B per id and three
+//! probes per trace; now ~35–70 B (the table's load factor) and one.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -23,8 +23,8 @@ use infertrace_analysis::trace::TraceId;
 /// Recently completed trace ids (see the module docs).
 #[derive(Debug)]
 pub(crate) struct CompletedIds {
-    /// fold(id) → generation << 1 | whether the completed trace had a request span.
-    ids: HashMap<u64, u64, RandomState>,
+    /// id → generation << 1 | whether the completed trace had a request span.
+    ids: HashMap<u128, u64, RandomState>,
     /// The current generation.
     generation: u64,
     /// Ids added in the current generation.
@@ -35,12 +35,9 @@ pub(crate) struct CompletedIds {
     max_ids: usize,
 }
 
-/// The 64-bit fold of a trace id.
-fn fold(id: &TraceId) -> u64 {
-    let (a, b) = id.0.split_at(8);
-    let a = u64::from_le_bytes(a.try_into().unwrap_or([0; 8]));
-    let b = u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-    a ^ b
+/// The id as one integer key.
+fn key(id: &TraceId) -> u128 {
+    u128::from_le_bytes(id.0)
 }
 
 impl CompletedIds {
@@ -63,7 +60,7 @@ impl CompletedIds {
             self.turn(now);
         }
         let value = self.generation << 1 | u64::from(had_request);
-        let before = self.ids.insert(fold(id), value);
+        let before = self.ids.insert(key(id), value);
         if before.is_none_or(|v| v >> 1 != self.generation) {
             self.current_len += 1;
         }
@@ -74,13 +71,13 @@ impl CompletedIds {
         if self.ids.is_empty() {
             return None;
         }
-        let v = *self.ids.get(&fold(id))?;
+        let v = *self.ids.get(&key(id))?;
         (v >> 1 >= self.generation.saturating_sub(1)).then_some(v & 1 == 1)
     }
 
     /// Forgets `id` (its trace was opened again).
     pub(crate) fn remove(&mut self, id: &TraceId) {
-        if let Some(v) = self.ids.remove(&fold(id))
+        if let Some(v) = self.ids.remove(&key(id))
             && v >> 1 == self.generation
         {
             self.current_len = self.current_len.saturating_sub(1);
@@ -153,6 +150,15 @@ mod tests {
         c.remove(&id(2));
         assert_eq!(c.get(&id(2)), None);
         assert_eq!(c.get(&id(3)), None);
+    }
+
+    #[test]
+    fn ids_with_equal_halves_stay_distinct() {
+        let t0 = Instant::now();
+        let mut c = CompletedIds::new(Duration::from_secs(30), 1000);
+        c.insert(&TraceId([1; 16]), true, t0);
+        assert_eq!(c.get(&TraceId([1; 16])), Some(true));
+        assert_eq!(c.get(&TraceId([2; 16])), None);
     }
 
     #[test]

@@ -14,9 +14,9 @@
 //!   reservation in as a [`MemoryHold`]; every trace that got spans from the batch keeps a clone,
 //!   so the memory is released when the last of those traces completes.
 //!
-//! **Late spans.** The ids of recently completed traces are remembered (for at least the idle
-//! timeout and at most twice it, at most 2 × `max_traces_in_flight` of them; see
-//! [`completed`] for the compact layout). A span of such a trace is *late*: it is counted
+//! **Late spans.** The ids of recently completed traces are remembered (for the idle timeout to
+//! twice it, but at most 2 × `max_traces_in_flight` of them, which at high completion rates
+//! shortens the time; see [`completed`]). A span of such a trace is *late*: it is counted
 //! (`late_spans_total`) and handed back by [`TraceAssembler::poll`] in [`Ready::late`], so the
 //! pipeline can merge it where that is honest: into the stored trace behind
 //! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (the

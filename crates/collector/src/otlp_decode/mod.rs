@@ -28,7 +28,8 @@
 //! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is refused.
 //! - Span names and string values are [`Text`]s from a per-thread bounded [`Interner`] (the
 //!   same model, route or phase name is one shared string across all spans), except
-//!   `gen_ai.request.id`, which is unique per request and is copied.
+//!   `gen_ai.request.id`, which is unique per request and is copied. The bytes of strings a
+//!   decode allocated are reported by [`take_fresh_text_bytes`] for the memory limiter.
 
 mod json;
 mod protobuf;
@@ -58,6 +59,13 @@ fn with_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
     })
 }
 
+/// Heap bytes of the strings this thread's decoders allocated since the last call (see
+/// [`Interner::take_fresh_bytes`]): call it right after decoding a request, on the same thread,
+/// and reserve it with the request's spans.
+pub fn take_fresh_text_bytes() -> usize {
+    with_interner(Interner::take_fresh_bytes)
+}
+
 /// A string attribute value, validated as UTF-8: interned unless its key holds a per-request
 /// unique value.
 fn intern_value(
@@ -66,9 +74,11 @@ fn intern_value(
     interner: &mut Interner,
 ) -> Result<Text, DecodeError> {
     if key == sc::gen_ai::REQUEST_ID {
-        std::str::from_utf8(value)
+        let t = std::str::from_utf8(value)
             .map(Text::from)
-            .map_err(|_| DecodeError::InvalidUtf8)
+            .map_err(|_| DecodeError::InvalidUtf8)?;
+        interner.note_fresh(value.len());
+        Ok(t)
     } else {
         interner
             .intern_utf8(value)

@@ -630,6 +630,27 @@ mod tests {
     }
 
     #[test]
+    fn bytes_of_new_strings_are_reported_once_for_the_memory_limiter() {
+        let _ = crate::otlp_decode::take_fresh_text_bytes();
+        let spans: Vec<PSpan> = (1..=50u8)
+            .map(|i| PSpan {
+                name: format!("fresh-bytes test name {i:02}"),
+                ..span(i)
+            })
+            .collect();
+        let body = request(spans, Some("svc")).encode_to_vec();
+        decode_protobuf(&body).unwrap();
+        let first = crate::otlp_decode::take_fresh_text_bytes();
+        assert!(first >= 50 * "fresh-bytes test name 00".len(), "{first}");
+        decode_protobuf(&body).unwrap();
+        assert_eq!(
+            crate::otlp_decode::take_fresh_text_bytes(),
+            0,
+            "the same names again are shared"
+        );
+    }
+
+    #[test]
     fn known_key_index_agrees_with_the_reference() {
         for key in KNOWN_KEYS {
             assert_eq!(known_key(key.as_bytes()), Some(*key));

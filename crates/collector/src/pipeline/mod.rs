@@ -233,7 +233,7 @@ impl Pipeline {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(IngestError::ShuttingDown);
         }
-        let bytes: usize = batch.spans.iter().map(span_footprint).sum();
+        let bytes: usize = batch.spans.iter().map(span_footprint).sum::<usize>() + batch.text_bytes;
         let Some(reservation) = self.limiter.try_reserve(bytes) else {
             return Err(IngestError::Overloaded {
                 retry_after_secs: RETRY_AFTER_SECS,

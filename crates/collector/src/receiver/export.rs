@@ -100,6 +100,8 @@ impl Receiver {
             Payload::Protobuf(bytes) => (otlp_decode::decode_protobuf(&bytes), Some(bytes), None),
             Payload::Json(bytes) => (otlp_decode::decode_json(&bytes), None, Some(bytes)),
         };
+        // Same thread, right after decoding (nothing awaited in between).
+        let text_bytes = otlp_decode::take_fresh_text_bytes();
         let Decoded {
             spans,
             rejected,
@@ -129,6 +131,7 @@ impl Receiver {
                 spans,
                 raw_protobuf,
                 raw_json,
+                text_bytes,
             }) {
                 Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
                 Err(IngestError::Overloaded { retry_after_secs }) => {
