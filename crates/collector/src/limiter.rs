@@ -226,14 +226,10 @@ pub fn span_footprint(span: &Span) -> usize {
     for (_, value) in &span.attributes {
         bytes += match value {
             AttrValue::Str(_) => 0,
-            AttrValue::StrArray(items) => {
-                let outer = if items.capacity() > 0 {
-                    items.capacity() * size_of::<Text>() + ALLOCATION_OVERHEAD
-                } else {
-                    0
-                };
-                outer
+            AttrValue::StrArray(items) if items.capacity() > 0 => {
+                items.capacity() * size_of::<Text>() + ALLOCATION_OVERHEAD
             }
+            AttrValue::StrArray(_) => 0,
             AttrValue::Int(_) | AttrValue::Double(_) | AttrValue::Bool(_) => 0,
         };
     }
