@@ -618,10 +618,19 @@ proptest! {
     fn rolled_up_windows_equal_separately_recorded_ones(
         seed in any::<u64>(),
         steps in proptest::collection::vec((0u64..4_000, 0u8..10), 1..300),
+        not_multiple in any::<bool>(),
     ) {
-        let windows = [60u64, 300, 3600];
+        // The default windows (all rolled up), or with a 90 s window whose 1.5 s slots are not
+        // a multiple of the finest 1 s: that one gets every record directly.
+        let windows: Vec<u64> = if not_multiple { vec![60, 90, 3600] } else { vec![60, 300, 3600] };
         let mut rng = Rng(seed);
-        let mut all = KpiWindows::new(KpiConfig::default());
+        let mut all = KpiWindows::new(KpiConfig {
+            windows: windows.iter().map(|w| Duration::from_secs(*w)).collect(),
+            ..KpiConfig::default()
+        });
+        // The slot tap on: every record must come out of it exactly once.
+        prop_assert!(all.enable_slot_tap());
+        let mut tapped = 0u64;
         let mut single: Vec<KpiWindows> = windows
             .iter()
             .map(|w| KpiWindows::new(KpiConfig {
@@ -637,6 +646,11 @@ proptest! {
                 1 => now.saturating_sub(90 * SEC),
                 _ => now,
             };
+            if *late == 9 {
+                // A pipeline tick: complete the slots that ended.
+                all.roll_due(now);
+            }
+            tapped += all.take_tapped().iter().map(|t| t.accumulator.counts.requests).sum::<u64>();
             let r = random_full(&mut rng);
             all.record(&r, at);
             for s in &mut single {
@@ -658,5 +672,8 @@ proptest! {
                 }
             }
         }
+        all.roll_all();
+        tapped += all.take_tapped().iter().map(|t| t.accumulator.counts.requests).sum::<u64>();
+        prop_assert_eq!(tapped, steps.len() as u64, "every record tapped once");
     }
 }

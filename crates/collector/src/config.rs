@@ -120,7 +120,7 @@ pub struct ApiConfig {
     /// How many recently completed traces `/api/traces/{trace_id}` can return (a ring: the
     /// oldest is forgotten first). Also the admission rate: at most this many traces per second
     /// enter the ring (and as many again with a failed request); beyond, traces are analysed
-    /// but not kept. Default 1000.
+    /// but not kept (`infertrace_recent_traces_not_kept_total`). Default 1000.
     pub recent_traces: usize,
     /// Most spans those traces may hold in all (the oldest trace is forgotten first).
     /// Default 100000.

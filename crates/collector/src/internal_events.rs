@@ -55,6 +55,9 @@ pub struct InternalEvents {
     pub store_writes: Counter,
     /// `infertrace_store_dropped_total{reason}`: history-store items dropped.
     pub store_dropped: Family<DropLabels, Counter>,
+    /// `infertrace_recent_traces_not_kept_total`: traces analysed but not kept for
+    /// `/api/traces/{id}` (the recent-trace ring's admission rate was used up).
+    pub recent_traces_not_kept: Counter,
 }
 
 impl InternalEvents {
@@ -100,6 +103,11 @@ impl InternalEvents {
             prom::STORE_DROPPED,
             "History-store items dropped, by reason",
             self.store_dropped.clone(),
+        );
+        r.register(
+            prom::RECENT_TRACES_NOT_KEPT,
+            "Completed traces analysed but not kept in the recent-trace ring",
+            self.recent_traces_not_kept.clone(),
         );
     }
 

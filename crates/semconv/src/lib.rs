@@ -368,4 +368,7 @@ pub mod prom {
     pub const STORE_WRITES: &str = "store_writes";
     /// Self-metric: history-store items dropped, by reason (`queue_full`, `write_failed`).
     pub const STORE_DROPPED: &str = "store_dropped";
+    /// Self-metric: completed traces analysed but not kept in the recent-trace ring (its
+    /// admission rate, `api.recent_traces` per second, was used up).
+    pub const RECENT_TRACES_NOT_KEPT: &str = "recent_traces_not_kept";
 }

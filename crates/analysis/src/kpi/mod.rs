@@ -554,7 +554,15 @@ impl KpiWindows {
             }
         };
         series.last_record_unix_nano = series.last_record_unix_nano.max(end);
-        // Into the finest ring's slot not yet rolled up, the roll-up carries it on.
+        // Into the finest ring's slot not yet rolled up, the roll-up carries it on. A newer slot
+        // first completes the older ones (it may reuse one's place in the ring), as a record
+        // would. (With the slot tap on, the finest slots are shorter than anything restored,
+        // so restored data never reaches the tap.)
+        if let Some(&(0, index)) = fits.first()
+            && series.rings[0].newest().is_some_and(|n| index > n)
+        {
+            roll_up(&self.specs, &self.rolled, series, index, self.tap.as_mut());
+        }
         let pending_in_finest = fits.first().is_some_and(|&(pos, index)| {
             pos == 0 && !series.rings[0].absorb(&self.specs[0], index, accumulator)
         });
@@ -900,6 +908,42 @@ mod tests {
             w.record(&rec(0.1 + k as f64 * 0.01), 10_000 * SEC + k * SEC);
         }
         assert!(w.approx_memory_bytes() > empty);
+    }
+
+    #[test]
+    fn minutes_absorbed_into_the_finest_ring_reach_the_rolled_up_ring() {
+        // Windows whose finest slots are minutes: restored minutes land in the finest ring,
+        // and 119 of them wrap its 60 slots; none may be lost from the two-hour window, which
+        // must hold what a two-hour window alone would.
+        let config = sketch_config();
+        let slo = SloConfig::default();
+        let windows = |w: &[u64]| {
+            KpiWindows::new(KpiConfig {
+                windows: w.iter().map(|s| Duration::from_secs(*s)).collect(),
+                ..KpiConfig::default()
+            })
+        };
+        let (mut both, mut hour, mut two_hours) =
+            (windows(&[3600, 7200]), windows(&[3600]), windows(&[7200]));
+        let now = 1_000_000 * 60 * SEC;
+        let key = SeriesKey {
+            service: Arc::from("s"),
+            model: Arc::from(crate::record::UNKNOWN),
+            operation: Arc::from(crate::record::UNKNOWN),
+        };
+        for m in (1..=119u64).rev() {
+            let mut acc = Accumulator::default();
+            acc.add(&config, &slo, &rec(1.0));
+            for w in [&mut both, &mut hour, &mut two_hours] {
+                w.absorb_slot(&key, now - m * 60 * SEC, 60 * SEC, &acc);
+            }
+        }
+        let requests = |w: &KpiWindows, window: u64| {
+            w.snapshot(Duration::from_secs(window), now).series[0].requests
+        };
+        assert_eq!(requests(&both, 7200), requests(&two_hours, 7200));
+        assert!(requests(&both, 7200) >= 118);
+        assert_eq!(requests(&both, 3600), requests(&hour, 3600));
     }
 
     #[test]

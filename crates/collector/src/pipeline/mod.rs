@@ -286,6 +286,7 @@ impl Pipeline {
             return stats;
         }
         let mut overflowed = 0u64;
+        let mut not_kept = 0u64;
         let mut a = lock(&self.analysis);
         feed_store(&mut a, now_unix_nano);
         for trace in completed {
@@ -300,10 +301,12 @@ impl Pipeline {
                 .iter()
                 .any(|r| r.outcome != infertrace_analysis::record::Outcome::Ok);
             let keep = a.recent.admit(now_unix_nano, failed);
+            not_kept += u64::from(!keep);
             let mut requests = Vec::with_capacity(if keep { records.len() } else { 0 });
             stats.requests += records.len();
             for record in records {
-                if !a.kpis.record(&record, now_unix_nano) {
+                let kept = a.kpis.record(&record, now_unix_nano);
+                if !kept {
                     overflowed += 1;
                 }
                 // The KPI windows and the exporter apply the same cap to the same labels.
@@ -314,7 +317,7 @@ impl Pipeline {
                     a.prom.record_critical_path(p);
                 }
                 if let Some(f) = &mut a.store {
-                    f.record(&record, path.as_ref(), now_unix_nano);
+                    f.record_in(&record, path.as_ref(), now_unix_nano, !kept);
                 }
                 if keep {
                     requests.push(StoredRequest {
@@ -341,6 +344,9 @@ impl Pipeline {
         drop(a);
         if overflowed > 0 {
             self.events.series_overflow.inc_by(overflowed);
+        }
+        if not_kept > 0 {
+            self.events.recent_traces_not_kept.inc_by(not_kept);
         }
         self.requests_recorded
             .fetch_add(stats.requests as u64, Ordering::Relaxed);

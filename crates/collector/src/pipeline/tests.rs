@@ -130,6 +130,24 @@ fn completed_trace_feeds_kpis_metrics_and_the_trace_index() {
 }
 
 #[test]
+fn traces_past_the_ring_admission_rate_are_analysed_but_not_kept() {
+    let mut config = CollectorConfig::default();
+    config.api.recent_traces = 2;
+    let (p, _) = pipeline(&config);
+    let t0 = Instant::now();
+    let spans: Vec<Span> = (1..=10u8)
+        .flat_map(|k| request_trace(k, "m", 10, 20, 30, 4))
+        .collect();
+    p.ingest_at(batch(spans), t0).unwrap();
+    let stats = p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
+    assert_eq!(stats.requests, 10, "every trace is analysed");
+    let mut held = 0;
+    p.visit_recent_traces(&mut |_| held += 1);
+    assert_eq!(held, 2);
+    assert_eq!(p.events().recent_traces_not_kept.get(), 8);
+}
+
+#[test]
 fn memory_limit_refuses_with_overloaded() {
     let events = InternalEvents::default();
     let p = Pipeline::new(

@@ -52,9 +52,13 @@ impl Ord for E2e {
 /// Collects the current minute in memory and hands it to the writer. Not thread-safe by itself:
 /// the pipeline keeps it beside its KPI windows, under the same lock.
 ///
-/// Series are labelled as `KpiWindows` labels them (its [`KpiConfig::dimensions`]), at most
-/// [`KpiConfig::max_series`] per minute (the rest go to the [`OVERFLOW_LABEL`] series), so the
-/// stored minutes rebuild exactly the series the windows would have held.
+/// Series are labelled as `KpiWindows` labels them (its [`KpiConfig::dimensions`]). Fed from
+/// the windows' slots ([`use_tapped_slots`](Self::use_tapped_slots), the pipeline's way) the
+/// stored series are exactly the windows' own, overflow included (the windows' cap holds a
+/// series for as long as it has records in the longest window), and a captured request is
+/// filed under the series its record went to ([`record_in`](Self::record_in)). Fed record by
+/// record, at most [`KpiConfig::max_series`] series per minute are kept (the rest go to the
+/// [`OVERFLOW_LABEL`] series).
 #[derive(Debug)]
 pub struct StoreFeed {
     writer: StoreWriter,
@@ -156,10 +160,24 @@ impl StoreFeed {
         critical_path: Option<&CriticalPath>,
         now_unix_nano: u64,
     ) {
+        self.record_in(record, critical_path, now_unix_nano, false);
+    }
+
+    /// [`record`](Self::record), saying whether the KPI windows put the record in their
+    /// overflow series (what `KpiWindows::record` returned, negated), so that in tapped mode a
+    /// captured request is filed under the series its minute is stored in.
+    pub fn record_in(
+        &mut self,
+        record: &RequestRecord,
+        critical_path: Option<&CriticalPath>,
+        now_unix_nano: u64,
+        overflowed: bool,
+    ) {
         self.tick(now_unix_nano);
         let minute = self.minute.unwrap_or_else(|| minute_of(now_unix_nano));
         if self.tapped {
-            self.capture(minute, None, record, critical_path);
+            let series = overflowed.then(|| self.overflow_key());
+            self.capture(minute, series, record, critical_path);
             return;
         }
         let (service, model, operation) = (
@@ -214,8 +232,23 @@ impl StoreFeed {
         self.capture(minute, Some(key), record, critical_path);
     }
 
-    /// The series key `record` has in the KPI windows (for captured requests in tapped mode;
-    /// the overflow series is not known here, so the record's own labels are used).
+    /// The overflow series' key, labelled as the KPI windows label it.
+    fn overflow_key(&self) -> SeriesKey {
+        let label = |d| {
+            Arc::from(if self.dimensions.contains(&d) {
+                OVERFLOW_LABEL
+            } else {
+                ""
+            })
+        };
+        SeriesKey {
+            service: label(Dimension::Service),
+            model: label(Dimension::Model),
+            operation: label(Dimension::Operation),
+        }
+    }
+
+    /// The series key a record not in the overflow series has.
     fn key_of(&self, record: &RequestRecord) -> SeriesKey {
         SeriesKey {
             service: Arc::from(self.label(Dimension::Service, &record.service)),
@@ -390,19 +423,18 @@ mod tests {
             };
             let mut r = rec(model, (x >> 11) as f64 / (1u64 << 53) as f64 * 5.0, outcome);
             r.ttft = Some(r.e2e / 4.0);
-            // Spread over 50 s of one minute, some late by 3 s (into seconds already rolled
-            // up); the pipeline's order: completed seconds first, then the tick, then records.
-            let now = minute + k * 50 * 1_000_000_000 / 3_000;
+            // Spread over 170 s across three minutes, some late by 3 s (into seconds already
+            // rolled up, across minute boundaries too); the pipeline's order on every tick:
+            // completed seconds first, then the feed's tick, then the records.
+            let now = minute + 5_000_000_000 + k * 170 * 1_000_000_000 / 3_000;
             let at = if x.is_multiple_of(29) {
                 now.saturating_sub(3_000_000_000).max(minute)
             } else {
                 now
             };
-            if k % 100 == 0 {
-                windows.roll_due(now);
-                tapped.absorb(windows.take_tapped());
-                tapped.tick(now);
-            }
+            windows.roll_due(now);
+            tapped.absorb(windows.take_tapped());
+            tapped.tick(now);
             every.record(&r, None, at);
             windows.record(&r, at);
             tapped.record(&r, None, at);
@@ -415,7 +447,7 @@ mod tests {
         writer_a.flush().unwrap();
         writer_b.flush().unwrap();
         let from = minute - MINUTE_NANOS;
-        let to = minute + 2 * MINUTE_NANOS;
+        let to = minute + 4 * MINUTE_NANOS;
         for model in ["a", "b", "c"] {
             let filter = HistoryFilter {
                 model: Some(model.to_owned()),
@@ -436,15 +468,13 @@ mod tests {
                     h.iter().map(|p| p.value).collect::<Vec<_>>()
                 };
                 assert_eq!(values(&a), values(&b), "{model} {kpi}");
-                assert!(
-                    values(&a).iter().any(Option::is_some),
-                    "{model} {kpi}: no data"
-                );
+                let minutes_with_data = values(&a).iter().filter(|v| v.is_some()).count();
+                assert_eq!(minutes_with_data, 3, "{model} {kpi}: {:?}", values(&a));
             }
         }
         let slow = |store: &Store| {
             let mut e2e: Vec<f64> = store
-                .slow_requests(minute, minute + MINUTE_NANOS, 1000)
+                .slow_requests(minute, minute + 3 * MINUTE_NANOS, 1000)
                 .unwrap()
                 .iter()
                 .map(|r| r.e2e)
@@ -453,6 +483,28 @@ mod tests {
             e2e
         };
         assert_eq!(slow(&store_a), slow(&store_b), "same captured requests");
+    }
+
+    #[test]
+    fn tapped_captures_of_overflowed_records_are_filed_under_the_overflow_series() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let writer = store.start_writer(InternalEvents::default()).unwrap();
+        let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+        feed.use_tapped_slots();
+        let minute = minute_of(crate::store::unix_nanos_now()) - 5 * MINUTE_NANOS;
+        feed.record_in(&rec("kept", 1.0, Outcome::Error), None, minute + 1, false);
+        feed.record_in(&rec("over", 1.0, Outcome::Error), None, minute + 2, true);
+        feed.hand_over(minute + 3);
+        writer.flush().unwrap();
+        let mut models: Vec<String> = store
+            .slow_requests(minute, minute + MINUTE_NANOS, 10)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.model)
+            .collect();
+        models.sort();
+        assert_eq!(models, [OVERFLOW_LABEL, "kept"]);
     }
 
     #[test]
