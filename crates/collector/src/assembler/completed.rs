@@ -3,8 +3,11 @@
 //!
 //! Every new trace looks its id up here (a miss, nearly always), and the set holds up to twice
 //! `max_traces_in_flight` ids (millions when that limit is raised for high rates), so its layout
-//! matters more than its code: each id is kept whole, with one flag and a generation number, in
-//! a single hash table — one probe per lookup. Every `span` (the idle timeout) a new generation
+//! matters more than its code: each id is kept as a 64-bit hash of the whole id (seeded per
+//! process, so two ids share it with probability 2⁻⁶⁴ however they are built — an id with
+//! equal halves is as distinct as any; a false match would make one span look late), with one
+//! flag and a generation number, in a single hash table of 16-byte entries — one probe per
+//! lookup. Every `span` (the idle timeout) a new generation
 //! starts and the entries two generations old are purged in one pass (tens of milliseconds for
 //! millions of ids, once per `span`, under the assembler's lock). An id is remembered for at
 //! least `span` and at most twice that — unless a generation reaches `max_ids` first and ends
@@ -12,9 +15,10 @@
 //! ids are then remembered for less than `span`: a span that arrives later still is taken for
 //! the start of a new trace, as with the earlier layout's count bound). Measured before this
 //! layout (a map of ids with completion instants and an order queue): ~100 B per id and three
-//! probes per trace; now ~35–70 B (the table's load factor) and one.
+//! probes per trace; now ~20–40 B (the table's load factor) and one.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
 use foldhash::fast::RandomState;
@@ -23,8 +27,10 @@ use infertrace_analysis::trace::TraceId;
 /// Recently completed trace ids (see the module docs).
 #[derive(Debug)]
 pub(crate) struct CompletedIds {
-    /// id → generation << 1 | whether the completed trace had a request span.
-    ids: HashMap<u128, u64, RandomState>,
+    /// hash(id) → generation << 1 | whether the completed trace had a request span.
+    ids: HashMap<u64, u64, RandomState>,
+    /// Seeds the ids' hash.
+    hasher: RandomState,
     /// The current generation.
     generation: u64,
     /// Ids added in the current generation.
@@ -35,9 +41,11 @@ pub(crate) struct CompletedIds {
     max_ids: usize,
 }
 
-/// The id as one integer key.
-fn key(id: &TraceId) -> u128 {
-    u128::from_le_bytes(id.0)
+impl CompletedIds {
+    /// The seeded 64-bit hash an id is kept as.
+    fn key(&self, id: &TraceId) -> u64 {
+        self.hasher.hash_one(u128::from_le_bytes(id.0))
+    }
 }
 
 impl CompletedIds {
@@ -45,6 +53,7 @@ impl CompletedIds {
     pub(crate) fn new(span: Duration, max_ids: usize) -> Self {
         Self {
             ids: HashMap::default(),
+            hasher: RandomState::default(),
             generation: 1,
             current_len: 0,
             since: None,
@@ -60,7 +69,7 @@ impl CompletedIds {
             self.turn(now);
         }
         let value = self.generation << 1 | u64::from(had_request);
-        let before = self.ids.insert(key(id), value);
+        let before = self.ids.insert(self.key(id), value);
         if before.is_none_or(|v| v >> 1 != self.generation) {
             self.current_len += 1;
         }
@@ -71,13 +80,13 @@ impl CompletedIds {
         if self.ids.is_empty() {
             return None;
         }
-        let v = *self.ids.get(&key(id))?;
+        let v = *self.ids.get(&self.key(id))?;
         (v >> 1 >= self.generation.saturating_sub(1)).then_some(v & 1 == 1)
     }
 
     /// Forgets `id` (its trace was opened again).
     pub(crate) fn remove(&mut self, id: &TraceId) {
-        if let Some(v) = self.ids.remove(&key(id))
+        if let Some(v) = self.ids.remove(&self.key(id))
             && v >> 1 == self.generation
         {
             self.current_len = self.current_len.saturating_sub(1);
