@@ -6,41 +6,12 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Collector, bin, free_port, http};
+use common::{Collector, bin, free_port, http, traces};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// `n` requests of the infertrace dialect ending just now, with 20 ms queue, 30 ms prefill and
 /// 100 ms decode each, as one OTLP/JSON export request.
-fn traces(n: u64) -> Value {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let ms = 1_000_000u64;
-    let mut spans = Vec::new();
-    for i in 0..n {
-        let t0 = now - 200 * ms - i * ms;
-        let trace = format!("{:032x}", 0x5000 + i);
-        let root = format!("{:016x}", 0x10 + i * 8);
-        let kv = |k: &str, v: &str| json!({"key": k, "value": {"stringValue": v}});
-        spans.push(json!({"traceId": trace, "spanId": root, "name": "chat m", "kind": 2,
-            "startTimeUnixNano": t0.to_string(), "endTimeUnixNano": (t0 + 150 * ms).to_string(),
-            "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m"), kv("infer.outcome", "ok"),
-                           {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "11"}}]}));
-        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)]
-            .into_iter()
-            .enumerate()
-        {
-            spans.push(json!({"traceId": trace, "spanId": format!("{:016x}", 0x10 + i * 8 + j as u64 + 1),
-                "parentSpanId": root, "name": name, "kind": 1,
-                "startTimeUnixNano": (t0 + a * ms).to_string(), "endTimeUnixNano": (t0 + b * ms).to_string()}));
-        }
-    }
-    json!({"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "cli-test"}}]},
-        "scopeSpans": [{"spans": spans}]}]})
-}
-
 fn report(api: u16) -> Value {
     let out = bin()
         .args([
@@ -66,7 +37,7 @@ fn report(api: u16) -> Value {
 fn collect_then_report() {
     // History has its own tests (history.rs): nothing is written here.
     let c = Collector::start(["--no-store"]);
-    let body = traces(25).to_string();
+    let body = traces(25, 0x5000).to_string();
     let (status, resp) = http(
         c.otlp_http,
         "POST",
@@ -146,7 +117,7 @@ fn sigterm_flushes_traces_in_flight() {
         "POST",
         "/v1/traces",
         "application/json",
-        traces(3).to_string().as_bytes(),
+        traces(3, 0x5000).to_string().as_bytes(),
     );
     assert_eq!(status, 200);
     // Immediately, well inside the 2 s grace period: the traces are still being assembled.

@@ -16,37 +16,11 @@ use infertrace_analysis::record::{Dialect, Outcome, RequestRecord};
 use infertrace_analysis::trace::{SpanId, TraceId};
 use infertrace_collector::InternalEvents;
 use infertrace_collector::store::{DB_FILE_NAME, Store, StoreOptions, unix_nanos_now};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use common::{Collector, bin, free_port, http};
+use common::{Collector, bin, free_port, http, traces};
 
 const MS: u64 = 1_000_000;
-
-/// `n` requests ending just now: 20 ms queue, 30 ms prefill, 100 ms decode, 11 output tokens.
-fn traces(n: u64) -> Value {
-    let now = unix_nanos_now();
-    let mut spans = Vec::new();
-    for i in 0..n {
-        let t0 = now - 200 * MS - i * MS;
-        let trace = format!("{:032x}", 0x7000 + i);
-        let root = format!("{:016x}", 0x10 + i * 8);
-        let kv = |k: &str, v: &str| json!({"key": k, "value": {"stringValue": v}});
-        spans.push(json!({"traceId": trace, "spanId": root, "name": "chat m", "kind": 2,
-            "startTimeUnixNano": t0.to_string(), "endTimeUnixNano": (t0 + 150 * MS).to_string(),
-            "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m"), kv("infer.outcome", "ok"),
-                           {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "11"}}]}));
-        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)]
-            .into_iter()
-            .enumerate()
-        {
-            spans.push(json!({"traceId": trace, "spanId": format!("{:016x}", 0x10 + i * 8 + j as u64 + 1),
-                "parentSpanId": root, "name": name, "kind": 1,
-                "startTimeUnixNano": (t0 + a * MS).to_string(), "endTimeUnixNano": (t0 + b * MS).to_string()}));
-        }
-    }
-    json!({"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "cli-test"}}]},
-        "scopeSpans": [{"spans": spans}]}]})
-}
 
 /// Stores `n` requests of 300 ms (TTFT 100 ms) as received 62 minutes ago: the baseline of
 /// `--compare 1h`, outside the restored 1h window and the `--since 1h` range.
@@ -130,7 +104,7 @@ fn report_since_and_compare_read_the_store() {
         "POST",
         "/v1/traces",
         "application/json",
-        traces(25).to_string().as_bytes(),
+        traces(25, 0x7000).to_string().as_bytes(),
     );
     assert_eq!(status, 200, "{resp}");
 

@@ -1,5 +1,5 @@
-//! What the CLI's process tests share: the binary, free ports, a minimal HTTP/1.1 client, and
-//! an `infertrace collect` child process that is killed when dropped.
+//! What the CLI's process tests share: the binary, free ports, a minimal HTTP/1.1 client, an
+//! `infertrace collect` child process that is killed when dropped, and OTLP/JSON traffic.
 
 #![allow(dead_code)] // each test crate uses a different subset
 
@@ -96,4 +96,35 @@ impl Drop for Collector {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// OTLP/JSON of `n` infertrace requests of service `cli-test`, model `m`, ending just now:
+/// 20 ms queue, 30 ms prefill, 100 ms decode, 11 output tokens; trace ids from `id_base` on.
+pub fn traces(n: u64, id_base: u64) -> serde_json::Value {
+    use serde_json::json;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let ms = 1_000_000u64;
+    let mut spans = Vec::new();
+    for i in 0..n {
+        let t0 = now - 200 * ms - i * ms;
+        let trace = format!("{:032x}", id_base + i);
+        let root = format!("{:016x}", 0x10 + i * 8);
+        let kv = |k: &str, v: &str| json!({"key": k, "value": {"stringValue": v}});
+        spans.push(json!({"traceId": trace, "spanId": root, "name": "chat m", "kind": 2,
+            "startTimeUnixNano": t0.to_string(), "endTimeUnixNano": (t0 + 150 * ms).to_string(),
+            "attributes": [kv("gen_ai.operation.name", "chat"), kv("gen_ai.request.model", "m"), kv("infer.outcome", "ok"),
+                           {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "11"}}]}));
+        for (j, (name, a, b)) in [("queue", 0, 20), ("prefill", 20, 50), ("decode", 50, 150)]
+            .into_iter()
+            .enumerate()
+        {
+            spans.push(json!({"traceId": trace, "spanId": format!("{:016x}", 0x10 + i * 8 + j as u64 + 1),
+                "parentSpanId": root, "name": name, "kind": 1,
+                "startTimeUnixNano": (t0 + a * ms).to_string(), "endTimeUnixNano": (t0 + b * ms).to_string()}));
+        }
+    }
+    json!({"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "cli-test"}}]},
+        "scopeSpans": [{"spans": spans}]}]})
 }
