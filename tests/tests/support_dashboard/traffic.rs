@@ -5,13 +5,9 @@
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use infertrace_e2e::{export_request, kv_f64, kv_int, kv_str};
 use infertrace_semconv as sc;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{
-    ResourceSpans, ScopeSpans, Span, Status, span, status,
-};
+use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
 use prost::Message;
 
 use super::HttpClient;
@@ -108,36 +104,6 @@ pub fn requests(n: usize, seed: u64) -> Vec<Request> {
         .collect()
 }
 
-fn kv_str(key: &str, v: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(v.to_owned())),
-        }),
-        ..Default::default()
-    }
-}
-
-fn kv_int(key: &str, v: u64) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::IntValue(v as i64)),
-        }),
-        ..Default::default()
-    }
-}
-
-fn kv_f64(key: &str, v: f64) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::DoubleValue(v)),
-        }),
-        ..Default::default()
-    }
-}
-
 fn span_id(r: &Request, n: u8) -> Vec<u8> {
     let mut id = r.trace_id[..8].to_vec();
     id[7] = id[7].wrapping_add(n);
@@ -214,26 +180,6 @@ fn phase_spans(r: &Request) -> Vec<Span> {
         at += d;
     }
     out
-}
-
-fn export_request(service: &str, spans: Vec<Span>) -> ExportTraceServiceRequest {
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: vec![kv_str(sc::resource::SERVICE_NAME, service)],
-                ..Default::default()
-            }),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(InstrumentationScope {
-                    name: "infertrace-tower".to_owned(),
-                    ..Default::default()
-                }),
-                spans,
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
 }
 
 /// Sends the requests to an OTLP/HTTP receiver, one batch per service.

@@ -7,13 +7,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use infertrace_e2e::{export_request, kv_int, kv_str};
 use infertrace_semconv as sc;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{
-    ResourceSpans, ScopeSpans, Span, Status, span, status,
-};
+use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
 use prost::Message;
 
 use super::HttpClient;
@@ -109,26 +105,6 @@ pub fn requests(n: usize) -> Vec<RequestSpec> {
         .collect()
 }
 
-fn kv_str(key: &str, v: &str) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(v.to_owned())),
-        }),
-        ..Default::default()
-    }
-}
-
-fn kv_int(key: &str, v: u64) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::IntValue(v as i64)),
-        }),
-        ..Default::default()
-    }
-}
-
 fn span_id(trace: &RequestSpec, n: u8) -> Vec<u8> {
     let mut id = trace.trace_id[..8].to_vec();
     id[7] = id[7].wrapping_add(n);
@@ -203,26 +179,6 @@ pub fn phase_spans(r: &RequestSpec) -> Vec<Span> {
     out
 }
 
-pub fn export_request(spans: Vec<Span>) -> ExportTraceServiceRequest {
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: vec![kv_str(sc::resource::SERVICE_NAME, SERVICE)],
-                ..Default::default()
-            }),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(InstrumentationScope {
-                    name: "infertrace-tower".to_owned(),
-                    ..Default::default()
-                }),
-                spans,
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
-}
-
 /// Sends `traces` to an OTLP/HTTP receiver the way an SDK's batch processor does: phase spans
 /// (which end first) in one batch, the request spans in a later one, 40 traces per batch.
 pub async fn send(http: &HttpClient, receiver: SocketAddr, traces: &[&RequestSpec]) {
@@ -231,7 +187,7 @@ pub async fn send(http: &HttpClient, receiver: SocketAddr, traces: &[&RequestSpe
         let phases: Vec<Span> = chunk.iter().flat_map(|r| phase_spans(r)).collect();
         let reqs: Vec<Span> = chunk.iter().map(|r| request_span(r)).collect();
         for batch in [phases, reqs] {
-            let body = export_request(batch).encode_to_vec();
+            let body = export_request(SERVICE, batch).encode_to_vec();
             let (status, resp) = http
                 .post(&url, "application/x-protobuf", body)
                 .await
