@@ -11,6 +11,10 @@
 //!   first token, more tokens, usage, finish), ~25 attributes, metrics to a no-op meter;
 //! - `infertrace_fast`: the same exported directly to the span processor
 //!   (`with_span_processor`: finished `SpanData`, no tracer);
+//! - `infertrace_handover`: the same with infertrace's own batch processor
+//!   (`SharedSpanProcessor::batch_with`, what `with_otlp` wires): one queue entry per request,
+//!   the four spans built on the export thread (`_metrics`: plus every metric into an SDK
+//!   meter provider);
 //! - `infertrace_global`: the same through the global (boxed) tracer;
 //! - `infertrace_metrics`: the same plus every metric recorded into an SDK meter provider;
 //! - `otel_instrumentation_tower`: `opentelemetry-instrumentation-tower` 0.19, one span, tracing
@@ -47,7 +51,7 @@ use criterion::Criterion;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use infertrace_tower::{InferenceTraceLayer, RequestRecorder, SharedSpanProcessor};
+use infertrace_tower::{BatchSettings, InferenceTraceLayer, RequestRecorder, SharedSpanProcessor};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
@@ -339,6 +343,43 @@ fn benches(c: &mut Criterion) {
         .with_span_processor(processor.clone())
         .default_model("llama-3.1-8b");
     bench_service(c, "request", "infertrace_fast", fast.layer(engine), 4);
+    // The direct path into infertrace's batch processor (what `with_otlp` wires): each request
+    // handed over as one queue entry, its spans built on the export thread. Same exporter, the
+    // same queue depth in spans (16,384 requests of 4 spans) and export batch size.
+    let own = SharedSpanProcessor::batch_with(
+        DropExporter,
+        &opentelemetry_sdk::Resource::builder().build(),
+        BatchSettings {
+            max_queue_size: 1 << 14,
+            scheduled_delay: Duration::from_secs(5),
+            max_export_batch_size: 4096,
+        },
+    )
+    .expect("export thread");
+    let handover = InferenceTraceLayer::new()
+        .with_tracer_provider(&tracer_provider)
+        .with_span_processor(own.clone())
+        .default_model("llama-3.1-8b");
+    bench_service(
+        c,
+        "request",
+        "infertrace_handover",
+        handover.layer(engine),
+        4,
+    );
+    let handover_meters = meter_provider();
+    let handover_metrics = InferenceTraceLayer::new()
+        .with_tracer_provider(&tracer_provider)
+        .with_span_processor(own.clone())
+        .with_meter_provider(&handover_meters)
+        .default_model("llama-3.1-8b");
+    bench_service(
+        c,
+        "request",
+        "infertrace_handover_metrics",
+        handover_metrics.layer(engine),
+        4,
+    );
     // The layer without the hand-off: its spans are built, then dropped on the request thread
     // (metrics to the global no-op meter, as for `infertrace_fast`).
     let no_handoff = InferenceTraceLayer::new()
@@ -455,6 +496,7 @@ fn benches(c: &mut Criterion) {
         });
 
     let _ = tracer_provider.force_flush();
+    let _ = own.force_flush();
 }
 
 /// One scripted GPU (constant readings, energy counter at 300 W) and scripted host counters,
@@ -515,6 +557,8 @@ fn summary() {
         "bare",
         "infertrace",
         "infertrace_fast",
+        "infertrace_handover",
+        "infertrace_handover_metrics",
         "infertrace_global",
         "infertrace_metrics",
         "infertrace_gpu",

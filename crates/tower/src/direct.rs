@@ -22,6 +22,7 @@
 //! receives afterwards).
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -34,8 +35,15 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
     IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, Span, SpanData, SpanEvents,
-    SpanLinks, SpanProcessor,
+    SpanExporter, SpanLinks, SpanProcessor,
 };
+
+use crate::batch::{
+    BatchProcessor, BatchSettings, FinishedRequest, PhaseSpan, PhaseSpans, phase_span_data,
+};
+use crate::end_attributes::EndAttributes;
+use crate::request_facts::{START_ATTRIBUTES, StartAttributes};
+use crate::spans::REQUEST_ATTRIBUTE_ROOM;
 
 /// A [`SpanProcessor`] that can be shared: one clone goes into a tracer provider (for the
 /// handler's own spans), another to
@@ -68,6 +76,8 @@ use opentelemetry_sdk::trace::{
 #[derive(Clone)]
 pub struct SharedSpanProcessor {
     inner: Arc<dyn SpanProcessor>,
+    /// The same processor when it is infertrace's own batch processor ([`Self::batch`]).
+    batch: Option<Arc<BatchProcessor>>,
 }
 
 impl SharedSpanProcessor {
@@ -76,7 +86,64 @@ impl SharedSpanProcessor {
         processor.set_resource(resource);
         Self {
             inner: Arc::new(processor),
+            batch: None,
         }
+    }
+
+    /// infertrace's batch processor exporting to `exporter` (given `resource`): batching as the
+    /// SDK's `BatchSpanProcessor` does, with its `OTEL_BSP_MAX_QUEUE_SIZE`,
+    /// `OTEL_BSP_SCHEDULE_DELAY` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` variables and defaults, on
+    /// one export thread. Other spans pass through it unchanged; a layer using it
+    /// ([`with_span_processor`](crate::InferenceTraceLayer::with_span_processor),
+    /// [`with_otlp`](crate::InferenceTraceLayer::with_otlp)) hands each finished request over
+    /// as one queue entry, and its four spans are built on the export thread. A full queue drops
+    /// (and counts, see [`dropped_spans`](Self::dropped_spans)) rather than block a request.
+    /// `OTEL_BSP_EXPORT_TIMEOUT` is not applied: an export call takes as long as the exporter's
+    /// own timeout allows (as with the SDK's thread-based processor).
+    ///
+    /// Fails only if the export thread cannot be started.
+    ///
+    /// ```
+    /// use infertrace_tower::{InferenceTraceLayer, SharedSpanProcessor};
+    /// use opentelemetry_sdk::Resource;
+    /// use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    ///
+    /// let resource = Resource::builder().with_service_name("my-llm-server").build();
+    /// let processor = SharedSpanProcessor::batch(InMemorySpanExporter::default(), &resource)?;
+    /// let provider = SdkTracerProvider::builder()
+    ///     .with_span_processor(processor.clone())
+    ///     .with_resource(resource)
+    ///     .build();
+    /// let layer = InferenceTraceLayer::new()
+    ///     .with_tracer_provider(&provider)
+    ///     .with_span_processor(processor);
+    /// # let _ = layer;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn batch(
+        exporter: impl SpanExporter + 'static,
+        resource: &Resource,
+    ) -> std::io::Result<Self> {
+        Self::batch_with(exporter, resource, BatchSettings::from_env())
+    }
+
+    /// [`batch`](Self::batch) with explicit settings instead of the environment's.
+    pub fn batch_with(
+        exporter: impl SpanExporter + 'static,
+        resource: &Resource,
+        settings: BatchSettings,
+    ) -> std::io::Result<Self> {
+        let batch = Arc::new(BatchProcessor::new(exporter, resource, settings)?);
+        Ok(Self {
+            inner: Arc::clone(&batch) as Arc<dyn SpanProcessor>,
+            batch: Some(batch),
+        })
+    }
+
+    /// Spans dropped so far by infertrace's batch processor (queue full, or after shutdown);
+    /// `None` for a processor made with [`new`](Self::new), which keeps its own account.
+    pub fn dropped_spans(&self) -> Option<u64> {
+        self.batch.as_ref().map(|b| b.dropped_spans())
     }
 }
 
@@ -118,29 +185,41 @@ impl SpanProcessor for SharedSpanProcessor {
 pub(crate) struct DirectExport {
     processor: SharedSpanProcessor,
     sampler: Box<dyn ShouldSample>,
+    /// Whether the sampler may read the request span's attributes: the SDK's own samplers
+    /// (from `OTEL_TRACES_SAMPLER`, the default) never do, so they are not listed for them.
+    sampler_reads_attributes: bool,
     ids: RandomIdGenerator,
 }
 
 impl DirectExport {
+    /// Exports to `processor`, sampling with `sampler`, one of the SDK's own samplers (which
+    /// never read attributes).
     pub(crate) fn new(processor: SharedSpanProcessor, sampler: Box<dyn ShouldSample>) -> Self {
         Self {
             processor,
             sampler,
+            sampler_reads_attributes: false,
             ids: RandomIdGenerator::default(),
         }
     }
 
-    pub(crate) fn set_sampler(&mut self, sampler: Box<dyn ShouldSample>) {
+    /// Samples with `sampler` instead; `reads_attributes`: it may look at span attributes.
+    pub(crate) fn set_sampler(&mut self, sampler: Box<dyn ShouldSample>, reads_attributes: bool) {
         self.sampler = sampler;
+        self.sampler_reads_attributes = reads_attributes;
     }
 
     /// The SERVER request span, started at `start` under `parent`: its identity and sampling
     /// decision are final; attributes and status are added until [`DirectSpan::end`].
+    ///
+    /// With infertrace's batch processor the arrival attributes stay values until the export
+    /// thread writes them (a sampler that may read attributes sees them in a reused per-thread
+    /// list); otherwise they become the span's attribute list now.
     pub(crate) fn start_request(
         &self,
         name: Cow<'static, str>,
         start: SystemTime,
-        mut attributes: Vec<KeyValue>,
+        start_attributes: StartAttributes,
         parent: &Context,
     ) -> DirectSpan {
         let parent_span = parent.span();
@@ -151,17 +230,37 @@ impl DirectExport {
             (false, self.ids.new_trace_id())
         };
         let span_id = self.ids.new_span_id();
+        let (mut attributes, deferred) = if self.processor.batch.is_some() {
+            (Vec::new(), Some(start_attributes))
+        } else {
+            (start_attributes.to_vec(REQUEST_ATTRIBUTE_ROOM), None)
+        };
         let result = if parent.is_telemetry_suppressed() {
             None
         } else {
-            Some(self.sampler.should_sample(
-                Some(parent),
-                trace_id,
-                &name,
-                &SpanKind::Server,
-                &attributes,
-                &[],
-            ))
+            let sample = |attributes: &[KeyValue]| {
+                self.sampler.should_sample(
+                    Some(parent),
+                    trace_id,
+                    &name,
+                    &SpanKind::Server,
+                    attributes,
+                    &[],
+                )
+            };
+            Some(match &deferred {
+                None => sample(&attributes),
+                Some(_) if !self.sampler_reads_attributes => sample(&[]),
+                Some(start) => SAMPLER_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+                    Ok(mut list) => {
+                        start.write(&mut |kv| list.push(kv));
+                        let result = sample(&list);
+                        list.clear();
+                        result
+                    }
+                    Err(_) => sample(&start.to_vec(0)),
+                }),
+            })
         };
         let (decision, trace_state) = match result {
             Some(r) => {
@@ -186,6 +285,7 @@ impl DirectExport {
             parent_span_is_remote: psc_valid && psc.is_remote(),
             name,
             start,
+            start_attributes: deferred.filter(|_| recording),
             attributes,
             status: Status::Unset,
             recording,
@@ -193,38 +293,10 @@ impl DirectExport {
         }
     }
 
-    /// Exports one finished INTERNAL phase span `[start, end]` under the request span `parent`.
-    pub(crate) fn phase(
-        &self,
-        name: &'static str,
-        start: SystemTime,
-        end: SystemTime,
-        attributes: Vec<KeyValue>,
-        parent: &SpanContext,
-    ) {
-        let context = SpanContext::new(
-            parent.trace_id(),
-            self.ids.new_span_id(),
-            parent.trace_flags(),
-            false,
-            parent.trace_state().clone(),
-        );
-        self.processor.on_end(SpanData {
-            span_context: context,
-            parent_span_id: parent.span_id(),
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Internal,
-            name: Cow::Borrowed(name),
-            start_time: start,
-            end_time: end,
-            attributes,
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: Status::Unset,
-            // Built from constants: cheaper than cloning a stored scope.
-            instrumentation_scope: crate::layer::scope(),
-        });
+    /// Exports one finished INTERNAL phase span under the request span `parent`.
+    pub(crate) fn phase(&self, phase: PhaseSpan, parent: &SpanContext) {
+        self.processor
+            .on_end(phase_span_data(parent, &self.ids, phase));
     }
 
     /// Ends `span` at `end` and exports it, once, if it is recording.
@@ -236,23 +308,50 @@ impl DirectExport {
         if !span.recording {
             return;
         }
-        self.processor.on_end(SpanData {
-            span_context: span.context.clone(),
-            parent_span_id: span.parent_span_id,
-            parent_span_is_remote: span.parent_span_is_remote,
-            span_kind: SpanKind::Server,
-            name: std::mem::take(&mut span.name),
-            start_time: span.start,
-            end_time: end,
-            attributes: std::mem::take(&mut span.attributes),
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: std::mem::take(&mut span.status),
-            // Built from constants: cheaper than cloning a stored scope.
-            instrumentation_scope: crate::layer::scope(),
-        });
+        self.processor
+            .on_end(DirectSpan::take(span).into_span_data(end, |_| {}));
     }
+
+    /// Ends a recording request span at `end` with its end attributes and phase spans: as one
+    /// queue entry to infertrace's batch processor, else span by span.
+    #[inline]
+    pub(crate) fn finish(
+        &self,
+        span: &mut DirectSpan,
+        end: SystemTime,
+        end_attributes: EndAttributes,
+        phases: PhaseSpans,
+    ) {
+        if span.ended || !span.recording {
+            span.ended = true;
+            return;
+        }
+        if let Some(batch) = &self.processor.batch {
+            let request = DirectSpan::take(span);
+            batch.submit_request(FinishedRequest {
+                span: request,
+                end,
+                end_attributes,
+                phases,
+            });
+            return;
+        }
+        if span.context.is_sampled() {
+            for phase in phases {
+                self.phase(phase, &span.context);
+            }
+        }
+        span.ended = true;
+        self.processor
+            .on_end(DirectSpan::take(span).into_span_data(end, |attributes| {
+                end_attributes.write(&mut |kv| attributes.push(kv))
+            }));
+    }
+}
+
+thread_local! {
+    /// The list a sampler sees a request's arrival attributes in, when they are kept as values.
+    static SAMPLER_SCRATCH: RefCell<Vec<KeyValue>> = RefCell::new(Vec::with_capacity(START_ATTRIBUTES));
 }
 
 /// The request span on the direct path: its final identity, and what it collects until it ends.
@@ -263,6 +362,11 @@ pub(crate) struct DirectSpan {
     parent_span_is_remote: bool,
     name: Cow<'static, str>,
     start: SystemTime,
+    /// The arrival attributes as values, written first when the span is built (with
+    /// infertrace's batch processor, on its export thread); `None` when they are already the
+    /// start of `attributes`.
+    start_attributes: Option<StartAttributes>,
+    /// The attributes (after `start_attributes`, if any).
     attributes: Vec<KeyValue>,
     status: Status,
     recording: bool,
@@ -270,6 +374,40 @@ pub(crate) struct DirectSpan {
 }
 
 impl DirectSpan {
+    /// A recording span (for tests of what is built from it).
+    #[cfg(test)]
+    pub(crate) fn for_test(context: SpanContext, name: &'static str, start: SystemTime) -> Self {
+        Self {
+            context,
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            name: Cow::Borrowed(name),
+            start,
+            start_attributes: None,
+            attributes: vec![KeyValue::new("gen_ai.operation.name", "chat")],
+            status: Status::Unset,
+            recording: true,
+            ended: false,
+        }
+    }
+
+    /// Takes the span out of `slot`, leaving an ended span with the same context behind.
+    fn take(slot: &mut Self) -> Self {
+        let left = Self {
+            context: slot.context.clone(),
+            parent_span_id: slot.parent_span_id,
+            parent_span_is_remote: slot.parent_span_is_remote,
+            name: Cow::Borrowed(""),
+            start: slot.start,
+            start_attributes: None,
+            attributes: Vec::new(),
+            status: Status::Unset,
+            recording: slot.recording,
+            ended: true,
+        };
+        std::mem::replace(slot, left)
+    }
+
     pub(crate) fn span_context(&self) -> &SpanContext {
         &self.context
     }
@@ -284,11 +422,6 @@ impl DirectSpan {
         }
     }
 
-    /// The attribute list, while the span is recording.
-    pub(crate) fn attributes_mut(&mut self) -> Option<&mut Vec<KeyValue>> {
-        self.is_recording().then_some(&mut self.attributes)
-    }
-
     /// As the SDK does: `Ok` is final, `Error` replaces `Unset`, `Unset` never replaces.
     pub(crate) fn set_status(&mut self, status: Status) {
         if self.is_recording() && status > self.status {
@@ -299,6 +432,36 @@ impl DirectSpan {
     pub(crate) fn update_name(&mut self, name: Cow<'static, str>) {
         if self.is_recording() {
             self.name = name;
+        }
+    }
+
+    /// The finished SERVER span, ended at `end`, after `more` appended its last attributes.
+    pub(crate) fn into_span_data(
+        mut self,
+        end: SystemTime,
+        more: impl FnOnce(&mut Vec<KeyValue>),
+    ) -> SpanData {
+        if let Some(start) = self.start_attributes.take() {
+            let mut all = start.to_vec(REQUEST_ATTRIBUTE_ROOM);
+            all.append(&mut self.attributes);
+            self.attributes = all;
+        }
+        more(&mut self.attributes);
+        SpanData {
+            span_context: self.context,
+            parent_span_id: self.parent_span_id,
+            parent_span_is_remote: self.parent_span_is_remote,
+            span_kind: SpanKind::Server,
+            name: self.name,
+            start_time: self.start,
+            end_time: end,
+            attributes: self.attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: self.status,
+            // Built from constants: cheaper than cloning a stored scope.
+            instrumentation_scope: crate::layer::scope(),
         }
     }
 }
@@ -321,6 +484,23 @@ mod tests {
             SimpleSpanProcessor::new(exporter.clone()),
             &Resource::builder().build(),
         );
+        (exporter, processor)
+    }
+
+    /// infertrace's batch processor into memory; exports only when flushed (in these tests).
+    fn in_memory_batch() -> (InMemorySpanExporter, SharedSpanProcessor) {
+        let exporter = InMemorySpanExporter::default();
+        let settings = BatchSettings {
+            max_queue_size: 65_536,
+            scheduled_delay: Duration::from_secs(3600),
+            max_export_batch_size: 65_536,
+        };
+        let processor = SharedSpanProcessor::batch_with(
+            exporter.clone(),
+            &Resource::builder().build(),
+            settings,
+        )
+        .expect("export thread");
         (exporter, processor)
     }
 
@@ -347,34 +527,56 @@ mod tests {
         ))
     }
 
-    /// Drives `tracer` the way `RequestRecord` does: start, attributes, rename, status, three
-    /// phases, end.
+    /// Drives `tracer` the way `RequestRecord` does: start, rename, an attribute, end
+    /// attributes, error status, three phases (one with its own attributes), end; then an
+    /// extra `end` that must change nothing.
     fn one_request(tracer: &TracerHandle, parent: &Context) -> SpanContext {
-        let mut span = tracer.start_request(
-            Cow::Borrowed("chat m"),
-            at(0),
-            vec![KeyValue::new("gen_ai.operation.name", "chat")],
-            parent,
-        );
+        let request = http::Request::builder()
+            .method("POST")
+            .uri("/v1/chat/completions")
+            .header("host", "localhost:8080")
+            .body(())
+            .unwrap_or_default();
+        let facts = crate::request_facts::RequestFacts {
+            operation: Cow::Borrowed("chat"),
+            request_model: Some("m".into()),
+            grpc: false,
+        };
+        let attributes = StartAttributes::read(&request, &facts);
+        let mut span = tracer.start_request(Cow::Borrowed("chat m"), at(0), attributes, parent);
         let cx = parent.with_remote_span_context(span.span_context().clone());
+        let context = span.span_context().clone();
         if span.is_recording() {
             span.update_name(Cow::Borrowed("chat m2"));
-            span.set_attribute(KeyValue::new("infer.outcome", "error"));
-            span.set_attribute(KeyValue::new("gen_ai.latency.e2e", 0.5));
-            span.set_status(Status::error("engine_oom"));
-            span.set_status(Status::Unset);
-            if span.span_context().is_sampled() {
-                for (name, s, e) in [("queue", 0, 10), ("prefill", 10, 50), ("decode", 50, 500)] {
-                    let attrs = vec![KeyValue::new("infer.phase", name)];
-                    tracer.phase(name, at(s), at(e), attrs, &cx, &span);
-                }
-            }
+            span.set_attribute(KeyValue::new("gen_ai.request.model", "m2"));
+            let end = EndAttributes {
+                e2e: 0.5,
+                chunks: 3,
+                outcome: "error",
+                error_type: Some(Cow::Borrowed("engine_oom")),
+                response_id: Some(Arc::from("resp-1")),
+                ..EndAttributes::default()
+            };
+            let counters = vec![
+                KeyValue::new("infer.phase", "decode"),
+                KeyValue::new("gpu.utilization.mean", 0.9),
+            ];
+            let mut phases = PhaseSpans::default();
+            phases.set(0, at(0), at(10), None);
+            phases.set(1, at(10), at(50), None);
+            phases.set(2, at(50), at(500), Some(counters));
+            let status = Some(Status::error("engine_oom"));
+            tracer.finish(&mut span, at(500), end, status, phases, &cx);
         }
-        let context = span.span_context().clone();
-        tracer.end(&mut span, at(500));
         tracer.end(&mut span, at(900)); // idempotent
         drop::<RequestSpan>(span);
         context
+    }
+
+    /// What `exporter` holds once `processor` flushed.
+    fn flushed(exporter: &InMemorySpanExporter, processor: &SharedSpanProcessor) -> Vec<SpanData> {
+        let _ = processor.force_flush();
+        exporter.get_finished_spans().unwrap_or_default()
     }
 
     #[test]
@@ -384,15 +586,21 @@ mod tests {
             .with_simple_exporter(api.clone())
             .build();
         let sdk = TracerHandle::Sdk(provider.tracer_with_scope(crate::layer::scope()));
-        let (fast, processor) = in_memory();
-        let fast_tracer = direct(processor, Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
-        for parent in [remote_parent(true), Context::new()] {
+        for ((fast, processor), parent) in [
+            (in_memory(), remote_parent(true)),
+            (in_memory(), Context::new()),
+            (in_memory_batch(), remote_parent(true)),
+            (in_memory_batch(), Context::new()),
+        ] {
+            let fast_tracer = direct(
+                processor.clone(),
+                Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+            );
             api.reset();
-            fast.reset();
             one_request(&sdk, &parent);
             one_request(&fast_tracer, &parent);
             let a = api.get_finished_spans().unwrap_or_default();
-            let b = fast.get_finished_spans().unwrap_or_default();
+            let b = flushed(&fast, &processor);
             assert_eq!(a.len(), 4);
             assert_eq!(b.len(), 4);
             let request_id = |spans: &[SpanData]| {
@@ -435,25 +643,30 @@ mod tests {
 
     #[test]
     fn unsampled_remote_parent_exports_nothing_but_keeps_the_trace() {
-        let (exporter, processor) = in_memory();
-        let tracer = direct(processor, Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
-        let sc = one_request(&tracer, &remote_parent(false));
-        assert!(!sc.is_sampled());
-        assert_eq!(
-            sc.trace_id(),
-            TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128)
-        );
-        assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
+        for (exporter, processor) in [in_memory(), in_memory_batch()] {
+            let tracer = direct(
+                processor.clone(),
+                Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+            );
+            let sc = one_request(&tracer, &remote_parent(false));
+            assert!(!sc.is_sampled());
+            assert_eq!(
+                sc.trace_id(),
+                TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128)
+            );
+            assert!(flushed(&exporter, &processor).is_empty());
+        }
         // A sampled parent is followed even when roots would never be sampled.
-        let (exporter, processor) = in_memory();
-        let tracer = direct(
-            processor,
-            Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
-        );
-        assert!(one_request(&tracer, &remote_parent(true)).is_sampled());
-        assert_eq!(exporter.get_finished_spans().unwrap_or_default().len(), 4);
-        one_request(&tracer, &Context::new());
-        assert_eq!(exporter.get_finished_spans().unwrap_or_default().len(), 4);
+        for (exporter, processor) in [in_memory(), in_memory_batch()] {
+            let tracer = direct(
+                processor.clone(),
+                Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+            );
+            assert!(one_request(&tracer, &remote_parent(true)).is_sampled());
+            assert_eq!(flushed(&exporter, &processor).len(), 4);
+            one_request(&tracer, &Context::new());
+            assert_eq!(flushed(&exporter, &processor).len(), 4);
+        }
     }
 
     #[test]
@@ -478,6 +691,53 @@ mod tests {
         assert!((400..600).contains(&sampled), "{sampled} of {n}");
         let spans = exporter.get_finished_spans().unwrap_or_default();
         assert_eq!(spans.len(), 4 * sampled);
+    }
+
+    /// A sampler that samples everything and keeps the attribute keys it was shown.
+    #[derive(Clone, Debug, Default)]
+    struct Seen(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl ShouldSample for Seen {
+        fn should_sample(
+            &self,
+            _: Option<&Context>,
+            _: TraceId,
+            _: &str,
+            _: &SpanKind,
+            attributes: &[KeyValue],
+            _: &[opentelemetry::trace::Link],
+        ) -> opentelemetry_sdk::trace::SamplingResult {
+            if let Ok(mut seen) = self.0.lock() {
+                seen.extend(attributes.iter().map(|kv| kv.key.as_str().to_owned()));
+            }
+            opentelemetry_sdk::trace::SamplingResult {
+                decision: SamplingDecision::RecordAndSample,
+                attributes: Vec::new(),
+                trace_state: TraceState::NONE,
+            }
+        }
+    }
+
+    #[test]
+    fn a_sampler_that_reads_attributes_sees_the_arrival_attributes_on_both_paths() {
+        for (_, processor) in [in_memory(), in_memory_batch()] {
+            let seen = Seen::default();
+            let mut export = DirectExport::new(processor, Box::new(Sampler::AlwaysOn));
+            export.set_sampler(Box::new(seen.clone()), true);
+            one_request(&TracerHandle::Direct(Arc::new(export)), &Context::new());
+            let keys = seen.0.lock().map(|k| k.clone()).unwrap_or_default();
+            assert_eq!(
+                keys,
+                [
+                    "gen_ai.operation.name",
+                    "gen_ai.request.model",
+                    "http.request.method",
+                    "url.path",
+                    "server.address",
+                    "server.port"
+                ]
+            );
+        }
     }
 
     #[test]

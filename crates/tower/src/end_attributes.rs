@@ -24,12 +24,12 @@ pub(crate) enum StatusCode {
 /// What the request span says about how the request ended (REFERENCE.md §1). `None` fields are
 /// not written.
 #[derive(Debug, Default)]
-pub(crate) struct EndAttributes<'a> {
+pub(crate) struct EndAttributes {
     pub(crate) response_model: Option<StringValue>,
     pub(crate) max_tokens: Option<u64>,
     pub(crate) streamed: bool,
-    pub(crate) response_id: Option<&'a Arc<str>>,
-    pub(crate) finish_reason: Option<&'a Arc<str>>,
+    pub(crate) response_id: Option<Arc<str>>,
+    pub(crate) finish_reason: Option<Arc<str>>,
     pub(crate) input_tokens: Option<u64>,
     pub(crate) output_tokens: Option<u64>,
     pub(crate) status: Option<StatusCode>,
@@ -50,7 +50,7 @@ pub(crate) struct EndAttributes<'a> {
     pub(crate) error_type: Option<Cow<'static, str>>,
 }
 
-impl EndAttributes<'_> {
+impl EndAttributes {
     /// Passes every attribute to `push`, in a fixed order.
     #[inline]
     pub(crate) fn write(&self, push: &mut impl FnMut(KeyValue)) {
@@ -61,10 +61,10 @@ impl EndAttributes<'_> {
             push(KeyValue::new(gen_ai::REQUEST_MAX_TOKENS, n as i64));
         }
         push(KeyValue::new(gen_ai::REQUEST_STREAM, self.streamed));
-        if let Some(id) = self.response_id {
+        if let Some(id) = &self.response_id {
             push(KeyValue::new(gen_ai::RESPONSE_ID, Arc::clone(id)));
         }
-        if let Some(reason) = self.finish_reason {
+        if let Some(reason) = &self.finish_reason {
             push(KeyValue::new(
                 gen_ai::RESPONSE_FINISH_REASONS,
                 Value::Array(Array::String(vec![StringValue::from(Arc::clone(reason))])),
@@ -124,7 +124,7 @@ impl EndAttributes<'_> {
 mod tests {
     use super::*;
 
-    fn keys(end: &EndAttributes<'_>) -> Vec<String> {
+    fn keys(end: &EndAttributes) -> Vec<String> {
         let mut out = Vec::new();
         end.write(&mut |kv| out.push(kv.key.as_str().to_owned()));
         out
@@ -156,8 +156,8 @@ mod tests {
             response_model: Some(StringValue::from("m")),
             max_tokens: Some(16),
             streamed: true,
-            response_id: Some(&id),
-            finish_reason: Some(&reason),
+            response_id: Some(id),
+            finish_reason: Some(reason),
             input_tokens: Some(3),
             output_tokens: Some(4),
             status: Some(StatusCode::Grpc(0)),

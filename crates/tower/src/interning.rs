@@ -19,8 +19,6 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use opentelemetry::StringValue;
-
 /// Kinds of repeated request strings.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Kind {
@@ -51,11 +49,6 @@ thread_local! {
 
 /// Every span name interned so far (shared by all threads; consulted on a thread-local miss).
 static INTERNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-
-/// `s` as a shared attribute value, reusing this thread's copy when `s` was seen recently.
-pub(crate) fn shared(kind: Kind, s: &str) -> StringValue {
-    StringValue::from(shared_str(kind, s))
-}
 
 /// `s` as a shared string, reusing this thread's copy when `s` was seen recently.
 pub(crate) fn shared_str(kind: Kind, s: &str) -> Arc<str> {
@@ -127,20 +120,20 @@ mod tests {
 
     #[test]
     fn repeated_values_share_one_allocation() {
-        let a = shared(Kind::Path, "/v1/chat/completions");
-        let b = shared(Kind::Path, "/v1/chat/completions");
-        assert_eq!(a.as_str(), "/v1/chat/completions");
-        assert!(std::ptr::eq(a.as_str().as_ptr(), b.as_str().as_ptr()));
+        let a = shared_str(Kind::Path, "/v1/chat/completions");
+        let b = shared_str(Kind::Path, "/v1/chat/completions");
+        assert_eq!(&*a, "/v1/chat/completions");
+        assert!(Arc::ptr_eq(&a, &b));
         // Another kind keeps its own copy; other values do not evict within the ways.
-        let c = shared(Kind::Route, "/v1/chat/completions");
-        assert!(!std::ptr::eq(a.as_str().as_ptr(), c.as_str().as_ptr()));
+        let c = shared_str(Kind::Route, "/v1/chat/completions");
+        assert!(!Arc::ptr_eq(&a, &c));
         for p in ["/a", "/b", "/c"] {
-            shared(Kind::Path, p);
+            shared_str(Kind::Path, p);
         }
-        let d = shared(Kind::Path, "/v1/chat/completions");
-        assert!(std::ptr::eq(a.as_str().as_ptr(), d.as_str().as_ptr()));
+        let d = shared_str(Kind::Path, "/v1/chat/completions");
+        assert!(Arc::ptr_eq(&a, &d));
         let long = "x".repeat(MAX_CACHED_LEN + 1);
-        assert_eq!(shared(Kind::UserAgent, &long).as_str(), long);
+        assert_eq!(&*shared_str(Kind::UserAgent, &long), long);
     }
 
     #[test]

@@ -119,7 +119,8 @@ pub struct InferenceTraceLayer {
     /// Export finished spans straight to this processor instead of through `tracer`.
     direct: Option<DirectExport>,
     /// The sampler of the direct path, when set by [`with_sampler`](Self::with_sampler).
-    sampler: Option<Box<dyn ShouldSample>>,
+    /// The direct path's sampler, and whether it may read span attributes.
+    sampler: Option<(Box<dyn ShouldSample>, bool)>,
     metrics: Option<LayerMetrics>,
     meter: Option<Meter>,
     phase_source: PhaseSource,
@@ -234,7 +235,10 @@ impl InferenceTraceLayer {
         let mut layer = self
             .with_tracer_provider(&providers.tracer_provider)
             .with_span_processor(providers.span_processor.clone());
-        layer.sampler = Some(providers.sampler.clone());
+        layer.sampler = Some((
+            providers.sampler.clone(),
+            providers.sampler_reads_attributes,
+        ));
         match &providers.meter_provider {
             Some(meters) => layer.with_meter_provider(meters),
             None => layer.changed(),
@@ -273,7 +277,9 @@ impl InferenceTraceLayer {
 
     /// The sampler that decides, once per request, whether the request span (and with it the
     /// phase spans) is recorded on the direct path ([`with_span_processor`](Self::with_span_processor)).
-    /// Ignored on the tracer path, where the tracer provider's sampler decides.
+    /// It is given the request span's arrival attributes (operation, model, HTTP or RPC
+    /// attributes), as the SDK tracer would give them. Ignored on the tracer path, where the
+    /// tracer provider's sampler decides.
     ///
     /// ```
     /// use infertrace_tower::InferenceTraceLayer;
@@ -284,7 +290,7 @@ impl InferenceTraceLayer {
     /// # let _ = layer;
     /// ```
     pub fn with_sampler(mut self, sampler: impl ShouldSample + 'static) -> Self {
-        self.sampler = Some(Box::new(sampler));
+        self.sampler = Some((Box::new(sampler), true));
         self.changed()
     }
 
@@ -369,8 +375,8 @@ impl InferenceTraceLayer {
                 let tracer = match (&self.direct, &self.tracer) {
                     (Some(direct), _) => {
                         let mut direct = direct.clone();
-                        if let Some(sampler) = &self.sampler {
-                            direct.set_sampler(sampler.clone());
+                        if let Some((sampler, reads_attributes)) = &self.sampler {
+                            direct.set_sampler(sampler.clone(), *reads_attributes);
                         }
                         TracerHandle::Direct(Arc::new(direct))
                     }

@@ -135,6 +135,7 @@
 #![warn(missing_docs)]
 
 mod admission;
+mod batch;
 mod body;
 mod direct;
 mod end_attributes;
@@ -154,6 +155,7 @@ mod service;
 mod spans;
 mod tick_clock;
 
+pub use batch::BatchSettings;
 pub use body::TracedBody;
 pub use direct::SharedSpanProcessor;
 pub use extract::MissingRecorder;

@@ -10,7 +10,9 @@
 //! | sampler | `sampler` | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; default `parentbased_always_on` |
 //! | metrics on/off | `metrics` | `OTEL_METRICS_EXPORTER=none` turns them off (the infertrace collector takes traces only) |
 //!
-//! Spans go through a batch processor, metrics through a periodic reader
+//! Spans go through infertrace's batch processor ([`SharedSpanProcessor::batch`]: the SDK's
+//! batching and `OTEL_BSP_*` variables; a layer hands it whole requests), metrics through a
+//! periodic reader
 //! (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 s). The gRPC exporter needs a Tokio runtime:
 //! call [`init`] from inside one. [`OtlpProviders::shutdown`] flushes both.
 //!
@@ -39,7 +41,7 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracerProvider, ShouldSample};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, ShouldSample};
 
 use crate::SharedSpanProcessor;
 
@@ -174,21 +176,28 @@ pub enum OtlpError {
     /// Flushing or shutting down failed.
     #[error("OTLP shutdown failed: {0}")]
     Shutdown(String),
+    /// The span export thread could not be started.
+    #[error("cannot start the span export thread: {0}")]
+    Thread(#[from] std::io::Error),
 }
 
 /// The providers [`init`] built. Give them to a layer with
 /// [`InferenceTraceLayer::with_otlp`](crate::InferenceTraceLayer::with_otlp).
 #[derive(Clone, Debug)]
 pub struct OtlpProviders {
-    /// The tracer provider (batch span processor).
+    /// The tracer provider (infertrace's batch span processor).
     pub tracer_provider: SdkTracerProvider,
     /// The meter provider (periodic reader), unless metrics were turned off.
     pub meter_provider: Option<SdkMeterProvider>,
-    /// The tracer provider's only span processor (its batch processor), shared: a layer given it
-    /// exports its finished spans straight to it (the direct path).
+    /// The tracer provider's only span processor (infertrace's batch processor,
+    /// [`SharedSpanProcessor::batch`]), shared: a layer given it hands each finished request
+    /// to it whole (the direct path).
     pub span_processor: SharedSpanProcessor,
     /// The tracer provider's sampler, which the direct path uses for request spans too.
     pub(crate) sampler: Box<dyn ShouldSample>,
+    /// Whether `sampler` may look at a span's attributes (a sampler from the environment or a
+    /// plain `Sampler` never does, so the direct path need not list them for it).
+    pub(crate) sampler_reads_attributes: bool,
 }
 
 impl OtlpProviders {
@@ -259,9 +268,12 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
         signal: "traces",
         source,
     })?;
-    // One batch processor, shared by the provider (the handler's own spans) and by any layer
-    // given these providers (`with_otlp`), which exports its spans to it directly (`direct.rs`).
-    let processor = SharedSpanProcessor::new(BatchSpanProcessor::builder(spans).build(), &resource);
+    // One batch processor (infertrace's, `batch.rs`: the SDK's batching, same `OTEL_BSP_*`
+    // variables), shared by the provider (the handler's own spans) and by any layer given these
+    // providers (`with_otlp`), which hands each finished request to it whole (`direct.rs`).
+    let processor = SharedSpanProcessor::batch(spans, &resource)?;
+    // Only a parent-based sampler given in code may hold a custom sampler that reads attributes.
+    let sampler_reads_attributes = matches!(config.sampler, Some(Sampler::ParentBased(_)));
     let sampler: Box<dyn ShouldSample> = match config.sampler.clone() {
         Some(sampler) => Box::new(sampler),
         // What the SDK reads from OTEL_TRACES_SAMPLER(_ARG) when no sampler is given.
@@ -310,6 +322,7 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
         meter_provider,
         span_processor: processor,
         sampler,
+        sampler_reads_attributes,
     })
 }
 
@@ -435,6 +448,7 @@ mod tests {
             meter_provider: Some(meter_provider),
             span_processor: processor,
             sampler: Box::new(sampler),
+            sampler_reads_attributes: false,
         };
         (providers, spans, metrics)
     }

@@ -15,15 +15,16 @@ use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue, StringValue};
 use tokio::sync::OwnedSemaphorePermit;
 
-use infertrace_semconv::{gen_ai, infer, net, span as span_names};
+use infertrace_semconv::{gen_ai, infer, net};
 
+use crate::batch::{PHASE_NAMES, PhaseSpans};
 use crate::end_attributes::{EndAttributes, StatusCode};
 use crate::gaps::GapHistogram;
 use crate::grpc::{self, MessageCounter};
 use crate::layer::Shared;
 use crate::metrics::{MetricAttributes, RequestMeasurements};
 use crate::phases::{Marks, Phases};
-use crate::request_facts::{RequestFacts, request_attributes};
+use crate::request_facts::{RequestFacts, StartAttributes};
 use crate::spans::RequestSpan;
 use crate::tick_clock::{self, TickSpan};
 use crate::{PhaseSource, RequestRecorder};
@@ -91,11 +92,11 @@ impl RequestRecord {
     ) -> Box<Self> {
         let wall_arrival = SystemTime::now();
         let parent = crate::propagation::extract(req.headers());
-        let mut attrs = Vec::with_capacity(36);
-        request_attributes(req, &facts, &mut attrs);
-        let span = shared
-            .tracer
-            .start_request(facts.span_name(), wall_arrival, attrs, &parent);
+        let attributes = StartAttributes::read(req, &facts);
+        let span =
+            shared
+                .tracer
+                .start_request(facts.span_name(), wall_arrival, attributes, &parent);
         let cx = parent.with_remote_span_context(span.span_context().clone());
         let energy = shared.gpu.as_ref().and_then(|g| g.begin_request());
         let recorder =
@@ -208,12 +209,16 @@ impl RequestRecord {
         self.wall_arrival + offset
     }
 
-    /// The attributes of the phase span `name` over `[s, e]` (offsets from arrival):
-    /// `infer.phase`, then, with GPU telemetry, the GPU / host / process window statistics.
-    fn phase_attributes(&self, name: &'static str, s: Duration, e: Duration) -> Vec<KeyValue> {
-        let Some(gpu) = &self.shared.gpu else {
-            return vec![KeyValue::new(infer::PHASE, name)];
-        };
+    /// The attributes of the phase span `name` over `[s, e]` (offsets from arrival), with GPU
+    /// telemetry: `infer.phase`, then the GPU / host / process window statistics. Without it,
+    /// `None`: `infer.phase` alone, written where the span is built.
+    fn phase_attributes(
+        &self,
+        name: &'static str,
+        s: Duration,
+        e: Duration,
+    ) -> Option<Vec<KeyValue>> {
+        let gpu = self.shared.gpu.as_ref()?;
         let mut attrs = Vec::with_capacity(PHASE_ATTRIBUTES_WITH_COUNTERS);
         attrs.push(KeyValue::new(infer::PHASE, name));
         gpu.phase_attributes(
@@ -222,7 +227,7 @@ impl RequestRecord {
             self.energy.as_ref(),
             &mut attrs,
         );
-        attrs
+        Some(attrs)
     }
 
     /// Ends the request now. Idempotent.
@@ -315,6 +320,7 @@ impl RequestRecord {
             let s = |v: Option<u64>| v.map(|t| secs(ticks.duration(t)));
             (s(g.quantile(0.50)), s(g.quantile(0.99)), s(g.max()))
         });
+        let end_wall = self.wall(end_offset);
         if self.span.is_recording() {
             // The request model may only be known now (recorder), which also renames the span.
             let model_changed = match (&self.facts.request_model, &model_for_name) {
@@ -341,8 +347,8 @@ impl RequestRecord {
                 response_model,
                 max_tokens: marks.max_tokens,
                 streamed,
-                response_id: strings.response_id,
-                finish_reason: strings.finish_reason,
+                response_id: strings.response_id.cloned(),
+                finish_reason: strings.finish_reason.cloned(),
                 input_tokens: marks.input_tokens,
                 output_tokens: marks.output_tokens,
                 status,
@@ -365,38 +371,32 @@ impl RequestRecord {
                 queue_depth: self.queue_depth,
                 error_type: error_type.clone(),
             };
-            // Straight into the span's own attribute list (sized at start) on the direct path.
-            match self.span.attributes_mut() {
-                Some(attributes) => end.write(&mut |kv| attributes.push(kv)),
-                None => end.write(&mut |kv| self.span.set_attribute(kv)),
-            }
-            if let Some(kind) = &error_type {
-                self.span.set_status(Status::error(kind.clone()));
-            }
+            let mut phase_spans = PhaseSpans::default();
             if self.span.span_context().is_sampled() {
-                let tracer = &self.shared.tracer;
-                for (name, interval) in [
-                    (span_names::QUEUE, phases.queue),
-                    (span_names::PREFILL, phases.prefill),
-                    (span_names::DECODE, phases.decode),
-                    (span_names::INFERENCE, phases.inference),
-                ] {
+                let intervals = [
+                    phases.queue,
+                    phases.prefill,
+                    phases.decode,
+                    phases.inference,
+                ];
+                for (i, interval) in intervals.into_iter().enumerate() {
                     if let Some((s, e)) = interval {
-                        let attrs = self.phase_attributes(name, s, e);
-                        tracer.phase(
-                            name,
-                            self.wall(s),
-                            self.wall(e),
-                            attrs,
-                            &self.cx,
-                            &self.span,
-                        );
+                        let attributes = self.phase_attributes(PHASE_NAMES[i], s, e);
+                        phase_spans.set(i, self.wall(s), self.wall(e), attributes);
                     }
                 }
             }
+            self.shared.tracer.finish(
+                &mut self.span,
+                end_wall,
+                end,
+                error_type.as_ref().map(|kind| Status::error(kind.clone())),
+                phase_spans,
+                &self.cx,
+            );
+        } else {
+            self.shared.tracer.end(&mut self.span, end_wall);
         }
-        let end_wall = self.wall(end_offset);
-        self.shared.tracer.end(&mut self.span, end_wall);
         if let Some(energy) = &self.energy {
             energy.end();
         }

@@ -101,7 +101,7 @@ impl RequestFacts {
     }
 }
 
-fn method_value(method: &Method) -> StringValue {
+fn method_value(method: &Method) -> &'static str {
     let known: Option<&'static str> = match *method {
         Method::GET => Some("GET"),
         Method::POST => Some("POST"),
@@ -115,7 +115,7 @@ fn method_value(method: &Method) -> StringValue {
         _ => None,
     };
     // The conventions ask for `_OTHER` for methods outside the registry.
-    StringValue::from(known.unwrap_or("_OTHER"))
+    known.unwrap_or("_OTHER")
 }
 
 /// Splits `host[:port]` / `[v6]:port` (a `Host` header) without the full URI parser.
@@ -141,62 +141,113 @@ fn server_address<B>(req: &Request<B>) -> Option<(&str, Option<i64>)> {
     (!host.is_empty()).then(|| (host, port.map(i64::from)))
 }
 
-/// Appends the request-side attributes: GenAI operation and model, then HTTP or RPC semconv.
-pub(crate) fn request_attributes<B>(
-    req: &Request<B>,
-    facts: &RequestFacts,
-    attrs: &mut Vec<KeyValue>,
-) {
-    attrs.push(KeyValue::new(
-        gen_ai::OPERATION_NAME,
-        facts.operation.clone(),
-    ));
-    if let Some(m) = &facts.request_model {
-        attrs.push(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
+/// The request span's attributes known at arrival: GenAI operation and model, then HTTP or RPC
+/// semantic conventions. Kept as values (interned strings, no `KeyValue` list) and written by
+/// [`write`](Self::write) where the span is built.
+#[derive(Clone, Debug)]
+pub(crate) struct StartAttributes {
+    operation: Cow<'static, str>,
+    request_model: Option<StringValue>,
+    protocol: Protocol,
+    server: Option<(Arc<str>, Option<i64>)>,
+}
+
+#[derive(Clone, Debug)]
+enum Protocol {
+    Grpc {
+        service_and_method: Option<(Arc<str>, Arc<str>)>,
+    },
+    Http {
+        method: &'static str,
+        path: Arc<str>,
+        route: Option<Arc<str>>,
+        user_agent: Option<Arc<str>>,
+    },
+}
+
+/// How many attributes [`StartAttributes::write`] writes at most.
+pub(crate) const START_ATTRIBUTES: usize = 8;
+
+impl StartAttributes {
+    /// Reads them from the request head.
+    pub(crate) fn read<B>(req: &Request<B>, facts: &RequestFacts) -> Self {
+        let path = req.uri().path();
+        let protocol = if facts.grpc {
+            Protocol::Grpc {
+                service_and_method: grpc::service_and_method(path).map(|(service, method)| {
+                    (
+                        interning::shared_str(Kind::RpcService, service),
+                        interning::shared_str(Kind::RpcMethod, method),
+                    )
+                }),
+            }
+        } else {
+            Protocol::Http {
+                method: method_value(req.method()),
+                path: interning::shared_str(Kind::Path, path),
+                route: req
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .map(|route| interning::shared_str(Kind::Route, route.as_str())),
+                user_agent: header_str(req.headers(), &header::USER_AGENT)
+                    .map(|ua| interning::shared_str(Kind::UserAgent, ua)),
+            }
+        };
+        Self {
+            operation: facts.operation.clone(),
+            request_model: facts.request_model.clone(),
+            protocol,
+            server: server_address(req)
+                .map(|(host, port)| (interning::shared_str(Kind::Host, host), port)),
+        }
     }
-    let path = req.uri().path();
-    if facts.grpc {
-        attrs.push(KeyValue::new(net::RPC_SYSTEM, "grpc"));
-        if let Some((service, method)) = grpc::service_and_method(path) {
-            attrs.push(KeyValue::new(
-                net::RPC_SERVICE,
-                interning::shared(Kind::RpcService, service),
-            ));
-            attrs.push(KeyValue::new(
-                net::RPC_METHOD,
-                interning::shared(Kind::RpcMethod, method),
-            ));
-        }
-    } else {
-        attrs.push(KeyValue::new(
-            net::HTTP_REQUEST_METHOD,
-            method_value(req.method()),
+
+    /// Passes every attribute to `push`, in a fixed order.
+    pub(crate) fn write(&self, push: &mut impl FnMut(KeyValue)) {
+        push(KeyValue::new(
+            gen_ai::OPERATION_NAME,
+            self.operation.clone(),
         ));
-        attrs.push(KeyValue::new(
-            net::URL_PATH,
-            interning::shared(Kind::Path, path),
-        ));
-        if let Some(route) = req.extensions().get::<axum::extract::MatchedPath>() {
-            attrs.push(KeyValue::new(
-                net::HTTP_ROUTE,
-                interning::shared(Kind::Route, route.as_str()),
-            ));
+        if let Some(m) = &self.request_model {
+            push(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
         }
-        if let Some(ua) = header_str(req.headers(), &header::USER_AGENT) {
-            attrs.push(KeyValue::new(
-                net::USER_AGENT_ORIGINAL,
-                interning::shared(Kind::UserAgent, ua),
-            ));
+        match &self.protocol {
+            Protocol::Grpc { service_and_method } => {
+                push(KeyValue::new(net::RPC_SYSTEM, "grpc"));
+                if let Some((service, method)) = service_and_method {
+                    push(KeyValue::new(net::RPC_SERVICE, Arc::clone(service)));
+                    push(KeyValue::new(net::RPC_METHOD, Arc::clone(method)));
+                }
+            }
+            Protocol::Http {
+                method,
+                path,
+                route,
+                user_agent,
+            } => {
+                push(KeyValue::new(net::HTTP_REQUEST_METHOD, *method));
+                push(KeyValue::new(net::URL_PATH, Arc::clone(path)));
+                if let Some(route) = route {
+                    push(KeyValue::new(net::HTTP_ROUTE, Arc::clone(route)));
+                }
+                if let Some(ua) = user_agent {
+                    push(KeyValue::new(net::USER_AGENT_ORIGINAL, Arc::clone(ua)));
+                }
+            }
+        }
+        if let Some((host, port)) = &self.server {
+            push(KeyValue::new(net::SERVER_ADDRESS, Arc::clone(host)));
+            if let Some(p) = port {
+                push(KeyValue::new(net::SERVER_PORT, *p));
+            }
         }
     }
-    if let Some((host, port)) = server_address(req) {
-        attrs.push(KeyValue::new(
-            net::SERVER_ADDRESS,
-            interning::shared(Kind::Host, host),
-        ));
-        if let Some(p) = port {
-            attrs.push(KeyValue::new(net::SERVER_PORT, p));
-        }
+
+    /// The attributes as a list with room for `spare` more.
+    pub(crate) fn to_vec(&self, spare: usize) -> Vec<KeyValue> {
+        let mut attrs = Vec::with_capacity(START_ATTRIBUTES + spare);
+        self.write(&mut |kv| attrs.push(kv));
+        attrs
     }
 }
 

@@ -13,7 +13,14 @@ use opentelemetry::trace::{Span, SpanBuilder, SpanContext, SpanKind, Status, Tra
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
 
+use crate::batch::{PhaseSpan, PhaseSpans};
 use crate::direct::{DirectExport, DirectSpan};
+use crate::end_attributes::EndAttributes;
+use crate::request_facts::StartAttributes;
+
+/// Room for the request span's attributes after those known at arrival: the end-of-request
+/// attributes (at most 24) and a few more (a later model, a sampler's).
+pub(crate) const REQUEST_ATTRIBUTE_ROOM: usize = 28;
 
 /// The tracer of a layer.
 #[derive(Clone, Debug)]
@@ -53,14 +60,14 @@ impl TracerHandle {
         &self,
         name: Cow<'static, str>,
         start: SystemTime,
-        attributes: Vec<KeyValue>,
+        attributes: StartAttributes,
         parent: &Context,
     ) -> RequestSpan {
-        let builder = |name, attributes| {
+        let builder = |name, attributes: StartAttributes| {
             SpanBuilder::from_name(name)
                 .with_kind(SpanKind::Server)
                 .with_start_time(start)
-                .with_attributes(attributes)
+                .with_attributes(attributes.to_vec(REQUEST_ATTRIBUTE_ROOM))
         };
         match self {
             TracerHandle::Sdk(t) => {
@@ -75,35 +82,64 @@ impl TracerHandle {
         }
     }
 
-    /// Emits one finished INTERNAL phase span `[start, end]` named `name` with `attributes`
-    /// (`infer.phase = name` first, then any counter window statistics) under the request span
-    /// `request`, whose context `parent` carries.
-    pub(crate) fn phase(
-        &self,
-        name: &'static str,
-        start: SystemTime,
-        end: SystemTime,
-        attributes: Vec<KeyValue>,
-        parent: &Context,
-        request: &RequestSpan,
-    ) {
-        let builder = |attributes| {
+    /// Emits one finished INTERNAL phase span under the request span `request`, whose context
+    /// `parent` carries.
+    pub(crate) fn phase(&self, phase: PhaseSpan, parent: &Context, request: &RequestSpan) {
+        let builder = |phase: PhaseSpan| {
+            let (name, start) = (phase.name, phase.start);
             SpanBuilder::from_name(name)
                 .with_kind(SpanKind::Internal)
                 .with_start_time(start)
-                .with_attributes(attributes)
+                .with_attributes(phase.into_attributes())
         };
         match self {
-            TracerHandle::Sdk(t) => t
-                .build_with_context(builder(attributes), parent)
-                .end_with_timestamp(end),
-            TracerHandle::Boxed(t) => t
-                .build_with_context(builder(attributes), parent)
-                .end_with_timestamp(end),
-            TracerHandle::Direct(d) => {
-                d.phase(name, start, end, attributes, request.span_context())
+            TracerHandle::Sdk(t) => {
+                let end = phase.end;
+                t.build_with_context(builder(phase), parent)
+                    .end_with_timestamp(end)
+            }
+            TracerHandle::Boxed(t) => {
+                let end = phase.end;
+                t.build_with_context(builder(phase), parent)
+                    .end_with_timestamp(end)
+            }
+            TracerHandle::Direct(d) => d.phase(phase, request.span_context()),
+        }
+    }
+
+    /// Ends the request span `span` at `end`: while it records, with `end_attributes`, the
+    /// error `status` if any, and (when sampled) the phase spans under `parent` (the context
+    /// holding the request span). On the direct path with infertrace's batch processor this is
+    /// one hand-over of the whole request.
+    #[inline]
+    pub(crate) fn finish(
+        &self,
+        span: &mut RequestSpan,
+        end: SystemTime,
+        end_attributes: EndAttributes,
+        status: Option<Status>,
+        phases: PhaseSpans,
+        parent: &Context,
+    ) {
+        if let (TracerHandle::Direct(d), RequestSpan::Direct(s)) = (self, &mut *span) {
+            if let Some(status) = status {
+                s.set_status(status);
+            }
+            d.finish(s, end, end_attributes, phases);
+            return;
+        }
+        if span.is_recording() {
+            end_attributes.write(&mut |kv| span.set_attribute(kv));
+            if let Some(status) = status {
+                span.set_status(status);
+            }
+            if span.span_context().is_sampled() {
+                for phase in phases {
+                    self.phase(phase, parent, span);
+                }
             }
         }
+        self.end(span, end);
     }
 
     /// Ends `span` at `end` (and, on the direct path, exports it).
@@ -133,15 +169,6 @@ impl RequestSpan {
 
     pub(crate) fn set_status(&mut self, status: Status) {
         on_span!(self, s => s.set_status(status))
-    }
-
-    /// The attribute list of a recording direct span, to append to without a call per
-    /// attribute; `None` for SDK and boxed spans (use [`set_attribute`](Self::set_attribute)).
-    pub(crate) fn attributes_mut(&mut self) -> Option<&mut Vec<KeyValue>> {
-        match self {
-            RequestSpan::Direct(s) => s.attributes_mut(),
-            RequestSpan::Sdk(_) | RequestSpan::Boxed(_) => None,
-        }
     }
 
     pub(crate) fn update_name(&mut self, name: Cow<'static, str>) {
