@@ -245,12 +245,16 @@ impl InferenceTraceLayer {
         }
     }
 
-    /// Exports the layer's spans straight to `processor` — the request span and its phase
-    /// spans as finished [`SpanData`](opentelemetry_sdk::trace::SpanData), one
-    /// `SpanProcessor::on_end` call each — instead of through a tracer. The layer builds its
-    /// spans once, at the end, from instants it already recorded, so it skips the SDK's
-    /// live-span work (builder, context, a sampler call and ids per span, the span's
-    /// bookkeeping): about half the layer's cost per request (see `docs/PERFORMANCE.md`).
+    /// Exports the layer's spans straight to `processor` instead of through a tracer. The layer
+    /// builds its spans once, at the end, from instants it already recorded, so it skips the
+    /// SDK's live-span work (builder, context, a sampler call and ids per span, the span's
+    /// bookkeeping). With infertrace's batch processor ([`SharedSpanProcessor::batch`], what
+    /// [`with_otlp`](Self::with_otlp) uses) each finished request is one queue entry and its
+    /// four spans are built on the export thread: about a third of the tracer path's cost on
+    /// the request's thread (see `docs/PERFORMANCE.md`). With any other processor
+    /// ([`SharedSpanProcessor::new`]) the request span and its phase spans are handed over as
+    /// finished [`SpanData`](opentelemetry_sdk::trace::SpanData), one `SpanProcessor::on_end`
+    /// call each.
     ///
     /// What stays the same: span names, kinds, attributes, status and timestamps (a test checks
     /// both paths give equal spans); the incoming `traceparent` is continued; the handler runs
