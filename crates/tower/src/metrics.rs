@@ -1,14 +1,22 @@
 //! The middleware's OpenTelemetry instruments (REFERENCE.md §1), with the explicit bucket
 //! boundaries the GenAI conventions recommend.
 
-use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Histogram, Meter, UpDownCounter};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use infertrace_semconv::metric;
+use opentelemetry::metrics::{BoundHistogram, Histogram, Meter, UpDownCounter};
+use opentelemetry::{KeyValue, StringValue};
+
+use infertrace_semconv::{gen_ai, infer, metric, net};
 
 /// Every instrument the layer records into. Cheap to clone (instruments are shared handles).
 #[derive(Clone, Debug)]
 pub(crate) struct LayerMetrics {
+    /// Tells this layer's instruments apart in the per-thread cache of bound instruments
+    /// (clones share it: they hold the same instruments).
+    id: u64,
     pub(crate) request_duration: Histogram<f64>,
     pub(crate) time_to_first_token: Histogram<f64>,
     pub(crate) time_per_output_token: Histogram<f64>,
@@ -36,7 +44,9 @@ fn seconds(
 
 impl LayerMetrics {
     pub(crate) fn new(meter: &Meter) -> Self {
+        static IDS: AtomicU64 = AtomicU64::new(0);
         Self {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             request_duration: seconds(
                 meter,
                 metric::REQUEST_DURATION,
@@ -106,20 +116,128 @@ pub(crate) struct RequestMeasurements {
     pub(crate) output_tokens: Option<u64>,
 }
 
-/// A request's metric attributes: operation, outcome, model?, error type?, and one spare slot
-/// for `gen_ai.token.type`. Fixed size so recording allocates nothing.
-pub(crate) type MetricAttributes = [KeyValue; 5];
+/// What a request's metrics are recorded under: `gen_ai.operation.name`, `infer.outcome`,
+/// `gen_ai.request.model` and `error.type` when known (REFERENCE.md §1), plus
+/// `gen_ai.token.type` for token usage.
+#[derive(Clone, Debug)]
+pub(crate) struct MetricKey {
+    pub(crate) operation: Cow<'static, str>,
+    pub(crate) outcome: &'static str,
+    pub(crate) model: Option<StringValue>,
+    pub(crate) error_type: Option<Cow<'static, str>>,
+}
+
+fn same_str(a: &str, b: &str) -> bool {
+    (a.as_ptr() == b.as_ptr() && a.len() == b.len()) || a == b
+}
+
+impl MetricKey {
+    fn same(&self, other: &Self) -> bool {
+        same_str(self.outcome, other.outcome)
+            && same_str(&self.operation, &other.operation)
+            && match (&self.model, &other.model) {
+                (Some(a), Some(b)) => same_str(a.as_str(), b.as_str()),
+                (None, None) => true,
+                _ => false,
+            }
+            && match (&self.error_type, &other.error_type) {
+                (Some(a), Some(b)) => same_str(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+
+    /// The attributes, and how many there are (room is left for the token type).
+    fn attributes(&self) -> (Vec<KeyValue>, usize) {
+        let mut attrs = Vec::with_capacity(5);
+        attrs.push(KeyValue::new(
+            gen_ai::OPERATION_NAME,
+            self.operation.clone(),
+        ));
+        attrs.push(KeyValue::new(infer::OUTCOME, self.outcome));
+        if let Some(m) = &self.model {
+            attrs.push(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
+        }
+        if let Some(kind) = &self.error_type {
+            attrs.push(KeyValue::new(net::ERROR_TYPE, kind.clone()));
+        }
+        let used = attrs.len();
+        (attrs, used)
+    }
+}
+
+/// The layer's histograms bound to one [`MetricKey`].
+struct BoundInstruments {
+    request_duration: BoundHistogram<f64>,
+    time_to_first_token: BoundHistogram<f64>,
+    time_per_output_token: BoundHistogram<f64>,
+    queue_duration: BoundHistogram<f64>,
+    prefill_duration: BoundHistogram<f64>,
+    decode_duration: BoundHistogram<f64>,
+    input_tokens: BoundHistogram<u64>,
+    output_tokens: BoundHistogram<u64>,
+}
+
+/// Bound attribute sets kept per thread (over all layers); a request whose set is not among
+/// them is recorded unbound.
+const MAX_BOUND_PER_THREAD: usize = 64;
+
+thread_local! {
+    /// (layer id, key, instruments): a thread records with its own handles, no lock.
+    static BOUND: RefCell<Vec<(u64, MetricKey, Rc<BoundInstruments>)>> =
+        const { RefCell::new(Vec::new()) };
+}
 
 impl LayerMetrics {
-    /// Records one request. `attrs[..used]` are the request's attributes (`used` ≤ 4); the
-    /// token histogram adds `gen_ai.token.type` in the next slot.
-    pub(crate) fn record(
-        &self,
-        m: &RequestMeasurements,
-        attrs: &mut MetricAttributes,
-        used: usize,
-    ) {
-        let used = used.min(attrs.len() - 1);
+    /// Records one finished request's measurements under `key`: through instruments bound to
+    /// `key` (cached per thread: no attribute sorting or lookup per call), else unbound.
+    pub(crate) fn record(&self, m: &RequestMeasurements, key: MetricKey) {
+        let bound = BOUND.with(|cell| {
+            let mut cache = cell.try_borrow_mut().ok()?;
+            let found = cache
+                .iter()
+                .find(|(id, k, _)| *id == self.id && k.same(&key))
+                .map(|(_, _, b)| Rc::clone(b));
+            if found.is_some() || cache.len() >= MAX_BOUND_PER_THREAD {
+                return found;
+            }
+            let bound = Rc::new(self.bind(&key));
+            cache.push((self.id, key.clone(), Rc::clone(&bound)));
+            Some(bound)
+        });
+        match bound {
+            Some(b) => b.record(m),
+            None => self.record_unbound(m, &key),
+        }
+    }
+
+    fn bind(&self, key: &MetricKey) -> BoundInstruments {
+        let (mut attrs, used) = key.attributes();
+        let base = &attrs[..used];
+        let request_duration = self.request_duration.bind(base);
+        let time_to_first_token = self.time_to_first_token.bind(base);
+        let time_per_output_token = self.time_per_output_token.bind(base);
+        let queue_duration = self.queue_duration.bind(base);
+        let prefill_duration = self.prefill_duration.bind(base);
+        let decode_duration = self.decode_duration.bind(base);
+        attrs.push(KeyValue::new(gen_ai::TOKEN_TYPE, "input"));
+        let input_tokens = self.token_usage.bind(&attrs);
+        attrs[used] = KeyValue::new(gen_ai::TOKEN_TYPE, "output");
+        let output_tokens = self.token_usage.bind(&attrs);
+        BoundInstruments {
+            request_duration,
+            time_to_first_token,
+            time_per_output_token,
+            queue_duration,
+            prefill_duration,
+            decode_duration,
+            input_tokens,
+            output_tokens,
+        }
+    }
+
+    fn record_unbound(&self, m: &RequestMeasurements, key: &MetricKey) {
+        let (mut attrs, used) = key.attributes();
         let base = &attrs[..used];
         self.request_duration.record(m.e2e, base);
         let pairs = [
@@ -134,12 +252,126 @@ impl LayerMetrics {
                 instrument.record(v, base);
             }
         }
-        let token_type = infertrace_semconv::gen_ai::TOKEN_TYPE;
+        attrs.push(KeyValue::new(gen_ai::TOKEN_TYPE, "input"));
         for (kind, count) in [("input", m.input_tokens), ("output", m.output_tokens)] {
             if let Some(n) = count {
-                attrs[used] = KeyValue::new(token_type, kind);
-                self.token_usage.record(n, &attrs[..=used]);
+                attrs[used] = KeyValue::new(gen_ai::TOKEN_TYPE, kind);
+                self.token_usage.record(n, &attrs);
             }
         }
+    }
+}
+
+impl BoundInstruments {
+    fn record(&self, m: &RequestMeasurements) {
+        self.request_duration.record(m.e2e);
+        let pairs = [
+            (&self.time_to_first_token, m.ttft),
+            (&self.time_per_output_token, m.tpot),
+            (&self.queue_duration, m.queue),
+            (&self.prefill_duration, m.prefill),
+            (&self.decode_duration, m.decode),
+        ];
+        for (instrument, value) in pairs {
+            if let Some(v) = value {
+                instrument.record(v);
+            }
+        }
+        if let Some(n) = m.input_tokens {
+            self.input_tokens.record(n);
+        }
+        if let Some(n) = m.output_tokens {
+            self.output_tokens.record(n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+    use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+
+    use super::*;
+
+    fn provider() -> (SdkMeterProvider, InMemoryMetricExporter) {
+        let exporter = InMemoryMetricExporter::default();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(PeriodicReader::builder(exporter.clone()).build())
+            .build();
+        (provider, exporter)
+    }
+
+    fn key(outcome: &'static str, model: String) -> MetricKey {
+        MetricKey {
+            operation: Cow::Borrowed("chat"),
+            outcome,
+            model: Some(StringValue::from(model)),
+            error_type: None,
+        }
+    }
+
+    /// (sorted attribute values, count, sum) of histogram `name`, sorted.
+    fn points(exporter: &InMemoryMetricExporter, name: &str) -> Vec<(String, u64, f64)> {
+        let mut out = Vec::new();
+        for rm in exporter.get_finished_metrics().unwrap_or_default() {
+            for sm in rm.scope_metrics() {
+                for m in sm.metrics().filter(|m| m.name() == name) {
+                    let AggregatedMetrics::F64(MetricData::Histogram(h)) = m.data() else {
+                        continue;
+                    };
+                    for p in h.data_points() {
+                        let mut attrs: Vec<String> =
+                            p.attributes().map(|kv| kv.value.to_string()).collect();
+                        attrs.sort();
+                        out.push((attrs.join(","), p.count(), p.sum()));
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    fn measurements(e2e: f64) -> RequestMeasurements {
+        RequestMeasurements {
+            e2e,
+            ttft: Some(e2e / 10.0),
+            input_tokens: Some(3),
+            output_tokens: Some(5),
+            ..RequestMeasurements::default()
+        }
+    }
+
+    #[test]
+    fn bound_and_unbound_recording_agree_and_layers_stay_apart() {
+        let (pa, ea) = provider();
+        let (pb, eb) = provider();
+        let a = LayerMetrics::new(&pa.meter("a"));
+        let b = LayerMetrics::new(&pb.meter("b"));
+        // More keys than a thread binds: the later ones are recorded unbound.
+        for i in 0..(MAX_BOUND_PER_THREAD + 6) {
+            for _ in 0..2 {
+                a.record(&measurements(1.0), key("ok", format!("m{i}")));
+            }
+        }
+        a.record(&measurements(3.0), key("error", "m0".into()));
+        b.record(&measurements(2.0), key("ok", "m0".into()));
+        let _ = pa.force_flush();
+        let _ = pb.force_flush();
+        let got = points(&ea, metric::REQUEST_DURATION);
+        assert_eq!(got.len(), MAX_BOUND_PER_THREAD + 7);
+        for (attrs, count, sum) in &got {
+            if attrs.contains("error") {
+                assert_eq!((*count, *sum), (1, 3.0), "{attrs}");
+            } else {
+                assert_eq!((*count, *sum), (2, 2.0), "{attrs}");
+            }
+        }
+        assert_eq!(
+            points(&eb, metric::REQUEST_DURATION),
+            [("chat,m0,ok".to_owned(), 1, 2.0)]
+        );
+        assert_eq!(points(&ea, metric::TIME_TO_FIRST_TOKEN).len(), got.len());
     }
 }

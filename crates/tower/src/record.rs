@@ -15,14 +15,14 @@ use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue, StringValue};
 use tokio::sync::OwnedSemaphorePermit;
 
-use infertrace_semconv::{gen_ai, infer, net};
+use infertrace_semconv::{gen_ai, infer};
 
 use crate::batch::{PHASE_NAMES, PhaseSpans};
 use crate::end_attributes::{EndAttributes, StatusCode};
 use crate::gaps::GapHistogram;
 use crate::grpc::{self, MessageCounter};
 use crate::layer::Shared;
-use crate::metrics::{MetricAttributes, RequestMeasurements};
+use crate::metrics::{MetricKey, RequestMeasurements};
 use crate::phases::{Marks, Phases};
 use crate::request_facts::{RequestFacts, StartAttributes};
 use crate::spans::RequestSpan;
@@ -401,25 +401,13 @@ impl RequestRecord {
             energy.end();
         }
 
-        // Metric attributes on the stack: the slot after the used ones takes the token type.
-        let spare = || KeyValue::new(infer::OUTCOME, "");
-        let mut attrs: MetricAttributes = [
-            KeyValue::new(gen_ai::OPERATION_NAME, self.facts.operation.clone()),
-            KeyValue::new(infer::OUTCOME, outcome),
-            spare(),
-            spare(),
-            spare(),
-        ];
-        let mut used = 2;
-        if let Some(m) = model_for_name {
-            attrs[used] = KeyValue::new(gen_ai::REQUEST_MODEL, m);
-            used += 1;
-        }
-        if let Some(kind) = error_type {
-            attrs[used] = KeyValue::new(net::ERROR_TYPE, kind);
-            used += 1;
-        }
-        self.shared.metrics.record(&measurements, &mut attrs, used);
+        let key = MetricKey {
+            operation: self.facts.operation.clone(),
+            outcome,
+            model: model_for_name,
+            error_type,
+        };
+        self.shared.metrics.record(&measurements, key);
         self.shared.metrics.active_requests.add(-1, &[]);
         // Free the admission slot only now: the engine is busy until the stream ends.
         self.permit = None;
