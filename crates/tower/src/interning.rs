@@ -60,7 +60,11 @@ pub(crate) fn shared_str(kind: Kind, s: &str) -> Arc<str> {
             return Arc::from(s);
         };
         let ways = &mut all[kind as usize];
-        if let Some(hit) = ways.iter().flatten().find(|v| &***v == s) {
+        if let Some(hit) = ways
+            .iter()
+            .flatten()
+            .find(|v| same_bytes(v.as_bytes(), s.as_bytes()))
+        {
             return Arc::clone(hit);
         }
         let value: Arc<str> = Arc::from(s);
@@ -70,11 +74,39 @@ pub(crate) fn shared_str(kind: Kind, s: &str) -> Arc<str> {
     })
 }
 
+/// Byte equality for the short strings interned here, in 8-byte words (the last one
+/// overlapping) rather than a `memcmp` call per comparison: these run several times per
+/// request, and the call dominated for 10–40 byte values.
+#[inline]
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n < 8 {
+        return a == b;
+    }
+    let word = |s: &[u8], i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[i..i + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let mut i = 0;
+    while i + 8 <= n {
+        if word(a, i) != word(b, i) {
+            return false;
+        }
+        i += 8;
+    }
+    i == n || word(a, n - 8) == word(b, n - 8)
+}
+
 fn is_name(name: &str, operation: &str, model: &str) -> bool {
+    let name = name.as_bytes();
     name.len() == operation.len() + 1 + model.len()
-        && name.starts_with(operation)
-        && name.ends_with(model)
-        && name.as_bytes().get(operation.len()) == Some(&b' ')
+        && same_bytes(&name[..operation.len()], operation.as_bytes())
+        && same_bytes(&name[name.len() - model.len()..], model.as_bytes())
+        && name.get(operation.len()) == Some(&b' ')
 }
 
 /// `"{operation} {model}"`, interned (see the module docs).
@@ -117,6 +149,31 @@ pub(crate) fn span_name(operation: &str, model: &str) -> Cow<'static, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_bytes_is_byte_equality() {
+        let words = [
+            "",
+            "a",
+            "abcdefg",
+            "abcdefgh",
+            "abcdefghi",
+            "/v1/chat/completions",
+            "/v1/chat/completionz",
+            "/v2/chat/completions",
+            "abcdefghabcdefgh",
+            "abcdefghabcdefgX",
+        ];
+        for a in words {
+            for b in words {
+                assert_eq!(
+                    same_bytes(a.as_bytes(), b.as_bytes()),
+                    a == b,
+                    "{a:?} {b:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn repeated_values_share_one_allocation() {

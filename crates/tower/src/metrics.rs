@@ -128,7 +128,8 @@ pub(crate) struct MetricKey {
 }
 
 fn same_str(a: &str, b: &str) -> bool {
-    (a.as_ptr() == b.as_ptr() && a.len() == b.len()) || a == b
+    (a.as_ptr() == b.as_ptr() && a.len() == b.len())
+        || crate::interning::same_bytes(a.as_bytes(), b.as_bytes())
 }
 
 impl MetricKey {

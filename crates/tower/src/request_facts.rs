@@ -23,12 +23,16 @@ pub(crate) struct RequestFacts {
 
 /// The operation a path implies, if it is one of the OpenAI-style routes.
 pub(crate) fn operation_for_path(path: &str) -> Option<&'static str> {
-    let path = path.trim_end_matches('/');
-    if path.ends_with("/chat/completions") {
+    let path = path.trim_end_matches('/').as_bytes();
+    let ends_with = |suffix: &str| {
+        path.len() >= suffix.len()
+            && interning::same_bytes(&path[path.len() - suffix.len()..], suffix.as_bytes())
+    };
+    if ends_with("/chat/completions") {
         Some(gen_ai::operation::CHAT)
-    } else if path.ends_with("/completions") {
+    } else if ends_with("/completions") {
         Some(gen_ai::operation::TEXT_COMPLETION)
-    } else if path.ends_with("/embeddings") {
+    } else if ends_with("/embeddings") {
         Some(gen_ai::operation::EMBEDDINGS)
     } else {
         None
