@@ -793,19 +793,3 @@ mod tests {
         assert_eq!(zero, BatchSettings::default());
     }
 }
-#[cfg(test)]
-mod size_probe {
-    #[test]
-    fn sizes() {
-        eprintln!(
-            "FinishedRequest {} DirectSpan {} EndAttributes {} PhaseSpan {} SpanData {} Item {} StartAttributes {}",
-            size_of::<super::FinishedRequest>(),
-            size_of::<crate::direct::DirectSpan>(),
-            size_of::<crate::end_attributes::EndAttributes>(),
-            size_of::<super::PhaseSpan>(),
-            size_of::<opentelemetry_sdk::trace::SpanData>(),
-            size_of::<super::Item>(),
-            size_of::<crate::request_facts::StartAttributes>(),
-        );
-    }
-}

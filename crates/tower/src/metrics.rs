@@ -169,12 +169,8 @@ impl MetricKey {
 
 /// The layer's histograms bound to one [`MetricKey`].
 struct BoundInstruments {
-    request_duration: BoundHistogram<f64>,
-    time_to_first_token: BoundHistogram<f64>,
-    time_per_output_token: BoundHistogram<f64>,
-    queue_duration: BoundHistogram<f64>,
-    prefill_duration: BoundHistogram<f64>,
-    decode_duration: BoundHistogram<f64>,
+    /// In the order of [`RequestMeasurements::seconds`].
+    seconds: [BoundHistogram<f64>; 6],
     input_tokens: BoundHistogram<u64>,
     output_tokens: BoundHistogram<u64>,
 }
@@ -212,26 +208,27 @@ impl LayerMetrics {
         }
     }
 
+    /// The histograms in seconds, in the order of [`RequestMeasurements::seconds`].
+    fn second_histograms(&self) -> [&Histogram<f64>; 6] {
+        [
+            &self.request_duration,
+            &self.time_to_first_token,
+            &self.time_per_output_token,
+            &self.queue_duration,
+            &self.prefill_duration,
+            &self.decode_duration,
+        ]
+    }
+
     fn bind(&self, key: &MetricKey) -> BoundInstruments {
         let (mut attrs, used) = key.attributes();
-        let base = &attrs[..used];
-        let request_duration = self.request_duration.bind(base);
-        let time_to_first_token = self.time_to_first_token.bind(base);
-        let time_per_output_token = self.time_per_output_token.bind(base);
-        let queue_duration = self.queue_duration.bind(base);
-        let prefill_duration = self.prefill_duration.bind(base);
-        let decode_duration = self.decode_duration.bind(base);
+        let seconds = self.second_histograms().map(|h| h.bind(&attrs[..used]));
         attrs.push(KeyValue::new(gen_ai::TOKEN_TYPE, "input"));
         let input_tokens = self.token_usage.bind(&attrs);
         attrs[used] = KeyValue::new(gen_ai::TOKEN_TYPE, "output");
         let output_tokens = self.token_usage.bind(&attrs);
         BoundInstruments {
-            request_duration,
-            time_to_first_token,
-            time_per_output_token,
-            queue_duration,
-            prefill_duration,
-            decode_duration,
+            seconds,
             input_tokens,
             output_tokens,
         }
@@ -239,18 +236,9 @@ impl LayerMetrics {
 
     fn record_unbound(&self, m: &RequestMeasurements, key: &MetricKey) {
         let (mut attrs, used) = key.attributes();
-        let base = &attrs[..used];
-        self.request_duration.record(m.e2e, base);
-        let pairs = [
-            (&self.time_to_first_token, m.ttft),
-            (&self.time_per_output_token, m.tpot),
-            (&self.queue_duration, m.queue),
-            (&self.prefill_duration, m.prefill),
-            (&self.decode_duration, m.decode),
-        ];
-        for (instrument, value) in pairs {
+        for (histogram, value) in self.second_histograms().into_iter().zip(m.seconds()) {
             if let Some(v) = value {
-                instrument.record(v, base);
+                histogram.record(v, &attrs[..used]);
             }
         }
         attrs.push(KeyValue::new(gen_ai::TOKEN_TYPE, "input"));
@@ -263,19 +251,25 @@ impl LayerMetrics {
     }
 }
 
+impl RequestMeasurements {
+    /// e2e, TTFT, TPOT, queue, prefill, decode: the values recorded in seconds.
+    fn seconds(&self) -> [Option<f64>; 6] {
+        [
+            Some(self.e2e),
+            self.ttft,
+            self.tpot,
+            self.queue,
+            self.prefill,
+            self.decode,
+        ]
+    }
+}
+
 impl BoundInstruments {
     fn record(&self, m: &RequestMeasurements) {
-        self.request_duration.record(m.e2e);
-        let pairs = [
-            (&self.time_to_first_token, m.ttft),
-            (&self.time_per_output_token, m.tpot),
-            (&self.queue_duration, m.queue),
-            (&self.prefill_duration, m.prefill),
-            (&self.decode_duration, m.decode),
-        ];
-        for (instrument, value) in pairs {
+        for (histogram, value) in self.seconds.iter().zip(m.seconds()) {
             if let Some(v) = value {
-                instrument.record(v);
+                histogram.record(v);
             }
         }
         if let Some(n) = m.input_tokens {
