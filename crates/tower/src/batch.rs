@@ -36,14 +36,19 @@ use infertrace_semconv::{infer, span as span_names};
 use crate::direct::DirectSpan;
 use crate::end_attributes::EndAttributes;
 
+/// The most queue entries a processor holds: the queue is allocated up front, ≈ 850 bytes an
+/// entry (≈ 56 MB at this size).
+pub const MAX_QUEUE_ENTRIES: usize = 65_536;
+
 /// Batching settings of infertrace's batch processor ([`SharedSpanProcessor::batch_with`]):
 /// the SDK's `BatchConfig`, whose fields are not public.
 ///
 /// [`SharedSpanProcessor::batch_with`]: crate::SharedSpanProcessor::batch_with
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchSettings {
-    /// Queue entries held before new ones are dropped (default 2,048). An entry is one span,
-    /// or one whole request from the layer (its request span and up to four phase spans).
+    /// Queue entries held before new ones are dropped (default 2,048; at most
+    /// [`MAX_QUEUE_ENTRIES`], as the queue is allocated up front). An entry is one span, or one
+    /// whole request from the layer (its request span and up to four phase spans).
     pub max_queue_size: usize,
     /// Longest time a queued span waits for its batch to be exported (default 5 s).
     pub scheduled_delay: Duration,
@@ -89,9 +94,10 @@ impl BatchSettings {
         s.normalized()
     }
 
-    /// Both sizes at least 1, the batch size at most the queue size.
+    /// Both sizes at least 1, the queue at most [`MAX_QUEUE_ENTRIES`], the batch size at most
+    /// the queue size.
     fn normalized(mut self) -> Self {
-        self.max_queue_size = self.max_queue_size.max(1);
+        self.max_queue_size = self.max_queue_size.clamp(1, MAX_QUEUE_ENTRIES);
         self.max_export_batch_size = self.max_export_batch_size.clamp(1, self.max_queue_size);
         self
     }
@@ -288,7 +294,9 @@ pub(crate) struct BatchProcessor {
     /// An `Export` message is on its way (cleared by the export thread).
     export_signalled: Arc<AtomicBool>,
     max_export_batch_size: usize,
-    dropped_spans: AtomicU64,
+    /// Spans dropped: queue full, or given after shutdown (counted here and by the export
+    /// thread for what it finds left after its last export).
+    dropped_spans: Arc<AtomicU64>,
     shut_down: AtomicBool,
     worker: Mutex<Option<thread::JoinHandle<()>>>,
 }
@@ -321,7 +329,9 @@ impl BatchProcessor {
         let (control, control_rx) = sync_channel(64);
         let queued_spans = Arc::new(AtomicUsize::new(0));
         let export_signalled = Arc::new(AtomicBool::new(false));
+        let dropped_spans = Arc::new(AtomicU64::new(0));
         let mut worker = Worker {
+            dropped_spans: Arc::clone(&dropped_spans),
             exporter,
             items: item_rx,
             control: control_rx,
@@ -344,7 +354,7 @@ impl BatchProcessor {
             queued_spans,
             export_signalled,
             max_export_batch_size: settings.max_export_batch_size,
-            dropped_spans: AtomicU64::new(0),
+            dropped_spans,
             shut_down: AtomicBool::new(false),
             worker: Mutex::new(Some(handle)),
         })
@@ -364,6 +374,10 @@ impl BatchProcessor {
     #[inline]
     fn enqueue(&self, item: Item) {
         let spans = item.span_count();
+        if self.shut_down.load(Ordering::Acquire) {
+            self.dropped(spans);
+            return;
+        }
         // Counted before it is queued, so a concurrent flush never misses a queued span.
         let before = self.queued_spans.fetch_add(spans, Ordering::AcqRel);
         match self.items.try_send(item) {
@@ -378,29 +392,41 @@ impl BatchProcessor {
             }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.queued_spans.fetch_sub(spans, Ordering::AcqRel);
-                if self
-                    .dropped_spans
-                    .fetch_add(spans as u64, Ordering::Relaxed)
-                    == 0
-                {
-                    tracing::warn!(
-                        target: "infertrace_tower",
-                        "span export queue full or shut down: dropping spans (OTEL_BSP_MAX_QUEUE_SIZE)"
-                    );
-                }
+                self.dropped(spans);
             }
         }
     }
 
+    fn dropped(&self, spans: usize) {
+        if self
+            .dropped_spans
+            .fetch_add(spans as u64, Ordering::Relaxed)
+            == 0
+        {
+            tracing::warn!(
+                target: "infertrace_tower",
+                "span export queue full or shut down: dropping spans (OTEL_BSP_MAX_QUEUE_SIZE)"
+            );
+        }
+    }
+
+    /// Sends `message` (made with the reply channel) to the export thread and waits for the
+    /// reply; `on_full` runs if the control channel was full.
     fn ask(
         &self,
         message: impl FnOnce(SyncSender<OTelSdkResult>) -> Control,
         wait: Duration,
+        on_full: impl FnOnce(),
     ) -> OTelSdkResult {
         let (tx, rx) = sync_channel(1);
-        self.control
-            .try_send(message(tx))
-            .map_err(|e| OTelSdkError::InternalFailure(format!("span export thread: {e}")))?;
+        if let Err(e) = self.control.try_send(message(tx)) {
+            if matches!(e, TrySendError::Full(_)) {
+                on_full();
+            }
+            return Err(OTelSdkError::InternalFailure(format!(
+                "span export thread: {e}"
+            )));
+        }
         match rx.recv_timeout(wait) {
             Ok(result) => result,
             Err(RecvTimeoutError::Timeout) => Err(OTelSdkError::Timeout(wait)),
@@ -422,14 +448,18 @@ impl SpanProcessor for BatchProcessor {
         if self.shut_down.load(Ordering::Acquire) {
             return Err(OTelSdkError::AlreadyShutdown);
         }
-        self.ask(Control::Flush, FLUSH_TIMEOUT)
+        self.ask(Control::Flush, FLUSH_TIMEOUT, || {})
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         if self.shut_down.swap(true, Ordering::AcqRel) {
             return Err(OTelSdkError::AlreadyShutdown);
         }
-        let result = self.ask(Control::Shutdown, timeout);
+        // A control channel full of flushes waiting on a stalled exporter: not shut down, so a
+        // later call can try again.
+        let result = self.ask(Control::Shutdown, timeout, || {
+            self.shut_down.store(false, Ordering::Release);
+        });
         if result.is_ok()
             && let Ok(mut worker) = self.worker.lock()
             && let Some(handle) = worker.take()
@@ -450,6 +480,7 @@ struct Worker<E> {
     control: Receiver<Control>,
     queued_spans: Arc<AtomicUsize>,
     export_signalled: Arc<AtomicBool>,
+    dropped_spans: Arc<AtomicU64>,
     settings: BatchSettings,
     batch: Vec<SpanData>,
     ids: RandomIdGenerator,
@@ -478,6 +509,7 @@ impl<E: SpanExporter> Worker<E> {
                 Ok(Control::Shutdown(reply)) => {
                     let result = self.drain();
                     let shutdown = self.exporter.shutdown();
+                    self.count_leftovers();
                     let _ = reply.send(result.and(shutdown));
                     return;
                 }
@@ -489,6 +521,7 @@ impl<E: SpanExporter> Worker<E> {
                     // Every handle is gone without a shutdown: export what is left.
                     let _ = self.drain();
                     let _ = self.exporter.shutdown();
+                    self.count_leftovers();
                     return;
                 }
             }
@@ -535,8 +568,24 @@ impl<E: SpanExporter> Worker<E> {
         result
     }
 
+    /// Counts what was queued after the last export as dropped (it arrived while shutting down).
+    fn count_leftovers(&mut self) {
+        let mut left = 0;
+        while let Ok(item) = self.items.try_recv() {
+            left += item.span_count() as u64;
+        }
+        if left > 0 {
+            self.dropped_spans.fetch_add(left, Ordering::Relaxed);
+        }
+    }
+
     fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        futures_executor::block_on(self.exporter.export(batch))
+        let spans = batch.len();
+        let result = futures_executor::block_on(self.exporter.export(batch));
+        if let Err(e) = &result {
+            tracing::warn!(target: "infertrace_tower", spans, "span export failed: {e}");
+        }
+        result
     }
 }
 
@@ -699,15 +748,21 @@ mod tests {
         for _ in 0..5 {
             p.submit_request(request(sampled_context())); // 4 spans each
         }
-        // 20 spans queued ≥ 10: the export thread is woken without a flush or the timer.
+        // A batch's worth queued wakes the export thread: no flush, and the timer is an hour.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while exporter.sizes().iter().sum::<usize>() < 20 && Instant::now() < deadline {
+        while exporter.sizes().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(exporter.sizes(), [10, 10]);
+        assert!(
+            exporter.sizes().iter().sum::<usize>() >= 10,
+            "{:?}",
+            exporter.sizes()
+        );
         p.on_end(sdk_span("one"));
         assert!(p.force_flush().is_ok());
-        assert_eq!(exporter.sizes(), [10, 10, 1]);
+        let sizes = exporter.sizes();
+        assert_eq!(sizes.iter().sum::<usize>(), 21, "{sizes:?}");
+        assert!(sizes.iter().all(|n| *n <= 10), "{sizes:?}");
     }
 
     #[test]
@@ -791,5 +846,8 @@ mod tests {
         assert_eq!(junk, BatchSettings::default());
         let zero = BatchSettings::from_vars(|_| Some("0".into()));
         assert_eq!(zero, BatchSettings::default());
+        let huge = BatchSettings::from_vars(|_| Some("100000000".into()));
+        assert_eq!(huge.max_queue_size, MAX_QUEUE_ENTRIES);
+        assert_eq!(huge.max_export_batch_size, MAX_QUEUE_ENTRIES);
     }
 }

@@ -99,7 +99,9 @@ impl SharedSpanProcessor {
     /// as one queue entry, and its four spans are built on the export thread. A full queue drops
     /// (and counts, see [`dropped_spans`](Self::dropped_spans)) rather than block a request.
     /// `OTEL_BSP_EXPORT_TIMEOUT` is not applied: an export call takes as long as the exporter's
-    /// own timeout allows (as with the SDK's thread-based processor).
+    /// own timeout allows (as with the SDK's thread-based processor). Like the SDK's batch
+    /// processor, it exports every span it is given, record-only (unsampled) ones included; the
+    /// queue is allocated up front (see [`BatchSettings::max_queue_size`]).
     ///
     /// Fails only if the export thread cannot be started.
     ///
@@ -253,6 +255,8 @@ impl DirectExport {
                 Some(_) if !self.sampler_reads_attributes => sample(&[]),
                 Some(start) => SAMPLER_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
                     Ok(mut list) => {
+                        // Cleared first too: a panicking sampler would have left its list.
+                        list.clear();
                         start.write(&mut |kv| list.push(kv));
                         let result = sample(&list);
                         list.clear();

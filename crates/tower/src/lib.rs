@@ -155,7 +155,7 @@ mod service;
 mod spans;
 mod tick_clock;
 
-pub use batch::BatchSettings;
+pub use batch::{BatchSettings, MAX_QUEUE_ENTRIES};
 pub use body::TracedBody;
 pub use direct::SharedSpanProcessor;
 pub use extract::MissingRecorder;

@@ -2,9 +2,10 @@
 //! boundaries the GenAI conventions recommend.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use opentelemetry::metrics::{BoundHistogram, Histogram, Meter, UpDownCounter};
 use opentelemetry::{KeyValue, StringValue};
@@ -17,6 +18,9 @@ pub(crate) struct LayerMetrics {
     /// Tells this layer's instruments apart in the per-thread cache of bound instruments
     /// (clones share it: they hold the same instruments).
     id: u64,
+    /// Alive while a clone of these instruments is: cached sets of dropped layers are
+    /// recognised by their dead `Weak`.
+    alive: Arc<()>,
     pub(crate) request_duration: Histogram<f64>,
     pub(crate) time_to_first_token: Histogram<f64>,
     pub(crate) time_per_output_token: Histogram<f64>,
@@ -47,6 +51,7 @@ impl LayerMetrics {
         static IDS: AtomicU64 = AtomicU64::new(0);
         Self {
             id: IDS.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
             request_duration: seconds(
                 meter,
                 metric::REQUEST_DURATION,
@@ -167,44 +172,87 @@ impl MetricKey {
     }
 }
 
-/// The layer's histograms bound to one [`MetricKey`].
+/// The layer's histograms bound to one [`MetricKey`], each bound on its first value: binding
+/// makes the SDK export the series, so a histogram the requests of this set never record (TTFT
+/// of embeddings, say) must stay unbound, as it would be unrecorded without binding.
 struct BoundInstruments {
+    /// The key's attributes.
+    attributes: Vec<KeyValue>,
     /// In the order of [`RequestMeasurements::seconds`].
-    seconds: [BoundHistogram<f64>; 6],
-    input_tokens: BoundHistogram<u64>,
-    output_tokens: BoundHistogram<u64>,
+    seconds: [OnceCell<BoundHistogram<f64>>; 6],
+    input_tokens: OnceCell<BoundHistogram<u64>>,
+    output_tokens: OnceCell<BoundHistogram<u64>>,
 }
 
-/// Bound attribute sets kept per thread (over all layers); a request whose set is not among
-/// them is recorded unbound.
+/// Bound attribute sets kept per thread (over all layers). When full, sets of layers that are
+/// gone are dropped first, then the oldest set is replaced (round robin), so new sets (new
+/// models, a new layer) are bound too.
 const MAX_BOUND_PER_THREAD: usize = 64;
 
+/// One cached set: whose it is, its key, its instruments.
+struct BoundEntry {
+    layer: u64,
+    alive: Weak<()>,
+    key: MetricKey,
+    instruments: Rc<BoundInstruments>,
+}
+
+#[derive(Default)]
+struct BoundCache {
+    entries: Vec<BoundEntry>,
+    /// The next entry to replace when full.
+    hand: usize,
+}
+
+impl BoundCache {
+    /// The instruments of `layer` bound to `key`, cached now if they were not.
+    fn get_or_insert(&mut self, layer: &LayerMetrics, key: MetricKey) -> Rc<BoundInstruments> {
+        if let Some(e) = self
+            .entries
+            .iter()
+            .find(|e| e.layer == layer.id && e.key.same(&key))
+        {
+            return Rc::clone(&e.instruments);
+        }
+        let (attributes, _) = key.attributes();
+        let instruments = Rc::new(BoundInstruments::new(attributes));
+        let entry = BoundEntry {
+            layer: layer.id,
+            alive: Arc::downgrade(&layer.alive),
+            key,
+            instruments: Rc::clone(&instruments),
+        };
+        if self.entries.len() >= MAX_BOUND_PER_THREAD {
+            self.entries.retain(|e| e.alive.strong_count() > 0);
+        }
+        if self.entries.len() < MAX_BOUND_PER_THREAD {
+            self.entries.push(entry);
+        } else {
+            let victim = self.hand % MAX_BOUND_PER_THREAD;
+            self.hand = victim + 1;
+            self.entries[victim] = entry;
+        }
+        instruments
+    }
+}
+
 thread_local! {
-    /// (layer id, key, instruments): a thread records with its own handles, no lock.
-    static BOUND: RefCell<Vec<(u64, MetricKey, Rc<BoundInstruments>)>> =
-        const { RefCell::new(Vec::new()) };
+    /// A thread records with its own handles: no lock.
+    static BOUND: RefCell<BoundCache> = RefCell::new(BoundCache::default());
 }
 
 impl LayerMetrics {
     /// Records one finished request's measurements under `key`: through instruments bound to
-    /// `key` (cached per thread: no attribute sorting or lookup per call), else unbound.
+    /// `key` (cached per thread: no attribute sorting or lookup per call), or unbound if the
+    /// cache is busy (re-entered).
     pub(crate) fn record(&self, m: &RequestMeasurements, key: MetricKey) {
-        let bound = BOUND.with(|cell| {
-            let mut cache = cell.try_borrow_mut().ok()?;
-            let found = cache
-                .iter()
-                .find(|(id, k, _)| *id == self.id && k.same(&key))
-                .map(|(_, _, b)| Rc::clone(b));
-            if found.is_some() || cache.len() >= MAX_BOUND_PER_THREAD {
-                return found;
-            }
-            let bound = Rc::new(self.bind(&key));
-            cache.push((self.id, key.clone(), Rc::clone(&bound)));
-            Some(bound)
+        let bound = BOUND.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut cache) => Ok(cache.get_or_insert(self, key)),
+            Err(_) => Err(key),
         });
         match bound {
-            Some(b) => b.record(m),
-            None => self.record_unbound(m, &key),
+            Ok(b) => b.record(self, m),
+            Err(key) => self.record_unbound(m, &key),
         }
     }
 
@@ -218,20 +266,6 @@ impl LayerMetrics {
             &self.prefill_duration,
             &self.decode_duration,
         ]
-    }
-
-    fn bind(&self, key: &MetricKey) -> BoundInstruments {
-        let (mut attrs, used) = key.attributes();
-        let seconds = self.second_histograms().map(|h| h.bind(&attrs[..used]));
-        attrs.push(KeyValue::new(gen_ai::TOKEN_TYPE, "input"));
-        let input_tokens = self.token_usage.bind(&attrs);
-        attrs[used] = KeyValue::new(gen_ai::TOKEN_TYPE, "output");
-        let output_tokens = self.token_usage.bind(&attrs);
-        BoundInstruments {
-            seconds,
-            input_tokens,
-            output_tokens,
-        }
     }
 
     fn record_unbound(&self, m: &RequestMeasurements, key: &MetricKey) {
@@ -266,17 +300,40 @@ impl RequestMeasurements {
 }
 
 impl BoundInstruments {
-    fn record(&self, m: &RequestMeasurements) {
-        for (histogram, value) in self.seconds.iter().zip(m.seconds()) {
+    fn new(attributes: Vec<KeyValue>) -> Self {
+        Self {
+            attributes,
+            seconds: Default::default(),
+            input_tokens: OnceCell::new(),
+            output_tokens: OnceCell::new(),
+        }
+    }
+
+    /// The token histogram bound to the key's attributes and `gen_ai.token.type = kind`.
+    fn bind_tokens(&self, metrics: &LayerMetrics, kind: &'static str) -> BoundHistogram<u64> {
+        let mut attrs = Vec::with_capacity(self.attributes.len() + 1);
+        attrs.extend(self.attributes.iter().cloned());
+        attrs.push(KeyValue::new(gen_ai::TOKEN_TYPE, kind));
+        metrics.token_usage.bind(&attrs)
+    }
+
+    fn record(&self, metrics: &LayerMetrics, m: &RequestMeasurements) {
+        let histograms = metrics.second_histograms();
+        for ((cell, histogram), value) in self.seconds.iter().zip(histograms).zip(m.seconds()) {
             if let Some(v) = value {
-                histogram.record(v);
+                cell.get_or_init(|| histogram.bind(&self.attributes))
+                    .record(v);
             }
         }
         if let Some(n) = m.input_tokens {
-            self.input_tokens.record(n);
+            self.input_tokens
+                .get_or_init(|| self.bind_tokens(metrics, "input"))
+                .record(n);
         }
         if let Some(n) = m.output_tokens {
-            self.output_tokens.record(n);
+            self.output_tokens
+                .get_or_init(|| self.bind_tokens(metrics, "output"))
+                .record(n);
         }
     }
 }
@@ -339,19 +396,21 @@ mod tests {
     }
 
     #[test]
-    fn bound_and_unbound_recording_agree_and_layers_stay_apart() {
+    fn every_set_is_recorded_and_layers_stay_apart() {
         let (pa, ea) = provider();
         let (pb, eb) = provider();
         let a = LayerMetrics::new(&pa.meter("a"));
         let b = LayerMetrics::new(&pb.meter("b"));
-        // More keys than a thread binds: the later ones are recorded unbound.
-        for i in 0..(MAX_BOUND_PER_THREAD + 6) {
-            for _ in 0..2 {
+        // More sets than a thread keeps bound: older ones are replaced and bound again.
+        for _ in 0..2 {
+            for i in 0..(MAX_BOUND_PER_THREAD + 6) {
                 a.record(&measurements(1.0), key("ok", format!("m{i}")));
             }
         }
         a.record(&measurements(3.0), key("error", "m0".into()));
         b.record(&measurements(2.0), key("ok", "m0".into()));
+        // Unbound (as when the cache is in use) lands in the same series.
+        a.record_unbound(&measurements(1.0), &key("ok", "m1".into()));
         let _ = pa.force_flush();
         let _ = pb.force_flush();
         let got = points(&ea, metric::REQUEST_DURATION);
@@ -359,6 +418,8 @@ mod tests {
         for (attrs, count, sum) in &got {
             if attrs.contains("error") {
                 assert_eq!((*count, *sum), (1, 3.0), "{attrs}");
+            } else if attrs == "chat,m1,ok" {
+                assert_eq!((*count, *sum), (3, 3.0), "{attrs}");
             } else {
                 assert_eq!((*count, *sum), (2, 2.0), "{attrs}");
             }
@@ -368,5 +429,53 @@ mod tests {
             [("chat,m0,ok".to_owned(), 1, 2.0)]
         );
         assert_eq!(points(&ea, metric::TIME_TO_FIRST_TOKEN).len(), got.len());
+    }
+
+    #[test]
+    fn a_histogram_no_request_of_a_set_recorded_exports_nothing() {
+        let (p, e) = provider();
+        let layer = LayerMetrics::new(&p.meter("a"));
+        let embeddings = RequestMeasurements {
+            e2e: 0.5,
+            ..RequestMeasurements::default()
+        };
+        layer.record(&embeddings, key("ok", "embedder".into()));
+        let _ = p.force_flush();
+        assert_eq!(points(&e, metric::REQUEST_DURATION).len(), 1);
+        for name in [
+            metric::TIME_TO_FIRST_TOKEN,
+            metric::TIME_PER_OUTPUT_TOKEN,
+            metric::QUEUE_DURATION,
+            metric::DECODE_DURATION,
+        ] {
+            assert!(points(&e, name).is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn sets_of_dropped_layers_make_room_first() {
+        let (p, _e) = provider();
+        let keep = LayerMetrics::new(&p.meter("keep"));
+        keep.record(&measurements(1.0), key("ok", "kept".into()));
+        {
+            let gone = LayerMetrics::new(&p.meter("gone"));
+            for i in 0..MAX_BOUND_PER_THREAD - 1 {
+                gone.record(&measurements(1.0), key("ok", format!("g{i}")));
+            }
+        }
+        // The cache is full; the next set purges the dropped layer's sets, not `keep`'s.
+        BOUND.with(|cell| assert_eq!(cell.borrow().entries.len(), MAX_BOUND_PER_THREAD));
+        keep.record(&measurements(1.0), key("ok", "new".into()));
+        BOUND.with(|cell| {
+            let cache = cell.borrow();
+            let models: Vec<String> = cache
+                .entries
+                .iter()
+                .filter_map(|e| e.key.model.as_ref().map(|m| m.as_str().to_owned()))
+                .collect();
+            assert!(models.contains(&"kept".to_owned()), "{models:?}");
+            assert!(models.contains(&"new".to_owned()), "{models:?}");
+            assert!(cache.entries.iter().all(|e| e.alive.strong_count() > 0));
+        });
     }
 }
