@@ -10,6 +10,12 @@
 //!   [`MAX_CACHED_LEN`] are not cached (plain allocation), so a thread holds at most
 //!   `9 kinds × 4 values × 256 bytes`. The cache keeps a reference, so the span's copy is not
 //!   the last one: the batch processor's thread, which drops the span, does not free the string.
+//! - [`shared_value`] does the same for the request's arrival attributes (path, route, user
+//!   agent, host, RPC service and method) and the layer's default model, but as `'static`
+//!   strings from a process-wide registry of at most [`MAX_STATIC_VALUES`] values (leaked on
+//!   purpose, ≤ 1 MiB): copying one touches no reference count, so the export thread that drops
+//!   the span does not contend with the request threads for the count's cache line. Beyond the
+//!   registry's size, values fall back to [`shared_str`].
 //! - [`span_name`] interns `"{operation} {model}"` as `&'static str` (span names must be
 //!   `Cow<'static, str>`), at most [`MAX_NAMES`] distinct names per process; beyond that, names
 //!   are allocated per request as usual. The interned names are leaked on purpose: they live as
@@ -17,7 +23,10 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+
+use opentelemetry::StringValue;
 
 /// Kinds of repeated request strings.
 #[derive(Clone, Copy, Debug)]
@@ -42,13 +51,70 @@ pub(crate) const MAX_NAMES: usize = 1024;
 
 type Ways = [Option<Arc<str>>; WAYS];
 
+/// Distinct request values made `'static` per process, over all kinds (at most 256 bytes
+/// each, so at most 1 MiB); later new values are reference counted instead.
+pub(crate) const MAX_STATIC_VALUES: usize = 4096;
+
+/// The values made `'static` so far (consulted on a per-thread miss).
+static STATIC_VALUES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+type StaticWays = [Option<&'static str>; WAYS];
+
 thread_local! {
+    static STATICS: RefCell<[StaticWays; KINDS]> = RefCell::new(Default::default());
     static VALUES: RefCell<[Ways; KINDS]> = RefCell::new(Default::default());
     static NAMES: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Every span name interned so far (shared by all threads; consulted on a thread-local miss).
 static INTERNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+/// `s` as an attribute value: a `'static` string (copied without touching a reference count,
+/// which another thread would otherwise decrement when it drops the span) while the process
+/// has made fewer than [`MAX_STATIC_VALUES`] of them, else as [`shared_str`] does.
+pub(crate) fn shared_value(kind: Kind, s: &str) -> StringValue {
+    if s.len() > MAX_CACHED_LEN {
+        return StringValue::from(Arc::<str>::from(s));
+    }
+    let local = STATICS.with(|cell| {
+        let mut all = cell.try_borrow_mut().ok()?;
+        let ways = &mut all[kind as usize];
+        if let Some(hit) = ways
+            .iter()
+            .flatten()
+            .find(|v| same_bytes(v.as_bytes(), s.as_bytes()))
+        {
+            return Some(*hit);
+        }
+        let value = make_static(&STATIC_VALUES, MAX_STATIC_VALUES, s)?;
+        ways.rotate_right(1);
+        ways[0] = Some(value);
+        Some(value)
+    });
+    match local {
+        Some(v) => StringValue::from(v),
+        None => StringValue::from(shared_str(kind, s)),
+    }
+}
+
+/// `s` from `registry` (leaked once, at most `cap` strings in all), or `None` when full.
+fn make_static(
+    registry: &Mutex<Option<HashSet<&'static str>>>,
+    cap: usize,
+    s: &str,
+) -> Option<&'static str> {
+    let mut guard = registry.lock().ok()?;
+    let set = guard.get_or_insert_with(HashSet::new);
+    if let Some(v) = set.get(s) {
+        return Some(*v);
+    }
+    if set.len() >= cap {
+        return None;
+    }
+    let v: &'static str = String::leak(s.to_owned());
+    set.insert(v);
+    Some(v)
+}
 
 /// `s` as a shared string, reusing this thread's copy when `s` was seen recently.
 pub(crate) fn shared_str(kind: Kind, s: &str) -> Arc<str> {
@@ -149,6 +215,23 @@ pub(crate) fn span_name(operation: &str, model: &str) -> Cow<'static, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn static_values_are_shared_and_bounded() {
+        let a = shared_value(Kind::Host, "static-test.example");
+        let b = shared_value(Kind::Host, "static-test.example");
+        assert_eq!(a.as_str(), "static-test.example");
+        assert!(std::ptr::eq(a.as_str().as_ptr(), b.as_str().as_ptr()));
+        // A registry that is full hands out nothing new, but still what it has.
+        let registry = Mutex::new(None);
+        assert!(make_static(&registry, 2, "one").is_some());
+        assert!(make_static(&registry, 2, "two").is_some());
+        assert_eq!(make_static(&registry, 2, "three"), None);
+        assert_eq!(make_static(&registry, 2, "one"), Some("one"));
+        // Long values are not made static.
+        let long = "y".repeat(MAX_CACHED_LEN + 1);
+        assert_eq!(shared_value(Kind::Path, &long).as_str(), long);
+    }
 
     #[test]
     fn same_bytes_is_byte_equality() {

@@ -341,7 +341,10 @@ impl InferenceTraceLayer {
     /// [`MODEL_HEADER`] header nor the handler (through
     /// [`RequestRecorder::request_model`](crate::RequestRecorder::request_model)) names one.
     pub fn default_model(mut self, model: impl Into<String>) -> Self {
-        self.default_model = Some(StringValue::from(Arc::<str>::from(model.into())));
+        self.default_model = Some(crate::interning::shared_value(
+            crate::interning::Kind::Model,
+            &model.into(),
+        ));
         self.changed()
     }
 

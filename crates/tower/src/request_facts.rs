@@ -153,19 +153,19 @@ pub(crate) struct StartAttributes {
     operation: Cow<'static, str>,
     request_model: Option<StringValue>,
     protocol: Protocol,
-    server: Option<(Arc<str>, Option<i64>)>,
+    server: Option<(StringValue, Option<i64>)>,
 }
 
 #[derive(Clone, Debug)]
 enum Protocol {
     Grpc {
-        service_and_method: Option<(Arc<str>, Arc<str>)>,
+        service_and_method: Option<(StringValue, StringValue)>,
     },
     Http {
         method: &'static str,
-        path: Arc<str>,
-        route: Option<Arc<str>>,
-        user_agent: Option<Arc<str>>,
+        path: StringValue,
+        route: Option<StringValue>,
+        user_agent: Option<StringValue>,
     },
 }
 
@@ -180,21 +180,21 @@ impl StartAttributes {
             Protocol::Grpc {
                 service_and_method: grpc::service_and_method(path).map(|(service, method)| {
                     (
-                        interning::shared_str(Kind::RpcService, service),
-                        interning::shared_str(Kind::RpcMethod, method),
+                        interning::shared_value(Kind::RpcService, service),
+                        interning::shared_value(Kind::RpcMethod, method),
                     )
                 }),
             }
         } else {
             Protocol::Http {
                 method: method_value(req.method()),
-                path: interning::shared_str(Kind::Path, path),
+                path: interning::shared_value(Kind::Path, path),
                 route: req
                     .extensions()
                     .get::<axum::extract::MatchedPath>()
-                    .map(|route| interning::shared_str(Kind::Route, route.as_str())),
+                    .map(|route| interning::shared_value(Kind::Route, route.as_str())),
                 user_agent: header_str(req.headers(), &header::USER_AGENT)
-                    .map(|ua| interning::shared_str(Kind::UserAgent, ua)),
+                    .map(|ua| interning::shared_value(Kind::UserAgent, ua)),
             }
         };
         Self {
@@ -202,7 +202,7 @@ impl StartAttributes {
             request_model: facts.request_model.clone(),
             protocol,
             server: server_address(req)
-                .map(|(host, port)| (interning::shared_str(Kind::Host, host), port)),
+                .map(|(host, port)| (interning::shared_value(Kind::Host, host), port)),
         }
     }
 
@@ -219,8 +219,8 @@ impl StartAttributes {
             Protocol::Grpc { service_and_method } => {
                 push(KeyValue::new(net::RPC_SYSTEM, "grpc"));
                 if let Some((service, method)) = service_and_method {
-                    push(KeyValue::new(net::RPC_SERVICE, Arc::clone(service)));
-                    push(KeyValue::new(net::RPC_METHOD, Arc::clone(method)));
+                    push(KeyValue::new(net::RPC_SERVICE, service.clone()));
+                    push(KeyValue::new(net::RPC_METHOD, method.clone()));
                 }
             }
             Protocol::Http {
@@ -230,17 +230,17 @@ impl StartAttributes {
                 user_agent,
             } => {
                 push(KeyValue::new(net::HTTP_REQUEST_METHOD, *method));
-                push(KeyValue::new(net::URL_PATH, Arc::clone(path)));
+                push(KeyValue::new(net::URL_PATH, path.clone()));
                 if let Some(route) = route {
-                    push(KeyValue::new(net::HTTP_ROUTE, Arc::clone(route)));
+                    push(KeyValue::new(net::HTTP_ROUTE, route.clone()));
                 }
                 if let Some(ua) = user_agent {
-                    push(KeyValue::new(net::USER_AGENT_ORIGINAL, Arc::clone(ua)));
+                    push(KeyValue::new(net::USER_AGENT_ORIGINAL, ua.clone()));
                 }
             }
         }
         if let Some((host, port)) = &self.server {
-            push(KeyValue::new(net::SERVER_ADDRESS, Arc::clone(host)));
+            push(KeyValue::new(net::SERVER_ADDRESS, host.clone()));
             if let Some(p) = port {
                 push(KeyValue::new(net::SERVER_PORT, *p));
             }
