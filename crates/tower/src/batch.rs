@@ -50,7 +50,7 @@ pub struct BatchSettings {
     /// [`MAX_QUEUE_ENTRIES`], as the queue is allocated up front). An entry is one span, or one
     /// whole request from the layer (its request span and up to four phase spans).
     pub max_queue_size: usize,
-    /// Longest time a queued span waits for its batch to be exported (default 5 s).
+    /// Longest time a queued span waits for its batch to be exported (default 5 s; at least 1 ms).
     pub scheduled_delay: Duration,
     /// Spans per export call (default 512; at most `max_queue_size`).
     pub max_export_batch_size: usize,
@@ -95,9 +95,11 @@ impl BatchSettings {
     }
 
     /// Both sizes at least 1, the queue at most [`MAX_QUEUE_ENTRIES`], the batch size at most
-    /// the queue size.
+    /// the queue size, the delay at least 1 ms.
     fn normalized(mut self) -> Self {
         self.max_queue_size = self.max_queue_size.clamp(1, MAX_QUEUE_ENTRIES);
+        // A zero delay would make the export thread spin.
+        self.scheduled_delay = self.scheduled_delay.max(Duration::from_millis(1));
         self.max_export_batch_size = self.max_export_batch_size.clamp(1, self.max_queue_size);
         self
     }
@@ -846,6 +848,11 @@ mod tests {
         assert_eq!(junk, BatchSettings::default());
         let zero = BatchSettings::from_vars(|_| Some("0".into()));
         assert_eq!(zero, BatchSettings::default());
+        let spin = BatchSettings {
+            scheduled_delay: Duration::ZERO,
+            ..BatchSettings::default()
+        };
+        assert_eq!(spin.normalized().scheduled_delay, Duration::from_millis(1));
         let huge = BatchSettings::from_vars(|_| Some("100000000".into()));
         assert_eq!(huge.max_queue_size, MAX_QUEUE_ENTRIES);
         assert_eq!(huge.max_export_batch_size, MAX_QUEUE_ENTRIES);
