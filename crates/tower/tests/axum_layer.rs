@@ -191,6 +191,11 @@ async fn engine_marks_streamed_phases_match_the_engine_direct_export() {
     engine_marks_streamed_phases_match_the_engine_with(Telemetry::direct()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_marks_streamed_phases_match_the_engine_handover() {
+    engine_marks_streamed_phases_match_the_engine_with(Telemetry::handover()).await;
+}
+
 async fn engine_marks_streamed_phases_match_the_engine_with(tel: Telemetry) {
     let truths = Truths::default();
     let addr = serve_axum(app(&truths).layer(tel.layer().default_model("test-model"))).await;
@@ -484,6 +489,11 @@ async fn client_cancel_mid_stream_ends_the_span_as_cancelled_direct_export() {
     client_cancel_mid_stream_ends_the_span_as_cancelled_with(Telemetry::direct()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_cancel_mid_stream_ends_the_span_as_cancelled_handover() {
+    client_cancel_mid_stream_ends_the_span_as_cancelled_with(Telemetry::handover()).await;
+}
+
 async fn client_cancel_mid_stream_ends_the_span_as_cancelled_with(tel: Telemetry) {
     let app = Router::new()
         .route(
@@ -543,6 +553,11 @@ async fn engine_error_and_5xx_set_error_status_direct_export() {
     engine_error_and_5xx_set_error_status_with(Telemetry::direct()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_error_and_5xx_set_error_status_handover() {
+    engine_error_and_5xx_set_error_status_with(Telemetry::handover()).await;
+}
+
 async fn engine_error_and_5xx_set_error_status_with(tel: Telemetry) {
     let app = Router::new()
         .route(
@@ -586,6 +601,12 @@ async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_direct_export() {
     incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_with(Telemetry::direct())
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_handover() {
+    incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_with(Telemetry::handover())
         .await;
 }
 
@@ -655,6 +676,11 @@ async fn tracing_spans_in_the_handler_nest_under_the_request_span() {
 #[tokio::test]
 async fn tracing_spans_in_the_handler_nest_under_the_request_span_direct_export() {
     tracing_spans_nest_with(Telemetry::direct()).await;
+}
+
+#[tokio::test]
+async fn tracing_spans_in_the_handler_nest_under_the_request_span_handover() {
+    tracing_spans_nest_with(Telemetry::handover()).await;
 }
 
 async fn tracing_spans_nest_with(tel: Telemetry) {
