@@ -53,35 +53,30 @@ impl Telemetry {
     /// provider uses (`with_span_processor`), so the handler's `tracing` spans and the layer's
     /// spans end up in the same exporter.
     pub fn direct() -> Self {
-        let spans = InMemorySpanExporter::default();
-        let resource = Resource::builder().build();
-        let processor =
-            SharedSpanProcessor::new(SimpleSpanProcessor::new(spans.clone()), &resource);
-        let tracer_provider = SdkTracerProvider::builder()
-            .with_span_processor(processor.clone())
-            .with_resource(resource)
-            .build();
-        Self {
-            spans,
-            tracer_provider,
-            direct: Some(processor),
-            ..Self::new()
-        }
+        Self::sharing(|spans, resource| {
+            SharedSpanProcessor::new(SimpleSpanProcessor::new(spans), resource)
+        })
     }
 
     /// Like [`direct`](Self::direct), with infertrace's batch processor
     /// (`SharedSpanProcessor::batch_with`, what `with_otlp` wires): each request is handed over
     /// whole and its spans built on the export thread, exported every 10 ms.
     pub fn handover() -> Self {
+        Self::sharing(|spans, resource| {
+            let settings = BatchSettings {
+                max_queue_size: 4096,
+                scheduled_delay: Duration::from_millis(10),
+                max_export_batch_size: 512,
+            };
+            SharedSpanProcessor::batch_with(spans, resource, settings).expect("span export thread")
+        })
+    }
+
+    /// A tracer provider and the layer sharing the processor `make` builds over the exporter.
+    fn sharing(make: impl FnOnce(InMemorySpanExporter, &Resource) -> SharedSpanProcessor) -> Self {
         let spans = InMemorySpanExporter::default();
         let resource = Resource::builder().build();
-        let settings = BatchSettings {
-            max_queue_size: 4096,
-            scheduled_delay: Duration::from_millis(10),
-            max_export_batch_size: 512,
-        };
-        let processor = SharedSpanProcessor::batch_with(spans.clone(), &resource, settings)
-            .expect("span export thread");
+        let processor = make(spans.clone(), &resource);
         let tracer_provider = SdkTracerProvider::builder()
             .with_span_processor(processor.clone())
             .with_resource(resource)
