@@ -305,15 +305,7 @@ impl DirectExport {
 
     /// Ends `span` at `end` and exports it, once, if it is recording.
     pub(crate) fn end(&self, span: &mut DirectSpan, end: SystemTime) {
-        if span.ended {
-            return;
-        }
-        span.ended = true;
-        if !span.recording {
-            return;
-        }
-        self.processor
-            .on_end(DirectSpan::take(span).into_span_data(end, |_| {}));
+        self.export_request(span, end, |_| {});
     }
 
     /// Ends a recording request span at `end` with its end attributes and phase spans: as one
@@ -326,30 +318,40 @@ impl DirectExport {
         end_attributes: EndAttributes,
         phases: PhaseSpans,
     ) {
-        if span.ended || !span.recording {
-            span.ended = true;
-            return;
-        }
-        if let Some(batch) = &self.processor.batch {
-            let request = DirectSpan::take(span);
+        if span.is_recording()
+            && let Some(batch) = &self.processor.batch
+        {
             batch.submit_request(FinishedRequest {
-                span: request,
+                span: DirectSpan::take(span),
                 end,
                 end_attributes,
                 phases,
             });
             return;
         }
-        if span.context.is_sampled() {
+        if span.is_recording() && span.context.is_sampled() {
             for phase in phases {
                 self.phase(phase, &span.context);
             }
         }
+        self.export_request(span, end, |attributes| {
+            end_attributes.write(&mut |kv| attributes.push(kv))
+        });
+    }
+
+    /// Ends `span` at `end` and, if it was recording, exports it after `more` appended its last
+    /// attributes. Once: later calls do nothing.
+    fn export_request(
+        &self,
+        span: &mut DirectSpan,
+        end: SystemTime,
+        more: impl FnOnce(&mut Vec<KeyValue>),
+    ) {
+        if span.is_recording() {
+            self.processor
+                .on_end(DirectSpan::take(span).into_span_data(end, more));
+        }
         span.ended = true;
-        self.processor
-            .on_end(DirectSpan::take(span).into_span_data(end, |attributes| {
-                end_attributes.write(&mut |kv| attributes.push(kv))
-            }));
     }
 }
 

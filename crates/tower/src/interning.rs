@@ -67,7 +67,28 @@ thread_local! {
 }
 
 /// Every span name interned so far (shared by all threads; consulted on a thread-local miss).
-static INTERNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+static INTERNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+/// `ways` (a kind's recently seen values, newest first): the one equal to `s`, else the value
+/// `make` gives, kept as the newest (if it gives one).
+fn way_lookup<T: Clone>(
+    ways: &mut [Option<T>; WAYS],
+    s: &str,
+    bytes: impl Fn(&T) -> &[u8],
+    make: impl FnOnce() -> Option<T>,
+) -> Option<T> {
+    if let Some(hit) = ways
+        .iter()
+        .flatten()
+        .find(|v| same_bytes(bytes(v), s.as_bytes()))
+    {
+        return Some(hit.clone());
+    }
+    let value = make()?;
+    ways.rotate_right(1);
+    ways[0] = Some(value.clone());
+    Some(value)
+}
 
 /// `s` as an attribute value: a `'static` string (copied without touching a reference count,
 /// which another thread would otherwise decrement when it drops the span) while the process
@@ -78,18 +99,12 @@ pub(crate) fn shared_value(kind: Kind, s: &str) -> StringValue {
     }
     let local = STATICS.with(|cell| {
         let mut all = cell.try_borrow_mut().ok()?;
-        let ways = &mut all[kind as usize];
-        if let Some(hit) = ways
-            .iter()
-            .flatten()
-            .find(|v| same_bytes(v.as_bytes(), s.as_bytes()))
-        {
-            return Some(*hit);
-        }
-        let value = make_static(&STATIC_VALUES, MAX_STATIC_VALUES, s)?;
-        ways.rotate_right(1);
-        ways[0] = Some(value);
-        Some(value)
+        way_lookup(
+            &mut all[kind as usize],
+            s,
+            |v| v.as_bytes(),
+            || make_static(&STATIC_VALUES, MAX_STATIC_VALUES, s),
+        )
     });
     match local {
         Some(v) => StringValue::from(v),
@@ -121,23 +136,17 @@ pub(crate) fn shared_str(kind: Kind, s: &str) -> Arc<str> {
     if s.len() > MAX_CACHED_LEN {
         return Arc::from(s);
     }
-    VALUES.with(|cell| {
-        let Ok(mut all) = cell.try_borrow_mut() else {
-            return Arc::from(s);
-        };
-        let ways = &mut all[kind as usize];
-        if let Some(hit) = ways
-            .iter()
-            .flatten()
-            .find(|v| same_bytes(v.as_bytes(), s.as_bytes()))
-        {
-            return Arc::clone(hit);
-        }
-        let value: Arc<str> = Arc::from(s);
-        ways.rotate_right(1);
-        ways[0] = Some(Arc::clone(&value));
-        value
-    })
+    VALUES
+        .with(|cell| {
+            let mut all = cell.try_borrow_mut().ok()?;
+            way_lookup(
+                &mut all[kind as usize],
+                s,
+                |v| v.as_bytes(),
+                || Some(Arc::from(s)),
+            )
+        })
+        .unwrap_or_else(|| Arc::from(s))
 }
 
 /// Byte equality for the short strings interned here, in 8-byte words (the last one
@@ -185,23 +194,10 @@ pub(crate) fn span_name(operation: &str, model: &str) -> Cow<'static, str> {
     if let Some(name) = local {
         return Cow::Borrowed(name);
     }
-    let Ok(mut global) = INTERNED.lock() else {
-        return Cow::Owned(format!("{operation} {model}"));
+    let name = format!("{operation} {model}");
+    let Some(name) = make_static(&INTERNED, MAX_NAMES, &name) else {
+        return Cow::Owned(name);
     };
-    let name = match global
-        .iter()
-        .copied()
-        .find(|n| is_name(n, operation, model))
-    {
-        Some(name) => name,
-        None if global.len() < MAX_NAMES => {
-            let name: &'static str = String::leak(format!("{operation} {model}"));
-            global.push(name);
-            name
-        }
-        None => return Cow::Owned(format!("{operation} {model}")),
-    };
-    drop(global);
     NAMES.with(|cell| {
         if let Ok(mut names) = cell.try_borrow_mut()
             && names.len() < 64

@@ -154,7 +154,7 @@ impl MetricKey {
     }
 
     /// The attributes, and how many there are (room is left for the token type).
-    fn attributes(&self) -> (Vec<KeyValue>, usize) {
+    fn attributes(&self) -> Vec<KeyValue> {
         let mut attrs = Vec::with_capacity(5);
         attrs.push(KeyValue::new(
             gen_ai::OPERATION_NAME,
@@ -167,8 +167,7 @@ impl MetricKey {
         if let Some(kind) = &self.error_type {
             attrs.push(KeyValue::new(net::ERROR_TYPE, kind.clone()));
         }
-        let used = attrs.len();
-        (attrs, used)
+        attrs
     }
 }
 
@@ -214,7 +213,7 @@ impl BoundCache {
         {
             return Rc::clone(&e.instruments);
         }
-        let (attributes, _) = key.attributes();
+        let attributes = key.attributes();
         let instruments = Rc::new(BoundInstruments::new(attributes));
         let entry = BoundEntry {
             layer: layer.id,
@@ -269,7 +268,8 @@ impl LayerMetrics {
     }
 
     fn record_unbound(&self, m: &RequestMeasurements, key: &MetricKey) {
-        let (mut attrs, used) = key.attributes();
+        let mut attrs = key.attributes();
+        let used = attrs.len();
         for (histogram, value) in self.second_histograms().into_iter().zip(m.seconds()) {
             if let Some(v) = value {
                 histogram.record(v, &attrs[..used]);

@@ -82,28 +82,23 @@ impl TracerHandle {
         }
     }
 
-    /// Emits one finished INTERNAL phase span under the request span `request`, whose context
-    /// `parent` carries.
-    pub(crate) fn phase(&self, phase: PhaseSpan, parent: &Context, request: &RequestSpan) {
-        let builder = |phase: PhaseSpan| {
-            let (name, start) = (phase.name, phase.start);
-            SpanBuilder::from_name(name)
-                .with_kind(SpanKind::Internal)
-                .with_start_time(start)
-                .with_attributes(phase.into_attributes())
-        };
+    /// Emits one finished INTERNAL phase span through the tracer, under `parent` (a context
+    /// holding the request span). The direct path builds its phase spans itself
+    /// ([`DirectExport::finish`]), so it never comes here.
+    fn phase(&self, phase: PhaseSpan, parent: &Context) {
+        let end = phase.end;
+        let builder = SpanBuilder::from_name(phase.name)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(phase.start)
+            .with_attributes(phase.into_attributes());
         match self {
-            TracerHandle::Sdk(t) => {
-                let end = phase.end;
-                t.build_with_context(builder(phase), parent)
-                    .end_with_timestamp(end)
-            }
-            TracerHandle::Boxed(t) => {
-                let end = phase.end;
-                t.build_with_context(builder(phase), parent)
-                    .end_with_timestamp(end)
-            }
-            TracerHandle::Direct(d) => d.phase(phase, request.span_context()),
+            TracerHandle::Sdk(t) => t
+                .build_with_context(builder, parent)
+                .end_with_timestamp(end),
+            TracerHandle::Boxed(t) => t
+                .build_with_context(builder, parent)
+                .end_with_timestamp(end),
+            TracerHandle::Direct(_) => {}
         }
     }
 
@@ -135,7 +130,7 @@ impl TracerHandle {
             }
             if span.span_context().is_sampled() {
                 for phase in phases {
-                    self.phase(phase, parent, span);
+                    self.phase(phase, parent);
                 }
             }
         }
