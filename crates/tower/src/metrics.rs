@@ -153,7 +153,7 @@ impl MetricKey {
             }
     }
 
-    /// The attributes, and how many there are (room is left for the token type).
+    /// The attributes (the token type, where it applies, is added after them).
     fn attributes(&self) -> Vec<KeyValue> {
         let mut attrs = Vec::with_capacity(5);
         attrs.push(KeyValue::new(

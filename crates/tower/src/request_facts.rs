@@ -87,7 +87,9 @@ impl RequestFacts {
         let request_model = described
             .model
             .map(|m| StringValue::from(Arc::<str>::from(m)))
-            .or_else(|| header_str(head.headers, &MODEL).map(|m| StringValue::from(m.to_owned())))
+            .or_else(|| {
+                header_str(head.headers, &MODEL).map(|m| interning::shared_value(Kind::Model, m))
+            })
             .or_else(|| shared.default_model.clone());
         Self {
             operation,
