@@ -35,7 +35,7 @@ pub fn export_request(service: &str, spans: Vec<Span>) -> ExportTraceServiceRequ
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
             resource: Some(Resource {
-                attributes: vec![kv_str("service.name", service)],
+                attributes: vec![kv_str(infertrace_semconv::resource::SERVICE_NAME, service)],
                 ..Default::default()
             }),
             scope_spans: vec![ScopeSpans {

@@ -93,14 +93,6 @@ impl Ring {
         self.newest
     }
 
-    /// Whether a slot older than `before` is not rolled up yet.
-    pub(super) fn has_unrolled_before(&self, before: u64) -> bool {
-        self.slots
-            .iter()
-            .flatten()
-            .any(|s| !s.rolled && s.index < before)
-    }
-
     /// The slots not yet rolled up (finest ring only).
     pub(super) fn unrolled(&self) -> impl Iterator<Item = &Slot> {
         self.slots

@@ -102,9 +102,7 @@ impl Drop for Collector {
 /// 20 ms queue, 30 ms prefill, 100 ms decode, 11 output tokens; trace ids from `id_base` on.
 pub fn traces(n: u64, id_base: u64) -> serde_json::Value {
     use serde_json::json;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let now = infertrace_collector::store::unix_nanos_now();
     let ms = 1_000_000u64;
     let mut spans = Vec::new();
     for i in 0..n {

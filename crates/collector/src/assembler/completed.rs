@@ -18,7 +18,7 @@
 //! probes per trace; now ~20–40 B (the table's load factor) and one.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use foldhash::fast::RandomState;
@@ -27,8 +27,9 @@ use infertrace_analysis::trace::TraceId;
 /// Recently completed trace ids (see the module docs).
 #[derive(Debug)]
 pub(crate) struct CompletedIds {
-    /// hash(id) → generation << 1 | whether the completed trace had a request span.
-    ids: HashMap<u64, u64, RandomState>,
+    /// hash(id) → generation << 1 | whether the completed trace had a request span. The keys
+    /// are seeded hashes already, so the map uses them as they are (no second hash).
+    ids: HashMap<u64, u64, BuildHasherDefault<PassThrough>>,
     /// Seeds the ids' hash.
     hasher: RandomState,
     /// The current generation.
@@ -39,6 +40,27 @@ pub(crate) struct CompletedIds {
     since: Option<Instant>,
     span: Duration,
     max_ids: usize,
+}
+
+/// The hasher of a map whose `u64` keys are already well-mixed hashes: returns the key.
+#[derive(Debug, Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    /// Not used for `u64` keys; mixes anything else in rather than ignore it.
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
 }
 
 impl CompletedIds {

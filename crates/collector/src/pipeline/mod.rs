@@ -38,7 +38,7 @@ pub mod recent;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{
     CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, critical_path,
@@ -115,13 +115,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Now as Unix nanoseconds.
-pub fn unix_nanos_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
+/// Now as Unix nanoseconds (the store's clock, re-exported where the pipeline's users look).
+pub use crate::store::unix_nanos_now;
 
 impl Pipeline {
     /// A pipeline for `config`, recording Prometheus metrics into `metrics`, self-metrics into
@@ -193,12 +188,11 @@ impl Pipeline {
     /// Hands everything the store feed holds to the writer at `now_unix_nano` (shutdown, after
     /// [`flush`](Self::flush)); returns the writer to flush, `None` without a store.
     pub fn hand_over_store(&self, now_unix_nano: u64) -> Option<StoreWriter> {
-        let mut a = lock(&self.analysis);
-        a.store.as_ref()?;
-        a.kpis.roll_all();
-        let slots = a.kpis.take_tapped();
+        let mut guard = lock(&self.analysis);
+        let a = &mut *guard;
         let feed = a.store.as_mut()?;
-        feed.absorb(slots);
+        a.kpis.roll_all();
+        feed.absorb(a.kpis.take_tapped());
         feed.hand_over(now_unix_nano);
         Some(feed.writer().clone())
     }
