@@ -6,7 +6,9 @@
 //!   accept, since it does not look inside what it skips, but must not panic).
 
 use infertrace_analysis::trace::KNOWN_KEYS;
-use infertrace_collector::otlp_decode::{count_spans, decode_protobuf, from_proto};
+use infertrace_collector::otlp_decode::{
+    Decoded, count_spans, decode_protobuf, decode_spans_at, from_proto,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
     AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value,
@@ -320,18 +322,33 @@ fn encode_with_noise(req: &ExportTraceServiceRequest, noise: &mut Noise) -> Vec<
     out
 }
 
+/// The lean decoder's reading of `body` equals `reference`, and every span decoded again from
+/// its recorded range is the same span.
+fn check_lean(body: &[u8], reference: &Decoded) -> Result<(), TestCaseError> {
+    let lean = decode_protobuf(body).unwrap();
+    prop_assert_eq!(&lean.spans, &reference.spans);
+    prop_assert_eq!(lean.rejected, reference.rejected);
+    prop_assert_eq!(&lean.first_error, &reference.first_error);
+    prop_assert_eq!(lean.span_ranges.len(), lean.spans.len());
+    for (span, range) in lean.spans.iter().zip(&lean.span_ranges) {
+        let again = decode_spans_at(body, &[*range], &span.service).unwrap();
+        prop_assert_eq!(again.as_slice(), std::slice::from_ref(span));
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn lean_decoder_equals_prost_then_from_proto(req in request(), seed in 1..u64::MAX) {
         let plain = req.encode_to_vec();
-        prop_assert_eq!(decode_protobuf(&plain).unwrap(), from_proto(&req));
+        check_lean(&plain, &from_proto(&req))?;
 
         let noisy = encode_with_noise(&req, &mut Noise(seed));
         // The noise is valid protobuf; prost's reading of it is the reference.
         let reference = ExportTraceServiceRequest::decode(&noisy[..]).unwrap();
-        prop_assert_eq!(decode_protobuf(&noisy).unwrap(), from_proto(&reference));
+        check_lean(&noisy, &from_proto(&reference))?;
 
         let total: usize = reference.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
         prop_assert_eq!(count_spans(&noisy), Some(total as u64));
@@ -358,8 +375,11 @@ proptest! {
         if let Ok(reference) = ExportTraceServiceRequest::decode(&bytes[..]) {
             // Compared through Debug so that a NaN double equals itself.
             prop_assert!(lean.is_ok(), "prost accepted, lean refused: {:?}", lean);
-            let lean = format!("{:?}", lean.unwrap());
-            prop_assert_eq!(lean, format!("{:?}", from_proto(&reference)));
+            let (lean, reference) = (lean.unwrap(), from_proto(&reference));
+            prop_assert_eq!(
+                format!("{:?}", (&lean.spans, lean.rejected, &lean.first_error)),
+                format!("{:?}", (&reference.spans, reference.rejected, &reference.first_error))
+            );
         }
     }
 }

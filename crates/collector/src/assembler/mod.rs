@@ -24,6 +24,13 @@
 //! closed *without* a request span (idle or max age) and a request span now arrives, that is no
 //! double count, so the span starts a new trace and its request is counted normally.
 //!
+//! **Prepared traces.** When all of a trace's spans come in one batch, the pipeline analyses
+//! them at once, while they are in cache, and hands the result ([`Prepared`]) in their place
+//! ([`TraceAssembler::insert_prepared`]): the trace then holds a compact analysis instead of its
+//! spans, and completes by the same rules. If more spans of it arrive before it completes, the
+//! assembler takes the spans back ([`Prepared::into_spans`]) and the trace continues as an
+//! ordinary one, analysed again at completion with every span.
+//!
 //! [`MemoryLimiter`]: crate::limiter::MemoryLimiter
 
 use std::any::Any;
@@ -78,6 +85,42 @@ impl Holds {
     }
 }
 
+/// A trace's spans analysed in advance, standing in for the spans in the assembler (see
+/// "Prepared traces" in the module docs).
+pub trait Prepared: Send + 'static {
+    /// How many spans it stands for.
+    fn span_count(&self) -> usize;
+    /// The spans again.
+    fn into_spans(self) -> Vec<Span>;
+}
+
+/// The [`Prepared`] of an assembler that is only given spans.
+#[derive(Debug)]
+pub enum Unprepared {}
+
+impl Prepared for Unprepared {
+    fn span_count(&self) -> usize {
+        match *self {}
+    }
+    fn into_spans(self) -> Vec<Span> {
+        match self {}
+    }
+}
+
+/// Consecutive spans of one batch, all of one trace and including a request span, analysed in
+/// advance (see [`TraceAssembler::insert_prepared`]).
+#[derive(Debug)]
+pub struct PreparedRun<P> {
+    /// Their trace.
+    pub trace_id: TraceId,
+    /// Index of the run's first span in the batch.
+    pub start: usize,
+    /// Spans in the run.
+    pub len: usize,
+    /// The analysis standing in for them.
+    pub prepared: Box<P>,
+}
+
 /// Most late spans kept between two polls; more are dropped (`late_span_buffer_full`).
 const MAX_LATE_BUFFER: usize = 65_536;
 
@@ -123,11 +166,13 @@ pub enum CloseReason {
 
 /// A closed trace, ready for analysis.
 #[derive(Debug)]
-pub struct CompletedTrace {
+pub struct CompletedTrace<P = Unprepared> {
     /// The trace id.
     pub trace_id: TraceId,
-    /// Its spans, in arrival order.
+    /// Its spans, in arrival order (none when `prepared` stands for them).
     pub spans: Vec<Span>,
+    /// The analysis made when all its spans arrived together, if so (then `spans` is empty).
+    pub prepared: Option<Box<P>>,
     /// Why it was closed.
     pub reason: CloseReason,
     /// Whether a request span was seen.
@@ -137,17 +182,27 @@ pub struct CompletedTrace {
 }
 
 /// What [`TraceAssembler::poll`] hands back.
-#[derive(Debug, Default)]
-pub struct Ready {
+#[derive(Debug)]
+pub struct Ready<P = Unprepared> {
     /// Traces closed by this poll.
-    pub completed: Vec<CompletedTrace>,
+    pub completed: Vec<CompletedTrace<P>>,
     /// Spans that arrived after their trace was completed, since the last poll.
     pub late: Vec<Span>,
 }
 
+impl<P> Default for Ready<P> {
+    fn default() -> Self {
+        Self {
+            completed: Vec::new(),
+            late: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug)]
-struct PendingTrace {
+struct PendingTrace<P> {
     spans: Vec<Span>,
+    prepared: Option<Box<P>>,
     first_seen: Instant,
     last_seen: Instant,
     request_at: Option<Instant>,
@@ -155,11 +210,11 @@ struct PendingTrace {
 }
 
 /// Groups spans into traces and closes them by the rules in the module docs.
-pub struct TraceAssembler {
+pub struct TraceAssembler<P = Unprepared> {
     config: AssemblerConfig,
     is_request: fn(&Span) -> bool,
     events: InternalEvents,
-    traces: HashMap<TraceId, PendingTrace, RandomState>,
+    traces: HashMap<TraceId, PendingTrace<P>, RandomState>,
     /// (trace, first_seen) in first-seen order; entries of closed traces are skipped lazily.
     by_age: VecDeque<(TraceId, Instant)>,
     /// (trace, request arrival) in arrival order; stale entries are skipped lazily.
@@ -167,12 +222,14 @@ pub struct TraceAssembler {
     /// Recently completed traces: id → had a request span.
     completed: CompletedIds,
     late: Vec<Span>,
+    /// Traces in flight without a request span (the only ones the idle scan looks for).
+    waiting: usize,
     last_idle_scan: Option<Instant>,
     /// Earliest idle deadline found by the last scan (`None`: scan at the next poll).
     next_idle_due: Option<Instant>,
 }
 
-impl std::fmt::Debug for TraceAssembler {
+impl<P> std::fmt::Debug for TraceAssembler<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TraceAssembler")
             .field("config", &self.config)
@@ -181,7 +238,7 @@ impl std::fmt::Debug for TraceAssembler {
     }
 }
 
-impl TraceAssembler {
+impl<P: Prepared> TraceAssembler<P> {
     /// A new assembler. `is_request` says whether a span is a request span (the pipeline passes
     /// the dialect detector).
     pub fn new(
@@ -198,6 +255,7 @@ impl TraceAssembler {
             by_age: VecDeque::new(),
             by_grace: VecDeque::new(),
             late: Vec::new(),
+            waiting: 0,
             last_idle_scan: None,
             next_idle_due: None,
         }
@@ -210,7 +268,10 @@ impl TraceAssembler {
 
     /// Spans being held, over all traces.
     pub fn spans_in_flight(&self) -> usize {
-        self.traces.values().map(|t| t.spans.len()).sum()
+        self.traces
+            .values()
+            .map(|t| t.spans.len() + t.prepared.as_ref().map_or(0, |p| p.span_count()))
+            .sum()
     }
 
     /// Adds spans received at `now`. `hold` is the memory reservation covering them (kept until
@@ -228,7 +289,15 @@ impl TraceAssembler {
             let id = span.trace_id;
             let is_request = is_request_span(&span);
             let trace = match self.traces.get_mut(&id) {
-                Some(t) => t,
+                Some(t) => {
+                    if let Some(p) = t.prepared.take() {
+                        // More spans of a prepared trace: it continues with its spans.
+                        let mut all = p.into_spans();
+                        all.append(&mut t.spans);
+                        t.spans = all;
+                    }
+                    t
+                }
                 None => {
                     let completed = self.completed.get(&id);
                     if let Some(had_request) = completed
@@ -250,9 +319,11 @@ impl TraceAssembler {
                         self.completed.remove(&id);
                     }
                     self.by_age.push_back((id, now));
+                    self.waiting += 1;
                     self.traces.entry(id).or_insert(PendingTrace {
                         // An inference trace is typically a request span and three phases.
                         spans: Vec::with_capacity(4),
+                        prepared: None,
                         first_seen: now,
                         last_seen: now,
                         request_at: None,
@@ -260,13 +331,16 @@ impl TraceAssembler {
                     })
                 }
             };
-            let mut add = |trace: &mut PendingTrace, span: Span, is_request: bool| {
+            let mut add = |trace: &mut PendingTrace<P>, span: Span, is_request: bool| {
                 if trace.spans.len() >= max_spans {
                     over_spans += 1;
                     return;
                 }
                 trace.last_seen = now;
                 if is_request {
+                    if trace.request_at.is_none() {
+                        self.waiting -= 1;
+                    }
                     trace.request_at = Some(now);
                     self.by_grace.push_back((id, now));
                 }
@@ -295,9 +369,73 @@ impl TraceAssembler {
         self.compact();
     }
 
+    /// Starts a trace for each of `runs` whose trace is new (not in flight, not completed with
+    /// a request) while the bounds allow: it holds the run's analysis instead of its spans, and
+    /// `taken[i]` is set for each span `i` of the run, which the caller then drops. The spans
+    /// of the other runs are for the caller to [`push`](Self::push) (their analyses are
+    /// dropped). Each run holds a request span: the trace completes after the grace period.
+    pub fn insert_prepared(
+        &mut self,
+        runs: Vec<PreparedRun<P>>,
+        taken: &mut [bool],
+        hold: &MemoryHold,
+        now: Instant,
+    ) {
+        for run in runs {
+            let end = run.start + run.len;
+            if end <= taken.len() && self.insert_one(run.trace_id, run.prepared, run.len, hold, now)
+            {
+                taken[run.start..end].fill(true);
+            }
+        }
+        self.events.traces_in_flight.set(self.traces.len() as i64);
+    }
+
+    /// Starts a trace holding `prepared` (standing for `len` spans, one a request span) when
+    /// `id` is new and the bounds allow; `false` leaves everything as it was.
+    fn insert_one(
+        &mut self,
+        id: TraceId,
+        prepared: Box<P>,
+        len: usize,
+        hold: &MemoryHold,
+        now: Instant,
+    ) -> bool {
+        if len > self.config.max_spans_per_trace
+            || self.traces.len() >= self.config.max_traces_in_flight
+        {
+            return false;
+        }
+        let std::collections::hash_map::Entry::Vacant(slot) = self.traces.entry(id) else {
+            return false;
+        };
+        match self.completed.get(&id) {
+            // Its request was counted: these spans are late (the caller pushes them as such).
+            Some(true) => return false,
+            // Closed without a request span: this run's request starts a new trace.
+            Some(false) => self.completed.remove(&id),
+            None => {}
+        }
+        let mut holds = Holds::default();
+        holds.add(hold);
+        slot.insert(PendingTrace {
+            spans: Vec::new(),
+            prepared: Some(prepared),
+            first_seen: now,
+            last_seen: now,
+            request_at: Some(now),
+            holds,
+        });
+        self.by_age.push_back((id, now));
+        self.by_grace.push_back((id, now));
+        true
+    }
+
     /// Closes every trace due at `now` and returns them with the late spans since the last poll.
-    pub fn poll(&mut self, now: Instant) -> Ready {
-        let mut completed = Vec::new();
+    pub fn poll(&mut self, now: Instant) -> Ready<P> {
+        let grace = self.config.grace;
+        let due = self.by_grace.partition_point(|&(_, at)| at + grace <= now);
+        let mut completed = Vec::with_capacity(due);
         // Grace: request arrival order is also due order.
         while let Some(&(id, at)) = self.by_grace.front() {
             if at + self.config.grace > now {
@@ -332,7 +470,10 @@ impl TraceAssembler {
         // most every idle_timeout / 64 (a trace closes at most ~1.6% of the timeout late).
         let min_gap = (self.config.idle_timeout / 64).max(Duration::from_millis(1));
         let gap_ok = self.last_idle_scan.is_none_or(|t| now >= t + min_gap);
-        if gap_ok && self.next_idle_due.is_none_or(|d| now >= d) {
+        if self.waiting == 0 {
+            // Nothing to find: the scan would walk every trace in flight for none.
+            self.next_idle_due = None;
+        } else if gap_ok && self.next_idle_due.is_none_or(|d| now >= d) {
             self.last_idle_scan = Some(now);
             let idle = self.config.idle_timeout;
             let mut next_due: Option<Instant> = None;
@@ -358,6 +499,13 @@ impl TraceAssembler {
         }
         self.forget_completed(now);
         self.events.traces_in_flight.set(self.traces.len() as i64);
+        debug_assert_eq!(
+            self.waiting,
+            self.traces
+                .values()
+                .filter(|t| t.request_at.is_none())
+                .count()
+        );
         Ready {
             completed,
             late: std::mem::take(&mut self.late),
@@ -365,7 +513,7 @@ impl TraceAssembler {
     }
 
     /// Closes every trace now, whatever its state (shutdown).
-    pub fn flush(&mut self, now: Instant) -> Ready {
+    pub fn flush(&mut self, now: Instant) -> Ready<P> {
         let ids: Vec<TraceId> = self.traces.keys().copied().collect();
         let completed = ids
             .into_iter()
@@ -380,13 +528,20 @@ impl TraceAssembler {
         }
     }
 
-    fn close(&mut self, id: TraceId, reason: CloseReason, now: Instant) -> Option<CompletedTrace> {
+    fn close(
+        &mut self,
+        id: TraceId,
+        reason: CloseReason,
+        now: Instant,
+    ) -> Option<CompletedTrace<P>> {
         let t = self.traces.remove(&id)?;
         let has_request = t.request_at.is_some();
+        self.waiting -= usize::from(!has_request);
         self.completed.insert(&id, has_request, now);
         Some(CompletedTrace {
             trace_id: id,
             spans: t.spans,
+            prepared: t.prepared,
             reason,
             has_request,
             holds: t.holds,
@@ -673,6 +828,140 @@ mod tests {
         let done = a.poll(t0 + secs(30.0)).completed;
         drop(done);
         assert_eq!(released.load(Ordering::SeqCst), 1);
+    }
+
+    /// A prepared trace that gives back the spans it was made from.
+    #[derive(Debug)]
+    struct Kept(Vec<Span>);
+    impl Prepared for Kept {
+        fn span_count(&self) -> usize {
+            self.0.len()
+        }
+        fn into_spans(self) -> Vec<Span> {
+            self.0
+        }
+    }
+
+    fn prepared(config: AssemblerConfig) -> (TraceAssembler<Kept>, InternalEvents) {
+        let events = InternalEvents::default();
+        (
+            TraceAssembler::new(config, events.clone(), is_request),
+            events,
+        )
+    }
+
+    /// `spans` as the pipeline hands them over with one prepared run over `start..start +
+    /// len`: the run first, then the spans not taken. Returns the spans taken.
+    fn push_run(
+        a: &mut TraceAssembler<Kept>,
+        spans: Vec<Span>,
+        start: usize,
+        len: usize,
+        now: Instant,
+    ) -> Vec<Span> {
+        let run = PreparedRun {
+            trace_id: spans[start].trace_id,
+            start,
+            len,
+            prepared: Box::new(Kept(spans[start..start + len].to_vec())),
+        };
+        let mut taken = vec![false; spans.len()];
+        let hold: MemoryHold = Arc::new(());
+        a.insert_prepared(vec![run], &mut taken, &hold, now);
+        let (taken, rest): (Vec<_>, Vec<_>) = spans.into_iter().zip(&taken).partition(|(_, t)| **t);
+        a.push(rest.into_iter().map(|(s, _)| s).collect(), None, now);
+        taken.into_iter().map(|(s, _)| s).collect()
+    }
+
+    #[test]
+    fn a_prepared_run_stands_for_its_spans_until_completion() {
+        let (mut a, _) = prepared(AssemblerConfig::default());
+        let t0 = Instant::now();
+        let spans = vec![
+            span(9, 1, "other"),
+            span(1, 1, "request"),
+            span(1, 2, "queue"),
+            span(2, 1, "db"),
+        ];
+        let handed_back = push_run(&mut a, spans, 1, 2, t0);
+        assert_eq!(
+            handed_back.len(),
+            2,
+            "the run's spans go back to the caller"
+        );
+        assert!(handed_back.iter().all(|s| s.trace_id == TraceId([1; 16])));
+        assert_eq!(a.traces_in_flight(), 3);
+        assert_eq!(a.spans_in_flight(), 4);
+        assert!(a.poll(t0 + secs(1.9)).completed.is_empty(), "same grace");
+        let done = a.poll(t0 + secs(2.0)).completed;
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].trace_id, TraceId([1; 16]));
+        assert!(done[0].spans.is_empty());
+        assert!(done[0].has_request);
+        assert_eq!(done[0].prepared.as_ref().map(|p| p.0.len()), Some(2));
+    }
+
+    #[test]
+    fn more_spans_turn_a_prepared_trace_back_into_spans() {
+        let (mut a, _) = prepared(AssemblerConfig::default());
+        let t0 = Instant::now();
+        push_run(
+            &mut a,
+            vec![span(1, 1, "request"), span(1, 2, "queue")],
+            0,
+            2,
+            t0,
+        );
+        a.push(vec![span(1, 3, "decode")], None, t0 + secs(1.0));
+        assert_eq!(a.spans_in_flight(), 3);
+        let done = a.poll(t0 + secs(2.0)).completed;
+        assert_eq!(done.len(), 1);
+        assert!(done[0].prepared.is_none());
+        let names: Vec<&str> = done[0].spans.iter().map(|s| &*s.name).collect();
+        assert_eq!(names, ["request", "queue", "decode"], "arrival order kept");
+    }
+
+    #[test]
+    fn a_prepared_run_of_a_known_trace_is_pushed_as_spans() {
+        let (mut a, events) = prepared(AssemblerConfig::default());
+        let t0 = Instant::now();
+        // In flight: the run joins the trace as spans.
+        a.push(vec![span(1, 9, "gateway")], None, t0);
+        let back = push_run(&mut a, vec![span(1, 1, "request")], 0, 1, t0 + secs(0.5));
+        assert!(back.is_empty());
+        let done = a.poll(t0 + secs(2.5)).completed;
+        assert_eq!(done.len(), 1);
+        assert!(done[0].prepared.is_none());
+        assert_eq!(done[0].spans.len(), 2);
+        // Completed with a request: the run is late.
+        let back = push_run(&mut a, vec![span(1, 2, "request")], 0, 1, t0 + secs(3.0));
+        assert!(back.is_empty());
+        assert_eq!(events.late_spans.get(), 1);
+        assert_eq!(a.poll(t0 + secs(3.1)).late.len(), 1);
+        // Closed without a request (idle): the run's request starts a new, prepared trace.
+        a.push(vec![span(2, 1, "engine")], None, t0);
+        assert_eq!(a.poll(t0 + secs(31.0)).completed.len(), 1);
+        let back = push_run(&mut a, vec![span(2, 2, "request")], 0, 1, t0 + secs(32.0));
+        assert_eq!(back.len(), 1);
+        let done = a.poll(t0 + secs(34.0)).completed;
+        assert!(done[0].prepared.is_some());
+    }
+
+    #[test]
+    fn a_prepared_run_over_a_bound_is_pushed_as_spans_and_counted() {
+        let cfg = AssemblerConfig {
+            max_spans_per_trace: 2,
+            max_traces_in_flight: 1,
+            ..Default::default()
+        };
+        let (mut a, events) = prepared(cfg);
+        let t0 = Instant::now();
+        let spans: Vec<Span> = (0..3).map(|i| span(1, i, "request")).collect();
+        assert!(push_run(&mut a, spans, 0, 3, t0).is_empty());
+        assert_eq!(events.dropped("max_spans_per_trace"), 1);
+        assert_eq!(a.spans_in_flight(), 2);
+        assert!(push_run(&mut a, vec![span(2, 1, "request")], 0, 1, t0).is_empty());
+        assert_eq!(events.dropped("max_traces_in_flight"), 1);
     }
 
     #[test]

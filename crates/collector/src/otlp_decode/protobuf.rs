@@ -17,7 +17,9 @@ use infertrace_analysis::trace::{AttrValue, KNOWN_KEYS, Span, SpanKind, StatusCo
 use infertrace_analysis::trace::{SpanLink, UNKNOWN_SERVICE};
 use infertrace_semconv::resource::SERVICE_NAME;
 
-use super::{DecodeError, Decoded, intern_value, valid_link, validate_span, with_interner};
+use super::{
+    DecodeError, Decoded, SpanRange, intern_value, valid_link, validate_span, with_interner,
+};
 use infertrace_analysis::text::Interner;
 
 const VARINT: u8 = 0;
@@ -39,15 +41,20 @@ fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeErr
     // Size the output for typical spans (~250 wire bytes) to skip most regrowth of a large
     // vector without a separate pass over the body.
     let capacity = buf.len() / 256;
+    // Ranges are u32: a body over 4 GiB (far above any sane size limit) gets none.
+    let track = u32::try_from(buf.len()).is_ok();
     let mut decoder = RequestDecoder {
         out: Decoded {
             spans: Vec::with_capacity(capacity),
+            span_ranges: Vec::with_capacity(if track { capacity } else { 0 }),
             ..Decoded::default()
         },
         attributes: Vec::new(),
         links: Vec::new(),
         last_service: None,
         interner,
+        body_start: buf.as_ptr() as usize,
+        track,
     };
     let mut r = Reader::new(buf);
     while let Some((field, wire)) = r.key()? {
@@ -59,6 +66,40 @@ fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeErr
         }
     }
     Ok(decoder.out)
+}
+
+/// Decodes again the spans at `ranges` of `body` (as [`Decoded::span_ranges`] gave them for
+/// this body), all of the resource `service`: the same [`Span`]s the first decode produced.
+pub fn decode_spans_at(
+    body: &[u8],
+    ranges: &[SpanRange],
+    service: &Arc<str>,
+) -> Result<Vec<Span>, DecodeError> {
+    with_interner(|interner| {
+        let mut decoder = RequestDecoder {
+            out: Decoded {
+                spans: Vec::with_capacity(ranges.len()),
+                ..Decoded::default()
+            },
+            attributes: Vec::new(),
+            links: Vec::new(),
+            last_service: None,
+            interner,
+            body_start: body.as_ptr() as usize,
+            track: false,
+        };
+        for r in ranges {
+            let start = r.offset as usize;
+            let span = body
+                .get(start..start + r.len as usize)
+                .ok_or(DecodeError::Protobuf {
+                    offset: start,
+                    what: "span range outside the body",
+                })?;
+            decoder.span(span, service)?;
+        }
+        Ok(decoder.out.spans)
+    })
 }
 
 /// Counts the spans of a protobuf `ExportTraceServiceRequest` without decoding them (to count
@@ -90,6 +131,10 @@ struct RequestDecoder<'a, 'i> {
     attributes: Vec<(&'static str, AttrValue)>,
     links: Vec<SpanLink>,
     last_service: Option<(&'a [u8], Arc<str>)>,
+    /// Address of the body's first byte, for [`Decoded::span_ranges`].
+    body_start: usize,
+    /// Whether to record [`Decoded::span_ranges`].
+    track: bool,
 }
 
 impl<'a> RequestDecoder<'a, '_> {
@@ -209,6 +254,13 @@ impl<'a> RequestDecoder<'a, '_> {
             attributes: self.attributes.drain(..).collect(),
             links: self.links.drain(..).collect(),
         });
+        if self.track {
+            // `buf` lies inside the body, which fits u32 (`track`).
+            self.out.span_ranges.push(SpanRange {
+                offset: (buf.as_ptr() as usize - self.body_start) as u32,
+                len: buf.len() as u32,
+            });
+        }
         Ok(())
     }
 }
@@ -743,7 +795,8 @@ mod tests {
         let d = decode_protobuf(&bytes).unwrap();
         assert_eq!(&*d.spans[0].service, "late");
         let via_prost = from_proto(&ExportTraceServiceRequest::decode(&bytes[..]).unwrap());
-        assert_eq!(d, via_prost);
+        assert_eq!(d.spans, via_prost.spans);
+        assert_eq!(d.span_ranges.len(), 1);
     }
 
     #[test]
@@ -756,8 +809,8 @@ mod tests {
             let prost_ok = ExportTraceServiceRequest::decode(truncated).is_ok();
             if prost_ok {
                 assert_eq!(
-                    lean.unwrap(),
-                    from_proto(&ExportTraceServiceRequest::decode(truncated).unwrap())
+                    lean.unwrap().spans,
+                    from_proto(&ExportTraceServiceRequest::decode(truncated).unwrap()).spans
                 );
             } else {
                 assert!(lean.is_err(), "cut at {cut} accepted");
@@ -777,8 +830,8 @@ mod tests {
         let d = decode_protobuf(&bytes).unwrap();
         assert_eq!(d.spans.len(), 1);
         assert_eq!(
-            d,
-            from_proto(&ExportTraceServiceRequest::decode(&bytes[..]).unwrap())
+            d.spans,
+            from_proto(&ExportTraceServiceRequest::decode(&bytes[..]).unwrap()).spans
         );
         // Mismatched end group.
         let mut bad = bytes.clone();

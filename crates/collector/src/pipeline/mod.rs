@@ -34,6 +34,7 @@
 //! its grace, and records it into the KPIs; [`Pipeline::hand_over_store`] then hands what the
 //! feed holds to the writer.
 
+pub mod prepared;
 pub mod recent;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +57,7 @@ use crate::internal_events::InternalEvents;
 use crate::limiter::{MemoryLimiter, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
+use prepared::{Analysed, PreparedTrace, prepare_runs};
 
 pub use recent::{RecentTraces, StoredRequest, StoredTrace};
 
@@ -89,7 +91,7 @@ struct Analysis {
 
 /// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
 pub struct Pipeline {
-    assembler: Mutex<TraceAssembler>,
+    assembler: Mutex<TraceAssembler<PreparedTrace>>,
     analysis: Mutex<Analysis>,
     limiter: MemoryLimiter,
     events: InternalEvents,
@@ -237,7 +239,25 @@ impl Pipeline {
             f.submit(&batch);
         }
         let hold: MemoryHold = Arc::new(reservation);
-        lock(&self.assembler).push(batch.spans, Some(hold), now);
+        // Traces whose spans all came in this batch are analysed now, while in cache.
+        let runs = prepare_runs(&batch, &self.cp_options);
+        let mut spans = batch.spans;
+        if runs.is_empty() {
+            lock(&self.assembler).push(spans, Some(hold), now);
+            return Ok(());
+        }
+        let mut taken = vec![false; spans.len()];
+        lock(&self.assembler).insert_prepared(runs, &mut taken, &hold, now);
+        // The spans of the traces taken as prepared are dropped here, outside the lock, in
+        // place; the others are pushed as spans.
+        let mut i = 0;
+        spans.retain(|_| {
+            i += 1;
+            !taken[i - 1]
+        });
+        if !spans.is_empty() {
+            lock(&self.assembler).push(spans, Some(hold), now);
+        }
         Ok(())
     }
 
@@ -268,7 +288,7 @@ impl Pipeline {
         self.analyse(ready, unix_nanos_now())
     }
 
-    fn analyse(&self, ready: Ready, now_unix_nano: u64) -> TickStats {
+    fn analyse(&self, ready: Ready<PreparedTrace>, now_unix_nano: u64) -> TickStats {
         let Ready { completed, late } = ready;
         let mut stats = TickStats {
             traces: completed.len(),
@@ -286,44 +306,55 @@ impl Pipeline {
         for trace in completed {
             let CompletedTrace {
                 trace_id,
-                spans,
+                mut spans,
+                prepared,
                 holds,
                 ..
             } = trace;
-            let records = dialect::extract_requests(&spans);
+            let (analysed, source) = match prepared {
+                Some(p) => {
+                    let PreparedTrace { analysed, source } = *p;
+                    (analysed, Some(source))
+                }
+                None => (analyse_spans(&spans, &self.cp_options), None),
+            };
+            let Analysed { records, paths } = analysed;
             let failed = records
                 .iter()
                 .any(|r| r.outcome != infertrace_analysis::record::Outcome::Ok);
             let keep = a.recent.admit(now_unix_nano, failed);
             not_kept += u64::from(!keep);
-            let mut requests = Vec::with_capacity(if keep { records.len() } else { 0 });
             stats.requests += records.len();
-            for record in records {
-                let kept = a.kpis.record(&record, now_unix_nano);
+            for (record, path) in records.iter().zip(&paths) {
+                let kept = a.kpis.record(record, now_unix_nano);
                 if !kept {
                     overflowed += 1;
                 }
                 // The KPI windows and the exporter apply the same cap to the same labels.
-                a.prom.record(&record);
-                let path = critical_path(&spans, record.span_id, &self.cp_options);
-                if let Some(p) = &path {
+                a.prom.record(record);
+                if let Some(p) = path {
                     a.critical.record(p, record.e2e, now_unix_nano);
                     a.prom.record_critical_path(p);
                 }
                 if let Some(f) = &mut a.store {
-                    f.record_in(&record, path.as_ref(), now_unix_nano, !kept);
-                }
-                if keep {
-                    requests.push(StoredRequest {
-                        record,
-                        critical_path: path,
-                    });
+                    f.record_in(record, path.as_ref(), now_unix_nano, !kept);
                 }
             }
             // The spans leave the limiter's accounting here: the ring is bounded by its own
             // configuration (`api.recent_traces`, `api.recent_trace_spans`).
             drop(holds);
             if keep {
+                if let Some(source) = source {
+                    spans = source.spans();
+                }
+                let requests = records
+                    .into_iter()
+                    .zip(paths)
+                    .map(|(record, critical_path)| StoredRequest {
+                        record,
+                        critical_path,
+                    })
+                    .collect();
                 a.recent.insert(StoredTrace {
                     trace_id,
                     requests,
@@ -387,6 +418,16 @@ impl Pipeline {
     pub fn trace(&self, id: &TraceId) -> Option<StoredTrace> {
         lock(&self.analysis).recent.get(id).cloned()
     }
+}
+
+/// The request records of a trace's spans, each with its critical path.
+fn analyse_spans(spans: &[Span], opts: &CriticalPathOptions) -> Analysed {
+    let records = dialect::extract_requests(spans);
+    let paths = records
+        .iter()
+        .map(|r| critical_path(spans, r.span_id, opts))
+        .collect();
+    Analysed { records, paths }
 }
 
 /// Hands the store feed the KPI seconds completed by `now_unix_nano`, then lets it hand a

@@ -378,3 +378,212 @@ fn the_shutdown_hand_over_reaches_the_store() {
     assert_eq!(snap.series[0].requests, 1);
     assert!(q.kpis(Duration::from_secs(60)).series.is_empty());
 }
+
+/// `spans` as the receiver hands them on from a protobuf body: encoded as one OTLP request of
+/// resource `llm`, decoded by the lean decoder, with the body and span ranges kept.
+fn proto_batch(spans: &[Span]) -> IngestBatch {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Status};
+    use prost::Message;
+    let string = |t: &str| any_value::Value::StringValue(t.to_owned());
+    let kv = |key: &str, value: any_value::Value| KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
+    };
+    let span = |s: &Span| opentelemetry_proto::tonic::trace::v1::Span {
+        trace_id: s.trace_id.0.to_vec(),
+        span_id: s.span_id.0.to_vec(),
+        parent_span_id: s.parent_span_id.map(|p| p.0.to_vec()).unwrap_or_default(),
+        name: s.name.to_string(),
+        kind: s.kind as i32,
+        start_time_unix_nano: s.start_unix_nano,
+        end_time_unix_nano: s.end_unix_nano,
+        attributes: s
+            .attributes
+            .iter()
+            .map(|(k, v)| {
+                kv(
+                    k,
+                    match v {
+                        AttrValue::Str(t) => string(t),
+                        AttrValue::Int(i) => any_value::Value::IntValue(*i),
+                        AttrValue::Double(d) => any_value::Value::DoubleValue(*d),
+                        AttrValue::Bool(b) => any_value::Value::BoolValue(*b),
+                        AttrValue::StrArray(a) => any_value::Value::ArrayValue(ArrayValue {
+                            values: a
+                                .iter()
+                                .map(|t| AnyValue {
+                                    value: Some(string(t)),
+                                })
+                                .collect(),
+                        }),
+                    },
+                )
+            })
+            .collect(),
+        status: Some(Status {
+            code: match s.status {
+                StatusCode::Unset => 0,
+                StatusCode::Ok => 1,
+                StatusCode::Error => 2,
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let request = ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![kv(sc::resource::SERVICE_NAME, string("llm"))],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans: spans.iter().map(span).collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let body = bytes::Bytes::from(request.encode_to_vec());
+    let decoded = crate::otlp_decode::decode_protobuf(&body).unwrap();
+    assert_eq!(decoded.spans, spans, "the encoding round-trips");
+    IngestBatch {
+        spans: decoded.spans,
+        span_ranges: decoded.span_ranges,
+        raw_protobuf: Some(body),
+        ..Default::default()
+    }
+}
+
+/// `text` with every number rounded to 12 significant digits.
+fn numbers(text: &str) -> String {
+    let mut out = String::new();
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String| {
+        match token.parse::<f64>() {
+            Ok(v) if token.contains('.') => out.push_str(&format!("{v:.12e}")),
+            _ => out.push_str(token),
+        }
+        token.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() || c == '.' || c == 'e' && !token.is_empty() || c == '-' {
+            token.push(c);
+        } else {
+            flush(&mut token, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut token, &mut out);
+    out
+}
+
+/// A span of trace `trace` outside any request (a database call, say).
+fn lone_span(trace: u8, n: u8, parent: Option<SpanId>) -> Span {
+    let mut s = request_trace(trace, "m", 1, 1, 1, 2).remove(0);
+    s.span_id = SpanId([trace, n, 9, 9, 9, 9, 9, 9]);
+    s.parent_span_id = parent;
+    s.name = "db query".into();
+    s.attributes.clear();
+    s
+}
+
+#[test]
+fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
+    let config = CollectorConfig::default();
+    let (eager, eager_registry) = pipeline(&config);
+    let (plain, plain_registry) = pipeline(&config);
+    let t0 = Instant::now();
+    let unix = unix_nanos_now();
+    let sec = |s: f64| t0 + Duration::from_secs_f64(s);
+
+    // Batch 1: six whole traces; trace 7 without its request span yet; trace 8 interleaved with
+    // trace 10; trace 9 without any request span.
+    let mut first = Vec::new();
+    for t in 1..=6u8 {
+        let model = if t % 2 == 0 { "a" } else { "b" };
+        let (q, d, out) = (5 * u64::from(t), 200 + 10 * u64::from(t), 8 + i64::from(t));
+        first.extend(request_trace(t, model, q, 30, d, out));
+    }
+    let t7 = request_trace(7, "a", 3, 40, 300, 20);
+    first.extend_from_slice(&t7[..2]);
+    let t8 = request_trace(8, "b", 10, 20, 30, 5);
+    first.push(t8[0].clone());
+    first.extend(request_trace(10, "a", 7, 35, 250, 12));
+    first.extend_from_slice(&t8[1..]);
+    first.push(lone_span(9, 1, None));
+
+    let prepared: Vec<TraceId> =
+        prepare_runs(&proto_batch(&first), &config.critical_path_options())
+            .iter()
+            .map(|r| first[r.start].trace_id)
+            .collect();
+    let expected: Vec<TraceId> = [1, 2, 3, 4, 5, 6, 10].map(|t| TraceId([t; 16])).to_vec();
+    assert_eq!(
+        prepared, expected,
+        "only whole, unrepeated traces with a request"
+    );
+
+    // Batch 2, a second later: the rest of trace 7, and one more child of prepared trace 1.
+    let t1_root = request_trace(1, "b", 5, 30, 210, 9)[3].span_id;
+    let mut second = t7[2..].to_vec();
+    second.push(lone_span(1, 7, Some(t1_root)));
+
+    eager.ingest_at(proto_batch(&first), sec(0.0)).unwrap();
+    plain.ingest_at(batch(first), sec(0.0)).unwrap();
+    eager.ingest_at(proto_batch(&second), sec(1.0)).unwrap();
+    plain.ingest_at(batch(second), sec(1.0)).unwrap();
+
+    for at in [1.5, 2.0, 3.0, 31.5] {
+        let (e, p) = (eager.tick_at(sec(at), unix), plain.tick_at(sec(at), unix));
+        assert_eq!(e, p, "tick at {at} s");
+    }
+    assert_eq!(eager.requests_recorded(), 9);
+    assert_eq!(eager.traces_in_flight(), 0);
+
+    let window = Duration::from_secs(60);
+    // Rates divide by each pipeline's own uptime: compared apart from them.
+    let kpis = |p: &Pipeline| {
+        let mut v = serde_json::to_value(p.kpis(window)).unwrap();
+        for s in v["series"].as_array_mut().unwrap() {
+            let s = s.as_object_mut().unwrap();
+            s.remove("throughput");
+            s["goodput"]
+                .as_object_mut()
+                .unwrap()
+                .remove("requests_per_second");
+        }
+        v
+    };
+    assert_eq!(kpis(&eager), kpis(&plain));
+    // Float sums may differ in their last bit (the windows add per hashed series, in each
+    // pipeline's own hash order), and the exposition lists series in that order.
+    let path = |p: &Pipeline| format!("{:?}", p.critical_path(window));
+    assert_eq!(numbers(&path(&eager)), numbers(&path(&plain)));
+    let metrics = |r| {
+        let mut lines: Vec<String> = encode(r).lines().map(str::to_owned).collect();
+        lines.sort();
+        lines.join("\n")
+    };
+    assert_eq!(
+        numbers(&metrics(&eager_registry)),
+        numbers(&metrics(&plain_registry))
+    );
+    let stored = |p: &Pipeline| {
+        let mut all = Vec::new();
+        p.visit_recent_traces(&mut |t| all.push(format!("{t:?}")));
+        all
+    };
+    let kept = stored(&eager);
+    assert_eq!(
+        kept.len(),
+        10,
+        "every trace is in the ring, prepared ones decoded again"
+    );
+    assert_eq!(kept, stored(&plain));
+    let one = eager.trace(&TraceId([1; 16])).unwrap();
+    assert_eq!(one.spans.len(), 5, "trace 1 with its late child");
+}

@@ -106,6 +106,7 @@ impl Receiver {
             spans,
             rejected,
             first_error,
+            span_ranges,
         } = match decoded {
             Ok(decoded) => decoded,
             Err(error) => {
@@ -131,6 +132,7 @@ impl Receiver {
                 spans,
                 raw_protobuf,
                 raw_json,
+                span_ranges,
                 text_bytes,
             }) {
                 Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
