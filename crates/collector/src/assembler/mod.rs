@@ -34,7 +34,7 @@
 //! [`MemoryLimiter`]: crate::limiter::MemoryLimiter
 
 use std::any::Any;
-mod completed;
+mod index;
 
 use std::collections::{HashMap, VecDeque};
 
@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use infertrace_analysis::trace::{Span, TraceId};
 
 use crate::internal_events::InternalEvents;
-use completed::CompletedIds;
+use index::{Known, TraceIndex};
 
 /// Memory held for buffered spans (a limiter reservation): released when the last clone drops.
 pub type MemoryHold = Arc<dyn Any + Send + Sync>;
@@ -200,9 +200,8 @@ impl<P> Default for Ready<P> {
 }
 
 #[derive(Debug)]
-struct PendingTrace<P> {
+struct PendingTrace {
     spans: Vec<Span>,
-    prepared: Option<Box<P>>,
     first_seen: Instant,
     last_seen: Instant,
     request_at: Option<Instant>,
@@ -214,13 +213,20 @@ pub struct TraceAssembler<P = Unprepared> {
     config: AssemblerConfig,
     is_request: fn(&Span) -> bool,
     events: InternalEvents,
-    traces: HashMap<TraceId, PendingTrace<P>, RandomState>,
+    /// Traces in flight as spans.
+    traces: HashMap<TraceId, PendingTrace, RandomState>,
+    /// Prepared traces in arrival order, which is also their completion order; the first has
+    /// sequence number `prepared_base`.
+    prepared: VecDeque<PreparedSlot<P>>,
+    prepared_base: u64,
+    /// Prepared traces in flight (slots not handed over to `traces`).
+    prepared_live: usize,
     /// (trace, first_seen) in first-seen order; entries of closed traces are skipped lazily.
     by_age: VecDeque<(TraceId, Instant)>,
     /// (trace, request arrival) in arrival order; stale entries are skipped lazily.
     by_grace: VecDeque<(TraceId, Instant)>,
-    /// Recently completed traces: id → had a request span.
-    completed: CompletedIds,
+    /// Every trace id in flight or recently completed.
+    index: TraceIndex,
     late: Vec<Span>,
     /// Traces in flight without a request span (the only ones the idle scan looks for).
     waiting: usize,
@@ -229,11 +235,24 @@ pub struct TraceAssembler<P = Unprepared> {
     next_idle_due: Option<Instant>,
 }
 
+/// A prepared trace in the assembler's queue.
+#[derive(Debug)]
+struct PreparedSlot<P> {
+    id: TraceId,
+    /// Its arrival (with its request span).
+    at: Instant,
+    /// `None` once more spans came and the trace moved to the map of span traces.
+    held: Option<(Box<P>, MemoryHold)>,
+}
+
 impl<P> std::fmt::Debug for TraceAssembler<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TraceAssembler")
             .field("config", &self.config)
-            .field("traces_in_flight", &self.traces.len())
+            .field(
+                "traces_in_flight",
+                &(self.traces.len() + self.prepared_live),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -247,11 +266,14 @@ impl<P: Prepared> TraceAssembler<P> {
         is_request: fn(&Span) -> bool,
     ) -> Self {
         Self {
-            completed: CompletedIds::new(config.idle_timeout, config.max_traces_in_flight),
+            index: TraceIndex::new(config.idle_timeout, config.max_traces_in_flight),
             config,
             is_request,
             events,
             traces: HashMap::default(),
+            prepared: VecDeque::new(),
+            prepared_base: 0,
+            prepared_live: 0,
             by_age: VecDeque::new(),
             by_grace: VecDeque::new(),
             late: Vec::new(),
@@ -263,15 +285,18 @@ impl<P: Prepared> TraceAssembler<P> {
 
     /// Traces being assembled.
     pub fn traces_in_flight(&self) -> usize {
-        self.traces.len()
+        self.traces.len() + self.prepared_live
     }
 
     /// Spans being held, over all traces.
     pub fn spans_in_flight(&self) -> usize {
-        self.traces
-            .values()
-            .map(|t| t.spans.len() + t.prepared.as_ref().map_or(0, |p| p.span_count()))
-            .sum()
+        let prepared: usize = self
+            .prepared
+            .iter()
+            .filter_map(|s| s.held.as_ref())
+            .map(|(p, _)| p.span_count())
+            .sum();
+        self.traces.values().map(|t| t.spans.len()).sum::<usize>() + prepared
     }
 
     /// Adds spans received at `now`. `hold` is the memory reservation covering them (kept until
@@ -288,19 +313,22 @@ impl<P: Prepared> TraceAssembler<P> {
         while let Some(span) = spans.next() {
             let id = span.trace_id;
             let is_request = is_request_span(&span);
-            let trace = match self.traces.get_mut(&id) {
-                Some(t) => {
-                    if let Some(p) = t.prepared.take() {
-                        // More spans of a prepared trace: it continues with its spans.
-                        let mut all = p.into_spans();
-                        all.append(&mut t.spans);
-                        t.spans = all;
-                    }
-                    t
-                }
+            let known = self.index.get(&id);
+            if let Some(Known::Prepared(seq)) = known {
+                // More spans of a prepared trace: it continues as a span trace.
+                self.unprepare(id, seq);
+            }
+            // Only a trace the index knows to be in flight is looked up in the map.
+            let in_flight = matches!(known, Some(Known::Spans | Known::Prepared(_)));
+            let found = if in_flight {
+                self.traces.get_mut(&id)
+            } else {
+                None
+            };
+            let trace = match found {
+                Some(t) => t,
                 None => {
-                    let completed = self.completed.get(&id);
-                    if let Some(had_request) = completed
+                    if let Some(Known::Completed { had_request }) = known
                         && (had_request || !is_request)
                     {
                         late += 1;
@@ -311,19 +339,16 @@ impl<P: Prepared> TraceAssembler<P> {
                         }
                         continue;
                     }
-                    if self.traces.len() >= self.config.max_traces_in_flight {
+                    if self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight {
                         over_traces += 1;
                         continue;
                     }
-                    if completed.is_some() {
-                        self.completed.remove(&id);
-                    }
+                    self.index.set_spans(&id);
                     self.by_age.push_back((id, now));
                     self.waiting += 1;
                     self.traces.entry(id).or_insert(PendingTrace {
                         // An inference trace is typically a request span and three phases.
                         spans: Vec::with_capacity(4),
-                        prepared: None,
                         first_seen: now,
                         last_seen: now,
                         request_at: None,
@@ -331,7 +356,7 @@ impl<P: Prepared> TraceAssembler<P> {
                     })
                 }
             };
-            let mut add = |trace: &mut PendingTrace<P>, span: Span, is_request: bool| {
+            let mut add = |trace: &mut PendingTrace, span: Span, is_request: bool| {
                 if trace.spans.len() >= max_spans {
                     over_spans += 1;
                     return;
@@ -365,8 +390,43 @@ impl<P: Prepared> TraceAssembler<P> {
         if late > 0 {
             self.events.late_spans.inc_by(late);
         }
-        self.events.traces_in_flight.set(self.traces.len() as i64);
+        self.events
+            .traces_in_flight
+            .set(self.traces_in_flight() as i64);
         self.compact();
+    }
+
+    /// Moves the prepared trace `seq` (of `id`) to the map of span traces, with its spans
+    /// decoded again, its arrival as first and last seen and its request arrival, and its
+    /// memory hold; its queue slot stays as its grace entry.
+    fn unprepare(&mut self, id: TraceId, seq: u64) {
+        let Some(slot) = seq
+            .checked_sub(self.prepared_base)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.prepared.get_mut(i))
+        else {
+            return;
+        };
+        let Some((prepared, hold)) = slot.held.take() else {
+            return;
+        };
+        let at = slot.at;
+        self.prepared_live -= 1;
+        let mut holds = Holds::default();
+        holds.add(&hold);
+        self.traces.insert(
+            id,
+            PendingTrace {
+                spans: prepared.into_spans(),
+                first_seen: at,
+                last_seen: at,
+                request_at: Some(at),
+                holds,
+            },
+        );
+        self.index.set_spans(&id);
+        // Out of order by at most the grace period: max age may close it that much late.
+        self.by_age.push_back((id, at));
     }
 
     /// Starts a trace for each of `runs` whose trace is new (not in flight, not completed with
@@ -388,7 +448,9 @@ impl<P: Prepared> TraceAssembler<P> {
                 taken[run.start..end].fill(true);
             }
         }
-        self.events.traces_in_flight.set(self.traces.len() as i64);
+        self.events
+            .traces_in_flight
+            .set(self.traces_in_flight() as i64);
     }
 
     /// Starts a trace holding `prepared` (standing for `len` spans, one a request span) when
@@ -401,41 +463,78 @@ impl<P: Prepared> TraceAssembler<P> {
         hold: &MemoryHold,
         now: Instant,
     ) -> bool {
+        // A prepared trace completes at its grace period, so it must come before max age.
         if len > self.config.max_spans_per_trace
-            || self.traces.len() >= self.config.max_traces_in_flight
+            || self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight
+            || self.config.grace >= self.config.max_age
         {
             return false;
         }
-        let std::collections::hash_map::Entry::Vacant(slot) = self.traces.entry(id) else {
-            return false;
-        };
-        match self.completed.get(&id) {
-            // Its request was counted: these spans are late (the caller pushes them as such).
-            Some(true) => return false,
-            // Closed without a request span: this run's request starts a new trace.
-            Some(false) => self.completed.remove(&id),
-            None => {}
+        match self.index.get(&id) {
+            // In flight: the caller pushes the spans to it. Completed with its request counted:
+            // the spans are late (the caller pushes them as such).
+            Some(Known::Spans | Known::Prepared(_) | Known::Completed { had_request: true }) => {
+                return false;
+            }
+            // New, or closed without a request span: this run's request starts a new trace.
+            Some(Known::Completed { had_request: false }) | None => {}
         }
-        let mut holds = Holds::default();
-        holds.add(hold);
-        slot.insert(PendingTrace {
-            spans: Vec::new(),
-            prepared: Some(prepared),
-            first_seen: now,
-            last_seen: now,
-            request_at: Some(now),
-            holds,
+        let seq = self.prepared_base + self.prepared.len() as u64;
+        self.index.set_prepared(&id, seq);
+        self.prepared.push_back(PreparedSlot {
+            id,
+            at: now,
+            held: Some((prepared, hold.clone())),
         });
-        self.by_age.push_back((id, now));
-        self.by_grace.push_back((id, now));
+        self.prepared_live += 1;
         true
     }
 
     /// Closes every trace due at `now` and returns them with the late spans since the last poll.
     pub fn poll(&mut self, now: Instant) -> Ready<P> {
         let grace = self.config.grace;
-        let due = self.by_grace.partition_point(|&(_, at)| at + grace <= now);
+        let due = self.by_grace.partition_point(|&(_, at)| at + grace <= now)
+            + self.prepared.partition_point(|s| s.at + grace <= now);
         let mut completed = Vec::with_capacity(due);
+        // Prepared traces, in arrival order, which is due order; no table is touched.
+        while let Some(slot) = self.prepared.front() {
+            if slot.at + grace > now {
+                break;
+            }
+            let Some(slot) = self.prepared.pop_front() else {
+                break;
+            };
+            self.prepared_base += 1;
+            let done = slot.held.is_some();
+            self.index
+                .prepared_completed_below(self.prepared_base, done, now);
+            match slot.held {
+                Some((prepared, hold)) => {
+                    self.prepared_live -= 1;
+                    completed.push(CompletedTrace {
+                        trace_id: slot.id,
+                        spans: Vec::new(),
+                        prepared: Some(prepared),
+                        reason: CloseReason::Grace,
+                        has_request: true,
+                        holds: Holds {
+                            first: Some(hold),
+                            more: Vec::new(),
+                        },
+                    });
+                }
+                // Now a span trace: this slot is its grace entry, if it is still current.
+                None => {
+                    let current = self
+                        .traces
+                        .get(&slot.id)
+                        .is_some_and(|t| t.request_at == Some(slot.at));
+                    if current && let Some(t) = self.close(slot.id, CloseReason::Grace, now) {
+                        completed.push(t);
+                    }
+                }
+            }
+        }
         // Grace: request arrival order is also due order.
         while let Some(&(id, at)) = self.by_grace.front() {
             if at + self.config.grace > now {
@@ -498,7 +597,9 @@ impl<P: Prepared> TraceAssembler<P> {
             }
         }
         self.forget_completed(now);
-        self.events.traces_in_flight.set(self.traces.len() as i64);
+        self.events
+            .traces_in_flight
+            .set(self.traces_in_flight() as i64);
         debug_assert_eq!(
             self.waiting,
             self.traces
@@ -514,11 +615,32 @@ impl<P: Prepared> TraceAssembler<P> {
 
     /// Closes every trace now, whatever its state (shutdown).
     pub fn flush(&mut self, now: Instant) -> Ready<P> {
+        let mut completed = Vec::with_capacity(self.traces_in_flight());
+        for slot in std::mem::take(&mut self.prepared) {
+            self.prepared_base += 1;
+            let done = slot.held.is_some();
+            self.index
+                .prepared_completed_below(self.prepared_base, done, now);
+            if let Some((prepared, hold)) = slot.held {
+                completed.push(CompletedTrace {
+                    trace_id: slot.id,
+                    spans: Vec::new(),
+                    prepared: Some(prepared),
+                    reason: CloseReason::Flush,
+                    has_request: true,
+                    holds: Holds {
+                        first: Some(hold),
+                        more: Vec::new(),
+                    },
+                });
+            }
+        }
+        self.prepared_live = 0;
         let ids: Vec<TraceId> = self.traces.keys().copied().collect();
-        let completed = ids
-            .into_iter()
-            .filter_map(|id| self.close(id, CloseReason::Flush, now))
-            .collect();
+        completed.extend(
+            ids.into_iter()
+                .filter_map(|id| self.close(id, CloseReason::Flush, now)),
+        );
         self.by_age.clear();
         self.by_grace.clear();
         self.events.traces_in_flight.set(0);
@@ -537,11 +659,11 @@ impl<P: Prepared> TraceAssembler<P> {
         let t = self.traces.remove(&id)?;
         let has_request = t.request_at.is_some();
         self.waiting -= usize::from(!has_request);
-        self.completed.insert(&id, has_request, now);
+        self.index.set_completed(&id, has_request, now);
         Some(CompletedTrace {
             trace_id: id,
             spans: t.spans,
-            prepared: t.prepared,
+            prepared: None,
             reason,
             has_request,
             holds: t.holds,
@@ -550,7 +672,7 @@ impl<P: Prepared> TraceAssembler<P> {
 
     /// Forgets completed ids older than the idle timeout (see [`CompletedIds`]).
     fn forget_completed(&mut self, now: Instant) {
-        self.completed.rotate(now);
+        self.index.rotate(now);
     }
 
     /// Drops stale queue entries when they outnumber live traces (amortised O(1) per push).
@@ -945,6 +1067,53 @@ mod tests {
         assert_eq!(back.len(), 1);
         let done = a.poll(t0 + secs(34.0)).completed;
         assert!(done[0].prepared.is_some());
+    }
+
+    #[test]
+    fn spans_after_a_prepared_trace_completed_are_late_until_it_is_forgotten() {
+        let (mut a, events) = prepared(AssemblerConfig::default());
+        let t0 = Instant::now();
+        push_run(&mut a, vec![span(1, 1, "request")], 0, 1, t0);
+        push_run(&mut a, vec![span(2, 1, "request")], 0, 1, t0 + secs(0.5));
+        let done = a.poll(t0 + secs(2.0)).completed;
+        assert_eq!(done.len(), 1, "in arrival order");
+        assert_eq!(done[0].trace_id, TraceId([1; 16]));
+        assert_eq!(a.traces_in_flight(), 1);
+        a.push(vec![span(1, 2, "decode")], None, t0 + secs(2.1));
+        assert_eq!(events.late_spans.get(), 1);
+        assert_eq!(a.traces_in_flight(), 1, "not reopened");
+        assert_eq!(a.poll(t0 + secs(2.5)).completed.len(), 1);
+        a.poll(t0 + secs(32.0));
+        a.push(vec![span(1, 3, "x")], None, t0 + secs(33.0));
+        assert_eq!(
+            events.late_spans.get(),
+            2,
+            "remembered for the idle timeout"
+        );
+        a.poll(t0 + secs(62.0));
+        a.push(vec![span(1, 4, "request")], None, t0 + secs(63.0));
+        assert_eq!(
+            events.late_spans.get(),
+            2,
+            "forgotten after twice the idle timeout"
+        );
+        assert_eq!(a.traces_in_flight(), 1);
+    }
+
+    #[test]
+    fn flush_closes_prepared_traces_too() {
+        let (mut a, _) = prepared(AssemblerConfig::default());
+        let t0 = Instant::now();
+        push_run(&mut a, vec![span(1, 1, "request")], 0, 1, t0);
+        push_run(&mut a, vec![span(2, 1, "request")], 0, 1, t0);
+        a.push(vec![span(2, 2, "decode")], None, t0);
+        a.push(vec![span(3, 1, "db")], None, t0);
+        let done = a.flush(t0).completed;
+        assert_eq!(done.len(), 3);
+        assert_eq!(done.iter().filter(|t| t.prepared.is_some()).count(), 1);
+        assert!(done.iter().all(|t| t.reason == CloseReason::Flush));
+        assert_eq!(a.traces_in_flight(), 0);
+        assert!(a.poll(t0 + secs(100.0)).completed.is_empty());
     }
 
     #[test]
