@@ -162,17 +162,11 @@ pub fn critical_path(
     root: SpanId,
     opts: &CriticalPathOptions,
 ) -> Option<CriticalPath> {
-    SCRATCH.with(|cell| {
-        // Reentrancy cannot happen here; a fresh scratch keeps it correct if it ever did.
-        let mut scratch = cell
-            .try_borrow_mut()
-            .map(|mut s| std::mem::take(&mut *s))
-            .unwrap_or_default();
-        let path = critical_path_in(spans, root, opts, &mut scratch);
-        if let Ok(mut s) = cell.try_borrow_mut() {
-            *s = scratch;
-        }
-        path
+    // Used in place (moving the scratch out and back cost two copies of it per path).
+    // Reentrancy cannot happen here; a fresh scratch keeps it correct if it ever did.
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => critical_path_in(spans, root, opts, &mut scratch),
+        Err(_) => critical_path_in(spans, root, opts, &mut Scratch::default()),
     })
 }
 

@@ -453,6 +453,24 @@ impl<P: Prepared> TraceAssembler<P> {
             .set(self.traces_in_flight() as i64);
     }
 
+    /// Whether [`insert_prepared`](Self::insert_prepared) would take a run of `len` spans of
+    /// trace `id`, after taking `before` other runs (of other traces) first.
+    pub fn would_take(&self, id: &TraceId, len: usize, before: usize) -> bool {
+        if len > self.config.max_spans_per_trace
+            || self.traces.len() + self.prepared_live + before >= self.config.max_traces_in_flight
+            || self.config.grace >= self.config.max_age
+        {
+            return false;
+        }
+        // In flight: the caller pushes the spans to it. Completed with its request counted:
+        // the spans are late (the caller pushes them as such). New, or closed without a
+        // request span: this run's request starts a new trace.
+        matches!(
+            self.index.get(id),
+            None | Some(Known::Completed { had_request: false })
+        )
+    }
+
     /// Starts a trace holding `prepared` (standing for `len` spans, one a request span) when
     /// `id` is new and the bounds allow; `false` leaves everything as it was.
     fn insert_one(
@@ -463,21 +481,9 @@ impl<P: Prepared> TraceAssembler<P> {
         hold: &MemoryHold,
         now: Instant,
     ) -> bool {
-        // A prepared trace completes at its grace period, so it must come before max age.
-        if len > self.config.max_spans_per_trace
-            || self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight
-            || self.config.grace >= self.config.max_age
-        {
+        // (A prepared trace completes at its grace period, so that must come before max age.)
+        if !self.would_take(&id, len, 0) {
             return false;
-        }
-        match self.index.get(&id) {
-            // In flight: the caller pushes the spans to it. Completed with its request counted:
-            // the spans are late (the caller pushes them as such).
-            Some(Known::Spans | Known::Prepared(_) | Known::Completed { had_request: true }) => {
-                return false;
-            }
-            // New, or closed without a request span: this run's request starts a new trace.
-            Some(Known::Completed { had_request: false }) | None => {}
         }
         let seq = self.prepared_base + self.prepared.len() as u64;
         self.index.set_prepared(&id, seq);

@@ -229,25 +229,51 @@ impl Pipeline {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(IngestError::ShuttingDown);
         }
-        let bytes: usize = batch.spans.iter().map(span_footprint).sum::<usize>() + batch.text_bytes;
-        let Some(reservation) = self.limiter.try_reserve(bytes) else {
+        let footprints: Vec<usize> = batch.spans.iter().map(span_footprint).collect();
+        let bytes = footprints.iter().sum::<usize>() + batch.text_bytes;
+        let Some(mut reservation) = self.limiter.try_reserve(bytes) else {
             return Err(IngestError::Overloaded {
                 retry_after_secs: RETRY_AFTER_SECS,
             });
         };
+        // Traces whose spans all came in this batch are analysed now, while in cache.
+        let runs = prepare_runs(&batch, &self.cp_options);
+        if runs.is_empty() {
+            if let Some(f) = &self.forward {
+                f.submit(&batch);
+            }
+            lock(&self.assembler).push(batch.spans, Some(Arc::new(reservation)), now);
+            return Ok(());
+        }
+        let mut assembler = lock(&self.assembler);
+        // What the batch will hold: a prepared trace holds its analysis instead of its spans,
+        // and the request body (which it decodes again from if needed) while any does.
+        let mut held = bytes;
+        let mut taken_runs = 0;
+        for run in &runs {
+            if assembler.would_take(&run.trace_id, run.len, taken_runs) {
+                taken_runs += 1;
+                let spans_bytes: usize = footprints[run.start..run.start + run.len].iter().sum();
+                held = held - spans_bytes + run.prepared.footprint();
+            }
+        }
+        if taken_runs > 0 {
+            held += batch.raw_protobuf.as_ref().map_or(0, |b| b.len());
+        }
+        if held > bytes && !reservation.try_grow(held - bytes) {
+            return Err(IngestError::Overloaded {
+                retry_after_secs: RETRY_AFTER_SECS,
+            });
+        }
+        reservation.shrink(bytes.saturating_sub(held));
+        let hold: MemoryHold = Arc::new(reservation);
+        let mut taken = vec![false; batch.spans.len()];
+        assembler.insert_prepared(runs, &mut taken, &hold, now);
+        drop(assembler);
         if let Some(f) = &self.forward {
             f.submit(&batch);
         }
-        let hold: MemoryHold = Arc::new(reservation);
-        // Traces whose spans all came in this batch are analysed now, while in cache.
-        let runs = prepare_runs(&batch, &self.cp_options);
         let mut spans = batch.spans;
-        if runs.is_empty() {
-            lock(&self.assembler).push(spans, Some(hold), now);
-            return Ok(());
-        }
-        let mut taken = vec![false; spans.len()];
-        lock(&self.assembler).insert_prepared(runs, &mut taken, &hold, now);
         // The spans of the traces taken as prepared are dropped here, outside the lock, in
         // place; the others are pushed as spans.
         let mut i = 0;

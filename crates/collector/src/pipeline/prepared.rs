@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use foldhash::fast::RandomState;
-use infertrace_analysis::critical_path::{CriticalPath, CriticalPathOptions};
+use infertrace_analysis::critical_path::{Adjustment, CriticalPath, CriticalPathOptions, Segment};
 use infertrace_analysis::record::RequestRecord;
 use infertrace_analysis::trace::{Span, TraceId};
 
@@ -70,6 +70,46 @@ impl SpanSource {
         }
     }
 }
+
+/// Heap bookkeeping counted per allocation (allocator header and rounding), as the limiter's
+/// span estimate counts it.
+const ALLOCATION_OVERHEAD: usize = 16;
+
+impl PreparedTrace {
+    /// Bytes it holds while it waits in the assembler: itself, its records, critical paths and
+    /// span ranges, its queue slot and index entry — not the request body, which the batch
+    /// holds once for all its traces.
+    pub fn footprint(&self) -> usize {
+        let vec = |capacity: usize, size: usize| {
+            if capacity == 0 {
+                0
+            } else {
+                capacity * size + ALLOCATION_OVERHEAD
+            }
+        };
+        let a = &self.analysed;
+        let paths: usize = a
+            .paths
+            .iter()
+            .flatten()
+            .map(|p| {
+                vec(p.segments.capacity(), size_of::<Segment>())
+                    + vec(p.adjustments.capacity(), size_of::<Adjustment>())
+            })
+            .sum();
+        size_of::<Self>()
+            + ALLOCATION_OVERHEAD
+            + vec(a.records.capacity(), size_of::<RequestRecord>())
+            + vec(a.paths.capacity(), size_of::<Option<CriticalPath>>())
+            + paths
+            + vec(self.source.ranges.capacity(), size_of::<SpanRange>())
+            + QUEUE_AND_INDEX_BYTES
+    }
+}
+
+/// A prepared trace's slot in the assembler's queue (id, arrival, two pointers) and its entry
+/// in the trace index (16 bytes at the table's load factor).
+const QUEUE_AND_INDEX_BYTES: usize = 64 + 24;
 
 impl Prepared for PreparedTrace {
     fn span_count(&self) -> usize {

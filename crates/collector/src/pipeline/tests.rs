@@ -587,3 +587,46 @@ fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
     let one = eager.trace(&TraceId([1; 16])).unwrap();
     assert_eq!(one.spans.len(), 5, "trace 1 with its late child");
 }
+
+#[test]
+fn a_prepared_batch_reserves_the_body_and_the_analyses_it_holds() {
+    let spans: Vec<Span> = (1..=5u8)
+        .flat_map(|t| request_trace(t, "m", 5, 30, 200, 9))
+        .collect();
+    let span_estimate: usize = spans.iter().map(span_footprint).sum();
+    let b = proto_batch(&spans);
+    let body = b.raw_protobuf.as_ref().map_or(0, |b| b.len());
+    let analyses: usize = prepare_runs(&b, &CollectorConfig::default().critical_path_options())
+        .iter()
+        .map(|r| r.prepared.footprint())
+        .sum();
+    let held = body + analyses + b.text_bytes;
+    assert!(analyses > 5 * 500, "records, paths, ranges: {analyses}");
+
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    p.ingest_at(proto_batch(&spans), t0).unwrap();
+    assert_eq!(p.traces_in_flight(), 5);
+    assert_eq!(
+        p.limiter().used(),
+        held,
+        "not the estimate of the spans: {span_estimate}"
+    );
+    p.tick_at(t0 + Duration::from_secs(2), unix_nanos_now());
+    assert_eq!(p.limiter().used(), 0, "released when the traces complete");
+
+    // A limit between the spans' estimate (reserved first) and what the batch would hold
+    // refuses it whole.
+    assert!(held > span_estimate, "{held} vs {span_estimate}");
+    let p = Pipeline::new(
+        &CollectorConfig::default(),
+        InternalEvents::default(),
+        PromMetrics::default(),
+        MemoryLimiter::new(held - 1),
+        None,
+    );
+    let refused = p.ingest_at(proto_batch(&spans), t0);
+    assert!(matches!(refused, Err(IngestError::Overloaded { .. })));
+    assert_eq!(p.traces_in_flight(), 0);
+    assert_eq!(p.limiter().used(), 0);
+}
