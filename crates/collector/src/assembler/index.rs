@@ -47,6 +47,9 @@ pub(crate) enum Known {
     },
 }
 
+/// Most entries the table is sized for when created (16 MiB of entries).
+const PRESIZE_MAX: usize = 1 << 20;
+
 /// Value layout: `payload << 2 | state`.
 const COMPLETED_WITHOUT_REQUEST: u64 = 0;
 const COMPLETED_WITH_REQUEST: u64 = 1;
@@ -103,7 +106,9 @@ impl TraceIndex {
     /// generation.
     pub(crate) fn new(span: Duration, max_ids: usize) -> Self {
         Self {
-            ids: HashMap::default(),
+            // Sized for the traces in flight up front (capped: the table still grows beyond),
+            // so that a collector filling up does not rehash a table of millions repeatedly.
+            ids: HashMap::with_capacity_and_hasher(max_ids.min(PRESIZE_MAX), Default::default()),
             hasher: RandomState::default(),
             generation: 1,
             current_len: 0,

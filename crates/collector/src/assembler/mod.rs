@@ -498,13 +498,21 @@ impl<P: Prepared> TraceAssembler<P> {
 
     /// Closes every trace due at `now` and returns them with the late spans since the last poll.
     pub fn poll(&mut self, now: Instant) -> Ready<P> {
+        self.poll_some(now, usize::MAX)
+    }
+
+    /// Like [`poll`](Self::poll), but closes at most about `max` of the traces due by their
+    /// grace period (those due by idle timeout or max age all close): a caller that analyses
+    /// what it gets polls again while it gets that many, so each round's vector stays small
+    /// (and reused by the allocator) rather than one vector of every trace due at once.
+    pub fn poll_some(&mut self, now: Instant, max: usize) -> Ready<P> {
         let grace = self.config.grace;
         let due = self.by_grace.partition_point(|&(_, at)| at + grace <= now)
             + self.prepared.partition_point(|s| s.at + grace <= now);
-        let mut completed = Vec::with_capacity(due);
+        let mut completed = Vec::with_capacity(due.min(max));
         // Prepared traces, in arrival order, which is due order; no table is touched.
         while let Some(slot) = self.prepared.front() {
-            if slot.at + grace > now {
+            if slot.at + grace > now || completed.len() >= max {
                 break;
             }
             let Some(slot) = self.prepared.pop_front() else {
@@ -543,7 +551,7 @@ impl<P: Prepared> TraceAssembler<P> {
         }
         // Grace: request arrival order is also due order.
         while let Some(&(id, at)) = self.by_grace.front() {
-            if at + self.config.grace > now {
+            if at + self.config.grace > now || completed.len() >= max {
                 break;
             }
             self.by_grace.pop_front();
@@ -1104,6 +1112,22 @@ mod tests {
             "forgotten after twice the idle timeout"
         );
         assert_eq!(a.traces_in_flight(), 1);
+    }
+
+    #[test]
+    fn poll_some_closes_the_due_traces_in_rounds() {
+        let (mut a, _) = prepared(AssemblerConfig::default());
+        let t0 = Instant::now();
+        for t in 1..=7u8 {
+            push_run(&mut a, vec![span(t, 1, "request")], 0, 1, t0);
+        }
+        a.push(vec![span(8, 1, "request")], None, t0);
+        a.push(vec![span(9, 1, "request")], None, t0);
+        let rounds: Vec<usize> = (0..5)
+            .map(|_| a.poll_some(t0 + secs(2.0), 3).completed.len())
+            .collect();
+        assert_eq!(rounds, [3, 3, 3, 0, 0]);
+        assert_eq!(a.traces_in_flight(), 0);
     }
 
     #[test]

@@ -1,25 +1,29 @@
 //! [`Pipeline`]: takes decoded batches from the receivers, assembles traces and analyses each
 //! completed one.
 //!
-//! **Ingest** (receiver threads, must be cheap): reserve memory for the batch's spans from the
-//! [`MemoryLimiter`] (refusing with [`IngestError::Overloaded`] when it does not fit), queue the
-//! request body for the forwarder, and push the spans into the [`TraceAssembler`] behind a
-//! mutex. The lock is held only for the hash-map inserts (analysis never runs under it).
-//! A mutex was chosen over a channel to the assembler: it answers "overloaded" synchronously
-//! with the real state and needs no second queue bound, and it is cheap. Measured
-//! (`cargo bench -p infertrace-collector --bench pipeline`, quiet 2-core VM): ingesting a
-//! 1,000-span batch of 4-span inference traces costs ~40 µs (~40 ns a span) with warm caches,
-//! so at the receivers' ~1M spans/s the lock is held a few per cent of the time and contention
-//! is negligible; a channel would add a task hop for the same inserts. Analysing the completed
-//! traces costs ~1 µs a trace (~250 µs per 250 traces) in that warm loop, on the tick task —
-//! about 3× more at full rate, where the traces went cold during their grace period
-//! (docs/PERFORMANCE.md).
+//! **Ingest** (receiver threads): reserve memory for the batch from the [`MemoryLimiter`]
+//! (refusing with [`IngestError::Overloaded`] when it does not fit), then **analyse on arrival**
+//! every trace whose spans all came in this batch (one run of consecutive spans holding a request
+//! span, from one resource — how the layer, vLLM and most SDK exporters send them): dialect
+//! extraction and the critical path of each request run here, while the decoded spans are in
+//! cache ([`prepared`]). Under the assembler's lock each such trace that is new becomes a
+//! *prepared* trace holding that compact analysis and the ranges of its spans in the request
+//! body (kept by reference count) instead of the spans, which are dropped at once; the batch's
+//! reservation is adjusted to what it then holds (body, analyses) before anything is inserted or
+//! forwarded. The other spans are pushed into the [`TraceAssembler`] as spans. A mutex was
+//! chosen over a channel to the assembler: it answers "overloaded" synchronously with the real
+//! state and needs no second queue bound; the lock is held for table inserts only (measured
+//! with `cargo bench -p infertrace-collector --bench pipeline`: ~40 ns a span for the inserts).
 //!
-//! **Tick** (one task, every `assembly.tick`): poll the assembler, then, outside its lock, for
-//! each completed trace: dialect extraction → [`KpiWindows`], critical path of each request span
-//! → [`CriticalPathWindows`], Prometheus histograms and counters ([`PromRecorder`]), and the
-//! bounded ring of recent traces behind `/api/traces/{id}` ([`RecentTraces`]). Late spans are
-//! merged into that ring only (see [`crate::assembler`]).
+//! **Tick** (one task, every `assembly.tick`): poll the assembler in rounds of at most
+//! [`POLL_ROUND`] traces, then, outside its lock, for each completed trace: its request records
+//! and critical paths (a prepared trace's are ready; any other trace is analysed now, from all
+//! its spans) → [`KpiWindows`], [`CriticalPathWindows`], Prometheus histograms and counters
+//! ([`PromRecorder`]), and the bounded ring of recent traces behind `/api/traces/{id}`
+//! ([`RecentTraces`]; a prepared trace kept there has its spans decoded again). Late spans are
+//! merged into that ring only (see [`crate::assembler`]). Analysing at arrival rather than at
+//! completion is the same function of the same spans: a test checks that the KPIs, critical
+//! paths, metrics and stored traces are the same either way.
 //!
 //! **History** (when the embedded store is on, [`Pipeline::attach_store`]): every one-second
 //! slot the KPI windows complete is merged, under the same lock, into the [`StoreFeed`]'s
@@ -60,6 +64,9 @@ use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
 use prepared::{Analysed, PreparedTrace, prepare_runs};
 
 pub use recent::{RecentTraces, StoredRequest, StoredTrace};
+
+/// Traces closed and analysed per round of a tick.
+pub const POLL_ROUND: usize = 4096;
 
 /// `Retry-After` suggested when the memory limiter refuses a batch.
 const RETRY_AFTER_SECS: u32 = 1;
@@ -294,8 +301,19 @@ impl Pipeline {
 
     /// Closes the traces due at `now` and analyses them as of `now_unix_nano`.
     pub fn tick_at(&self, now: Instant, now_unix_nano: u64) -> TickStats {
-        let ready = lock(&self.assembler).poll(now);
-        self.analyse(ready, now_unix_nano)
+        // In rounds of at most `POLL_ROUND` traces (see `TraceAssembler::poll_some`).
+        let mut stats = TickStats::default();
+        loop {
+            let ready = lock(&self.assembler).poll_some(now, POLL_ROUND);
+            let full = ready.completed.len() >= POLL_ROUND;
+            let round = self.analyse(ready, now_unix_nano);
+            stats.traces += round.traces;
+            stats.requests += round.requests;
+            stats.late_merged += round.late_merged;
+            if !full {
+                return stats;
+            }
+        }
     }
 
     /// Refuses every later batch with [`IngestError::ShuttingDown`].
