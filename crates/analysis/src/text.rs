@@ -118,6 +118,35 @@ pub struct Interner {
     table: hashbrown::HashTable<Text>,
     hasher: foldhash::fast::RandomState,
     fresh_bytes: usize,
+    /// A direct-mapped cache in front of the table, indexed by length and three bytes: the
+    /// same few values arrive span after span, and a hit here costs one comparison instead of
+    /// hashing every byte and probing the table. Sized [`RECENT_SLOTS`] on first use.
+    recent: Vec<Option<Text>>,
+}
+
+/// Slots of [`Interner`]'s front cache (a power of two).
+const RECENT_SLOTS: usize = 256;
+
+/// The front-cache slot of a string: its length and first, middle and last bytes.
+fn recent_slot(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    let (first, middle, last) = match n {
+        0 => (0, 0, 0),
+        _ => (bytes[0], bytes[n / 2], bytes[n - 1]),
+    };
+    let mix =
+        n.wrapping_mul(31) ^ usize::from(first) << 2 ^ usize::from(middle) << 4 ^ usize::from(last);
+    mix & (RECENT_SLOTS - 1)
+}
+
+/// Byte equality in 8-byte words (interned strings are short: inline words beat a call).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (wa.remainder(), wb.remainder());
+    wa.zip(wb).all(|(x, y)| x == y) && ra == rb
 }
 
 /// Heap bytes charged per string allocated (the `Arc` header and allocator slack).
@@ -151,9 +180,20 @@ impl Interner {
             table,
             hasher,
             fresh_bytes,
+            recent,
         } = self;
+        if recent.is_empty() {
+            recent.resize(RECENT_SLOTS, None);
+        }
+        let slot = &mut recent[recent_slot(bytes)];
+        if let Some(t) = slot
+            && same_bytes(t.as_bytes(), bytes)
+        {
+            return Ok(t.clone());
+        }
         let hash = hasher.hash_one(bytes);
-        if let Some(t) = table.find(hash, |t| t.as_bytes() == bytes) {
+        if let Some(t) = table.find(hash, |t| same_bytes(t.as_bytes(), bytes)) {
+            *slot = Some(t.clone());
             return Ok(t.clone());
         }
         let t = Text::from(std::str::from_utf8(bytes)?);
@@ -162,6 +202,7 @@ impl Interner {
         }
         table.insert_unique(hash, t.clone(), |t| hasher.hash_one(t.as_bytes()));
         *fresh_bytes += bytes.len() + STRING_OVERHEAD;
+        *slot = Some(t.clone());
         Ok(t)
     }
 
@@ -229,5 +270,37 @@ mod tests {
             i.intern_utf8("décode".as_bytes()).ok().as_deref(),
             Some("décode")
         );
+    }
+
+    #[test]
+    fn the_front_cache_returns_the_same_strings_as_the_table() {
+        // Strings that share a front-cache slot, alternating, and ones that do not.
+        let words: Vec<String> = (0..2000).map(|n| format!("v{n}-{}", n % 7)).collect();
+        let mut i = Interner::default();
+        let first: Vec<Text> = words.iter().map(|w| i.intern(w)).collect();
+        let collisions = words
+            .iter()
+            .filter(|w| recent_slot(w.as_bytes()) == recent_slot(words[0].as_bytes()))
+            .count();
+        assert!(collisions > 2, "some words share a slot");
+        for _ in 0..3 {
+            for (w, t) in words.iter().zip(&first) {
+                let again = i.intern(w);
+                assert_eq!(again, w.as_str());
+                assert!(Arc::ptr_eq(&again.0, &t.0), "{w}");
+            }
+        }
+        assert_eq!(
+            i.take_fresh_bytes(),
+            words.iter().map(|w| w.len() + STRING_OVERHEAD).sum::<usize>()
+        );
+        for (a, b) in [
+            ("", ""),
+            ("abcdefgh", "abcdefgh"),
+            ("abcdefghi", "abcdefghj"),
+        ] {
+            assert_eq!(same_bytes(a.as_bytes(), b.as_bytes()), a == b);
+        }
+        assert!(!same_bytes(b"abc", b"abcd"));
     }
 }
