@@ -139,8 +139,9 @@ fn recent_slot(bytes: &[u8]) -> usize {
     mix & (RECENT_SLOTS - 1)
 }
 
-/// Byte equality in 8-byte words (interned strings are short: inline words beat a call).
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+/// Byte equality in 8-byte words: for the short strings of span names, keys and values, an
+/// inline word loop beats a call to `memcmp`.
+pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -20,7 +20,7 @@ use infertrace_semconv::resource::SERVICE_NAME;
 use super::{
     DecodeError, Decoded, SpanRange, intern_value, valid_link, validate_span, with_interner,
 };
-use infertrace_analysis::text::Interner;
+use infertrace_analysis::text::{Interner, same_bytes};
 
 const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
@@ -479,7 +479,7 @@ fn known_key(key: &[u8]) -> Option<&'static str> {
         .get(key.len())?
         .iter()
         .copied()
-        .find(|k| k.as_bytes() == key)
+        .find(|k| same_bytes(k.as_bytes(), key))
 }
 
 /// A cursor over one protobuf message.
