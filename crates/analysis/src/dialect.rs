@@ -363,7 +363,9 @@ impl Phase {
 }
 
 /// GPU window statistics from phase spans' `gpu.*` attributes; `None` when none has any.
-pub(crate) fn gpu_record<'a>(phases: impl Iterator<Item = (Phase, &'a Span)>) -> Option<GpuRecord> {
+pub(crate) fn gpu_record<'a>(
+    phases: impl Iterator<Item = (Phase, &'a Span)>,
+) -> Option<Box<GpuRecord>> {
     let mut g = GpuRecord::default();
     let mut any = false;
     let add = |acc: &mut Option<f64>, v: Option<f64>| {
@@ -395,7 +397,7 @@ pub(crate) fn gpu_record<'a>(phases: impl Iterator<Item = (Phase, &'a Span)>) ->
             g.memory_used_max_bytes = Some(g.memory_used_max_bytes.map_or(m, |x| x.max(m)));
         }
     }
-    any.then_some(g)
+    any.then(|| Box::new(g))
 }
 
 #[cfg(test)]

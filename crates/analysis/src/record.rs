@@ -210,8 +210,9 @@ pub struct RequestRecord {
     pub stream_chunks: Option<u64>,
     /// Admission-queue length at arrival (`infer.queue.depth`).
     pub queue_depth: Option<u64>,
-    /// GPU window statistics, when the phase spans carry them.
-    pub gpu: Option<GpuRecord>,
+    /// GPU window statistics, when the phase spans carry them (boxed: most records have none,
+    /// and a record held through the grace period should stay small).
+    pub gpu: Option<Box<GpuRecord>>,
     /// Whether each phase was measured or derived.
     pub origins: PhaseOrigins,
 }

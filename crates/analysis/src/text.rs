@@ -293,7 +293,10 @@ mod tests {
         }
         assert_eq!(
             i.take_fresh_bytes(),
-            words.iter().map(|w| w.len() + STRING_OVERHEAD).sum::<usize>()
+            words
+                .iter()
+                .map(|w| w.len() + STRING_OVERHEAD)
+                .sum::<usize>()
         );
         for (a, b) in [
             ("", ""),

@@ -410,10 +410,10 @@ fn gpu_kpis_are_duration_weighted() {
     };
     let mut a = record("s", "m", 3.0);
     (a.prefill, a.decode, a.output_tokens) = (Some(1.0), Some(2.0), Some(10));
-    a.gpu = Some(gpu(0.9, 0.3, 50.0));
+    a.gpu = Some(Box::new(gpu(0.9, 0.3, 50.0)));
     let mut b = record("s", "m", 4.0);
     (b.prefill, b.decode, b.output_tokens) = (Some(3.0), Some(1.0), Some(30));
-    b.gpu = Some(gpu(0.5, 0.6, 30.0));
+    b.gpu = Some(Box::new(gpu(0.5, 0.6, 30.0)));
     let c = record("s", "m", 1.0); // no GPU data
     for r in [&a, &b, &c] {
         w.record(r, T);

@@ -392,6 +392,7 @@ impl PromRecorder {
         }
         if let Some(j) = r
             .gpu
+            .as_ref()
             .and_then(|g| g.energy_attributed_joules)
             .filter(|j| j.is_finite() && *j >= 0.0)
         {

@@ -731,14 +731,14 @@ mod tests {
                 max: 0.3 + f64::from(k),
             });
             if k % 3 == 0 {
-                r.gpu = Some(GpuRecord {
+                r.gpu = Some(Box::new(GpuRecord {
                     utilization_mean: PerPhase {
                         decode: Some(0.8),
                         ..PerPhase::default()
                     },
                     energy_attributed_joules: Some(2.5),
                     ..GpuRecord::default()
-                });
+                }));
             }
             acc.add(&config, &slo, &r);
         }
