@@ -10,8 +10,12 @@
 //!
 //! ```text
 //! otlp-blast [--protocol grpc|http] [--addr HOST:PORT] [--connections 16] [--duration 10]
-//!            [--batch 1000] [--rate SPANS_PER_SEC] [--decode-only]
+//!            [--batch 1000] [--rate SPANS_PER_SEC] [--interleave] [--decode-only]
 //! ```
+//!
+//! `--interleave` orders each request's spans as an SDK's batch span processor exports them
+//! for concurrent requests — by end time, so the spans of eight requests in flight together
+//! alternate — instead of trace by trace (as infertrace's own layer exports them).
 //!
 //! `--decode-only` sends nothing: it times decoding the generated requests in this process, with
 //! prost into `opentelemetry-proto` types and with infertrace's lean decoder, for `--duration`
@@ -57,6 +61,7 @@ struct Args {
     batch: usize,
     /// Spans per second over all connections; `None`: full speed.
     rate: Option<f64>,
+    interleave: bool,
     decode_only: bool,
 }
 
@@ -67,6 +72,7 @@ fn parse_args() -> Result<Args, String> {
     let mut duration = 10.0f64;
     let mut batch = 1000usize;
     let mut decode_only = false;
+    let mut interleave = false;
     let mut rate: Option<f64> = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -107,11 +113,12 @@ fn parse_args() -> Result<Args, String> {
                 rate = Some(r);
             }
             "--decode-only" => decode_only = true,
+            "--interleave" => interleave = true,
             "-h" | "--help" => {
                 return Err(
                     "usage: otlp-blast [--protocol grpc|http] [--addr HOST:PORT] \
                             [--connections 16] [--duration 10] [--batch 1000] \
-                            [--rate SPANS_PER_SEC] [--decode-only]"
+                            [--rate SPANS_PER_SEC] [--interleave] [--decode-only]"
                         .into(),
                 );
             }
@@ -133,6 +140,7 @@ fn parse_args() -> Result<Args, String> {
         duration: Duration::from_secs_f64(duration),
         batch,
         rate,
+        interleave,
         decode_only,
     })
 }
@@ -263,14 +271,30 @@ fn inference_trace(rng: &mut Rng, start: u64) -> Vec<Span> {
     spans
 }
 
-/// An export request of `batch` spans (rounded down to whole traces).
-fn export_request(rng: &mut Rng, batch: usize) -> ExportTraceServiceRequest {
+/// Requests in flight together when `--interleave` mixes their spans.
+const CONCURRENT: usize = 8;
+
+/// An export request of `batch` spans (rounded down to whole traces), trace by trace, or with
+/// the spans of every `CONCURRENT` traces alternating (`interleave`).
+fn export_request(rng: &mut Rng, batch: usize, interleave: bool) -> ExportTraceServiceRequest {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let spans = (0..batch / 4)
-        .flat_map(|i| inference_trace(rng, now + i as u64 * 1_000_000))
+    let traces: Vec<Vec<Span>> = (0..batch / 4)
+        .map(|i| inference_trace(rng, now + i as u64 * 1_000_000))
         .collect();
+    let spans = if interleave {
+        // Per group of concurrent requests: every request's first span, then every second...
+        traces
+            .chunks(CONCURRENT)
+            .flat_map(|group| {
+                let longest = group.iter().map(Vec::len).max().unwrap_or(0);
+                (0..longest).flat_map(move |k| group.iter().filter_map(move |t| t.get(k).cloned()))
+            })
+            .collect()
+    } else {
+        traces.into_iter().flatten().collect()
+    };
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
             resource: Some(Resource {
@@ -490,7 +514,7 @@ async fn main() -> ExitCode {
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let requests: Vec<Vec<u8>> = (0..DISTINCT_REQUESTS)
-        .map(|_| export_request(&mut rng, args.batch).encode_to_vec())
+        .map(|_| export_request(&mut rng, args.batch, args.interleave).encode_to_vec())
         .collect();
     let spans_per_request = (args.batch / 4 * 4) as u64;
     let wire_bytes: usize = requests.iter().map(Vec::len).sum();

@@ -232,7 +232,7 @@ impl Pipeline {
     }
 
     /// Adds a batch received at `now` (the [`Ingest`] implementation uses the current time).
-    pub fn ingest_at(&self, batch: IngestBatch, now: Instant) -> Result<(), IngestError> {
+    pub fn ingest_at(&self, mut batch: IngestBatch, now: Instant) -> Result<(), IngestError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(IngestError::ShuttingDown);
         }
@@ -244,7 +244,7 @@ impl Pipeline {
             });
         };
         // Traces whose spans all came in this batch are analysed now, while in cache.
-        let runs = prepare_runs(&batch, &self.cp_options);
+        let runs = prepare_runs(&mut batch, &self.cp_options);
         if runs.is_empty() {
             if let Some(f) = &self.forward {
                 f.submit(&batch);

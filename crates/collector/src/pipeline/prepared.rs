@@ -11,7 +11,7 @@
 //! the KPIs, critical paths and stored traces are the same as when every trace is analysed at
 //! completion.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -121,38 +121,34 @@ impl Prepared for PreparedTrace {
     }
 }
 
-/// The analysis of every trace of `batch` whose spans all lie in one run of consecutive spans
-/// holding a request span, from one resource; nothing for a batch without span ranges (JSON).
+/// The analysis of every trace of `batch` whose spans are all in the batch (at least as far as
+/// it can tell), from one resource, with a request span; nothing for a batch without span
+/// ranges (JSON). When the spans of traces are interleaved (an SDK's batch processor exports
+/// spans as they end, so concurrent requests mix), the batch's spans are first regrouped by
+/// trace, keeping their order within each trace, so that each trace is one run.
 pub fn prepare_runs(
-    batch: &IngestBatch,
+    batch: &mut IngestBatch,
     opts: &CriticalPathOptions,
 ) -> Vec<PreparedRun<PreparedTrace>> {
-    let spans = &batch.spans;
-    let Some(body) = &batch.raw_protobuf else {
+    if batch.raw_protobuf.is_none()
+        || batch.span_ranges.len() != batch.spans.len()
+        || batch.spans.is_empty()
+    {
+        return Vec::new();
+    }
+    let mut runs = trace_runs(&batch.spans);
+    if has_repeated_trace(&batch.spans, &runs) {
+        group_by_trace(batch);
+        runs = trace_runs(&batch.spans);
+    }
+    let (spans, Some(body)) = (&batch.spans, &batch.raw_protobuf) else {
         return Vec::new();
     };
-    if batch.span_ranges.len() != spans.len() || spans.is_empty() {
-        return Vec::new();
-    }
-    let runs = trace_runs(spans);
-    // A trace whose spans are in two runs of the batch is assembled from its spans.
-    let mut seen: HashSet<TraceId, RandomState> =
-        HashSet::with_capacity_and_hasher(runs.len(), RandomState::default());
-    let mut repeated: HashSet<TraceId, RandomState> = HashSet::default();
-    for r in &runs {
-        let id = spans[r.start].trace_id;
-        if !seen.insert(id) {
-            repeated.insert(id);
-        }
-    }
     let mut out = Vec::with_capacity(runs.len());
     for r in runs {
         let run = &spans[r.clone()];
         let service = &run[0].service;
-        if !repeated.is_empty() && repeated.contains(&run[0].trace_id)
-            || !run.iter().all(|s| s.service == *service)
-            || !run.iter().any(is_request_span)
-        {
+        if !run.iter().all(|s| s.service == *service) || !run.iter().any(is_request_span) {
             continue;
         }
         let analysed = analyse_spans(run, opts);
@@ -173,6 +169,56 @@ pub fn prepare_runs(
     out
 }
 
+/// Whether a trace id starts more than one of `runs`.
+fn has_repeated_trace(spans: &[Span], runs: &[std::ops::Range<usize>]) -> bool {
+    if runs.len() < 2 {
+        return false;
+    }
+    let mut seen: HashSet<TraceId, RandomState> =
+        HashSet::with_capacity_and_hasher(runs.len(), RandomState::default());
+    runs.iter().any(|r| !seen.insert(spans[r.start].trace_id))
+}
+
+/// Reorders `batch`'s spans (and their ranges) so that each trace's spans are consecutive:
+/// traces in the order of their first span, spans in their order within each trace.
+fn group_by_trace(batch: &mut IngestBatch) {
+    let n = batch.spans.len();
+    let mut group_of: HashMap<TraceId, usize, RandomState> =
+        HashMap::with_capacity_and_hasher(n / 2, RandomState::default());
+    let mut groups: Vec<usize> = Vec::with_capacity(n);
+    let mut sizes: Vec<usize> = Vec::new();
+    for s in &batch.spans {
+        let next = sizes.len();
+        let g = *group_of.entry(s.trace_id).or_insert(next);
+        if g == next {
+            sizes.push(0);
+        }
+        sizes[g] += 1;
+        groups.push(g);
+    }
+    // Counting sort: each group's first position, then every span to the next free one.
+    let mut next_at: Vec<usize> = Vec::with_capacity(sizes.len());
+    let mut at = 0;
+    for size in sizes {
+        next_at.push(at);
+        at += size;
+    }
+    let mut position = Vec::with_capacity(n);
+    for g in groups {
+        position.push(next_at[g]);
+        next_at[g] += 1;
+    }
+    let mut spans: Vec<Option<Span>> = (0..n).map(|_| None).collect();
+    let mut ranges = vec![SpanRange { offset: 0, len: 0 }; n];
+    let old = std::mem::take(&mut batch.spans).into_iter();
+    for ((span, range), &p) in old.zip(&batch.span_ranges).zip(&position) {
+        spans[p] = Some(span);
+        ranges[p] = *range;
+    }
+    batch.spans = spans.into_iter().flatten().collect();
+    batch.span_ranges = ranges;
+}
+
 /// The maximal runs of consecutive spans with the same trace id.
 fn trace_runs(spans: &[Span]) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::with_capacity(spans.len() / 4 + 1);
@@ -184,4 +230,61 @@ fn trace_runs(spans: &[Span]) -> Vec<std::ops::Range<usize>> {
         }
     }
     runs
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use infertrace_analysis::trace::{SpanId, SpanKind, StatusCode};
+
+    use super::*;
+
+    fn span(trace: u8, n: u8) -> Span {
+        Span {
+            trace_id: TraceId([trace; 16]),
+            span_id: SpanId([n; 8]),
+            parent_span_id: None,
+            name: format!("s{trace}-{n}").into(),
+            service: Arc::from("svc"),
+            kind: SpanKind::Internal,
+            start_unix_nano: 1,
+            end_unix_nano: 2,
+            status: StatusCode::Unset,
+            attributes: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn interleaved_traces_are_regrouped_in_order() {
+        let order = [(1, 1), (2, 1), (1, 2), (3, 1), (2, 2), (1, 3)];
+        let spans: Vec<Span> = order.iter().map(|&(t, n)| span(t, n)).collect();
+        let mut batch = IngestBatch {
+            span_ranges: (0..6u32)
+                .map(|i| SpanRange {
+                    offset: i * 10,
+                    len: i,
+                })
+                .collect(),
+            spans,
+            ..Default::default()
+        };
+        assert!(has_repeated_trace(&batch.spans, &trace_runs(&batch.spans)));
+        group_by_trace(&mut batch);
+        let got: Vec<(u8, u8)> = batch
+            .spans
+            .iter()
+            .map(|s| (s.trace_id.0[0], s.span_id.0[0]))
+            .collect();
+        assert_eq!(got, [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (3, 1)]);
+        let offsets: Vec<u32> = batch.span_ranges.iter().map(|r| r.offset).collect();
+        assert_eq!(
+            offsets,
+            [0, 20, 50, 10, 40, 30],
+            "ranges move with their spans"
+        );
+        assert_eq!(trace_runs(&batch.spans), [0..3, 3..5, 5..6]);
+        assert!(!has_repeated_trace(&batch.spans, &trace_runs(&batch.spans)));
+    }
 }
