@@ -95,11 +95,20 @@ pub fn detect(span: &Span) -> Option<Dialect> {
 
 /// Every request record in one trace's spans (order: request spans in slice order).
 pub fn extract_requests(spans: &[Span]) -> Vec<RequestRecord> {
+    extract_requests_detected(spans).0
+}
+
+/// [`extract_requests`], and whether [`detect`] finds a request span among `spans` (what a
+/// collector needs to know to complete the trace after its grace period), in the same pass.
+pub fn extract_requests_detected(spans: &[Span]) -> (Vec<RequestRecord>, bool) {
     let trace = TraceView::new(spans);
     let mut specific: Vec<(usize, Dialect)> = Vec::new();
     let mut generic: Vec<usize> = Vec::new();
+    let mut detected_any = false;
     for (i, span) in spans.iter().enumerate() {
-        match trace.classify(span) {
+        let (class, detected) = trace.classify_detected(span);
+        detected_any |= detected;
+        match class {
             Some(Dialect::Generic) => generic.push(i),
             Some(d) => specific.push((i, d)),
             None => {}
@@ -130,7 +139,8 @@ pub fn extract_requests(spans: &[Span]) -> Vec<RequestRecord> {
     let mut all: Vec<(usize, Dialect)> = specific;
     all.extend(generic.into_iter().map(|g| (g, Dialect::Generic)));
     all.sort_by_key(|&(i, _)| i);
-    all.into_iter()
+    let records = all
+        .into_iter()
         .map(|(i, d)| {
             let span = &spans[i];
             match d {
@@ -140,7 +150,8 @@ pub fn extract_requests(spans: &[Span]) -> Vec<RequestRecord> {
                 Dialect::Generic => base_record(span, Dialect::Generic, &trace),
             }
         })
-        .collect()
+        .collect();
+    (records, detected_any)
 }
 
 /// One trace's spans with the lookups the dialects need. Small traces are scanned linearly
@@ -216,9 +227,15 @@ impl<'a> TraceView<'a> {
             .filter(move |s| s.span_id != span.span_id && view.is_ancestor(span, s))
     }
 
-    /// [`detect`] extended with what the whole trace tells.
-    fn classify(&self, span: &'a Span) -> Option<Dialect> {
+    /// [`detect`] extended with what the whole trace tells, and whether [`detect`] alone
+    /// recognised the span.
+    fn classify_detected(&self, span: &'a Span) -> (Option<Dialect>, bool) {
         let detected = detect(span);
+        (self.classify_with(span, detected), detected.is_some())
+    }
+
+    /// The dialect of `span`, whose [`detect`] result is `detected`.
+    fn classify_with(&self, span: &'a Span, detected: Option<Dialect>) -> Option<Dialect> {
         if matches!(detected, Some(d) if d != Dialect::Generic) {
             return detected;
         }
@@ -421,6 +438,26 @@ mod tests {
             attributes: Vec::new(),
             links: Vec::new(),
         }
+    }
+
+    #[test]
+    fn extraction_says_whether_the_detector_found_a_request_span() {
+        // Nothing recognisable.
+        assert_eq!(extract_requests_detected(&[span(1, None)]), (Vec::new(), false));
+        // A server span: detected (generic).
+        let mut server = span(1, None);
+        server.kind = SpanKind::Server;
+        let (records, detected) = extract_requests_detected(std::slice::from_ref(&server));
+        assert_eq!((records.len(), detected), (1, true));
+        // A TGI request known only by its children: a record, but not detected on its own.
+        let mut request = span(1, None);
+        request.name = "generate".into();
+        let mut queued = span(2, Some(1));
+        queued.name = sc::span::TGI_QUEUED.into();
+        let spans = [request, queued];
+        let (records, detected) = extract_requests_detected(&spans);
+        assert_eq!((records.len(), detected), (1, false));
+        assert_eq!(records, extract_requests(&spans));
     }
 
     #[test]

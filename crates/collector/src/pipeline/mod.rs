@@ -466,7 +466,15 @@ impl Pipeline {
 
 /// The request records of a trace's spans, each with its critical path.
 fn analyse_spans(spans: &[Span], opts: &CriticalPathOptions) -> Analysed {
-    let records = dialect::extract_requests(spans);
+    analysed_with_paths(spans, dialect::extract_requests(spans), opts)
+}
+
+/// `records` of `spans`, each with its critical path.
+fn analysed_with_paths(
+    spans: &[Span],
+    records: Vec<infertrace_analysis::record::RequestRecord>,
+    opts: &CriticalPathOptions,
+) -> Analysed {
     let paths = records
         .iter()
         .map(|r| critical_path(spans, r.span_id, opts))

@@ -20,10 +20,11 @@ use infertrace_analysis::critical_path::{Adjustment, CriticalPath, CriticalPathO
 use infertrace_analysis::record::RequestRecord;
 use infertrace_analysis::trace::{Span, TraceId};
 
-use super::{analyse_spans, is_request_span};
+use super::analysed_with_paths;
 use crate::assembler::{Prepared, PreparedRun};
 use crate::ingest::IngestBatch;
 use crate::otlp_decode::{SpanRange, decode_spans_at};
+use infertrace_analysis::dialect;
 
 /// A trace's analysis: its request records (in the order `dialect::extract_requests` gives
 /// them) and the critical path below each request span, when one could be computed.
@@ -148,10 +149,16 @@ pub fn prepare_runs(
     for r in runs {
         let run = &spans[r.clone()];
         let service = &run[0].service;
-        if !run.iter().all(|s| s.service == *service) || !run.iter().any(is_request_span) {
+        if !run.iter().all(|s| s.service == *service) {
             continue;
         }
-        let analysed = analyse_spans(run, opts);
+        // Only a trace with a request span (as the assembler's detector sees it) completes
+        // after its grace period; the others are left to the assembler's idle rules.
+        let (records, has_request) = dialect::extract_requests_detected(run);
+        if !has_request {
+            continue;
+        }
+        let analysed = analysed_with_paths(run, records, opts);
         out.push(PreparedRun {
             trace_id: run[0].trace_id,
             start: r.start,
