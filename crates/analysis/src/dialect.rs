@@ -443,7 +443,10 @@ mod tests {
     #[test]
     fn extraction_says_whether_the_detector_found_a_request_span() {
         // Nothing recognisable.
-        assert_eq!(extract_requests_detected(&[span(1, None)]), (Vec::new(), false));
+        assert_eq!(
+            extract_requests_detected(&[span(1, None)]),
+            (Vec::new(), false)
+        );
         // A server span: detected (generic).
         let mut server = span(1, None);
         server.kind = SpanKind::Server;

@@ -219,6 +219,12 @@ impl Interner {
         std::mem::take(&mut self.fresh_bytes)
     }
 
+    /// Gives back bytes taken with [`take_fresh_bytes`](Self::take_fresh_bytes) that belong
+    /// to the caller of the next take (a decode in between is charged elsewhere).
+    pub fn restore_fresh_bytes(&mut self, bytes: usize) {
+        self.fresh_bytes += bytes;
+    }
+
     /// Distinct strings held.
     pub fn len(&self) -> usize {
         self.table.len()

@@ -168,10 +168,11 @@ impl TraceIndex {
     /// The prepared traces below `seq` have left the queue; `completed` of them (the others had
     /// become span traces) completed at `now`.
     pub(crate) fn prepared_completed_below(&mut self, seq: u64, completed: bool, now: Instant) {
-        self.completed_seq = seq;
+        // Counted first: a generation this completion starts is the one it completed in.
         if completed {
             self.count_completion(now);
         }
+        self.completed_seq = seq;
     }
 
     fn count_completion(&mut self, now: Instant) {

@@ -16,7 +16,7 @@
 //!
 //! **Late spans.** The ids of recently completed traces are remembered (for the idle timeout to
 //! twice it, but at most 2 × `max_traces_in_flight` of them, which at high completion rates
-//! shortens the time; see [`completed`]). A span of such a trace is *late*: it is counted
+//! shortens the time; the `index` module keeps them). A span of such a trace is *late*: it is counted
 //! (`late_spans_total`) and handed back by [`TraceAssembler::poll`] in [`Ready::late`], so the
 //! pipeline can merge it where that is honest: into the stored trace behind
 //! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (the
@@ -29,13 +29,17 @@
 //! ([`TraceAssembler::insert_prepared`]): the trace then holds a compact analysis instead of its
 //! spans, and completes by the same rules. If more spans of it arrive before it completes, the
 //! assembler takes the spans back ([`Prepared::into_spans`]) and the trace continues as an
-//! ordinary one, analysed again at completion with every span.
+//! ordinary one, analysed again at completion with every span. Only a trace id the assembler
+//! does not know is taken as prepared. Prepared traces wait in a queue in arrival order, which
+//! is their completion order (one grace period after arrival; arrival instants are kept
+//! non-decreasing in the queue), and the trace index knows them completed by sequence number,
+//! so completing one touches no table.
 //!
 //! [`MemoryLimiter`]: crate::limiter::MemoryLimiter
 
-use std::any::Any;
 mod index;
 
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 
 // Trace ids are random by specification; foldhash is several times cheaper than SipHash on
@@ -90,6 +94,9 @@ impl Holds {
 pub trait Prepared: Send + 'static {
     /// How many spans it stands for.
     fn span_count(&self) -> usize;
+    /// The memory its spans take once decoded again (what a caller must reserve before more
+    /// spans of the trace make the assembler take them back).
+    fn span_bytes(&self) -> usize;
     /// The spans again.
     fn into_spans(self) -> Vec<Span>;
 }
@@ -100,6 +107,9 @@ pub enum Unprepared {}
 
 impl Prepared for Unprepared {
     fn span_count(&self) -> usize {
+        match *self {}
+    }
+    fn span_bytes(&self) -> usize {
         match *self {}
     }
     fn into_spans(self) -> Vec<Span> {
@@ -453,6 +463,25 @@ impl<P: Prepared> TraceAssembler<P> {
             .set(self.traces_in_flight() as i64);
     }
 
+    /// Prepared traces in flight.
+    pub fn prepared_in_flight(&self) -> usize {
+        self.prepared_live
+    }
+
+    /// The memory the spans of `id` would take back if `id` is a prepared trace in flight
+    /// ([`Prepared::span_bytes`]; pushing a span of it makes the assembler take them back),
+    /// else 0.
+    pub fn prepared_span_bytes(&self, id: &TraceId) -> usize {
+        let Some(Known::Prepared(seq)) = self.index.get(id) else {
+            return 0;
+        };
+        seq.checked_sub(self.prepared_base)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.prepared.get(i))
+            .and_then(|slot| slot.held.as_ref())
+            .map_or(0, |(p, _)| p.span_bytes())
+    }
+
     /// Whether [`insert_prepared`](Self::insert_prepared) would take a run of `len` spans of
     /// trace `id`, after taking `before` other runs (of other traces) first.
     pub fn would_take(&self, id: &TraceId, len: usize, before: usize) -> bool {
@@ -462,13 +491,11 @@ impl<P: Prepared> TraceAssembler<P> {
         {
             return false;
         }
-        // In flight: the caller pushes the spans to it. Completed with its request counted:
-        // the spans are late (the caller pushes them as such). New, or closed without a
-        // request span: this run's request starts a new trace.
-        matches!(
-            self.index.get(id),
-            None | Some(Known::Completed { had_request: false })
-        )
+        // Only a new trace. In flight: the caller pushes the spans to it. Completed with its
+        // request counted: the spans are late. Closed without a request span: the spans before
+        // the request span are late and the request starts a new trace, which the span path
+        // sorts out span by span.
+        self.index.get(id).is_none()
     }
 
     /// Starts a trace holding `prepared` (standing for `len` spans, one a request span) when
@@ -487,9 +514,12 @@ impl<P: Prepared> TraceAssembler<P> {
         }
         let seq = self.prepared_base + self.prepared.len() as u64;
         self.index.set_prepared(&id, seq);
+        // Receiver threads take their instant before analysing a batch, so one may insert a
+        // little after another with a later instant: the queue stays in due order.
+        let at = self.prepared.back().map_or(now, |last| now.max(last.at));
         self.prepared.push_back(PreparedSlot {
             id,
-            at: now,
+            at,
             held: Some((prepared, hold.clone())),
         });
         self.prepared_live += 1;
@@ -684,7 +714,7 @@ impl<P: Prepared> TraceAssembler<P> {
         })
     }
 
-    /// Forgets completed ids older than the idle timeout (see [`CompletedIds`]).
+    /// Forgets completed ids older than the idle timeout (see [`TraceIndex`]).
     fn forget_completed(&mut self, now: Instant) {
         self.index.rotate(now);
     }
@@ -973,6 +1003,9 @@ mod tests {
         fn span_count(&self) -> usize {
             self.0.len()
         }
+        fn span_bytes(&self) -> usize {
+            100 * self.0.len()
+        }
         fn into_spans(self) -> Vec<Span> {
             self.0
         }
@@ -1074,13 +1107,15 @@ mod tests {
         assert!(back.is_empty());
         assert_eq!(events.late_spans.get(), 1);
         assert_eq!(a.poll(t0 + secs(3.1)).late.len(), 1);
-        // Closed without a request (idle): the run's request starts a new, prepared trace.
+        // Closed without a request (idle): pushed as spans, as the span path decides span by
+        // span which are late and where the new trace starts.
         a.push(vec![span(2, 1, "engine")], None, t0);
         assert_eq!(a.poll(t0 + secs(31.0)).completed.len(), 1);
         let back = push_run(&mut a, vec![span(2, 2, "request")], 0, 1, t0 + secs(32.0));
-        assert_eq!(back.len(), 1);
+        assert!(back.is_empty());
         let done = a.poll(t0 + secs(34.0)).completed;
-        assert!(done[0].prepared.is_some());
+        assert!(done[0].prepared.is_none());
+        assert!(done[0].has_request);
     }
 
     #[test]

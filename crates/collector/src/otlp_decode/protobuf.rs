@@ -76,30 +76,46 @@ pub fn decode_spans_at(
     service: &Arc<str>,
 ) -> Result<Vec<Span>, DecodeError> {
     with_interner(|interner| {
-        let mut decoder = RequestDecoder {
-            out: Decoded {
-                spans: Vec::with_capacity(ranges.len()),
-                ..Decoded::default()
-            },
-            attributes: Vec::new(),
-            links: Vec::new(),
-            last_service: None,
-            interner,
-            body_start: body.as_ptr() as usize,
-            track: false,
-        };
-        for r in ranges {
-            let start = r.offset as usize;
-            let span = body
-                .get(start..start + r.len as usize)
-                .ok_or(DecodeError::Protobuf {
-                    offset: start,
-                    what: "span range outside the body",
-                })?;
-            decoder.span(span, service)?;
-        }
-        Ok(decoder.out.spans)
+        // Strings new to this thread's interner are not the next request's to reserve: the
+        // caller accounts for these spans.
+        let pending = interner.take_fresh_bytes();
+        let spans = decode_ranges(body, ranges, service, interner);
+        interner.take_fresh_bytes();
+        interner.restore_fresh_bytes(pending);
+        spans
     })
+}
+
+/// The spans at `ranges` of `body`, with `interner`.
+fn decode_ranges(
+    body: &[u8],
+    ranges: &[SpanRange],
+    service: &Arc<str>,
+    interner: &mut Interner,
+) -> Result<Vec<Span>, DecodeError> {
+    let mut decoder = RequestDecoder {
+        out: Decoded {
+            spans: Vec::with_capacity(ranges.len()),
+            ..Decoded::default()
+        },
+        attributes: Vec::new(),
+        links: Vec::new(),
+        last_service: None,
+        interner,
+        body_start: body.as_ptr() as usize,
+        track: false,
+    };
+    for r in ranges {
+        let start = r.offset as usize;
+        let span = body
+            .get(start..start + r.len as usize)
+            .ok_or(DecodeError::Protobuf {
+                offset: start,
+                what: "span range outside the body",
+            })?;
+        decoder.span(span, service)?;
+    }
+    Ok(decoder.out.spans)
 }
 
 /// Counts the spans of a protobuf `ExportTraceServiceRequest` without decoding them (to count

@@ -1,19 +1,22 @@
 //! [`Pipeline`]: takes decoded batches from the receivers, assembles traces and analyses each
 //! completed one.
 //!
-//! **Ingest** (receiver threads): reserve memory for the batch from the [`MemoryLimiter`]
-//! (refusing with [`IngestError::Overloaded`] when it does not fit), then **analyse on arrival**
-//! every trace whose spans all came in this batch (one run of consecutive spans holding a request
-//! span, from one resource — how the layer, vLLM and most SDK exporters send them): dialect
-//! extraction and the critical path of each request run here, while the decoded spans are in
-//! cache ([`prepared`]). Under the assembler's lock each such trace that is new becomes a
-//! *prepared* trace holding that compact analysis and the ranges of its spans in the request
-//! body (kept by reference count) instead of the spans, which are dropped at once; the batch's
-//! reservation is adjusted to what it then holds (body, analyses) before anything is inserted or
-//! forwarded. The other spans are pushed into the [`TraceAssembler`] as spans. A mutex was
-//! chosen over a channel to the assembler: it answers "overloaded" synchronously with the real
-//! state and needs no second queue bound; the lock is held for table inserts only (measured
-//! with `cargo bench -p infertrace-collector --bench pipeline`: ~40 ns a span for the inserts).
+//! **Ingest** (receiver threads): reserve memory for the batch's spans from the
+//! [`MemoryLimiter`] (refusing with [`IngestError::Overloaded`] when it does not fit), then
+//! **analyse on arrival** every trace whose spans are all in this batch (with a request span,
+//! from one resource — how the layer, vLLM and most SDK exporters send them; spans of traces
+//! interleaved in the batch are regrouped by trace first): dialect extraction and the critical
+//! path of each request run here, while the decoded spans are in cache ([`prepared`]). Under the
+//! assembler's lock, each such trace that is new becomes a *prepared* trace holding that compact
+//! analysis and the ranges of its spans in the request body (kept by reference count) instead of
+//! the spans, which are dropped at once; and the reservation is resized to what the batch will
+//! hold — analyses and body, plus the spans of any prepared trace that this batch's spans turn
+//! back into a span trace — before anything is inserted or forwarded (when the analyses do not
+//! fit but the spans do, the batch is held as spans). The other spans are pushed into the
+//! [`TraceAssembler`] as spans. A mutex was chosen over a channel to the assembler: it answers
+//! "overloaded" synchronously with the real state and needs no second queue bound. The lock is
+//! held for table work (measured with `cargo bench -p infertrace-collector --bench pipeline`:
+//! ~40 ns a span) and, rarely, to decode a prepared trace's spans again when more of it arrives.
 //!
 //! **Tick** (one task, every `assembly.tick`): poll the assembler in rounds of at most
 //! [`POLL_ROUND`] traces, then, outside its lock, for each completed trace: its request records
@@ -58,12 +61,22 @@ use crate::config::CollectorConfig;
 use crate::forward::ForwardHandle;
 use crate::ingest::{Ingest, IngestBatch, IngestError};
 use crate::internal_events::InternalEvents;
-use crate::limiter::{MemoryLimiter, span_footprint};
+use crate::limiter::{MemoryLimiter, MemoryReservation, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
 use prepared::{Analysed, PreparedTrace, prepare_runs};
 
 pub use recent::{RecentTraces, StoredRequest, StoredTrace};
+
+/// Grows or shrinks `reservation`, now of `current` bytes, to `wanted`; `false` (unchanged)
+/// when growing does not fit the limit.
+fn resize(reservation: &mut MemoryReservation, current: usize, wanted: usize) -> bool {
+    if wanted > current {
+        return reservation.try_grow(wanted - current);
+    }
+    reservation.shrink(current - wanted);
+    true
+}
 
 /// Traces closed and analysed per round of a tick.
 pub const POLL_ROUND: usize = 4096;
@@ -236,58 +249,67 @@ impl Pipeline {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(IngestError::ShuttingDown);
         }
-        let footprints: Vec<usize> = batch.spans.iter().map(span_footprint).collect();
-        let bytes = footprints.iter().sum::<usize>() + batch.text_bytes;
+        let bytes = batch.spans.iter().map(span_footprint).sum::<usize>() + batch.text_bytes;
         let Some(mut reservation) = self.limiter.try_reserve(bytes) else {
             return Err(IngestError::Overloaded {
                 retry_after_secs: RETRY_AFTER_SECS,
             });
         };
         // Traces whose spans all came in this batch are analysed now, while in cache.
-        let runs = prepare_runs(&mut batch, &self.cp_options);
-        if runs.is_empty() {
-            if let Some(f) = &self.forward {
-                f.submit(&batch);
-            }
-            lock(&self.assembler).push(batch.spans, Some(Arc::new(reservation)), now);
-            return Ok(());
-        }
+        let mut runs = prepare_runs(&mut batch, &self.cp_options);
         let mut assembler = lock(&self.assembler);
-        // What the batch will hold: a prepared trace holds its analysis instead of its spans,
-        // and the request body (which it decodes again from if needed) while any does.
-        let mut held = bytes;
+        // Spans of a trace held as prepared turn it back into spans: reserve those too.
+        let mut taken_back = 0;
+        if assembler.prepared_in_flight() > 0 {
+            let spans = &batch.spans;
+            for (i, s) in spans.iter().enumerate() {
+                if i == 0 || spans[i - 1].trace_id != s.trace_id {
+                    taken_back += assembler.prepared_span_bytes(&s.trace_id);
+                }
+            }
+        }
+        // What the batch holds when its new traces are prepared: their analyses instead of
+        // their spans, and the request body (they decode from it again if needed).
+        let mut with_prepared = bytes + taken_back;
         let mut taken_runs = 0;
         for run in &runs {
             if assembler.would_take(&run.trace_id, run.len, taken_runs) {
                 taken_runs += 1;
-                let spans_bytes: usize = footprints[run.start..run.start + run.len].iter().sum();
-                held = held - spans_bytes + run.prepared.footprint();
+                let spans = &batch.spans[run.start..run.start + run.len];
+                let spans_bytes: usize = spans.iter().map(span_footprint).sum();
+                with_prepared = with_prepared - spans_bytes + run.prepared.footprint();
             }
         }
-        if taken_runs > 0 {
-            held += batch.raw_protobuf.as_ref().map_or(0, |b| b.len());
+        with_prepared += batch.raw_protobuf.as_ref().map_or(0, |b| b.len());
+        let prepared = taken_runs > 0 && resize(&mut reservation, bytes, with_prepared);
+        if !prepared {
+            // Held as spans (when the analyses do not fit, the spans may still).
+            runs.clear();
+            if !resize(&mut reservation, bytes, bytes + taken_back) {
+                return Err(IngestError::Overloaded {
+                    retry_after_secs: RETRY_AFTER_SECS,
+                });
+            }
         }
-        if held > bytes && !reservation.try_grow(held - bytes) {
-            return Err(IngestError::Overloaded {
-                retry_after_secs: RETRY_AFTER_SECS,
-            });
-        }
-        reservation.shrink(bytes.saturating_sub(held));
         let hold: MemoryHold = Arc::new(reservation);
         let mut taken = vec![false; batch.spans.len()];
-        assembler.insert_prepared(runs, &mut taken, &hold, now);
+        if prepared {
+            assembler.insert_prepared(runs, &mut taken, &hold, now);
+        }
         drop(assembler);
         if let Some(f) = &self.forward {
             f.submit(&batch);
         }
         let mut spans = batch.spans;
-        // The spans of the traces taken as prepared are dropped here, outside the lock, in
-        // place; the others are pushed as spans.
-        let mut i = 0;
-        spans.retain(|_| {
-            i += 1;
-            !taken[i - 1]
-        });
+        if prepared {
+            // The spans of the traces taken as prepared are dropped here, outside the lock, in
+            // place; the others are pushed as spans.
+            let mut i = 0;
+            spans.retain(|_| {
+                i += 1;
+                !taken[i - 1]
+            });
+        }
         if !spans.is_empty() {
             lock(&self.assembler).push(spans, Some(hold), now);
         }
@@ -357,7 +379,9 @@ impl Pipeline {
             } = trace;
             let (analysed, source) = match prepared {
                 Some(p) => {
-                    let PreparedTrace { analysed, source } = *p;
+                    let PreparedTrace {
+                        analysed, source, ..
+                    } = *p;
                     (analysed, Some(source))
                 }
                 None => (analyse_spans(&spans, &self.cp_options), None),

@@ -17,12 +17,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use foldhash::fast::RandomState;
 use infertrace_analysis::critical_path::{Adjustment, CriticalPath, CriticalPathOptions, Segment};
-use infertrace_analysis::record::RequestRecord;
+use infertrace_analysis::record::{GpuRecord, RequestRecord};
 use infertrace_analysis::trace::{Span, TraceId};
 
 use super::analysed_with_paths;
 use crate::assembler::{Prepared, PreparedRun};
 use crate::ingest::IngestBatch;
+use crate::limiter::span_footprint;
 use crate::otlp_decode::{SpanRange, decode_spans_at};
 use infertrace_analysis::dialect;
 
@@ -43,6 +44,8 @@ pub struct PreparedTrace {
     pub analysed: Analysed,
     /// Where its spans can be decoded again.
     pub source: SpanSource,
+    /// The memory limiter's estimate of its spans, decoded ([`span_footprint`] each).
+    pub span_bytes: usize,
 }
 
 /// Where a prepared trace's spans lie: ranges of a protobuf request body, all of one resource.
@@ -98,9 +101,12 @@ impl PreparedTrace {
                     + vec(p.adjustments.capacity(), size_of::<Adjustment>())
             })
             .sum();
+        let gpu = a.records.iter().filter(|r| r.gpu.is_some()).count()
+            * (size_of::<GpuRecord>() + ALLOCATION_OVERHEAD);
         size_of::<Self>()
             + ALLOCATION_OVERHEAD
             + vec(a.records.capacity(), size_of::<RequestRecord>())
+            + gpu
             + vec(a.paths.capacity(), size_of::<Option<CriticalPath>>())
             + paths
             + vec(self.source.ranges.capacity(), size_of::<SpanRange>())
@@ -115,6 +121,10 @@ const QUEUE_AND_INDEX_BYTES: usize = 64 + 24;
 impl Prepared for PreparedTrace {
     fn span_count(&self) -> usize {
         self.source.ranges.len()
+    }
+
+    fn span_bytes(&self) -> usize {
+        self.span_bytes
     }
 
     fn into_spans(self) -> Vec<Span> {
@@ -170,6 +180,7 @@ pub fn prepare_runs(
                     service: service.clone(),
                     ranges: batch.span_ranges[r].to_vec(),
                 },
+                span_bytes: run.iter().map(span_footprint).sum(),
             }),
         });
     }

@@ -616,18 +616,59 @@ fn a_prepared_batch_reserves_the_body_and_the_analyses_it_holds() {
     p.tick_at(t0 + Duration::from_secs(2), unix_nanos_now());
     assert_eq!(p.limiter().used(), 0, "released when the traces complete");
 
-    // A limit between the spans' estimate (reserved first) and what the batch would hold
-    // refuses it whole.
+    // A limit between the spans' estimate and what the prepared batch would hold: the batch
+    // is held as spans instead. Below the spans' estimate it is refused.
     assert!(held > span_estimate, "{held} vs {span_estimate}");
-    let p = Pipeline::new(
-        &CollectorConfig::default(),
-        InternalEvents::default(),
-        PromMetrics::default(),
-        MemoryLimiter::new(held - 1),
-        None,
-    );
+    let limited = |limit| {
+        Pipeline::new(
+            &CollectorConfig::default(),
+            InternalEvents::default(),
+            PromMetrics::default(),
+            MemoryLimiter::new(limit),
+            None,
+        )
+    };
+    let p = limited(held - 1);
+    p.ingest_at(proto_batch(&spans), t0).unwrap();
+    assert_eq!(p.traces_in_flight(), 5);
+    assert_eq!(p.limiter().used(), span_estimate + b.text_bytes);
+    let p = limited(span_estimate - 1);
     let refused = p.ingest_at(proto_batch(&spans), t0);
     assert!(matches!(refused, Err(IngestError::Overloaded { .. })));
+    assert_eq!(p.traces_in_flight(), 0);
+    assert_eq!(p.limiter().used(), 0);
+}
+
+#[test]
+fn interleaved_and_returning_traces_are_reserved_for_what_they_hold() {
+    let opts = CollectorConfig::default().critical_path_options();
+    // Four traces, their spans alternating, as an SDK batch processor sends them.
+    let traces: Vec<Vec<Span>> = (1..=4u8)
+        .map(|t| request_trace(t, "m", 5, 30, 200 + u64::from(t), 9))
+        .collect();
+    let spans: Vec<Span> = (0..4)
+        .flat_map(|k| traces.iter().map(move |t| t[k].clone()))
+        .collect();
+    let mut b = proto_batch(&spans);
+    let runs = prepare_runs(&mut b, &opts);
+    assert_eq!(runs.len(), 4, "regrouped and prepared");
+    let body = b.raw_protobuf.as_ref().map_or(0, |b| b.len());
+    let analyses: usize = runs.iter().map(|r| r.prepared.footprint()).sum();
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    p.ingest_at(proto_batch(&spans), t0).unwrap();
+    assert_eq!(p.limiter().used(), body + analyses + b.text_bytes);
+
+    // One more span of trace 1 a second later: the trace takes its spans back, reserved with
+    // the new batch.
+    let before = p.limiter().used();
+    let child = lone_span(1, 7, Some(traces[0][3].span_id));
+    let extra = span_footprint(&child);
+    let trace_1: usize = traces[0].iter().map(span_footprint).sum();
+    p.ingest_at(batch(vec![child]), t0 + Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(p.limiter().used(), before + extra + trace_1);
+    p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
     assert_eq!(p.traces_in_flight(), 0);
     assert_eq!(p.limiter().used(), 0);
 }
