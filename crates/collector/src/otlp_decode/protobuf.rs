@@ -40,22 +40,9 @@ pub fn decode_protobuf(buf: &[u8]) -> Result<Decoded, DecodeError> {
 fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeError> {
     // Size the output for typical spans (~250 wire bytes) to skip most regrowth of a large
     // vector without a separate pass over the body.
-    let capacity = buf.len() / 256;
     // Ranges are u32: a body over 4 GiB (far above any sane size limit) gets none.
     let track = u32::try_from(buf.len()).is_ok();
-    let mut decoder = RequestDecoder {
-        out: Decoded {
-            spans: Vec::with_capacity(capacity),
-            span_ranges: Vec::with_capacity(if track { capacity } else { 0 }),
-            ..Decoded::default()
-        },
-        attributes: Vec::new(),
-        links: Vec::new(),
-        last_service: None,
-        interner,
-        body_start: buf.as_ptr() as usize,
-        track,
-    };
+    let mut decoder = RequestDecoder::new(buf, buf.len() / 256, track, interner);
     let mut r = Reader::new(buf);
     while let Some((field, wire)) = r.key()? {
         if field == 1 {
@@ -93,18 +80,7 @@ fn decode_ranges(
     service: &Arc<str>,
     interner: &mut Interner,
 ) -> Result<Vec<Span>, DecodeError> {
-    let mut decoder = RequestDecoder {
-        out: Decoded {
-            spans: Vec::with_capacity(ranges.len()),
-            ..Decoded::default()
-        },
-        attributes: Vec::new(),
-        links: Vec::new(),
-        last_service: None,
-        interner,
-        body_start: body.as_ptr() as usize,
-        track: false,
-    };
+    let mut decoder = RequestDecoder::new(body, ranges.len(), false, interner);
     for r in ranges {
         let start = r.offset as usize;
         let span = body
@@ -153,7 +129,25 @@ struct RequestDecoder<'a, 'i> {
     track: bool,
 }
 
-impl<'a> RequestDecoder<'a, '_> {
+impl<'a, 'i> RequestDecoder<'a, 'i> {
+    /// A decoder of spans of `body`, sized for `capacity` spans, recording their ranges when
+    /// `track`.
+    fn new(body: &[u8], capacity: usize, track: bool, interner: &'i mut Interner) -> Self {
+        Self {
+            out: Decoded {
+                spans: Vec::with_capacity(capacity),
+                span_ranges: Vec::with_capacity(if track { capacity } else { 0 }),
+                ..Decoded::default()
+            },
+            attributes: Vec::new(),
+            links: Vec::new(),
+            last_service: None,
+            interner,
+            body_start: body.as_ptr() as usize,
+            track,
+        }
+    }
+
     fn resource_spans(&mut self, buf: &'a [u8]) -> Result<(), DecodeError> {
         // Pass 1: the service name, from every `resource` occurrence (they merge).
         let mut service_name: Option<&'a [u8]> = None;
