@@ -458,14 +458,38 @@ fn proto_batch(spans: &[Span]) -> IngestBatch {
     }
 }
 
-/// `text` with every number rounded to 12 significant digits.
-fn numbers(text: &str) -> String {
-    let mut out = String::new();
+/// A piece of a text: literal text, or a decimal number compared with a relative tolerance.
+#[derive(Debug)]
+enum Piece {
+    Text(String),
+    Number(f64),
+}
+
+impl PartialEq for Piece {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Text(a), Self::Text(b)) => a == b,
+            (Self::Number(a), Self::Number(b)) => {
+                (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) || a == b
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `text` in pieces whose decimal numbers compare equal within 1e-9 relative: float sums that
+/// differ in their last bits (added in another order) are the same number.
+fn numbers(text: &str) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut literal = String::new();
     let mut token = String::new();
-    let flush = |token: &mut String, out: &mut String| {
+    let flush = |token: &mut String, literal: &mut String, out: &mut Vec<Piece>| {
         match token.parse::<f64>() {
-            Ok(v) if token.contains('.') => out.push_str(&format!("{v:.12e}")),
-            _ => out.push_str(token),
+            Ok(v) if token.contains('.') => {
+                out.push(Piece::Text(std::mem::take(literal)));
+                out.push(Piece::Number(v));
+            }
+            _ => literal.push_str(token),
         }
         token.clear();
     };
@@ -473,11 +497,12 @@ fn numbers(text: &str) -> String {
         if c.is_ascii_digit() || c == '.' || c == 'e' && !token.is_empty() || c == '-' {
             token.push(c);
         } else {
-            flush(&mut token, &mut out);
-            out.push(c);
+            flush(&mut token, &mut literal, &mut out);
+            literal.push(c);
         }
     }
-    flush(&mut token, &mut out);
+    flush(&mut token, &mut literal, &mut out);
+    out.push(Piece::Text(literal));
     out
 }
 
@@ -671,4 +696,99 @@ fn interleaved_and_returning_traces_are_reserved_for_what_they_hold() {
     p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
     assert_eq!(p.traces_in_flight(), 0);
     assert_eq!(p.limiter().used(), 0);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 48,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Whatever the batching — whole traces, interleaved traces, a trace's root or a phase in a
+    /// later batch, extra children, traces without a request span — analysing on arrival gives
+    /// what analysing every trace at completion gives.
+    #[test]
+    fn on_arrival_equals_at_completion_for_any_batching(
+        shapes in proptest::collection::vec(
+            (0u64..50, 1u64..100, 1u64..500, 1i64..40, 0u8..5, proptest::bool::ANY),
+            1..24,
+        ),
+        interleave in proptest::bool::ANY,
+    ) {
+        let config = CollectorConfig::default();
+        let (eager, eager_registry) = pipeline(&config);
+        let (plain, plain_registry) = pipeline(&config);
+        let mut batches: [Vec<Vec<Span>>; 3] = Default::default();
+        for (t, &(q, p, d, out, split, extra)) in shapes.iter().enumerate() {
+            let id = t as u8 + 1;
+            let model = ["a", "b", "c"][t % 3];
+            let mut spans = request_trace(id, model, q, p, d, out);
+            let root = spans[3].span_id;
+            if extra {
+                spans.push(lone_span(id, 7, Some(root)));
+            }
+            match split {
+                // The root, or the decode phase, a batch later; or no request span at all.
+                1 => batches[1].push(vec![spans.remove(3)]),
+                2 => batches[2].push(vec![spans.remove(2)]),
+                3 => {
+                    spans.remove(3);
+                }
+                _ => {}
+            }
+            batches[0].push(spans);
+        }
+        let t0 = Instant::now();
+        let unix = unix_nanos_now();
+        for (k, traces) in batches.iter().enumerate() {
+            let spans: Vec<Span> = if interleave && k == 0 {
+                let longest = traces.iter().map(Vec::len).max().unwrap_or(0);
+                (0..longest)
+                    .flat_map(|i| traces.iter().filter_map(move |t| t.get(i).cloned()))
+                    .collect()
+            } else {
+                traces.iter().flatten().cloned().collect()
+            };
+            if spans.is_empty() {
+                continue;
+            }
+            let at = t0 + Duration::from_millis(500 * k as u64);
+            eager.ingest_at(proto_batch(&spans), at).unwrap();
+            plain.ingest_at(batch(spans), at).unwrap();
+        }
+        for at in [1.0, 2.0, 2.5, 3.0, 31.5, 32.0] {
+            let at = t0 + Duration::from_secs_f64(at);
+            let (e, p) = (eager.tick_at(at, unix), plain.tick_at(at, unix));
+            proptest::prop_assert_eq!(e.requests, p.requests);
+        }
+        proptest::prop_assert_eq!(eager.traces_in_flight(), 0);
+        proptest::prop_assert_eq!(eager.requests_recorded(), plain.requests_recorded());
+
+        let window = Duration::from_secs(60);
+        let kpis = |p: &Pipeline| {
+            let mut v = serde_json::to_value(p.kpis(window)).unwrap();
+            for s in v["series"].as_array_mut().unwrap() {
+                let s = s.as_object_mut().unwrap();
+                s.remove("throughput");
+                s["goodput"].as_object_mut().unwrap().remove("requests_per_second");
+            }
+            numbers(&v.to_string())
+        };
+        proptest::prop_assert_eq!(kpis(&eager), kpis(&plain));
+        let path = |p: &Pipeline| numbers(&format!("{:?}", p.critical_path(window)));
+        proptest::prop_assert_eq!(path(&eager), path(&plain));
+        let metrics = |r| {
+            let mut lines: Vec<String> = encode(r).lines().map(str::to_owned).collect();
+            lines.sort();
+            numbers(&lines.join("\n"))
+        };
+        proptest::prop_assert_eq!(metrics(&eager_registry), metrics(&plain_registry));
+        let stored = |p: &Pipeline| {
+            let mut all = Vec::new();
+            p.visit_recent_traces(&mut |t| all.push(format!("{t:?}")));
+            all.sort();
+            all
+        };
+        proptest::prop_assert_eq!(stored(&eager), stored(&plain));
+    }
 }
