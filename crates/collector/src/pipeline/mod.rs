@@ -258,12 +258,17 @@ impl Pipeline {
         // Traces whose spans all came in this batch are analysed now, while in cache.
         let mut runs = prepare_runs(&mut batch, &self.cp_options);
         let mut assembler = lock(&self.assembler);
-        // Spans of a trace held as prepared turn it back into spans: reserve those too.
+        // Spans of a trace held as prepared turn it back into spans: reserve those too. (The
+        // prepared runs' own traces are looked up by `would_take` below: skipped here.)
         let mut taken_back = 0;
         if assembler.prepared_in_flight() > 0 {
             let spans = &batch.spans;
+            let mut run_starts = runs.iter().map(|r| r.start).peekable();
             for (i, s) in spans.iter().enumerate() {
-                if i == 0 || spans[i - 1].trace_id != s.trace_id {
+                if i > 0 && spans[i - 1].trace_id == s.trace_id {
+                    continue;
+                }
+                if run_starts.next_if_eq(&i).is_none() {
                     taken_back += assembler.prepared_span_bytes(&s.trace_id);
                 }
             }
@@ -275,9 +280,7 @@ impl Pipeline {
         for run in &runs {
             if assembler.would_take(&run.trace_id, run.len, taken_runs) {
                 taken_runs += 1;
-                let spans = &batch.spans[run.start..run.start + run.len];
-                let spans_bytes: usize = spans.iter().map(span_footprint).sum();
-                with_prepared = with_prepared - spans_bytes + run.prepared.footprint();
+                with_prepared = with_prepared - run.prepared.span_bytes + run.prepared.footprint();
             }
         }
         with_prepared += batch.raw_protobuf.as_ref().map_or(0, |b| b.len());
