@@ -762,12 +762,16 @@ mod tests {
         s.name == "request"
     }
 
-    fn assembler(config: AssemblerConfig) -> (TraceAssembler, InternalEvents) {
+    fn new_assembler<P: Prepared>(config: AssemblerConfig) -> (TraceAssembler<P>, InternalEvents) {
         let events = InternalEvents::default();
         (
             TraceAssembler::new(config, events.clone(), is_request),
             events,
         )
+    }
+
+    fn assembler(config: AssemblerConfig) -> (TraceAssembler, InternalEvents) {
+        new_assembler(config)
     }
 
     fn secs(s: f64) -> Duration {
@@ -1012,11 +1016,7 @@ mod tests {
     }
 
     fn prepared(config: AssemblerConfig) -> (TraceAssembler<Kept>, InternalEvents) {
-        let events = InternalEvents::default();
-        (
-            TraceAssembler::new(config, events.clone(), is_request),
-            events,
-        )
+        new_assembler(config)
     }
 
     /// `spans` as the pipeline hands them over with one prepared run over `start..start +

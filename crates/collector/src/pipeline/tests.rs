@@ -506,6 +506,47 @@ fn numbers(text: &str) -> Vec<Piece> {
     out
 }
 
+/// What a pipeline reports over a minute, for comparing two pipelines fed the same traffic.
+#[derive(Debug, PartialEq)]
+struct Outputs {
+    /// `/api/kpis`, without the rates (they divide by each pipeline's own uptime).
+    kpis: Vec<Piece>,
+    critical_path: Vec<Piece>,
+    /// The Prometheus exposition, lines sorted (series are listed in hash order).
+    metrics: Vec<Piece>,
+    /// The recent traces, sorted (traces completing at the same tick may come in another order:
+    /// one regrouped from interleaved spans completes from its first span's position).
+    stored: Vec<String>,
+}
+
+/// `p`'s [`Outputs`], with `registry` its metrics. Numbers compare within 1e-9 relative: float
+/// sums may differ in their last bits (added in each pipeline's own hash order).
+fn outputs(p: &Pipeline, registry: &prometheus_client::registry::Registry) -> Outputs {
+    let window = Duration::from_secs(60);
+    let mut kpis = serde_json::to_value(p.kpis(window)).unwrap();
+    for s in kpis["series"].as_array_mut().unwrap() {
+        let s = s.as_object_mut().unwrap();
+        s.remove("throughput");
+        s["goodput"]
+            .as_object_mut()
+            .unwrap()
+            .remove("requests_per_second");
+    }
+    let mut lines: Vec<&str> = Vec::new();
+    let text = encode(registry);
+    lines.extend(text.lines());
+    lines.sort();
+    let mut stored = Vec::new();
+    p.visit_recent_traces(&mut |t| stored.push(format!("{t:?}")));
+    stored.sort();
+    Outputs {
+        kpis: numbers(&kpis.to_string()),
+        critical_path: numbers(&format!("{:?}", p.critical_path(window))),
+        metrics: numbers(&lines.join("\n")),
+        stored,
+    }
+}
+
 /// A span of trace `trace` outside any request (a database call, say).
 fn lone_span(trace: u8, n: u8, parent: Option<SpanId>) -> Span {
     let mut s = request_trace(trace, "m", 1, 1, 1, 2).remove(0);
@@ -567,49 +608,16 @@ fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
     assert_eq!(eager.requests_recorded(), 9);
     assert_eq!(eager.traces_in_flight(), 0);
 
-    let window = Duration::from_secs(60);
-    // Rates divide by each pipeline's own uptime: compared apart from them.
-    let kpis = |p: &Pipeline| {
-        let mut v = serde_json::to_value(p.kpis(window)).unwrap();
-        for s in v["series"].as_array_mut().unwrap() {
-            let s = s.as_object_mut().unwrap();
-            s.remove("throughput");
-            s["goodput"]
-                .as_object_mut()
-                .unwrap()
-                .remove("requests_per_second");
-        }
-        v
-    };
-    assert_eq!(kpis(&eager), kpis(&plain));
-    // Float sums may differ in their last bit (the windows add per hashed series, in each
-    // pipeline's own hash order), and the exposition lists series in that order.
-    let path = |p: &Pipeline| format!("{:?}", p.critical_path(window));
-    assert_eq!(numbers(&path(&eager)), numbers(&path(&plain)));
-    let metrics = |r| {
-        let mut lines: Vec<String> = encode(r).lines().map(str::to_owned).collect();
-        lines.sort();
-        lines.join("\n")
-    };
     assert_eq!(
-        numbers(&metrics(&eager_registry)),
-        numbers(&metrics(&plain_registry))
+        outputs(&eager, &eager_registry),
+        outputs(&plain, &plain_registry)
     );
-    // The same traces; those completing at the same tick may be in another order (a trace
-    // regrouped from interleaved spans completes from its first span's position).
-    let stored = |p: &Pipeline| {
-        let mut all = Vec::new();
-        p.visit_recent_traces(&mut |t| all.push(format!("{t:?}")));
-        all.sort();
-        all
-    };
-    let kept = stored(&eager);
+    let kept = outputs(&eager, &eager_registry).stored;
     assert_eq!(
         kept.len(),
         10,
         "every trace is in the ring, prepared ones decoded again"
     );
-    assert_eq!(kept, stored(&plain));
     let one = eager.trace(&TraceId([1; 16])).unwrap();
     assert_eq!(one.spans.len(), 5, "trace 1 with its late child");
 }
@@ -764,31 +772,9 @@ proptest::proptest! {
         proptest::prop_assert_eq!(eager.traces_in_flight(), 0);
         proptest::prop_assert_eq!(eager.requests_recorded(), plain.requests_recorded());
 
-        let window = Duration::from_secs(60);
-        let kpis = |p: &Pipeline| {
-            let mut v = serde_json::to_value(p.kpis(window)).unwrap();
-            for s in v["series"].as_array_mut().unwrap() {
-                let s = s.as_object_mut().unwrap();
-                s.remove("throughput");
-                s["goodput"].as_object_mut().unwrap().remove("requests_per_second");
-            }
-            numbers(&v.to_string())
-        };
-        proptest::prop_assert_eq!(kpis(&eager), kpis(&plain));
-        let path = |p: &Pipeline| numbers(&format!("{:?}", p.critical_path(window)));
-        proptest::prop_assert_eq!(path(&eager), path(&plain));
-        let metrics = |r| {
-            let mut lines: Vec<String> = encode(r).lines().map(str::to_owned).collect();
-            lines.sort();
-            numbers(&lines.join("\n"))
-        };
-        proptest::prop_assert_eq!(metrics(&eager_registry), metrics(&plain_registry));
-        let stored = |p: &Pipeline| {
-            let mut all = Vec::new();
-            p.visit_recent_traces(&mut |t| all.push(format!("{t:?}")));
-            all.sort();
-            all
-        };
-        proptest::prop_assert_eq!(stored(&eager), stored(&plain));
+        proptest::prop_assert_eq!(
+            outputs(&eager, &eager_registry),
+            outputs(&plain, &plain_registry)
+        );
     }
 }
