@@ -259,7 +259,7 @@ impl Pipeline {
         let mut runs = prepare_runs(&mut batch, &self.cp_options);
         let mut assembler = lock(&self.assembler);
         // Spans of a trace held as prepared turn it back into spans: reserve those too. (The
-        // prepared runs' own traces are looked up by `would_take` below: skipped here.)
+        // runs' own traces are looked up with `would_take` below.)
         let mut taken_back = 0;
         if assembler.prepared_in_flight() > 0 {
             let spans = &batch.spans;
@@ -281,6 +281,11 @@ impl Pipeline {
             if assembler.would_take(&run.trace_id, run.len, taken_runs) {
                 taken_runs += 1;
                 with_prepared = with_prepared - run.prepared.span_bytes + run.prepared.footprint();
+            } else {
+                // Pushed as spans: to a prepared trace, perhaps, which takes its spans back.
+                let back = assembler.prepared_span_bytes(&run.trace_id);
+                taken_back += back;
+                with_prepared += back;
             }
         }
         with_prepared += batch.raw_protobuf.as_ref().map_or(0, |b| b.len());

@@ -701,6 +701,17 @@ fn interleaved_and_returning_traces_are_reserved_for_what_they_hold() {
     p.ingest_at(batch(vec![child]), t0 + Duration::from_secs(1))
         .unwrap();
     assert_eq!(p.limiter().used(), before + extra + trace_1);
+
+    // A whole run of a prepared trace (another request span of trace 2, in a protobuf batch
+    // of its own): not prepared again, pushed as spans, and the trace's spans are reserved.
+    let before = p.limiter().used();
+    let mut again = traces[1][3].clone();
+    again.span_id = SpanId([2, 9, 0, 0, 0, 0, 0, 1]);
+    let extra = span_footprint(&again);
+    let trace_2: usize = traces[1].iter().map(span_footprint).sum();
+    p.ingest_at(proto_batch(&[again]), t0 + Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(p.limiter().used(), before + extra + trace_2);
     p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
     assert_eq!(p.traces_in_flight(), 0);
     assert_eq!(p.limiter().used(), 0);
