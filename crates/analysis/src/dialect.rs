@@ -43,6 +43,8 @@ use foldhash::{HashMap, HashMapExt};
 
 use infertrace_semconv as sc;
 
+use smallvec::SmallVec;
+
 use crate::record::{Dialect, GpuRecord, InterTokenStats, Outcome, PerPhase, RequestRecord};
 use crate::trace::{Span, SpanId, SpanKind, StatusCode};
 
@@ -95,15 +97,26 @@ pub fn detect(span: &Span) -> Option<Dialect> {
 
 /// Every request record in one trace's spans (order: request spans in slice order).
 pub fn extract_requests(spans: &[Span]) -> Vec<RequestRecord> {
-    extract_requests_detected(spans).0
+    extract_requests_detected::<Vec<_>>(spans).0
 }
 
 /// [`extract_requests`], and whether [`detect`] finds a request span among `spans` (what a
 /// collector needs to know to complete the trace after its grace period), in the same pass.
-pub fn extract_requests_detected(spans: &[Span]) -> (Vec<RequestRecord>, bool) {
+/// The records are collected into `C` (a collector holding one trace's records for seconds
+/// keeps them inline rather than in a vector of their own).
+pub fn extract_requests_detected<C: Default + Extend<RequestRecord>>(spans: &[Span]) -> (C, bool) {
+    let mut records = C::default();
+    let detected = extract_requests_into(spans, &mut records);
+    (records, detected)
+}
+
+/// [`extract_requests_detected`] appending to `out` (so that records are written where they
+/// are kept, not moved there); returns whether [`detect`] finds a request span.
+pub fn extract_requests_into(spans: &[Span], out: &mut impl Extend<RequestRecord>) -> bool {
     let trace = TraceView::new(spans);
-    let mut specific: Vec<(usize, Dialect)> = Vec::new();
-    let mut generic: Vec<usize> = Vec::new();
+    // A trace has one or two request spans as a rule: no allocation for those.
+    let mut specific: SmallVec<[(usize, Dialect); 4]> = SmallVec::new();
+    let mut generic: SmallVec<[usize; 4]> = SmallVec::new();
     let mut detected_any = false;
     for (i, span) in spans.iter().enumerate() {
         let (class, detected) = trace.classify_detected(span);
@@ -117,7 +130,7 @@ pub fn extract_requests_detected(spans: &[Span]) -> (Vec<RequestRecord>, bool) {
     // One request, one record: a request span nested in a same-service request span of the same
     // dialect (SGLang's latency attributes on nested spans, two layers stacked) is not another
     // request; the outermost stands.
-    let nested: Vec<usize> = specific
+    let nested: SmallVec<[usize; 4]> = specific
         .iter()
         .filter(|&&(i, d)| {
             specific.iter().any(|&(j, e)| {
@@ -130,28 +143,25 @@ pub fn extract_requests_detected(spans: &[Span]) -> (Vec<RequestRecord>, bool) {
         .map(|&(i, _)| i)
         .collect();
     specific.retain(|(i, _)| !nested.contains(i));
-    generic.retain(|&g| {
+    generic.retain(|g| {
         !specific.iter().any(|&(s, _)| {
-            let (gs, ss) = (&spans[g], &spans[s]);
+            let (gs, ss) = (&spans[*g], &spans[s]);
             gs.service == ss.service && (trace.is_ancestor(gs, ss) || trace.is_ancestor(ss, gs))
         })
     });
-    let mut all: Vec<(usize, Dialect)> = specific;
+    let mut all = specific;
     all.extend(generic.into_iter().map(|g| (g, Dialect::Generic)));
     all.sort_by_key(|&(i, _)| i);
-    let records = all
-        .into_iter()
-        .map(|(i, d)| {
-            let span = &spans[i];
-            match d {
-                Dialect::Infertrace => infertrace::extract(span, &trace),
-                Dialect::Vllm | Dialect::Sglang => latency_attrs::extract(span, d, &trace),
-                Dialect::Tgi => tgi::extract(span, &trace),
-                Dialect::Generic => base_record(span, Dialect::Generic, &trace),
-            }
-        })
-        .collect();
-    (records, detected_any)
+    out.extend(all.into_iter().map(|(i, d)| {
+        let span = &spans[i];
+        match d {
+            Dialect::Infertrace => infertrace::extract(span, &trace),
+            Dialect::Vllm | Dialect::Sglang => latency_attrs::extract(span, d, &trace),
+            Dialect::Tgi => tgi::extract(span, &trace),
+            Dialect::Generic => base_record(span, Dialect::Generic, &trace),
+        }
+    }));
+    detected_any
 }
 
 /// One trace's spans with the lookups the dialects need. Small traces are scanned linearly
@@ -450,7 +460,8 @@ mod tests {
         // A server span: detected (generic).
         let mut server = span(1, None);
         server.kind = SpanKind::Server;
-        let (records, detected) = extract_requests_detected(std::slice::from_ref(&server));
+        let (records, detected) =
+            extract_requests_detected::<Vec<_>>(std::slice::from_ref(&server));
         assert_eq!((records.len(), detected), (1, true));
         // A TGI request known only by its children: a record, but not detected on its own.
         let mut request = span(1, None);
@@ -458,7 +469,7 @@ mod tests {
         let mut queued = span(2, Some(1));
         queued.name = sc::span::TGI_QUEUED.into();
         let spans = [request, queued];
-        let (records, detected) = extract_requests_detected(&spans);
+        let (records, detected) = extract_requests_detected::<Vec<_>>(&spans);
         assert_eq!((records.len(), detected), (1, false));
         assert_eq!(records, extract_requests(&spans));
     }

@@ -35,10 +35,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::internal_events::InternalEvents;
+use crate::prom_histogram::ClassicHistogram;
 
 /// Most distinct (service, span) keys of `critical_path_seconds_total`.
 pub const MAX_CRITICAL_PATH_KEYS: usize = 256;
@@ -100,19 +100,21 @@ pub struct AlertLabels {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+/// The histogram every request family uses (see [`crate::prom_histogram`]).
+type Histogram = ClassicHistogram;
 type FloatCounter = Counter<f64, AtomicU64>;
 
 fn e2e_histogram() -> Histogram {
-    Histogram::new(metric::REQUEST_DURATION_BUCKETS)
+    Histogram::new(&metric::REQUEST_DURATION_BUCKETS)
 }
 fn ttft_histogram() -> Histogram {
-    Histogram::new(metric::TTFT_BUCKETS)
+    Histogram::new(&metric::TTFT_BUCKETS)
 }
 fn tpot_histogram() -> Histogram {
-    Histogram::new(metric::TPOT_BUCKETS)
+    Histogram::new(&metric::TPOT_BUCKETS)
 }
 fn phase_histogram() -> Histogram {
-    Histogram::new(metric::PHASE_DURATION_BUCKETS)
+    Histogram::new(&metric::PHASE_DURATION_BUCKETS)
 }
 
 /// Every request-derived Prometheus family. Cheap to clone (families are shared).
@@ -469,46 +471,45 @@ impl PromRecorder {
                 continue;
             }
             let hash = self.hasher.hash_one((&*seg.service, seg.name.as_str()));
-            let entry = self.cp_keys.get(&hash).and_then(|v| {
+            // The usual case: a known key, counted through a reference (no handle cloned).
+            if let Some((_, _, c)) = self.cp_keys.get(&hash).and_then(|v| {
                 v.iter()
                     .find(|(s, n, _)| **s == *seg.service && **n == *seg.name)
+            }) {
+                c.inc_by(secs);
+                continue;
+            }
+            let (service, span, h) = if self.cp_count >= MAX_CRITICAL_PATH_KEYS {
+                let o: Arc<str> = Arc::from(OVERFLOW_LABEL);
+                (
+                    o.clone(),
+                    o,
+                    self.hasher.hash_one((OVERFLOW_LABEL, OVERFLOW_LABEL)),
+                )
+            } else {
+                (seg.service.clone(), Arc::from(seg.name.as_str()), hash)
+            };
+            let existing = self.cp_keys.get(&h).and_then(|v| {
+                v.iter()
+                    .find(|(s, n, _)| *s == service && *n == span)
                     .map(|(_, _, c)| c.clone())
             });
-            let counter = match entry {
+            let counter = match existing {
                 Some(c) => c,
                 None => {
-                    let (service, span, h) = if self.cp_count >= MAX_CRITICAL_PATH_KEYS {
-                        let o: Arc<str> = Arc::from(OVERFLOW_LABEL);
-                        (
-                            o.clone(),
-                            o,
-                            self.hasher.hash_one((OVERFLOW_LABEL, OVERFLOW_LABEL)),
-                        )
-                    } else {
-                        (seg.service.clone(), Arc::from(seg.name.as_str()), hash)
-                    };
-                    let existing = self.cp_keys.get(&h).and_then(|v| {
-                        v.iter()
-                            .find(|(s, n, _)| *s == service && *n == span)
-                            .map(|(_, _, c)| c.clone())
-                    });
-                    match existing {
-                        Some(c) => c,
-                        None => {
-                            let c = self.metrics.critical_path.get_or_create_owned(
-                                &CriticalPathLabels {
-                                    service: service.clone(),
-                                    span: span.clone(),
-                                },
-                            );
-                            self.cp_keys
-                                .entry(h)
-                                .or_default()
-                                .push((service, span, c.clone()));
-                            self.cp_count += 1;
-                            c
-                        }
-                    }
+                    let c = self
+                        .metrics
+                        .critical_path
+                        .get_or_create_owned(&CriticalPathLabels {
+                            service: service.clone(),
+                            span: span.clone(),
+                        });
+                    self.cp_keys
+                        .entry(h)
+                        .or_default()
+                        .push((service, span, c.clone()));
+                    self.cp_count += 1;
+                    c
                 }
             };
             counter.inc_by(secs);

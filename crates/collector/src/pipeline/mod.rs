@@ -385,14 +385,15 @@ impl Pipeline {
                 holds,
                 ..
             } = trace;
-            let (analysed, source) = match prepared {
-                Some(p) => {
-                    let PreparedTrace {
-                        analysed, source, ..
-                    } = *p;
-                    (analysed, Some(source))
+            // Read in place: a prepared trace's analysis is not moved out of its box (copying
+            // its inline record showed in profiles); only a kept trace clones its records.
+            let fresh;
+            let (analysed, source) = match &prepared {
+                Some(p) => (&p.analysed, Some(&p.source)),
+                None => {
+                    fresh = analyse_spans(&spans, &self.cp_options);
+                    (&fresh, None)
                 }
-                None => (analyse_spans(&spans, &self.cp_options), None),
             };
             let Analysed { records, paths } = analysed;
             let failed = records
@@ -401,7 +402,7 @@ impl Pipeline {
             let keep = a.recent.admit(now_unix_nano, failed);
             not_kept += u64::from(!keep);
             stats.requests += records.len();
-            for (record, path) in records.iter().zip(&paths) {
+            for (record, path) in records.iter().zip(paths) {
                 let kept = a.kpis.record(record, now_unix_nano);
                 if !kept {
                     overflowed += 1;
@@ -424,11 +425,11 @@ impl Pipeline {
                     spans = source.spans();
                 }
                 let requests = records
-                    .into_iter()
+                    .iter()
                     .zip(paths)
                     .map(|(record, critical_path)| StoredRequest {
-                        record,
-                        critical_path,
+                        record: record.clone(),
+                        critical_path: critical_path.clone(),
                     })
                     .collect();
                 a.recent.insert(StoredTrace {
@@ -498,20 +499,20 @@ impl Pipeline {
 
 /// The request records of a trace's spans, each with its critical path.
 fn analyse_spans(spans: &[Span], opts: &CriticalPathOptions) -> Analysed {
-    analysed_with_paths(spans, dialect::extract_requests(spans), opts)
+    let mut analysed = Analysed::default();
+    dialect::extract_requests_into(spans, &mut analysed.records);
+    add_paths(spans, &mut analysed, opts);
+    analysed
 }
 
-/// `records` of `spans`, each with its critical path.
-fn analysed_with_paths(
-    spans: &[Span],
-    records: Vec<infertrace_analysis::record::RequestRecord>,
-    opts: &CriticalPathOptions,
-) -> Analysed {
-    let paths = records
-        .iter()
-        .map(|r| critical_path(spans, r.span_id, opts))
-        .collect();
-    Analysed { records, paths }
+/// Adds the critical path of each of `analysed`'s records, computed from `spans`.
+fn add_paths(spans: &[Span], analysed: &mut Analysed, opts: &CriticalPathOptions) {
+    let Analysed { records, paths } = analysed;
+    paths.extend(
+        records
+            .iter()
+            .map(|r| critical_path(spans, r.span_id, opts)),
+    );
 }
 
 /// Hands the store feed the KPI seconds completed by `now_unix_nano`, then lets it hand a

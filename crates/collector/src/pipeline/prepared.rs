@@ -19,8 +19,9 @@ use foldhash::fast::RandomState;
 use infertrace_analysis::critical_path::{Adjustment, CriticalPath, CriticalPathOptions, Segment};
 use infertrace_analysis::record::{GpuRecord, RequestRecord};
 use infertrace_analysis::trace::{Span, TraceId};
+use smallvec::SmallVec;
 
-use super::analysed_with_paths;
+use super::add_paths;
 use crate::assembler::{Prepared, PreparedRun};
 use crate::ingest::IngestBatch;
 use crate::limiter::span_footprint;
@@ -29,13 +30,23 @@ use infertrace_analysis::dialect;
 
 /// A trace's analysis: its request records (in the order `dialect::extract_requests` gives
 /// them) and the critical path below each request span, when one could be computed.
+///
+/// A trace has one request as a rule: it is held inline, so a prepared trace is one
+/// allocation for its record, path and span ranges rather than one each.
 #[derive(Debug, Default)]
 pub struct Analysed {
     /// The request records.
-    pub records: Vec<RequestRecord>,
+    pub records: Records,
     /// The critical path of each record (same index).
-    pub paths: Vec<Option<CriticalPath>>,
+    pub paths: Paths,
 }
+
+/// A trace's request records (one inline).
+pub type Records = SmallVec<[RequestRecord; 1]>;
+/// The critical path of each record (one inline).
+pub type Paths = SmallVec<[Option<CriticalPath>; 1]>;
+/// Where a prepared trace's spans lie in the body (four inline: the usual inference trace).
+type Ranges = SmallVec<[SpanRange; 4]>;
 
 /// A trace's analysis, standing in for its spans in the assembler.
 #[derive(Debug)]
@@ -53,7 +64,7 @@ pub struct PreparedTrace {
 pub struct SpanSource {
     body: Bytes,
     service: Arc<str>,
-    ranges: Vec<SpanRange>,
+    ranges: Ranges,
 }
 
 impl SpanSource {
@@ -91,6 +102,10 @@ impl PreparedTrace {
                 capacity * size + ALLOCATION_OVERHEAD
             }
         };
+        // Inline storage is part of `Self`; only a spilled one holds a heap block.
+        let spilled = |spilled: bool, capacity: usize, size: usize| {
+            if spilled { vec(capacity, size) } else { 0 }
+        };
         let a = &self.analysed;
         let paths: usize = a
             .paths
@@ -103,13 +118,22 @@ impl PreparedTrace {
             .sum();
         let gpu = a.records.iter().filter(|r| r.gpu.is_some()).count()
             * (size_of::<GpuRecord>() + ALLOCATION_OVERHEAD);
+        let r = &self.source.ranges;
         size_of::<Self>()
             + ALLOCATION_OVERHEAD
-            + vec(a.records.capacity(), size_of::<RequestRecord>())
+            + spilled(
+                a.records.spilled(),
+                a.records.capacity(),
+                size_of::<RequestRecord>(),
+            )
             + gpu
-            + vec(a.paths.capacity(), size_of::<Option<CriticalPath>>())
+            + spilled(
+                a.paths.spilled(),
+                a.paths.capacity(),
+                size_of::<Option<CriticalPath>>(),
+            )
             + paths
-            + vec(self.source.ranges.capacity(), size_of::<SpanRange>())
+            + spilled(r.spilled(), r.capacity(), size_of::<SpanRange>())
             + QUEUE_AND_INDEX_BYTES
     }
 }
@@ -162,26 +186,29 @@ pub fn prepare_runs(
         if !run.iter().all(|s| s.service == *service) {
             continue;
         }
+        // The analysis is written straight into the box the assembler will hold (a record
+        // and its path are a few hundred bytes: moved from call to call, they were copied
+        // several times each).
+        let mut prepared = Box::new(PreparedTrace {
+            analysed: Analysed::default(),
+            source: SpanSource {
+                body: body.clone(),
+                service: service.clone(),
+                ranges: Ranges::from_slice(&batch.span_ranges[r.clone()]),
+            },
+            span_bytes: run.iter().map(span_footprint).sum(),
+        });
         // Only a trace with a request span (as the assembler's detector sees it) completes
         // after its grace period; the others are left to the assembler's idle rules.
-        let (records, has_request) = dialect::extract_requests_detected(run);
-        if !has_request {
+        if !dialect::extract_requests_into(run, &mut prepared.analysed.records) {
             continue;
         }
-        let analysed = analysed_with_paths(run, records, opts);
+        add_paths(run, &mut prepared.analysed, opts);
         out.push(PreparedRun {
             trace_id: run[0].trace_id,
             start: r.start,
             len: run.len(),
-            prepared: Box::new(PreparedTrace {
-                analysed,
-                source: SpanSource {
-                    body: body.clone(),
-                    service: service.clone(),
-                    ranges: batch.span_ranges[r].to_vec(),
-                },
-                span_bytes: run.iter().map(span_footprint).sum(),
-            }),
+            prepared,
         });
     }
     out
