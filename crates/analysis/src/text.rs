@@ -155,6 +155,7 @@ pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// [`same_bytes`] for two slices of the same length under eight.
 #[inline]
 fn same_tail(a: &[u8], b: &[u8]) -> bool {
+    #[inline(always)]
     fn half(s: &[u8], at: usize) -> u32 {
         let mut w = [0u8; 4];
         w.copy_from_slice(&s[at..at + 4]);
@@ -165,6 +166,60 @@ fn same_tail(a: &[u8], b: &[u8]) -> bool {
         half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
     } else {
         a.iter().zip(b).all(|(x, y)| x == y)
+    }
+}
+
+/// A small direct-mapped cache from a (service, span name) pair of shared strings to a value,
+/// keyed by the strings' identity (their allocations), not their bytes: the critical-path
+/// aggregates look a key up per segment, and the segments of a batch share their service and
+/// (interned) name allocations, so a hit costs two pointer comparisons instead of hashing and
+/// comparing both strings. Each slot holds clones of its strings, so an address it compares
+/// cannot be freed and reused by another string while cached. A miss is only slower, never
+/// wrong: the caller looks the pair up its usual way and may [`insert`](Self::insert) it.
+#[derive(Clone)]
+pub struct PairCache<V> {
+    slots: Vec<Option<(Arc<str>, Text, V)>>,
+}
+
+/// Slots of a [`PairCache`] (a power of two).
+const PAIR_CACHE_SLOTS: usize = 64;
+
+impl<V> Default for PairCache<V> {
+    fn default() -> Self {
+        Self { slots: Vec::new() }
+    }
+}
+
+impl<V> fmt::Debug for PairCache<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PairCache").finish_non_exhaustive()
+    }
+}
+
+impl<V> PairCache<V> {
+    fn slot(service: &Arc<str>, name: &Text) -> usize {
+        let a = Arc::as_ptr(service).cast::<u8>() as usize;
+        let b = Arc::as_ptr(&name.0).cast::<u8>() as usize;
+        let mixed = (a ^ b.rotate_left(21)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (mixed >> 58) & (PAIR_CACHE_SLOTS - 1)
+    }
+
+    /// The value cached for exactly these two allocations.
+    #[inline]
+    pub fn get(&self, service: &Arc<str>, name: &Text) -> Option<&V> {
+        match self.slots.get(Self::slot(service, name))? {
+            Some((s, n, v)) if Arc::ptr_eq(s, service) && Arc::ptr_eq(&n.0, &name.0) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Caches `value` for these two allocations (replacing whatever shared their slot).
+    pub fn insert(&mut self, service: &Arc<str>, name: &Text, value: V) {
+        if self.slots.is_empty() {
+            self.slots.resize_with(PAIR_CACHE_SLOTS, || None);
+        }
+        let slot = Self::slot(service, name);
+        self.slots[slot] = Some((service.clone(), name.clone(), value));
     }
 }
 
@@ -257,6 +312,29 @@ impl Interner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pair_cache_hits_only_the_same_allocations() {
+        let mut cache = PairCache::default();
+        let service: Arc<str> = Arc::from("engine");
+        let name = Text::from("decode");
+        assert_eq!(cache.get(&service, &name), None);
+        cache.insert(&service, &name, 7u32);
+        assert_eq!(cache.get(&service, &name), Some(&7));
+        assert_eq!(cache.get(&service.clone(), &name.clone()), Some(&7));
+        // Equal strings in other allocations are a miss (the caller looks them up), not a hit.
+        let other_service: Arc<str> = Arc::from("engine");
+        assert_eq!(cache.get(&other_service, &name), None);
+        assert_eq!(cache.get(&service, &Text::from("decode")), None);
+        // The cache keeps its strings alive: dropping the caller's handles cannot free them.
+        drop(service);
+        drop(name);
+        assert_eq!(
+            cache.slots.iter().flatten().count(),
+            1,
+            "one slot holds the pair"
+        );
+    }
 
     #[test]
     fn same_bytes_is_byte_equality_at_every_length_and_position() {

@@ -30,6 +30,7 @@ use std::sync::{Arc, OnceLock};
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{self, Dimension, OVERFLOW_LABEL, SloConfig};
 use infertrace_analysis::record::{Outcome, RequestRecord};
+use infertrace_analysis::text::PairCache;
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -307,6 +308,8 @@ pub struct PromRecorder {
     series_count: usize,
     overflow: Option<Arc<SeriesHandles>>,
     cp_keys: HashMap<u64, Vec<CriticalPathKey>>,
+    /// Counters of recently seen (service, name) allocations: most segments end here.
+    cp_recent: PairCache<FloatCounter>,
     cp_count: usize,
 }
 
@@ -329,6 +332,7 @@ impl PromRecorder {
             series_count: 0,
             overflow: None,
             cp_keys: HashMap::new(),
+            cp_recent: PairCache::default(),
             cp_count: 0,
         }
     }
@@ -470,13 +474,18 @@ impl PromRecorder {
             if secs <= 0.0 {
                 continue;
             }
+            // The usual case: the same service and name allocations as a recent segment.
+            if let Some(c) = self.cp_recent.get(&seg.service, &seg.name) {
+                c.inc_by(secs);
+                continue;
+            }
             let hash = self.hasher.hash_one((&*seg.service, seg.name.as_str()));
-            // The usual case: a known key, counted through a reference (no handle cloned).
             if let Some((_, _, c)) = self.cp_keys.get(&hash).and_then(|v| {
                 v.iter()
                     .find(|(s, n, _)| **s == *seg.service && **n == *seg.name)
             }) {
                 c.inc_by(secs);
+                self.cp_recent.insert(&seg.service, &seg.name, c.clone());
                 continue;
             }
             let (service, span, h) = if self.cp_count >= MAX_CRITICAL_PATH_KEYS {
@@ -513,6 +522,7 @@ impl PromRecorder {
                 }
             };
             counter.inc_by(secs);
+            self.cp_recent.insert(&seg.service, &seg.name, counter);
         }
     }
 }

@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::CriticalPath;
+use crate::text::{PairCache, Text};
 
 /// The service and span label of the entry that collects keys beyond the cap.
 pub const OVERFLOW_LABEL: &str = "_overflow";
@@ -163,6 +164,8 @@ pub struct CriticalPathWindows {
     index: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
     /// key → (service, span name, cumulative seconds).
     keys: Vec<(Arc<str>, Arc<str>, f64)>,
+    /// Keys of recently seen (service, name) allocations: most lookups end here.
+    recent_keys: PairCache<u32>,
     overflow_key: Option<u32>,
     overflowed_segments: u64,
     late_records: u64,
@@ -201,6 +204,7 @@ impl CriticalPathWindows {
             ln_gamma: gamma.ln(),
             index: HashMap::new(),
             keys: Vec::new(),
+            recent_keys: PairCache::default(),
             overflow_key: None,
             overflowed_segments: 0,
             late_records: 0,
@@ -241,7 +245,10 @@ impl CriticalPathWindows {
             if secs <= 0.0 {
                 continue;
             }
-            let key = self.key(&seg.service, &seg.name);
+            let key = match self.recent_keys.get(&seg.service, &seg.name) {
+                Some(&k) => k,
+                None => self.key(&seg.service, &seg.name),
+            };
             self.keys[key as usize].2 += secs;
             if in_window {
                 *self.slots[slot_index]
@@ -377,9 +384,14 @@ impl CriticalPathWindows {
         (b as i32).max(i32::MIN + 1)
     }
 
-    fn key(&mut self, service: &Arc<str>, span: &str) -> u32 {
-        if let Some(k) = self.index.get(&**service).and_then(|m| m.get(span)) {
-            return *k;
+    fn key(&mut self, service: &Arc<str>, span: &Text) -> u32 {
+        if let Some(&k) = self
+            .index
+            .get(&**service)
+            .and_then(|m| m.get(span.as_str()))
+        {
+            self.recent_keys.insert(service, span, k);
+            return k;
         }
         if self.keys.len() - usize::from(self.overflow_key.is_some()) >= self.max_keys {
             self.overflowed_segments += 1;
@@ -392,7 +404,8 @@ impl CriticalPathWindows {
                 }
             };
         }
-        let k = self.push_key(service.clone(), Arc::from(span));
+        let k = self.push_key(service.clone(), Arc::from(span.as_str()));
+        self.recent_keys.insert(service, span, k);
         self.index
             .entry(service.clone())
             .or_default()
