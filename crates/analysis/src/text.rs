@@ -1,21 +1,27 @@
 //! [`Text`]: the immutable, cheaply cloned string of span names and string attribute values.
 //!
 //! Collectors see the same few names and values (model, operation, outcome, route, phase
-//! names) in every trace. Decoders intern them ([`Interner`]), so a span holds a 16-byte
-//! shared pointer instead of its own heap copy: no allocation per value on the hot path, a
-//! smaller footprint per buffered span, and a clone is a reference-count increment.
+//! names) in every trace. Decoders intern them ([`Interner`]), so a span holds an 8-byte
+//! shared pointer ([`arcstr::ArcStr`]) instead of its own heap copy: no allocation per value
+//! on the hot path, a smaller footprint per buffered span, and a clone is a reference-count
+//! increment — or nothing at all for the values seen over and over, which the interner makes
+//! *static* (see [`Interner`]): their clones and drops touch no shared counter. Those atomic
+//! increments and decrements, on every name and value of every span, were several per cent of
+//! the collector's CPU at full ingest rate.
 
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::ops::Deref;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use arcstr::ArcStr;
 use serde::{Serialize, Serializer};
 
-/// An immutable shared string (an `Arc<str>` that reads like a `&str`).
+/// An immutable shared string (an [`ArcStr`] that reads like a `&str`).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Text(Arc<str>);
+pub struct Text(ArcStr);
 
 impl Text {
     /// The string.
@@ -45,25 +51,25 @@ impl Borrow<str> for Text {
 
 impl From<&str> for Text {
     fn from(s: &str) -> Self {
-        Self(Arc::from(s))
+        Self(ArcStr::from(s))
     }
 }
 
 impl From<String> for Text {
     fn from(s: String) -> Self {
-        Self(Arc::from(s))
+        Self(ArcStr::from(s))
     }
 }
 
-impl From<Arc<str>> for Text {
-    fn from(s: Arc<str>) -> Self {
-        Self(s)
+impl Text {
+    /// Whether two texts are the same allocation (not merely equal strings).
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        ArcStr::ptr_eq(&a.0, &b.0)
     }
-}
 
-impl From<Text> for Arc<str> {
-    fn from(t: Text) -> Self {
-        t.0
+    /// Whether clones and drops of this text skip reference counting (see [`Interner`]).
+    pub fn is_static(&self) -> bool {
+        ArcStr::is_static(&self.0)
     }
 }
 
@@ -122,6 +128,33 @@ pub struct Interner {
     /// same few values arrive span after span, and a hit here costs one comparison instead of
     /// hashing every byte and probing the table. Sized [`RECENT_SLOTS`] on first use.
     recent: Vec<Option<Text>>,
+    /// Hits of each front-cache slot's string since it took the slot (see [`promote`]).
+    recent_hits: Vec<u32>,
+}
+
+/// Front-cache hits after which an interned string is made static (see [`promote`]).
+const PROMOTE_AFTER_HITS: u32 = 64;
+
+/// Strings the whole process may make static, ever: at most [`MAX_INTERNED_LEN`] bytes each,
+/// so the memory never given back is bounded (under half a MiB).
+pub const MAX_STATIC_TEXTS: usize = 4096;
+
+/// What is left of [`MAX_STATIC_TEXTS`].
+static STATIC_BUDGET: AtomicUsize = AtomicUsize::new(MAX_STATIC_TEXTS);
+
+/// Makes a popular interned string static ([`ArcStr::leak`]): from then on, cloning or
+/// dropping it (every span and record that carries it does both) touches no shared counter.
+/// It is never freed, hence the process-wide budget: once spent, strings stay counted.
+fn promote(t: &Text) {
+    if t.is_static() {
+        return;
+    }
+    let took = STATIC_BUDGET
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok();
+    if took {
+        let _: &'static str = t.0.leak();
+    }
 }
 
 /// Slots of [`Interner`]'s front cache (a power of two).
@@ -199,7 +232,7 @@ impl<V> fmt::Debug for PairCache<V> {
 impl<V> PairCache<V> {
     fn slot(service: &Arc<str>, name: &Text) -> usize {
         let a = Arc::as_ptr(service).cast::<u8>() as usize;
-        let b = Arc::as_ptr(&name.0).cast::<u8>() as usize;
+        let b = name.as_ptr() as usize;
         let mixed = (a ^ b.rotate_left(21)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         (mixed >> 58) & (PAIR_CACHE_SLOTS - 1)
     }
@@ -208,7 +241,7 @@ impl<V> PairCache<V> {
     #[inline]
     pub fn get(&self, service: &Arc<str>, name: &Text) -> Option<&V> {
         match self.slots.get(Self::slot(service, name))? {
-            Some((s, n, v)) if Arc::ptr_eq(s, service) && Arc::ptr_eq(&n.0, &name.0) => Some(v),
+            Some((s, n, v)) if Arc::ptr_eq(s, service) && Text::ptr_eq(n, name) => Some(v),
             _ => None,
         }
     }
@@ -255,16 +288,27 @@ impl Interner {
             hasher,
             fresh_bytes,
             recent,
+            recent_hits,
         } = self;
         if recent.is_empty() {
             recent.resize(RECENT_SLOTS, None);
+            recent_hits.resize(RECENT_SLOTS, 0);
         }
-        let slot = &mut recent[recent_slot(bytes)];
+        let at = recent_slot(bytes);
+        let slot = &mut recent[at];
         if let Some(t) = slot
             && same_bytes(t.as_bytes(), bytes)
         {
+            if !t.is_static() {
+                let hits = &mut recent_hits[at];
+                *hits += 1;
+                if *hits >= PROMOTE_AFTER_HITS {
+                    promote(t);
+                }
+            }
             return Ok(t.clone());
         }
+        recent_hits[at] = 0;
         let hash = hasher.hash_one(bytes);
         if let Some(t) = table.find(hash, |t| same_bytes(t.as_bytes(), bytes)) {
             *slot = Some(t.clone());
@@ -312,6 +356,30 @@ impl Interner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn popular_strings_become_static_and_stay_equal() {
+        let mut i = Interner::default();
+        let first = i.intern("queue");
+        assert!(!first.is_static(), "a new string is counted");
+        for _ in 0..PROMOTE_AFTER_HITS {
+            let _ = i.intern("queue");
+        }
+        let later = i.intern("queue");
+        assert!(
+            later.is_static() && first.is_static(),
+            "the one allocation is static"
+        );
+        assert!(Text::ptr_eq(&first, &later));
+        assert_eq!(later, "queue");
+        // Clones and drops of a static text are free and it stays readable.
+        let copies: Vec<Text> = (0..10).map(|_| later.clone()).collect();
+        drop(copies);
+        drop(first);
+        assert_eq!(later.as_str(), "queue");
+        // A string seen once is not promoted.
+        assert!(!i.intern("rare value").is_static());
+    }
 
     #[test]
     fn pair_cache_hits_only_the_same_allocations() {
@@ -371,7 +439,7 @@ mod tests {
         let mut i = Interner::default();
         let a = i.intern("llama");
         let b = i.intern("llama");
-        assert!(Arc::ptr_eq(&a.0, &b.0));
+        assert!(Text::ptr_eq(&a, &b));
         let long = "x".repeat(MAX_INTERNED_LEN + 1);
         assert_eq!(i.intern(&long), long.as_str());
         assert_eq!(i.len(), 1, "long strings are not kept");
@@ -408,7 +476,7 @@ mod tests {
             for (w, t) in words.iter().zip(&first) {
                 let again = i.intern(w);
                 assert_eq!(again, w.as_str());
-                assert!(Arc::ptr_eq(&again.0, &t.0), "{w}");
+                assert!(Text::ptr_eq(&again, t), "{w}");
             }
         }
         assert_eq!(
