@@ -3,8 +3,6 @@
 use bytes::Bytes;
 use infertrace_analysis::trace::Span;
 
-use crate::otlp_decode::SpanRange;
-
 /// One accepted OTLP export request, decoded.
 #[derive(Debug, Default)]
 pub struct IngestBatch {
@@ -16,10 +14,6 @@ pub struct IngestBatch {
     /// The (decompressed) OTLP/JSON body when the request came as JSON, so the forwarder can
     /// transcode it to protobuf (only when forwarding is on); `None` for protobuf requests.
     pub raw_json: Option<Bytes>,
-    /// Where each span lies in `raw_protobuf` (parallel to `spans`; empty when not known, e.g.
-    /// for JSON): lets the pipeline hold the body instead of decoded spans (see
-    /// [`crate::otlp_decode::Decoded::span_ranges`]).
-    pub span_ranges: Vec<SpanRange>,
     /// Heap bytes of the strings decoding allocated for these spans (names and values seen for
     /// the first time, and unshared ones), reserved with them; shared strings cost nothing
     /// per span. See [`crate::otlp_decode::take_fresh_text_bytes`].

@@ -42,7 +42,7 @@ use infertrace_analysis::trace::{Span, SpanId, TraceId};
 use infertrace_semconv as sc;
 
 pub use json::decode_json;
-pub use protobuf::{count_spans, decode_protobuf, decode_spans_at};
+pub use protobuf::{count_spans, decode_protobuf};
 pub use reference::from_proto;
 
 thread_local! {
@@ -56,6 +56,19 @@ fn with_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
         Ok(mut i) => f(&mut i),
         // Not reentrant in practice; a fresh interner keeps it correct if it ever were.
         Err(_) => f(&mut Interner::default()),
+    })
+}
+
+/// Runs `f` with this thread's interner for decoding spans that were already accounted for
+/// (a prepared trace's spans decoded again): strings new to the interner meanwhile are not
+/// charged to the next request this thread decodes.
+pub(crate) fn with_text_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
+    with_interner(|interner| {
+        let pending = interner.take_fresh_bytes();
+        let out = f(interner);
+        interner.take_fresh_bytes();
+        interner.restore_fresh_bytes(pending);
+        out
     })
 }
 
@@ -95,19 +108,6 @@ pub struct Decoded {
     pub rejected: u32,
     /// Why the first rejected span was rejected (the partial-success message).
     pub first_error: Option<String>,
-    /// Where each of `spans` lies in the protobuf body (parallel to `spans`), so that the
-    /// pipeline can hold the body rather than the decoded spans and decode them again with
-    /// [`decode_spans_at`] when needed. Empty for JSON (and for a body over 4 GiB).
-    pub span_ranges: Vec<SpanRange>,
-}
-
-/// A span's bytes inside a protobuf request body (see [`Decoded::span_ranges`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpanRange {
-    /// Offset of the span message's first byte.
-    pub offset: u32,
-    /// Length of the span message.
-    pub len: u32,
 }
 
 impl Decoded {

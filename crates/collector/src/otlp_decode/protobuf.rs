@@ -17,9 +17,7 @@ use infertrace_analysis::trace::{AttrValue, KNOWN_KEYS, Span, SpanKind, StatusCo
 use infertrace_analysis::trace::{SpanLink, UNKNOWN_SERVICE};
 use infertrace_semconv::resource::SERVICE_NAME;
 
-use super::{
-    DecodeError, Decoded, SpanRange, intern_value, valid_link, validate_span, with_interner,
-};
+use super::{DecodeError, Decoded, intern_value, valid_link, validate_span, with_interner};
 use infertrace_analysis::text::{Interner, same_bytes};
 
 const VARINT: u8 = 0;
@@ -40,9 +38,7 @@ pub fn decode_protobuf(buf: &[u8]) -> Result<Decoded, DecodeError> {
 fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeError> {
     // Size the output for typical spans (~250 wire bytes) to skip most regrowth of a large
     // vector without a separate pass over the body.
-    // Ranges are u32: a body over 4 GiB (far above any sane size limit) gets none.
-    let track = u32::try_from(buf.len()).is_ok();
-    let mut decoder = RequestDecoder::new(buf, buf.len() / 256, track, interner);
+    let mut decoder = RequestDecoder::new(buf.len() / 256, interner);
     let mut r = Reader::new(buf);
     while let Some((field, wire)) = r.key()? {
         if field == 1 {
@@ -53,45 +49,6 @@ fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeErr
         }
     }
     Ok(decoder.out)
-}
-
-/// Decodes again the spans at `ranges` of `body` (as [`Decoded::span_ranges`] gave them for
-/// this body), all of the resource `service`: the same [`Span`]s the first decode produced.
-pub fn decode_spans_at(
-    body: &[u8],
-    ranges: &[SpanRange],
-    service: &Arc<str>,
-) -> Result<Vec<Span>, DecodeError> {
-    with_interner(|interner| {
-        // Strings new to this thread's interner are not the next request's to reserve: the
-        // caller accounts for these spans.
-        let pending = interner.take_fresh_bytes();
-        let spans = decode_ranges(body, ranges, service, interner);
-        interner.take_fresh_bytes();
-        interner.restore_fresh_bytes(pending);
-        spans
-    })
-}
-
-/// The spans at `ranges` of `body`, with `interner`.
-fn decode_ranges(
-    body: &[u8],
-    ranges: &[SpanRange],
-    service: &Arc<str>,
-    interner: &mut Interner,
-) -> Result<Vec<Span>, DecodeError> {
-    let mut decoder = RequestDecoder::new(body, ranges.len(), false, interner);
-    for r in ranges {
-        let start = r.offset as usize;
-        let span = body
-            .get(start..start + r.len as usize)
-            .ok_or(DecodeError::Protobuf {
-                offset: start,
-                what: "span range outside the body",
-            })?;
-        decoder.span(span, service)?;
-    }
-    Ok(decoder.out.spans)
 }
 
 /// Counts the spans of a protobuf `ExportTraceServiceRequest` without decoding them (to count
@@ -123,28 +80,20 @@ struct RequestDecoder<'a, 'i> {
     attributes: Vec<(&'static str, AttrValue)>,
     links: Vec<SpanLink>,
     last_service: Option<(&'a [u8], Arc<str>)>,
-    /// Address of the body's first byte, for [`Decoded::span_ranges`].
-    body_start: usize,
-    /// Whether to record [`Decoded::span_ranges`].
-    track: bool,
 }
 
 impl<'a, 'i> RequestDecoder<'a, 'i> {
-    /// A decoder of spans of `body`, sized for `capacity` spans, recording their ranges when
-    /// `track`.
-    fn new(body: &[u8], capacity: usize, track: bool, interner: &'i mut Interner) -> Self {
+    /// A decoder sized for `capacity` spans.
+    fn new(capacity: usize, interner: &'i mut Interner) -> Self {
         Self {
             out: Decoded {
                 spans: Vec::with_capacity(capacity),
-                span_ranges: Vec::with_capacity(if track { capacity } else { 0 }),
                 ..Decoded::default()
             },
             attributes: Vec::new(),
             links: Vec::new(),
             last_service: None,
             interner,
-            body_start: body.as_ptr() as usize,
-            track,
         }
     }
 
@@ -260,13 +209,6 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
             attributes: self.attributes.drain(..).collect(),
             links: self.links.drain(..).collect(),
         });
-        if self.track {
-            // `buf` lies inside the body, which fits u32 (`track`).
-            self.out.span_ranges.push(SpanRange {
-                offset: (buf.as_ptr() as usize - self.body_start) as u32,
-                len: buf.len() as u32,
-            });
-        }
         Ok(())
     }
 }
@@ -810,7 +752,6 @@ mod tests {
         assert_eq!(&*d.spans[0].service, "late");
         let via_prost = from_proto(&ExportTraceServiceRequest::decode(&bytes[..]).unwrap());
         assert_eq!(d.spans, via_prost.spans);
-        assert_eq!(d.span_ranges.len(), 1);
     }
 
     #[test]

@@ -8,11 +8,12 @@
 //! interleaved in the batch are regrouped by trace first): dialect extraction and the critical
 //! path of each request run here, while the decoded spans are in cache ([`prepared`]). Under the
 //! assembler's lock, each such trace that is new becomes a *prepared* trace holding that compact
-//! analysis and the ranges of its spans in the request body (kept by reference count) instead of
-//! the spans, which are dropped at once; and the reservation is resized to what the batch will
-//! hold — analyses and body, plus the spans of any prepared trace that this batch's spans turn
-//! back into a span trace — before anything is inserted or forwarded (when the analyses do not
-//! fit but the spans do, the batch is held as spans). The other spans are pushed into the
+//! analysis and a compact copy of its spans ([`span_codec`], shared by the batch's prepared
+//! traces) instead of the decoded spans, which are dropped at once, as is the request body; and
+//! the reservation is resized to what the batch will hold — analyses and compact spans, plus the
+//! spans of any prepared trace that this batch's spans turn back into a span trace — before
+//! anything is inserted or forwarded (when the analyses do not fit but the spans do, the batch
+//! is held as spans). The other spans are pushed into the
 //! [`TraceAssembler`] as spans. A mutex was chosen over a channel to the assembler: it answers
 //! "overloaded" synchronously with the real state and needs no second queue bound. The lock is
 //! held for table work (measured with `cargo bench -p infertrace-collector --bench pipeline`:
@@ -43,6 +44,7 @@
 
 pub mod prepared;
 pub mod recent;
+pub mod span_codec;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -256,7 +258,7 @@ impl Pipeline {
             });
         };
         // Traces whose spans all came in this batch are analysed now, while in cache.
-        let mut runs = prepare_runs(&mut batch, &self.cp_options);
+        let (mut runs, compact_bytes) = prepare_runs(&mut batch, &self.cp_options);
         let mut assembler = lock(&self.assembler);
         // Spans of a trace held as prepared turn it back into spans: reserve those too. (The
         // runs' own traces are looked up with `would_take` below.)
@@ -274,7 +276,7 @@ impl Pipeline {
             }
         }
         // What the batch holds when its new traces are prepared: their analyses instead of
-        // their spans, and the request body (they decode from it again if needed).
+        // their spans, and the compact copy of those spans (decoded again if needed).
         let mut with_prepared = bytes + taken_back;
         let mut taken_runs = 0;
         for run in &runs {
@@ -288,7 +290,7 @@ impl Pipeline {
                 with_prepared += back;
             }
         }
-        with_prepared += batch.raw_protobuf.as_ref().map_or(0, |b| b.len());
+        with_prepared += compact_bytes;
         let prepared = taken_runs > 0 && resize(&mut reservation, bytes, with_prepared);
         if !prepared {
             // Held as spans (when the analyses do not fit, the spans may still).

@@ -2,10 +2,12 @@
 //! layer, vLLM and most SDK exporters send them), the receiver thread extracts its request
 //! records and critical paths right away, while the decoded spans are in cache, and the
 //! assembler holds that compact result through the grace period instead of the spans — which
-//! are dropped at once. What a trace then holds is its records, their critical paths and where
-//! its spans lie in the request body (a reference-counted buffer shared by the batch), so that
-//! the spans can be decoded again if more of the trace arrives before it completes (it is then
-//! analysed again, with every span) or if the trace is kept for `/api/traces/{id}`.
+//! are dropped at once. What a trace then holds is its records, their critical paths and a
+//! compact copy of its spans ([`span_codec`], in a buffer shared by the batch's prepared traces),
+//! so that the spans can be decoded again if more of the trace arrives before it completes (it
+//! is then analysed again, with every span) or if the trace is kept for `/api/traces/{id}`. The
+//! request body is not kept: it held every key spelled out and whatever else the exporter sent,
+//! twice the compact copy for a typical inference trace.
 //!
 //! The analysis is the same function of the same spans whichever way it runs; a test checks that
 //! the KPIs, critical paths and stored traces are the same as when every trace is analysed at
@@ -22,10 +24,11 @@ use infertrace_analysis::trace::{Span, TraceId};
 use smallvec::SmallVec;
 
 use super::add_paths;
+use super::span_codec;
 use crate::assembler::{Prepared, PreparedRun};
 use crate::ingest::IngestBatch;
 use crate::limiter::span_footprint;
-use crate::otlp_decode::{SpanRange, decode_spans_at};
+use crate::otlp_decode::with_text_interner;
 use infertrace_analysis::dialect;
 
 /// A trace's analysis: its request records (in the order `dialect::extract_requests` gives
@@ -45,7 +48,17 @@ pub struct Analysed {
 pub type Records = SmallVec<[RequestRecord; 1]>;
 /// The critical path of each record (one inline).
 pub type Paths = SmallVec<[Option<CriticalPath>; 1]>;
-/// Where a prepared trace's spans lie in the body (four inline: the usual inference trace).
+/// A span's bytes in its batch's compact copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanRange {
+    /// Offset of the span's first byte.
+    pub offset: u32,
+    /// Length of the span's encoding.
+    pub len: u32,
+}
+
+/// Where a prepared trace's spans lie in the compact copy (four inline: the usual inference
+/// trace).
 type Ranges = SmallVec<[SpanRange; 4]>;
 
 /// A trace's analysis, standing in for its spans in the assembler.
@@ -59,7 +72,8 @@ pub struct PreparedTrace {
     pub span_bytes: usize,
 }
 
-/// Where a prepared trace's spans lie: ranges of a protobuf request body, all of one resource.
+/// Where a prepared trace's spans lie: ranges of the compact copy of its batch's prepared
+/// spans ([`span_codec`]), all of one resource.
 #[derive(Debug)]
 pub struct SpanSource {
     body: Bytes,
@@ -68,21 +82,28 @@ pub struct SpanSource {
 }
 
 impl SpanSource {
-    /// The spans, decoded again from the body: the same spans the receiver decoded. The body
-    /// was decoded once already, so this cannot fail short of a bug; if it ever did, the error
-    /// is logged and the spans that decoded are returned.
+    /// The spans, decoded again from their compact copy: spans equal to those the receiver
+    /// decoded. The bytes are [`span_codec::encode`]'s own, so this cannot fail short of a
+    /// bug; if it ever did, the error is logged and the spans that decoded are returned.
     pub fn spans(&self) -> Vec<Span> {
-        match decode_spans_at(&self.body, &self.ranges, &self.service) {
-            Ok(spans) => spans,
-            Err(error) => {
-                tracing::error!(%error, "cannot decode the spans of a prepared trace again");
-                self.ranges
-                    .iter()
-                    .filter_map(|r| decode_spans_at(&self.body, &[*r], &self.service).ok())
-                    .flatten()
-                    .collect()
+        with_text_interner(|interner| {
+            let mut spans = Vec::with_capacity(self.ranges.len());
+            for r in &self.ranges {
+                let at = r.offset as usize;
+                let decoded = self
+                    .body
+                    .get(at..at + r.len as usize)
+                    .ok_or(span_codec::CodecError("range outside the buffer"))
+                    .and_then(|b| span_codec::decode(b, &self.service, interner));
+                match decoded {
+                    Ok((span, _)) => spans.push(span),
+                    Err(error) => {
+                        tracing::error!(%error, "cannot decode a span of a prepared trace again");
+                    }
+                }
             }
-        }
+            spans
+        })
     }
 }
 
@@ -92,7 +113,7 @@ const ALLOCATION_OVERHEAD: usize = 16;
 
 impl PreparedTrace {
     /// Bytes it holds while it waits in the assembler: itself, its records, critical paths and
-    /// span ranges, its queue slot and index entry — not the request body, which the batch
+    /// span ranges, its queue slot and index entry — not the compact spans, which the batch
     /// holds once for all its traces.
     pub fn footprint(&self) -> usize {
         let vec = |capacity: usize, size: usize| {
@@ -157,61 +178,86 @@ impl Prepared for PreparedTrace {
 }
 
 /// The analysis of every trace of `batch` whose spans are all in the batch (at least as far as
-/// it can tell), from one resource, with a request span; nothing for a batch without span
-/// ranges (JSON). When the spans of traces are interleaved (an SDK's batch processor exports
-/// spans as they end, so concurrent requests mix), the batch's spans are first regrouped by
-/// trace, keeping their order within each trace, so that each trace is one run.
+/// it can tell), from one resource, with a request span, and the bytes of the compact copy of
+/// their spans they share (see [`span_codec`]). When the spans of traces are interleaved (an
+/// SDK's batch processor exports spans as they end, so concurrent requests mix), the batch's
+/// spans are first regrouped by trace, keeping their order within each trace, so that each
+/// trace is one run. Only protobuf batches are prepared: JSON ones (test clients and
+/// debugging, rarely high rates) take the span path, analysed at completion.
 pub fn prepare_runs(
     batch: &mut IngestBatch,
     opts: &CriticalPathOptions,
-) -> Vec<PreparedRun<PreparedTrace>> {
-    if batch.raw_protobuf.is_none()
-        || batch.span_ranges.len() != batch.spans.len()
-        || batch.spans.is_empty()
-    {
-        return Vec::new();
+) -> (Vec<PreparedRun<PreparedTrace>>, usize) {
+    if batch.raw_protobuf.is_none() || batch.spans.is_empty() {
+        return (Vec::new(), 0);
     }
     let mut runs = trace_runs(&batch.spans);
     if has_repeated_trace(&batch.spans, &runs) {
         group_by_trace(batch);
         runs = trace_runs(&batch.spans);
     }
-    let (spans, Some(body)) = (&batch.spans, &batch.raw_protobuf) else {
-        return Vec::new();
-    };
+    let spans = &batch.spans;
     let mut out = Vec::with_capacity(runs.len());
-    for r in runs {
-        let run = &spans[r.clone()];
-        let service = &run[0].service;
-        if !run.iter().all(|s| s.service == *service) {
-            continue;
+    COMPACT_SCRATCH.with_borrow_mut(|compact| {
+        compact.clear();
+        for r in runs {
+            let run = &spans[r.clone()];
+            let service = &run[0].service;
+            if !run.iter().all(|s| s.service == *service) {
+                continue;
+            }
+            // The analysis is written straight into the box the assembler will hold (a record
+            // and its path are a few hundred bytes: moved from call to call, they were copied
+            // several times each).
+            let mut prepared = Box::new(PreparedTrace {
+                analysed: Analysed::default(),
+                source: SpanSource {
+                    body: Bytes::new(),
+                    service: service.clone(),
+                    ranges: Ranges::new(),
+                },
+                span_bytes: run.iter().map(span_footprint).sum(),
+            });
+            // Only a trace with a request span (as the assembler's detector sees it) completes
+            // after its grace period; the others are left to the assembler's idle rules.
+            if !dialect::extract_requests_into(run, &mut prepared.analysed.records) {
+                continue;
+            }
+            add_paths(run, &mut prepared.analysed, opts);
+            for span in run {
+                let offset = compact.len();
+                span_codec::encode(span, compact);
+                prepared.source.ranges.push(SpanRange {
+                    offset: offset as u32,
+                    len: (compact.len() - offset) as u32,
+                });
+            }
+            out.push(PreparedRun {
+                trace_id: run[0].trace_id,
+                start: r.start,
+                len: run.len(),
+                prepared,
+            });
         }
-        // The analysis is written straight into the box the assembler will hold (a record
-        // and its path are a few hundred bytes: moved from call to call, they were copied
-        // several times each).
-        let mut prepared = Box::new(PreparedTrace {
-            analysed: Analysed::default(),
-            source: SpanSource {
-                body: body.clone(),
-                service: service.clone(),
-                ranges: Ranges::from_slice(&batch.span_ranges[r.clone()]),
-            },
-            span_bytes: run.iter().map(span_footprint).sum(),
-        });
-        // Only a trace with a request span (as the assembler's detector sees it) completes
-        // after its grace period; the others are left to the assembler's idle rules.
-        if !dialect::extract_requests_into(run, &mut prepared.analysed.records) {
-            continue;
+        if out.is_empty() || u32::try_from(compact.len()).is_err() {
+            // Nothing prepared, or (far past any body limit) offsets that do not fit.
+            out.clear();
+            return (out, 0);
         }
-        add_paths(run, &mut prepared.analysed, opts);
-        out.push(PreparedRun {
-            trace_id: run[0].trace_id,
-            start: r.start,
-            len: run.len(),
-            prepared,
-        });
-    }
-    out
+        // One exact allocation for the batch (the scratch keeps its capacity for the next).
+        let body = Bytes::copy_from_slice(compact);
+        for run in &mut out {
+            run.prepared.source.body = body.clone();
+        }
+        let len = body.len();
+        (out, len)
+    })
+}
+
+thread_local! {
+    /// Where a receiver thread encodes a batch's prepared spans before copying them out.
+    static COMPACT_SCRATCH: std::cell::RefCell<Vec<u8>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Whether a trace id starts more than one of `runs`.
@@ -254,14 +300,11 @@ fn group_by_trace(batch: &mut IngestBatch) {
         next_at[g] += 1;
     }
     let mut spans: Vec<Option<Span>> = (0..n).map(|_| None).collect();
-    let mut ranges = vec![SpanRange { offset: 0, len: 0 }; n];
     let old = std::mem::take(&mut batch.spans).into_iter();
-    for ((span, range), &p) in old.zip(&batch.span_ranges).zip(&position) {
+    for (span, &p) in old.zip(&position) {
         spans[p] = Some(span);
-        ranges[p] = *range;
     }
     batch.spans = spans.into_iter().flatten().collect();
-    batch.span_ranges = ranges;
 }
 
 /// The maximal runs of consecutive spans with the same trace id.
@@ -306,12 +349,6 @@ mod tests {
         let order = [(1, 1), (2, 1), (1, 2), (3, 1), (2, 2), (1, 3)];
         let spans: Vec<Span> = order.iter().map(|&(t, n)| span(t, n)).collect();
         let mut batch = IngestBatch {
-            span_ranges: (0..6u32)
-                .map(|i| SpanRange {
-                    offset: i * 10,
-                    len: i,
-                })
-                .collect(),
             spans,
             ..Default::default()
         };
@@ -323,12 +360,6 @@ mod tests {
             .map(|s| (s.trace_id.0[0], s.span_id.0[0]))
             .collect();
         assert_eq!(got, [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (3, 1)]);
-        let offsets: Vec<u32> = batch.span_ranges.iter().map(|r| r.offset).collect();
-        assert_eq!(
-            offsets,
-            [0, 20, 50, 10, 40, 30],
-            "ranges move with their spans"
-        );
         assert_eq!(trace_runs(&batch.spans), [0..3, 3..5, 5..6]);
         assert!(!has_repeated_trace(&batch.spans, &trace_runs(&batch.spans)));
     }

@@ -380,7 +380,7 @@ fn the_shutdown_hand_over_reaches_the_store() {
 }
 
 /// `spans` as the receiver hands them on from a protobuf body: encoded as one OTLP request of
-/// resource `llm`, decoded by the lean decoder, with the body and span ranges kept.
+/// resource `llm`, decoded by the lean decoder, with the body kept.
 fn proto_batch(spans: &[Span]) -> IngestBatch {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value};
@@ -452,7 +452,6 @@ fn proto_batch(spans: &[Span]) -> IngestBatch {
     assert_eq!(decoded.spans, spans, "the encoding round-trips");
     IngestBatch {
         spans: decoded.spans,
-        span_ranges: decoded.span_ranges,
         raw_protobuf: Some(body),
         ..Default::default()
     }
@@ -584,6 +583,7 @@ fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
 
     let mut grouped = proto_batch(&first);
     let prepared: Vec<TraceId> = prepare_runs(&mut grouped, &config.critical_path_options())
+        .0
         .iter()
         .map(|r| grouped.spans[r.start].trace_id)
         .collect();
@@ -623,18 +623,21 @@ fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
 }
 
 #[test]
-fn a_prepared_batch_reserves_the_body_and_the_analyses_it_holds() {
+fn a_prepared_batch_reserves_the_compact_spans_and_the_analyses_it_holds() {
     let spans: Vec<Span> = (1..=5u8)
         .flat_map(|t| request_trace(t, "m", 5, 30, 200, 9))
         .collect();
     let span_estimate: usize = spans.iter().map(span_footprint).sum();
     let mut b = proto_batch(&spans);
     let body = b.raw_protobuf.as_ref().map_or(0, |b| b.len());
-    let analyses: usize = prepare_runs(&mut b, &CollectorConfig::default().critical_path_options())
-        .iter()
-        .map(|r| r.prepared.footprint())
-        .sum();
-    let held = body + analyses + b.text_bytes;
+    let (runs, compact) = prepare_runs(&mut b, &CollectorConfig::default().critical_path_options());
+    let analyses: usize = runs.iter().map(|r| r.prepared.footprint()).sum();
+    let held = compact + analyses + b.text_bytes;
+    // Ids and times take most of these small spans; keys are what the compact form saves.
+    assert!(
+        compact < body,
+        "the compact spans ({compact} B) are under the body ({body} B)"
+    );
     assert!(analyses > 5 * 500, "records, paths, ranges: {analyses}");
 
     let (p, _) = pipeline(&CollectorConfig::default());
@@ -683,14 +686,13 @@ fn interleaved_and_returning_traces_are_reserved_for_what_they_hold() {
         .flat_map(|k| traces.iter().map(move |t| t[k].clone()))
         .collect();
     let mut b = proto_batch(&spans);
-    let runs = prepare_runs(&mut b, &opts);
+    let (runs, compact) = prepare_runs(&mut b, &opts);
     assert_eq!(runs.len(), 4, "regrouped and prepared");
-    let body = b.raw_protobuf.as_ref().map_or(0, |b| b.len());
     let analyses: usize = runs.iter().map(|r| r.prepared.footprint()).sum();
     let (p, _) = pipeline(&CollectorConfig::default());
     let t0 = Instant::now();
     p.ingest_at(proto_batch(&spans), t0).unwrap();
-    assert_eq!(p.limiter().used(), body + analyses + b.text_bytes);
+    assert_eq!(p.limiter().used(), compact + analyses + b.text_bytes);
 
     // One more span of trace 1 a second later: the trace takes its spans back, reserved with
     // the new batch.

@@ -41,12 +41,6 @@ pub(crate) async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes,
             buf.extend_from_slice(&data);
         }
     }
-    // A body that grew past its declared size has up to half its buffer spare; the pipeline may
-    // hold a body through the grace period (traces analysed on arrival decode from it again), so
-    // it is copied to its size rather than kept with the slack.
-    if buf.capacity() - buf.len() > buf.len() / 8 {
-        return Ok(Bytes::copy_from_slice(&buf));
-    }
     Ok(buf.freeze())
 }
 
@@ -69,7 +63,7 @@ pub(crate) fn gunzip_limited(data: &[u8], limit: usize) -> Result<Bytes, Inflate
     if out.len() > limit {
         return Err(InflateError::TooLarge);
     }
-    // Held as long as the traces analysed from it (see `read_body`): no spare capacity.
+    // The forwarder may queue it: no spare capacity.
     out.shrink_to_fit();
     Ok(Bytes::from(out))
 }

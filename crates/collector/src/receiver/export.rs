@@ -106,7 +106,6 @@ impl Receiver {
             spans,
             rejected,
             first_error,
-            span_ranges,
         } = match decoded {
             Ok(decoded) => decoded,
             Err(error) => {
@@ -132,7 +131,6 @@ impl Receiver {
                 spans,
                 raw_protobuf,
                 raw_json,
-                span_ranges,
                 text_bytes,
             }) {
                 Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
