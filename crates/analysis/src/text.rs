@@ -10,11 +10,12 @@
 //! the collector's CPU at full ingest rate.
 
 use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex};
 
 use arcstr::ArcStr;
 use serde::{Serialize, Serializer};
@@ -135,26 +136,35 @@ pub struct Interner {
 /// Front-cache hits after which an interned string is made static (see [`promote`]).
 const PROMOTE_AFTER_HITS: u32 = 64;
 
-/// Strings the whole process may make static, ever: at most [`MAX_INTERNED_LEN`] bytes each,
-/// so the memory never given back is bounded (under half a MiB).
+/// Distinct strings the whole process may make static, ever: at most [`MAX_INTERNED_LEN`]
+/// bytes each, so the memory never given back is bounded (under half a MiB).
 pub const MAX_STATIC_TEXTS: usize = 4096;
 
-/// What is left of [`MAX_STATIC_TEXTS`].
-static STATIC_BUDGET: AtomicUsize = AtomicUsize::new(MAX_STATIC_TEXTS);
+/// The strings made static, one per distinct text for the whole process (each thread's
+/// interner adopts the one already there rather than making its own copy static).
+static STATIC_TEXTS: LazyLock<Mutex<HashMap<Box<str>, Text>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Makes a popular interned string static ([`ArcStr::leak`]): from then on, cloning or
 /// dropping it (every span and record that carries it does both) touches no shared counter.
-/// It is never freed, hence the process-wide budget: once spent, strings stay counted.
-fn promote(t: &Text) {
+/// Returns the process's static text for it when another thread made one first (the caller
+/// uses that one instead of `t`); `None` when `t` itself was made static, or nothing was done
+/// because [`MAX_STATIC_TEXTS`] distinct strings are static already (never freed, hence the
+/// bound: past it, strings stay counted).
+fn promote(t: &Text) -> Option<Text> {
     if t.is_static() {
-        return;
+        return None;
     }
-    let took = STATIC_BUDGET
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-        .is_ok();
-    if took {
-        let _: &'static str = t.0.leak();
+    let mut texts = STATIC_TEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = texts.get(t.as_str()) {
+        return Some(s.clone());
     }
+    if texts.len() >= MAX_STATIC_TEXTS {
+        return None;
+    }
+    let _: &'static str = t.0.leak();
+    texts.insert(Box::from(t.as_str()), t.clone());
+    None
 }
 
 /// Slots of [`Interner`]'s front cache (a power of two).
@@ -300,10 +310,17 @@ impl Interner {
             && same_bytes(t.as_bytes(), bytes)
         {
             if !t.is_static() {
+                // One attempt per string and slot: past the budget, counting goes on idle.
                 let hits = &mut recent_hits[at];
-                *hits += 1;
-                if *hits >= PROMOTE_AFTER_HITS {
-                    promote(t);
+                *hits = hits.saturating_add(1);
+                if *hits == PROMOTE_AFTER_HITS
+                    && let Some(shared) = promote(t)
+                {
+                    let hash = hasher.hash_one(bytes);
+                    if let Some(entry) = table.find_mut(hash, |e| same_bytes(e.as_bytes(), bytes)) {
+                        *entry = shared.clone();
+                    }
+                    *t = shared;
                 }
             }
             return Ok(t.clone());
@@ -358,25 +375,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn popular_strings_become_static_and_stay_equal() {
+    fn popular_strings_become_static_once_per_process() {
+        // A text no other test interns (tests share the process-wide registry).
+        const VALUE: &str = "a value only this test interns";
         let mut i = Interner::default();
-        let first = i.intern("queue");
+        let first = i.intern(VALUE);
         assert!(!first.is_static(), "a new string is counted");
         for _ in 0..PROMOTE_AFTER_HITS {
-            let _ = i.intern("queue");
+            let _ = i.intern(VALUE);
         }
-        let later = i.intern("queue");
+        let later = i.intern(VALUE);
         assert!(
             later.is_static() && first.is_static(),
             "the one allocation is static"
         );
         assert!(Text::ptr_eq(&first, &later));
-        assert_eq!(later, "queue");
+        assert_eq!(later, VALUE);
         // Clones and drops of a static text are free and it stays readable.
         let copies: Vec<Text> = (0..10).map(|_| later.clone()).collect();
         drop(copies);
         drop(first);
-        assert_eq!(later.as_str(), "queue");
+        assert_eq!(later.as_str(), VALUE);
+        // Another thread's interner adopts the process's static text instead of making its
+        // own copy static (the budget counts distinct strings).
+        let theirs = std::thread::spawn(|| {
+            let mut other = Interner::default();
+            for _ in 0..=PROMOTE_AFTER_HITS + 1 {
+                let _ = other.intern(VALUE);
+            }
+            other.intern(VALUE)
+        })
+        .join()
+        .unwrap();
+        assert!(Text::ptr_eq(&theirs, &later), "one static copy per text");
         // A string seen once is not promoted.
         assert!(!i.intern("rare value").is_static());
     }
@@ -394,14 +425,16 @@ mod tests {
         let other_service: Arc<str> = Arc::from("engine");
         assert_eq!(cache.get(&other_service, &name), None);
         assert_eq!(cache.get(&service, &Text::from("decode")), None);
-        // The cache keeps its strings alive: dropping the caller's handles cannot free them.
-        drop(service);
-        drop(name);
+        // The cache holds clones, so the addresses it compares stay allocated.
         assert_eq!(
-            cache.slots.iter().flatten().count(),
-            1,
-            "one slot holds the pair"
+            Arc::strong_count(&service),
+            2,
+            "the caller's and the cache's"
         );
+        drop(service);
+        let slot = cache.slots.iter().flatten().next().unwrap();
+        assert_eq!(Arc::strong_count(&slot.0), 1, "the cache's own clone");
+        assert_eq!(&*slot.0, "engine");
     }
 
     #[test]

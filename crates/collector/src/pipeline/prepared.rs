@@ -244,8 +244,12 @@ pub fn prepare_runs(
             out.clear();
             return (out, 0);
         }
-        // One exact allocation for the batch (the scratch keeps its capacity for the next).
+        // One exact allocation for the batch. The scratch keeps its capacity for the next
+        // batch, up to a bound (it is not counted by the memory limiter).
         let body = Bytes::copy_from_slice(compact);
+        if compact.capacity() > MAX_SCRATCH_KEPT {
+            *compact = Vec::new();
+        }
         for run in &mut out {
             run.prepared.source.body = body.clone();
         }
@@ -253,6 +257,10 @@ pub fn prepare_runs(
         (out, len)
     })
 }
+
+/// Largest encoding scratch a receiver thread keeps between batches (a 1,000-span batch of
+/// inference traces needs ~110 KB).
+const MAX_SCRATCH_KEPT: usize = 1 << 20;
 
 thread_local! {
     /// Where a receiver thread encodes a batch's prepared spans before copying them out.

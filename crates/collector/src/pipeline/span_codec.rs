@@ -128,8 +128,11 @@ pub fn decode(
     let start_unix_nano = u64::from_le_bytes(r.array()?);
     let end_unix_nano = u64::from_le_bytes(r.array()?);
     let name = r.text(interner)?;
+    // Vectors sized exactly for valid input (as the decoders size them, so that spans decoded
+    // again hold what was reserved for them), and bounded by the bytes left for bad input: an
+    // attribute takes at least three bytes, a link 24, a string one.
     let count = r.varint()?;
-    let mut attributes = Vec::with_capacity(count.min(64) as usize);
+    let mut attributes = Vec::with_capacity(r.at_most(count, 3));
     for _ in 0..count {
         let key = *KNOWN_KEYS
             .get(usize::from(r.byte()?))
@@ -142,7 +145,7 @@ pub fn decode(
             3 => AttrValue::Bool(r.byte()? != 0),
             4 => {
                 let n = r.varint()?;
-                let mut items = Vec::with_capacity(n.min(64) as usize);
+                let mut items = Vec::with_capacity(r.at_most(n, 1));
                 for _ in 0..n {
                     items.push(r.text(interner)?);
                 }
@@ -153,7 +156,7 @@ pub fn decode(
         attributes.push((key, value));
     }
     let n = r.varint()?;
-    let mut links = Vec::with_capacity(n.min(64) as usize);
+    let mut links = Vec::with_capacity(r.at_most(n, 24));
     for _ in 0..n {
         links.push(SpanLink {
             trace_id: TraceId(r.array()?),
@@ -187,6 +190,9 @@ static KEYS_BY_LEN: LazyLock<Vec<Vec<(&'static str, u8)>>> = LazyLock::new(|| {
     }
     buckets
 });
+
+// Key indexes are one byte.
+const _: () = assert!(KNOWN_KEYS.len() <= 256);
 
 /// Slots of [`KEY_CACHE`] (a power of two).
 const KEY_CACHE_SLOTS: usize = 256;
@@ -238,6 +244,12 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// `count`, or fewer when the bytes left cannot hold `count` items of `min_size` bytes.
+    fn at_most(&self, count: u64, min_size: usize) -> usize {
+        let fit = (self.buf.len() - self.at) / min_size;
+        usize::try_from(count).map_or(fit, |c| c.min(fit))
+    }
+
     fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
         let end = self
             .at
@@ -359,10 +371,69 @@ mod tests {
 
     #[test]
     fn it_is_smaller_than_the_span_in_the_body() {
+        use opentelemetry_proto::tonic::common::v1::{
+            AnyValue, ArrayValue, KeyValue, any_value::Value,
+        };
+        use opentelemetry_proto::tonic::trace::v1::{Span as ProtoSpan, Status, span::Link};
+        use prost::Message;
+        let span = sample();
+        let value = |v: &AttrValue| match v {
+            AttrValue::Str(s) => Value::StringValue(s.to_string()),
+            AttrValue::Int(i) => Value::IntValue(*i),
+            AttrValue::Double(d) => Value::DoubleValue(*d),
+            AttrValue::Bool(b) => Value::BoolValue(*b),
+            AttrValue::StrArray(items) => Value::ArrayValue(ArrayValue {
+                values: items
+                    .iter()
+                    .map(|s| AnyValue {
+                        value: Some(Value::StringValue(s.to_string())),
+                    })
+                    .collect(),
+            }),
+        };
+        let proto = ProtoSpan {
+            trace_id: span.trace_id.0.to_vec(),
+            span_id: span.span_id.0.to_vec(),
+            parent_span_id: span.parent_span_id.map_or(Vec::new(), |p| p.0.to_vec()),
+            name: span.name.to_string(),
+            kind: 2,
+            start_time_unix_nano: span.start_unix_nano,
+            end_time_unix_nano: span.end_unix_nano,
+            attributes: span
+                .attributes
+                .iter()
+                .map(|(k, v)| KeyValue {
+                    key: (*k).to_string(),
+                    value: Some(AnyValue {
+                        value: Some(value(v)),
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            links: span
+                .links
+                .iter()
+                .map(|l| Link {
+                    trace_id: l.trace_id.0.to_vec(),
+                    span_id: l.span_id.0.to_vec(),
+                    ..Default::default()
+                })
+                .collect(),
+            status: Some(Status {
+                code: 2,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let mut buf = Vec::new();
-        encode(&sample(), &mut buf);
-        // Keys are one byte each instead of their text.
-        assert!(buf.len() < 150, "{} bytes", buf.len());
+        encode(&span, &mut buf);
+        let wire = proto.encoded_len();
+        // Keys are one byte each instead of their text: well under the wire form.
+        assert!(
+            buf.len() * 3 < wire * 2,
+            "{} against {wire} bytes",
+            buf.len()
+        );
     }
 
     #[test]

@@ -380,7 +380,7 @@ fn the_shutdown_hand_over_reaches_the_store() {
 }
 
 /// `spans` as the receiver hands them on from a protobuf body: encoded as one OTLP request of
-/// resource `llm`, decoded by the lean decoder, with the body kept.
+/// resource `llm`, decoded by the lean decoder, with the body (as kept for forwarding).
 fn proto_batch(spans: &[Span]) -> IngestBatch {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value};

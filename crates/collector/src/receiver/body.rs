@@ -41,6 +41,12 @@ pub(crate) async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes,
             buf.extend_from_slice(&data);
         }
     }
+    // A body that grew past its declared size (gRPC declares none) may have up to half its
+    // buffer spare; the forwarder's queue may hold it and reserves its length, so it is copied
+    // to its size rather than kept with the slack.
+    if buf.capacity() - buf.len() > buf.len() / 8 {
+        return Ok(Bytes::copy_from_slice(&buf));
+    }
     Ok(buf.freeze())
 }
 
