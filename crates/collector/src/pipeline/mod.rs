@@ -260,6 +260,7 @@ impl Pipeline {
         // Traces whose spans all came in this batch are analysed now, while in cache.
         let (mut runs, compact_bytes) = prepare_runs(&mut batch, &self.cp_options);
         let mut assembler = lock(&self.assembler);
+        assembler.warm_index(runs.iter().map(|r| &r.trace_id));
         // Spans of a trace held as prepared turn it back into spans: reserve those too. (The
         // runs' own traces are looked up with `would_take` below.)
         let mut taken_back = 0;
