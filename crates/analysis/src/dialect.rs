@@ -104,15 +104,16 @@ pub fn extract_requests(spans: &[Span]) -> Vec<RequestRecord> {
 /// collector needs to know to complete the trace after its grace period), in the same pass.
 /// The records are collected into `C` (a collector holding one trace's records for seconds
 /// keeps them inline rather than in a vector of their own).
-pub fn extract_requests_detected<C: Default + Extend<RequestRecord>>(spans: &[Span]) -> (C, bool) {
+pub fn extract_requests_detected<C: Default + RecordSink>(spans: &[Span]) -> (C, bool) {
     let mut records = C::default();
     let detected = extract_requests_into(spans, &mut records);
     (records, detected)
 }
 
-/// [`extract_requests_detected`] appending to `out` (so that records are written where they
-/// are kept, not moved there); returns whether [`detect`] finds a request span.
-pub fn extract_requests_into(spans: &[Span], out: &mut impl Extend<RequestRecord>) -> bool {
+/// [`extract_requests_detected`] appending to `out`, each record written in place (a record is
+/// ~300 bytes: built on the stack and moved from call to call, it was copied several times);
+/// returns whether [`detect`] finds a request span.
+pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool {
     let trace = TraceView::new(spans);
     // A trace has one or two request spans as a rule: no allocation for those.
     let mut specific: SmallVec<[(usize, Dialect); 4]> = SmallVec::new();
@@ -152,16 +153,39 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl Extend<RequestRecord
     let mut all = specific;
     all.extend(generic.into_iter().map(|g| (g, Dialect::Generic)));
     all.sort_by_key(|&(i, _)| i);
-    out.extend(all.into_iter().map(|(i, d)| {
+    for (i, d) in all {
         let span = &spans[i];
+        let r = out.push_record(base_record(span, d, &trace));
         match d {
-            Dialect::Infertrace => infertrace::extract(span, &trace),
-            Dialect::Vllm | Dialect::Sglang => latency_attrs::extract(span, d, &trace),
-            Dialect::Tgi => tgi::extract(span, &trace),
-            Dialect::Generic => base_record(span, Dialect::Generic, &trace),
+            Dialect::Infertrace => infertrace::refine(span, &trace, r),
+            Dialect::Vllm | Dialect::Sglang => latency_attrs::refine(span, r),
+            Dialect::Tgi => tgi::refine(span, &trace, r),
+            Dialect::Generic => {}
         }
-    }));
+    }
     detected_any
+}
+
+/// A vector of request records that [`extract_requests_into`] appends to.
+pub trait RecordSink {
+    /// Appends `r` and returns it, in its place.
+    fn push_record(&mut self, r: RequestRecord) -> &mut RequestRecord;
+}
+
+impl RecordSink for Vec<RequestRecord> {
+    fn push_record(&mut self, r: RequestRecord) -> &mut RequestRecord {
+        let at = self.len();
+        self.push(r);
+        &mut self[at]
+    }
+}
+
+impl<const N: usize> RecordSink for SmallVec<[RequestRecord; N]> {
+    fn push_record(&mut self, r: RequestRecord) -> &mut RequestRecord {
+        let at = self.len();
+        self.push(r);
+        &mut self[at]
+    }
 }
 
 /// One trace's spans with the lookups the dialects need. Small traces are scanned linearly

@@ -221,7 +221,7 @@ pub struct RequestRecord {
 pub const UNKNOWN: &str = "unknown";
 
 /// [`UNKNOWN`] as one shared [`Text`] (records start with it; no allocation per record).
-static UNKNOWN_TEXT: std::sync::LazyLock<Text> = std::sync::LazyLock::new(|| Text::from(UNKNOWN));
+static UNKNOWN_TEXT: std::sync::LazyLock<Text> = std::sync::LazyLock::new(|| Text::leaked(UNKNOWN));
 
 /// TPOT by the GenAI definition: decode time / (output tokens − 1); `None` below two tokens.
 pub fn tpot_from(decode: f64, output_tokens: u64) -> Option<f64> {

@@ -68,6 +68,14 @@ impl Text {
         ArcStr::ptr_eq(&a.0, &b.0)
     }
 
+    /// A text that is static from the start, for constants: never freed, so cloning and
+    /// dropping it touches no shared counter.
+    pub fn leaked(s: &str) -> Self {
+        let t = Self::from(s);
+        let _: &'static str = t.0.leak();
+        t
+    }
+
     /// Whether clones and drops of this text skip reference counting (see [`Interner`]).
     pub fn is_static(&self) -> bool {
         ArcStr::is_static(&self.0)
@@ -408,8 +416,9 @@ mod tests {
         .join()
         .unwrap();
         assert!(Text::ptr_eq(&theirs, &later), "one static copy per text");
-        // A string seen once is not promoted.
+        // A string seen once is not promoted; a constant is static from the start.
         assert!(!i.intern("rare value").is_static());
+        assert!(Text::leaked("unknown").is_static());
     }
 
     #[test]

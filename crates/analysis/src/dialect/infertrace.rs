@@ -18,13 +18,12 @@
 
 use infertrace_semconv as sc;
 
-use super::{Phase, TraceView, base_record, gpu_record, seconds_attr};
-use crate::record::{Dialect, PhaseOrigin, RequestRecord, tpot_from};
+use super::{Phase, TraceView, gpu_record, seconds_attr};
+use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
 
-/// The record of an infertrace request span.
-pub fn extract(span: &Span, trace: &TraceView<'_>) -> RequestRecord {
-    let mut r = base_record(span, Dialect::Infertrace, trace);
+/// Completes `r`, the [`base_record`](super::base_record) of an infertrace request span.
+pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     // The first child of each phase, in one pass over the children.
     let (mut queue_span, mut prefill_span, mut decode_span, mut inference_span) =
         (None, None, None, None);
@@ -91,5 +90,4 @@ pub fn extract(span: &Span, trace: &TraceView<'_>) -> RequestRecord {
         .into_iter()
         .filter_map(|(p, s)| Some((p, s?))),
     );
-    r
 }

@@ -16,13 +16,12 @@
 
 use infertrace_semconv as sc;
 
-use super::{TraceView, base_record, seconds_attr};
-use crate::record::{Dialect, PhaseOrigin, RequestRecord, tpot_from};
+use super::seconds_attr;
+use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
 
-/// The record of a vLLM or SGLang request span.
-pub fn extract(span: &Span, dialect: Dialect, trace: &TraceView<'_>) -> RequestRecord {
-    let mut r = base_record(span, dialect, trace);
+/// Completes `r`, the [`base_record`](super::base_record) of a vLLM or SGLang request span.
+pub fn refine(span: &Span, r: &mut RequestRecord) {
     let attr = |k| seconds_attr(span, k);
     let measured = |v: Option<f64>| v.map(|_| PhaseOrigin::Measured);
     let derived = |v: Option<f64>| v.map(|_| PhaseOrigin::Derived);
@@ -71,5 +70,4 @@ pub fn extract(span: &Span, dialect: Dialect, trace: &TraceView<'_>) -> RequestR
         r.tpot = tpot_from(d, n);
         r.origins.tpot = derived(r.tpot);
     }
-    r
 }

@@ -25,8 +25,8 @@
 
 use infertrace_semconv as sc;
 
-use super::{TraceView, base_record};
-use crate::record::{Dialect, PhaseOrigin, RequestRecord, tpot_from};
+use super::TraceView;
+use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::{AttrValue, Span};
 
 /// The TGI timing fields.
@@ -102,9 +102,8 @@ pub fn field_seconds(span: &Span, key: &str) -> Option<f64> {
     }
 }
 
-/// The record of a TGI request span.
-pub fn extract(span: &Span, trace: &TraceView<'_>) -> RequestRecord {
-    let mut r = base_record(span, Dialect::Tgi, trace);
+/// Completes `r`, the [`base_record`](super::base_record) of a TGI request span.
+pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if r.operation == crate::record::UNKNOWN {
         r.operation = if span.name == "chat_completions" {
             sc::gen_ai::operation::CHAT
@@ -168,7 +167,6 @@ pub fn extract(span: &Span, trace: &TraceView<'_>) -> RequestRecord {
             r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
         }
     }
-    r
 }
 
 #[cfg(test)]
