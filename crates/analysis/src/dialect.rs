@@ -166,24 +166,19 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
     detected_any
 }
 
-/// A vector of request records that [`extract_requests_into`] appends to.
+/// A vector of request records that [`extract_requests_into`] appends to (`Vec`, `SmallVec`).
 pub trait RecordSink {
     /// Appends `r` and returns it, in its place.
     fn push_record(&mut self, r: RequestRecord) -> &mut RequestRecord;
 }
 
-impl RecordSink for Vec<RequestRecord> {
+impl<V> RecordSink for V
+where
+    V: Extend<RequestRecord> + std::ops::DerefMut<Target = [RequestRecord]>,
+{
     fn push_record(&mut self, r: RequestRecord) -> &mut RequestRecord {
         let at = self.len();
-        self.push(r);
-        &mut self[at]
-    }
-}
-
-impl<const N: usize> RecordSink for SmallVec<[RequestRecord; N]> {
-    fn push_record(&mut self, r: RequestRecord) -> &mut RequestRecord {
-        let at = self.len();
-        self.push(r);
+        self.extend(std::iter::once(r));
         &mut self[at]
     }
 }
