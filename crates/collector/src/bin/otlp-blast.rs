@@ -11,6 +11,7 @@
 //! ```text
 //! otlp-blast [--protocol grpc|http] [--addr HOST:PORT] [--connections 16] [--duration 10]
 //!            [--batch 1000] [--rate SPANS_PER_SEC] [--interleave] [--decode-only]
+//!            [--pipeline-only]
 //! ```
 //!
 //! `--interleave` orders each request's spans as an SDK's batch span processor exports them
@@ -20,6 +21,15 @@
 //! `--decode-only` sends nothing: it times decoding the generated requests in this process, with
 //! prost into `opentelemetry-proto` types and with infertrace's lean decoder, for `--duration`
 //! seconds each, and prints nanoseconds per span.
+//!
+//! `--pipeline-only` sends nothing either: it runs the collector's whole pipeline in this
+//! process, on one thread, for `--duration` seconds — each body decoded and ingested as the
+//! receivers do it, the pipeline ticked every 100 ms — against a simulated clock that advances
+//! as if spans arrived at 1.5 million per second, so the grace period holds as many traces as
+//! at that rate. It then completes every trace and prints the CPU nanoseconds per analysed span
+//! (sockets and HTTP left out: the same for any receiver). Being one thread without a network,
+//! it varies far less from run to run than the socket benchmark, which makes it the A/B
+//! measure for changes to the pipeline's CPU cost.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -63,6 +73,7 @@ struct Args {
     rate: Option<f64>,
     interleave: bool,
     decode_only: bool,
+    pipeline_only: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -72,6 +83,7 @@ fn parse_args() -> Result<Args, String> {
     let mut duration = 10.0f64;
     let mut batch = 1000usize;
     let mut decode_only = false;
+    let mut pipeline_only = false;
     let mut interleave = false;
     let mut rate: Option<f64> = None;
     let mut it = std::env::args().skip(1);
@@ -113,12 +125,14 @@ fn parse_args() -> Result<Args, String> {
                 rate = Some(r);
             }
             "--decode-only" => decode_only = true,
+            "--pipeline-only" => pipeline_only = true,
             "--interleave" => interleave = true,
             "-h" | "--help" => {
                 return Err(
                     "usage: otlp-blast [--protocol grpc|http] [--addr HOST:PORT] \
                             [--connections 16] [--duration 10] [--batch 1000] \
-                            [--rate SPANS_PER_SEC] [--interleave] [--decode-only]"
+                            [--rate SPANS_PER_SEC] [--interleave] [--decode-only] \
+                            [--pipeline-only]"
                         .into(),
                 );
             }
@@ -142,6 +156,7 @@ fn parse_args() -> Result<Args, String> {
         rate,
         interleave,
         decode_only,
+        pipeline_only,
     })
 }
 
@@ -503,6 +518,93 @@ fn decode_benchmark(requests: &[Vec<u8>], spans_per_request: u64, duration: Dura
     );
 }
 
+/// Simulated arrival rate of `--pipeline-only` (spans per second).
+const PIPELINE_SIMULATED_RATE: f64 = 1.5e6;
+
+/// CPU seconds this process has used (user + system).
+fn process_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Runs the pipeline in process (see the module docs) and prints CPU ns per analysed span.
+fn pipeline_benchmark(bodies: &[Body], duration: Duration) {
+    use infertrace_collector::config::CollectorConfig;
+    use infertrace_collector::ingest::IngestBatch;
+    use infertrace_collector::internal_events::InternalEvents;
+    use infertrace_collector::limiter::MemoryLimiter;
+    use infertrace_collector::otlp_decode::take_fresh_text_bytes;
+    use infertrace_collector::pipeline::{Pipeline, unix_nanos_now};
+    use infertrace_collector::prom_export::PromMetrics;
+
+    let mut config = CollectorConfig::default();
+    config.limits.max_traces_in_flight = 10_000_000;
+    let pipeline = Pipeline::new(
+        &config,
+        InternalEvents::default(),
+        PromMetrics::default(),
+        MemoryLimiter::new(16 << 30),
+        None,
+    );
+    let (start, start_unix) = (Instant::now(), unix_nanos_now());
+    let at = |sim: Duration| (start + sim, start_unix + sim.as_nanos() as u64);
+    let tick_every = Duration::from_millis(100);
+    let cpu0 = process_cpu_secs();
+    let (mut sim, mut next_tick) = (Duration::ZERO, tick_every);
+    let (mut sent, mut requests, mut i) = (0u64, 0usize, 0usize);
+    while start.elapsed() < duration {
+        let body = bodies[i % bodies.len()].send(0xabc, i);
+        i += 1;
+        let decoded = match decode_protobuf(&body) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("otlp-blast: a generated request does not decode: {e}");
+                return;
+            }
+        };
+        let spans = decoded.spans.len() as u64;
+        let batch = IngestBatch {
+            spans: decoded.spans,
+            raw_protobuf: Some(body),
+            raw_json: None,
+            text_bytes: take_fresh_text_bytes(),
+        };
+        let (now, _) = at(sim);
+        if let Err(e) = pipeline.ingest_at(batch, now) {
+            eprintln!("otlp-blast: the pipeline refused a batch: {e}");
+            return;
+        }
+        sent += spans;
+        sim += Duration::from_secs_f64(spans as f64 / PIPELINE_SIMULATED_RATE);
+        if sim >= next_tick {
+            let (now, unix) = at(sim);
+            requests += pipeline.tick_at(now, unix).requests;
+            next_tick += tick_every;
+        }
+    }
+    // Everything completes: the grace and the idle timeout pass.
+    let (now, unix) = at(sim + Duration::from_secs(3600));
+    requests += pipeline.tick_at(now, unix).requests;
+    let cpu = process_cpu_secs() - cpu0;
+    let analysed = requests as u64 * 4;
+    println!(
+        "pipeline sent_spans={sent} analysed_spans={analysed} cpu_s={cpu:.2} \
+         cpu_ns_per_span={:.0} simulated_s={:.1}",
+        cpu * 1e9 / analysed.max(1) as f64,
+        sim.as_secs_f64()
+    );
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = match parse_args() {
@@ -555,6 +657,16 @@ async fn main() -> ExitCode {
             b.trace_id_offsets.len()
         );
         return ExitCode::FAILURE;
+    }
+    if args.pipeline_only {
+        if args.protocol != Protocol::Http {
+            eprintln!(
+                "otlp-blast: --pipeline-only takes plain protobuf bodies: use --protocol http"
+            );
+            return ExitCode::from(2);
+        }
+        pipeline_benchmark(&bodies, args.duration);
+        return ExitCode::SUCCESS;
     }
     let errors = Arc::new(AtomicU64::new(0));
     let pace = args
