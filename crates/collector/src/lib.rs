@@ -15,7 +15,7 @@ pub mod limiter;
 pub mod otlp_decode;
 pub mod pipeline;
 pub mod prom_export;
-pub mod prom_histogram;
+pub mod prom_single_writer;
 pub mod receiver;
 pub mod server;
 pub mod store;

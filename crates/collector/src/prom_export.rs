@@ -24,7 +24,6 @@ use foldhash::{HashMap, HashMapExt};
 use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use infertrace_analysis::critical_path::CriticalPath;
@@ -33,13 +32,12 @@ use infertrace_analysis::record::{Outcome, RequestRecord};
 use infertrace_analysis::text::PairCache;
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::internal_events::InternalEvents;
-use crate::prom_histogram::ClassicHistogram;
+use crate::prom_single_writer::{ClassicHistogram, SingleWriter};
 
 /// Most distinct (service, span) keys of `critical_path_seconds_total`.
 pub const MAX_CRITICAL_PATH_KEYS: usize = 256;
@@ -101,9 +99,12 @@ pub struct AlertLabels {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-/// The histogram every request family uses (see [`crate::prom_histogram`]).
+/// The histogram every request family uses (see [`crate::prom_single_writer`]).
 type Histogram = ClassicHistogram;
-type FloatCounter = Counter<f64, AtomicU64>;
+/// The counters of the request families: written by the recorder alone (see
+/// [`crate::prom_single_writer`]).
+type Counter = prometheus_client::metrics::counter::Counter<u64, SingleWriter>;
+type FloatCounter = prometheus_client::metrics::counter::Counter<f64, SingleWriter>;
 
 fn e2e_histogram() -> Histogram {
     Histogram::new(&metric::REQUEST_DURATION_BUCKETS)
@@ -118,7 +119,9 @@ fn phase_histogram() -> Histogram {
     Histogram::new(&metric::PHASE_DURATION_BUCKETS)
 }
 
-/// Every request-derived Prometheus family. Cheap to clone (families are shared).
+/// Every request-derived Prometheus family. Cheap to clone (families are shared). The
+/// counters and histograms are single-writer values ([`crate::prom_single_writer`]): one
+/// [`PromRecorder`] writes them, everything else only reads (encodes) them.
 #[derive(Clone, Debug)]
 pub struct PromMetrics {
     /// `requests_total`.
