@@ -295,7 +295,7 @@ impl Accumulator {
         if meets_slos(slo, r) {
             self.counts.good += 1;
         }
-        self.e2e.add(config, Some(r.e2e));
+        let e2e_bucket = self.e2e.add(config, Some(r.e2e));
         self.queue.add(config, r.queue);
         self.ttft.add(config, r.ttft);
         self.prefill.add(config, r.prefill);
@@ -321,7 +321,8 @@ impl Accumulator {
                 decode: d.max(0.0),
             };
             self.phases.add(&one);
-            let key = bucket_of(config, one.e2e);
+            // The bucket the e2e distribution just computed (the same clamped value).
+            let key = e2e_bucket.unwrap_or_else(|| bucket_of(config, one.e2e));
             match self
                 .phases_by_e2e_bucket
                 .binary_search_by_key(&key, |b| b.0)

@@ -158,11 +158,10 @@ pub struct Distribution {
 }
 
 impl Distribution {
-    /// Adds a value if it is a usable duration (finite; negative clamps to zero).
-    pub fn add(&mut self, config: &Config, v: Option<f64>) {
-        let Some(v) = v.filter(|v| v.is_finite()).map(|v| v.max(0.0)) else {
-            return;
-        };
+    /// Adds a value if it is a usable duration (finite; negative clamps to zero), and returns
+    /// the bucket it went in ([`bucket_of`] the clamped value), `None` when it was not usable.
+    pub fn add(&mut self, config: &Config, v: Option<f64>) -> Option<i32> {
+        let v = v.filter(|v| v.is_finite()).map(|v| v.max(0.0))?;
         let key = bucket_of(config, v);
         match self.bins.binary_search_by_key(&key, |b| b.0) {
             Ok(i) => self.bins[i].1 = self.bins[i].1.saturating_add(1),
@@ -175,6 +174,7 @@ impl Distribution {
         }
         self.count += 1;
         self.sum += v;
+        Some(key)
     }
 
     /// Merges another distribution into this one.

@@ -206,11 +206,22 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
             start_unix_nano: start,
             end_unix_nano: end,
             status: StatusCode::from_otlp(status),
-            attributes: self.attributes.drain(..).collect(),
-            links: self.links.drain(..).collect(),
+            attributes: take_exact(&mut self.attributes),
+            links: take_exact(&mut self.links),
         });
         Ok(())
     }
+}
+
+/// The scratch's items moved into a vector of exactly their number (one copy of the block; none
+/// and no allocation when empty), leaving the scratch empty with its capacity.
+fn take_exact<T>(scratch: &mut Vec<T>) -> Vec<T> {
+    if scratch.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(scratch.len());
+    out.append(scratch);
+    out
 }
 
 /// The first string-valued `service.name` of a `Resource` message.
