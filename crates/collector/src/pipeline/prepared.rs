@@ -77,6 +77,7 @@ pub struct PreparedTrace {
 #[derive(Debug)]
 pub struct SpanSource {
     body: Bytes,
+    trace_id: TraceId,
     service: Arc<str>,
     ranges: Ranges,
 }
@@ -94,7 +95,7 @@ impl SpanSource {
                     .body
                     .get(at..at + r.len as usize)
                     .ok_or(span_codec::CodecError("range outside the buffer"))
-                    .and_then(|b| span_codec::decode(b, &self.service, interner));
+                    .and_then(|b| span_codec::decode(b, self.trace_id, &self.service, interner));
                 match decoded {
                     Ok((span, _)) => spans.push(span),
                     Err(error) => {
@@ -213,6 +214,7 @@ pub fn prepare_runs(
                 analysed: Analysed::default(),
                 source: SpanSource {
                     body: Bytes::new(),
+                    trace_id: run[0].trace_id,
                     service: service.clone(),
                     ranges: Ranges::new(),
                 },
@@ -259,7 +261,7 @@ pub fn prepare_runs(
 }
 
 /// Largest encoding scratch a receiver thread keeps between batches (a 1,000-span batch of
-/// inference traces needs ~110 KB).
+/// inference traces needs ~90 KB).
 const MAX_SCRATCH_KEPT: usize = 1 << 20;
 
 thread_local! {
