@@ -146,15 +146,126 @@ pub(super) fn merge_many_sorted<V: Copy>(
     out
 }
 
-/// A latency distribution: sparse DDSketch buckets plus exact count, sum, min and max.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A latency distribution: DDSketch buckets plus exact count, sum, min and max.
+///
+/// Stored sparsely (sorted `(bucket, count)` pairs) except while it is being written to: past
+/// [`DENSE_FROM_BINS`] buckets, adds go to a dense array of counts over the buckets seen
+/// ([`Dense`]), one indexed increment instead of a binary search (the search was most of the
+/// time of recording a request into the KPIs: seven distributions per request, each search a
+/// chain of dependent loads). [`Self::shrink`] (the slot is complete) turns it sparse again.
+/// Both forms hold the same buckets; readers see the sparse view.
+#[derive(Clone, Debug, Default)]
 pub struct Distribution {
-    /// `(bucket, count)`, sorted by bucket.
+    /// `(bucket, count)`, sorted by bucket; empty while [`Self::dense`] holds the buckets.
     bins: Vec<(i32, u32)>,
+    /// The buckets while the distribution is written to (see above).
+    dense: Option<Box<Dense>>,
+    /// Whether the buckets spread too wide for a dense array ([`DENSE_MAX_SPAN`]): stay sparse.
+    too_wide: bool,
     count: u64,
     sum: f64,
     min: f64,
     max: f64,
+}
+
+/// Equal when they hold the same values' summary (whichever form their buckets are in).
+impl PartialEq for Distribution {
+    fn eq(&self, o: &Self) -> bool {
+        self.count == o.count
+            && self.sum.to_bits() == o.sum.to_bits()
+            && self.min.to_bits() == o.min.to_bits()
+            && self.max.to_bits() == o.max.to_bits()
+            && self.bins_view() == o.bins_view()
+    }
+}
+
+/// Occupied buckets at which a distribution being written to turns dense.
+const DENSE_FROM_BINS: usize = 24;
+/// Widest bucket range held densely (4 bytes each): 2,048 buckets span ~8 orders of magnitude
+/// at α = 0.009, far more than one KPI's values in one slot.
+const DENSE_MAX_SPAN: usize = 2048;
+
+/// Bucket counts over a contiguous range of buckets, and the zero bucket's count apart.
+#[derive(Clone, Debug)]
+struct Dense {
+    /// The bucket of `counts[0]`.
+    low: i32,
+    counts: Vec<u32>,
+    zero: u32,
+}
+
+impl Dense {
+    /// The buckets of `bins`, or `None` when they span more than [`DENSE_MAX_SPAN`].
+    fn from_bins(bins: &[(i32, u32)]) -> Option<Self> {
+        let mut d = Dense {
+            low: 0,
+            counts: Vec::new(),
+            zero: 0,
+        };
+        for &(key, n) in bins {
+            *d.slot(key)? = n;
+        }
+        Some(d)
+    }
+
+    /// The count of bucket `key`, the range grown to hold it; `None` when that would span more
+    /// than [`DENSE_MAX_SPAN`].
+    fn slot(&mut self, key: i32) -> Option<&mut u32> {
+        if key == ZERO_BUCKET {
+            return Some(&mut self.zero);
+        }
+        if self.counts.is_empty() {
+            self.low = key;
+            self.counts.push(0);
+        }
+        let (low, len) = (i64::from(self.low), self.counts.len() as i64);
+        let at = i64::from(key) - low;
+        if at < 0 || at >= len {
+            let (lo, hi) = (low.min(i64::from(key)), (low + len - 1).max(i64::from(key)));
+            let need = hi - lo + 1;
+            if need > DENSE_MAX_SPAN as i64 {
+                return None;
+            }
+            // Headroom on the side that grew: a slot's values spread a little more.
+            let headroom = (need / 4).min(DENSE_MAX_SPAN as i64 - need);
+            let (lo, hi) = if at < 0 {
+                ((lo - headroom).max(i64::from(ZERO_BUCKET) + 1), hi)
+            } else {
+                (lo, (hi + headroom).min(i64::from(i32::MAX)))
+            };
+            self.regrow(lo, hi)?;
+        }
+        let at = usize::try_from(i64::from(key) - i64::from(self.low)).ok()?;
+        self.counts.get_mut(at)
+    }
+
+    /// The same counts over buckets `lo..=hi` (which hold the current range).
+    fn regrow(&mut self, lo: i64, hi: i64) -> Option<()> {
+        let low = i32::try_from(lo).ok()?;
+        let mut counts = vec![0u32; usize::try_from(hi - lo + 1).ok()?];
+        let shift = usize::try_from(i64::from(self.low) - lo).ok()?;
+        counts[shift..shift + self.counts.len()].copy_from_slice(&self.counts);
+        self.low = low;
+        self.counts = counts;
+        Some(())
+    }
+
+    /// The occupied buckets, sorted (the zero bucket first).
+    fn bins(&self) -> Vec<(i32, u32)> {
+        let occupied = self.counts.iter().filter(|&&n| n > 0).count() + usize::from(self.zero > 0);
+        let mut out = Vec::with_capacity(occupied);
+        if self.zero > 0 {
+            out.push((ZERO_BUCKET, self.zero));
+        }
+        out.extend(
+            self.counts
+                .iter()
+                .zip(self.low..)
+                .filter(|(n, _)| **n > 0)
+                .map(|(n, k)| (k, *n)),
+        );
+        out
+    }
 }
 
 impl Distribution {
@@ -163,10 +274,7 @@ impl Distribution {
     pub fn add(&mut self, config: &Config, v: Option<f64>) -> Option<i32> {
         let v = v.filter(|v| v.is_finite()).map(|v| v.max(0.0))?;
         let key = bucket_of(config, v);
-        match self.bins.binary_search_by_key(&key, |b| b.0) {
-            Ok(i) => self.bins[i].1 = self.bins[i].1.saturating_add(1),
-            Err(i) => self.bins.insert(i, (key, 1)),
-        }
+        self.add_to_bucket(key);
         if self.count == 0 {
             (self.min, self.max) = (v, v);
         } else {
@@ -177,11 +285,59 @@ impl Distribution {
         Some(key)
     }
 
+    /// Counts one more value in bucket `key`.
+    fn add_to_bucket(&mut self, key: i32) {
+        if let Some(dense) = &mut self.dense {
+            match dense.slot(key) {
+                Some(n) => {
+                    *n = n.saturating_add(1);
+                    return;
+                }
+                None => {
+                    // Spread too wide: back to sparse for good.
+                    self.make_sparse();
+                    self.too_wide = true;
+                }
+            }
+        }
+        match self.bins.binary_search_by_key(&key, |b| b.0) {
+            Ok(i) => self.bins[i].1 = self.bins[i].1.saturating_add(1),
+            Err(i) => {
+                self.bins.insert(i, (key, 1));
+                if self.bins.len() >= DENSE_FROM_BINS && !self.too_wide {
+                    match Dense::from_bins(&self.bins) {
+                        Some(d) => {
+                            self.dense = Some(Box::new(d));
+                            self.bins = Vec::new();
+                        }
+                        None => self.too_wide = true,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves dense buckets back to the sparse form.
+    fn make_sparse(&mut self) {
+        if let Some(d) = self.dense.take() {
+            self.bins = d.bins();
+        }
+    }
+
+    /// The occupied buckets, sorted: the sparse form, or built from the dense one.
+    fn bins_view(&self) -> std::borrow::Cow<'_, [(i32, u32)]> {
+        match &self.dense {
+            Some(d) => std::borrow::Cow::Owned(d.bins()),
+            None => std::borrow::Cow::Borrowed(&self.bins),
+        }
+    }
+
     /// Merges another distribution into this one.
     pub fn merge(&mut self, o: &Self) {
         if o.count == 0 {
             return;
         }
+        self.make_sparse();
         if self.count == 0 {
             (self.min, self.max) = (o.min, o.max);
         } else {
@@ -189,14 +345,18 @@ impl Distribution {
         }
         self.count += o.count;
         self.sum += o.sum;
-        merge_sorted(&mut self.bins, &o.bins, |a, b| *a = a.saturating_add(*b));
+        merge_sorted(&mut self.bins, &o.bins_view(), |a, b| {
+            *a = a.saturating_add(*b)
+        });
     }
 
     /// Merges many distributions at once (what a window snapshot does with its slots).
     pub fn merge_many(parts: &[&Self]) -> Self {
         let mut out = Self::default();
+        let views: Vec<std::borrow::Cow<'_, [(i32, u32)]>> =
+            parts.iter().map(|p| p.bins_view()).collect();
         let mut bins: Vec<&[(i32, u32)]> = Vec::with_capacity(parts.len());
-        for p in parts.iter().filter(|p| p.count > 0) {
+        for (p, view) in parts.iter().zip(&views).filter(|(p, _)| p.count > 0) {
             if out.count == 0 {
                 (out.min, out.max) = (p.min, p.max);
             } else {
@@ -204,7 +364,7 @@ impl Distribution {
             }
             out.count += p.count;
             out.sum += p.sum;
-            bins.push(&p.bins);
+            bins.push(view);
         }
         out.bins = merge_many_sorted(&bins, |a, b| *a = a.saturating_add(*b));
         out
@@ -215,14 +375,19 @@ impl Distribution {
         self.count
     }
 
-    /// Releases spare capacity (a slot that will see no more values).
+    /// Releases spare capacity (a slot that will see no more values): the sparse form, exactly
+    /// sized.
     pub fn shrink(&mut self) {
+        self.make_sparse();
         self.bins.shrink_to_fit();
     }
 
     /// Heap bytes held.
     pub fn heap_bytes(&self) -> usize {
         self.bins.capacity() * std::mem::size_of::<(i32, u32)>()
+            + self.dense.as_ref().map_or(0, |d| {
+                std::mem::size_of::<Dense>() + d.counts.capacity() * std::mem::size_of::<u32>()
+            })
     }
 
     /// The bucket holding the value at rank ⌊q·(n − 1)⌋ (`sketches-ddsketch`'s rank rule).
@@ -231,14 +396,15 @@ impl Distribution {
             return None;
         }
         let rank = (q * (self.count as f64 - 1.0)) as u64;
+        let bins = self.bins_view();
         let mut seen = 0u64;
-        for &(key, n) in &self.bins {
+        for &(key, n) in bins.iter() {
             seen += u64::from(n);
             if seen > rank {
                 return Some(key);
             }
         }
-        self.bins.last().map(|b| b.0)
+        bins.last().map(|b| b.0)
     }
 
     /// The q-quantile, clamped to the exact min and max; `None` when empty.
@@ -279,7 +445,7 @@ impl Distribution {
         w.f64(self.sum);
         w.f64(self.min);
         w.f64(self.max);
-        w.keys(&self.bins, |w, n| w.varint(u64::from(*n)));
+        w.keys(&self.bins_view(), |w, n| w.varint(u64::from(*n)));
     }
 
     /// Reads what [`Self::encode`] wrote.
@@ -295,6 +461,8 @@ impl Distribution {
         }
         Ok(Self {
             bins,
+            dense: None,
+            too_wide: false,
             count,
             sum,
             min,
@@ -306,7 +474,7 @@ impl Distribution {
     /// the values, so its min, max and sum are bucket-accurate, not exact).
     pub fn to_ddsketch(&self, config: &Config) -> DDSketch {
         let mut s = DDSketch::new(*config);
-        for &(key, n) in &self.bins {
+        for &(key, n) in self.bins_view().iter() {
             s.add_with_count(bucket_value(config, key), u64::from(n));
         }
         s
@@ -380,7 +548,7 @@ mod tests {
         for p in &parts {
             merged.merge(p);
         }
-        assert_eq!(merged.bins, whole.bins);
+        assert_eq!(merged.bins_view(), whole.bins_view());
         assert_eq!(
             (merged.count, merged.min, merged.max),
             (whole.count, whole.min, whole.max)
@@ -437,7 +605,7 @@ mod tests {
         }
         let refs: Vec<&Distribution> = parts.iter().collect();
         let many = Distribution::merge_many(&refs);
-        assert_eq!(many.bins, pairwise.bins);
+        assert_eq!(many.bins_view(), pairwise.bins_view());
         assert_eq!(
             (many.count, many.min, many.max),
             (pairwise.count, pairwise.min, pairwise.max)
@@ -450,7 +618,7 @@ mod tests {
         let merged = Distribution::merge_many(&[&wide, &parts[3]]);
         let mut expected = parts[3].clone();
         expected.merge(&wide);
-        assert_eq!(merged.bins, expected.bins);
+        assert_eq!(merged.bins_view(), expected.bins_view());
     }
 
     #[test]
@@ -461,5 +629,60 @@ mod tests {
         let mut e: Vec<(i32, u32)> = Vec::new();
         merge_sorted(&mut e, &[(4, 1)], |x, y| *x += *y);
         assert_eq!(e, vec![(4, 1)]);
+    }
+
+    /// The buckets of `vals` counted independently of either store.
+    fn reference_bins(config: &Config, vals: &[f64]) -> Vec<(i32, u32)> {
+        let mut m = std::collections::BTreeMap::new();
+        for &v in vals {
+            *m.entry(bucket_of(config, v.max(0.0))).or_insert(0u32) += 1;
+        }
+        m.into_iter().collect()
+    }
+
+    #[test]
+    fn dense_writes_hold_exactly_the_buckets_sparse_ones_would() {
+        let config = sketch_config();
+        // Narrow (turns dense), log-uniform over 8 decades (dense, grown both ways), and over
+        // 40 decades (too wide for the dense array: back to sparse mid-way).
+        let narrow: Vec<f64> = (0..500).map(|i| 0.5 + f64::from(i) * 0.01).collect();
+        let decades = values(7, 3000);
+        let wide: Vec<f64> = (0..400)
+            .map(|i| 10f64.powf(-20.0 + f64::from(i) / 10.0))
+            .chain(values(9, 200))
+            .collect();
+        for vals in [&narrow, &decades, &wide] {
+            let mut d = Distribution::default();
+            for &v in vals.iter() {
+                d.add(&config, Some(v));
+            }
+            let want = reference_bins(&config, vals);
+            assert_eq!(&*d.bins_view(), &want[..]);
+            // Merging a dense distribution, and one being merged into, keep every bucket.
+            let mut twice = d.clone();
+            twice.merge(&d);
+            let doubled: Vec<(i32, u32)> = want.iter().map(|&(k, n)| (k, 2 * n)).collect();
+            assert_eq!(&*twice.bins_view(), &doubled[..]);
+            assert_eq!(
+                &*Distribution::merge_many(&[&d, &d]).bins_view(),
+                &doubled[..]
+            );
+            let q = d.quantile(&config, 0.9);
+            let mut shrunk = d.clone();
+            shrunk.shrink();
+            assert!(shrunk.dense.is_none());
+            assert_eq!(shrunk, d, "the same summary in either form");
+            assert_eq!(shrunk.quantile(&config, 0.9), q);
+        }
+        let mut wide_d = Distribution::default();
+        for &v in &wide {
+            wide_d.add(&config, Some(v));
+        }
+        assert!(wide_d.dense.is_none() && wide_d.too_wide);
+        let mut narrow_d = Distribution::default();
+        for &v in &narrow {
+            narrow_d.add(&config, Some(v));
+        }
+        assert!(narrow_d.dense.is_some(), "a slot being written is dense");
     }
 }
