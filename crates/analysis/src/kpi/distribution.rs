@@ -181,9 +181,10 @@ impl PartialEq for Distribution {
 
 /// Occupied buckets at which a distribution being written to turns dense.
 const DENSE_FROM_BINS: usize = 24;
-/// Widest bucket range held densely (4 bytes each): 2,048 buckets span ~8 orders of magnitude
-/// at α = 0.009, far more than one KPI's values in one slot.
-const DENSE_MAX_SPAN: usize = 2048;
+/// Widest bucket range held densely (4 bytes each): 1,024 buckets span 8 orders of magnitude
+/// at α = 0.009, far more than one KPI's values in one slot. (A series' slot being written
+/// holds seven distributions: at most 28 KiB, typically ~1 KiB each.)
+const DENSE_MAX_SPAN: usize = 1024;
 
 /// Bucket counts over a contiguous range of buckets, and the zero bucket's count apart.
 #[derive(Clone, Debug)]
