@@ -1,8 +1,8 @@
 //! Critical path cost on traces of 10, 1,000 and 100,000 spans: a random bushy tree (children
 //! nested in their parents, some overflowing, many parallel) and a 100,000-deep chain.
 
+use infertrace_analysis::text::Text;
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use infertrace_analysis::critical_path::{CriticalPathOptions, critical_path};
@@ -28,7 +28,7 @@ fn id(i: usize) -> SpanId {
     SpanId(((i as u64) + 1).to_be_bytes())
 }
 
-fn span(i: usize, parent: Option<usize>, start: u64, end: u64, service: &Arc<str>) -> Span {
+fn span(i: usize, parent: Option<usize>, start: u64, end: u64, service: &Text) -> Span {
     Span {
         trace_id: TraceId([3; 16]),
         span_id: id(i),
@@ -47,7 +47,10 @@ fn span(i: usize, parent: Option<usize>, start: u64, end: u64, service: &Arc<str
 /// `n` spans; span `i` hangs under a random earlier span and lies mostly inside it.
 fn random_tree(n: usize) -> Vec<Span> {
     let mut rng = Lcg(n as u64);
-    let services: Vec<Arc<str>> = ["gw", "llm", "tok"].iter().map(|s| Arc::from(*s)).collect();
+    let services: Vec<Text> = ["gw", "llm", "tok"]
+        .iter()
+        .map(|s| Text::from(*s))
+        .collect();
     let mut spans = vec![span(0, None, 0, 1_000_000_000, &services[0])];
     for i in 1..n {
         // Prefer recent spans as parents, so the tree is both deep and wide.
@@ -67,7 +70,7 @@ fn random_tree(n: usize) -> Vec<Span> {
 }
 
 fn chain(n: usize) -> Vec<Span> {
-    let svc: Arc<str> = Arc::from("llm");
+    let svc = Text::from("llm");
     (0..n)
         .map(|i| span(i, i.checked_sub(1), i as u64, (2 * n - i) as u64, &svc))
         .collect()

@@ -2,8 +2,8 @@
 //! of a 4-span infertrace trace, recording it into the KPI windows (1m/5m/1h, 60 slots each),
 //! and snapshotting the windows with many series.
 
+use infertrace_analysis::text::Text;
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -23,7 +23,7 @@ fn span(name: &str, id: u8, parent: Option<u8>, start_ms: u64, end_ms: u64) -> S
         span_id: SpanId([id; 8]),
         parent_span_id: parent.map(|p| SpanId([p; 8])),
         name: name.into(),
-        service: Arc::from("svc"),
+        service: Text::from("svc"),
         kind: if parent.is_none() {
             SpanKind::Server
         } else {

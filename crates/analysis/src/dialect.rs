@@ -448,9 +448,9 @@ pub(crate) fn gpu_record<'a>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
+    use crate::text::Text;
     use crate::trace::TraceId;
 
     fn span(id: u8, parent: Option<u8>) -> Span {
@@ -459,7 +459,7 @@ mod tests {
             span_id: SpanId([id; 8]),
             parent_span_id: parent.map(|p| SpanId([p; 8])),
             name: format!("s{id}").into(),
-            service: Arc::from("svc"),
+            service: Text::from("svc"),
             kind: SpanKind::Internal,
             start_unix_nano: 0,
             end_unix_nano: 1,

@@ -4,8 +4,6 @@
 //! windows, the critical path and the diagnosis never care which engine served a request.
 //! Durations are seconds as `f64`; a phase that the spans do not tell is `None`, never zero.
 
-use std::sync::Arc;
-
 use infertrace_semconv as sc;
 use serde::Serialize;
 
@@ -170,7 +168,7 @@ pub struct RequestRecord {
     /// The request span.
     pub span_id: SpanId,
     /// `service.name` of the request span's resource.
-    pub service: Arc<str>,
+    pub service: Text,
     /// Model (response model, else request model, else [`UNKNOWN`]).
     pub model: Text,
     /// Operation (`gen_ai.operation.name`, else the dialect's best knowledge, else [`UNKNOWN`]).
@@ -237,7 +235,7 @@ impl RequestRecord {
     pub fn new(
         trace_id: TraceId,
         span_id: SpanId,
-        service: Arc<str>,
+        service: Text,
         dialect: Dialect,
         arrival_unix_nano: u64,
         end_unix_nano: u64,
@@ -322,7 +320,7 @@ mod tests {
         let r = RequestRecord::new(
             TraceId([1; 16]),
             SpanId([2; 8]),
-            Arc::from("svc"),
+            crate::text::Text::from("svc"),
             Dialect::Generic,
             1_000_000_000,
             3_500_000_000,

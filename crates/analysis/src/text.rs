@@ -56,6 +56,12 @@ impl From<&str> for Text {
     }
 }
 
+impl From<&Arc<str>> for Text {
+    fn from(s: &Arc<str>) -> Self {
+        Self(ArcStr::from(&**s))
+    }
+}
+
 impl From<String> for Text {
     fn from(s: String) -> Self {
         Self(ArcStr::from(s))
@@ -229,7 +235,7 @@ fn same_tail(a: &[u8], b: &[u8]) -> bool {
 /// wrong: the caller looks the pair up its usual way and may [`insert`](Self::insert) it.
 #[derive(Clone)]
 pub struct PairCache<V> {
-    slots: Vec<Option<(Arc<str>, Text, V)>>,
+    slots: Vec<Option<(Text, Text, V)>>,
 }
 
 /// Slots of a [`PairCache`] (a power of two).
@@ -248,8 +254,8 @@ impl<V> fmt::Debug for PairCache<V> {
 }
 
 impl<V> PairCache<V> {
-    fn slot(service: &Arc<str>, name: &Text) -> usize {
-        let a = Arc::as_ptr(service).cast::<u8>() as usize;
+    fn slot(service: &Text, name: &Text) -> usize {
+        let a = service.as_ptr() as usize;
         let b = name.as_ptr() as usize;
         let mixed = (a ^ b.rotate_left(21)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         (mixed >> 58) & (PAIR_CACHE_SLOTS - 1)
@@ -257,15 +263,15 @@ impl<V> PairCache<V> {
 
     /// The value cached for exactly these two allocations.
     #[inline]
-    pub fn get(&self, service: &Arc<str>, name: &Text) -> Option<&V> {
+    pub fn get(&self, service: &Text, name: &Text) -> Option<&V> {
         match self.slots.get(Self::slot(service, name))? {
-            Some((s, n, v)) if Arc::ptr_eq(s, service) && Text::ptr_eq(n, name) => Some(v),
+            Some((s, n, v)) if Text::ptr_eq(s, service) && Text::ptr_eq(n, name) => Some(v),
             _ => None,
         }
     }
 
     /// Caches `value` for these two allocations (replacing whatever shared their slot).
-    pub fn insert(&mut self, service: &Arc<str>, name: &Text, value: V) {
+    pub fn insert(&mut self, service: &Text, name: &Text, value: V) {
         if self.slots.is_empty() {
             self.slots.resize_with(PAIR_CACHE_SLOTS, || None);
         }
@@ -424,25 +430,29 @@ mod tests {
     #[test]
     fn pair_cache_hits_only_the_same_allocations() {
         let mut cache = PairCache::default();
-        let service: Arc<str> = Arc::from("engine");
+        let service = Text::from("engine");
         let name = Text::from("decode");
         assert_eq!(cache.get(&service, &name), None);
         cache.insert(&service, &name, 7u32);
         assert_eq!(cache.get(&service, &name), Some(&7));
         assert_eq!(cache.get(&service.clone(), &name.clone()), Some(&7));
         // Equal strings in other allocations are a miss (the caller looks them up), not a hit.
-        let other_service: Arc<str> = Arc::from("engine");
+        let other_service = Text::from("engine");
         assert_eq!(cache.get(&other_service, &name), None);
         assert_eq!(cache.get(&service, &Text::from("decode")), None);
         // The cache holds clones, so the addresses it compares stay allocated.
         assert_eq!(
-            Arc::strong_count(&service),
-            2,
+            ArcStr::strong_count(&service.0),
+            Some(2),
             "the caller's and the cache's"
         );
         drop(service);
         let slot = cache.slots.iter().flatten().next().unwrap();
-        assert_eq!(Arc::strong_count(&slot.0), 1, "the cache's own clone");
+        assert_eq!(
+            ArcStr::strong_count(&slot.0.0),
+            Some(1),
+            "the cache's own clone"
+        );
         assert_eq!(&*slot.0, "engine");
     }
 

@@ -5,7 +5,6 @@
 //! allocating for attributes nobody reads, and every decoder keeps exactly the same set.
 
 use std::fmt;
-use std::sync::Arc;
 
 use infertrace_semconv as sc;
 use serde::{Serialize, Serializer};
@@ -294,7 +293,7 @@ pub struct Span {
     /// Span name (shared; decoders intern repeated names).
     pub name: Text,
     /// `service.name` of the span's resource (`unknown_service` when absent).
-    pub service: Arc<str>,
+    pub service: Text,
     /// Span kind.
     pub kind: SpanKind,
     /// Start, Unix nanoseconds.

@@ -1,7 +1,7 @@
 //! The critical path against hand-built traces and, as a property over random trees, against a
 //! direct (recursive, quadratic) transcription of REFERENCE.md §3.
 
-use std::sync::Arc;
+use infertrace_analysis::text::Text;
 
 use infertrace_analysis::critical_path::{
     Adjustment, CriticalPath, CriticalPathOptions, critical_path,
@@ -23,7 +23,7 @@ fn span(n: u32, parent: Option<u32>, name: &str, start: u64, end: u64) -> Span {
         span_id: id(n),
         parent_span_id: parent.map(id),
         name: name.into(),
-        service: Arc::from("llm"),
+        service: Text::from("llm"),
         kind: SpanKind::Internal,
         start_unix_nano: start,
         end_unix_nano: end,
@@ -34,7 +34,7 @@ fn span(n: u32, parent: Option<u32>, name: &str, start: u64, end: u64) -> Span {
 }
 
 fn with_service(mut s: Span, service: &str) -> Span {
-    s.service = Arc::from(service);
+    s.service = Text::from(service);
     s
 }
 
@@ -568,7 +568,7 @@ fn random_trace_scaled(scale: u64) -> impl Strategy<Value = Vec<Span>> {
                         1 => SpanKind::Consumer,
                         _ => SpanKind::Internal,
                     };
-                    s.service = Arc::from(["a", "b", "c"][svc as usize]);
+                    s.service = Text::from(["a", "b", "c"][svc as usize]);
                     s
                 })
                 .collect();

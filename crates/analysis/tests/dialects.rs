@@ -1,6 +1,6 @@
 //! Each dialect against spans built by hand with known timings.
 
-use std::sync::Arc;
+use infertrace_analysis::text::Text;
 
 use infertrace_analysis::dialect::{detect, extract_requests};
 use infertrace_analysis::record::{Dialect, Outcome, PhaseOrigin, RequestRecord};
@@ -43,7 +43,7 @@ fn span(
         span_id: sid(id),
         parent_span_id: parent.map(sid),
         name: name.into(),
-        service: Arc::from("svc"),
+        service: Text::from("svc"),
         kind,
         start_unix_nano: T0 + start_ms * MS,
         end_unix_nano: T0 + end_ms * MS,
@@ -516,7 +516,7 @@ fn a_server_span_around_a_request_span_is_not_a_second_request() {
 
     // A gateway of another service is a request of its own.
     let mut gateway = span("POST /gw", SpanKind::Server, 60, None, 0, 1400);
-    gateway.service = Arc::from("gateway");
+    gateway.service = Text::from("gateway");
     let client = span("POST /v1/chat", SpanKind::Client, 61, Some(60), 0, 1350);
     if let Some(p) = spans.iter_mut().find(|s| s.span_id == sid(50)) {
         p.parent_span_id = Some(sid(61));
@@ -591,6 +591,6 @@ fn nested_request_spans_of_one_dialect_are_one_request() {
     assert_eq!((r.span_id, r.dialect), (sid(1), Dialect::Sglang));
     // Another service's nested span is a request of its own.
     let mut other = inner;
-    other.service = Arc::from("engine");
+    other.service = Text::from("engine");
     assert_eq!(extract_requests(&[outer, other]).len(), 2);
 }

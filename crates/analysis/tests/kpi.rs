@@ -1,5 +1,6 @@
 //! KPI windows against ground truth computed independently over the same records.
 
+use infertrace_analysis::text::Text;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +42,7 @@ fn record(service: &str, model: &str, e2e: f64) -> RequestRecord {
     let mut r = RequestRecord::new(
         TraceId([1; 16]),
         SpanId([1; 8]),
-        Arc::from(service),
+        Text::from(service),
         Dialect::Infertrace,
         T,
         T + (e2e * 1e9) as u64,

@@ -7,8 +7,8 @@
 //! A `CHILD_OF` reference is the parent; `FOLLOWS_FROM` references become links. `span.kind` and
 //! `otel.status_code` / `error` tags give kind and status.
 
+use infertrace_analysis::text::Text;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use infertrace_analysis::trace::{
@@ -64,17 +64,17 @@ pub fn spans_from_jaeger(doc: &Value) -> anyhow::Result<(Vec<Span>, Vec<String>)
     let mut spans = Vec::new();
     let mut problems = Vec::new();
     for trace in traces {
-        let mut services: HashMap<&str, Arc<str>> = HashMap::new();
+        let mut services: HashMap<&str, Text> = HashMap::new();
         if let Some(procs) = trace.get("processes").and_then(Value::as_object) {
             for (id, p) in procs {
                 let name = p
                     .get("serviceName")
                     .and_then(Value::as_str)
                     .unwrap_or(UNKNOWN_SERVICE);
-                services.insert(id.as_str(), Arc::from(name));
+                services.insert(id.as_str(), Text::from(name));
             }
         }
-        let unknown: Arc<str> = Arc::from(UNKNOWN_SERVICE);
+        let unknown = Text::from(UNKNOWN_SERVICE);
         let empty = Vec::new();
         for js in trace
             .get("spans")
@@ -92,8 +92,8 @@ pub fn spans_from_jaeger(doc: &Value) -> anyhow::Result<(Vec<Span>, Vec<String>)
 
 fn convert_span(
     js: &Value,
-    services: &HashMap<&str, Arc<str>>,
-    unknown: &Arc<str>,
+    services: &HashMap<&str, Text>,
+    unknown: &Text,
 ) -> anyhow::Result<Span> {
     let str_field = |k: &str| js.get(k).and_then(Value::as_str);
     let trace_id = str_field("traceID")

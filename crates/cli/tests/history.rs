@@ -4,11 +4,11 @@
 
 mod common;
 
+use infertrace_analysis::text::Text;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::kpi::KpiConfig;
@@ -35,7 +35,7 @@ fn store_baseline(dir: &Path, n: u64) {
         let mut r = RequestRecord::new(
             TraceId(id),
             SpanId([1; 8]),
-            Arc::from("cli-test"),
+            Text::from("cli-test"),
             Dialect::Infertrace,
             0,
             0,

@@ -4,7 +4,7 @@
 //!
 //! `cargo bench -p infertrace-collector --bench pipeline`
 
-use std::sync::Arc;
+use infertrace_analysis::text::Text;
 use std::time::Instant;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
@@ -19,7 +19,7 @@ use infertrace_semconv as sc;
 
 const MS: u64 = 1_000_000;
 
-fn trace(n: u32, service: &Arc<str>) -> Vec<Span> {
+fn trace(n: u32, service: &Text) -> Vec<Span> {
     let mut tid = [7u8; 16];
     tid[..4].copy_from_slice(&n.to_le_bytes());
     let id = |k: u8| {
@@ -81,7 +81,7 @@ fn trace(n: u32, service: &Arc<str>) -> Vec<Span> {
 }
 
 fn batch(first: u32) -> IngestBatch {
-    let service: Arc<str> = Arc::from("llm");
+    let service = Text::from("llm");
     IngestBatch {
         spans: (first..first + 250)
             .flat_map(|n| trace(n, &service))

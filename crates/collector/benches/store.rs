@@ -7,6 +7,7 @@
 //!
 //! `cargo bench -p infertrace-collector --bench store`
 
+use infertrace_analysis::text::Text;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,7 @@ fn record(n: u64, model: &str) -> RequestRecord {
     let mut r = RequestRecord::new(
         TraceId([1; 16]),
         SpanId([1; 8]),
-        Arc::from("svc"),
+        Text::from("svc"),
         Dialect::Infertrace,
         0,
         0,

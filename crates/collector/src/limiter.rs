@@ -421,7 +421,7 @@ mod tests {
             span_id: SpanId([2; 8]),
             parent_span_id: None,
             name: "".into(),
-            service: Arc::from("svc"),
+            service: Text::from("svc"),
             kind: SpanKind::Server,
             start_unix_nano: 1,
             end_unix_nano: 2,

@@ -499,7 +499,11 @@ impl PromRecorder {
                     self.hasher.hash_one((OVERFLOW_LABEL, OVERFLOW_LABEL)),
                 )
             } else {
-                (seg.service.clone(), Arc::from(seg.name.as_str()), hash)
+                (
+                    Arc::from(seg.service.as_str()),
+                    Arc::from(seg.name.as_str()),
+                    hash,
+                )
             };
             let existing = self.cp_keys.get(&h).and_then(|v| {
                 v.iter()
@@ -534,13 +538,14 @@ impl PromRecorder {
 mod tests {
     use super::*;
     use infertrace_analysis::record::Dialect;
+    use infertrace_analysis::text::Text;
     use infertrace_analysis::trace::{SpanId, TraceId};
 
     fn record(model: &str, e2e: f64) -> RequestRecord {
         let mut r = RequestRecord::new(
             TraceId([1; 16]),
             SpanId([1; 8]),
-            Arc::from("svc"),
+            Text::from("svc"),
             Dialect::Infertrace,
             0,
             (e2e * 1e9) as u64,

@@ -1,6 +1,7 @@
 //! The embedded history store: restart, retention, crash (kill -9), refused files, and
 //! percentiles merged over ranges checked against the exact percentiles of every value.
 
+use infertrace_analysis::text::Text;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -32,7 +33,7 @@ fn rec(n: u64, model: &str, e2e: f64, outcome: Outcome) -> RequestRecord {
     let mut r = RequestRecord::new(
         TraceId(id),
         SpanId([1; 8]),
-        Arc::from("svc"),
+        Text::from("svc"),
         Dialect::Infertrace,
         0,
         0,

@@ -35,7 +35,6 @@
 mod windows;
 
 use foldhash::HashMap;
-use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -69,7 +68,7 @@ pub struct Segment {
     /// Its name.
     pub name: Text,
     /// Its `service.name`.
-    pub service: Arc<str>,
+    pub service: Text,
     /// Start of the piece, Unix nanoseconds.
     pub start_unix_nano: u64,
     /// End of the piece, Unix nanoseconds.
@@ -130,7 +129,7 @@ impl CriticalPath {
 /// zero-length.
 ///
 /// ```
-/// use std::sync::Arc;
+/// use infertrace_analysis::text::Text;
 /// use infertrace_analysis::critical_path::{critical_path, CriticalPathOptions};
 /// use infertrace_analysis::trace::{Span, SpanId, SpanKind, StatusCode, TraceId};
 ///
@@ -139,7 +138,7 @@ impl CriticalPath {
 ///     span_id: SpanId([id; 8]),
 ///     parent_span_id: parent.map(|p| SpanId([p; 8])),
 ///     name: name.into(),
-///     service: Arc::from("llm"),
+///     service: Text::from("llm"),
 ///     kind: SpanKind::Internal,
 ///     start_unix_nano: start,
 ///     end_unix_nano: end,

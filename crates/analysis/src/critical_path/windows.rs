@@ -129,7 +129,7 @@ impl Slot {
 /// Sliding-window aggregation of critical paths per (service, span name).
 ///
 /// ```
-/// use std::sync::Arc;
+/// use infertrace_analysis::text::Text;
 /// use std::time::Duration;
 /// use infertrace_analysis::critical_path::{CriticalPath, CriticalPathWindows, Segment};
 /// use infertrace_analysis::trace::{SpanId, TraceId};
@@ -137,7 +137,7 @@ impl Slot {
 /// let seg = |name: &str, start: u64, end: u64| Segment {
 ///     span_id: SpanId([1; 8]),
 ///     name: name.into(),
-///     service: Arc::from("llm"),
+///     service: Text::from("llm"),
 ///     start_unix_nano: start,
 ///     end_unix_nano: end,
 /// };
@@ -384,10 +384,10 @@ impl CriticalPathWindows {
         (b as i32).max(i32::MIN + 1)
     }
 
-    fn key(&mut self, service: &Arc<str>, span: &Text) -> u32 {
+    fn key(&mut self, service: &Text, span: &Text) -> u32 {
         if let Some(&k) = self
             .index
-            .get(&**service)
+            .get(service.as_str())
             .and_then(|m| m.get(span.as_str()))
         {
             self.recent_keys.insert(service, span, k);
@@ -404,10 +404,10 @@ impl CriticalPathWindows {
                 }
             };
         }
-        let k = self.push_key(service.clone(), Arc::from(span.as_str()));
+        let k = self.push_key(Arc::from(service.as_str()), Arc::from(span.as_str()));
         self.recent_keys.insert(service, span, k);
         self.index
-            .entry(service.clone())
+            .entry(self.keys[k as usize].0.clone())
             .or_default()
             .insert(self.keys[k as usize].1.clone(), k);
         k
@@ -452,7 +452,7 @@ mod tests {
                 Segment {
                     span_id: SpanId([1; 8]),
                     name: (*name).into(),
-                    service: Arc::from(*service),
+                    service: Text::from(*service),
                     start_unix_nano: start,
                     end_unix_nano: t,
                 }

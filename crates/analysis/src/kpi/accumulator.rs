@@ -596,18 +596,18 @@ pub fn per_second(n: u64, seconds: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
     use crate::kpi::sketch_config;
     use crate::record::Dialect;
+    use crate::text::Text;
     use crate::trace::{SpanId, TraceId};
 
     fn rec(e2e: f64, outcome: Outcome) -> RequestRecord {
         let mut r = RequestRecord::new(
             TraceId([1; 16]),
             SpanId([1; 8]),
-            Arc::from("s"),
+            Text::from("s"),
             Dialect::Infertrace,
             0,
             0,

@@ -841,6 +841,7 @@ pub fn series_kpis(
 mod tests {
     use super::*;
     use crate::record::Dialect;
+    use crate::text::Text;
     use crate::trace::{SpanId, TraceId};
 
     const SEC: u64 = 1_000_000_000;
@@ -849,7 +850,7 @@ mod tests {
         let mut r = RequestRecord::new(
             TraceId([1; 16]),
             SpanId([1; 8]),
-            Arc::from("s"),
+            Text::from("s"),
             Dialect::Generic,
             0,
             0,

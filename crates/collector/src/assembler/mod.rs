@@ -760,6 +760,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use infertrace_analysis::text::Text;
     use infertrace_analysis::trace::{SpanId, SpanKind};
 
     fn span(trace: u8, id: u8, name: &str) -> Span {
@@ -768,7 +769,7 @@ mod tests {
             span_id: SpanId([id; 8]),
             parent_span_id: None,
             name: name.into(),
-            service: Arc::from("svc"),
+            service: Text::from("svc"),
             kind: SpanKind::Internal,
             start_unix_nano: 1,
             end_unix_nano: 2,

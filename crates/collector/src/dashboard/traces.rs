@@ -181,19 +181,19 @@ pub fn list_traces(source: &dyn RecentTraceSource, query: &TraceListQuery) -> Tr
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use infertrace_analysis::record::{Dialect, PhaseOrigins};
     use infertrace_analysis::trace::{SpanId, TraceId};
 
     use super::*;
     use crate::pipeline::StoredRequest;
+    use infertrace_analysis::text::Text;
 
     fn record(id: u8, service: &str, model: &str, outcome: Outcome, e2e: f64) -> RequestRecord {
         RequestRecord {
             trace_id: TraceId([id; 16]),
             span_id: SpanId([id; 8]),
-            service: Arc::from(service),
+            service: Text::from(service),
             model: model.into(),
             operation: "chat".into(),
             outcome,

@@ -11,8 +11,9 @@
 //! Where prost would reject the input this decoder may accept it (it does not look inside what it
 //! skips), never the other way round.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
+use infertrace_analysis::text::Text;
 use infertrace_analysis::trace::{AttrValue, KNOWN_KEYS, Span, SpanKind, StatusCode};
 use infertrace_analysis::trace::{SpanLink, UNKNOWN_SERVICE};
 use infertrace_semconv::resource::SERVICE_NAME;
@@ -79,7 +80,7 @@ struct RequestDecoder<'a, 'i> {
     interner: &'i mut Interner,
     attributes: Vec<(&'static str, AttrValue)>,
     links: Vec<SpanLink>,
-    last_service: Option<(&'a [u8], Arc<str>)>,
+    last_service: Option<(&'a [u8], Text)>,
 }
 
 impl<'a, 'i> RequestDecoder<'a, 'i> {
@@ -133,19 +134,24 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
         Ok(())
     }
 
-    /// The shared `Arc<str>` for a service name (reused while consecutive resources agree).
-    fn service(&mut self, name: &'a [u8]) -> Result<Arc<str>, DecodeError> {
+    /// The interned text of a service name (reused while consecutive resources agree): the same
+    /// allocation batch after batch, static once common (see [`Interner`]), so that spans and
+    /// records clone it without touching a shared counter.
+    fn service(&mut self, name: &'a [u8]) -> Result<Text, DecodeError> {
         if let Some((last, arc)) = &self.last_service
             && *last == name
         {
             return Ok(arc.clone());
         }
-        let arc: Arc<str> = Arc::from(utf8(name)?);
-        self.last_service = Some((name, arc.clone()));
-        Ok(arc)
+        let text = self
+            .interner
+            .intern_utf8(name)
+            .map_err(|_| DecodeError::InvalidUtf8)?;
+        self.last_service = Some((name, text.clone()));
+        Ok(text)
     }
 
-    fn span(&mut self, buf: &[u8], service: &Arc<str>) -> Result<(), DecodeError> {
+    fn span(&mut self, buf: &[u8], service: &Text) -> Result<(), DecodeError> {
         let mut trace_id: &[u8] = &[];
         let mut span_id: &[u8] = &[];
         let mut parent: &[u8] = &[];

@@ -1,8 +1,6 @@
 //! The reference conversion from `opentelemetry-proto`'s generated types, with the same rules as
 //! the lean decoder. Used for OTLP/JSON and as the ground truth the lean decoder is tested against.
 
-use std::sync::Arc;
-
 use infertrace_analysis::trace::{
     AttrValue, Span, SpanKind, StatusCode, UNKNOWN_SERVICE, known_key,
 };
@@ -22,7 +20,7 @@ pub fn from_proto(req: &ExportTraceServiceRequest) -> Decoded {
 fn convert(req: &ExportTraceServiceRequest, interner: &mut Interner) -> Decoded {
     let mut out = Decoded::default();
     for resource_spans in &req.resource_spans {
-        let service: Arc<str> = Arc::from(
+        let service = interner.intern(
             resource_spans
                 .resource
                 .as_ref()

@@ -14,12 +14,12 @@
 //! completion.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 use bytes::Bytes;
 use foldhash::fast::RandomState;
 use infertrace_analysis::critical_path::{Adjustment, CriticalPath, CriticalPathOptions, Segment};
 use infertrace_analysis::record::{GpuRecord, RequestRecord};
+use infertrace_analysis::text::Text;
 use infertrace_analysis::trace::{Span, TraceId};
 use smallvec::SmallVec;
 
@@ -78,7 +78,7 @@ pub struct PreparedTrace {
 pub struct SpanSource {
     body: Bytes,
     trace_id: TraceId,
-    service: Arc<str>,
+    service: Text,
     ranges: Ranges,
 }
 
@@ -332,7 +332,6 @@ fn trace_runs(spans: &[Span]) -> Vec<std::ops::Range<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use infertrace_analysis::trace::{SpanId, SpanKind, StatusCode};
 
@@ -344,7 +343,7 @@ mod tests {
             span_id: SpanId([n; 8]),
             parent_span_id: None,
             name: format!("s{trace}-{n}").into(),
-            service: Arc::from("svc"),
+            service: Text::from("svc"),
             kind: SpanKind::Internal,
             start_unix_nano: 1,
             end_unix_nano: 2,

@@ -189,9 +189,9 @@ impl RecentTraces {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
+    use infertrace_analysis::text::Text;
     use infertrace_analysis::trace::{SpanId, SpanKind};
 
     fn span(trace: u8, id: u8) -> Span {
@@ -200,7 +200,7 @@ mod tests {
             span_id: SpanId([id; 8]),
             parent_span_id: None,
             name: "s".into(),
-            service: Arc::from("svc"),
+            service: Text::from("svc"),
             kind: SpanKind::Server,
             start_unix_nano: 0,
             end_unix_nano: 10,

@@ -25,7 +25,7 @@
 //! (it was ~470 with the trace id in every span and fixed-width integers and end times).
 
 use std::cell::RefCell;
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use infertrace_analysis::text::{Interner, Text, same_bytes};
 use infertrace_analysis::trace::{
@@ -126,7 +126,7 @@ pub fn encode(span: &Span, out: &mut Vec<u8>) {
 pub fn decode(
     buf: &[u8],
     trace_id: TraceId,
-    service: &Arc<str>,
+    service: &Text,
     interner: &mut Interner,
 ) -> Result<(Span, usize), CodecError> {
     let mut r = Reader { buf, at: 0 };
@@ -336,7 +336,7 @@ mod tests {
             span_id: SpanId([4; 8]),
             parent_span_id: Some(SpanId([5; 8])),
             name: "chat llama".into(),
-            service: Arc::from("engine"),
+            service: Text::from("engine"),
             kind: SpanKind::Server,
             start_unix_nano: 1_790_000_000_000_000_000,
             end_unix_nano: 1_790_000_001_000_000_000,
@@ -477,7 +477,7 @@ mod tests {
         let mut buf = Vec::new();
         encode(&sample(), &mut buf);
         let mut interner = Interner::default();
-        let service: Arc<str> = Arc::from("s");
+        let service = Text::from("s");
         for cut in [0, 10, 40, buf.len() - 1] {
             assert!(
                 decode(&buf[..cut], TraceId([1; 16]), &service, &mut interner).is_err(),
@@ -515,7 +515,7 @@ mod tests {
                 span_id: SpanId(ids.1),
                 parent_span_id: ids.2.map(SpanId),
                 name: name.as_str().into(),
-                service: Arc::from("svc"),
+                service: Text::from("svc"),
                 kind: SpanKind::from_otlp(kind),
                 start_unix_nano: times.0,
                 end_unix_nano: times.1,

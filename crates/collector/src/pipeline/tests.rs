@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use infertrace_analysis::text::Text;
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::trace::{AttrValue, Span, SpanId, SpanKind, StatusCode, TraceId};
@@ -18,7 +18,7 @@ fn request_trace(trace: u8, model: &str, q: u64, p: u64, d: u64, out: i64) -> Ve
         span_id: id(n),
         parent_span_id: parent,
         name: name.into(),
-        service: Arc::from("llm"),
+        service: Text::from("llm"),
         kind: if parent.is_none() {
             SpanKind::Server
         } else {

@@ -374,13 +374,14 @@ mod tests {
     use crate::internal_events::InternalEvents;
     use crate::store::{MINUTE_NANOS, Store};
     use infertrace_analysis::record::{Dialect, Outcome};
+    use infertrace_analysis::text::Text;
     use infertrace_analysis::trace::{SpanId, TraceId};
 
     fn rec(model: &str, e2e: f64, outcome: Outcome) -> RequestRecord {
         let mut r = RequestRecord::new(
             TraceId([2; 16]),
             SpanId([2; 8]),
-            Arc::from("svc"),
+            Text::from("svc"),
             Dialect::Generic,
             0,
             0,
