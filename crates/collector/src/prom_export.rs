@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{self, Dimension, OVERFLOW_LABEL, SloConfig};
 use infertrace_analysis::record::{Outcome, RequestRecord};
-use infertrace_analysis::text::PairCache;
+use infertrace_analysis::text::{PairCache, Text};
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -303,13 +303,18 @@ fn outcome_index(o: Outcome) -> usize {
 #[derive(Debug)]
 pub struct PromRecorder {
     metrics: PromMetrics,
-    dimensions: Vec<Dimension>,
+    /// Whether each of service, model and operation labels the series (a dimension).
+    labelled: [bool; 3],
     slo: SloConfig,
     max_series: usize,
     hasher: RandomState,
     series: HashMap<u64, Vec<Arc<SeriesHandles>>>,
     series_count: usize,
     overflow: Option<Arc<SeriesHandles>>,
+    /// The series of the last record (and whether it was kept rather than overflowed), by the
+    /// identity of its service, model and operation texts: interned, so the next record of the
+    /// series has the same ones and skips hashing three strings. Series are never removed.
+    recent: Option<(Text, Text, Text, Arc<SeriesHandles>, bool)>,
     cp_keys: HashMap<u64, Vec<CriticalPathKey>>,
     /// Counters of recently seen (service, name) allocations: most segments end here.
     cp_recent: PairCache<FloatCounter>,
@@ -327,13 +332,15 @@ impl PromRecorder {
     ) -> Self {
         Self {
             metrics,
-            dimensions,
+            labelled: [Dimension::Service, Dimension::Model, Dimension::Operation]
+                .map(|d| dimensions.contains(&d)),
             slo,
             max_series,
             hasher: RandomState::default(),
             series: HashMap::new(),
             series_count: 0,
             overflow: None,
+            recent: None,
             cp_keys: HashMap::new(),
             cp_recent: PairCache::default(),
             cp_count: 0,
@@ -346,19 +353,38 @@ impl PromRecorder {
     }
 
     fn label<'a>(&self, d: Dimension, value: &'a str) -> &'a str {
-        if self.dimensions.contains(&d) {
-            value
-        } else {
-            ""
-        }
+        let labelled = match d {
+            Dimension::Service => self.labelled[0],
+            Dimension::Model => self.labelled[1],
+            Dimension::Operation => self.labelled[2],
+        };
+        if labelled { value } else { "" }
     }
 
     /// Records one request. Returns `false` when the series cap sent it to the overflow series.
     pub fn record(&mut self, r: &RequestRecord) -> bool {
-        let service = self.label(Dimension::Service, &r.service);
-        let model = self.label(Dimension::Model, &r.model);
-        let operation = self.label(Dimension::Operation, &r.operation);
-        let (handles, kept) = self.series_for(service, model, operation);
+        let hit = self.recent.as_ref().is_some_and(|(s, m, o, _, _)| {
+            Text::ptr_eq(s, &r.service)
+                && Text::ptr_eq(m, &r.model)
+                && Text::ptr_eq(o, &r.operation)
+        });
+        if !hit {
+            let service = self.label(Dimension::Service, &r.service);
+            let model = self.label(Dimension::Model, &r.model);
+            let operation = self.label(Dimension::Operation, &r.operation);
+            let (handles, kept) = self.series_for(service, model, operation);
+            self.recent = Some((
+                r.service.clone(),
+                r.model.clone(),
+                r.operation.clone(),
+                handles,
+                kept,
+            ));
+        }
+        let Some((_, _, _, handles, kept)) = &self.recent else {
+            return false;
+        };
+        let kept = *kept;
         let o = &handles.outcomes[outcome_index(r.outcome)];
         let h = o.get_or_init(|| {
             let labels = RequestLabels {

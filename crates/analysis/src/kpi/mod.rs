@@ -58,6 +58,8 @@ mod snapshot;
 
 use std::hash::BuildHasher;
 
+use crate::text::Text;
+
 use foldhash::fast::RandomState;
 use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
@@ -195,6 +197,12 @@ pub struct KpiWindows {
     rolled: Vec<bool>,
     hasher: RandomState,
     index: HashMap<u64, Vec<usize>>,
+    /// The series of the last record, by the identity of its service, model and operation
+    /// texts (interned, so the next record of the series has the same ones): most records skip
+    /// hashing three strings. Cleared whenever series move (see [`Self::expire`]).
+    recent: Option<(Text, Text, Text, usize)>,
+    /// Whether each of service, model and operation is a dimension (labels the series).
+    labelled: [bool; 3],
     series: Vec<Series>,
     overflow: Option<Series>,
     overflowed_records: u64,
@@ -224,6 +232,8 @@ const MINUTE_NANOS: u64 = 60_000_000_000;
 impl KpiWindows {
     /// Empty windows.
     pub fn new(config: KpiConfig) -> Self {
+        let labelled = [Dimension::Service, Dimension::Model, Dimension::Operation]
+            .map(|d| config.dimensions.contains(&d));
         let slots = u64::from(config.slots_per_window.max(1));
         let mut specs: Vec<RingSpec> = config
             .windows
@@ -258,6 +268,8 @@ impl KpiWindows {
             rolled,
             hasher: RandomState::default(),
             index: HashMap::new(),
+            recent: None,
+            labelled,
             series: Vec::new(),
             overflow: None,
             overflowed_records: 0,
@@ -363,19 +375,11 @@ impl KpiWindows {
     }
 
     fn labels<'a>(&self, r: &'a RequestRecord) -> (&'a str, &'a str, &'a str) {
-        let has = |d| self.config.dimensions.contains(&d);
+        let [service, model, operation] = self.labelled;
         (
-            if has(Dimension::Service) {
-                &r.service
-            } else {
-                ""
-            },
-            if has(Dimension::Model) { &r.model } else { "" },
-            if has(Dimension::Operation) {
-                &r.operation
-            } else {
-                ""
-            },
+            if service { &r.service } else { "" },
+            if model { &r.model } else { "" },
+            if operation { &r.operation } else { "" },
         )
     }
 
@@ -402,19 +406,51 @@ impl KpiWindows {
             self.last_sweep_unix_nano = now_unix_nano;
         }
         let (service, model, operation) = self.labels(record);
-        let hash = self.hasher.hash_one((service, model, operation));
-        let found = self.index.get(&hash).and_then(|ids| {
-            ids.iter()
-                .copied()
-                .find(|&i| self.series[i].key.matches(service, model, operation))
-        });
+        let recent = match &self.recent {
+            Some((s, m, o, i))
+                if Text::ptr_eq(s, &record.service)
+                    && Text::ptr_eq(m, &record.model)
+                    && Text::ptr_eq(o, &record.operation) =>
+            {
+                Some(*i)
+            }
+            _ => None,
+        };
+        let (found, hash) = match recent {
+            Some(i) => (Some(i), None),
+            None => {
+                let hash = self.hasher.hash_one((service, model, operation));
+                let found = self.index.get(&hash).and_then(|ids| {
+                    ids.iter()
+                        .copied()
+                        .find(|&i| self.series[i].key.matches(service, model, operation))
+                });
+                (found, Some(hash))
+            }
+        };
+        let remember = |i| {
+            Some((
+                record.service.clone(),
+                record.model.clone(),
+                record.operation.clone(),
+                i,
+            ))
+        };
         let (series, kept) = match found {
-            Some(i) => (&mut self.series[i], true),
+            Some(i) => {
+                if recent.is_none() {
+                    self.recent = remember(i);
+                }
+                (&mut self.series[i], true)
+            }
             None if self.series.len() < self.config.max_series => {
                 let s = self.new_series(service, model, operation);
                 self.series.push(s);
                 let i = self.series.len() - 1;
+                let hash =
+                    hash.unwrap_or_else(|| self.hasher.hash_one((service, model, operation)));
                 self.index.entry(hash).or_default().push(i);
+                self.recent = remember(i);
                 (&mut self.series[i], true)
             }
             None => {
@@ -600,6 +636,7 @@ impl KpiWindows {
         }
         let removed = before - self.series.len();
         if removed > 0 {
+            self.recent = None;
             self.index.clear();
             for (i, s) in self.series.iter().enumerate() {
                 let k = &s.key;
@@ -908,6 +945,44 @@ mod tests {
             w.record(&rec(0.1 + k as f64 * 0.01), 10_000 * SEC + k * SEC);
         }
         assert!(w.approx_memory_bytes() > empty);
+    }
+
+    #[test]
+    fn records_find_their_series_through_the_recent_cache_and_after_an_expiry() {
+        let mut w = KpiWindows::new(KpiConfig::default());
+        let (a, b) = (Text::from("svc-a"), Text::from("svc-b"));
+        let of = |service: &Text| {
+            let mut r = rec(1.0);
+            r.service = service.clone();
+            r
+        };
+        let t = 10_000 * SEC;
+        // Alternating series, repeats of one, and an equal text in another allocation.
+        for service in [&a, &a, &b, &a, &b, &b, &Text::from("svc-a")] {
+            w.record(&of(service), t);
+        }
+        let count = |w: &KpiWindows, name: &str, now| {
+            w.snapshot(Duration::from_secs(60), now)
+                .series
+                .iter()
+                .find(|s| s.service == name)
+                .map_or(0, |s| s.requests)
+        };
+        assert_eq!((count(&w, "svc-a", t), count(&w, "svc-b", t)), (4, 3));
+        assert_eq!(w.series_count(), 2);
+        // The last record was b's, the second series. a goes quiet past the longest window
+        // (an hour) and the next record's sweep expires it: b moves to the first position, so
+        // a cached position would now be wrong.
+        let later = t + 5400 * SEC;
+        w.record(&of(&b), later);
+        assert_eq!(w.series_count(), 1, "a expired");
+        w.record(&of(&b), later);
+        w.record(&of(&a), later);
+        assert_eq!(w.series_count(), 2);
+        assert_eq!(
+            (count(&w, "svc-a", later), count(&w, "svc-b", later)),
+            (1, 2)
+        );
     }
 
     #[test]
