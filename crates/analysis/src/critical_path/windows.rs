@@ -104,7 +104,7 @@ pub struct CriticalPathTotal<'a> {
     pub seconds: f64,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct BucketRequests {
     count: u64,
     e2e_seconds: f64,
@@ -114,15 +114,94 @@ struct BucketRequests {
 struct Slot {
     /// The slot number (`now / slot`) whose data this holds; `None` when empty.
     epoch: Option<u64>,
-    requests: BTreeMap<i32, BucketRequests>,
-    seconds: HashMap<(u32, i32), f64>,
+    /// Requests per e2e bucket.
+    requests: BucketValues<BucketRequests>,
+    /// Critical seconds per e2e bucket, by key.
+    seconds: Vec<BucketValues<f64>>,
 }
 
 impl Slot {
     fn reset(&mut self, epoch: u64) {
         self.epoch = Some(epoch);
+        // Cleared, not freed: the slot is reused every retention period.
         self.requests.clear();
-        self.seconds.clear();
+        for row in &mut self.seconds {
+            row.clear();
+        }
+    }
+}
+
+/// Widest bucket range [`BucketValues`] holds densely (2,048 buckets of γ = 1.02: 17 orders of
+/// magnitude).
+const DENSE_BUCKETS_MAX: usize = 2048;
+
+/// Values by e2e bucket: an array over the buckets seen (one indexed add per segment; as
+/// hash-map and tree entries these were ~3 % of the collector's CPU at full rate), and a short
+/// list for the zero bucket and any bucket too far from the others to keep the array small.
+/// A bucket holds a value once something was added to it: values left at `T::default()` are
+/// not reported (every value added is a request count or positive seconds).
+#[derive(Clone, Debug, Default)]
+struct BucketValues<T> {
+    /// The bucket of `dense[0]`.
+    low: i32,
+    dense: Vec<T>,
+    far: Vec<(i32, T)>,
+}
+
+impl<T: Copy + Default + PartialEq> BucketValues<T> {
+    /// The value of bucket `b`, created at `T::default()`.
+    fn get_mut(&mut self, b: i32) -> &mut T {
+        if b != i32::MIN {
+            if self.dense.is_empty() {
+                self.low = b;
+                self.dense.push(T::default());
+            }
+            let (low, len) = (i64::from(self.low), self.dense.len() as i64);
+            let at = i64::from(b) - low;
+            if (0..len).contains(&at) {
+                return &mut self.dense[at as usize];
+            }
+            let (lo, hi) = (low.min(i64::from(b)), (low + len - 1).max(i64::from(b)));
+            if hi - lo < DENSE_BUCKETS_MAX as i64 {
+                let headroom = ((hi - lo + 1) / 4).min(DENSE_BUCKETS_MAX as i64 - (hi - lo + 1));
+                let (lo, hi) = if at < 0 {
+                    ((lo - headroom).max(i64::from(i32::MIN) + 1), hi)
+                } else {
+                    (lo, (hi + headroom).min(i64::from(i32::MAX)))
+                };
+                let mut grown = vec![T::default(); (hi - lo + 1) as usize];
+                let shift = (low - lo) as usize;
+                grown[shift..shift + self.dense.len()].copy_from_slice(&self.dense);
+                self.dense = grown;
+                self.low = lo as i32;
+                return &mut self.dense[(i64::from(b) - lo) as usize];
+            }
+        }
+        let at = match self.far.iter().position(|(k, _)| *k == b) {
+            Some(at) => at,
+            None => {
+                self.far.push((b, T::default()));
+                self.far.len() - 1
+            }
+        };
+        &mut self.far[at].1
+    }
+
+    /// The buckets holding a value, in no particular order.
+    fn iter(&self) -> impl Iterator<Item = (i32, &T)> {
+        let zero = T::default();
+        self.dense
+            .iter()
+            .zip(self.low..)
+            .map(|(v, b)| (b, v))
+            .chain(self.far.iter().map(|(b, v)| (*b, v)))
+            .filter(move |(_, v)| **v != zero)
+    }
+
+    /// Forgets every value, keeping the allocations.
+    fn clear(&mut self) {
+        self.dense.clear();
+        self.far.clear();
     }
 }
 
@@ -234,7 +313,7 @@ impl CriticalPathWindows {
             }
         };
         if in_window {
-            let r = self.slots[slot_index].requests.entry(bucket).or_default();
+            let r = self.slots[slot_index].requests.get_mut(bucket);
             r.count += 1;
             r.e2e_seconds += e2e_seconds;
         } else {
@@ -251,10 +330,11 @@ impl CriticalPathWindows {
             };
             self.keys[key as usize].2 += secs;
             if in_window {
-                *self.slots[slot_index]
-                    .seconds
-                    .entry((key, bucket))
-                    .or_insert(0.0) += secs;
+                let rows = &mut self.slots[slot_index].seconds;
+                if rows.len() <= key as usize {
+                    rows.resize_with(key as usize + 1, BucketValues::default);
+                }
+                *rows[key as usize].get_mut(bucket) += secs;
             }
         }
     }
@@ -277,8 +357,8 @@ impl CriticalPathWindows {
 
         let mut requests: BTreeMap<i32, BucketRequests> = BTreeMap::new();
         for slot in live() {
-            for (b, r) in &slot.requests {
-                let m = requests.entry(*b).or_default();
+            for (b, r) in slot.requests.iter() {
+                let m = requests.entry(b).or_default();
                 m.count += r.count;
                 m.e2e_seconds += r.e2e_seconds;
             }
@@ -305,14 +385,16 @@ impl CriticalPathWindows {
 
         let mut per_key: HashMap<u32, TailTriple> = HashMap::new();
         for slot in live() {
-            for ((key, b), secs) in &slot.seconds {
-                let t = per_key.entry(*key).or_default();
-                t.all += secs;
-                if *b >= p90 {
-                    t.p90 += secs;
-                }
-                if *b >= p99 {
-                    t.p99 += secs;
+            for (key, row) in slot.seconds.iter().enumerate() {
+                for (b, secs) in row.iter() {
+                    let t = per_key.entry(key as u32).or_default();
+                    t.all += secs;
+                    if b >= p90 {
+                        t.p90 += secs;
+                    }
+                    if b >= p99 {
+                        t.p99 += secs;
+                    }
                 }
             }
         }
@@ -562,5 +644,47 @@ mod tests {
         assert_eq!(s.requests, 0);
         assert!(s.entries.is_empty());
         assert_eq!(s.window_seconds, 60.0);
+    }
+
+    #[test]
+    fn bucket_values_hold_what_a_map_would() {
+        // Near buckets (dense, grown both ways), the zero bucket, and buckets far apart.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut buckets: Vec<i32> = (0..5000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 400) as i32 - 200
+            })
+            .collect();
+        buckets.extend([
+            i32::MIN,
+            i32::MIN + 1,
+            i32::MAX,
+            1_000_000,
+            -1_000_000,
+            5,
+            i32::MIN,
+        ]);
+        let mut values = BucketValues::<f64>::default();
+        let mut reference: std::collections::HashMap<i32, f64> = Default::default();
+        for (i, b) in buckets.iter().enumerate() {
+            let v = 0.5 + (i % 7) as f64;
+            *values.get_mut(*b) += v;
+            *reference.entry(*b).or_default() += v;
+        }
+        let mut got: Vec<(i32, f64)> = values.iter().map(|(b, v)| (b, *v)).collect();
+        let mut want: Vec<(i32, f64)> = reference.into_iter().collect();
+        got.sort_by_key(|e| e.0);
+        want.sort_by_key(|e| e.0);
+        assert_eq!(got.len(), want.len());
+        for ((gb, gv), (wb, wv)) in got.iter().zip(&want) {
+            assert_eq!(gb, wb);
+            assert!((gv - wv).abs() < 1e-9, "{gb}: {gv} vs {wv}");
+        }
+        assert!(values.dense.len() <= DENSE_BUCKETS_MAX);
+        values.clear();
+        assert_eq!(values.iter().count(), 0);
     }
 }
