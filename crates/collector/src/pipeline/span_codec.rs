@@ -24,7 +24,6 @@
 //! For the benchmark's 4-span inference trace that is ~354 bytes, against ~1,100 on the wire
 //! (it was ~470 with the trace id in every span and fixed-width integers and end times).
 
-use std::cell::RefCell;
 use std::sync::LazyLock;
 
 use infertrace_analysis::text::{Interner, Text, same_bytes};
@@ -212,35 +211,54 @@ static KEYS_BY_LEN: LazyLock<Vec<Vec<(&'static str, u8)>>> = LazyLock::new(|| {
 // Key indexes are one byte.
 const _: () = assert!(KNOWN_KEYS.len() <= 256);
 
-/// Slots of [`KEY_CACHE`] (a power of two).
-const KEY_CACHE_SLOTS: usize = 256;
+/// Slots of [`KEYS_BY_ADDRESS`] (a power of two, at least twice the keys).
+const KEY_TABLE_SLOTS: usize = 512;
 
-thread_local! {
-    /// Key indexes by the address of the key's `&'static str`: a span's keys are the few
-    /// static strings the decoders hand out, so nearly every lookup is one comparison here
-    /// instead of a comparison of text. (Static memory is never freed or reused, so an address
-    /// with its length names one string for good.)
-    static KEY_CACHE: RefCell<[(usize, usize, u8); KEY_CACHE_SLOTS]> =
-        const { RefCell::new([(0, 0, 0); KEY_CACHE_SLOTS]) };
+/// `KNOWN_KEYS` by the address and length of each key's own string, in an open-addressing
+/// table built once: the decoders hand out exactly these `&'static str`s, so a span's key is
+/// found with a probe or two instead of comparing text, and without the per-thread cache and
+/// its `RefCell` this used to take on every attribute. (Static memory is never freed or reused,
+/// so an address with its length names one string for good.) Empty slots have address 0.
+static KEYS_BY_ADDRESS: LazyLock<Box<[(usize, usize, u8)]>> = LazyLock::new(|| {
+    let mut table = vec![(0usize, 0usize, 0u8); KEY_TABLE_SLOTS].into_boxed_slice();
+    for (i, k) in KNOWN_KEYS.iter().enumerate() {
+        let Ok(index) = u8::try_from(i) else { continue };
+        let mut slot = address_slot(k.as_ptr() as usize);
+        while table[slot].0 != 0 {
+            slot = (slot + 1) % KEY_TABLE_SLOTS;
+        }
+        table[slot] = (k.as_ptr() as usize, k.len(), index);
+    }
+    table
+});
+
+const _: () = assert!(KNOWN_KEYS.len() * 2 <= KEY_TABLE_SLOTS);
+
+fn address_slot(address: usize) -> usize {
+    (address.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) % KEY_TABLE_SLOTS
 }
 
 /// The index of `key` in [`KNOWN_KEYS`] (`None` for a key not in it).
 fn key_index(key: &'static str) -> Option<u8> {
     let address = key.as_ptr() as usize;
-    let slot = (address.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) % KEY_CACHE_SLOTS;
-    KEY_CACHE.with_borrow_mut(|cache| {
-        let (a, len, index) = cache[slot];
-        if a == address && len == key.len() && a != 0 {
+    let table = &*KEYS_BY_ADDRESS;
+    let mut slot = address_slot(address);
+    loop {
+        let (a, len, index) = table[slot];
+        if a == address && len == key.len() {
             return Some(index);
         }
-        let index = KEYS_BY_LEN
-            .get(key.len())?
-            .iter()
-            .find(|(k, _)| same_bytes(k.as_bytes(), key.as_bytes()))
-            .map(|&(_, i)| i)?;
-        cache[slot] = (address, key.len(), index);
-        Some(index)
-    })
+        if a == 0 {
+            break;
+        }
+        slot = (slot + 1) % KEY_TABLE_SLOTS;
+    }
+    // Another string with a known key's text (spans built by hand, other decoders).
+    KEYS_BY_LEN
+        .get(key.len())?
+        .iter()
+        .find(|(k, _)| same_bytes(k.as_bytes(), key.as_bytes()))
+        .map(|&(_, i)| i)
 }
 
 /// An integer as an unsigned one with small magnitudes small (protobuf's `sint64` mapping).
@@ -484,6 +502,18 @@ mod tests {
                 "{cut}"
             );
         }
+    }
+
+    #[test]
+    fn every_known_key_is_found_by_its_address_and_by_its_text() {
+        for (i, key) in KNOWN_KEYS.iter().enumerate() {
+            assert_eq!(key_index(key), u8::try_from(i).ok(), "{key}");
+            // The same text at another address (a span built by hand).
+            let copy: &'static str = Box::leak(key.to_string().into_boxed_str());
+            assert_eq!(key_index(copy), u8::try_from(i).ok(), "{key}");
+        }
+        assert_eq!(key_index("not.a.known.key"), None);
+        assert_eq!(key_index(""), None);
     }
 
     fn arb_value() -> impl Strategy<Value = AttrValue> {
