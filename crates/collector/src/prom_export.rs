@@ -24,6 +24,7 @@ use foldhash::{HashMap, HashMapExt};
 use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use infertrace_analysis::critical_path::CriticalPath;
@@ -148,6 +149,8 @@ pub struct PromMetrics {
     pub critical_path: Family<CriticalPathLabels, FloatCounter>,
     /// `alerts_active{alert}`.
     pub alerts_active: Family<AlertLabels, Gauge>,
+    /// Whether a [`PromRecorder`] writes these families already (there may be one).
+    recorder_attached: Arc<AtomicBool>,
 }
 
 impl Default for PromMetrics {
@@ -165,6 +168,7 @@ impl Default for PromMetrics {
             gpu_energy: Family::default(),
             critical_path: Family::default(),
             alerts_active: Family::default(),
+            recorder_attached: Arc::default(),
         }
     }
 }
@@ -330,6 +334,15 @@ impl PromRecorder {
         slo: SloConfig,
         max_series: usize,
     ) -> Self {
+        // The request families are single-writer values: a second recorder would lose updates.
+        let second = metrics.recorder_attached.swap(true, Ordering::Relaxed);
+        debug_assert!(!second, "a second PromRecorder on the same PromMetrics");
+        if second {
+            tracing::error!(
+                "a second Prometheus recorder writes the same metrics: request counts will be \
+                 undercounted (give each pipeline its own PromMetrics)"
+            );
+        }
         Self {
             metrics,
             labelled: [Dimension::Service, Dimension::Model, Dimension::Operation]
@@ -671,6 +684,14 @@ mod tests {
         assert!(
             !text.contains(r#"goodput_requests_total{service="svc",model="m",operation="chat"} 1"#)
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "a second PromRecorder")]
+    fn a_second_recorder_on_the_same_metrics_is_refused_in_debug_builds() {
+        let metrics = PromMetrics::default();
+        let _first = PromRecorder::new(metrics.clone(), vec![], SloConfig::default(), 10);
+        let _second = PromRecorder::new(metrics, vec![], SloConfig::default(), 10);
     }
 
     #[test]

@@ -131,13 +131,19 @@ impl Slot {
     }
 }
 
-/// Widest bucket range [`BucketValues`] holds densely (2,048 buckets of γ = 1.02: 17 orders of
-/// magnitude).
-const DENSE_BUCKETS_MAX: usize = 2048;
+/// Widest bucket range [`BucketValues`] holds densely (256 buckets of γ = 1.02: a factor of
+/// ~160 in e2e, e.g. 50 ms to 8 s).
+const DENSE_BUCKETS_MAX: usize = 256;
+
+/// Fewest occupied buckets per array cell [`BucketValues`] keeps when it grows its array: 1 in
+/// 8, so that the array is never more than 8 × what the old per-bucket map entries held.
+const DENSE_MIN_OCCUPANCY: usize = 8;
 
 /// Values by e2e bucket: an array over the buckets seen (one indexed add per segment; as
-/// hash-map and tree entries these were ~3 % of the collector's CPU at full rate), and a short
-/// list for the zero bucket and any bucket too far from the others to keep the array small.
+/// hash-map and tree entries these were ~3 % of the collector's CPU at full rate), and a map
+/// for the zero bucket and any bucket that would stretch the array too wide or leave it too
+/// empty ([`DENSE_BUCKETS_MAX`], [`DENSE_MIN_OCCUPANCY`]): requests whose e2e times are spread
+/// over many orders of magnitude cost map entries, as before, not a huge sparse array.
 /// A bucket holds a value once something was added to it: values left at `T::default()` are
 /// not reported (every value added is a request count or positive seconds).
 #[derive(Clone, Debug, Default)]
@@ -145,62 +151,80 @@ struct BucketValues<T> {
     /// The bucket of `dense[0]`.
     low: i32,
     dense: Vec<T>,
-    far: Vec<(i32, T)>,
+    /// Cells of `dense` handed out (occupied, as every caller adds to what it gets).
+    occupied: usize,
+    far: HashMap<i32, T>,
 }
 
 impl<T: Copy + Default + PartialEq> BucketValues<T> {
     /// The value of bucket `b`, created at `T::default()`.
     fn get_mut(&mut self, b: i32) -> &mut T {
-        if b != i32::MIN {
-            if self.dense.is_empty() {
-                self.low = b;
-                self.dense.push(T::default());
+        // A bucket first kept in the map stays there, even once the array grows over it.
+        let in_map = !self.far.is_empty() && self.far.contains_key(&b);
+        if b != i32::MIN
+            && !in_map
+            && let Some(at) = self.dense_slot(b)
+        {
+            if self.dense[at] == T::default() {
+                self.occupied += 1;
             }
-            let (low, len) = (i64::from(self.low), self.dense.len() as i64);
-            let at = i64::from(b) - low;
-            if (0..len).contains(&at) {
-                return &mut self.dense[at as usize];
-            }
-            let (lo, hi) = (low.min(i64::from(b)), (low + len - 1).max(i64::from(b)));
-            if hi - lo < DENSE_BUCKETS_MAX as i64 {
-                let headroom = ((hi - lo + 1) / 4).min(DENSE_BUCKETS_MAX as i64 - (hi - lo + 1));
-                let (lo, hi) = if at < 0 {
-                    ((lo - headroom).max(i64::from(i32::MIN) + 1), hi)
-                } else {
-                    (lo, (hi + headroom).min(i64::from(i32::MAX)))
-                };
-                let mut grown = vec![T::default(); (hi - lo + 1) as usize];
-                let shift = (low - lo) as usize;
-                grown[shift..shift + self.dense.len()].copy_from_slice(&self.dense);
-                self.dense = grown;
-                self.low = lo as i32;
-                return &mut self.dense[(i64::from(b) - lo) as usize];
-            }
+            return &mut self.dense[at];
         }
-        let at = match self.far.iter().position(|(k, _)| *k == b) {
-            Some(at) => at,
-            None => {
-                self.far.push((b, T::default()));
-                self.far.len() - 1
-            }
+        self.far.entry(b).or_default()
+    }
+
+    /// Where bucket `b` is in `dense`, the array grown to hold it if that keeps it within
+    /// bounds; `None` to keep `b` in the map.
+    fn dense_slot(&mut self, b: i32) -> Option<usize> {
+        if self.dense.is_empty() {
+            self.low = b;
+            self.dense.push(T::default());
+            return Some(0);
+        }
+        let (low, len) = (i64::from(self.low), self.dense.len() as i64);
+        let at = i64::from(b) - low;
+        if (0..len).contains(&at) {
+            return usize::try_from(at).ok();
+        }
+        let (lo, hi) = (low.min(i64::from(b)), (low + len - 1).max(i64::from(b)));
+        let need = hi - lo + 1;
+        let max = DENSE_BUCKETS_MAX as i64;
+        if need > max || ((self.occupied as i64 + 1) * DENSE_MIN_OCCUPANCY as i64) < need {
+            return None;
+        }
+        // Headroom on the side that grew: a slot's values spread a little more.
+        let headroom = (need / 4).min(max - need);
+        let (lo, hi) = if at < 0 {
+            ((lo - headroom).max(i64::from(i32::MIN) + 1), hi)
+        } else {
+            (lo, (hi + headroom).min(i64::from(i32::MAX)))
         };
-        &mut self.far[at].1
+        let mut grown = vec![T::default(); usize::try_from(hi - lo + 1).ok()?];
+        let shift = usize::try_from(low - lo).ok()?;
+        grown[shift..shift + self.dense.len()].copy_from_slice(&self.dense);
+        self.dense = grown;
+        self.low = i32::try_from(lo).ok()?;
+        usize::try_from(i64::from(b) - lo).ok()
     }
 
     /// The buckets holding a value, in no particular order.
     fn iter(&self) -> impl Iterator<Item = (i32, &T)> {
         let zero = T::default();
+        let low = i64::from(self.low);
         self.dense
             .iter()
-            .zip(self.low..)
-            .map(|(v, b)| (b, v))
+            .enumerate()
+            // In range by construction: `low + len - 1` is a bucket that was asked for.
+            .filter_map(move |(i, v)| Some((i32::try_from(low + i as i64).ok()?, v)))
             .chain(self.far.iter().map(|(b, v)| (*b, v)))
             .filter(move |(_, v)| **v != zero)
     }
 
-    /// Forgets every value, keeping the allocations.
+    /// Forgets every value, keeping the allocations (the slot is reused every retention
+    /// period, with values like these).
     fn clear(&mut self) {
         self.dense.clear();
+        self.occupied = 0;
         self.far.clear();
     }
 }
@@ -686,5 +710,26 @@ mod tests {
         assert!(values.dense.len() <= DENSE_BUCKETS_MAX);
         values.clear();
         assert_eq!(values.iter().count(), 0);
+    }
+
+    #[test]
+    fn bucket_values_stay_small_for_values_spread_thin_and_at_the_ends() {
+        // Two requests per key and slot, far apart (1 ns and years): map entries, no array.
+        let mut v = BucketValues::<f64>::default();
+        *v.get_mut(-1000) += 1.0;
+        *v.get_mut(1000) += 1.0;
+        // Two a couple of hundred buckets apart: too empty an array to grow.
+        *v.get_mut(200) += 1.0;
+        assert!(v.dense.len() <= DENSE_MIN_OCCUPANCY, "{}", v.dense.len());
+        assert_eq!(v.iter().count(), 3);
+        // The ends of the bucket range, including the last one, are reported, not overflowed.
+        let mut ends = BucketValues::<u64>::default();
+        *ends.get_mut(i32::MAX) += 1;
+        *ends.get_mut(i32::MAX - 1) += 1;
+        *ends.get_mut(i32::MIN) += 1;
+        *ends.get_mut(i32::MIN + 1) += 1;
+        let mut got: Vec<i32> = ends.iter().map(|(b, _)| b).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![i32::MIN, i32::MIN + 1, i32::MAX - 1, i32::MAX]);
     }
 }

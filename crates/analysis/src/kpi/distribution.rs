@@ -152,8 +152,11 @@ pub(super) fn merge_many_sorted<V: Copy>(
 /// [`DENSE_FROM_BINS`] buckets, adds go to a dense array of counts over the buckets seen
 /// ([`Dense`]), one indexed increment instead of a binary search (the search was most of the
 /// time of recording a request into the KPIs: seven distributions per request, each search a
-/// chain of dependent loads). [`Self::shrink`] (the slot is complete) turns it sparse again.
-/// Both forms hold the same buckets; readers see the sparse view.
+/// chain of dependent loads). [`Self::shrink`] turns it sparse again; the KPI windows call it
+/// when a slot is rolled up or its series moves on to a newer slot (a series that goes quiet
+/// keeps its last slot dense, at most 7 × 4 KiB, until the windows roll it up or it expires).
+/// Values spread thin over a wide range stay sparse ([`DENSE_MAX_SPAN`],
+/// [`DENSE_MIN_OCCUPANCY`]). Both forms hold the same buckets; readers see the sparse view.
 #[derive(Clone, Debug, Default)]
 pub struct Distribution {
     /// `(bucket, count)`, sorted by bucket; empty while [`Self::dense`] holds the buckets.
@@ -186,12 +189,18 @@ const DENSE_FROM_BINS: usize = 24;
 /// holds seven distributions: at most 28 KiB, typically ~1 KiB each.)
 const DENSE_MAX_SPAN: usize = 1024;
 
+/// Fewest occupied buckets per array cell a dense distribution keeps when it grows its array
+/// (1 in 8): values spread thin over a wide range stay sparse.
+const DENSE_MIN_OCCUPANCY: usize = 8;
+
 /// Bucket counts over a contiguous range of buckets, and the zero bucket's count apart.
 #[derive(Clone, Debug)]
 struct Dense {
     /// The bucket of `counts[0]`.
     low: i32,
     counts: Vec<u32>,
+    /// Cells of `counts` that are not zero.
+    occupied: usize,
     zero: u32,
 }
 
@@ -201,6 +210,7 @@ impl Dense {
         let mut d = Dense {
             low: 0,
             counts: Vec::new(),
+            occupied: 0,
             zero: 0,
         };
         for &(key, n) in bins {
@@ -210,11 +220,23 @@ impl Dense {
     }
 
     /// The count of bucket `key`, the range grown to hold it; `None` when that would span more
-    /// than [`DENSE_MAX_SPAN`].
+    /// than [`DENSE_MAX_SPAN`] or leave fewer than one cell in [`DENSE_MIN_OCCUPANCY`] occupied.
+    /// The caller adds to it (a cell handed out counts as occupied).
     fn slot(&mut self, key: i32) -> Option<&mut u32> {
         if key == ZERO_BUCKET {
             return Some(&mut self.zero);
         }
+        let at = self.index(key)?;
+        let cell = self.counts.get_mut(at)?;
+        if *cell == 0 {
+            self.occupied += 1;
+        }
+        Some(cell)
+    }
+
+    /// Where bucket `key` (not the zero bucket) is in `counts`, grown to hold it (see
+    /// [`Self::slot`]).
+    fn index(&mut self, key: i32) -> Option<usize> {
         if self.counts.is_empty() {
             self.low = key;
             self.counts.push(0);
@@ -224,7 +246,9 @@ impl Dense {
         if at < 0 || at >= len {
             let (lo, hi) = (low.min(i64::from(key)), (low + len - 1).max(i64::from(key)));
             let need = hi - lo + 1;
-            if need > DENSE_MAX_SPAN as i64 {
+            if need > DENSE_MAX_SPAN as i64
+                || ((self.occupied as i64 + 1) * DENSE_MIN_OCCUPANCY as i64) < need
+            {
                 return None;
             }
             // Headroom on the side that grew: a slot's values spread a little more.
@@ -236,8 +260,7 @@ impl Dense {
             };
             self.regrow(lo, hi)?;
         }
-        let at = usize::try_from(i64::from(key) - i64::from(self.low)).ok()?;
-        self.counts.get_mut(at)
+        usize::try_from(i64::from(key) - i64::from(self.low)).ok()
     }
 
     /// The same counts over buckets `lo..=hi` (which hold the current range).
@@ -258,12 +281,14 @@ impl Dense {
         if self.zero > 0 {
             out.push((ZERO_BUCKET, self.zero));
         }
+        let low = i64::from(self.low);
         out.extend(
             self.counts
                 .iter()
-                .zip(self.low..)
-                .filter(|(n, _)| **n > 0)
-                .map(|(n, k)| (k, *n)),
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                // In range by construction: every cell's bucket was asked for or lies between.
+                .filter_map(|(i, n)| Some((i32::try_from(low + i as i64).ok()?, *n))),
         );
         out
     }
@@ -685,5 +710,22 @@ mod tests {
             narrow_d.add(&config, Some(v));
         }
         assert!(narrow_d.dense.is_some(), "a slot being written is dense");
+    }
+
+    #[test]
+    fn values_spread_thin_stay_sparse() {
+        let config = sketch_config();
+        // 30 values ~35 buckets apart (a factor of ~1.9 each): past 24 buckets, but an array
+        // over their range would be 1 in 35 occupied.
+        let mut d = Distribution::default();
+        let vals: Vec<f64> = (0..30).map(|i| 1e-6 * 1.9f64.powi(i)).collect();
+        for &v in &vals {
+            d.add(&config, Some(v));
+        }
+        assert!(d.dense.is_none());
+        assert_eq!(&*d.bins_view(), &reference_bins(&config, &vals)[..]);
+        // Dense buckets at the very end of the key range are reported, not overflowed.
+        let dense = Dense::from_bins(&[(i32::MAX - 1, 1), (i32::MAX, 2)]).unwrap();
+        assert_eq!(dense.bins(), vec![(i32::MAX - 1, 1), (i32::MAX, 2)]);
     }
 }

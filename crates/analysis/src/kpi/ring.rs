@@ -102,12 +102,14 @@ impl Ring {
             .filter(|s| !s.rolled)
     }
 
-    /// Marks every slot older than `before` rolled up, handing each to `roll` first.
+    /// Marks every slot older than `before` rolled up, handing each to `roll` first, and gives
+    /// back its spare capacity (a complete slot: its distributions turn sparse again).
     pub(super) fn roll_up(&mut self, before: u64, mut roll: impl FnMut(u64, &Accumulator)) {
         for slot in self.slots.iter_mut().flatten() {
             if !slot.rolled && slot.index < before {
                 roll(slot.index, &slot.acc);
                 slot.rolled = true;
+                slot.acc.shrink();
             }
         }
     }

@@ -19,8 +19,11 @@
 //!   "no parent".
 //! - A link is kept only when its trace id and span id are both valid; invalid links are skipped.
 //! - The service is the first string-valued `service.name` attribute of the span's resource, else
-//!   [`UNKNOWN_SERVICE`](infertrace_analysis::trace::UNKNOWN_SERVICE). One `Arc<str>` is shared by
-//!   all spans of a resource.
+//!   [`UNKNOWN_SERVICE`](infertrace_analysis::trace::UNKNOWN_SERVICE). It is interned like the
+//!   names and values below: one [`Text`] for every span of every resource with that name
+//!   (static once common, so spans and records clone it without touching a shared counter).
+//!   Service names with many distinct values (one per pod, say) share the interner's bounded
+//!   table and static budget with the other strings: past them, texts are simply not shared.
 //! - Attribute values: strings, integers, doubles and booleans are kept as such; an array is kept
 //!   when every element is a string (an empty array included); any other value (key-value lists,
 //!   bytes, mixed arrays, a missing value) drops the attribute. Attributes keep their order,

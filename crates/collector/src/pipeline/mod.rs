@@ -145,6 +145,9 @@ pub use crate::store::unix_nanos_now;
 impl Pipeline {
     /// A pipeline for `config`, recording Prometheus metrics into `metrics`, self-metrics into
     /// `events`, reserving memory from `limiter`, forwarding through `forward` when set.
+    ///
+    /// The pipeline is the only writer of `metrics`' request families (they are single-writer
+    /// values, see [`crate::prom_single_writer`]): give each pipeline its own [`PromMetrics`].
     pub fn new(
         config: &CollectorConfig,
         events: InternalEvents,
