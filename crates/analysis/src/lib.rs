@@ -5,6 +5,7 @@
 
 pub mod alert;
 pub mod critical_path;
+mod dense_buckets;
 pub mod diagnosis;
 pub mod dialect;
 pub mod kpi;

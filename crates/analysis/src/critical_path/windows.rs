@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::CriticalPath;
+use crate::dense_buckets::DenseBuckets;
 use crate::text::{PairCache, Text};
 
 /// The service and span label of the entry that collects keys beyond the cap.
@@ -135,24 +136,16 @@ impl Slot {
 /// ~160 in e2e, e.g. 50 ms to 8 s).
 const DENSE_BUCKETS_MAX: usize = 256;
 
-/// Fewest occupied buckets per array cell [`BucketValues`] keeps when it grows its array: 1 in
-/// 8, so that the array is never more than 8 × what the old per-bucket map entries held.
-const DENSE_MIN_OCCUPANCY: usize = 8;
-
-/// Values by e2e bucket: an array over the buckets seen (one indexed add per segment; as
-/// hash-map and tree entries these were ~3 % of the collector's CPU at full rate), and a map
-/// for the zero bucket and any bucket that would stretch the array too wide or leave it too
-/// empty ([`DENSE_BUCKETS_MAX`], [`DENSE_MIN_OCCUPANCY`]): requests whose e2e times are spread
-/// over many orders of magnitude cost map entries, as before, not a huge sparse array.
-/// A bucket holds a value once something was added to it: values left at `T::default()` are
-/// not reported (every value added is a request count or positive seconds).
+/// Values by e2e bucket: an array over the buckets seen ([`DenseBuckets`]: one indexed add per
+/// segment; as hash-map and tree entries these were ~3 % of the collector's CPU at full rate),
+/// and a map for the zero bucket and any bucket the array refuses (too wide or too empty, see
+/// [`DenseBuckets`]): requests whose e2e times are spread over many orders of magnitude cost
+/// map entries, as before, not a huge sparse array. A bucket holds a value once something was
+/// added to it: values left at `T::default()` are not reported (every value added is a request
+/// count or positive seconds).
 #[derive(Clone, Debug, Default)]
 struct BucketValues<T> {
-    /// The bucket of `dense[0]`.
-    low: i32,
-    dense: Vec<T>,
-    /// Cells of `dense` handed out (occupied, as every caller adds to what it gets).
-    occupied: usize,
+    dense: DenseBuckets<T, DENSE_BUCKETS_MAX>,
     far: HashMap<i32, T>,
 }
 
@@ -163,68 +156,28 @@ impl<T: Copy + Default + PartialEq> BucketValues<T> {
         let in_map = !self.far.is_empty() && self.far.contains_key(&b);
         if b != i32::MIN
             && !in_map
-            && let Some(at) = self.dense_slot(b)
+            && let Some(v) = self.dense.get_mut(b)
         {
-            if self.dense[at] == T::default() {
-                self.occupied += 1;
-            }
-            return &mut self.dense[at];
+            return v;
         }
         self.far.entry(b).or_default()
-    }
-
-    /// Where bucket `b` is in `dense`, the array grown to hold it if that keeps it within
-    /// bounds; `None` to keep `b` in the map.
-    fn dense_slot(&mut self, b: i32) -> Option<usize> {
-        if self.dense.is_empty() {
-            self.low = b;
-            self.dense.push(T::default());
-            return Some(0);
-        }
-        let (low, len) = (i64::from(self.low), self.dense.len() as i64);
-        let at = i64::from(b) - low;
-        if (0..len).contains(&at) {
-            return usize::try_from(at).ok();
-        }
-        let (lo, hi) = (low.min(i64::from(b)), (low + len - 1).max(i64::from(b)));
-        let need = hi - lo + 1;
-        let max = DENSE_BUCKETS_MAX as i64;
-        if need > max || ((self.occupied as i64 + 1) * DENSE_MIN_OCCUPANCY as i64) < need {
-            return None;
-        }
-        // Headroom on the side that grew: a slot's values spread a little more.
-        let headroom = (need / 4).min(max - need);
-        let (lo, hi) = if at < 0 {
-            ((lo - headroom).max(i64::from(i32::MIN) + 1), hi)
-        } else {
-            (lo, (hi + headroom).min(i64::from(i32::MAX)))
-        };
-        let mut grown = vec![T::default(); usize::try_from(hi - lo + 1).ok()?];
-        let shift = usize::try_from(low - lo).ok()?;
-        grown[shift..shift + self.dense.len()].copy_from_slice(&self.dense);
-        self.dense = grown;
-        self.low = i32::try_from(lo).ok()?;
-        usize::try_from(i64::from(b) - lo).ok()
     }
 
     /// The buckets holding a value, in no particular order.
     fn iter(&self) -> impl Iterator<Item = (i32, &T)> {
         let zero = T::default();
-        let low = i64::from(self.low);
-        self.dense
-            .iter()
-            .enumerate()
-            // In range by construction: `low + len - 1` is a bucket that was asked for.
-            .filter_map(move |(i, v)| Some((i32::try_from(low + i as i64).ok()?, v)))
-            .chain(self.far.iter().map(|(b, v)| (*b, v)))
-            .filter(move |(_, v)| **v != zero)
+        self.dense.iter().chain(
+            self.far
+                .iter()
+                .map(|(b, v)| (*b, v))
+                .filter(move |(_, v)| **v != zero),
+        )
     }
 
     /// Forgets every value, keeping the allocations (the slot is reused every retention
     /// period, with values like these).
     fn clear(&mut self) {
         self.dense.clear();
-        self.occupied = 0;
         self.far.clear();
     }
 }
@@ -707,7 +660,7 @@ mod tests {
             assert_eq!(gb, wb);
             assert!((gv - wv).abs() < 1e-9, "{gb}: {gv} vs {wv}");
         }
-        assert!(values.dense.len() <= DENSE_BUCKETS_MAX);
+        assert!(values.dense.span() <= DENSE_BUCKETS_MAX);
         values.clear();
         assert_eq!(values.iter().count(), 0);
     }
@@ -720,7 +673,11 @@ mod tests {
         *v.get_mut(1000) += 1.0;
         // Two a couple of hundred buckets apart: too empty an array to grow.
         *v.get_mut(200) += 1.0;
-        assert!(v.dense.len() <= DENSE_MIN_OCCUPANCY, "{}", v.dense.len());
+        assert!(
+            v.dense.span() <= crate::dense_buckets::MIN_OCCUPANCY,
+            "{}",
+            v.dense.span()
+        );
         assert_eq!(v.iter().count(), 3);
         // The ends of the bucket range, including the last one, are reported, not overflowed.
         let mut ends = BucketValues::<u64>::default();

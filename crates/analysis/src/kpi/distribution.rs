@@ -11,6 +11,8 @@
 
 use sketches_ddsketch::{Config, DDSketch};
 
+use crate::dense_buckets::DenseBuckets;
+
 use super::codec::{DecodeError, Reader, Writer};
 use super::snapshot::LatencyStats;
 
@@ -156,7 +158,7 @@ pub(super) fn merge_many_sorted<V: Copy>(
 /// when a slot is rolled up or its series moves on to a newer slot (a series that goes quiet
 /// keeps its last slot dense, at most 7 × 4 KiB, until the windows roll it up or it expires).
 /// Values spread thin over a wide range stay sparse ([`DENSE_MAX_SPAN`],
-/// [`DENSE_MIN_OCCUPANCY`]). Both forms hold the same buckets; readers see the sparse view.
+/// [`crate::dense_buckets::MIN_OCCUPANCY`]). Both forms hold the same buckets; readers see the sparse view.
 #[derive(Clone, Debug, Default)]
 pub struct Distribution {
     /// `(bucket, count)`, sorted by bucket; empty while [`Self::dense`] holds the buckets.
@@ -189,107 +191,39 @@ const DENSE_FROM_BINS: usize = 24;
 /// holds seven distributions: at most 28 KiB, typically ~1 KiB each.)
 const DENSE_MAX_SPAN: usize = 1024;
 
-/// Fewest occupied buckets per array cell a dense distribution keeps when it grows its array
-/// (1 in 8): values spread thin over a wide range stay sparse.
-const DENSE_MIN_OCCUPANCY: usize = 8;
-
-/// Bucket counts over a contiguous range of buckets, and the zero bucket's count apart.
-#[derive(Clone, Debug)]
+/// Bucket counts over a contiguous range of buckets ([`DenseBuckets`]: it refuses to grow too
+/// wide or too empty, and the distribution then stays sparse), and the zero bucket's count apart.
+#[derive(Clone, Debug, Default)]
 struct Dense {
-    /// The bucket of `counts[0]`.
-    low: i32,
-    counts: Vec<u32>,
-    /// Cells of `counts` that are not zero.
-    occupied: usize,
+    counts: DenseBuckets<u32, DENSE_MAX_SPAN>,
     zero: u32,
 }
 
 impl Dense {
-    /// The buckets of `bins`, or `None` when they span more than [`DENSE_MAX_SPAN`].
+    /// The buckets of `bins`, or `None` when they do not fit a dense array.
     fn from_bins(bins: &[(i32, u32)]) -> Option<Self> {
-        let mut d = Dense {
-            low: 0,
-            counts: Vec::new(),
-            occupied: 0,
-            zero: 0,
-        };
+        let mut d = Dense::default();
         for &(key, n) in bins {
             *d.slot(key)? = n;
         }
         Some(d)
     }
 
-    /// The count of bucket `key`, the range grown to hold it; `None` when that would span more
-    /// than [`DENSE_MAX_SPAN`] or leave fewer than one cell in [`DENSE_MIN_OCCUPANCY`] occupied.
-    /// The caller adds to it (a cell handed out counts as occupied).
+    /// The count of bucket `key` (see [`DenseBuckets::get_mut`]); the caller adds to it.
     fn slot(&mut self, key: i32) -> Option<&mut u32> {
         if key == ZERO_BUCKET {
             return Some(&mut self.zero);
         }
-        let at = self.index(key)?;
-        let cell = self.counts.get_mut(at)?;
-        if *cell == 0 {
-            self.occupied += 1;
-        }
-        Some(cell)
-    }
-
-    /// Where bucket `key` (not the zero bucket) is in `counts`, grown to hold it (see
-    /// [`Self::slot`]).
-    fn index(&mut self, key: i32) -> Option<usize> {
-        if self.counts.is_empty() {
-            self.low = key;
-            self.counts.push(0);
-        }
-        let (low, len) = (i64::from(self.low), self.counts.len() as i64);
-        let at = i64::from(key) - low;
-        if at < 0 || at >= len {
-            let (lo, hi) = (low.min(i64::from(key)), (low + len - 1).max(i64::from(key)));
-            let need = hi - lo + 1;
-            if need > DENSE_MAX_SPAN as i64
-                || ((self.occupied as i64 + 1) * DENSE_MIN_OCCUPANCY as i64) < need
-            {
-                return None;
-            }
-            // Headroom on the side that grew: a slot's values spread a little more.
-            let headroom = (need / 4).min(DENSE_MAX_SPAN as i64 - need);
-            let (lo, hi) = if at < 0 {
-                ((lo - headroom).max(i64::from(ZERO_BUCKET) + 1), hi)
-            } else {
-                (lo, (hi + headroom).min(i64::from(i32::MAX)))
-            };
-            self.regrow(lo, hi)?;
-        }
-        usize::try_from(i64::from(key) - i64::from(self.low)).ok()
-    }
-
-    /// The same counts over buckets `lo..=hi` (which hold the current range).
-    fn regrow(&mut self, lo: i64, hi: i64) -> Option<()> {
-        let low = i32::try_from(lo).ok()?;
-        let mut counts = vec![0u32; usize::try_from(hi - lo + 1).ok()?];
-        let shift = usize::try_from(i64::from(self.low) - lo).ok()?;
-        counts[shift..shift + self.counts.len()].copy_from_slice(&self.counts);
-        self.low = low;
-        self.counts = counts;
-        Some(())
+        self.counts.get_mut(key)
     }
 
     /// The occupied buckets, sorted (the zero bucket first).
     fn bins(&self) -> Vec<(i32, u32)> {
-        let occupied = self.counts.iter().filter(|&&n| n > 0).count() + usize::from(self.zero > 0);
-        let mut out = Vec::with_capacity(occupied);
+        let mut out = Vec::with_capacity(self.counts.occupied() + usize::from(self.zero > 0));
         if self.zero > 0 {
             out.push((ZERO_BUCKET, self.zero));
         }
-        let low = i64::from(self.low);
-        out.extend(
-            self.counts
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| **n > 0)
-                // In range by construction: every cell's bucket was asked for or lies between.
-                .filter_map(|(i, n)| Some((i32::try_from(low + i as i64).ok()?, *n))),
-        );
+        out.extend(self.counts.iter().map(|(k, n)| (k, *n)));
         out
     }
 }
@@ -411,9 +345,10 @@ impl Distribution {
     /// Heap bytes held.
     pub fn heap_bytes(&self) -> usize {
         self.bins.capacity() * std::mem::size_of::<(i32, u32)>()
-            + self.dense.as_ref().map_or(0, |d| {
-                std::mem::size_of::<Dense>() + d.counts.capacity() * std::mem::size_of::<u32>()
-            })
+            + self
+                .dense
+                .as_ref()
+                .map_or(0, |d| std::mem::size_of::<Dense>() + d.counts.heap_bytes())
     }
 
     /// The bucket holding the value at rank ⌊q·(n − 1)⌋ (`sketches-ddsketch`'s rank rule).
