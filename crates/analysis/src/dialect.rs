@@ -448,7 +448,6 @@ pub(crate) fn gpu_record<'a>(
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use crate::text::Text;
     use crate::trace::TraceId;

@@ -280,6 +280,48 @@ impl<V> PairCache<V> {
     }
 }
 
+/// The value remembered for the last (service, model, operation) seen, found again by the
+/// identity of the three texts (interned, so the next record of the same series carries the
+/// same allocations): the KPI windows and the Prometheus recorder look a series up per record,
+/// and consecutive records are nearly always of one series, so most skip hashing three strings.
+/// It holds clones, so an address it compares cannot be freed and reused meanwhile; a miss is
+/// only slower (the caller looks the series up its usual way and [`set`](Self::set)s it).
+#[derive(Clone, Debug)]
+pub struct RecentTriple<V> {
+    last: Option<(Text, Text, Text, V)>,
+}
+
+impl<V> Default for RecentTriple<V> {
+    fn default() -> Self {
+        Self { last: None }
+    }
+}
+
+impl<V> RecentTriple<V> {
+    /// The value remembered for exactly these three allocations.
+    #[inline]
+    pub fn get(&self, a: &Text, b: &Text, c: &Text) -> Option<&V> {
+        match &self.last {
+            Some((x, y, z, v))
+                if Text::ptr_eq(x, a) && Text::ptr_eq(y, b) && Text::ptr_eq(z, c) =>
+            {
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+
+    /// Remembers `value` for these three texts (forgetting the previous triple).
+    pub fn set(&mut self, a: &Text, b: &Text, c: &Text, value: V) {
+        self.last = Some((a.clone(), b.clone(), c.clone(), value));
+    }
+
+    /// Forgets the remembered triple (what it pointed at moved).
+    pub fn clear(&mut self) {
+        self.last = None;
+    }
+}
+
 /// Heap bytes charged per string allocated (the `Arc` header and allocator slack).
 const STRING_OVERHEAD: usize = 32;
 
@@ -425,6 +467,23 @@ mod tests {
         // A string seen once is not promoted; a constant is static from the start.
         assert!(!i.intern("rare value").is_static());
         assert!(Text::leaked("unknown").is_static());
+    }
+
+    #[test]
+    fn recent_triple_hits_only_the_same_three_allocations() {
+        let (a, b, c) = (Text::from("svc"), Text::from("m"), Text::from("chat"));
+        let mut recent = RecentTriple::default();
+        assert_eq!(recent.get(&a, &b, &c), None);
+        recent.set(&a, &b, &c, 3usize);
+        assert_eq!(recent.get(&a.clone(), &b, &c), Some(&3));
+        assert_eq!(
+            recent.get(&Text::from("svc"), &b, &c),
+            None,
+            "equal text elsewhere"
+        );
+        assert_eq!(recent.get(&a, &c, &b), None, "order matters");
+        recent.clear();
+        assert_eq!(recent.get(&a, &b, &c), None);
     }
 
     #[test]

@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use infertrace_analysis::critical_path::CriticalPath;
-use infertrace_analysis::kpi::{self, Dimension, OVERFLOW_LABEL, SloConfig};
+use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SloConfig};
 use infertrace_analysis::record::{Outcome, RequestRecord};
-use infertrace_analysis::text::{PairCache, Text};
+use infertrace_analysis::text::{PairCache, RecentTriple};
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -307,18 +307,16 @@ fn outcome_index(o: Outcome) -> usize {
 #[derive(Debug)]
 pub struct PromRecorder {
     metrics: PromMetrics,
-    /// Whether each of service, model and operation labels the series (a dimension).
-    labelled: [bool; 3],
+    labelling: Labelling,
     slo: SloConfig,
     max_series: usize,
     hasher: RandomState,
     series: HashMap<u64, Vec<Arc<SeriesHandles>>>,
     series_count: usize,
     overflow: Option<Arc<SeriesHandles>>,
-    /// The series of the last record (and whether it was kept rather than overflowed), by the
-    /// identity of its service, model and operation texts: interned, so the next record of the
-    /// series has the same ones and skips hashing three strings. Series are never removed.
-    recent: Option<(Text, Text, Text, Arc<SeriesHandles>, bool)>,
+    /// The last record's series, and whether it was kept rather than overflowed (series are
+    /// never removed, so it never goes stale).
+    recent: RecentTriple<(Arc<SeriesHandles>, bool)>,
     cp_keys: HashMap<u64, Vec<CriticalPathKey>>,
     /// Counters of recently seen (service, name) allocations: most segments end here.
     cp_recent: PairCache<FloatCounter>,
@@ -345,15 +343,14 @@ impl PromRecorder {
         }
         Self {
             metrics,
-            labelled: [Dimension::Service, Dimension::Model, Dimension::Operation]
-                .map(|d| dimensions.contains(&d)),
+            labelling: Labelling::new(&dimensions),
             slo,
             max_series,
             hasher: RandomState::default(),
             series: HashMap::new(),
             series_count: 0,
             overflow: None,
-            recent: None,
+            recent: RecentTriple::default(),
             cp_keys: HashMap::new(),
             cp_recent: PairCache::default(),
             cp_count: 0,
@@ -365,36 +362,18 @@ impl PromRecorder {
         &self.metrics
     }
 
-    fn label<'a>(&self, d: Dimension, value: &'a str) -> &'a str {
-        let labelled = match d {
-            Dimension::Service => self.labelled[0],
-            Dimension::Model => self.labelled[1],
-            Dimension::Operation => self.labelled[2],
-        };
-        if labelled { value } else { "" }
-    }
-
     /// Records one request. Returns `false` when the series cap sent it to the overflow series.
     pub fn record(&mut self, r: &RequestRecord) -> bool {
-        let hit = self.recent.as_ref().is_some_and(|(s, m, o, _, _)| {
-            Text::ptr_eq(s, &r.service)
-                && Text::ptr_eq(m, &r.model)
-                && Text::ptr_eq(o, &r.operation)
-        });
-        if !hit {
-            let service = self.label(Dimension::Service, &r.service);
-            let model = self.label(Dimension::Model, &r.model);
-            let operation = self.label(Dimension::Operation, &r.operation);
-            let (handles, kept) = self.series_for(service, model, operation);
-            self.recent = Some((
-                r.service.clone(),
-                r.model.clone(),
-                r.operation.clone(),
-                handles,
-                kept,
-            ));
+        if self
+            .recent
+            .get(&r.service, &r.model, &r.operation)
+            .is_none()
+        {
+            let (service, model, operation) = self.labelling.labels(r);
+            let found = self.series_for(service, model, operation);
+            self.recent.set(&r.service, &r.model, &r.operation, found);
         }
-        let Some((_, _, _, handles, kept)) = &self.recent else {
+        let Some((handles, kept)) = self.recent.get(&r.service, &r.model, &r.operation) else {
             return false;
         };
         let kept = *kept;
@@ -469,11 +448,8 @@ impl PromRecorder {
             let overflow = match &self.overflow {
                 Some(o) => o.clone(),
                 None => {
-                    let o = Arc::new(self.new_series(
-                        self.label(Dimension::Service, OVERFLOW_LABEL),
-                        self.label(Dimension::Model, OVERFLOW_LABEL),
-                        self.label(Dimension::Operation, OVERFLOW_LABEL),
-                    ));
+                    let (service, model, operation) = self.labelling.overflow_labels();
+                    let o = Arc::new(self.new_series(service, model, operation));
                     self.overflow = Some(o.clone());
                     o
                 }

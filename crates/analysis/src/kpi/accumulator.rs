@@ -596,7 +596,6 @@ pub fn per_second(n: u64, seconds: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use crate::kpi::sketch_config;
     use crate::record::Dialect;

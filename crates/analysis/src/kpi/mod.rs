@@ -58,7 +58,7 @@ mod snapshot;
 
 use std::hash::BuildHasher;
 
-use crate::text::Text;
+use crate::text::RecentTriple;
 
 use foldhash::fast::RandomState;
 use foldhash::{HashMap, HashMapExt};
@@ -117,6 +117,50 @@ pub enum Dimension {
     Model,
     /// Operation.
     Operation,
+}
+
+/// Which of service, model and operation label a series (the configured [`Dimension`]s), looked
+/// up once rather than per record; the others are left empty. The KPI windows and the
+/// Prometheus exporter label alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Labelling([bool; 3]);
+
+impl Labelling {
+    /// The labelling by `dimensions`.
+    pub fn new(dimensions: &[Dimension]) -> Self {
+        Self(
+            [Dimension::Service, Dimension::Model, Dimension::Operation]
+                .map(|d| dimensions.contains(&d)),
+        )
+    }
+
+    /// `value` when `d` labels series, else "".
+    pub fn label<'a>(&self, d: Dimension, value: &'a str) -> &'a str {
+        let i = match d {
+            Dimension::Service => 0,
+            Dimension::Model => 1,
+            Dimension::Operation => 2,
+        };
+        if self.0[i] { value } else { "" }
+    }
+
+    /// A record's (service, model, operation) labels.
+    pub fn labels<'a>(&self, r: &'a RequestRecord) -> (&'a str, &'a str, &'a str) {
+        (
+            self.label(Dimension::Service, &r.service),
+            self.label(Dimension::Model, &r.model),
+            self.label(Dimension::Operation, &r.operation),
+        )
+    }
+
+    /// The labels of the overflow series ([`OVERFLOW_LABEL`] for each labelling dimension).
+    pub fn overflow_labels(&self) -> (&'static str, &'static str, &'static str) {
+        (
+            self.label(Dimension::Service, OVERFLOW_LABEL),
+            self.label(Dimension::Model, OVERFLOW_LABEL),
+            self.label(Dimension::Operation, OVERFLOW_LABEL),
+        )
+    }
 }
 
 /// Configuration of [`KpiWindows`].
@@ -197,12 +241,10 @@ pub struct KpiWindows {
     rolled: Vec<bool>,
     hasher: RandomState,
     index: HashMap<u64, Vec<usize>>,
-    /// The series of the last record, by the identity of its service, model and operation
-    /// texts (interned, so the next record of the series has the same ones): most records skip
-    /// hashing three strings. Cleared whenever series move (see [`Self::expire`]).
-    recent: Option<(Text, Text, Text, usize)>,
-    /// Whether each of service, model and operation is a dimension (labels the series).
-    labelled: [bool; 3],
+    /// The position of the last record's series; cleared whenever series move (see
+    /// [`Self::expire`]).
+    recent: RecentTriple<usize>,
+    labelling: Labelling,
     series: Vec<Series>,
     overflow: Option<Series>,
     overflowed_records: u64,
@@ -232,8 +274,7 @@ const MINUTE_NANOS: u64 = 60_000_000_000;
 impl KpiWindows {
     /// Empty windows.
     pub fn new(config: KpiConfig) -> Self {
-        let labelled = [Dimension::Service, Dimension::Model, Dimension::Operation]
-            .map(|d| config.dimensions.contains(&d));
+        let labelling = Labelling::new(&config.dimensions);
         let slots = u64::from(config.slots_per_window.max(1));
         let mut specs: Vec<RingSpec> = config
             .windows
@@ -268,8 +309,8 @@ impl KpiWindows {
             rolled,
             hasher: RandomState::default(),
             index: HashMap::new(),
-            recent: None,
-            labelled,
+            recent: RecentTriple::default(),
+            labelling,
             series: Vec::new(),
             overflow: None,
             overflowed_records: 0,
@@ -374,15 +415,6 @@ impl KpiWindows {
         self.series.len()
     }
 
-    fn labels<'a>(&self, r: &'a RequestRecord) -> (&'a str, &'a str, &'a str) {
-        let [service, model, operation] = self.labelled;
-        (
-            if service { &r.service } else { "" },
-            if model { &r.model } else { "" },
-            if operation { &r.operation } else { "" },
-        )
-    }
-
     fn new_series(&self, service: &str, model: &str, operation: &str) -> Series {
         Series {
             key: SeriesKey {
@@ -405,17 +437,11 @@ impl KpiWindows {
             self.expire(now_unix_nano);
             self.last_sweep_unix_nano = now_unix_nano;
         }
-        let (service, model, operation) = self.labels(record);
-        let recent = match &self.recent {
-            Some((s, m, o, i))
-                if Text::ptr_eq(s, &record.service)
-                    && Text::ptr_eq(m, &record.model)
-                    && Text::ptr_eq(o, &record.operation) =>
-            {
-                Some(*i)
-            }
-            _ => None,
-        };
+        let (service, model, operation) = self.labelling.labels(record);
+        let recent = self
+            .recent
+            .get(&record.service, &record.model, &record.operation)
+            .copied();
         let (found, hash) = match recent {
             Some(i) => (Some(i), None),
             None => {
@@ -428,18 +454,11 @@ impl KpiWindows {
                 (found, Some(hash))
             }
         };
-        let remember = |i| {
-            Some((
-                record.service.clone(),
-                record.model.clone(),
-                record.operation.clone(),
-                i,
-            ))
-        };
         let (series, kept) = match found {
             Some(i) => {
                 if recent.is_none() {
-                    self.recent = remember(i);
+                    self.recent
+                        .set(&record.service, &record.model, &record.operation, i);
                 }
                 (&mut self.series[i], true)
             }
@@ -450,19 +469,15 @@ impl KpiWindows {
                 let hash =
                     hash.unwrap_or_else(|| self.hasher.hash_one((service, model, operation)));
                 self.index.entry(hash).or_default().push(i);
-                self.recent = remember(i);
+                self.recent
+                    .set(&record.service, &record.model, &record.operation, i);
                 (&mut self.series[i], true)
             }
             None => {
                 self.overflowed_records += 1;
                 if self.overflow.is_none() {
-                    let has = |d| self.config.dimensions.contains(&d);
-                    let label = |d| if has(d) { OVERFLOW_LABEL } else { "" };
-                    self.overflow = Some(self.new_series(
-                        label(Dimension::Service),
-                        label(Dimension::Model),
-                        label(Dimension::Operation),
-                    ));
+                    let (service, model, operation) = self.labelling.overflow_labels();
+                    self.overflow = Some(self.new_series(service, model, operation));
                 }
                 match self.overflow.as_mut() {
                     Some(s) => (s, false),
@@ -574,13 +589,8 @@ impl KpiWindows {
             None => {
                 self.overflowed_records += accumulator.counts.requests;
                 if self.overflow.is_none() {
-                    let has = |d| self.config.dimensions.contains(&d);
-                    let label = |d| if has(d) { OVERFLOW_LABEL } else { "" };
-                    self.overflow = Some(self.new_series(
-                        label(Dimension::Service),
-                        label(Dimension::Model),
-                        label(Dimension::Operation),
-                    ));
+                    let (service, model, operation) = self.labelling.overflow_labels();
+                    self.overflow = Some(self.new_series(service, model, operation));
                 }
                 match self.overflow.as_mut() {
                     Some(s) => s,
@@ -636,7 +646,7 @@ impl KpiWindows {
         }
         let removed = before - self.series.len();
         if removed > 0 {
-            self.recent = None;
+            self.recent.clear();
             self.index.clear();
             for (i, s) in self.series.iter().enumerate() {
                 let k = &s.key;

@@ -181,7 +181,6 @@ pub fn list_traces(source: &dyn RecentTraceSource, query: &TraceListQuery) -> Tr
 
 #[cfg(test)]
 mod tests {
-
     use infertrace_analysis::record::{Dialect, PhaseOrigins};
     use infertrace_analysis::trace::{SpanId, TraceId};
 

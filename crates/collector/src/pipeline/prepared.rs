@@ -332,7 +332,6 @@ fn trace_runs(spans: &[Span]) -> Vec<std::ops::Range<usize>> {
 
 #[cfg(test)]
 mod tests {
-
     use infertrace_analysis::trace::{SpanId, SpanKind, StatusCode};
 
     use super::*;

@@ -189,7 +189,6 @@ impl RecentTraces {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use infertrace_analysis::text::Text;
     use infertrace_analysis::trace::{SpanId, SpanKind};
