@@ -4,13 +4,19 @@
 # KPIs, critical path, Prometheus), over OTLP/gRPC and OTLP/HTTP protobuf. For the collector
 # only spans that were fully analysed count, and its time and CPU run until its assembler is
 # empty (the 2 s grace included), so a pipeline that only buffers cannot look fast.
-# Also: memory per buffered span and KPI freshness. Prints a table; see docs/PERFORMANCE.md.
+# Then the same in a steady state: the blaster runs on while the first `warm` seconds pass (the
+# collector grows to its working size: a grace period of traces held, the index of recent ids),
+# and spans done and CPU are counted over the next `window` seconds only. Also: memory per
+# buffered span and KPI freshness. Prints two tables; see docs/PERFORMANCE.md.
 #
 #   scripts/bench-ingest.sh [seconds per run, default 8] [rounds, default 3]
+#                           [steady warm-up seconds, default 10] [steady window seconds, default 10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-8}
 rounds=${2:-3}
+warm=${3:-10}
+window=${4:-10}
 cargo build --release -q -p infertrace-collector --bins
 cargo build --release -q -p infertrace
 B=target/release
@@ -22,7 +28,7 @@ hz=$(getconf CLK_TCK)
 
 start_receiver() { # kind -> pid
   case $1 in
-    null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:24317 --http 127.0.0.1:24318 >/dev/null 2>&1 & ;;
+    null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:24317 --http 127.0.0.1:24318 >/dev/null 2>"$tmp/null.log" & ;;
     full) cat > "$tmp/c.yaml" <<YAML
 receivers:
   otlp_grpc: { endpoint: 127.0.0.1:24317 }
@@ -70,6 +76,45 @@ for round in $(seq "$rounds"); do
     done
   done
 done
+
+# Steady state. A sample is "CPU ticks, spans done" at one moment: for the collector, the spans
+# of the requests recorded in its KPIs (4 per trace) from /metrics; for the null receiver, the
+# count it prints once a second, taken as the line appears.
+sample() { # kind pid
+  if [ "$1" = full ]; then
+    local t; t=$(cpu_ticks "$2")
+    echo "$t $(curl -s 127.0.0.1:29464/metrics | awk '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*4}')"
+  else
+    local n; n=$(wc -l < "$tmp/null.log")
+    while [ "$(wc -l < "$tmp/null.log")" -le "$n" ]; do sleep 0.01; done
+    echo "$(cpu_ticks "$2") $(tail -1 "$tmp/null.log" | grep -oE 'received: [0-9]+' | cut -d' ' -f2)"
+  fi
+}
+echo
+echo "steady state: ${warm} s of load first, then ${window} s counted"
+printf '%-6s %-5s %-7s %12s %10s %16s\n' kind proto round "spans done" "CPU s" "spans/CPU-s"
+for round in $(seq "$rounds"); do
+  for kind in null full; do
+    for proto in grpc http; do
+      pid=$(start_receiver $kind)
+      wait_port 24317; wait_port 24318
+      port=24317; [ $proto = http ] && port=24318
+      taskset -c 0 $B/otlp-blast --protocol $proto --addr 127.0.0.1:$port --connections 16 \
+        --duration $((warm + window + 3)) >/dev/null 2>&1 &
+      blast=$!
+      sleep "$warm"
+      read -r t0 c0 <<< "$(sample $kind "$pid")"
+      sleep "$window"
+      read -r t1 c1 <<< "$(sample $kind "$pid")"
+      wait "$blast" || true
+      cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)/hz}')
+      per=$(awk -v r="$((c1 - c0))" -v c="$cpu" 'BEGIN{ if (c>0) printf "%.0f", r/c; else print "-" }')
+      printf '%-6s %-5s %-7s %12s %10s %16s\n' $kind $proto "$round" "$((c1 - c0))" "$cpu" "$per"
+      stop "$pid"
+    done
+  done
+done
+echo
 
 # Memory per buffered span: a long grace keeps every trace in flight; RSS growth / spans held.
 cat > "$tmp/m.yaml" <<YAML

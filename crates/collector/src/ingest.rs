@@ -3,6 +3,8 @@
 use bytes::Bytes;
 use infertrace_analysis::trace::Span;
 
+use crate::otlp_decode::SpanRange;
+
 /// One accepted OTLP export request, decoded.
 #[derive(Debug, Default)]
 pub struct IngestBatch {
@@ -11,6 +13,11 @@ pub struct IngestBatch {
     /// The request as received, protobuf-encoded (`ExportTraceServiceRequest`), for forwarding
     /// unchanged; `None` when it came as JSON (the forwarder then re-encodes `raw_json`).
     pub raw_protobuf: Option<Bytes>,
+    /// Where each of `spans` lies in `raw_protobuf` (same order, from
+    /// [`Decoded::span_ranges`](crate::otlp_decode::Decoded)), so that the pipeline can hold a
+    /// trace's spans as ranges of the body and decode them again when needed; empty when
+    /// unknown (the pipeline then keeps a compact copy of the spans instead).
+    pub span_ranges: Vec<SpanRange>,
     /// The (decompressed) OTLP/JSON body when the request came as JSON, so the forwarder can
     /// transcode it to protobuf (only when forwarding is on); `None` for protobuf requests.
     pub raw_json: Option<Bytes>,

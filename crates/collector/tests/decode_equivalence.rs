@@ -5,8 +5,11 @@
 //!   must accept them too and produce the same spans (where prost rejects, the lean decoder may
 //!   accept, since it does not look inside what it skips, but must not panic).
 
+use infertrace_analysis::text::Interner;
 use infertrace_analysis::trace::KNOWN_KEYS;
-use infertrace_collector::otlp_decode::{Decoded, count_spans, decode_protobuf, from_proto};
+use infertrace_collector::otlp_decode::{
+    DecodeError, Decoded, count_spans, decode_protobuf, decode_span, from_proto,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
     AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList, any_value,
@@ -326,6 +329,22 @@ fn check_lean(body: &[u8], reference: &Decoded) -> Result<(), TestCaseError> {
     prop_assert_eq!(&lean.spans, &reference.spans);
     prop_assert_eq!(lean.rejected, reference.rejected);
     prop_assert_eq!(&lean.first_error, &reference.first_error);
+    check_ranges(body, &lean)
+}
+
+/// Every span decodes again, from its range of the body alone, to the span `decoded` holds.
+fn check_ranges(body: &[u8], decoded: &Decoded) -> Result<(), TestCaseError> {
+    prop_assert_eq!(decoded.span_ranges.len(), decoded.spans.len());
+    let mut interner = Interner::default();
+    for (span, range) in decoded.spans.iter().zip(&decoded.span_ranges) {
+        let bytes = range.of(body);
+        prop_assert!(bytes.is_some(), "range {:?} outside the body", range);
+        let again = decode_span(bytes.unwrap_or_default(), &span.service, &mut interner);
+        prop_assert_eq!(
+            format!("{:?}", again),
+            format!("{:?}", Ok::<_, DecodeError>(Some(span)))
+        );
+    }
     Ok(())
 }
 
@@ -372,6 +391,7 @@ proptest! {
                 format!("{:?}", (&lean.spans, lean.rejected, &lean.first_error)),
                 format!("{:?}", (&reference.spans, reference.rejected, &reference.first_error))
             );
+            check_ranges(&bytes, &lean)?;
         }
     }
 }

@@ -579,6 +579,7 @@ fn pipeline_benchmark(bodies: &[Body], duration: Duration) {
         let batch = IngestBatch {
             spans: decoded.spans,
             raw_protobuf: Some(body),
+            span_ranges: decoded.span_ranges,
             raw_json: None,
             text_bytes: take_fresh_text_bytes(),
         };

@@ -45,7 +45,7 @@ use infertrace_analysis::trace::{Span, SpanId, TraceId};
 use infertrace_semconv as sc;
 
 pub use json::decode_json;
-pub use protobuf::{count_spans, decode_protobuf};
+pub use protobuf::{count_spans, decode_protobuf, decode_span};
 pub use reference::from_proto;
 
 thread_local! {
@@ -111,6 +111,28 @@ pub struct Decoded {
     pub rejected: u32,
     /// Why the first rejected span was rejected (the partial-success message).
     pub first_error: Option<String>,
+    /// From [`decode_protobuf`]: where each of `spans` lies in the body (same order), so that
+    /// a span can be decoded again from the body with [`decode_span`]. Empty from the other
+    /// decoders, and for a body of 4 GiB or more.
+    pub span_ranges: Vec<SpanRange>,
+}
+
+/// Where a span's bytes lie in a buffer (a `Span` message in its request body, or a compact
+/// copy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpanRange {
+    /// Offset of the span's first byte.
+    pub offset: u32,
+    /// Length of the span's encoding.
+    pub len: u32,
+}
+
+impl SpanRange {
+    /// The range's bytes in `buf`; `None` when it lies outside.
+    pub fn of<'b>(&self, buf: &'b [u8]) -> Option<&'b [u8]> {
+        let at = self.offset as usize;
+        buf.get(at..at + self.len as usize)
+    }
 }
 
 impl Decoded {

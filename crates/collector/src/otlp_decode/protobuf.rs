@@ -18,7 +18,9 @@ use infertrace_analysis::trace::{AttrValue, KNOWN_KEYS, Span, SpanKind, StatusCo
 use infertrace_analysis::trace::{SpanLink, UNKNOWN_SERVICE};
 use infertrace_semconv::resource::SERVICE_NAME;
 
-use super::{DecodeError, Decoded, intern_value, valid_link, validate_span, with_interner};
+use super::{
+    DecodeError, Decoded, SpanRange, intern_value, valid_link, validate_span, with_interner,
+};
 use infertrace_analysis::text::{Interner, same_bytes};
 
 const VARINT: u8 = 0;
@@ -39,7 +41,7 @@ pub fn decode_protobuf(buf: &[u8]) -> Result<Decoded, DecodeError> {
 fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeError> {
     // Size the output for typical spans (~250 wire bytes) to skip most regrowth of a large
     // vector without a separate pass over the body.
-    let mut decoder = RequestDecoder::new(buf.len() / 256, interner);
+    let mut decoder = RequestDecoder::new(buf, buf.len() / 256, interner);
     let mut r = Reader::new(buf);
     while let Some((field, wire)) = r.key()? {
         if field == 1 {
@@ -49,7 +51,24 @@ fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeErr
             r.skip(field, wire)?;
         }
     }
+    if u32::try_from(buf.len()).is_err() {
+        decoder.out.span_ranges = Vec::new();
+    }
     Ok(decoder.out)
+}
+
+/// Decodes one `Span` message again — the bytes at one of [`Decoded::span_ranges`] in the body
+/// [`decode_protobuf`] read — as a span of `service` (its resource's service, which the message
+/// does not hold): the span `decode_protobuf` gave. `Ok(None)` when the span is invalid (such a
+/// span was rejected, and has no range).
+pub fn decode_span(
+    buf: &[u8],
+    service: &Text,
+    interner: &mut Interner,
+) -> Result<Option<Span>, DecodeError> {
+    let mut decoder = RequestDecoder::new(buf, 1, interner);
+    decoder.span(buf, service)?;
+    Ok(decoder.out.spans.pop())
 }
 
 /// Counts the spans of a protobuf `ExportTraceServiceRequest` without decoding them (to count
@@ -77,6 +96,8 @@ pub fn count_spans(buf: &[u8]) -> Option<u64> {
 /// Per-request state: the output and scratch vectors reused for every span.
 struct RequestDecoder<'a, 'i> {
     out: Decoded,
+    /// The address of the body's first byte (span ranges are offsets from it).
+    body_address: usize,
     interner: &'i mut Interner,
     attributes: Vec<(&'static str, AttrValue)>,
     links: Vec<SpanLink>,
@@ -84,13 +105,15 @@ struct RequestDecoder<'a, 'i> {
 }
 
 impl<'a, 'i> RequestDecoder<'a, 'i> {
-    /// A decoder sized for `capacity` spans.
-    fn new(capacity: usize, interner: &'i mut Interner) -> Self {
+    /// A decoder of `body` sized for `capacity` spans.
+    fn new(body: &[u8], capacity: usize, interner: &'i mut Interner) -> Self {
         Self {
             out: Decoded {
                 spans: Vec::with_capacity(capacity),
+                span_ranges: Vec::with_capacity(capacity),
                 ..Decoded::default()
             },
+            body_address: body.as_ptr() as usize,
             attributes: Vec::new(),
             links: Vec::new(),
             last_service: None,
@@ -202,6 +225,11 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
                 return Ok(());
             }
         };
+        // Offsets past 4 GiB wrap; such a body's ranges are dropped as a whole.
+        self.out.span_ranges.push(SpanRange {
+            offset: (buf.as_ptr() as usize - self.body_address) as u32,
+            len: buf.len() as u32,
+        });
         self.out.spans.push(Span {
             trace_id: ids.trace_id,
             span_id: ids.span_id,

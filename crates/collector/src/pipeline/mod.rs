@@ -8,9 +8,10 @@
 //! interleaved in the batch are regrouped by trace first): dialect extraction and the critical
 //! path of each request run here, while the decoded spans are in cache ([`prepared`]). Under the
 //! assembler's lock, each such trace that is new becomes a *prepared* trace holding that compact
-//! analysis and a compact copy of its spans ([`span_codec`], shared by the batch's prepared
-//! traces) instead of the decoded spans, which are dropped at once, as is the request body; and
-//! the reservation is resized to what the batch will hold — analyses and compact spans, plus the
+//! analysis and the source of its spans — ranges of the request body when it is lean, else a
+//! compact copy of the spans ([`span_codec`]), shared by the batch's prepared traces — instead of
+//! the decoded spans, which are dropped at once; and the reservation is resized to what the
+//! batch will hold — analyses and the spans' source, plus the
 //! spans of any prepared trace that this batch's spans turn back into a span trace — before
 //! anything is inserted or forwarded (when the analyses do not fit but the spans do, the batch
 //! is held as spans). The other spans are pushed into the
@@ -261,7 +262,7 @@ impl Pipeline {
             });
         };
         // Traces whose spans all came in this batch are analysed now, while in cache.
-        let (mut runs, compact_bytes) = prepare_runs(&mut batch, &self.cp_options);
+        let (mut runs, source_bytes) = prepare_runs(&mut batch, &self.cp_options);
         let mut assembler = lock(&self.assembler);
         assembler.warm_index(runs.iter().map(|r| &r.trace_id));
         // Spans of a trace held as prepared turn it back into spans: reserve those too. (The
@@ -280,7 +281,8 @@ impl Pipeline {
             }
         }
         // What the batch holds when its new traces are prepared: their analyses instead of
-        // their spans, and the compact copy of those spans (decoded again if needed).
+        // their spans, and the source of those spans (decoded again if needed): the body, or a
+        // compact copy of the spans.
         let mut with_prepared = bytes + taken_back;
         let mut taken_runs = 0;
         for run in &runs {
@@ -294,7 +296,7 @@ impl Pipeline {
                 with_prepared += back;
             }
         }
-        with_prepared += compact_bytes;
+        with_prepared += source_bytes;
         let prepared = taken_runs > 0 && resize(&mut reservation, bytes, with_prepared);
         if !prepared {
             // Held as spans (when the analyses do not fit, the spans may still).

@@ -2,16 +2,20 @@
 //! layer, vLLM and most SDK exporters send them), the receiver thread extracts its request
 //! records and critical paths right away, while the decoded spans are in cache, and the
 //! assembler holds that compact result through the grace period instead of the spans — which
-//! are dropped at once. What a trace then holds is its records, their critical paths and a
-//! compact copy of its spans ([`span_codec`], in a buffer shared by the batch's prepared traces),
-//! so that the spans can be decoded again if more of the trace arrives before it completes (it
-//! is then analysed again, with every span) or if the trace is kept for `/api/traces/{id}`. The
-//! request body is not kept: it held every key spelled out and whatever else the exporter sent,
-//! twice the compact copy for a typical inference trace.
+//! are dropped at once. What a trace then holds is its records, their critical paths and where
+//! its spans can be decoded again if more of the trace arrives before it completes (it is then
+//! analysed again, with every span) or if the trace is kept for `/api/traces/{id}`:
 //!
-//! The analysis is the same function of the same spans whichever way it runs; a test checks that
+//! - **ranges of the request body**, shared by the batch's prepared traces, when the body is
+//!   lean (at most [`MAX_BODY_BYTES_PER_PREPARED_SPAN`] a prepared span, as inference traces
+//!   are): nothing is copied on the way in;
+//! - otherwise a **compact copy** of the spans ([`span_codec`], in one buffer shared by the
+//!   batch's prepared traces), and the body is freed at once: a body carrying prompts, events
+//!   or large attributes is not held for the grace period.
+//!
+//! The analysis is the same function of the same spans whichever way it runs; tests check that
 //! the KPIs, critical paths and stored traces are the same as when every trace is analysed at
-//! completion.
+//! completion, with spans held either way.
 
 use std::collections::{HashMap, HashSet};
 
@@ -28,7 +32,7 @@ use super::span_codec;
 use crate::assembler::{Prepared, PreparedRun};
 use crate::ingest::IngestBatch;
 use crate::limiter::span_footprint;
-use crate::otlp_decode::with_text_interner;
+use crate::otlp_decode::{SpanRange, decode_span, with_text_interner};
 use infertrace_analysis::dialect;
 
 /// A trace's analysis: its request records (in the order `dialect::extract_requests` gives
@@ -48,17 +52,7 @@ pub struct Analysed {
 pub type Records = SmallVec<[RequestRecord; 1]>;
 /// The critical path of each record (one inline).
 pub type Paths = SmallVec<[Option<CriticalPath>; 1]>;
-/// A span's bytes in its batch's compact copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpanRange {
-    /// Offset of the span's first byte.
-    pub offset: u32,
-    /// Length of the span's encoding.
-    pub len: u32,
-}
-
-/// Where a prepared trace's spans lie in the compact copy (four inline: the usual inference
-/// trace).
+/// Where a prepared trace's spans lie in its source (four inline: the usual inference trace).
 type Ranges = SmallVec<[SpanRange; 4]>;
 
 /// A trace's analysis, standing in for its spans in the assembler.
@@ -72,32 +66,56 @@ pub struct PreparedTrace {
     pub span_bytes: usize,
 }
 
-/// Where a prepared trace's spans lie: ranges of the compact copy of its batch's prepared
-/// spans ([`span_codec`]), all of one resource.
+/// Where a prepared trace's spans lie: ranges of its request body or of the compact copy of its
+/// batch's prepared spans, all of one resource.
 #[derive(Debug)]
 pub struct SpanSource {
     body: Bytes,
+    encoding: SourceEncoding,
     trace_id: TraceId,
     service: Text,
     ranges: Ranges,
 }
 
+/// How a [`SpanSource`]'s bytes are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceEncoding {
+    /// The protobuf request body as received: each range is a `Span` message.
+    Otlp,
+    /// A compact copy ([`span_codec`]).
+    Compact,
+}
+
 impl SpanSource {
-    /// The spans, decoded again from their compact copy: spans equal to those the receiver
-    /// decoded. The bytes are [`span_codec::encode`]'s own, so this cannot fail short of a
-    /// bug; if it ever did, the error is logged and the spans that decoded are returned.
+    /// How its bytes are encoded.
+    pub fn encoding(&self) -> SourceEncoding {
+        self.encoding
+    }
+
+    /// The spans, decoded again from their source: spans equal to those the receiver decoded.
+    /// The bytes are what the receiver decoded or [`span_codec::encode`] wrote, so this cannot
+    /// fail short of a bug; if it ever did, the error is logged and the spans that decoded are
+    /// returned.
     pub fn spans(&self) -> Vec<Span> {
         with_text_interner(|interner| {
             let mut spans = Vec::with_capacity(self.ranges.len());
             for r in &self.ranges {
-                let at = r.offset as usize;
-                let decoded = self
-                    .body
-                    .get(at..at + r.len as usize)
-                    .ok_or(span_codec::CodecError("range outside the buffer"))
-                    .and_then(|b| span_codec::decode(b, self.trace_id, &self.service, interner));
+                let Some(bytes) = r.of(&self.body) else {
+                    tracing::error!("a span of a prepared trace lies outside its buffer");
+                    continue;
+                };
+                let decoded = match self.encoding {
+                    SourceEncoding::Otlp => decode_span(bytes, &self.service, interner)
+                        .map_err(|e| e.to_string())
+                        .and_then(|s| s.ok_or_else(|| "the span is invalid".to_owned())),
+                    SourceEncoding::Compact => {
+                        span_codec::decode(bytes, self.trace_id, &self.service, interner)
+                            .map(|(span, _)| span)
+                            .map_err(|e| e.to_string())
+                    }
+                };
                 match decoded {
-                    Ok((span, _)) => spans.push(span),
+                    Ok(span) => spans.push(span),
                     Err(error) => {
                         tracing::error!(%error, "cannot decode a span of a prepared trace again");
                     }
@@ -179,17 +197,21 @@ impl Prepared for PreparedTrace {
 }
 
 /// The analysis of every trace of `batch` whose spans are all in the batch (at least as far as
-/// it can tell), from one resource, with a request span, and the bytes of the compact copy of
-/// their spans they share (see [`span_codec`]). When the spans of traces are interleaved (an
-/// SDK's batch processor exports spans as they end, so concurrent requests mix), the batch's
-/// spans are first regrouped by trace, keeping their order within each trace, so that each
-/// trace is one run. Only protobuf batches are prepared: JSON ones (test clients and
-/// debugging, rarely high rates) take the span path, analysed at completion.
+/// it can tell), from one resource, with a request span, and the bytes of the source of their
+/// spans they share: the request body, or a compact copy of their spans (see
+/// [`hold_the_body`]). When the spans of traces are interleaved (an SDK's batch processor
+/// exports spans as they end, so concurrent requests mix), the batch's spans are first
+/// regrouped by trace, keeping their order within each trace, so that each trace is one run.
+/// Only protobuf batches are prepared: JSON ones (test clients and debugging, rarely high
+/// rates) take the span path, analysed at completion.
 pub fn prepare_runs(
     batch: &mut IngestBatch,
     opts: &CriticalPathOptions,
 ) -> (Vec<PreparedRun<PreparedTrace>>, usize) {
-    if batch.raw_protobuf.is_none() || batch.spans.is_empty() {
+    let Some(body) = batch.raw_protobuf.clone() else {
+        return (Vec::new(), 0);
+    };
+    if batch.spans.is_empty() {
         return (Vec::new(), 0);
     }
     let mut runs = trace_runs(&batch.spans);
@@ -199,52 +221,98 @@ pub fn prepare_runs(
     }
     let spans = &batch.spans;
     let mut out = Vec::with_capacity(runs.len());
+    for r in runs {
+        let run = &spans[r.clone()];
+        let service = &run[0].service;
+        if !run.iter().all(|s| s.service == *service) {
+            continue;
+        }
+        // The analysis is written straight into the box the assembler will hold (a record and
+        // its path are a few hundred bytes: moved from call to call, they were copied several
+        // times each).
+        let mut prepared = Box::new(PreparedTrace {
+            analysed: Analysed::default(),
+            source: SpanSource {
+                body: Bytes::new(),
+                encoding: SourceEncoding::Otlp,
+                trace_id: run[0].trace_id,
+                service: service.clone(),
+                ranges: Ranges::new(),
+            },
+            span_bytes: run.iter().map(span_footprint).sum(),
+        });
+        // Only a trace with a request span (as the assembler's detector sees it) completes
+        // after its grace period; the others are left to the assembler's idle rules.
+        if !dialect::extract_requests_into(run, &mut prepared.analysed.records) {
+            continue;
+        }
+        add_paths(run, &mut prepared.analysed, opts);
+        out.push(PreparedRun {
+            trace_id: run[0].trace_id,
+            start: r.start,
+            len: run.len(),
+            prepared,
+        });
+    }
+    if out.is_empty() {
+        return (out, 0);
+    }
+    let prepared_spans = out.iter().map(|r| r.len).sum();
+    if batch.span_ranges.len() == spans.len() && hold_the_body(body.len(), prepared_spans) {
+        for run in &mut out {
+            let source = &mut run.prepared.source;
+            source.ranges = Ranges::from_slice(&batch.span_ranges[run.start..run.start + run.len]);
+            source.body = body.clone();
+        }
+        return (out, body.len());
+    }
+    let len = compact_copy(spans, &mut out);
+    if len.is_none() {
+        out.clear();
+    }
+    (out, len.unwrap_or(0))
+}
+
+/// Largest request body held per prepared span, in bytes.
+///
+/// A prepared trace must be able to give back its spans. Holding the ranges of the request body
+/// costs nothing on the way in, where copying the spans into a compact encoding cost ~12 % of
+/// the collector's CPU at full rate (`otlp-blast --pipeline-only`: 530 → 465 ns a span). But
+/// the body holds everything the exporter sent, and all of it stays until the batch's last
+/// prepared trace completes: a typical inference span is ~275 bytes on the wire, where the
+/// compact copy is ~90, while a span carrying prompts or long attribute values may be many
+/// kilobytes. Past this many bytes per prepared span the compact copy is made instead, which
+/// keeps a buffered span well under the 1 KiB budget either way (~270 bytes of analysis and
+/// bookkeeping plus at most this).
+pub const MAX_BODY_BYTES_PER_PREPARED_SPAN: usize = 640;
+
+/// Whether the prepared traces of a batch hold ranges of its `body_len`-byte body rather than a
+/// compact copy of their `prepared_spans` spans (see [`MAX_BODY_BYTES_PER_PREPARED_SPAN`]).
+pub fn hold_the_body(body_len: usize, prepared_spans: usize) -> bool {
+    u32::try_from(body_len).is_ok()
+        && body_len <= prepared_spans.saturating_mul(MAX_BODY_BYTES_PER_PREPARED_SPAN)
+}
+
+/// Encodes the spans of the prepared `runs` ([`span_codec`]) into one buffer they share, and
+/// points their sources at it. Its length, or `None` (far past any body limit) when offsets
+/// would not fit in 32 bits.
+fn compact_copy(spans: &[Span], runs: &mut [PreparedRun<PreparedTrace>]) -> Option<usize> {
     COMPACT_SCRATCH.with_borrow_mut(|compact| {
         compact.clear();
-        for r in runs {
-            let run = &spans[r.clone()];
-            let service = &run[0].service;
-            if !run.iter().all(|s| s.service == *service) {
-                continue;
-            }
-            // The analysis is written straight into the box the assembler will hold (a record
-            // and its path are a few hundred bytes: moved from call to call, they were copied
-            // several times each).
-            let mut prepared = Box::new(PreparedTrace {
-                analysed: Analysed::default(),
-                source: SpanSource {
-                    body: Bytes::new(),
-                    trace_id: run[0].trace_id,
-                    service: service.clone(),
-                    ranges: Ranges::new(),
-                },
-                span_bytes: run.iter().map(span_footprint).sum(),
-            });
-            // Only a trace with a request span (as the assembler's detector sees it) completes
-            // after its grace period; the others are left to the assembler's idle rules.
-            if !dialect::extract_requests_into(run, &mut prepared.analysed.records) {
-                continue;
-            }
-            add_paths(run, &mut prepared.analysed, opts);
-            for span in run {
+        for run in runs.iter_mut() {
+            let source = &mut run.prepared.source;
+            source.encoding = SourceEncoding::Compact;
+            for span in &spans[run.start..run.start + run.len] {
                 let offset = compact.len();
                 span_codec::encode(span, compact);
-                prepared.source.ranges.push(SpanRange {
+                source.ranges.push(SpanRange {
                     offset: offset as u32,
                     len: (compact.len() - offset) as u32,
                 });
             }
-            out.push(PreparedRun {
-                trace_id: run[0].trace_id,
-                start: r.start,
-                len: run.len(),
-                prepared,
-            });
         }
-        if out.is_empty() || u32::try_from(compact.len()).is_err() {
-            // Nothing prepared, or (far past any body limit) offsets that do not fit.
-            out.clear();
-            return (out, 0);
+        if u32::try_from(compact.len()).is_err() {
+            return None;
         }
         // One exact allocation for the batch. The scratch keeps its capacity for the next
         // batch, up to a bound (it is not counted by the memory limiter).
@@ -252,11 +320,10 @@ pub fn prepare_runs(
         if compact.capacity() > MAX_SCRATCH_KEPT {
             *compact = Vec::new();
         }
-        for run in &mut out {
+        for run in runs.iter_mut() {
             run.prepared.source.body = body.clone();
         }
-        let len = body.len();
-        (out, len)
+        Some(body.len())
     })
 }
 
@@ -280,7 +347,7 @@ fn has_repeated_trace(spans: &[Span], runs: &[std::ops::Range<usize>]) -> bool {
     runs.iter().any(|r| !seen.insert(spans[r.start].trace_id))
 }
 
-/// Reorders `batch`'s spans (and their ranges) so that each trace's spans are consecutive:
+/// Reorders `batch`'s spans (and their ranges in the body) so that each trace's spans are consecutive:
 /// traces in the order of their first span, spans in their order within each trace.
 fn group_by_trace(batch: &mut IngestBatch) {
     let n = batch.spans.len();
@@ -315,6 +382,13 @@ fn group_by_trace(batch: &mut IngestBatch) {
         spans[p] = Some(span);
     }
     batch.spans = spans.into_iter().flatten().collect();
+    if batch.span_ranges.len() == n {
+        let mut ranges = vec![SpanRange::default(); n];
+        for (range, &p) in batch.span_ranges.iter().zip(&position) {
+            ranges[p] = *range;
+        }
+        batch.span_ranges = ranges;
+    }
 }
 
 /// The maximal runs of consecutive spans with the same trace id.

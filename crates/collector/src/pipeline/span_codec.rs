@@ -1,13 +1,14 @@
-//! A compact encoding of decoded [`Span`]s, for the spans of prepared traces.
+//! A compact encoding of decoded [`Span`]s, for the spans of prepared traces from fat bodies.
 //!
 //! A prepared trace (see [`super::prepared`]) holds its analysis, not its spans, through the
 //! grace period; it still needs its spans if more of the trace arrives (it is then analysed
-//! again) or if it is kept for `/api/traces/{id}`. Holding the request body for that kept the
-//! whole body alive — every attribute key spelled out, unknown attributes, events — about
-//! 1.1 KB per 4-span trace, half of what a buffered trace cost. This encoding keeps exactly what
-//! a decoded [`Span`] holds (ids, name, kind, times, status, the kept attributes as key
-//! indexes into [`KNOWN_KEYS`], links), about 0.35 KB for the same trace, and the body is freed
-//! as soon as the batch is ingested.
+//! again) or if it is kept for `/api/traces/{id}`. It holds ranges of the request body when the
+//! body is lean; a body fatter than
+//! [`MAX_BODY_BYTES_PER_PREPARED_SPAN`](super::prepared::MAX_BODY_BYTES_PER_PREPARED_SPAN) a
+//! prepared span (prompts, events, long attribute values) is freed at once and its prepared
+//! spans are kept in this encoding instead: exactly what a decoded [`Span`] holds (ids, name,
+//! kind, times, status, the kept attributes as key indexes into [`KNOWN_KEYS`], links), about
+//! 90 bytes a span of an inference trace, whatever the exporter sent besides.
 //!
 //! [`decode`] gives back a span equal to the one encoded (strings are interned again, so they
 //! may be other allocations of the same text). The trace id is not in the encoding: a prepared

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 use infertrace_analysis::trace::{AttrValue, Span, SpanId, SpanKind, StatusCode, TraceId};
 use infertrace_semconv as sc;
 
+use super::prepared::{SourceEncoding, hold_the_body};
 use super::*;
 use crate::prom_export::{build_registry, encode};
 
@@ -382,6 +383,12 @@ fn the_shutdown_hand_over_reaches_the_store() {
 /// `spans` as the receiver hands them on from a protobuf body: encoded as one OTLP request of
 /// resource `llm`, decoded by the lean decoder, with the body (as kept for forwarding).
 fn proto_batch(spans: &[Span]) -> IngestBatch {
+    proto_batch_padded(spans, 0)
+}
+
+/// [`proto_batch`] with an attribute the decoder drops (`app.padding`, `pad` bytes) on every
+/// span when `pad > 0`: a body fatter than its decoded spans.
+fn proto_batch_padded(spans: &[Span], pad: usize) -> IngestBatch {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value};
     use opentelemetry_proto::tonic::resource::v1::Resource;
@@ -423,6 +430,7 @@ fn proto_batch(spans: &[Span]) -> IngestBatch {
                     },
                 )
             })
+            .chain((pad > 0).then(|| kv("app.padding", string(&"x".repeat(pad)))))
             .collect(),
         status: Some(Status {
             code: match s.status {
@@ -453,6 +461,7 @@ fn proto_batch(spans: &[Span]) -> IngestBatch {
     IngestBatch {
         spans: decoded.spans,
         raw_protobuf: Some(body),
+        span_ranges: decoded.span_ranges,
         ..Default::default()
     }
 }
@@ -558,6 +567,19 @@ fn lone_span(trace: u8, n: u8, parent: Option<SpanId>) -> Span {
 
 #[test]
 fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
+    same_results_on_arrival_as_at_completion(0, SourceEncoding::Otlp);
+}
+
+#[test]
+fn traces_held_as_compact_copies_give_the_same_results_as_at_completion() {
+    same_results_on_arrival_as_at_completion(2000, SourceEncoding::Compact);
+}
+
+/// Batches of spans padded with `pad` bytes of a dropped attribute each, analysed on arrival,
+/// their spans held as `encoding`, give the same results as the same spans analysed at
+/// completion.
+fn same_results_on_arrival_as_at_completion(pad: usize, encoding: SourceEncoding) {
+    let proto_batch = |spans: &[Span]| proto_batch_padded(spans, pad);
     let config = CollectorConfig::default();
     let (eager, eager_registry) = pipeline(&config);
     let (plain, plain_registry) = pipeline(&config);
@@ -582,8 +604,12 @@ fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
     first.push(lone_span(9, 1, None));
 
     let mut grouped = proto_batch(&first);
-    let prepared: Vec<TraceId> = prepare_runs(&mut grouped, &config.critical_path_options())
-        .0
+    let runs = prepare_runs(&mut grouped, &config.critical_path_options()).0;
+    assert!(
+        runs.iter()
+            .all(|r| r.prepared.source.encoding() == encoding)
+    );
+    let prepared: Vec<TraceId> = runs
         .iter()
         .map(|r| grouped.spans[r.start].trace_id)
         .collect();
@@ -623,21 +649,53 @@ fn traces_analysed_on_arrival_give_the_same_results_as_at_completion() {
 }
 
 #[test]
-fn a_prepared_batch_reserves_the_compact_spans_and_the_analyses_it_holds() {
+fn a_prepared_batch_reserves_its_body_and_the_analyses_it_holds() {
+    prepared_batch_reserves_what_it_holds(0);
+}
+
+#[test]
+fn a_prepared_batch_of_a_fat_body_reserves_its_compact_spans_and_analyses() {
+    prepared_batch_reserves_what_it_holds(2000);
+}
+
+/// A batch of five traces padded with `pad` bytes of a dropped attribute per span reserves the
+/// source of its spans (the body when lean, a compact copy when fat) and its analyses.
+fn prepared_batch_reserves_what_it_holds(pad: usize) {
+    let proto_batch = |spans: &[Span]| proto_batch_padded(spans, pad);
     let spans: Vec<Span> = (1..=5u8)
         .flat_map(|t| request_trace(t, "m", 5, 30, 200, 9))
         .collect();
     let span_estimate: usize = spans.iter().map(span_footprint).sum();
     let mut b = proto_batch(&spans);
     let body = b.raw_protobuf.as_ref().map_or(0, |b| b.len());
-    let (runs, compact) = prepare_runs(&mut b, &CollectorConfig::default().critical_path_options());
+    let (runs, source) = prepare_runs(&mut b, &CollectorConfig::default().critical_path_options());
     let analyses: usize = runs.iter().map(|r| r.prepared.footprint()).sum();
-    let held = compact + analyses + b.text_bytes;
-    // Ids and times take most of these small spans; keys are what the compact form saves.
-    assert!(
-        compact < body,
-        "the compact spans ({compact} B) are under the body ({body} B)"
-    );
+    let held = source + analyses + b.text_bytes;
+    if hold_the_body(body, spans.len()) {
+        assert_eq!(pad, 0, "a lean body ({body} B) is held");
+        assert_eq!(source, body);
+        assert!(
+            runs.iter()
+                .all(|r| r.prepared.source.encoding() == SourceEncoding::Otlp)
+        );
+    } else {
+        assert!(pad > 0, "a fat body ({body} B) is not held");
+        assert!(
+            source < body / 4,
+            "the compact spans ({source} B) instead of the body ({body} B)"
+        );
+        assert!(
+            runs.iter()
+                .all(|r| r.prepared.source.encoding() == SourceEncoding::Compact)
+        );
+    }
+    // Either way the spans come back as decoded.
+    for run in &runs {
+        assert_eq!(
+            run.prepared.source.spans(),
+            b.spans[run.start..run.start + run.len]
+        );
+    }
     assert!(analyses > 5 * 500, "records, paths, ranges: {analyses}");
 
     let (p, _) = pipeline(&CollectorConfig::default());
@@ -686,13 +744,13 @@ fn interleaved_and_returning_traces_are_reserved_for_what_they_hold() {
         .flat_map(|k| traces.iter().map(move |t| t[k].clone()))
         .collect();
     let mut b = proto_batch(&spans);
-    let (runs, compact) = prepare_runs(&mut b, &opts);
+    let (runs, source) = prepare_runs(&mut b, &opts);
     assert_eq!(runs.len(), 4, "regrouped and prepared");
     let analyses: usize = runs.iter().map(|r| r.prepared.footprint()).sum();
     let (p, _) = pipeline(&CollectorConfig::default());
     let t0 = Instant::now();
     p.ingest_at(proto_batch(&spans), t0).unwrap();
-    assert_eq!(p.limiter().used(), compact + analyses + b.text_bytes);
+    assert_eq!(p.limiter().used(), source + analyses + b.text_bytes);
 
     // One more span of trace 1 a second later: the trace takes its spans back, reserved with
     // the new batch.
@@ -726,8 +784,9 @@ proptest::proptest! {
     })]
 
     /// Whatever the batching — whole traces, interleaved traces, a trace's root or a phase in a
-    /// later batch, extra children, traces without a request span — analysing on arrival gives
-    /// what analysing every trace at completion gives.
+    /// later batch, extra children, traces without a request span — and whether the spans are
+    /// held as ranges of a lean body or as a compact copy of a fat one, analysing on arrival
+    /// gives what analysing every trace at completion gives.
     #[test]
     fn on_arrival_equals_at_completion_for_any_batching(
         shapes in proptest::collection::vec(
@@ -735,6 +794,7 @@ proptest::proptest! {
             1..24,
         ),
         interleave in proptest::bool::ANY,
+        pad in proptest::sample::select(vec![0usize, 2000]),
     ) {
         let config = CollectorConfig::default();
         let (eager, eager_registry) = pipeline(&config);
@@ -774,7 +834,7 @@ proptest::proptest! {
                 continue;
             }
             let at = t0 + Duration::from_millis(500 * k as u64);
-            eager.ingest_at(proto_batch(&spans), at).unwrap();
+            eager.ingest_at(proto_batch_padded(&spans, pad), at).unwrap();
             plain.ingest_at(batch(spans), at).unwrap();
         }
         for at in [1.0, 2.0, 2.5, 3.0, 31.5, 32.0] {

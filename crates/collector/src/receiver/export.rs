@@ -106,6 +106,7 @@ impl Receiver {
             spans,
             rejected,
             first_error,
+            span_ranges,
         } = match decoded {
             Ok(decoded) => decoded,
             Err(error) => {
@@ -130,6 +131,7 @@ impl Receiver {
             match self.ingest.ingest(IngestBatch {
                 spans,
                 raw_protobuf,
+                span_ranges,
                 raw_json,
                 text_bytes,
             }) {
