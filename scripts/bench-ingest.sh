@@ -20,6 +20,9 @@ window=${4:-10}
 cargo build --release -q -p infertrace-collector --bins
 cargo build --release -q -p infertrace
 B=target/release
+# This script and what it starts (curl, the samplers) share core 0 with the blaster: only the
+# receiver runs on core 1.
+taskset -cp 0 $$ >/dev/null
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
@@ -125,7 +128,7 @@ api: { listen: 127.0.0.1:29464 }
 assembly: { grace: 10m, idle_timeout: 10m, max_age: 20m }
 limits: { memory_limit_bytes: 8589934592, max_traces_in_flight: 10000000 }
 YAML
-$B/infertrace collect --config "$tmp/m.yaml" >/dev/null 2>&1 &
+taskset -c 1 $B/infertrace collect --config "$tmp/m.yaml" >/dev/null 2>&1 &
 pid=$!
 wait_port 24318
 rss0=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
@@ -138,7 +141,7 @@ echo "memory: RSS +$(( (rss1-rss0)/1024 )) MiB for ${inflight} traces in flight 
 stop "$pid"
 
 # KPI freshness: one trace sent to an idle collector; time until /api/kpis counts it.
-$B/infertrace collect --config "$tmp/c.yaml" >/dev/null 2>&1 &
+taskset -c 1 $B/infertrace collect --config "$tmp/c.yaml" >/dev/null 2>&1 &
 pid=$!
 wait_port 24318; wait_port 29464
 now=$(date +%s%N)
