@@ -31,7 +31,7 @@ hz=$(getconf CLK_TCK)
 
 start_receiver() { # kind -> pid
   case $1 in
-    null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:24317 --http 127.0.0.1:24318 >/dev/null 2>"$tmp/null.log" & ;;
+    null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:24317 --http 127.0.0.1:24318 >/dev/null 2>&1 & ;;
     full) cat > "$tmp/c.yaml" <<YAML
 receivers:
   otlp_grpc: { endpoint: 127.0.0.1:24317 }
@@ -82,15 +82,13 @@ done
 
 # Steady state. A sample is "CPU ticks, spans done" at one moment: for the collector, the spans
 # of the requests recorded in its KPIs (4 per trace) from /metrics; for the null receiver, the
-# count it prints once a second, taken as the line appears.
+# spans it decoded, from its GET /spans. Either is one curl, on the blaster's core.
 sample() { # kind pid
+  local t; t=$(cpu_ticks "$2")
   if [ "$1" = full ]; then
-    local t; t=$(cpu_ticks "$2")
     echo "$t $(curl -s 127.0.0.1:29464/metrics | awk '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*4}')"
   else
-    local n; n=$(wc -l < "$tmp/null.log")
-    while [ "$(wc -l < "$tmp/null.log")" -le "$n" ]; do sleep 0.01; done
-    echo "$(cpu_ticks "$2") $(tail -1 "$tmp/null.log" | grep -oE 'received: [0-9]+' | cut -d' ' -f2)"
+    echo "$t $(curl -s 127.0.0.1:24318/spans)"
   fi
 }
 echo

@@ -5,7 +5,8 @@
 //! generic Rust OTLP receiver does before any processing. `--decoder lean`: infertrace's own
 //! receivers ([`serve_grpc`], [`serve_http`]) with an `Ingest` that only counts, to compare the
 //! receive path alone. TCP_NODELAY is set on every accepted socket in both modes. Prints the
-//! spans it received once a second while any arrive; stops on Ctrl-C.
+//! spans it received once a second while any arrive; with `--decoder prost`, `GET /spans` on
+//! the HTTP address answers the count so far. Stops on Ctrl-C.
 //!
 //! ```text
 //! otlp-null-receiver [--decoder prost|lean] [--grpc 127.0.0.1:4317] [--http 127.0.0.1:4318]
@@ -115,6 +116,11 @@ async fn null_http(
         );
         Ok(r)
     };
+    if req.uri().path() == "/spans" {
+        // The count so far, for benchmarks that sample it (scripts/bench-ingest.sh).
+        let count = spans.load(Ordering::Relaxed).to_string().into_bytes();
+        return reply(StatusCode::OK, count);
+    }
     if req.uri().path() != "/v1/traces" {
         return reply(StatusCode::NOT_FOUND, Vec::new());
     }

@@ -67,7 +67,7 @@ use crate::internal_events::InternalEvents;
 use crate::limiter::{MemoryLimiter, MemoryReservation, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
-use prepared::{Analysed, PreparedTrace, prepare_runs};
+use prepared::{Analysed, PreparedTrace, compact_copy, hold_the_body, holds_a_body, prepare_runs};
 
 pub use recent::{RecentTraces, StoredRequest, StoredTrace};
 
@@ -284,16 +284,27 @@ impl Pipeline {
         // their spans, and the source of those spans (decoded again if needed): the body, or a
         // compact copy of the spans.
         let mut with_prepared = bytes + taken_back;
-        let mut taken_runs = 0;
+        let (mut taken_runs, mut taken_spans) = (0, 0);
         for run in &runs {
             if assembler.would_take(&run.trace_id, run.len, taken_runs) {
                 taken_runs += 1;
+                taken_spans += run.len;
                 with_prepared = with_prepared - run.prepared.span_bytes + run.prepared.footprint();
             } else {
                 // Pushed as spans: to a prepared trace, perhaps, which takes its spans back.
                 let back = assembler.prepared_span_bytes(&run.trace_id);
                 taken_back += back;
                 with_prepared += back;
+            }
+        }
+        // A body is held for the traces the assembler takes: when it turns most of them down
+        // (already in flight, or at its bound), the few it takes get a compact copy of their
+        // spans instead of holding the whole body (rare: under the lock).
+        let mut source_bytes = source_bytes;
+        if taken_runs > 0 && holds_a_body(&runs) && !hold_the_body(source_bytes, taken_spans) {
+            match compact_copy(&batch.spans, &mut runs) {
+                Some(len) => source_bytes = len,
+                None => taken_runs = 0,
             }
         }
         with_prepared += source_bytes;

@@ -132,8 +132,8 @@ const ALLOCATION_OVERHEAD: usize = 16;
 
 impl PreparedTrace {
     /// Bytes it holds while it waits in the assembler: itself, its records, critical paths and
-    /// span ranges, its queue slot and index entry — not the compact spans, which the batch
-    /// holds once for all its traces.
+    /// span ranges, its queue slot and index entry — not the source of its spans (the body or
+    /// the compact copy), which the batch holds once for all its traces.
     pub fn footprint(&self) -> usize {
         let vec = |capacity: usize, size: usize| {
             if capacity == 0 {
@@ -293,15 +293,23 @@ pub fn hold_the_body(body_len: usize, prepared_spans: usize) -> bool {
         && body_len <= prepared_spans.saturating_mul(MAX_BODY_BYTES_PER_PREPARED_SPAN)
 }
 
-/// Encodes the spans of the prepared `runs` ([`span_codec`]) into one buffer they share, and
-/// points their sources at it. Its length, or `None` (far past any body limit) when offsets
-/// would not fit in 32 bits.
-fn compact_copy(spans: &[Span], runs: &mut [PreparedRun<PreparedTrace>]) -> Option<usize> {
+/// Whether the prepared `runs` hold ranges of their request body.
+pub fn holds_a_body(runs: &[PreparedRun<PreparedTrace>]) -> bool {
+    runs.first()
+        .is_some_and(|r| r.prepared.source.encoding == SourceEncoding::Otlp)
+}
+
+/// Encodes the spans of the prepared `runs` (their `start..start + len` of `spans`,
+/// [`span_codec`]) into one buffer they share, and points their sources at it instead of
+/// whatever they held. Its length, or `None` (far past any body limit) when offsets would not
+/// fit in 32 bits.
+pub fn compact_copy(spans: &[Span], runs: &mut [PreparedRun<PreparedTrace>]) -> Option<usize> {
     COMPACT_SCRATCH.with_borrow_mut(|compact| {
         compact.clear();
         for run in runs.iter_mut() {
             let source = &mut run.prepared.source;
             source.encoding = SourceEncoding::Compact;
+            source.ranges.clear();
             for span in &spans[run.start..run.start + run.len] {
                 let offset = compact.len();
                 span_codec::encode(span, compact);
@@ -430,12 +438,27 @@ mod tests {
     fn interleaved_traces_are_regrouped_in_order() {
         let order = [(1, 1), (2, 1), (1, 2), (3, 1), (2, 2), (1, 3)];
         let spans: Vec<Span> = order.iter().map(|&(t, n)| span(t, n)).collect();
+        // Each span's range names it: offset = its trace, len = its number.
+        let span_ranges = order
+            .iter()
+            .map(|&(t, n)| SpanRange {
+                offset: u32::from(t),
+                len: u32::from(n),
+            })
+            .collect();
         let mut batch = IngestBatch {
             spans,
+            span_ranges,
             ..Default::default()
         };
         assert!(has_repeated_trace(&batch.spans, &trace_runs(&batch.spans)));
         group_by_trace(&mut batch);
+        let ranges: Vec<(u32, u32)> = batch
+            .span_ranges
+            .iter()
+            .map(|r| (r.offset, r.len))
+            .collect();
+        assert_eq!(ranges, [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (3, 1)]);
         let got: Vec<(u8, u8)> = batch
             .spans
             .iter()

@@ -4,8 +4,9 @@ use std::time::{Duration, Instant};
 use infertrace_analysis::trace::{AttrValue, Span, SpanId, SpanKind, StatusCode, TraceId};
 use infertrace_semconv as sc;
 
-use super::prepared::{SourceEncoding, hold_the_body};
+use super::prepared::{SourceEncoding, compact_copy, hold_the_body, holds_a_body};
 use super::*;
+use crate::assembler::Prepared;
 use crate::prom_export::{build_registry, encode};
 
 const MS: u64 = 1_000_000;
@@ -849,5 +850,53 @@ proptest::proptest! {
             outputs(&eager, &eager_registry),
             outputs(&plain, &plain_registry)
         );
+    }
+}
+
+#[test]
+fn a_body_mostly_turned_down_gives_its_taken_traces_a_compact_copy() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let first: Vec<Span> = (1..=9u8)
+        .flat_map(|t| request_trace(t, "m", 5, 30, 200, 9))
+        .collect();
+    p.ingest_at(proto_batch(&first), t0).unwrap();
+    // The same nine traces again (in flight: their spans are pushed to them) and a new one,
+    // the only trace the assembler takes as prepared: the body is not held for its four spans.
+    let mut second = first.clone();
+    second.extend(request_trace(10, "m", 5, 30, 200, 9));
+    let body = proto_batch(&second).raw_protobuf.map_or(0, |b| b.len());
+    assert!(!hold_the_body(body, 4) && hold_the_body(body, second.len()));
+    p.ingest_at(proto_batch(&second), t0).unwrap();
+    assert_eq!(p.traces_in_flight(), 10);
+    p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
+    assert_eq!(p.traces_in_flight(), 0);
+    assert_eq!(p.limiter().used(), 0, "everything released");
+    let ten = p.trace(&TraceId([10; 16])).unwrap();
+    assert_eq!(
+        ten.spans,
+        request_trace(10, "m", 5, 30, 200, 9),
+        "decoded again from its compact copy"
+    );
+    assert_eq!(ten.requests.len(), 1);
+
+    // The switch itself: runs holding body ranges get their own compact copy instead.
+    let mut b = proto_batch(&second);
+    let (mut runs, _) = prepare_runs(&mut b, &CollectorConfig::default().critical_path_options());
+    assert!(holds_a_body(&runs));
+    let compact = compact_copy(&b.spans, &mut runs).unwrap();
+    assert!(
+        compact < body / 2,
+        "{compact} B against the body's {body} B"
+    );
+    for run in &runs {
+        let source = &run.prepared.source;
+        assert_eq!(source.encoding(), SourceEncoding::Compact);
+        assert_eq!(
+            run.prepared.span_count(),
+            run.len,
+            "one range per span, of the copy only"
+        );
+        assert_eq!(source.spans(), b.spans[run.start..run.start + run.len]);
     }
 }
