@@ -49,15 +49,22 @@ stop() { kill -INT "$1" 2>/dev/null || true; while kill -0 "$1" 2>/dev/null; do 
 
 wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
 
+# Starts receiver `kind` for protocol `proto` and waits until it listens; sets `pid` and `port`
+# (the port the blaster sends to).
+launch() { # kind proto
+  pid=$(start_receiver "$1")
+  wait_port 24317; wait_port 24318
+  port=24317; [ "$2" = http ] && port=24318
+  blast="taskset -c 0 $B/otlp-blast --protocol $2 --addr 127.0.0.1:$port --connections 16"
+}
+
 printf '%-6s %-5s %-7s %12s %12s %10s %16s\n' kind proto round "spans done" "spans/s" "CPU s" "spans/CPU-s"
 for round in $(seq "$rounds"); do
   for kind in null full; do
     for proto in grpc http; do
-      pid=$(start_receiver $kind)
-      wait_port 24317; wait_port 24318
-      port=24317; [ $proto = http ] && port=24318
+      launch $kind $proto
       t0=$(cpu_ticks "$pid"); w0=$(date +%s.%N)
-      out=$(taskset -c 0 $B/otlp-blast --protocol $proto --addr 127.0.0.1:$port --connections 16 --duration "$secs" 2>&1)
+      out=$($blast --duration "$secs" 2>&1)
       accepted=$(echo "$out" | grep -oE 'accepted_spans=[0-9]+' | tail -1 | cut -d= -f2 || echo 0)
       processed=$accepted
       if [ $kind = full ]; then
@@ -97,17 +104,14 @@ printf '%-6s %-5s %-7s %12s %10s %16s\n' kind proto round "spans done" "CPU s" "
 for round in $(seq "$rounds"); do
   for kind in null full; do
     for proto in grpc http; do
-      pid=$(start_receiver $kind)
-      wait_port 24317; wait_port 24318
-      port=24317; [ $proto = http ] && port=24318
-      taskset -c 0 $B/otlp-blast --protocol $proto --addr 127.0.0.1:$port --connections 16 \
-        --duration $((warm + window + 3)) >/dev/null 2>&1 &
-      blast=$!
+      launch $kind $proto
+      $blast --duration $((warm + window + 3)) >/dev/null 2>&1 &
+      blaster=$!
       sleep "$warm"
       read -r t0 c0 <<< "$(sample $kind "$pid")"
       sleep "$window"
       read -r t1 c1 <<< "$(sample $kind "$pid")"
-      wait "$blast" || true
+      wait "$blaster" || true
       cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)/hz}')
       per=$(awk -v r="$((c1 - c0))" -v c="$cpu" 'BEGIN{ if (c>0) printf "%.0f", r/c; else print "-" }')
       printf '%-6s %-5s %-7s %12s %10s %16s\n' $kind $proto "$round" "$((c1 - c0))" "$cpu" "$per"
