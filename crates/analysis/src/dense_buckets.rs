@@ -36,6 +36,33 @@ impl<T: Copy + Default + PartialEq, const MAX_SPAN: usize> DenseBuckets<T, MAX_S
         Some(cell)
     }
 
+    /// The buckets of `pairs` (ascending keys, each once) in an array over exactly their range;
+    /// `None` when that range spans more than `MAX_SPAN` cells or fewer than one in
+    /// [`MIN_OCCUPANCY`] would be occupied. (Building it key by key with [`Self::get_mut`]
+    /// judges the occupancy of each prefix: the thin low tail of a latency distribution would
+    /// refuse keys that the whole set fills densely.)
+    pub(crate) fn from_sorted(pairs: &[(i32, T)]) -> Option<Self> {
+        let (first, last) = (pairs.first()?.0, pairs.last()?.0);
+        let need = i64::from(last) - i64::from(first) + 1;
+        if need > MAX_SPAN as i64 || (pairs.len() * MIN_OCCUPANCY) < need as usize {
+            return None;
+        }
+        let mut values = vec![T::default(); usize::try_from(need).ok()?];
+        let mut occupied = 0;
+        for &(key, v) in pairs {
+            let cell = values.get_mut(usize::try_from(i64::from(key) - i64::from(first)).ok()?)?;
+            if v != T::default() && *cell == T::default() {
+                occupied += 1;
+            }
+            *cell = v;
+        }
+        Some(Self {
+            low: first,
+            values,
+            occupied,
+        })
+    }
+
     /// Where `key` is in `values`, grown to hold it (see [`Self::get_mut`]).
     fn index(&mut self, key: i32) -> Option<usize> {
         if self.values.is_empty() {
@@ -142,6 +169,32 @@ mod tests {
         assert!(thin.get_mut(500).is_none());
         assert!(thin.get_mut(7).is_some(), "1 in 8 occupied is fine");
         assert!(thin.span() <= 16);
+
+        // Built at once from sorted pairs: judged on the whole range, not key by key.
+        let tail_then_body: Vec<(i32, u64)> =
+            [0, 20].into_iter().chain(21..40).map(|k| (k, 1)).collect();
+        let built = DenseBuckets::<u64, 64>::from_sorted(&tail_then_body).expect("21 of 40 cells");
+        assert_eq!(
+            built.iter().map(|(k, v)| (k, *v)).collect::<Vec<_>>(),
+            tail_then_body
+        );
+        assert_eq!(built.occupied(), tail_then_body.len());
+        let mut by_key = DenseBuckets::<u64, 64>::default();
+        assert!(by_key.get_mut(0).is_some());
+        assert!(
+            by_key.get_mut(20).is_none(),
+            "2 keys over 21 cells, judged alone"
+        );
+        assert!(
+            DenseBuckets::<u64, 64>::from_sorted(&[(0, 1), (40, 1)]).is_none(),
+            "too thin"
+        );
+        assert!(
+            DenseBuckets::<u64, 8>::from_sorted(&(0..9).map(|k| (k, 1)).collect::<Vec<_>>())
+                .is_none(),
+            "too wide"
+        );
+        assert!(DenseBuckets::<u64, 8>::from_sorted(&[]).is_none());
 
         // The ends of the key range are reported, not overflowed.
         let mut ends = DenseBuckets::<u64, 8>::default();

@@ -165,8 +165,11 @@ pub struct Distribution {
     bins: Vec<(i32, u32)>,
     /// The buckets while the distribution is written to (see above).
     dense: Option<Box<Dense>>,
-    /// Whether the buckets spread too wide for a dense array ([`DENSE_MAX_SPAN`]): stay sparse.
-    too_wide: bool,
+    /// Sparse buckets at which the next attempt to turn dense is made (0: [`DENSE_FROM_BINS`]).
+    /// An attempt that fails (the buckets too wide or too thin for an array) doubles it, so
+    /// values spread over a wide range turn dense once they fill it, and the attempts cost
+    /// O(1) per add amortised.
+    dense_attempt_at: u32,
     count: u64,
     sum: f64,
     min: f64,
@@ -200,13 +203,17 @@ struct Dense {
 }
 
 impl Dense {
-    /// The buckets of `bins`, or `None` when they do not fit a dense array.
+    /// The buckets of `bins` (sorted, the zero bucket first if there), or `None` when they do
+    /// not fit a dense array (see [`DenseBuckets::from_sorted`]).
     fn from_bins(bins: &[(i32, u32)]) -> Option<Self> {
-        let mut d = Dense::default();
-        for &(key, n) in bins {
-            *d.slot(key)? = n;
-        }
-        Some(d)
+        let (zero, rest) = match bins.split_first() {
+            Some((&(ZERO_BUCKET, n), rest)) => (n, rest),
+            _ => (0, bins),
+        };
+        Some(Dense {
+            counts: DenseBuckets::from_sorted(rest)?,
+            zero,
+        })
     }
 
     /// The count of bucket `key` (see [`DenseBuckets::get_mut`]); the caller adds to it.
@@ -254,9 +261,9 @@ impl Distribution {
                     return;
                 }
                 None => {
-                    // Spread too wide: back to sparse for good.
+                    // A key the array will not stretch to: sparse, until the buckets fill in.
                     self.make_sparse();
-                    self.too_wide = true;
+                    self.dense_attempt_at = self.next_attempt();
                 }
             }
         }
@@ -264,17 +271,22 @@ impl Distribution {
             Ok(i) => self.bins[i].1 = self.bins[i].1.saturating_add(1),
             Err(i) => {
                 self.bins.insert(i, (key, 1));
-                if self.bins.len() >= DENSE_FROM_BINS && !self.too_wide {
+                if self.bins.len() >= DENSE_FROM_BINS.max(self.dense_attempt_at as usize) {
                     match Dense::from_bins(&self.bins) {
                         Some(d) => {
                             self.dense = Some(Box::new(d));
                             self.bins = Vec::new();
                         }
-                        None => self.too_wide = true,
+                        None => self.dense_attempt_at = self.next_attempt(),
                     }
                 }
             }
         }
+    }
+
+    /// The sparse bucket count of the next attempt to turn dense: twice the current one.
+    fn next_attempt(&self) -> u32 {
+        u32::try_from(self.bins.len().saturating_mul(2)).unwrap_or(u32::MAX)
     }
 
     /// Moves dense buckets back to the sparse form.
@@ -423,7 +435,7 @@ impl Distribution {
         Ok(Self {
             bins,
             dense: None,
-            too_wide: false,
+            dense_attempt_at: 0,
             count,
             sum,
             min,
@@ -639,12 +651,41 @@ mod tests {
         for &v in &wide {
             wide_d.add(&config, Some(v));
         }
-        assert!(wide_d.dense.is_none() && wide_d.too_wide);
+        assert!(wide_d.dense.is_none());
         let mut narrow_d = Distribution::default();
         for &v in &narrow {
             narrow_d.add(&config, Some(v));
         }
         assert!(narrow_d.dense.is_some(), "a slot being written is dense");
+    }
+
+    #[test]
+    fn latencies_over_two_decades_turn_dense_once_they_fill_their_range() {
+        // What a collector sees in one slot: queue 1-51 ms, decode 0.24-13 s. Their first 24
+        // buckets are ~1 in 9 of the range (the array refused them, and these stayed sparse
+        // for good, a binary search per add); a few dozen more fill it.
+        let config = sketch_config();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut queue, mut decode) = (Vec::new(), Vec::new());
+        for _ in 0..5000 {
+            queue.push((1_000_000 + next() % 50_000_000) as f64 / 1e9);
+            let tokens = 16 + next() % 512;
+            decode.push((tokens * (15_000_000 + next() % 10_000_000)) as f64 / 1e9);
+        }
+        for vals in [&queue, &decode] {
+            let mut d = Distribution::default();
+            for &v in vals.iter() {
+                d.add(&config, Some(v));
+            }
+            assert!(d.dense.is_some(), "{} buckets", d.bins_view().len());
+            assert_eq!(&*d.bins_view(), &reference_bins(&config, vals)[..]);
+        }
     }
 
     #[test]
