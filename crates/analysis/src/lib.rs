@@ -10,5 +10,6 @@ pub mod diagnosis;
 pub mod dialect;
 pub mod kpi;
 pub mod record;
+mod rounding;
 pub mod text;
 pub mod trace;

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use super::CriticalPath;
 use crate::dense_buckets::DenseBuckets;
+use crate::rounding::ceil_to_i32;
 use crate::text::{PairCache, Text};
 
 /// The service and span label of the entry that collects keys beyond the cap.
@@ -438,9 +439,8 @@ impl CriticalPathWindows {
         if e2e_seconds <= 0.0 {
             return i32::MIN;
         }
-        let b = (e2e_seconds.ln() / self.ln_gamma).ceil();
         // Saturating float → int conversion keeps extreme values in the end buckets.
-        (b as i32).max(i32::MIN + 1)
+        ceil_to_i32(e2e_seconds.ln() / self.ln_gamma).max(i32::MIN + 1)
     }
 
     fn key(&mut self, service: &Text, span: &Text) -> u32 {

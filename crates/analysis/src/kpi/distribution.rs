@@ -12,6 +12,7 @@
 use sketches_ddsketch::{Config, DDSketch};
 
 use crate::dense_buckets::DenseBuckets;
+use crate::rounding::floor_to_i32;
 
 use super::codec::{DecodeError, Reader, Writer};
 use super::snapshot::LatencyStats;
@@ -32,10 +33,11 @@ pub fn sketch_config() -> Config {
     Config::new(SKETCH_RELATIVE_ACCURACY, SKETCH_MAX_BINS, SKETCH_MIN_VALUE)
 }
 
-/// The bucket a value falls in: the sketch's own key, [`ZERO_BUCKET`] at or below its minimum.
+/// The bucket a value falls in: the sketch's own key (`Config::key`, its floor rounded
+/// without a libm call), [`ZERO_BUCKET`] at or below its minimum.
 pub fn bucket_of(config: &Config, v: f64) -> i32 {
     if v > config.min_possible() {
-        config.key(v)
+        floor_to_i32(config.log_gamma(v))
     } else {
         ZERO_BUCKET
     }
@@ -657,6 +659,20 @@ mod tests {
             narrow_d.add(&config, Some(v));
         }
         assert!(narrow_d.dense.is_some(), "a slot being written is dense");
+    }
+
+    proptest::proptest! {
+        /// The bucket is the crate's own key, whatever the value (rounded here without libm).
+        #[test]
+        fn bucket_of_is_the_crates_key(v in 1e-9f64..1e9, bits in proptest::prelude::any::<u64>()) {
+            let config = sketch_config();
+            let any = f64::from_bits(bits).abs();
+            for v in [v, any] {
+                if v > config.min_possible() {
+                    proptest::prop_assert_eq!(bucket_of(&config, v), config.key(v), "{}", v);
+                }
+            }
+        }
     }
 
     #[test]
