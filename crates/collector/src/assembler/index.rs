@@ -6,7 +6,9 @@
 //! raised for high rates), so its layout matters more than its code: each id is kept as a
 //! 64-bit hash of the whole id (seeded per process, so two ids share it with probability 2⁻⁶⁴
 //! however they are built — an id with equal halves is as distinct as any; a false match would
-//! make one span look late), with a 64-bit value, in a single hash table of 16-byte entries.
+//! make one span look late), with a 64-bit value, in one open-addressing table of 16-byte
+//! entries laid out beside their probes ([`IdTable`]: the lookup of a new id brings in the
+//! line its insert writes).
 //!
 //! The value says what the id is:
 //! - a trace in flight as spans (its spans are in the assembler's map);
@@ -26,12 +28,13 @@
 //! sequence number completed in: each generation records the first sequence number it
 //! completed.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::BuildHasher;
 use std::time::{Duration, Instant};
 
 use foldhash::fast::RandomState;
 use infertrace_analysis::trace::TraceId;
+
+use super::id_table::IdTable;
 
 /// What the index knows of a trace id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +50,7 @@ pub(crate) enum Known {
     },
 }
 
-/// Most entries the table is sized for when created (16 MiB of entries).
+/// Most entries the table is sized for when created (32 MiB of slots, mapped as touched).
 const PRESIZE_MAX: usize = 1 << 20;
 
 /// Value layout: `payload << 2 | state`.
@@ -59,9 +62,8 @@ const PREPARED: u64 = 3;
 /// Trace ids in flight and recently completed (see the module docs).
 #[derive(Debug)]
 pub(crate) struct TraceIndex {
-    /// hash(id) → value. The keys are seeded hashes already, so the map uses them as they are
-    /// (no second hash).
-    ids: HashMap<u64, u64, BuildHasherDefault<PassThrough>>,
+    /// hash(id) → value, each entry beside its probe (see [`IdTable`]).
+    ids: IdTable,
     /// Seeds the ids' hash.
     hasher: RandomState,
     /// The current generation.
@@ -80,27 +82,6 @@ pub(crate) struct TraceIndex {
     current_first_seq: u64,
 }
 
-/// The hasher of a map whose `u64` keys are already well-mixed hashes: returns the key.
-#[derive(Debug, Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    /// Not used for `u64` keys; mixes anything else in rather than ignore it.
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-}
-
 impl TraceIndex {
     /// Remembers completed ids for at least `span`, at most `max_ids` completions per
     /// generation.
@@ -108,7 +89,7 @@ impl TraceIndex {
         Self {
             // Sized for the traces in flight up front (capped: the table still grows beyond),
             // so that a collector filling up does not rehash a table of millions repeatedly.
-            ids: HashMap::with_capacity_and_hasher(max_ids.min(PRESIZE_MAX), Default::default()),
+            ids: IdTable::with_capacity(max_ids.min(PRESIZE_MAX)),
             hasher: RandomState::default(),
             generation: 1,
             current_len: 0,
@@ -131,7 +112,7 @@ impl TraceIndex {
         if self.ids.is_empty() {
             return None;
         }
-        let v = *self.ids.get(&self.key(id))?;
+        let v = self.ids.get(self.key(id))?;
         let payload = v >> 2;
         match v & 3 {
             SPANS => Some(Known::Spans),
@@ -205,10 +186,10 @@ impl TraceIndex {
         self.current_first_seq = self.completed_seq;
         let keep_from = self.generation - 1;
         let keep_seq = self.previous_first_seq;
-        self.ids.retain(|_, v| match *v & 3 {
+        self.ids.retain(|v| match v & 3 {
             SPANS => true,
-            PREPARED => *v >> 2 >= keep_seq,
-            _ => *v >> 2 >= keep_from,
+            PREPARED => v >> 2 >= keep_seq,
+            _ => v >> 2 >= keep_from,
         });
         self.since = Some(now);
     }

@@ -37,6 +37,7 @@
 //!
 //! [`MemoryLimiter`]: crate::limiter::MemoryLimiter
 
+mod id_table;
 mod index;
 
 use std::any::Any;
