@@ -96,6 +96,18 @@ impl<T: Copy + Default + PartialEq, const MAX_SPAN: usize> DenseBuckets<T, MAX_S
         usize::try_from(i64::from(key) - lo).ok()
     }
 
+    /// Grows the range to hold `key` without handing its cell out (see [`Self::get_mut`] for
+    /// when it refuses); whether `key` is now covered.
+    pub(crate) fn reach(&mut self, key: i32) -> bool {
+        self.index(key).is_some()
+    }
+
+    /// Whether `key` is within the array's current range (a [`Self::get_mut`] of it cannot fail).
+    #[inline]
+    pub(crate) fn covers(&self, key: i32) -> bool {
+        ((i64::from(key) - i64::from(self.low)) as u64) < self.values.len() as u64
+    }
+
     /// The buckets holding a value, by ascending key.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (i32, &T)> {
         let (zero, low) = (T::default(), i64::from(self.low));

@@ -139,10 +139,14 @@ const DENSE_BUCKETS_MAX: usize = 256;
 
 /// Values by e2e bucket: an array over the buckets seen ([`DenseBuckets`]: one indexed add per
 /// segment; as hash-map and tree entries these were ~3 % of the collector's CPU at full rate),
-/// and a map for the zero bucket and any bucket the array refuses (too wide or too empty, see
-/// [`DenseBuckets`]): requests whose e2e times are spread over many orders of magnitude cost
-/// map entries, as before, not a huge sparse array. A bucket holds a value once something was
-/// added to it: values left at `T::default()` are not reported (every value added is a request
+/// and a map for the zero bucket and any bucket outside the array's range that it refuses to
+/// stretch to (too wide or too empty, see [`DenseBuckets`]): requests whose e2e times are
+/// spread over many orders of magnitude cost map entries, as before, not a huge sparse array.
+/// The map never holds a bucket inside the array's range: when the array grows over buckets
+/// the map holds, they move into it, so a bucket in range costs one indexed add and no map
+/// lookup. (The first buckets of a slot are far apart and land in the map; when they stayed
+/// there, every add looked the map up first.) A bucket holds a value once something was added
+/// to it: values left at `T::default()` are not reported (every value added is a request
 /// count or positive seconds).
 #[derive(Clone, Debug, Default)]
 struct BucketValues<T> {
@@ -153,15 +157,36 @@ struct BucketValues<T> {
 impl<T: Copy + Default + PartialEq> BucketValues<T> {
     /// The value of bucket `b`, created at `T::default()`.
     fn get_mut(&mut self, b: i32) -> &mut T {
-        // A bucket first kept in the map stays there, even once the array grows over it.
-        let in_map = !self.far.is_empty() && self.far.contains_key(&b);
         if b != i32::MIN
-            && !in_map
+            && !self.dense.covers(b)
+            && !self.far.contains_key(&b)
+            && self.dense.reach(b)
+            && !self.far.is_empty()
+        {
+            self.take_in_from_far();
+        }
+        if b != i32::MIN
+            && self.dense.covers(b)
             && let Some(v) = self.dense.get_mut(b)
         {
             return v;
         }
         self.far.entry(b).or_default()
+    }
+
+    /// Moves the map's buckets that the array now covers into it.
+    fn take_in_from_far(&mut self) {
+        let dense = &mut self.dense;
+        let inside: Vec<(i32, T)> = self
+            .far
+            .extract_if(|b, _| *b != i32::MIN && dense.covers(*b))
+            .collect();
+        for (b, v) in inside {
+            // Outside the range until now: the cell is fresh.
+            if let Some(cell) = self.dense.get_mut(b) {
+                *cell = v;
+            }
+        }
     }
 
     /// The buckets holding a value, in no particular order.
@@ -661,8 +686,39 @@ mod tests {
             assert!((gv - wv).abs() < 1e-9, "{gb}: {gv} vs {wv}");
         }
         assert!(values.dense.span() <= DENSE_BUCKETS_MAX);
+        assert!(
+            values
+                .far
+                .keys()
+                .all(|b| *b == i32::MIN || !values.dense.covers(*b)),
+            "the map holds no bucket the array covers"
+        );
         values.clear();
         assert_eq!(values.iter().count(), 0);
+    }
+
+    #[test]
+    fn a_slots_first_buckets_move_into_the_array_once_it_reaches_them() {
+        // What one slot sees: e2e buckets over ~200 of the array's 256. The first few are far
+        // apart and go to the map; once the array has grown over them, the map is empty and
+        // every add is an indexed one.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut values = BucketValues::<f64>::default();
+        let mut total = 0.0;
+        for _ in 0..3000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *values.get_mut((x % 200) as i32 + 40) += 1.0;
+            total += 1.0;
+        }
+        assert!(
+            values.far.is_empty(),
+            "{} buckets in the map",
+            values.far.len()
+        );
+        assert_eq!(values.iter().map(|(_, v)| *v).sum::<f64>(), total);
+        assert_eq!(values.iter().count(), 200);
     }
 
     #[test]
