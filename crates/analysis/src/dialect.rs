@@ -367,11 +367,11 @@ pub(crate) fn base_record(span: &Span, dialect: Dialect, trace: &TraceView<'_>) 
     r.queue_depth = count_attr(span, sc::infer::QUEUE_DEPTH);
     r.time_to_first_chunk = seconds_attr(span, sc::infer::TIME_TO_FIRST_CHUNK);
     let itl = |k| seconds_attr(span, k);
-    if let (Some(p50), Some(p99), Some(max)) = (
-        itl(sc::infer::INTER_TOKEN_LATENCY_P50),
-        itl(sc::infer::INTER_TOKEN_LATENCY_P99),
-        itl(sc::infer::INTER_TOKEN_LATENCY_MAX),
-    ) {
+    // One after the other: a span without the first (most) is not scanned for the others.
+    if let Some(p50) = itl(sc::infer::INTER_TOKEN_LATENCY_P50)
+        && let Some(p99) = itl(sc::infer::INTER_TOKEN_LATENCY_P99)
+        && let Some(max) = itl(sc::infer::INTER_TOKEN_LATENCY_MAX)
+    {
         r.itl = Some(InterTokenStats { p50, p99, max });
     }
     r
@@ -420,13 +420,7 @@ pub(crate) fn gpu_record<'a>(
         }
     };
     for (phase, span) in phases {
-        let v = |k| span.attr_f64(k).filter(|v| v.is_finite() && *v >= 0.0);
-        let util = v(sc::gpu::UTILIZATION_MEAN);
-        let sm = v(sc::gpu::SM_ACTIVITY_MEAN);
-        let power = v(sc::gpu::POWER_MEAN);
-        let energy = v(sc::gpu::ENERGY);
-        let attributed = v(sc::gpu::ENERGY_ATTRIBUTED);
-        let memory = v(sc::gpu::MEMORY_USED_MAX);
+        let [util, sm, power, energy, attributed, memory] = gpu_values(span);
         if [util, sm, power, energy, attributed, memory]
             .iter()
             .all(Option::is_none)
@@ -444,6 +438,30 @@ pub(crate) fn gpu_record<'a>(
         }
     }
     any.then(|| Box::new(g))
+}
+
+/// The `gpu.*` window statistics of one phase span — utilisation, SM activity, power, energy,
+/// attributed energy, memory — each as [`Span::attr_f64`] reads it (the first attribute with
+/// the key, if a non-negative finite number), in one pass over the attributes rather than a
+/// scan per key.
+fn gpu_values(span: &Span) -> [Option<f64>; 6] {
+    let mut first: [Option<Option<f64>>; 6] = [None; 6];
+    for (k, v) in &span.attributes {
+        if !k.starts_with("gpu.") {
+            continue;
+        }
+        let i = match *k {
+            sc::gpu::UTILIZATION_MEAN => 0,
+            sc::gpu::SM_ACTIVITY_MEAN => 1,
+            sc::gpu::POWER_MEAN => 2,
+            sc::gpu::ENERGY => 3,
+            sc::gpu::ENERGY_ATTRIBUTED => 4,
+            sc::gpu::MEMORY_USED_MAX => 5,
+            _ => continue,
+        };
+        first[i].get_or_insert_with(|| v.as_f64().filter(|v| v.is_finite() && *v >= 0.0));
+    }
+    first.map(Option::flatten)
 }
 
 #[cfg(test)]
@@ -465,6 +483,45 @@ mod tests {
             status: StatusCode::Unset,
             attributes: Vec::new(),
             links: Vec::new(),
+        }
+    }
+
+    proptest::proptest! {
+        /// One pass reads each GPU key as a scan per key does: the first attribute with the
+        /// key, a number or not, non-negative and finite or not.
+        #[test]
+        fn gpu_values_read_what_a_scan_per_key_reads(
+            attrs in proptest::collection::vec((0usize..9, 0u8..4, -2.0f64..500.0), 0..12),
+        ) {
+            const KEYS: [&str; 9] = [
+                sc::gpu::UTILIZATION_MEAN,
+                sc::gpu::SM_ACTIVITY_MEAN,
+                sc::gpu::POWER_MEAN,
+                sc::gpu::ENERGY,
+                sc::gpu::ENERGY_ATTRIBUTED,
+                sc::gpu::MEMORY_USED_MAX,
+                sc::gpu::UTILIZATION_MAX,
+                sc::infer::PHASE,
+                sc::gen_ai::REQUEST_MODEL,
+            ];
+            let mut s = span(2, Some(1));
+            s.attributes = attrs
+                .into_iter()
+                .map(|(k, kind, x)| {
+                    let v = match kind {
+                        0 => crate::trace::AttrValue::Double(x),
+                        1 => crate::trace::AttrValue::Int(x as i64),
+                        2 => crate::trace::AttrValue::Str(Text::from(x.to_string().as_str())),
+                        _ => crate::trace::AttrValue::Double(f64::NAN),
+                    };
+                    (KEYS[k], v)
+                })
+                .collect();
+            let by_scan: Vec<Option<f64>> = KEYS[..6]
+                .iter()
+                .map(|k| s.attr_f64(k).filter(|v| v.is_finite() && *v >= 0.0))
+                .collect();
+            proptest::prop_assert_eq!(gpu_values(&s).to_vec(), by_scan);
         }
     }
 
