@@ -159,8 +159,10 @@ pub(super) fn merge_many_sorted<V: Copy>(
 /// chain of dependent loads). [`Self::shrink`] turns it sparse again; the KPI windows call it
 /// when a slot is rolled up or its series moves on to a newer slot (a series that goes quiet
 /// keeps its last slot dense, at most 7 × 4 KiB, until the windows roll it up or it expires).
-/// Values spread thin over a wide range stay sparse ([`DENSE_MAX_SPAN`],
-/// [`crate::dense_buckets::MIN_OCCUPANCY`]). Both forms hold the same buckets; readers see the sparse view.
+/// Values spread thin over a wide range stay sparse until their buckets fill at least one cell
+/// in [`crate::dense_buckets::MIN_OCCUPANCY`] of it (attempts at twice the buckets each time),
+/// and for good past [`DENSE_MAX_SPAN`]. Both forms hold the same buckets; readers see the
+/// sparse view.
 #[derive(Clone, Debug, Default)]
 pub struct Distribution {
     /// `(bucket, count)`, sorted by bucket; empty while [`Self::dense`] holds the buckets.
@@ -197,7 +199,8 @@ const DENSE_FROM_BINS: usize = 24;
 const DENSE_MAX_SPAN: usize = 1024;
 
 /// Bucket counts over a contiguous range of buckets ([`DenseBuckets`]: it refuses to grow too
-/// wide or too empty, and the distribution then stays sparse), and the zero bucket's count apart.
+/// wide or too empty, and the distribution is then sparse until its next attempt), and the
+/// zero bucket's count apart.
 #[derive(Clone, Debug, Default)]
 struct Dense {
     counts: DenseBuckets<u32, DENSE_MAX_SPAN>,
