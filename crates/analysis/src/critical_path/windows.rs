@@ -157,19 +157,21 @@ struct BucketValues<T> {
 impl<T: Copy + Default + PartialEq> BucketValues<T> {
     /// The value of bucket `b`, created at `T::default()`.
     fn get_mut(&mut self, b: i32) -> &mut T {
-        if b != i32::MIN
-            && !self.dense.covers(b)
-            && !self.far.contains_key(&b)
-            && self.dense.reach(b)
-            && !self.far.is_empty()
-        {
-            self.take_in_from_far();
-        }
-        if b != i32::MIN
-            && self.dense.covers(b)
-            && let Some(v) = self.dense.get_mut(b)
-        {
-            return v;
+        if b != i32::MIN {
+            // A bucket the map does not hold: the array stretches to it if it may, taking in
+            // whatever the map held in its new range.
+            if !self.dense.covers(b)
+                && !self.far.contains_key(&b)
+                && self.dense.reach(b)
+                && !self.far.is_empty()
+            {
+                self.take_in_from_far();
+            }
+            if self.dense.covers(b)
+                && let Some(v) = self.dense.get_mut(b)
+            {
+                return v;
+            }
         }
         self.far.entry(b).or_default()
     }

@@ -24,17 +24,11 @@ const MAX_LOAD_DEN: usize = 8;
 const MIN_SLOTS: usize = 16;
 
 /// Hashed ids → values; see the module docs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct IdTable {
     /// `(key, value)`; `key == EMPTY` for an empty slot. A power of two long.
     slots: Vec<(u64, u64)>,
     len: usize,
-}
-
-impl Default for IdTable {
-    fn default() -> Self {
-        Self::with_capacity(0)
-    }
 }
 
 impl IdTable {
