@@ -9,7 +9,8 @@
 # completed ids, which grows until it holds two generations of `max_traces_in_flight`
 # completions — 10M ids here, reached after ~25 s at full rate; a window that starts earlier
 # counts the index's last doublings), and spans done and CPU are counted over the next `window`
-# seconds only. Also: memory per buffered span and KPI freshness. Prints two tables; see docs/PERFORMANCE.md.
+# seconds only. Also: memory per buffered span and KPI freshness. Prints two tables; see
+# docs/PERFORMANCE.md.
 #
 #   scripts/bench-ingest.sh [seconds per run, default 8] [rounds, default 3]
 #                           [steady warm-up seconds, default 40] [steady window seconds, default 10]
