@@ -124,6 +124,12 @@ impl Serialize for Text {
     }
 }
 
+/// Longest text an [`Interner`] hands out: longer strings are cut, at a character boundary, to
+/// at most this many bytes (and counted, see [`Interner::take_truncated`]). Span names, service
+/// names and the attribute values the analysis keeps become labels and dimensions; a 1 MiB
+/// model name must not become a 1 MiB label on every Prometheus series.
+pub const MAX_TEXT_LEN: usize = 256;
+
 /// Strings longer than this are not interned (they are rarely repeated).
 pub const MAX_INTERNED_LEN: usize = 96;
 
@@ -139,6 +145,8 @@ pub struct Interner {
     table: hashbrown::HashTable<Text>,
     hasher: foldhash::fast::RandomState,
     fresh_bytes: usize,
+    /// Strings cut to [`MAX_TEXT_LEN`] since the last [`Interner::take_truncated`].
+    truncated: u64,
     /// A direct-mapped cache in front of the table, indexed by length and three bytes: the
     /// same few values arrive span after span, and a hit here costs one comparison instead of
     /// hashing every byte and probing the table. Sized [`RECENT_SLOTS`] on first use.
@@ -345,14 +353,16 @@ impl Interner {
     /// skips validation.
     pub fn intern_utf8(&mut self, bytes: &[u8]) -> Result<Text, std::str::Utf8Error> {
         if bytes.len() > MAX_INTERNED_LEN {
-            let t = std::str::from_utf8(bytes).map(Text::from)?;
-            self.note_fresh(bytes.len());
-            return Ok(t);
+            let s = std::str::from_utf8(bytes)?;
+            let s = self.truncate(s);
+            self.note_fresh(s.len());
+            return Ok(Text::from(s));
         }
         let Self {
             table,
             hasher,
             fresh_bytes,
+            truncated: _,
             recent,
             recent_hits,
         } = self;
@@ -397,6 +407,30 @@ impl Interner {
         Ok(t)
     }
 
+    /// `s` cut at a character boundary to at most [`MAX_TEXT_LEN`] bytes (counted when cut).
+    pub fn truncate<'a>(&mut self, s: &'a str) -> &'a str {
+        if s.len() <= MAX_TEXT_LEN {
+            return s;
+        }
+        self.truncated += 1;
+        let mut end = MAX_TEXT_LEN;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        &s[..end]
+    }
+
+    /// Strings cut by [`truncate`](Self::truncate) since the last call, then zero.
+    pub fn take_truncated(&mut self) -> u64 {
+        std::mem::take(&mut self.truncated)
+    }
+
+    /// Gives back a count taken with [`take_truncated`](Self::take_truncated) (a decode in
+    /// between is counted elsewhere).
+    pub fn restore_truncated(&mut self, n: u64) {
+        self.truncated += n;
+    }
+
     /// Counts a string of `len` bytes allocated outside the table (a value never interned).
     pub fn note_fresh(&mut self, len: usize) {
         self.fresh_bytes += len + STRING_OVERHEAD;
@@ -429,6 +463,29 @@ impl Interner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_texts_are_cut_at_a_character_boundary_and_counted() {
+        let mut i = Interner::default();
+        let long = format!("{}é{}", "a".repeat(MAX_TEXT_LEN - 1), "b".repeat(1000));
+        let t = i.intern(&long);
+        assert_eq!(
+            t.len(),
+            MAX_TEXT_LEN - 1,
+            "cut before the two-byte character"
+        );
+        assert!(long.starts_with(t.as_str()));
+        let exact = "c".repeat(MAX_TEXT_LEN);
+        assert_eq!(i.intern(&exact).as_str(), exact);
+        assert_eq!(i.take_truncated(), 1);
+        assert_eq!(i.take_truncated(), 0);
+        assert!(i.intern_utf8(&[b'x'; 300][..]).is_ok());
+        assert_eq!(i.take_truncated(), 1);
+        assert!(
+            i.intern_utf8(&[0xff; 300][..]).is_err(),
+            "invalid UTF-8 stays an error"
+        );
+    }
 
     #[test]
     fn popular_strings_become_static_once_per_process() {

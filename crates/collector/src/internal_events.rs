@@ -1,6 +1,12 @@
 //! The collector's self-metrics, in one place (after Vector's `internal_events`): every refusal,
 //! drop and export is counted here, so nothing is dropped silently and every component counts the
-//! same way. Each helper that records an event also logs it where a log line helps.
+//! same way. Each helper that records an event also logs it where a log line helps; refusals
+//! and early closes log at warn level, at most once per [`LOG_INTERVAL`] per kind, with the
+//! count since the last line.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -25,6 +31,61 @@ pub struct DropLabels {
     /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`,
     /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_queue_full`, `forward_failed`.
     pub reason: &'static str,
+}
+
+/// Labels of `requests_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `otlp_grpc` or `otlp_http`.
+    pub receiver: &'static str,
+    /// Why: `memory_limit`, `body_timeout`, `too_large`, `shutting_down`, ...
+    pub reason: &'static str,
+}
+
+/// Shortest time between two warn lines of one kind.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A warn line at most once per [`LOG_INTERVAL`], carrying how many events it stands for.
+#[derive(Debug, Default)]
+pub struct RateLimitedLog {
+    /// Milliseconds since [`log_epoch`] before which no line is written.
+    next_ms: AtomicU64,
+    /// Events since the last line.
+    pending: AtomicU64,
+}
+
+/// The instant the rate-limited logs count from.
+fn log_epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl RateLimitedLog {
+    /// Notes `n` events; returns how many events the line to write now stands for, or `None`
+    /// when a line was written less than [`LOG_INTERVAL`] ago.
+    pub fn note(&self, n: u64) -> Option<u64> {
+        self.pending.fetch_add(n, Ordering::Relaxed);
+        let now = log_epoch().elapsed().as_millis() as u64;
+        let next = self.next_ms.load(Ordering::Relaxed);
+        if now < next {
+            return None;
+        }
+        let until = now + LOG_INTERVAL.as_millis() as u64;
+        self.next_ms
+            .compare_exchange(next, until, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        Some(self.pending.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// One [`RateLimitedLog`] per kind of event that warns.
+#[derive(Debug, Default)]
+struct Logs {
+    dropped: RateLimitedLog,
+    refused: RateLimitedLog,
+    closed_early: RateLimitedLog,
+    truncated: RateLimitedLog,
+    reclaimed: RateLimitedLog,
 }
 
 /// Labels of `exported_spans_total`.
@@ -58,6 +119,17 @@ pub struct InternalEvents {
     /// `infertrace_recent_traces_not_kept_total`: traces analysed but not kept for
     /// `/api/traces/{id}` (the recent-trace ring's admission rate was used up).
     pub recent_traces_not_kept: Counter,
+    /// `infertrace_traces_closed_early_total`: traces closed before their grace period ended to
+    /// make room for new ones.
+    pub traces_closed_early: Counter,
+    /// `infertrace_texts_truncated_total`: strings cut to the longest text kept.
+    pub texts_truncated: Counter,
+    /// `infertrace_series_reclaimed_total`: idle series reclaimed under the series cap.
+    pub series_reclaimed: Counter,
+    /// `infertrace_requests_refused_total{receiver,reason}`: requests refused before they were
+    /// accepted (the sender was told to retry, or why not).
+    pub requests_refused: Family<RefusalLabels, Counter>,
+    logs: Arc<Logs>,
 }
 
 impl InternalEvents {
@@ -105,6 +177,26 @@ impl InternalEvents {
             self.store_dropped.clone(),
         );
         r.register(
+            prom::TRACES_CLOSED_EARLY,
+            "Traces closed before their grace period ended, to make room for new traces",
+            self.traces_closed_early.clone(),
+        );
+        r.register(
+            prom::TEXTS_TRUNCATED,
+            "Span names, service names and attribute values cut to the longest text kept",
+            self.texts_truncated.clone(),
+        );
+        r.register(
+            prom::SERIES_RECLAIMED,
+            "Idle KPI and Prometheus series reclaimed to make room under the series cap",
+            self.series_reclaimed.clone(),
+        );
+        r.register(
+            prom::REQUESTS_REFUSED,
+            "Export requests refused before acceptance, by receiver and reason",
+            self.requests_refused.clone(),
+        );
+        r.register(
             prom::RECENT_TRACES_NOT_KEPT,
             "Completed traces analysed but not kept in the recent-trace ring",
             self.recent_traces_not_kept.clone(),
@@ -129,13 +221,77 @@ impl InternalEvents {
             .inc_by(n);
     }
 
-    /// Counts `n` spans dropped for `reason`, and logs it at debug level.
+    /// Counts `n` spans dropped or refused for `reason`, and logs it (warn, rate-limited).
     pub fn spans_dropped(&self, reason: &'static str, n: u64) {
         if n > 0 {
-            tracing::debug!(reason, n, "spans dropped");
+            if let Some(count) = self.logs.dropped.note(n) {
+                tracing::warn!(
+                    reason,
+                    spans = count,
+                    "spans dropped or refused (the latest reason; all of them since the last \
+                     line; see infertrace_dropped_spans_total)"
+                );
+            }
             self.dropped_spans
                 .get_or_create(&DropLabels { reason })
                 .inc_by(n);
+        }
+    }
+
+    /// Counts one request refused by `receiver` for `reason` before it was accepted, and logs
+    /// it (warn, rate-limited).
+    pub fn request_refused(&self, receiver: &'static str, reason: &'static str) {
+        if let Some(count) = self.logs.refused.note(1) {
+            tracing::warn!(
+                receiver,
+                reason,
+                requests = count,
+                "export requests refused (the latest reason; all of them since the last line; \
+                 see infertrace_requests_refused_total)"
+            );
+        }
+        self.requests_refused
+            .get_or_create(&RefusalLabels { receiver, reason })
+            .inc();
+    }
+
+    /// Counts one trace closed early to make room, and logs it (warn, rate-limited).
+    pub fn trace_closed_early(&self) {
+        self.traces_closed_early.inc();
+        if let Some(count) = self.logs.closed_early.note(1) {
+            tracing::warn!(
+                traces = count,
+                "traces in flight at limits.max_traces_in_flight: the oldest were closed before \
+                 their grace period ended (late children of those traces are counted as late \
+                 spans); raise the limit if this persists"
+            );
+        }
+    }
+
+    /// Counts `n` strings cut to the longest text kept, and logs it (warn, rate-limited).
+    pub fn texts_truncated(&self, n: u64) {
+        if n > 0 {
+            self.texts_truncated.inc_by(n);
+            if let Some(count) = self.logs.truncated.note(n) {
+                tracing::warn!(
+                    texts = count,
+                    "span names, service names or attribute values longer than the longest text \
+                     kept were cut"
+                );
+            }
+        }
+    }
+
+    /// Counts `n` idle series reclaimed under the series cap, and logs it (warn, rate-limited).
+    pub fn series_reclaimed(&self, n: u64) {
+        if n > 0 {
+            self.series_reclaimed.inc_by(n);
+            if let Some(count) = self.logs.reclaimed.note(n) {
+                tracing::warn!(
+                    series = count,
+                    "KPI series cap reached: idle series were reclaimed for new ones"
+                );
+            }
         }
     }
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use infertrace_analysis::critical_path::CriticalPath;
-use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SloConfig};
+use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SeriesKey, SloConfig};
 use infertrace_analysis::record::{Outcome, RequestRecord};
 use infertrace_analysis::text::{PairCache, RecentTriple};
 use infertrace_semconv::{metric, prom};
@@ -314,8 +314,8 @@ pub struct PromRecorder {
     series: HashMap<u64, Vec<Arc<SeriesHandles>>>,
     series_count: usize,
     overflow: Option<Arc<SeriesHandles>>,
-    /// The last record's series, and whether it was kept rather than overflowed (series are
-    /// never removed, so it never goes stale).
+    /// The last record's series, and whether it was kept rather than overflowed (cleared when
+    /// a series is removed, see [`PromRecorder::forget`]).
     recent: RecentTriple<(Arc<SeriesHandles>, bool)>,
     cp_keys: HashMap<u64, Vec<CriticalPathKey>>,
     /// Counters of recently seen (service, name) allocations: most segments end here.
@@ -460,6 +460,71 @@ impl PromRecorder {
         self.series.entry(hash).or_default().push(s.clone());
         self.series_count += 1;
         (s, true)
+    }
+
+    /// Removes the label sets of series `key` (labelled as the KPI windows label it) from every
+    /// request family, freeing its place under the cap: the KPI windows removed it (expired, or
+    /// reclaimed for a new series), and both must keep the same series. Returns whether it was
+    /// there.
+    pub fn forget(&mut self, key: &SeriesKey) -> bool {
+        let (service, model, operation) = (&*key.service, &*key.model, &*key.operation);
+        let hash = self.hasher.hash_one((service, model, operation));
+        let Some(list) = self.series.get_mut(&hash) else {
+            return false;
+        };
+        let Some(pos) = list.iter().position(|s| {
+            &*s.labels.service == service
+                && &*s.labels.model == model
+                && &*s.labels.operation == operation
+        }) else {
+            return false;
+        };
+        let handles = list.swap_remove(pos);
+        if list.is_empty() {
+            self.series.remove(&hash);
+        }
+        self.series_count -= 1;
+        self.recent.clear();
+        let labels = &handles.labels;
+        let m = &self.metrics;
+        for outcome in [
+            Outcome::Ok,
+            Outcome::Error,
+            Outcome::Cancelled,
+            Outcome::Rejected,
+        ] {
+            if handles.outcomes[outcome_index(outcome)].get().is_none() {
+                continue;
+            }
+            let request = RequestLabels {
+                service: labels.service.clone(),
+                model: labels.model.clone(),
+                operation: labels.operation.clone(),
+                outcome: outcome.as_str(),
+            };
+            m.requests.remove(&request);
+            for h in [
+                &m.request_duration,
+                &m.queue_duration,
+                &m.prefill_duration,
+                &m.decode_duration,
+                &m.ttft,
+                &m.tpot,
+            ] {
+                h.remove(&request);
+            }
+        }
+        for r#type in ["input", "output"] {
+            m.tokens.remove(&TokenLabels {
+                service: labels.service.clone(),
+                model: labels.model.clone(),
+                operation: labels.operation.clone(),
+                r#type,
+            });
+        }
+        m.goodput.remove(labels);
+        m.gpu_energy.remove(labels);
+        true
     }
 
     fn new_series(&self, service: &str, model: &str, operation: &str) -> SeriesHandles {

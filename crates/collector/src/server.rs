@@ -311,6 +311,7 @@ pub async fn run(
     let limits = ReceiverLimits {
         max_body_bytes: r.max_body_bytes,
         memory: Some(limiter.clone()),
+        body_read_timeout: r.body_read_timeout,
         retry_after_secs: 1,
     };
     let ingest: Arc<dyn Ingest> = pipeline.clone();

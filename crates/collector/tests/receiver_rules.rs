@@ -720,9 +720,14 @@ async fn memory_limiter_refuses_before_decoding_and_releases_after() {
     assert_eq!(reply.headers["retry-after"], "2");
     let status = grpc_client(c.grpc).await.export(req).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable);
-    // HTTP/1 declares Content-Length: refused before the body is read, counted once; the gRPC
-    // body has no declared length: read, its 20 spans counted, then refused.
-    assert_eq!(c.events.dropped("memory_limit"), 21);
+    // Both bodies fit the budget, what decoding them may allocate does not: each is refused
+    // before decoding, its 20 spans counted.
+    assert_eq!(c.events.dropped("memory_limit"), 40);
+    assert_eq!(
+        limiter.used(),
+        60 * 1024,
+        "the bodies' reservations were given back"
+    );
     assert_eq!(c.ingest.span_count(), 2);
     c.stop().await;
 }

@@ -371,4 +371,14 @@ pub mod prom {
     /// Self-metric: completed traces analysed but not kept in the recent-trace ring (its
     /// admission rate, `api.recent_traces` per second, was used up).
     pub const RECENT_TRACES_NOT_KEPT: &str = "recent_traces_not_kept";
+    /// Self-metric: traces closed before their grace period ended to make room for new ones
+    /// (`limits.max_traces_in_flight` reached).
+    pub const TRACES_CLOSED_EARLY: &str = "traces_closed_early";
+    /// Self-metric: strings (span names, service names, kept attribute values) cut to the
+    /// longest text the collector keeps.
+    pub const TEXTS_TRUNCATED: &str = "texts_truncated";
+    /// Self-metric: idle KPI and Prometheus series reclaimed to make room under the series cap.
+    pub const SERIES_RECLAIMED: &str = "series_reclaimed";
+    /// Self-metric: requests refused, by receiver and reason (before anything was accepted).
+    pub const REQUESTS_REFUSED: &str = "requests_refused";
 }

@@ -46,9 +46,16 @@
 //!   bucket of the window's p90 / p99 or above (exact up to bucket resolution, ±α).
 //!
 //! # Cardinality
-//! At most [`KpiConfig::max_series`] series; records of any further series go to one overflow
-//! series labelled [`OVERFLOW_LABEL`] and are counted ([`KpiWindows::overflowed_records`]). A
-//! series with no record for longer than the longest window is dropped, freeing its place.
+//! At most [`KpiConfig::max_series`] series. A new series that finds the cap reached takes the
+//! place of the least recently recorded series if that one has had no record for
+//! [`KpiConfig::series_reclaim_after`] (default 1 min; counted in
+//! [`KpiWindows::reclaimed_series`]) — so a burst of junk names cannot lock a real model out for
+//! longer than that, and series restored from history are reclaimable as soon as they are that
+//! old. Otherwise its records go to one overflow series labelled [`OVERFLOW_LABEL`] and are
+//! counted ([`KpiWindows::overflowed_records`]). A series with no record for longer than the
+//! longest window is dropped, freeing its place. Every series removed either way is handed out
+//! by [`KpiWindows::take_removed_series`], so that a consumer labelling alike (the Prometheus
+//! exporter) can remove it too.
 
 mod accumulator;
 mod codec;
@@ -177,6 +184,9 @@ pub struct KpiConfig {
     pub max_series: usize,
     /// Slots per window (default 60): the window slides in steps of `window / slots`.
     pub slots_per_window: u32,
+    /// How long a series must have had no record before a new series may take its place when
+    /// the cap is reached (default 1 min).
+    pub series_reclaim_after: Duration,
 }
 
 impl Default for KpiConfig {
@@ -191,6 +201,7 @@ impl Default for KpiConfig {
             dimensions: vec![Dimension::Service, Dimension::Model, Dimension::Operation],
             max_series: 1000,
             slots_per_window: 60,
+            series_reclaim_after: Duration::from_secs(60),
         }
     }
 }
@@ -248,6 +259,12 @@ pub struct KpiWindows {
     series: Vec<Series>,
     overflow: Option<Series>,
     overflowed_records: u64,
+    /// Series reclaimed for new ones under the cap, since start.
+    reclaimed: u64,
+    /// No series can be reclaimed before this time (the least recent one's reclaim time).
+    next_reclaim_unix_nano: u64,
+    /// Series removed (expired or reclaimed) since the last [`KpiWindows::take_removed_series`].
+    removed: Vec<SeriesKey>,
     started_unix_nano: Option<u64>,
     last_sweep_unix_nano: u64,
     /// Completed finest-ring slots for a consumer (see [`KpiWindows::enable_slot_tap`]).
@@ -314,6 +331,9 @@ impl KpiWindows {
             series: Vec::new(),
             overflow: None,
             overflowed_records: 0,
+            reclaimed: 0,
+            next_reclaim_unix_nano: 0,
+            removed: Vec::new(),
             started_unix_nano: None,
             last_sweep_unix_nano: 0,
             tap: None,
@@ -393,6 +413,76 @@ impl KpiWindows {
         self.overflowed_records
     }
 
+    /// Idle series whose place a new series took under the cap, since start.
+    pub fn reclaimed_series(&self) -> u64 {
+        self.reclaimed
+    }
+
+    /// The series removed (expired, or reclaimed under the cap) since the last call.
+    pub fn take_removed_series(&mut self) -> Vec<SeriesKey> {
+        std::mem::take(&mut self.removed)
+    }
+
+    /// Frees a place under the cap by removing the least recently recorded series, if it has
+    /// had no record for [`KpiConfig::series_reclaim_after`] at `now_unix_nano`. Looks at most
+    /// once until that could be true (a scan of the series per look).
+    fn reclaim_idle(&mut self, now_unix_nano: u64) -> bool {
+        if now_unix_nano < self.next_reclaim_unix_nano {
+            return false;
+        }
+        let after = u64::try_from(self.config.series_reclaim_after.as_nanos()).unwrap_or(u64::MAX);
+        let Some((i, last)) = self
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.last_record_unix_nano))
+            .min_by_key(|&(_, last)| last)
+        else {
+            return false;
+        };
+        if last.saturating_add(after) > now_unix_nano {
+            self.next_reclaim_unix_nano = last.saturating_add(after);
+            return false;
+        }
+        let mut series = self.series.swap_remove(i);
+        // Its slots not yet handed to the tap (the history store) are handed over now.
+        roll_up(
+            &self.specs,
+            &self.rolled,
+            &mut series,
+            u64::MAX,
+            self.tap.as_mut(),
+        );
+        let hash = self.key_hash(&series.key);
+        if let Some(ids) = self.index.get_mut(&hash) {
+            ids.retain(|&j| j != i);
+            if ids.is_empty() {
+                self.index.remove(&hash);
+            }
+        }
+        // The last series moved into place `i`.
+        let moved = self.series.len();
+        if i < moved {
+            let hash = self.key_hash(&self.series[i].key);
+            if let Some(j) = self
+                .index
+                .get_mut(&hash)
+                .and_then(|ids| ids.iter_mut().find(|j| **j == moved))
+            {
+                *j = i;
+            }
+        }
+        self.recent.clear();
+        self.reclaimed += 1;
+        self.removed.push(series.key);
+        true
+    }
+
+    fn key_hash(&self, key: &SeriesKey) -> u64 {
+        self.hasher
+            .hash_one((&*key.service, &*key.model, &*key.operation))
+    }
+
     /// Approximate bytes held by every series' slots (sketch bins, tail buckets, slot and
     /// series overhead), for the collector's memory accounting. Walks every slot: call it
     /// seldom (e.g. once per scrape), not per record.
@@ -462,7 +552,9 @@ impl KpiWindows {
                 }
                 (&mut self.series[i], true)
             }
-            None if self.series.len() < self.config.max_series => {
+            None if self.series.len() < self.config.max_series
+                || self.reclaim_idle(now_unix_nano) =>
+            {
                 let s = self.new_series(service, model, operation);
                 self.series.push(s);
                 let i = self.series.len() - 1;
@@ -635,8 +727,14 @@ impl KpiWindows {
     pub fn expire(&mut self, now_unix_nano: u64) -> usize {
         let longest = self.specs.last().map_or(0, |s| s.window_nanos);
         let before = self.series.len();
-        self.series
-            .retain(|s| s.last_record_unix_nano.saturating_add(longest) > now_unix_nano);
+        let removed = &mut self.removed;
+        self.series.retain(|s| {
+            let live = s.last_record_unix_nano.saturating_add(longest) > now_unix_nano;
+            if !live {
+                removed.push(s.key.clone());
+            }
+            live
+        });
         if self
             .overflow
             .as_ref()
@@ -904,6 +1002,82 @@ mod tests {
         );
         r.e2e = e2e;
         r
+    }
+
+    fn model_rec(model: &str) -> RequestRecord {
+        let mut r = rec(0.5);
+        r.model = Text::from(model);
+        r
+    }
+
+    #[test]
+    fn a_burst_of_junk_series_locks_a_real_one_out_only_until_they_are_reclaimable() {
+        let mut w = KpiWindows::new(KpiConfig {
+            max_series: 10,
+            ..KpiConfig::default()
+        });
+        let t = 10_000 * SEC;
+        for i in 0..11 {
+            w.record(&model_rec(&format!("junk-{i}")), t);
+        }
+        assert_eq!(w.overflowed_records(), 1);
+        // Within the reclaim horizon the real model has to wait in the overflow series.
+        assert!(!w.record(&model_rec("llama"), t + 30 * SEC));
+        assert_eq!(w.reclaimed_series(), 0);
+        // One junk series stays busy; the others are idle past the horizon.
+        w.record(&model_rec("junk-3"), t + 50 * SEC);
+        assert!(
+            w.record(&model_rec("llama"), t + 61 * SEC),
+            "takes an idle one's place"
+        );
+        assert!(w.record(&model_rec("llama"), t + 62 * SEC), "and keeps it");
+        assert_eq!(w.reclaimed_series(), 1);
+        assert_eq!(w.series_count(), 10);
+        let removed = w.take_removed_series();
+        assert_eq!(removed.len(), 1);
+        assert!(removed[0].model.starts_with("junk-") && &*removed[0].model != "junk-3");
+        assert!(w.take_removed_series().is_empty());
+        // Every series is still found where it is (the index follows the swap).
+        for m in ["junk-3", "llama"] {
+            let before = w.overflowed_records();
+            assert!(w.record(&model_rec(m), t + 63 * SEC));
+            assert_eq!(w.overflowed_records(), before);
+        }
+        let snap = w.snapshot(Duration::from_secs(60), t + 63 * SEC);
+        let llama = snap.series.iter().find(|s| s.model == "llama").unwrap();
+        assert_eq!(llama.requests, 3);
+        // Nine more new series: eight idle junk series are reclaimable, junk-3 is not yet.
+        for i in 0..9 {
+            w.record(&model_rec(&format!("new-{i}")), t + 64 * SEC);
+        }
+        assert_eq!(w.reclaimed_series(), 9);
+        assert_eq!(w.series_count(), 10);
+    }
+
+    #[test]
+    fn restored_series_are_reclaimable_once_idle() {
+        let mut w = KpiWindows::new(KpiConfig {
+            max_series: 2,
+            ..KpiConfig::default()
+        });
+        let minute = 60 * SEC;
+        let t = 1_000 * minute;
+        for model in ["junk-a", "junk-b"] {
+            let key = SeriesKey {
+                service: Arc::from("s"),
+                model: Arc::from(model),
+                operation: Arc::from(""),
+            };
+            let mut acc = Accumulator::default();
+            acc.add(&sketch_config(), &SloConfig::default(), &model_rec(model));
+            assert!(w.absorb_slot(&key, t - 5 * minute, minute, &acc));
+        }
+        assert_eq!(w.series_count(), 2);
+        assert!(
+            w.record(&model_rec("llama"), t),
+            "restored history does not lock it out"
+        );
+        assert_eq!(w.reclaimed_series(), 1);
     }
 
     #[test]

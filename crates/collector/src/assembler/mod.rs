@@ -8,8 +8,13 @@
 //!   and completion follows that arrival, not a fixed wait.
 //! - A trace without one is closed when no span arrived for the idle timeout (default 30 s).
 //! - Any trace is closed at its maximum age (default 10 min after its first span).
-//! - Bounded: at most `max_spans_per_trace` spans per trace and `max_traces_in_flight` traces;
-//!   beyond either, spans are dropped and counted (`dropped_spans_total{reason}`).
+//! - Bounded: at most `max_spans_per_trace` spans per trace (beyond, spans are dropped and
+//!   counted in `dropped_spans_total{reason="max_spans_per_trace"}`) and `max_traces_in_flight`
+//!   traces. A new trace that finds the table full never costs an accepted span: the oldest
+//!   trace in flight is **closed early** to make room (its grace period shortened; counted in
+//!   `traces_closed_early_total`) — first the oldest that has its request span (it is complete
+//!   but for late children), else the oldest without one. Early-closed traces are handed out by
+//!   the next [`TraceAssembler::poll`], like any other.
 //! - Memory: the caller reserves memory for a batch (the [`MemoryLimiter`]) and hands the
 //!   reservation in as a [`MemoryHold`]; every trace that got spans from the batch keeps a clone,
 //!   so the memory is released when the last of those traces completes.
@@ -173,6 +178,8 @@ pub enum CloseReason {
     MaxAge,
     /// The collector is shutting down (or a caller flushed).
     Flush,
+    /// Closed before its time to make room for a new trace (`max_traces_in_flight`).
+    Early,
 }
 
 /// A closed trace, ready for analysis.
@@ -239,6 +246,8 @@ pub struct TraceAssembler<P = Unprepared> {
     /// Every trace id in flight or recently completed.
     index: TraceIndex,
     late: Vec<Span>,
+    /// Traces closed early to make room, for the next poll.
+    early: Vec<CompletedTrace<P>>,
     /// Traces in flight without a request span (the only ones the idle scan looks for).
     waiting: usize,
     last_idle_scan: Option<Instant>,
@@ -293,6 +302,7 @@ impl<P: Prepared> TraceAssembler<P> {
             by_age: VecDeque::new(),
             by_grace: VecDeque::new(),
             late: Vec::new(),
+            early: Vec::new(),
             waiting: 0,
             last_idle_scan: None,
             next_idle_due: None,
@@ -355,7 +365,9 @@ impl<P: Prepared> TraceAssembler<P> {
                         }
                         continue;
                     }
-                    if self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight {
+                    if self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight
+                        && !self.make_room(now)
+                    {
                         over_traces += 1;
                         continue;
                     }
@@ -513,8 +525,10 @@ impl<P: Prepared> TraceAssembler<P> {
     /// Whether [`insert_prepared`](Self::insert_prepared) would take a run of `len` spans of
     /// trace `id`, after taking `before` other runs (of other traces) first.
     pub fn would_take(&self, id: &TraceId, len: usize, before: usize) -> bool {
+        // A full table is no reason: inserting closes the oldest trace early to make room.
+        let _ = before;
         if len > self.config.max_spans_per_trace
-            || self.traces.len() + self.prepared_live + before >= self.config.max_traces_in_flight
+            || self.config.max_traces_in_flight == 0
             || self.config.grace >= self.config.max_age
         {
             return false;
@@ -531,6 +545,9 @@ impl<P: Prepared> TraceAssembler<P> {
     fn insert_one(&mut self, id: TraceId, prepared: Box<P>, len: usize, now: Instant) -> bool {
         // (A prepared trace completes at its grace period, so that must come before max age.)
         if !self.would_take(&id, len, 0) {
+            return false;
+        }
+        if self.traces_in_flight() >= self.config.max_traces_in_flight && !self.make_room(now) {
             return false;
         }
         let seq = self.prepared_base + self.prepared.len() as u64;
@@ -560,44 +577,15 @@ impl<P: Prepared> TraceAssembler<P> {
         let grace = self.config.grace;
         let due = self.by_grace.partition_point(|&(_, at)| at + grace <= now)
             + self.prepared.partition_point(|s| s.at + grace <= now);
-        let mut completed = Vec::with_capacity(due.min(max));
+        let mut completed = Vec::with_capacity(due.min(max) + self.early.len());
+        completed.append(&mut self.early);
         // Prepared traces, in arrival order, which is due order; no table is touched.
         while let Some(slot) = self.prepared.front() {
             if slot.at + grace > now || completed.len() >= max {
                 break;
             }
-            let Some(slot) = self.prepared.pop_front() else {
-                break;
-            };
-            self.prepared_base += 1;
-            let done = slot.held.is_some();
-            self.index
-                .prepared_completed_below(self.prepared_base, done, now);
-            match slot.held {
-                Some((prepared, hold)) => {
-                    self.prepared_live -= 1;
-                    completed.push(CompletedTrace {
-                        trace_id: slot.id,
-                        spans: Vec::new(),
-                        prepared: Some(prepared),
-                        reason: CloseReason::Grace,
-                        has_request: true,
-                        holds: Holds {
-                            first: hold,
-                            more: Vec::new(),
-                        },
-                    });
-                }
-                // Now a span trace: this slot is its grace entry, if it is still current.
-                None => {
-                    let current = self
-                        .traces
-                        .get(&slot.id)
-                        .is_some_and(|t| t.request_at == Some(slot.at));
-                    if current && let Some(t) = self.close(slot.id, CloseReason::Grace, now) {
-                        completed.push(t);
-                    }
-                }
+            if let Some(t) = self.close_prepared_front(CloseReason::Grace, now) {
+                completed.push(t);
             }
         }
         // Grace: request arrival order is also due order.
@@ -678,9 +666,100 @@ impl<P: Prepared> TraceAssembler<P> {
         }
     }
 
+    /// Pops the oldest prepared slot and closes its trace for `reason`: the prepared trace it
+    /// holds, or — when more spans turned it into a span trace — that trace, if this slot is
+    /// still its grace entry. `None` when the slot closed nothing (or the queue is empty).
+    fn close_prepared_front(
+        &mut self,
+        reason: CloseReason,
+        now: Instant,
+    ) -> Option<CompletedTrace<P>> {
+        let slot = self.prepared.pop_front()?;
+        self.prepared_base += 1;
+        let done = slot.held.is_some();
+        self.index
+            .prepared_completed_below(self.prepared_base, done, now);
+        match slot.held {
+            Some((prepared, hold)) => {
+                self.prepared_live -= 1;
+                Some(CompletedTrace {
+                    trace_id: slot.id,
+                    spans: Vec::new(),
+                    prepared: Some(prepared),
+                    reason,
+                    has_request: true,
+                    holds: Holds {
+                        first: hold,
+                        more: Vec::new(),
+                    },
+                })
+            }
+            None => {
+                let current = self
+                    .traces
+                    .get(&slot.id)
+                    .is_some_and(|t| t.request_at == Some(slot.at));
+                if current {
+                    self.close(slot.id, reason, now)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// Closes the oldest trace in flight early ([`CloseReason::Early`]) so that a new one fits:
+    /// the oldest with its request span (prepared or not) if any, else the oldest without one.
+    /// The trace waits in `early` for the next poll. `false` when nothing was in flight.
+    fn make_room(&mut self, now: Instant) -> bool {
+        // Traces with their request span, in request-arrival order: two queues, each in order.
+        loop {
+            let prepared_at = self.prepared.front().map(|s| s.at);
+            let grace_at = self.by_grace.front().map(|&(_, at)| at);
+            let closed = match (prepared_at, grace_at) {
+                (None, None) => break,
+                (Some(p), g) if g.is_none_or(|g| p <= g) => {
+                    self.close_prepared_front(CloseReason::Early, now)
+                }
+                _ => match self.by_grace.pop_front() {
+                    Some((id, at)) => {
+                        let current = self
+                            .traces
+                            .get(&id)
+                            .is_some_and(|t| t.request_at == Some(at));
+                        if current {
+                            self.close(id, CloseReason::Early, now)
+                        } else {
+                            None
+                        }
+                    }
+                    None => break,
+                },
+            };
+            if let Some(t) = closed {
+                return self.closed_early(t);
+            }
+        }
+        // Only traces without a request span are left: the one first seen longest ago.
+        while let Some((id, first)) = self.by_age.pop_front() {
+            let current = self.traces.get(&id).is_some_and(|t| t.first_seen == first);
+            if current && let Some(t) = self.close(id, CloseReason::Early, now) {
+                return self.closed_early(t);
+            }
+        }
+        false
+    }
+
+    fn closed_early(&mut self, trace: CompletedTrace<P>) -> bool {
+        self.events.trace_closed_early();
+        self.early.push(trace);
+        true
+    }
+
     /// Closes every trace now, whatever its state (shutdown).
     pub fn flush(&mut self, now: Instant) -> Ready<P> {
-        let mut completed = Vec::with_capacity(self.traces_in_flight());
+        let mut completed = Vec::with_capacity(self.traces_in_flight() + self.early.len());
+        completed.append(&mut self.early);
         for slot in std::mem::take(&mut self.prepared) {
             self.prepared_base += 1;
             let done = slot.held.is_some();
@@ -952,7 +1031,7 @@ mod tests {
     }
 
     #[test]
-    fn caps_drop_and_count() {
+    fn span_cap_drops_and_a_full_table_closes_the_oldest_early() {
         let cfg = AssemblerConfig {
             max_spans_per_trace: 3,
             max_traces_in_flight: 2,
@@ -965,12 +1044,65 @@ mod tests {
         a.push(
             vec![span(2, 1, "x"), span(3, 1, "x"), span(3, 2, "x")],
             None,
-            t0,
+            t0 + secs(0.1),
         );
         assert_eq!(a.traces_in_flight(), 2);
-        assert_eq!(a.spans_in_flight(), 4);
+        assert_eq!(a.spans_in_flight(), 3, "traces 2 and 3");
         assert_eq!(events.dropped("max_spans_per_trace"), 2);
-        assert_eq!(events.dropped("max_traces_in_flight"), 2);
+        assert_eq!(
+            events.dropped("max_traces_in_flight"),
+            0,
+            "nothing accepted is lost"
+        );
+        assert_eq!(events.traces_closed_early.get(), 1);
+        let done = a.poll(t0 + secs(0.2)).completed;
+        assert_eq!(
+            done.len(),
+            1,
+            "the early-closed trace comes with the next poll"
+        );
+        assert_eq!(done[0].trace_id, TraceId([1; 16]));
+        assert_eq!(done[0].reason, CloseReason::Early);
+        assert_eq!(done[0].spans.len(), 3);
+    }
+
+    #[test]
+    fn a_full_table_closes_traces_with_their_request_first_oldest_first() {
+        let cfg = AssemblerConfig {
+            max_traces_in_flight: 3,
+            ..Default::default()
+        };
+        let (mut a, events) = assembler(cfg);
+        let t0 = Instant::now();
+        // 1: no request span yet (oldest); 2 and 3: complete but in their grace period.
+        a.push(vec![span(1, 1, "x")], None, t0);
+        a.push(vec![span(2, 1, "request")], None, t0 + secs(0.1));
+        a.push(vec![span(3, 1, "request")], None, t0 + secs(0.2));
+        a.push(vec![span(4, 1, "request")], None, t0 + secs(0.3));
+        a.push(vec![span(5, 1, "request")], None, t0 + secs(0.4));
+        let done = a.poll(t0 + secs(0.5)).completed;
+        let ids: Vec<u8> = done.iter().map(|t| t.trace_id.0[0]).collect();
+        assert_eq!(ids, [2, 3], "request traces go first, oldest first");
+        assert!(
+            done.iter()
+                .all(|t| t.reason == CloseReason::Early && t.has_request)
+        );
+        a.push(vec![span(6, 1, "x")], None, t0 + secs(0.6));
+        a.push(vec![span(7, 1, "x")], None, t0 + secs(0.7));
+        let done = a.poll(t0 + secs(0.8)).completed;
+        let ids: Vec<u8> = done.iter().map(|t| t.trace_id.0[0]).collect();
+        assert_eq!(ids, [4, 5], "then the newer request traces");
+        a.push(vec![span(8, 1, "x")], None, t0 + secs(0.9));
+        let done = a.poll(t0 + secs(1.0)).completed;
+        let ids: Vec<u8> = done.iter().map(|t| t.trace_id.0[0]).collect();
+        assert_eq!(ids, [1], "only then the oldest without a request span");
+        assert!(!done[0].has_request);
+        assert_eq!(events.traces_closed_early.get(), 5);
+        assert_eq!(events.dropped("max_traces_in_flight"), 0);
+        assert_eq!(a.traces_in_flight(), 3);
+        // A late child of an early-closed trace is a late span, as after any close.
+        a.push(vec![span(2, 9, "x")], None, t0 + secs(1.1));
+        assert_eq!(a.poll(t0 + secs(1.2)).late.len(), 1);
     }
 
     #[test]
@@ -1204,7 +1336,7 @@ mod tests {
     }
 
     #[test]
-    fn a_prepared_run_over_a_bound_is_pushed_as_spans_and_counted() {
+    fn a_prepared_run_over_the_span_bound_is_pushed_as_spans_and_a_full_table_makes_room() {
         let cfg = AssemblerConfig {
             max_spans_per_trace: 2,
             max_traces_in_flight: 1,
@@ -1216,8 +1348,27 @@ mod tests {
         assert!(push_run(&mut a, spans, 0, 3, t0).is_empty());
         assert_eq!(events.dropped("max_spans_per_trace"), 1);
         assert_eq!(a.spans_in_flight(), 2);
-        assert!(push_run(&mut a, vec![span(2, 1, "request")], 0, 1, t0).is_empty());
-        assert_eq!(events.dropped("max_traces_in_flight"), 1);
+        assert_eq!(
+            push_run(&mut a, vec![span(2, 1, "request")], 0, 1, t0).len(),
+            1
+        );
+        assert_eq!(events.dropped("max_traces_in_flight"), 0);
+        assert_eq!(events.traces_closed_early.get(), 1);
+        assert_eq!(
+            a.prepared_in_flight(),
+            1,
+            "the new trace is in, as prepared"
+        );
+        // A third, prepared, closes the prepared one early.
+        assert_eq!(
+            push_run(&mut a, vec![span(3, 1, "request")], 0, 1, t0).len(),
+            1
+        );
+        let done = a.poll(t0).completed;
+        let ids: Vec<u8> = done.iter().map(|t| t.trace_id.0[0]).collect();
+        assert_eq!(ids, [1, 2]);
+        assert!(done[1].prepared.is_some());
+        assert_eq!(a.traces_in_flight(), 1);
     }
 
     #[test]

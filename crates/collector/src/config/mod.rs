@@ -61,6 +61,10 @@ pub struct ReceiversConfig {
     pub otlp_http: OtlpHttpReceiver,
     /// Largest accepted request body (after decompression), bytes. Default 16 MiB.
     pub max_body_bytes: usize,
+    /// Longest a client may take to send a request body once its headers arrived; past it the
+    /// request is refused (HTTP 408, gRPC `DEADLINE_EXCEEDED`) and its memory freed. Default 30s.
+    #[serde(with = "human_duration")]
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ReceiversConfig {
@@ -69,6 +73,7 @@ impl Default for ReceiversConfig {
             otlp_grpc: OtlpGrpcReceiver::default(),
             otlp_http: OtlpHttpReceiver::default(),
             max_body_bytes: 16 * 1024 * 1024,
+            body_read_timeout: crate::receiver::DEFAULT_BODY_READ_TIMEOUT,
         }
     }
 }
@@ -147,12 +152,18 @@ pub struct LimitsConfig {
     /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`).
     /// Default 10000.
     pub max_spans_per_trace: usize,
-    /// Traces assembled at once; spans of further traces are dropped
-    /// (`dropped_spans_total{reason="max_traces_in_flight"}`). Default 100000.
+    /// Traces assembled at once; a new trace past it closes the oldest trace in flight before
+    /// its grace period ends (`traces_closed_early_total`) — nothing accepted is dropped.
+    /// Default 100000.
     pub max_traces_in_flight: usize,
-    /// KPI / Prometheus series (label combinations) kept; further ones go to one overflow series
-    /// (`series_overflow_total`). Default 1000.
+    /// KPI / Prometheus series (label combinations) kept; a further one takes the place of a
+    /// series idle for `series_reclaim_after` (`series_reclaimed_total`), else goes to one
+    /// overflow series (`series_overflow_total`). Default 1000.
     pub max_series: usize,
+    /// How long a series must have had no request before a new series may take its place
+    /// under `max_series`. Default 1m.
+    #[serde(with = "human_duration")]
+    pub series_reclaim_after: Duration,
 }
 
 impl Default for LimitsConfig {
@@ -162,6 +173,7 @@ impl Default for LimitsConfig {
             max_spans_per_trace: 10_000,
             max_traces_in_flight: 100_000,
             max_series: 1000,
+            series_reclaim_after: Duration::from_secs(60),
         }
     }
 }
@@ -499,6 +511,12 @@ impl CollectorConfig {
                 return Err(Invalid::new(&["limits", key], "must be > 0"));
             }
         }
+        if self.receivers.body_read_timeout.is_zero() {
+            return Err(Invalid::new(
+                &["receivers", "body_read_timeout"],
+                "must be a positive duration",
+            ));
+        }
         let a = &self.assembly;
         for (key, d) in [
             ("idle_timeout", a.idle_timeout),
@@ -746,6 +764,7 @@ impl CollectorConfig {
             slo: self.slo(),
             dimensions: self.kpi_dimensions(),
             max_series: self.limits.max_series,
+            series_reclaim_after: self.limits.series_reclaim_after,
             ..kpi::KpiConfig::default()
         }
     }

@@ -29,6 +29,9 @@
 //!   bytes, mixed arrays, a missing value) drops the attribute. Attributes keep their order,
 //!   duplicates included.
 //! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is refused.
+//! - Span names, service names and string values longer than
+//!   [`MAX_TEXT_LEN`](infertrace_analysis::text::MAX_TEXT_LEN) (256 bytes) are cut at a character
+//!   boundary and counted ([`take_truncated_texts`]): they become labels and dimensions.
 //! - Span names and string values are [`Text`]s from a per-thread bounded [`Interner`] (the
 //!   same model, route or phase name is one shared string across all spans), except
 //!   `gen_ai.request.id`, which is unique per request and is copied. The bytes of strings a
@@ -68,9 +71,12 @@ fn with_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
 pub(crate) fn with_text_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
     with_interner(|interner| {
         let pending = interner.take_fresh_bytes();
+        let truncated = interner.take_truncated();
         let out = f(interner);
         interner.take_fresh_bytes();
+        interner.take_truncated();
         interner.restore_fresh_bytes(pending);
+        interner.restore_truncated(truncated);
         out
     })
 }
@@ -82,6 +88,13 @@ pub fn take_fresh_text_bytes() -> usize {
     with_interner(Interner::take_fresh_bytes)
 }
 
+/// Strings this thread's decoders cut to [`MAX_TEXT_LEN`](infertrace_analysis::text::MAX_TEXT_LEN)
+/// since the last call: call it right after decoding a request, on the same thread, and count
+/// them (`texts_truncated_total`).
+pub fn take_truncated_texts() -> u64 {
+    with_interner(Interner::take_truncated)
+}
+
 /// A string attribute value, validated as UTF-8: interned unless its key holds a per-request
 /// unique value.
 fn intern_value(
@@ -90,11 +103,10 @@ fn intern_value(
     interner: &mut Interner,
 ) -> Result<Text, DecodeError> {
     if key == sc::gen_ai::REQUEST_ID {
-        let t = std::str::from_utf8(value)
-            .map(Text::from)
-            .map_err(|_| DecodeError::InvalidUtf8)?;
-        interner.note_fresh(value.len());
-        Ok(t)
+        let s = std::str::from_utf8(value).map_err(|_| DecodeError::InvalidUtf8)?;
+        let s = interner.truncate(s);
+        interner.note_fresh(s.len());
+        Ok(Text::from(s))
     } else {
         interner
             .intern_utf8(value)

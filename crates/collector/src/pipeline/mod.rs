@@ -422,10 +422,17 @@ impl Pipeline {
             not_kept += u64::from(!keep);
             stats.requests += records.len();
             for (record, path) in records.iter().zip(paths) {
+                let reclaimed_before = a.kpis.reclaimed_series();
                 let kept = a.kpis.record(record, now_unix_nano);
                 if !kept {
                     overflowed += 1;
                 }
+                // Series the windows removed leave the exporter too (same labels, same cap).
+                for key in a.kpis.take_removed_series() {
+                    a.prom.forget(&key);
+                }
+                self.events
+                    .series_reclaimed(a.kpis.reclaimed_series() - reclaimed_before);
                 // The KPI windows and the exporter apply the same cap to the same labels.
                 a.prom.record(record);
                 if let Some(p) = path {

@@ -12,6 +12,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use crate::limiter::MemoryReservation;
+
 /// Why a body could not be read.
 #[derive(Debug)]
 pub(crate) enum BodyError {
@@ -19,24 +21,39 @@ pub(crate) enum BodyError {
     TooLarge,
     /// The connection failed or the client went away mid-body.
     Broken(String),
+    /// The memory limiter could not reserve the body's bytes: retry later.
+    OverMemory,
 }
 
 /// Reads a whole body, refusing it as soon as it passes `limit` bytes (or declares more).
-pub(crate) async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyError> {
+/// With a `reservation`, every byte of buffer is reserved before it is allocated (the declared
+/// length first, then as frames arrive): a body the limiter cannot cover is refused mid-read
+/// with [`BodyError::OverMemory`], and the caller's reservation holds exactly the buffer.
+pub(crate) async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    mut reservation: Option<&mut MemoryReservation>,
+) -> Result<Bytes, BodyError> {
     let declared = body.size_hint().lower();
     if declared > limit as u64 {
         return Err(BodyError::TooLarge);
     }
     // `declared` is at most `limit`, so this allocation is bounded too.
-    let mut buf = BytesMut::with_capacity(declared as usize);
+    let declared = declared as usize;
+    grow_to(&mut reservation, declared)?;
+    let mut buf = BytesMut::with_capacity(declared);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| BodyError::Broken(e.to_string()))?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
+            let needed = buf.len() + data.len();
+            if needed > limit {
                 return Err(BodyError::TooLarge);
             }
-            if buf.is_empty() && buf.capacity() < data.len() {
-                buf.reserve(data.len());
+            if buf.capacity() < needed {
+                // Grow like a vector would (doubling), but reserve before allocating.
+                let capacity = needed.max(buf.capacity() * 2).min(limit);
+                grow_to(&mut reservation, capacity)?;
+                buf.reserve(capacity - buf.len());
             }
             buf.extend_from_slice(&data);
         }
@@ -50,6 +67,20 @@ pub(crate) async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes,
     Ok(buf.freeze())
 }
 
+/// Grows `reservation` (when there is one) to at least `bytes`.
+fn grow_to(
+    reservation: &mut Option<&mut MemoryReservation>,
+    bytes: usize,
+) -> Result<(), BodyError> {
+    match reservation {
+        Some(r) if r.bytes() < bytes => match r.try_grow(bytes - r.bytes()) {
+            true => Ok(()),
+            false => Err(BodyError::OverMemory),
+        },
+        _ => Ok(()),
+    }
+}
+
 /// Why a gzip body could not be inflated.
 #[derive(Debug)]
 pub(crate) enum InflateError {
@@ -57,20 +88,50 @@ pub(crate) enum InflateError {
     TooLarge,
     /// Not valid gzip.
     Corrupt(String),
+    /// The memory limiter could not reserve the inflated bytes: retry later.
+    OverMemory,
 }
 
+/// The first inflate step; later ones double the output (each reserved before it is written).
+const INFLATE_STEP: usize = 256 * 1024;
+
 /// Inflates a gzip body, stopping (without allocating further) once it passes `limit` bytes.
-pub(crate) fn gunzip_limited(data: &[u8], limit: usize) -> Result<Bytes, InflateError> {
-    let mut out = Vec::with_capacity(data.len().saturating_mul(4).min(limit));
+/// With a `reservation`, the output is reserved step by step before it is allocated.
+pub(crate) fn gunzip_limited(
+    data: &[u8],
+    limit: usize,
+    mut reservation: Option<&mut MemoryReservation>,
+) -> Result<Bytes, InflateError> {
+    let mut out: Vec<u8> = Vec::new();
     let mut decoder = flate2::read::MultiGzDecoder::new(data).take(limit as u64 + 1);
-    decoder
-        .read_to_end(&mut out)
-        .map_err(|e| InflateError::Corrupt(e.to_string()))?;
-    if out.len() > limit {
-        return Err(InflateError::TooLarge);
+    let base = reservation.as_ref().map_or(0, |r| r.bytes());
+    loop {
+        // Grows like a vector would (doubling), but reserves before allocating.
+        let capacity = (out.len() * 2).max(INFLATE_STEP).min(limit + 1);
+        if let Some(r) = reservation.as_deref_mut()
+            && r.bytes() < base + capacity
+            && !r.try_grow(base + capacity - r.bytes())
+        {
+            return Err(InflateError::OverMemory);
+        }
+        out.reserve_exact(capacity - out.len());
+        let wanted = capacity - out.len();
+        let read = (&mut decoder)
+            .take(wanted as u64)
+            .read_to_end(&mut out)
+            .map_err(|e| InflateError::Corrupt(e.to_string()))?;
+        if out.len() > limit {
+            return Err(InflateError::TooLarge);
+        }
+        if read < wanted {
+            break;
+        }
     }
     // The forwarder may queue it: no spare capacity.
     out.shrink_to_fit();
+    if let Some(r) = reservation {
+        r.shrink(r.bytes().saturating_sub(base + out.len()));
+    }
     Ok(Bytes::from(out))
 }
 
@@ -148,13 +209,13 @@ mod tests {
     fn gunzip_enforces_the_inflated_limit() {
         let plain = vec![b'a'; 10_000];
         let z = gzip(&plain);
-        assert_eq!(&gunzip_limited(&z, 10_000).unwrap()[..], &plain[..]);
+        assert_eq!(&gunzip_limited(&z, 10_000, None).unwrap()[..], &plain[..]);
         assert!(matches!(
-            gunzip_limited(&z, 9_999),
+            gunzip_limited(&z, 9_999, None),
             Err(InflateError::TooLarge)
         ));
         assert!(matches!(
-            gunzip_limited(b"not gzip", 100),
+            gunzip_limited(b"not gzip", 100, None),
             Err(InflateError::Corrupt(_))
         ));
     }

@@ -1,16 +1,21 @@
-//! The step both receivers share once they hold a request body: reserve memory, decode, count,
-//! hand the batch to the pipeline.
+//! The steps both receivers share: read the body (reserving its memory as it arrives, within
+//! the body read timeout), inflate it, reserve what decoding may allocate, decode, count, hand
+//! the batch to the pipeline — and say what became of it ([`Outcome`]).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use hyper::body::Incoming;
 
 use crate::ingest::{Ingest, IngestBatch, IngestError};
 use crate::internal_events::InternalEvents;
-use crate::limiter::body_reservation_bytes;
+use crate::limiter::{
+    DECODED_BYTES_PER_WIRE_BYTE, MemoryLimiter, MemoryReservation, json_decode_bound,
+};
 use crate::otlp_decode::{self, Decoded};
 
 use super::ReceiverLimits;
+use super::body::{BodyError, InflateError, gunzip_limited, read_body};
 
 /// A request body in one of the OTLP encodings.
 pub(crate) enum Payload {
@@ -20,15 +25,7 @@ pub(crate) enum Payload {
     Json(Bytes),
 }
 
-impl Payload {
-    fn len(&self) -> usize {
-        match self {
-            Self::Protobuf(b) | Self::Json(b) => b.len(),
-        }
-    }
-}
-
-/// What became of a request.
+/// What became of a request (each receiver answers it in its protocol).
 #[derive(Debug, PartialEq)]
 pub(crate) enum Outcome {
     /// Handed to the pipeline; `rejected` invalid spans were left out, with `message` saying why.
@@ -40,11 +37,18 @@ pub(crate) enum Outcome {
     },
     /// The body is not a valid request.
     Undecodable(String),
-    /// Over the memory limit: retry later.
+    /// The body could not be read (connection broken, client gone, bad gzip).
+    Unreadable(String),
+    /// Over `max_body_bytes` (before or after gunzip), or more than the whole memory limit could
+    /// ever hold: retrying the same request cannot help.
+    TooLarge(String),
+    /// Over the memory limit now: retry later.
     Overloaded {
         /// Suggested wait.
         retry_after_secs: u32,
     },
+    /// The body did not arrive within the body read timeout.
+    TimedOut,
     /// The pipeline is shutting down.
     ShuttingDown,
 }
@@ -57,51 +61,127 @@ pub(crate) struct Receiver {
     pub(crate) limits: ReceiverLimits,
 }
 
+/// The memory a request holds while it is read, inflated and decoded (`None` without a limiter).
+pub(crate) type Hold = Option<MemoryReservation>;
+
 impl Receiver {
     /// Counts a request refused before its spans could be counted.
     pub(crate) fn refuse_request(&self, reason: &'static str) {
+        self.events.request_refused(self.name, reason);
         self.events.spans_dropped(reason, 1);
     }
 
-    /// The memory limiter's soft check on a body's declared size, made before reading it: `false`
-    /// (and the request counted as refused) when even that would pass the limit.
-    pub(crate) fn admits_declared_body(&self, declared_bytes: u64) -> bool {
-        let Some(limiter) = &self.limits.memory else {
-            return true;
-        };
-        let bytes = usize::try_from(declared_bytes).unwrap_or(usize::MAX);
-        let admitted = limiter.admits(body_reservation_bytes(bytes));
-        if !admitted {
-            self.refuse_request("memory_limit");
-        }
-        admitted
+    /// An empty reservation to read a request into.
+    pub(crate) fn hold(&self) -> Hold {
+        self.limits
+            .memory
+            .as_ref()
+            .map(MemoryLimiter::empty_reservation)
     }
 
-    /// Reserves memory, decodes, counts and ingests one request body.
-    pub(crate) fn export(&self, payload: Payload) -> Outcome {
-        let _reservation = match &self.limits.memory {
-            Some(limiter) => match limiter.try_reserve(body_reservation_bytes(payload.len())) {
-                Some(reservation) => Some(reservation),
-                None => {
-                    // Count what the refused request held, cheaply, when it is protobuf.
-                    let spans = match &payload {
-                        Payload::Protobuf(b) => otlp_decode::count_spans(b).unwrap_or(1),
-                        Payload::Json(_) => 1,
-                    };
-                    self.refuse_spans("memory_limit", spans);
-                    return Outcome::Overloaded {
-                        retry_after_secs: self.limits.retry_after_secs,
-                    };
-                }
-            },
-            None => None,
+    fn overloaded(&self) -> Outcome {
+        Outcome::Overloaded {
+            retry_after_secs: self.limits.retry_after_secs,
+        }
+    }
+
+    fn too_large(&self, limit: usize) -> Outcome {
+        self.refuse_request("too_large");
+        Outcome::TooLarge(format!(
+            "request body is larger than the limit of {limit} bytes"
+        ))
+    }
+
+    /// Reads a request body of at most `limit` bytes within the body read timeout, reserving
+    /// its bytes in `hold` before they are allocated.
+    pub(crate) async fn read(
+        &self,
+        body: Incoming,
+        limit: usize,
+        hold: &mut Hold,
+    ) -> Result<Bytes, Outcome> {
+        let read = read_body(body, limit, hold.as_mut());
+        match tokio::time::timeout(self.limits.body_read_timeout, read).await {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(BodyError::TooLarge)) => Err(self.too_large(limit)),
+            Ok(Err(BodyError::OverMemory)) => {
+                self.refuse_request("memory_limit");
+                Err(self.overloaded())
+            }
+            Ok(Err(BodyError::Broken(error))) => {
+                self.refuse_request("decode_error");
+                Err(Outcome::Unreadable(format!(
+                    "could not read the request body: {error}"
+                )))
+            }
+            Err(_elapsed) => {
+                self.refuse_request("body_timeout");
+                Err(Outcome::TimedOut)
+            }
+        }
+    }
+
+    /// Inflates a gzip body to at most `max_body_bytes`, reserving the output in `hold`; the
+    /// compressed bytes' share of `hold` is given back once they are dropped.
+    pub(crate) fn inflate(&self, compressed: Bytes, hold: &mut Hold) -> Result<Bytes, Outcome> {
+        let limit = self.limits.max_body_bytes;
+        let inflated = match gunzip_limited(&compressed, limit, hold.as_mut()) {
+            Ok(inflated) => inflated,
+            Err(InflateError::TooLarge) => return Err(self.too_large(limit)),
+            Err(InflateError::OverMemory) => {
+                self.refuse_request("memory_limit");
+                return Err(self.overloaded());
+            }
+            Err(InflateError::Corrupt(error)) => {
+                self.refuse_request("decode_error");
+                return Err(Outcome::Unreadable(format!("invalid gzip body: {error}")));
+            }
         };
+        let len = compressed.len();
+        drop(compressed);
+        if let Some(h) = hold {
+            h.shrink(len);
+        }
+        Ok(inflated)
+    }
+
+    /// Reserves what decoding may allocate (on top of the body `hold` already covers), decodes,
+    /// counts and ingests one request body. A request that could not fit even in an empty
+    /// collector is [`Outcome::TooLarge`]; one that does not fit now is [`Outcome::Overloaded`].
+    pub(crate) fn export(&self, payload: Payload, mut hold: Hold) -> Outcome {
+        if let Some(h) = &mut hold {
+            let decoded = match &payload {
+                Payload::Protobuf(b) => b.len().saturating_mul(DECODED_BYTES_PER_WIRE_BYTE),
+                Payload::Json(b) => json_decode_bound(b),
+            };
+            let total = h.bytes().saturating_add(decoded);
+            if total > h.limit() {
+                self.refuse_request("too_large_for_memory");
+                return Outcome::TooLarge(format!(
+                    "decoding this request could take {total} bytes, more than the collector's \
+                     memory limit of {} bytes: send smaller requests",
+                    h.limit()
+                ));
+            }
+            if !h.try_grow(decoded) {
+                // Count what the refused request held, cheaply, when it is protobuf.
+                let spans = match &payload {
+                    Payload::Protobuf(b) => otlp_decode::count_spans(b).unwrap_or(1),
+                    Payload::Json(_) => 1,
+                };
+                self.events.request_refused(self.name, "memory_limit");
+                self.refuse_spans("memory_limit", spans);
+                return self.overloaded();
+            }
+        }
         let (decoded, raw_protobuf, raw_json) = match payload {
             Payload::Protobuf(bytes) => (otlp_decode::decode_protobuf(&bytes), Some(bytes), None),
             Payload::Json(bytes) => (otlp_decode::decode_json(&bytes), None, Some(bytes)),
         };
         // Same thread, right after decoding (nothing awaited in between).
         let text_bytes = otlp_decode::take_fresh_text_bytes();
+        self.events
+            .texts_truncated(otlp_decode::take_truncated_texts());
         let Decoded {
             spans,
             rejected,
@@ -137,10 +217,12 @@ impl Receiver {
             }) {
                 Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
                 Err(IngestError::Overloaded { retry_after_secs }) => {
+                    self.events.request_refused(self.name, "memory_limit");
                     self.refuse_spans("memory_limit", accepted);
                     return Outcome::Overloaded { retry_after_secs };
                 }
                 Err(IngestError::ShuttingDown) => {
+                    self.events.request_refused(self.name, "shutting_down");
                     self.refuse_spans("shutting_down", accepted);
                     return Outcome::ShuttingDown;
                 }

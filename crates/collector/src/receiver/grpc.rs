@@ -10,7 +10,6 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body::Body as _;
 use hyper::body::Incoming;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceResponse,
@@ -21,9 +20,7 @@ use tokio::net::TcpListener;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 
-use super::body::{
-    BodyError, GrpcBody, InflateError, grpc_percent_encode, gunzip_limited, read_body,
-};
+use super::body::{GrpcBody, grpc_percent_encode};
 use super::export::{Outcome, Payload, Receiver};
 use super::{GRPC_RECEIVER, ReceiverLimits, serve_connections};
 
@@ -38,6 +35,7 @@ const LOGS_SERVICE: &str = "/opentelemetry.proto.collector.logs.";
 enum Code {
     Ok = 0,
     InvalidArgument = 3,
+    DeadlineExceeded = 4,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Internal = 13,
@@ -102,52 +100,28 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
         }
     };
     let limit = receiver.limits.max_body_bytes;
-    let too_large = || {
-        receiver.refuse_request("too_large");
-        status_only(
-            Code::ResourceExhausted,
-            &format!("request message is larger than the limit of {limit} bytes"),
-        )
-    };
-    if !receiver.admits_declared_body(req.body().size_hint().lower()) {
-        return status_only(
-            Code::Unavailable,
-            "collector is over its memory limit; retry later",
-        );
-    }
-    let body = match read_body(req.into_body(), limit.saturating_add(5)).await {
+    let mut hold = receiver.hold();
+    let body = match receiver
+        .read(req.into_body(), limit.saturating_add(5), &mut hold)
+        .await
+    {
         Ok(body) => body,
-        Err(BodyError::TooLarge) => return too_large(),
-        Err(BodyError::Broken(error)) => {
-            receiver.refuse_request("decode_error");
-            return status_only(
-                Code::InvalidArgument,
-                &format!("could not read the request: {error}"),
-            );
-        }
+        Err(outcome) => return answer(outcome),
     };
     let message = match unframe(&body) {
-        Ok((compressed, message)) => {
-            if !compressed {
-                message
-            } else if !gzip {
-                receiver.refuse_request("decode_error");
-                return status_only(
-                    Code::Internal,
-                    "compressed message without a grpc-encoding header",
-                );
-            } else {
-                match gunzip_limited(&message, limit) {
-                    Ok(inflated) => inflated,
-                    Err(InflateError::TooLarge) => return too_large(),
-                    Err(InflateError::Corrupt(error)) => {
-                        receiver.refuse_request("decode_error");
-                        return status_only(
-                            Code::InvalidArgument,
-                            &format!("invalid gzip message: {error}"),
-                        );
-                    }
-                }
+        Ok((false, message)) => message,
+        Ok((true, _)) if !gzip => {
+            receiver.refuse_request("decode_error");
+            return status_only(
+                Code::Internal,
+                "compressed message without a grpc-encoding header",
+            );
+        }
+        Ok((true, message)) => {
+            drop(body);
+            match receiver.inflate(message, &mut hold) {
+                Ok(inflated) => inflated,
+                Err(outcome) => return answer(outcome),
             }
         }
         Err(why) => {
@@ -155,15 +129,26 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
             return status_only(Code::InvalidArgument, why);
         }
     };
-    match receiver.export(Payload::Protobuf(message)) {
+    answer(receiver.export(Payload::Protobuf(message), hold))
+}
+
+/// The gRPC answer to what became of a request.
+fn answer(outcome: Outcome) -> Response<GrpcBody> {
+    match outcome {
         Outcome::Accepted { rejected, message } => success(rejected, message),
         Outcome::Undecodable(error) => status_only(
             Code::InvalidArgument,
             &format!("undecodable OTLP request: {error}"),
         ),
+        Outcome::Unreadable(message) => status_only(Code::InvalidArgument, &message),
+        Outcome::TooLarge(message) => status_only(Code::ResourceExhausted, &message),
         Outcome::Overloaded { .. } => status_only(
             Code::Unavailable,
             "collector is over its memory limit; retry later",
+        ),
+        Outcome::TimedOut => status_only(
+            Code::DeadlineExceeded,
+            "the request message did not arrive within the body read timeout",
         ),
         Outcome::ShuttingDown => status_only(Code::Unavailable, "collector is shutting down"),
     }

@@ -6,9 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{ALLOW, CONNECTION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
-use http_body::Body as _;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -20,7 +19,6 @@ use tokio::net::TcpListener;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 
-use super::body::{BodyError, InflateError, gunzip_limited, read_body};
 use super::export::{Outcome, Payload, Receiver};
 use super::{HTTP_RECEIVER, ReceiverLimits, serve_connections};
 
@@ -34,6 +32,7 @@ const JSON: &str = "application/json";
 
 /// gRPC status codes used in the `google.rpc.Status` error bodies.
 const INVALID_ARGUMENT: i32 = 3;
+const DEADLINE_EXCEEDED: i32 = 4;
 const RESOURCE_EXHAUSTED: i32 = 8;
 const UNAVAILABLE: i32 = 14;
 
@@ -127,50 +126,18 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             );
         }
     };
-    let limit = receiver.limits.max_body_bytes;
-    let too_large = || {
-        receiver.refuse_request("too_large");
-        status_response(
-            format,
-            StatusCode::PAYLOAD_TOO_LARGE,
-            RESOURCE_EXHAUSTED,
-            &format!("request body is larger than the limit of {limit} bytes"),
-        )
-    };
-    if !receiver.admits_declared_body(req.body().size_hint().lower()) {
-        return retry_later(
-            format,
-            StatusCode::TOO_MANY_REQUESTS,
-            receiver.limits.retry_after_secs,
-            "collector is over its memory limit; retry later",
-        );
-    }
-    let body = match read_body(req.into_body(), limit).await {
+    let mut hold = receiver.hold();
+    let body = match receiver
+        .read(req.into_body(), receiver.limits.max_body_bytes, &mut hold)
+        .await
+    {
         Ok(body) => body,
-        Err(BodyError::TooLarge) => return too_large(),
-        Err(BodyError::Broken(error)) => {
-            receiver.refuse_request("decode_error");
-            return status_response(
-                format,
-                StatusCode::BAD_REQUEST,
-                INVALID_ARGUMENT,
-                &format!("could not read the request body: {error}"),
-            );
-        }
+        Err(outcome) => return answer(format, outcome),
     };
     let body = if gzip {
-        match gunzip_limited(&body, limit) {
+        match receiver.inflate(body, &mut hold) {
             Ok(inflated) => inflated,
-            Err(InflateError::TooLarge) => return too_large(),
-            Err(InflateError::Corrupt(error)) => {
-                receiver.refuse_request("decode_error");
-                return status_response(
-                    format,
-                    StatusCode::BAD_REQUEST,
-                    INVALID_ARGUMENT,
-                    &format!("invalid gzip body: {error}"),
-                );
-            }
+            Err(outcome) => return answer(format, outcome),
         }
     } else {
         body
@@ -179,7 +146,12 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
         Format::Protobuf => Payload::Protobuf(body),
         Format::Json => Payload::Json(body),
     };
-    match receiver.export(payload) {
+    answer(format, receiver.export(payload, hold))
+}
+
+/// The HTTP answer to what became of a request.
+fn answer(format: Format, outcome: Outcome) -> HttpResponse {
+    match outcome {
         Outcome::Accepted { rejected, message } => success(format, rejected, message),
         Outcome::Undecodable(error) => status_response(
             format,
@@ -187,12 +159,33 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             INVALID_ARGUMENT,
             &format!("undecodable OTLP request: {error}"),
         ),
+        Outcome::Unreadable(message) => {
+            status_response(format, StatusCode::BAD_REQUEST, INVALID_ARGUMENT, &message)
+        }
+        Outcome::TooLarge(message) => status_response(
+            format,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            RESOURCE_EXHAUSTED,
+            &message,
+        ),
         Outcome::Overloaded { retry_after_secs } => retry_later(
             format,
             StatusCode::TOO_MANY_REQUESTS,
             retry_after_secs,
             "collector is over its memory limit; retry later",
         ),
+        Outcome::TimedOut => {
+            let mut response = status_response(
+                format,
+                StatusCode::REQUEST_TIMEOUT,
+                DEADLINE_EXCEEDED,
+                "the request body did not arrive within the body read timeout",
+            );
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
         Outcome::ShuttingDown => retry_later(
             format,
             StatusCode::SERVICE_UNAVAILABLE,

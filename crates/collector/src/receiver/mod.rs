@@ -8,7 +8,9 @@
 //! | accepted, some spans invalid | 200 + `partial_success` | OK + `partial_success` | `invalid_span` × spans |
 //! | body not decodable (or bad gzip) | 400 | `INVALID_ARGUMENT` | `decode_error` × 1 (request) |
 //! | body over `max_body_bytes`, before or after gunzip | 413 | `RESOURCE_EXHAUSTED` | `too_large` × 1 (request) |
-//! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans (× 1 when refused on the declared `Content-Length`, before reading) |
+//! | decoding could need more than the whole memory limit | 413 | `RESOURCE_EXHAUSTED` | `too_large_for_memory` × 1 (request) |
+//! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans (× 1 when refused while reading the body) |
+//! | body not received within `body_read_timeout` | 408 | `DEADLINE_EXCEEDED` | `body_timeout` × 1 (request) |
 //! | pipeline shutting down | 503 + `Retry-After` | `UNAVAILABLE` | `shutting_down` × spans |
 //! | wrong content type / content encoding | 415 | HTTP 415 / `UNIMPLEMENTED` | `unsupported_content` × 1 (request) |
 //! | wrong method on `/v1/traces` | 405 + `Allow: POST` | — | — |
@@ -16,7 +18,10 @@
 //! | any other path | 404 | `UNIMPLEMENTED` | — |
 //!
 //! Spans are also counted in `receiver_spans_total{receiver, outcome}` with outcome `accepted`,
-//! `rejected` (invalid) or `refused` (the whole request was refused after decoding or counting).
+//! `rejected` (invalid) or `refused` (the whole request was refused after decoding or counting),
+//! and every refused request in `requests_refused_total{receiver, reason}` (with a warn line,
+//! at most one per 10 s). Nothing is refused after an OK: every bound is checked before the
+//! answer.
 //! Metrics and logs are answered with 501 rather than 404 so that a client pointed at the wrong
 //! signal learns that the path is known but the signal is not accepted here.
 //!
@@ -46,6 +51,9 @@ pub use http::serve_http;
 /// Default maximum request body, before and after decompression: 16 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
+/// Default longest time to receive a request body: 30 s.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The `receiver` label of the gRPC receiver's counters.
 pub const GRPC_RECEIVER: &str = "otlp_grpc";
 /// The `receiver` label of the HTTP receiver's counters.
@@ -69,14 +77,19 @@ pub struct ReceiverLimits {
     /// Largest accepted body in bytes, checked on the wire and again after gunzip (zip bombs).
     /// Default [`DEFAULT_MAX_BODY_BYTES`] (16 MiB).
     pub max_body_bytes: usize,
-    /// The collector's shared memory budget. When set, a receiver first checks a body's declared
-    /// length (`Content-Length`) against it without reading the body, then reserves
-    /// [`body_reservation_bytes`](crate::limiter::body_reservation_bytes) for the body it read
-    /// before decoding it, and refuses the request (429 / `UNAVAILABLE`) when either does not
-    /// fit; the reservation is released once the batch has been handed to the pipeline (which
-    /// reserves its own bytes for the spans it buffers). Default `None`:
-    /// only the pipeline's own [`IngestError::Overloaded`](crate::IngestError) throttles.
+    /// The collector's shared memory budget. When set, a receiver reserves a body's bytes as
+    /// they arrive (its declared `Content-Length` first), the inflated bytes of a gzip body as
+    /// they are inflated, and a bound of what decoding allocates before decoding; a request
+    /// that does not fit is refused (429 / `UNAVAILABLE`, or 413 / `RESOURCE_EXHAUSTED` when it
+    /// could not fit even in an empty collector). The reservation is released once the batch
+    /// has been handed to the pipeline (which reserves its own bytes for the spans it buffers).
+    /// Default `None`: only the pipeline's own [`IngestError::Overloaded`](crate::IngestError)
+    /// throttles.
     pub memory: Option<MemoryLimiter>,
+    /// Longest a client may take to send a request's body once its headers arrived (slow-body
+    /// guard); past it the request is refused (408 / `DEADLINE_EXCEEDED`) and its memory freed.
+    /// Default [`DEFAULT_BODY_READ_TIMEOUT`].
+    pub body_read_timeout: Duration,
     /// `Retry-After` (seconds) sent when the memory limiter refuses a request. Default 1.
     pub retry_after_secs: u32,
 }
@@ -86,6 +99,7 @@ impl Default for ReceiverLimits {
         Self {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             memory: None,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             retry_after_secs: 1,
         }
     }

@@ -1,0 +1,194 @@
+//! Faults a busy or hostile sender brings, against a real collector over loopback: whatever the
+//! collector answered OK is analysed (never OK and then dropped), a full in-flight table and a
+//! heavy tenant cost the others nothing, junk names cannot lock a real model out of the series
+//! for long, and giant strings cannot make `/metrics` giant. (Memory probes live in
+//! `memory_limit.rs`, a binary of their own, so that its peak RSS is theirs alone.)
+
+mod support;
+
+use std::time::Duration;
+
+use infertrace_collector::server;
+use prost::Message;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Total of `dropped_spans_total` over every reason, as /metrics says.
+async fn dropped_total(c: &server::RunningCollector) -> f64 {
+    let (_, text) = get(c.api_addr, "/metrics").await;
+    text.lines()
+        .filter(|l| l.starts_with("infertrace_dropped_spans_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn requests_in(kpis: &serde_json::Value, service: &str) -> u64 {
+    kpis["series"]
+        .as_array()
+        .map(|series| {
+            series
+                .iter()
+                .filter(|s| s["service"] == service)
+                .map(|s| s["requests"].as_u64().unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// A full in-flight table at the default settings but for its size: every trace answered OK is
+/// analysed — the oldest traces are closed early to make room — and a light tenant sending
+/// beside a heavy one keeps every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_table_closes_traces_early_and_drops_nothing_that_was_accepted() {
+    let mut config = test_config();
+    config.limits.max_traces_in_flight = 100;
+    // A grace longer than the test: only early closing (or the final flush) can close traces.
+    config.assembly.grace = Duration::from_secs(60);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let t0 = t0();
+    let (mut heavy_sent, mut light_sent) = (0u64, 0u64);
+    for batch in 0..20u32 {
+        // 95 heavy traces and 5 light ones per request, interleaved by request.
+        let heavy: Vec<_> = (0..95)
+            .flat_map(|k| infertrace_spans(&Req::new(batch * 1000 + k, "m", 1, 2, 3), t0))
+            .collect();
+        let light: Vec<_> = (0..5)
+            .flat_map(|k| infertrace_spans(&Req::new(batch * 1000 + 500 + k, "m", 1, 2, 3), t0))
+            .collect();
+        assert_eq!(post_protobuf(http, &request("heavy", heavy)).await, 200);
+        assert_eq!(post_protobuf(http, &request("light", light)).await, 200);
+        heavy_sent += 95;
+        light_sent += 5;
+    }
+    // Everything past the table's 100 traces was closed early and is analysed by the ticks.
+    eventually(WAIT, "early-closed traces analysed", || {
+        c.pipeline().requests_recorded() >= heavy_sent + light_sent - 100
+    })
+    .await;
+    assert!(c.events().traces_closed_early.get() >= 1_900);
+    assert_eq!(c.pipeline().traces_in_flight(), 100);
+    assert_eq!(dropped_total(&c).await, 0.0);
+    let report = c.stop().await.unwrap();
+    assert_eq!(
+        report.flushed.requests, 100,
+        "the rest is flushed at shutdown"
+    );
+}
+
+/// The same, read through the KPIs: the light tenant's requests are all counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_light_tenant_beside_a_heavy_one_loses_nothing() {
+    let mut config = test_config();
+    config.limits.max_traces_in_flight = 50;
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let t0 = t0();
+    for batch in 0..10u32 {
+        let heavy: Vec<_> = (0..200)
+            .flat_map(|k| infertrace_spans(&Req::new(batch * 1000 + k, "m", 1, 2, 3), t0))
+            .collect();
+        let light = infertrace_spans(&Req::new(batch * 1000 + 900, "m", 1, 2, 3), t0);
+        assert_eq!(post_protobuf(http, &request("heavy", heavy)).await, 200);
+        assert_eq!(post_protobuf(http, &request("light", light)).await, 200);
+    }
+    eventually(WAIT, "every request analysed", || {
+        c.pipeline().requests_recorded() == 2_010
+    })
+    .await;
+    let kpis = serde_json::to_value(c.kpis(Duration::from_secs(60))).unwrap();
+    assert_eq!(requests_in(&kpis, "light"), 10);
+    assert_eq!(requests_in(&kpis, "heavy"), 2_000);
+    assert_eq!(dropped_total(&c).await, 0.0);
+    c.stop().await.unwrap();
+}
+
+/// 1,100 distinct junk model names fill the series cap; a real model arriving once the junk has
+/// been idle for `series_reclaim_after` gets a series of its own in the KPIs and in /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_names_lock_a_real_model_out_only_for_the_reclaim_horizon() {
+    let mut config = test_config();
+    config.limits.series_reclaim_after = Duration::from_secs(1);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let t0 = t0();
+    for chunk in 0..11u32 {
+        let spans: Vec<_> = (0..100)
+            .flat_map(|k| {
+                let n = chunk * 100 + k;
+                infertrace_spans(&Req::new(n, &format!("junk-{n}"), 1, 2, 3), t0)
+            })
+            .collect();
+        assert_eq!(post_protobuf(http, &request("svc", spans)).await, 200);
+    }
+    eventually(WAIT, "junk analysed", || {
+        c.pipeline().requests_recorded() == 1_100
+    })
+    .await;
+    // Past the cap of 1,000: overflowed, or (on a slow machine) already reclaimed.
+    assert!(c.events().series_overflow.get() + c.events().series_reclaimed.get() >= 100);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let real = infertrace_spans(&Req::new(5_000, "llama-3.1-8b", 1, 2, 3), t0);
+    assert_eq!(post_protobuf(http, &request("svc", real)).await, 200);
+    eventually(WAIT, "the real model analysed", || {
+        c.pipeline().requests_recorded() == 1_101
+    })
+    .await;
+    let kpis = c.kpis(Duration::from_secs(60));
+    assert!(
+        kpis.series.iter().any(|s| s.model == "llama-3.1-8b"),
+        "the real model has its own series"
+    );
+    assert!(c.events().series_reclaimed.get() >= 1);
+    let (_, metrics) = get(c.api_addr, "/metrics").await;
+    assert!(
+        metrics.contains(r#"model="llama-3.1-8b""#),
+        "and its own Prometheus label set"
+    );
+    let label_sets = metrics
+        .lines()
+        .filter(|l| l.starts_with("infertrace_requests_total{"))
+        .count();
+    assert!(
+        label_sets <= 1_001,
+        "{label_sets} label sets: the cap holds"
+    );
+    c.stop().await.unwrap();
+}
+
+/// A 1 MiB model name and a 1 MiB span name are cut to 256 bytes: /metrics stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_giant_name_is_cut_and_metrics_stay_small() {
+    let c = server::run(test_config(), std::future::pending())
+        .await
+        .unwrap();
+    let http = c.http_addr.unwrap();
+    let giant = "m".repeat(1024 * 1024);
+    let mut spans = infertrace_spans(&Req::new(1, &giant, 1, 2, 3), t0());
+    spans[3].name = "n".repeat(1024 * 1024);
+    let body = request(&"s".repeat(1024 * 1024), spans).encode_to_vec();
+    assert!(body.len() > 3 * 1024 * 1024);
+    let (status, _) = post(http, "application/x-protobuf", body).await;
+    assert_eq!(status, 200);
+    eventually(WAIT, "request analysed", || {
+        c.pipeline().requests_recorded() == 1
+    })
+    .await;
+    let (_, metrics) = get(c.api_addr, "/metrics").await;
+    assert!(
+        metrics.len() < 256 * 1024,
+        "/metrics is {} bytes",
+        metrics.len()
+    );
+    let cut = format!(r#"model="{}""#, "m".repeat(256));
+    assert!(
+        metrics.contains(&cut),
+        "the model label is the first 256 bytes"
+    );
+    assert!(
+        c.events().texts_truncated.get() >= 3,
+        "model, span and service names"
+    );
+    c.stop().await.unwrap();
+}

@@ -1,0 +1,148 @@
+//! The memory limit is a limit: what a request can make the collector hold is reserved before it
+//! is allocated, so hostile bodies are refused instead of growing the process. This binary holds
+//! one test only, so that the peak RSS it reads (`VmHWM`) is the probes' alone.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use infertrace_collector::server;
+use support::*;
+
+const MIB: usize = 1024 * 1024;
+/// The memory limit of every probe.
+const LIMIT: usize = 128 * MIB;
+/// What the process may hold beyond the limit: the allocator's retained pages, hyper's and the
+/// runtime's buffers, the test's own client threads and the collector's fixed structures.
+const FIXED_OVERHEAD: usize = 64 * MIB;
+
+/// Peak resident set of this process so far, bytes.
+fn peak_rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// One HTTP/1.1 POST sending `send` bytes of a body that declares `declared`, then waiting;
+/// returns the status line's code (0 when the connection was cut before an answer).
+fn slow_post(addr: SocketAddr, declared: usize, send: usize, chunk: &'static [u8]) -> u16 {
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return 0;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\n\
+         Content-Length: {declared}\r\n\r\n"
+    );
+    let Ok(mut writer) = stream.try_clone() else {
+        return 0;
+    };
+    let sender = std::thread::spawn(move || {
+        if writer.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let mut left = send;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            if writer.write_all(&chunk[..n]).is_err() {
+                return;
+            }
+            left -= n;
+        }
+        // ...and stop, the body one byte short, the connection left open.
+        std::thread::sleep(Duration::from_secs(60));
+    });
+    drop(sender); // detached: it ends with the connection
+    let mut answer = [0u8; 64];
+    let mut got = 0;
+    while got < 12 {
+        match stream.read(&mut answer[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    std::str::from_utf8(&answer[..got])
+        .ok()
+        .and_then(|s| s.strip_prefix("HTTP/1.1 "))
+        .and_then(|s| s.get(..3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_bodies_stay_under_the_memory_limit() {
+    let mut config = test_config();
+    config.limits.memory_limit_bytes = LIMIT;
+    config.receivers.body_read_timeout = Duration::from_secs(2);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let baseline = peak_rss();
+
+    // 1. One 16 MiB OTLP/JSON body of ~5.5M empty spans: decoding it could take gigabytes, more
+    //    than the limit could ever hold, so it is refused (413) before it is parsed.
+    let mut json = String::with_capacity(16 * MIB);
+    json.push_str(r#"{"resourceSpans":[{"scopeSpans":[{"spans":["#);
+    for k in 0..5_500_000 {
+        json.push_str(if k == 0 { "{}" } else { ",{}" });
+    }
+    json.push_str("]}]}]}");
+    assert!(json.len() < 16 * MIB);
+    let (status, body) = post(http, "application/json", json.into_bytes()).await;
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(c.events().dropped("too_large_for_memory"), 1);
+    let after_json = peak_rss();
+
+    // 2. 40 connections each declaring 15 MiB, sending 15 MiB - 1 byte and stopping: the
+    //    bodies are reserved as they arrive, those that do not fit are refused at once (429),
+    //    and those that do are cut at the body read timeout (408), their memory freed.
+    static CHUNK: [u8; 1 << 20] = [0x0a; 1 << 20];
+    let started = Instant::now();
+    let clients: Vec<_> = (0..40)
+        .map(|_| std::thread::spawn(move || slow_post(http, 15 * MIB, 15 * MIB - 1, &CHUNK)))
+        .collect();
+    let statuses: Vec<u16> = clients.into_iter().map(|t| t.join().unwrap_or(0)).collect();
+    let count = |code| statuses.iter().filter(|&&s| s == code).count();
+    assert_eq!(count(200), 0, "nothing accepted: {statuses:?}");
+    assert!(
+        count(408) >= 1,
+        "some bodies fit and timed out: {statuses:?}"
+    );
+    assert!(
+        count(408) <= LIMIT / (15 * MIB),
+        "no more fit than the limit: {statuses:?}"
+    );
+    assert!(
+        count(429) + count(0) >= 40 - LIMIT / (15 * MIB),
+        "{statuses:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(
+        c.pipeline().limiter().used(),
+        0,
+        "every reservation given back"
+    );
+    let after_slow = peak_rss();
+
+    let grew = after_slow.saturating_sub(baseline);
+    eprintln!(
+        "peak RSS: baseline {} MiB, after the JSON body {} MiB, after the slow bodies {} MiB \
+         (grew {} MiB; limit {} MiB + {} MiB overhead)",
+        baseline / MIB,
+        after_json / MIB,
+        after_slow / MIB,
+        grew / MIB,
+        LIMIT / MIB,
+        FIXED_OVERHEAD / MIB
+    );
+    assert!(
+        grew <= LIMIT + FIXED_OVERHEAD,
+        "peak RSS grew {} MiB, over the limit and its overhead",
+        grew / MIB
+    );
+    c.stop().await.unwrap();
+}
