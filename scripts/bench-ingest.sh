@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Ingest benchmark of issue 4, receiver pinned to one core, blaster on the other: the prost "null
-# receiver" (decode and drop) against the full infertrace collector (decode, assemble, dialects,
-# KPIs, critical path, Prometheus), over OTLP/gRPC and OTLP/HTTP protobuf. For the collector
-# only spans that were fully analysed count, and its time and CPU run until its assembler is
-# empty (the 2 s grace included), so a pipeline that only buffers cannot look fast.
+# Ingest benchmark, receiver pinned to one core, blaster on the other: the prost "null
+# receiver" (decode and drop, the collector's HTTP/2 windows) against the full infertrace
+# collector at its DEFAULT configuration (decode, assemble, dialects, KPIs, critical path,
+# Prometheus), over OTLP/gRPC and OTLP/HTTP protobuf, with fresh trace ids in every send, whole
+# traces per request and (cold runs) the spans of 64 traces interleaved. For the collector only
+# spans that were fully analysed count (accepted minus anything dropped later), its time and CPU
+# run until its assembler is empty (the 2 s grace included), so a pipeline that only buffers
+# cannot look fast; each run also prints the spans dropped after an OK (must be 0), the traces
+# closed early to make room and the requests refused (429 / UNAVAILABLE, which the blaster
+# counts as errors and does not retry).
 # Then the same in a steady state: the blaster runs on while the first `warm` seconds pass (the
 # collector grows to its working size: a grace period of traces held, and the index of recently
 # completed ids, which grows until it holds two generations of `max_traces_in_flight`
@@ -40,9 +45,8 @@ receivers:
   otlp_grpc: { endpoint: 127.0.0.1:24317 }
   otlp_http: { endpoint: 127.0.0.1:24318 }
 api: { listen: 127.0.0.1:29464 }
-limits: { memory_limit_bytes: 8589934592, max_traces_in_flight: 5000000 }
 YAML
-      taskset -c 1 $B/infertrace collect --config "$tmp/c.yaml" >/dev/null 2>&1 & ;;
+      taskset -c 1 $B/infertrace collect --data-dir "$tmp/data" --config "$tmp/c.yaml" >/dev/null 2>&1 & ;;
   esac
   echo $!
 }
@@ -54,18 +58,24 @@ wait_port() { for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$1) 2>/dev/null
 
 # Starts receiver `kind` for protocol `proto` and waits until it listens; sets `pid` and `port`
 # (the port the blaster sends to).
-launch() { # kind proto
+launch() { # kind proto [order]
   pid=$(start_receiver "$1")
   wait_port 24317; wait_port 24318
   port=24317; [ "$2" = http ] && port=24318
   blast="taskset -c 0 $B/otlp-blast --protocol $2 --addr 127.0.0.1:$port --connections 16"
+  [ "${3:-whole}" = interleaved ] && blast="$blast --interleave"
+  return 0
 }
 
-printf '%-6s %-5s %-7s %12s %12s %10s %16s\n' kind proto round "spans done" "spans/s" "CPU s" "spans/CPU-s"
+# Sum of the samples of one counter family in an exposition.
+total() { awk -v f="$1" 'index($0, f"{") == 1 || index($0, f" ") == 1 {s+=$NF} END{printf "%d", s}'; }
+
+printf '%-6s %-5s %-11s %-7s %12s %12s %10s %16s %12s %12s %10s\n' kind proto order round "spans done" "spans/s" "CPU s" "spans/CPU-s" "dropped" "closed early" "refused"
 for round in $(seq "$rounds"); do
+ for order in whole interleaved; do
   for kind in null full; do
     for proto in grpc http; do
-      launch $kind $proto
+      launch $kind $proto $order
       t0=$(cpu_ticks "$pid"); w0=$(date +%s.%N)
       out=$($blast --duration "$secs" 2>&1)
       accepted=$(echo "$out" | grep -oE 'accepted_spans=[0-9]+' | tail -1 | cut -d= -f2 || echo 0)
@@ -79,15 +89,22 @@ for round in $(seq "$rounds"); do
           sleep 0.1
         done
         processed=$(echo "$m" | awk '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*4}')
+        # Dropped after an OK: the reasons that can only strike an accepted span.
+        after_ok=$(echo "$m" | awk '/^infertrace_dropped_spans_total\{reason="(max_spans_per_trace|max_traces_in_flight|late_span_buffer_full|forward_queue_full|forward_no_body)"/{s+=$NF} END{printf "%d", s}')
+        refused_req=$(echo "$m" | total infertrace_requests_refused_total)
+        early=$(echo "$m" | total infertrace_traces_closed_early_total)
+      else
+        after_ok=- refused_req=- early=-
       fi
       t1=$(cpu_ticks "$pid"); w1=$(date +%s.%N)
       rate=$(awk -v p="$processed" -v a="$w0" -v b="$w1" 'BEGIN{printf "%.0f", p/(b-a)}')
       cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)/hz}')
       per=$(awk -v r="$processed" -v c="$cpu" 'BEGIN{ if (c>0) printf "%.0f", r/c; else print "-" }')
-      printf '%-6s %-5s %-7s %12s %12s %10s %16s\n' $kind $proto "$round" "$processed" "$rate" "$cpu" "$per"
+      printf '%-6s %-5s %-11s %-7s %12s %12s %10s %16s %12s %12s %10s\n' $kind $proto $order "$round" "$processed" "$rate" "$cpu" "$per" "$after_ok" "$early" "$refused_req"
       stop "$pid"
     done
   done
+ done
 done
 
 # Steady state. A sample is "CPU ticks, spans done" at one moment: for the collector, the spans

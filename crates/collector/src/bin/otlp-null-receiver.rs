@@ -4,7 +4,8 @@
 //! decode every request with prost into `opentelemetry-proto`'s types and drop it — what a
 //! generic Rust OTLP receiver does before any processing. `--decoder lean`: infertrace's own
 //! receivers ([`serve_grpc`], [`serve_http`]) with an `Ingest` that only counts, to compare the
-//! receive path alone. TCP_NODELAY is set on every accepted socket in both modes. Prints the
+//! receive path alone. TCP_NODELAY is set on every accepted socket and the HTTP/2 windows are the
+//! collector's in both modes. Prints the
 //! spans it received once a second while any arrive; with `--decoder prost`, `GET /spans` on
 //! the HTTP address answers the count so far. Stops on Ctrl-C.
 //!
@@ -24,7 +25,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use infertrace_collector::receiver::{ReceiverLimits, serve_grpc, serve_http};
+use infertrace_collector::receiver::{
+    H2_CONNECTION_WINDOW, H2_MAX_FRAME, H2_STREAM_WINDOW, ReceiverLimits, serve_grpc, serve_http,
+};
 use infertrace_collector::{Ingest, IngestBatch, IngestError, InternalEvents};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -141,7 +144,12 @@ async fn null_http(
 }
 
 async fn serve_prost_http(listener: TcpListener, spans: Arc<AtomicU64>) {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_frame_size(H2_MAX_FRAME);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -186,8 +194,12 @@ async fn run(args: Args) -> Result<(), String> {
                 spans: spans.clone(),
             });
             tokio::spawn(
+                // The collector's HTTP/2 windows, so that flow control favours neither.
                 tonic::transport::Server::builder()
                     .tcp_nodelay(true)
+                    .initial_stream_window_size(H2_STREAM_WINDOW)
+                    .initial_connection_window_size(H2_CONNECTION_WINDOW)
+                    .max_frame_size(H2_MAX_FRAME)
                     .add_service(service)
                     .serve_with_incoming(tokio_stream::StreamExt::map(incoming, |s| {
                         s.inspect(|s| {

@@ -67,9 +67,11 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// HTTP/2 flow-control windows and frame size: large enough that a 16-connection client sending
 /// ~300 KB requests is never stalled on window updates.
-const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-const H2_CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
-const H2_MAX_FRAME: u32 = 256 * 1024;
+pub const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+/// The HTTP/2 connection window of every receiver (see [`H2_STREAM_WINDOW`]).
+pub const H2_CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
+/// The largest HTTP/2 frame every receiver accepts (see [`H2_STREAM_WINDOW`]).
+pub const H2_MAX_FRAME: u32 = 256 * 1024;
 
 /// Limits every receiver applies to a request.
 #[derive(Clone, Debug)]
