@@ -288,6 +288,12 @@ pub struct TappedSlot {
 /// One minute, nanoseconds.
 const MINUTE_NANOS: u64 = 60_000_000_000;
 
+/// Where restored history goes: a series by its position, or the overflow series.
+enum Restored {
+    Series(usize),
+    Overflow,
+}
+
 impl KpiWindows {
     /// Empty windows.
     pub fn new(config: KpiConfig) -> Self {
@@ -662,33 +668,12 @@ impl KpiWindows {
         if fits.is_empty() {
             return false;
         }
-        let hash = self
-            .hasher
-            .hash_one((&*key.service, &*key.model, &*key.operation));
-        let found = self
-            .index
-            .get(&hash)
-            .and_then(|ids| ids.iter().copied().find(|&i| self.series[i].key == *key));
-        let series = match found {
-            Some(i) => &mut self.series[i],
-            None if self.series.len() < self.config.max_series => {
-                let s = self.new_series(&key.service, &key.model, &key.operation);
-                self.series.push(s);
-                let i = self.series.len() - 1;
-                self.index.entry(hash).or_default().push(i);
-                &mut self.series[i]
-            }
-            None => {
-                self.overflowed_records += accumulator.counts.requests;
-                if self.overflow.is_none() {
-                    let (service, model, operation) = self.labelling.overflow_labels();
-                    self.overflow = Some(self.new_series(service, model, operation));
-                }
-                match self.overflow.as_mut() {
-                    Some(s) => s,
-                    None => return false,
-                }
-            }
+        let series = match self.restored_series(key, accumulator.counts.requests) {
+            Restored::Series(i) => &mut self.series[i],
+            Restored::Overflow => match self.overflow.as_mut() {
+                Some(s) => s,
+                None => return false,
+            },
         };
         series.last_record_unix_nano = series.last_record_unix_nano.max(end);
         // Into the finest ring's slot not yet rolled up, the roll-up carries it on. A newer slot
@@ -714,6 +699,88 @@ impl KpiWindows {
                 .map_or(slot_start_unix_nano, |s| s.min(slot_start_unix_nano)),
         );
         true
+    }
+
+    /// The series `key` for restored history: found, or created while under the cap, else the
+    /// overflow series (counting `requests` as overflowed).
+    fn restored_series(&mut self, key: &SeriesKey, requests: u64) -> Restored {
+        let hash = self.key_hash(key);
+        let found = self
+            .index
+            .get(&hash)
+            .and_then(|ids| ids.iter().copied().find(|&i| self.series[i].key == *key));
+        match found {
+            Some(i) => Restored::Series(i),
+            None if self.series.len() < self.config.max_series => {
+                let s = self.new_series(&key.service, &key.model, &key.operation);
+                self.series.push(s);
+                let i = self.series.len() - 1;
+                self.index.entry(hash).or_default().push(i);
+                Restored::Series(i)
+            }
+            None => {
+                self.overflowed_records += requests;
+                if self.overflow.is_none() {
+                    let (service, model, operation) = self.labelling.overflow_labels();
+                    self.overflow = Some(self.new_series(service, model, operation));
+                }
+                Restored::Overflow
+            }
+        }
+    }
+
+    /// Restores a stored slot (a minute rollup read back from the history store) as
+    /// [`absorb_slot`](Self::absorb_slot) does, and also into the windows whose slots are
+    /// shorter than it (with the defaults, the 1m and 5m windows), which `absorb_slot` leaves
+    /// out: there the whole slot lands in the short slot holding its last instant, or `now`
+    /// when it has not ended yet (the minute a crash interrupted), if that lies inside the
+    /// window. So a restart keeps the short windows too, at the cost of precision at their
+    /// edge: a restored minute counts whole in a short window that holds its last instant.
+    /// Call it before recording (at start): it lands only in slots without live records.
+    pub fn absorb_restored(
+        &mut self,
+        key: &SeriesKey,
+        slot_start_unix_nano: u64,
+        length_nanos: u64,
+        accumulator: &Accumulator,
+        now_unix_nano: u64,
+    ) -> bool {
+        let mut landed = self.absorb_slot(key, slot_start_unix_nano, length_nanos, accumulator);
+        if accumulator.is_empty() || length_nanos == 0 {
+            return landed;
+        }
+        let last = slot_start_unix_nano
+            .saturating_add(length_nanos - 1)
+            .min(now_unix_nano);
+        let finer: Vec<(usize, u64)> = self
+            .specs
+            .iter()
+            .enumerate()
+            .filter(|(_, spec)| {
+                spec.slot_nanos < length_nanos
+                    && last.saturating_add(spec.window_nanos) > now_unix_nano
+            })
+            .map(|(i, spec)| (i, last / spec.slot_nanos))
+            .collect();
+        if finer.is_empty() {
+            return landed;
+        }
+        let series = match self.restored_series(key, 0) {
+            Restored::Series(i) => &mut self.series[i],
+            Restored::Overflow => match self.overflow.as_mut() {
+                Some(s) => s,
+                None => return landed,
+            },
+        };
+        for (pos, index) in finer {
+            landed |= series.rings[pos].absorb_settled(&self.specs[pos], index, accumulator);
+        }
+        series.last_record_unix_nano = series.last_record_unix_nano.max(last);
+        self.started_unix_nano = Some(
+            self.started_unix_nano
+                .map_or(slot_start_unix_nano, |s| s.min(slot_start_unix_nano)),
+        );
+        landed
     }
 
     fn sweep_interval(&self) -> u64 {
@@ -1052,6 +1119,62 @@ mod tests {
         }
         assert_eq!(w.reclaimed_series(), 9);
         assert_eq!(w.series_count(), 10);
+    }
+
+    #[test]
+    fn restored_minutes_refill_the_short_windows_once() {
+        let minute = 60 * SEC;
+        let now = 1_000 * minute + 20 * SEC;
+        let mut w = KpiWindows::new(KpiConfig::default());
+        w.enable_slot_tap();
+        let key = SeriesKey {
+            service: Arc::from("s"),
+            model: Arc::from(""),
+            operation: Arc::from(""),
+        };
+        let minute_of = |n: u64| {
+            let mut acc = Accumulator::default();
+            for _ in 0..n {
+                acc.add(&sketch_config(), &SloConfig::default(), &rec(0.5));
+            }
+            acc
+        };
+        // Minutes 994 and 996..=999 ended before now; minute 1000 was interrupted 20 s in.
+        for (m, n) in [(994, 1), (996, 2), (997, 3), (998, 4), (999, 5), (1000, 6)] {
+            assert!(w.absorb_restored(&key, m * minute, minute, &minute_of(n), now));
+        }
+        let requests = |w: &KpiWindows, window: u64, at: u64| -> u64 {
+            w.snapshot(Duration::from_secs(window), at)
+                .series
+                .iter()
+                .map(|s| s.requests)
+                .sum()
+        };
+        assert_eq!(
+            requests(&w, 60, now),
+            5 + 6,
+            "minutes ending in the last minute"
+        );
+        assert_eq!(
+            requests(&w, 300, now),
+            2 + 3 + 4 + 5 + 6,
+            "minute 994 ended 5m20s ago"
+        );
+        assert_eq!(requests(&w, 3600, now), 21, "the hour, minute by minute");
+        // Live records add to it; the restored slots are never handed on a second time.
+        w.record(&rec(0.5), now + SEC);
+        w.roll_due(now + 2 * SEC);
+        let tapped: u64 = w
+            .take_tapped()
+            .iter()
+            .map(|t| t.accumulator.counts.requests)
+            .sum();
+        assert_eq!(
+            tapped, 1,
+            "only the live record reaches the history store again"
+        );
+        assert_eq!(requests(&w, 60, now + 2 * SEC), 12);
+        assert_eq!(requests(&w, 3600, now + 2 * SEC), 22);
     }
 
     #[test]

@@ -145,6 +145,45 @@ impl Ring {
         rolled
     }
 
+    /// Merges restored history into slot `index` as a slot already rolled up, so that it is never
+    /// handed on (to coarser rings or a tap) a second time; ignored when that slot is older than
+    /// the ring's window, or holds live records not yet rolled up (restore before recording).
+    /// Returns whether it landed.
+    pub(super) fn absorb_settled(
+        &mut self,
+        spec: &RingSpec,
+        index: u64,
+        acc: &Accumulator,
+    ) -> bool {
+        if let Some(newest) = self.newest
+            && index.saturating_add(spec.slots) <= newest
+        {
+            return false;
+        }
+        if self.slots.is_empty() {
+            self.slots.resize_with(spec.slots as usize, || None);
+        }
+        let pos = (index % spec.slots) as usize;
+        let slot = self.slots[pos].get_or_insert_with(|| {
+            Box::new(Slot {
+                index,
+                acc: Accumulator::default(),
+                rolled: true,
+            })
+        });
+        if slot.index != index {
+            slot.index = index;
+            slot.acc = Accumulator::default();
+            slot.rolled = true;
+        }
+        if !slot.rolled {
+            return false;
+        }
+        slot.acc.merge(acc);
+        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
+        true
+    }
+
     /// Bytes held: the ring itself, its slot table and every slot's heap.
     pub(super) fn heap_bytes(&self) -> usize {
         std::mem::size_of::<Self>()

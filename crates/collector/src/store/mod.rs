@@ -407,9 +407,9 @@ impl Store {
 
     /// Rebuilds `kpis` after a restart: absorbs every stored minute that started in the
     /// `window` before `now_unix_nano` (the current minute included) with
-    /// `KpiWindows::absorb_slot`. Returns the series-minutes absorbed. With the default KPI
-    /// config this refills the 1h window (60-second slots); the 1m and 5m windows refill from
-    /// live traffic.
+    /// `KpiWindows::absorb_restored`. Returns the series-minutes absorbed. With the default KPI
+    /// config this refills the 1h window (60-second slots) minute by minute, and the 1m and 5m
+    /// windows with every minute whose last instant lies in them (see `absorb_restored`).
     pub fn restore_kpis(
         &self,
         kpis: &mut KpiWindows,
@@ -421,7 +421,15 @@ impl Store {
         let rollups = self.rollups(from, now_unix_nano.saturating_add(1))?;
         Ok(rollups
             .iter()
-            .filter(|r| kpis.absorb_slot(&r.key, r.minute_unix_nano, MINUTE_NANOS, &r.accumulator))
+            .filter(|r| {
+                kpis.absorb_restored(
+                    &r.key,
+                    r.minute_unix_nano,
+                    MINUTE_NANOS,
+                    &r.accumulator,
+                    now_unix_nano,
+                )
+            })
             .count())
     }
 
