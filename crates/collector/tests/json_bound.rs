@@ -1,0 +1,136 @@
+//! The memory limiter reserves `json_decode_bound(body)` before an OTLP/JSON body is decoded:
+//! this binary counts every allocation (one test only, so nothing else allocates meanwhile) and
+//! checks that decoding bodies of every shape stays under that bound — empty spans, spans full of
+//! attributes, deep key-value lists, long strings, and the decoded spans kept at the end.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use infertrace_collector::limiter::json_decode_bound;
+use infertrace_collector::otlp_decode::decode_json;
+
+/// The system allocator, counting the bytes held now and the most held since the last reset.
+struct Counting;
+
+static HELD: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded unchanged to the system allocator.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let held = HELD.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(held, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) };
+        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Bytes allocated at the peak of decoding `body` (the decoded spans included), above what was
+/// held before.
+fn decode_peak(body: &[u8]) -> usize {
+    let before = HELD.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let decoded = decode_json(body);
+    let peak = PEAK.load(Ordering::Relaxed);
+    drop(decoded);
+    peak - before
+}
+
+fn spans_body(spans: &[String]) -> String {
+    format!(
+        r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"svc"}}}}]}},"scopeSpans":[{{"spans":[{}]}}]}}]}}"#,
+        spans.join(",")
+    )
+}
+
+fn span(k: usize, attributes: &str) -> String {
+    format!(
+        r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"chat m","kind":2,"startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{attributes}]}}"#,
+        k + 1,
+        k + 1
+    )
+}
+
+#[test]
+fn json_decode_stays_under_its_bound() {
+    let attr = |key: &str, value: &str| format!(r#"{{"key":"{key}","value":{value}}}"#);
+    let many_attributes = (0..40)
+        .map(|i| {
+            attr(
+                if i % 2 == 0 {
+                    "gen_ai.request.model"
+                } else {
+                    "other.key"
+                },
+                r#"{"stringValue":"llama-3.1-8b"}"#,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut deep = r#"{"stringValue":"x"}"#.to_owned();
+    for _ in 0..30 {
+        deep = format!(r#"{{"kvlistValue":{{"values":[{{"key":"k","value":{deep}}}]}}}}"#);
+    }
+    let long = format!(r#"{{"stringValue":"{}"}}"#, "y".repeat(100_000));
+    let cases: Vec<(&str, String)> = vec![
+        ("empty spans", spans_body(&vec!["{}".to_owned(); 20_000])),
+        (
+            "valid spans without attributes",
+            spans_body(&(0..5_000).map(|k| span(k, "")).collect::<Vec<_>>()),
+        ),
+        (
+            "40 attributes each",
+            spans_body(
+                &(0..1_000)
+                    .map(|k| span(k, &many_attributes))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "30-deep key-value lists",
+            spans_body(
+                &(0..500)
+                    .map(|k| span(k, &attr("deep", &deep)))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "long strings",
+            spans_body(
+                &(0..20)
+                    .map(|k| span(k, &attr("gen_ai.request.model", &long)))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "empty arrays",
+            format!(
+                r#"{{"resourceSpans":[{}]}}"#,
+                vec![r#"{"scopeSpans":[]}"#; 20_000].join(",")
+            ),
+        ),
+    ];
+    for (what, body) in cases {
+        let peak = decode_peak(body.as_bytes());
+        let bound = json_decode_bound(body.as_bytes());
+        eprintln!(
+            "{what}: body {} B, decode peak {peak} B, bound {bound} B ({:.0}%)",
+            body.len(),
+            100.0 * peak as f64 / bound as f64
+        );
+        assert!(
+            peak <= bound,
+            "{what}: decoding took {peak} B, over the bound of {bound} B"
+        );
+    }
+}
