@@ -395,3 +395,43 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// A short fuzz run of the OTLP/JSON decoder, in every test run: random requests in the
+    /// OTLP/JSON mapping, then randomly corrupted. It never panics; whatever it accepts it
+    /// decodes exactly as `from_proto` of what serde read; and the limiter's bound covers the
+    /// body whatever it holds.
+    #[test]
+    fn the_json_decoder_survives_corrupted_bodies(
+        req in request(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 0..4),
+    ) {
+        let mut bytes = serde_json::to_vec(&req).unwrap();
+        for (at, byte, kind) in edits {
+            if bytes.is_empty() {
+                break;
+            }
+            let i = at.index(bytes.len());
+            match kind {
+                0 => bytes[i] = byte,
+                1 => bytes.insert(i, byte),
+                _ => bytes.truncate(i),
+            }
+        }
+        let bound = infertrace_collector::limiter::json_decode_bound(&bytes);
+        prop_assert!(bound >= 2 * bytes.len());
+        let decoded = infertrace_collector::otlp_decode::decode_json(&bytes);
+        if let Ok(reference) = serde_json::from_slice::<ExportTraceServiceRequest>(&bytes) {
+            let decoded = decoded.unwrap();
+            let reference = from_proto(&reference);
+            prop_assert_eq!(
+                format!("{:?}", (&decoded.spans, decoded.rejected)),
+                format!("{:?}", (&reference.spans, reference.rejected))
+            );
+        } else {
+            prop_assert!(decoded.is_err());
+        }
+    }
+}
