@@ -176,6 +176,10 @@ async fn a_giant_name_is_cut_and_metrics_stay_small() {
     })
     .await;
     let (_, metrics) = get(c.api_addr, "/metrics").await;
+    eprintln!(
+        "/metrics after a 1 MiB model, span and service name: {} bytes",
+        metrics.len()
+    );
     assert!(
         metrics.len() < 256 * 1024,
         "/metrics is {} bytes",
