@@ -255,10 +255,13 @@ impl InternalEvents {
             .inc();
     }
 
-    /// Counts one trace closed early to make room, and logs it (warn, rate-limited).
-    pub fn trace_closed_early(&self) {
-        self.traces_closed_early.inc();
-        if let Some(count) = self.logs.closed_early.note(1) {
+    /// Counts `n` traces closed early to make room, and logs it (warn, rate-limited).
+    pub fn traces_closed_early(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.traces_closed_early.inc_by(n as u64);
+        if let Some(count) = self.logs.closed_early.note(n as u64) {
             tracing::warn!(
                 traces = count,
                 "traces in flight at limits.max_traces_in_flight: the oldest were closed before \

@@ -330,6 +330,7 @@ impl<P: Prepared> TraceAssembler<P> {
     /// counted; late spans are kept for the next [`poll`](Self::poll).
     pub fn push(&mut self, spans: Vec<Span>, hold: Option<MemoryHold>, now: Instant) {
         let mut over_traces = 0u64;
+        let early_before = self.early.len();
         let mut over_spans = 0u64;
         let mut late = 0u64;
         let mut late_overflow = 0u64;
@@ -411,6 +412,8 @@ impl<P: Prepared> TraceAssembler<P> {
             }
         }
         self.events
+            .traces_closed_early(self.early.len() - early_before);
+        self.events
             .spans_dropped("max_traces_in_flight", over_traces);
         self.events.spans_dropped("max_spans_per_trace", over_spans);
         self.events
@@ -472,6 +475,7 @@ impl<P: Prepared> TraceAssembler<P> {
         now: Instant,
     ) {
         let mut inserted = false;
+        let early_before = self.early.len();
         for run in runs {
             let end = run.start + run.len;
             if end <= taken.len() && self.insert_one(run.trace_id, run.prepared, run.len, now) {
@@ -488,6 +492,8 @@ impl<P: Prepared> TraceAssembler<P> {
         {
             *last = Some(hold.clone());
         }
+        self.events
+            .traces_closed_early(self.early.len() - early_before);
         self.events
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
@@ -751,7 +757,6 @@ impl<P: Prepared> TraceAssembler<P> {
     }
 
     fn closed_early(&mut self, trace: CompletedTrace<P>) -> bool {
-        self.events.trace_closed_early();
         self.early.push(trace);
         true
     }
