@@ -2,6 +2,10 @@
 //! drop and export is counted here, so nothing is dropped silently and every component counts the
 //! same way. Each helper that records an event also logs it where a log line helps.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -36,6 +40,22 @@ pub struct ExportLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of `connections_open` and `connections_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `otlp_grpc`, `otlp_http` or `api`.
+    pub listener: &'static str,
+}
+
+/// Labels of `connections_closed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionCloseLabels {
+    /// `otlp_grpc`, `otlp_http` or `api`.
+    pub listener: &'static str,
+    /// `idle_timeout`, `header_timeout`, `tls_handshake` or `shutdown`.
+    pub reason: &'static str,
+}
+
 /// Every self-metric of the collector. Cheap to clone (counters are `Arc`s inside).
 #[derive(Clone, Debug, Default)]
 pub struct InternalEvents {
@@ -58,6 +78,13 @@ pub struct InternalEvents {
     /// `infertrace_recent_traces_not_kept_total`: traces analysed but not kept for
     /// `/api/traces/{id}` (the recent-trace ring's admission rate was used up).
     pub recent_traces_not_kept: Counter,
+    /// `infertrace_connections_open{listener}`.
+    pub connections_open: Family<ListenerLabels, Gauge>,
+    /// `infertrace_connections_refused_total{listener}`: connections closed at once because the
+    /// listener held its `connections.max`.
+    pub connections_refused: Family<ListenerLabels, Counter>,
+    /// `infertrace_connections_closed_total{listener,reason}`: connections the collector closed.
+    pub connections_closed: Family<ConnectionCloseLabels, Counter>,
 }
 
 impl InternalEvents {
@@ -109,6 +136,56 @@ impl InternalEvents {
             "Completed traces analysed but not kept in the recent-trace ring",
             self.recent_traces_not_kept.clone(),
         );
+        r.register(
+            prom::CONNECTIONS_OPEN,
+            "Connections open, by listener",
+            self.connections_open.clone(),
+        );
+        r.register(
+            prom::CONNECTIONS_REFUSED,
+            "Connections closed at once because the listener held its connections.max",
+            self.connections_refused.clone(),
+        );
+        r.register(
+            prom::CONNECTIONS_CLOSED,
+            "Connections closed by the collector, by listener and reason",
+            self.connections_closed.clone(),
+        );
+    }
+
+    /// Counts a connection refused by `listener` (over its `max` open connections), and logs
+    /// it at warn level (rate-limited).
+    pub fn connection_refused(&self, listener: &'static str, max: usize) {
+        self.connections_refused
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+        if log_allowed("connection_refused", listener) {
+            tracing::warn!(
+                listener,
+                max,
+                "connection refused: the listener holds its connections.max open connections; \
+                 raise connections.max or look for idle or stuck clients"
+            );
+        }
+    }
+
+    /// Counts a connection `listener` closed for `reason` (`idle_timeout`, `header_timeout`,
+    /// `tls_handshake`, `shutdown`), and logs it at warn level (rate-limited) except for idle
+    /// timeouts, which are ordinary.
+    pub fn connection_closed(&self, listener: &'static str, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ConnectionCloseLabels { listener, reason })
+            .inc();
+        if reason != "idle_timeout" && log_allowed(reason, listener) {
+            tracing::warn!(listener, reason, "connection closed by the collector");
+        }
+    }
+
+    /// The gauge of `listener`'s open connections.
+    pub fn connections_open_gauge(&self, listener: &'static str) -> Gauge {
+        self.connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .clone()
     }
 
     /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`),
@@ -151,5 +228,24 @@ impl InternalEvents {
         self.dropped_spans
             .get_or_create(&DropLabels { reason })
             .get()
+    }
+}
+
+/// How often one (reason, subject) pair may log a warn line.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Whether a warn line for `reason` about `subject` may be logged now: at most one per
+/// [`LOG_INTERVAL`] per pair, so a flood of refusals costs a counter increment, not a log line.
+pub fn log_allowed(reason: &'static str, subject: &'static str) -> bool {
+    static LAST: Mutex<Option<HashMap<(&'static str, &'static str), Instant>>> = Mutex::new(None);
+    let now = Instant::now();
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    let map = last.get_or_insert_with(HashMap::new);
+    match map.get(&(reason, subject)) {
+        Some(t) if now.duration_since(*t) < LOG_INTERVAL => false,
+        _ => {
+            map.insert((reason, subject), now);
+            true
+        }
     }
 }

@@ -371,4 +371,12 @@ pub mod prom {
     /// Self-metric: completed traces analysed but not kept in the recent-trace ring (its
     /// admission rate, `api.recent_traces` per second, was used up).
     pub const RECENT_TRACES_NOT_KEPT: &str = "recent_traces_not_kept";
+    /// Self-metric (gauge): connections open, by `listener` (`otlp_grpc`, `otlp_http`, `api`).
+    pub const CONNECTIONS_OPEN: &str = "connections_open";
+    /// Self-metric: connections closed at once because the listener held its
+    /// `connections.max`, by `listener`.
+    pub const CONNECTIONS_REFUSED: &str = "connections_refused";
+    /// Self-metric: connections the collector closed, by `listener` and `reason`
+    /// (`idle_timeout`, `header_timeout`, `tls_handshake`, `shutdown`).
+    pub const CONNECTIONS_CLOSED: &str = "connections_closed";
 }
