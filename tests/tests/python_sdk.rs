@@ -393,6 +393,7 @@ async fn python_sdk_and_curl_over_tls_and_mutual_tls() {
             ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", &pki.client_key),
         ],
     );
+    assert_eq!(sent.truth.len(), 20);
     recorded(&collector, 20).await;
     let sent = send_with_env(
         &http,
@@ -402,6 +403,7 @@ async fn python_sdk_and_curl_over_tls_and_mutual_tls() {
         0,
         &[("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", &pki.ca)],
     );
+    assert_eq!(sent.truth.len(), 20);
     recorded(&collector, 40).await;
 
     // curl: with a client certificate the API answers; without one, or over plain HTTP, not.
