@@ -319,8 +319,9 @@ async fn shutdown_cuts_half_open_requests_at_the_deadline() {
             .get()
     };
     assert_eq!(cut("otlp_http"), 1);
-    // The API stops after the receivers, which used the whole deadline: both are cut.
-    assert_eq!(cut("api"), 2);
+    // The API stops after the receivers, which used the whole deadline: the hanging request is
+    // cut; the idle connection is either closed by the drain or cut in the same instant.
+    assert!((1..=2).contains(&cut("api")), "{}", cut("api"));
 }
 
 /// A rustls client trusting the test CA, offering `alpn`, presenting `client` (certificate and
