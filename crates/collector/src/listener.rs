@@ -439,25 +439,51 @@ where
 {
     type Response = ::http::Response<TrackedBody<B>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = TrackedFuture<S::Future>;
 
     fn call(&self, req: ::http::Request<Incoming>) -> Self::Future {
-        let in_flight = self.activity.begin();
-        let future = self.inner.call(req);
-        Box::pin(async move {
-            let response = future.await?;
-            Ok(response.map(|body| TrackedBody {
-                inner: Box::pin(body),
-                _in_flight: in_flight,
-            }))
-        })
+        let in_flight = Some(self.activity.begin());
+        TrackedFuture {
+            inner: self.inner.call(req),
+            in_flight,
+        }
     }
 }
 
-/// A response body that keeps its request in flight until it is sent (or dropped).
-struct TrackedBody<B> {
-    inner: Pin<Box<B>>,
-    _in_flight: InFlight,
+pin_project_lite::pin_project! {
+    /// The response future of a [`Tracked`] service: hands the request's [`InFlight`] on to
+    /// the response body (or drops it with the future).
+    struct TrackedFuture<F> {
+        #[pin]
+        inner: F,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<F, B, E> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<::http::Response<B>, E>>,
+{
+    type Output = Result<::http::Response<TrackedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx))?;
+        let in_flight = this.in_flight.take();
+        Poll::Ready(Ok(response.map(|inner| TrackedBody {
+            inner,
+            _in_flight: in_flight,
+        })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request in flight until it is sent (or dropped).
+    struct TrackedBody<B> {
+        #[pin]
+        inner: B,
+        _in_flight: Option<InFlight>,
+    }
 }
 
 impl<B: Body> Body for TrackedBody<B> {
@@ -465,10 +491,10 @@ impl<B: Body> Body for TrackedBody<B> {
     type Error = B::Error;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        self.inner.as_mut().poll_frame(cx)
+        self.project().inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
