@@ -23,8 +23,9 @@
 //!   (`infertrace_connections_closed_total{reason="shutdown"}`). [`serve`] returns then.
 //!
 //! Closes are counted in `infertrace_connections_closed_total{listener,reason}` with reason
-//! `idle_timeout`, `header_timeout`, `tls_handshake` (failed or timed-out handshakes, including
-//! mutual-TLS clients without an accepted certificate) or `shutdown`.
+//! `idle_timeout`, `header_timeout`, `keepalive_timeout` (an HTTP/2 ping went unanswered),
+//! `tls_handshake` (failed or timed-out handshakes, including mutual-TLS clients without an
+//! accepted certificate) or `shutdown`.
 //!
 //! The service is any hyper service (the receivers' `service_fn`s, or an axum `Router` through
 //! [`hyper_util::service::TowerToHyperService`]); request-level checks (authentication and the
@@ -319,13 +320,13 @@ async fn serve_io<I, S, B>(
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(error) = result {
-                    let timeout = error
-                        .downcast_ref::<hyper::Error>()
-                        .is_some_and(hyper::Error::is_timeout);
-                    if timeout {
-                        shared.events.connection_closed(shared.name, "header_timeout");
-                    } else {
-                        tracing::debug!(listener = shared.name, %error, "connection ended with an error");
+                    match timeout_reason(&*error) {
+                        Some(reason) => shared.events.connection_closed(shared.name, reason),
+                        None => tracing::debug!(
+                            listener = shared.name,
+                            %error,
+                            "connection ended with an error"
+                        ),
                     }
                 }
                 return;
@@ -349,6 +350,21 @@ async fn serve_io<I, S, B>(
             }
         }
     }
+}
+
+/// The close reason of a connection that hyper ended with `error`, when it was a timeout:
+/// `keepalive_timeout` (an HTTP/2 ping went unanswered) or `header_timeout` (HTTP/1 head).
+fn timeout_reason(error: &(dyn StdError + 'static)) -> Option<&'static str> {
+    let hyper_error = error.downcast_ref::<hyper::Error>()?;
+    // hyper exposes no kind for the keep-alive timeout; its cause says it.
+    let mut source = hyper_error.source();
+    while let Some(cause) = source {
+        if cause.to_string() == "keep-alive timed out" {
+            return Some("keepalive_timeout");
+        }
+        source = cause.source();
+    }
+    hyper_error.is_timeout().then_some("header_timeout")
 }
 
 /// What a connection is doing, for the idle and first-request timeouts.

@@ -548,3 +548,54 @@ fn connection_limits_are_validated() {
     );
     assert!(c.api.tls.unwrap().client_ca_file.is_none());
 }
+
+/// One HTTP/2 frame: 9-byte header and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_http2_peer_is_detected_by_keepalive_pings() {
+    let mut config = test_config();
+    // Idle and header timeouts far away: only the unanswered pings can end the connection.
+    config.receivers.otlp_http.connections = ConnectionsConfig {
+        http2_keepalive_interval: Duration::from_secs(1),
+        http2_keepalive_timeout: Duration::from_secs(1),
+        ..connections(100, Duration::from_secs(300), Duration::from_secs(300))
+    };
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    // A peer that opens a request stream (its body never comes) and then goes silent: it never
+    // reads, so it never answers a PING.
+    let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
+    let mut headers = vec![0x83, 0x86]; // :method POST, :scheme http (static table)
+    for (name_index, value) in [(4u8, "/v1/traces"), (1, "x")] {
+        headers.push(name_index); // literal without indexing, indexed name (:path, :authority)
+        headers.push(u8::try_from(value.len()).unwrap());
+        headers.extend_from_slice(value.as_bytes());
+    }
+    headers.extend([0x0f, 0x10]); // content-type (static index 31)
+    headers.push(22);
+    headers.extend_from_slice(b"application/x-protobuf");
+    out.extend(h2_frame(1, 0x4, 1, &headers)); // HEADERS, END_HEADERS, no END_STREAM
+    s.write_all(&out).await.unwrap();
+    eventually(WAIT, "the request in flight", || open(&c, "otlp_http") == 1).await;
+    // Not reading means not seeing the close either: wait for the server side to let go.
+    eventually(WAIT, "the dead peer's connection closed", || {
+        open(&c, "otlp_http") == 0
+    })
+    .await;
+    assert_eq!(closed(&c, "otlp_http", "keepalive_timeout"), 1);
+    assert_eq!(
+        closed(&c, "otlp_http", "idle_timeout") + closed(&c, "otlp_http", "header_timeout"),
+        0,
+        "closed by the keep-alive, not by a timeout"
+    );
+    drop(s);
+    c.stop().await.unwrap();
+}

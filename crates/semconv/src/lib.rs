@@ -377,6 +377,6 @@ pub mod prom {
     /// `connections.max`, by `listener`.
     pub const CONNECTIONS_REFUSED: &str = "connections_refused";
     /// Self-metric: connections the collector closed, by `listener` and `reason`
-    /// (`idle_timeout`, `header_timeout`, `tls_handshake`, `shutdown`).
+    /// (`idle_timeout`, `header_timeout`, `keepalive_timeout`, `tls_handshake`, `shutdown`).
     pub const CONNECTIONS_CLOSED: &str = "connections_closed";
 }
