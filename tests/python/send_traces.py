@@ -25,7 +25,9 @@ def exporter_for(protocol, endpoint):
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=endpoint, insecure=True)
+        # https:// endpoints use TLS, trusting OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE (and
+        # presenting OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE / _CLIENT_KEY when set).
+        return OTLPSpanExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")

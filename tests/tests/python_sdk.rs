@@ -3,6 +3,8 @@
 //! Prometheus' `histogram_quantile` agree with values computed here from the ground truth.
 
 mod support_prom;
+#[path = "../../crates/collector/tests/support_tls/mod.rs"]
+mod support_tls;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -38,9 +40,29 @@ struct Sent {
 }
 
 fn send(endpoint: &str, protocol: &str, dialect: &str, count: usize, error_every: usize) -> Sent {
+    send_with_env(endpoint, protocol, dialect, count, error_every, &[])
+}
+
+/// [`send`] with extra environment variables for the SDK (e.g. its TLS certificate files).
+fn send_with_env(
+    endpoint: &str,
+    protocol: &str,
+    dialect: &str,
+    count: usize,
+    error_every: usize,
+    env: &[(&str, &std::path::Path)],
+) -> Sent {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/send_traces.py");
     let service = format!("py-{dialect}-{protocol}");
-    let out = Command::new("python3")
+    let mut cmd = Command::new("python3");
+    if !env.is_empty() {
+        // requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override the exporter's
+        // certificate_file: without this, a machine that sets them distrusts the test CA.
+        cmd.env_remove("REQUESTS_CA_BUNDLE")
+            .env_remove("CURL_CA_BUNDLE");
+    }
+    let out = cmd
+        .envs(env.iter().map(|(k, v)| (*k, *v)))
         .arg(script)
         .args([
             "--endpoint",
@@ -284,4 +306,147 @@ async fn python_sdk_dialects_give_the_true_kpis() {
         }
     }
     collector.stop().await.expect("clean shutdown");
+}
+
+/// Waits until the collector has recorded `n` requests (the API is behind mutual TLS here).
+async fn recorded(collector: &RunningCollector, n: u64) {
+    let start = Instant::now();
+    while collector.pipeline().requests_recorded() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{n} requests not recorded: {}",
+            collector.pipeline().requests_recorded()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// curl over TLS trusting `ca`, optionally with a client certificate: `Some(body)` on success.
+fn curl(
+    curl_bin: &std::path::Path,
+    url: &str,
+    ca: &std::path::Path,
+    client: Option<(&std::path::Path, &std::path::Path)>,
+) -> Option<String> {
+    let mut cmd = Command::new(curl_bin);
+    cmd.args([
+        "--silent",
+        "--show-error",
+        "--fail",
+        "--max-time",
+        "20",
+        "--cacert",
+    ])
+    .arg(ca);
+    if let Some((cert, key)) = client {
+        cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+    }
+    let out = cmd.arg(url).output().expect("run curl");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_and_curl_over_tls_and_mutual_tls() {
+    if !python_sdk() {
+        return;
+    }
+    let Some(curl_bin) = require_binary(
+        "CURL",
+        "curl",
+        "python_sdk_and_curl_over_tls_and_mutual_tls",
+    ) else {
+        return;
+    };
+    let pki = support_tls::TestPki::generate();
+    let mut config = CollectorConfig::default();
+    config.store.enabled = false;
+    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
+    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
+    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    config.assembly.grace = Duration::from_millis(200);
+    // gRPC: mutual TLS; HTTP: TLS; API: mutual TLS.
+    config.receivers.otlp_grpc.tls = Some(pki.server_tls(true));
+    config.receivers.otlp_http.tls = Some(pki.server_tls(false));
+    config.api.tls = Some(pki.server_tls(true));
+    let collector = server::run(config, std::future::pending())
+        .await
+        .expect("collector starts");
+    let grpc = format!("https://127.0.0.1:{}", collector.grpc_addr.unwrap().port());
+    let http = format!("https://127.0.0.1:{}", collector.http_addr.unwrap().port());
+    let api = format!("https://127.0.0.1:{}", collector.api_addr.port());
+
+    // The SDK over gRPC with a client certificate (mutual TLS), and over HTTP with the CA only.
+    let sent = send_with_env(
+        &grpc,
+        "grpc",
+        "infertrace",
+        20,
+        0,
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", &pki.ca),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                &pki.client_cert,
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", &pki.client_key),
+        ],
+    );
+    assert_eq!(sent.truth.len(), 20);
+    recorded(&collector, 20).await;
+    let sent = send_with_env(
+        &http,
+        "http",
+        "vllm",
+        20,
+        0,
+        &[("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", &pki.ca)],
+    );
+    assert_eq!(sent.truth.len(), 20);
+    recorded(&collector, 40).await;
+
+    // curl: with a client certificate the API answers; without one, or over plain HTTP, not.
+    let client = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
+    let health =
+        curl(&curl_bin, &format!("{api}/health"), &pki.ca, client).expect("/health over mTLS");
+    assert!(health.contains("ok"), "{health}");
+    let metrics =
+        curl(&curl_bin, &format!("{api}/metrics"), &pki.ca, client).expect("/metrics over mTLS");
+    assert!(
+        metrics.contains(
+            "infertrace_receiver_spans_total{receiver=\"otlp_grpc\",outcome=\"accepted\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        curl(&curl_bin, &format!("{api}/health"), &pki.ca, None).is_none(),
+        "no client certificate: refused"
+    );
+    let other = Some((
+        pki.other_client_cert.as_path(),
+        pki.other_client_key.as_path(),
+    ));
+    assert!(
+        curl(&curl_bin, &format!("{api}/health"), &pki.ca, other).is_none(),
+        "another CA's certificate: refused"
+    );
+    // curl to the TLS-only OTLP/HTTP receiver, trusting the CA: answered (405 on GET).
+    let out = Command::new("curl")
+        .args([
+            "--silent",
+            "--max-time",
+            "20",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--cacert",
+        ])
+        .arg(&pki.ca)
+        .arg(format!("{http}/v1/traces"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "405");
+    collector.stop().await.unwrap();
 }

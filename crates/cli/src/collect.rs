@@ -70,20 +70,32 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
 /// Waits for SIGINT or SIGTERM (the example servers' handler: one implementation for both).
 pub use infertrace_examples::server::shutdown_signal;
 
-/// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully.
+/// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully: in-flight
+/// requests get until `shutdown_timeout` (default 15 s), then every connection is cut.
 pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
+    let (grpc_tls, http_tls, api_tls) = (
+        config.receivers.otlp_grpc.tls.is_some(),
+        config.receivers.otlp_http.tls.is_some(),
+        config.api.tls.is_some(),
+    );
     let collector = server::run(config, shutdown_signal())
         .await
         .context("starting the collector")?;
-    let show = |a: Option<SocketAddr>| a.map_or("disabled".to_owned(), |a| a.to_string());
+    let show = |a: Option<SocketAddr>, tls: bool| {
+        a.map_or("disabled".to_owned(), |a| match tls {
+            true => format!("{a} (TLS)"),
+            false => a.to_string(),
+        })
+    };
+    let api_scheme = if api_tls { "https" } else { "http" };
     let history = collector.store().map_or("history: off".to_owned(), |s| {
         format!("history: {}", s.path().display())
     });
     eprintln!(
-        "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API http://{}  (metrics: /metrics, KPIs: /api/kpis; {history}; Ctrl-C stops)",
-        show(collector.grpc_addr),
-        show(collector.http_addr),
+        "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API {api_scheme}://{}  (metrics: /metrics, KPIs: /api/kpis; {history}; Ctrl-C stops)",
+        show(collector.grpc_addr, grpc_tls),
+        show(collector.http_addr, http_tls),
         collector.api_addr
     );
     let report = collector
@@ -97,16 +109,21 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs `infertrace check-config FILE`.
+/// Runs `infertrace check-config FILE`: parses and validates the file, and reads and parses
+/// every TLS certificate, key and CA file it names.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
-    match CollectorConfig::from_file(&args.file) {
-        Ok(_) => {
-            println!("{}: OK", args.file.display());
-            Ok(ExitCode::SUCCESS)
-        }
+    let config = match CollectorConfig::from_file(&args.file) {
+        Ok(config) => config,
         Err(e) => {
             eprintln!("{e}");
-            Ok(ExitCode::FAILURE)
+            return Ok(ExitCode::FAILURE);
         }
+    };
+    // The TLS files are read and parsed as the collector would at start.
+    if let Err(e) = config.tls_server_configs() {
+        eprintln!("{}: TLS: {e}", args.file.display());
+        return Ok(ExitCode::FAILURE);
     }
+    println!("{}: OK", args.file.display());
+    Ok(ExitCode::SUCCESS)
 }

@@ -27,6 +27,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the collector: OTLP in (gRPC :4317, HTTP :4318), KPIs, /metrics and the API out (:9464).
+    /// SIGTERM/Ctrl-C: stop accepting, finish in-flight requests until `shutdown_timeout`, flush.
     Collect(collect::CollectArgs),
     /// Run everything in one process on a simulated engine, then print the report.
     Demo(demo::DemoArgs),
@@ -34,7 +35,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Analyse exported trace files (OTLP JSON or Jaeger JSON) offline.
     Analyze(analyze::AnalyzeArgs),
-    /// Validate a collector config file; prints each problem with its line number.
+    /// Validate a collector config file (and read the TLS files it names); prints each problem
+    /// with its line number, or the TLS key and file.
     CheckConfig(collect::CheckConfigArgs),
 }
 
@@ -66,7 +68,10 @@ where
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
-    rt.block_on(fut)
+    let result = rt.block_on(fut);
+    // Tasks still running (a connection being cut, a blocking read) must not hold the exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
 }
 
 fn init_logging() {

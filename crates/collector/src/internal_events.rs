@@ -86,6 +86,8 @@ struct Logs {
     closed_early: RateLimitedLog,
     truncated: RateLimitedLog,
     reclaimed: RateLimitedLog,
+    connections_refused: RateLimitedLog,
+    connections_closed: RateLimitedLog,
 }
 
 /// Labels of `exported_spans_total`.
@@ -95,6 +97,22 @@ pub struct ExportLabels {
     pub exporter: &'static str,
     /// `ok` or `failed`.
     pub outcome: &'static str,
+}
+
+/// Labels of `connections_open` and `connections_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `otlp_grpc`, `otlp_http` or `api`.
+    pub listener: &'static str,
+}
+
+/// Labels of `connections_closed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionCloseLabels {
+    /// `otlp_grpc`, `otlp_http` or `api`.
+    pub listener: &'static str,
+    /// `idle_timeout`, `header_timeout`, `keepalive_timeout`, `tls_handshake` or `shutdown`.
+    pub reason: &'static str,
 }
 
 /// Every self-metric of the collector. Cheap to clone (counters are `Arc`s inside).
@@ -130,6 +148,13 @@ pub struct InternalEvents {
     /// accepted (the sender was told to retry, or why not).
     pub requests_refused: Family<RefusalLabels, Counter>,
     logs: Arc<Logs>,
+    /// `infertrace_connections_open{listener}`.
+    pub connections_open: Family<ListenerLabels, Gauge>,
+    /// `infertrace_connections_refused_total{listener}`: connections closed at once because the
+    /// listener held its `connections.max`.
+    pub connections_refused: Family<ListenerLabels, Counter>,
+    /// `infertrace_connections_closed_total{listener,reason}`: connections the collector closed.
+    pub connections_closed: Family<ConnectionCloseLabels, Counter>,
 }
 
 impl InternalEvents {
@@ -201,6 +226,65 @@ impl InternalEvents {
             "Completed traces analysed but not kept in the recent-trace ring",
             self.recent_traces_not_kept.clone(),
         );
+        r.register(
+            prom::CONNECTIONS_OPEN,
+            "Connections open, by listener",
+            self.connections_open.clone(),
+        );
+        r.register(
+            prom::CONNECTIONS_REFUSED,
+            "Connections closed at once because the listener held its connections.max",
+            self.connections_refused.clone(),
+        );
+        r.register(
+            prom::CONNECTIONS_CLOSED,
+            "Connections closed by the collector, by listener and reason",
+            self.connections_closed.clone(),
+        );
+    }
+
+    /// Counts a connection refused by `listener` (over its `max` open connections), and logs
+    /// it at warn level (rate-limited).
+    pub fn connection_refused(&self, listener: &'static str, max: usize) {
+        self.connections_refused
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+        if let Some(count) = self.logs.connections_refused.note(1) {
+            tracing::warn!(
+                listener,
+                max,
+                connections = count,
+                "connection refused: the listener holds its connections.max open connections; \
+                 raise connections.max or look for idle or stuck clients"
+            );
+        }
+    }
+
+    /// Counts a connection `listener` closed for `reason` (`idle_timeout`, `header_timeout`,
+    /// `keepalive_timeout`, `tls_handshake`, `shutdown`), and logs it at warn level (rate-limited) except for idle
+    /// timeouts, which are ordinary.
+    pub fn connection_closed(&self, listener: &'static str, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ConnectionCloseLabels { listener, reason })
+            .inc();
+        if reason != "idle_timeout"
+            && let Some(count) = self.logs.connections_closed.note(1)
+        {
+            tracing::warn!(
+                listener,
+                reason,
+                connections = count,
+                "connections closed by the collector (the latest reason; all of them since the \
+                 last line; see infertrace_connections_closed_total)"
+            );
+        }
+    }
+
+    /// The gauge of `listener`'s open connections.
+    pub fn connections_open_gauge(&self, listener: &'static str) -> Gauge {
+        self.connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .clone()
     }
 
     /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`),

@@ -12,6 +12,7 @@ pub mod forward;
 pub mod ingest;
 pub mod internal_events;
 pub mod limiter;
+pub mod listener;
 pub mod otlp_decode;
 pub mod pipeline;
 pub mod prom_export;

@@ -3,13 +3,21 @@
 //!
 //! Every listener is bound before `run` returns, so callers (tests, the `demo` command) can ask
 //! for port 0 and read the bound addresses from [`RunningCollector`]. Shutdown, when the given
-//! future resolves or [`RunningCollector::shutdown`] is called:
-//! 1. the receivers stop accepting and let in-flight requests finish;
+//! future resolves or [`RunningCollector::shutdown`] is called, runs against one deadline,
+//! `shutdown_timeout` (config key, default 15 s) after the signal:
+//! 1. the receivers stop accepting and let in-flight requests finish until the deadline, then
+//!    cut every connection still open;
 //! 2. the pipeline refuses anything later, closes every trace in flight (without waiting for
 //!    its grace) and records it into the KPIs;
 //! 3. the history store (when on) receives what the pipeline's feed holds and commits it;
 //! 4. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]);
-//! 5. the API stops last, so a final scrape can still see the flushed KPIs until then.
+//! 5. the API stops last, so a final scrape can still see the flushed KPIs until then: it stops
+//!    accepting, lets requests finish until the same deadline (or not at all when the deadline
+//!    has passed) and cuts what is left.
+//!
+//! Every listener is served by [`crate::listener::serve`] with its `connections:` limits and
+//! `tls:` from the config; TLS files are read before anything is bound, and an unreadable or
+//! invalid one stops `run` with [`ServerError::Tls`] naming the key and the file.
 //!
 //! **History store** ([`crate::store`], `store:` in the config): opened before anything is
 //! bound; a file that is not infertrace's database stops `run` with [`ServerError::Store`]
@@ -37,7 +45,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::CriticalPathSummary;
 use infertrace_analysis::diagnosis::Finding;
@@ -47,15 +55,18 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, Alerting, AlertsView, ApiState};
-use crate::config::CollectorConfig;
+use crate::config::{CollectorConfig, TlsError};
 use crate::dashboard;
 use crate::forward;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 use crate::limiter::MemoryLimiter;
+use crate::listener::{API_LISTENER, ListenerSettings};
 use crate::pipeline::{Pipeline, TickStats};
 use crate::prom_export::{PromMetrics, build_registry};
-use crate::receiver::{ReceiverLimits, serve_grpc, serve_http};
+use crate::receiver::{
+    GRPC_RECEIVER, HTTP_RECEIVER, ReceiverLimits, serve_grpc_with, serve_http_with,
+};
 use crate::store::{Store, StoreError, unix_nanos_now};
 
 /// Longest the forwarder may take to send its queue at shutdown.
@@ -83,6 +94,9 @@ pub enum ServerError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A listener's TLS certificate, key or client CA file is unreadable or invalid.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// The forwarder could not be set up.
     #[error(transparent)]
     Forward(#[from] forward::ForwardError),
@@ -223,6 +237,7 @@ pub async fn run(
         .validate()
         .map_err(|e| ServerError::Config(e.to_string()))?;
     // Before binding anything: a refused file stops the start with its name.
+    let tls = config.tls_server_configs()?;
     let store = Store::open_configured(&config.store)?;
     let r = &config.receivers;
     let grpc_listener = match r.otlp_grpc.enabled {
@@ -315,22 +330,36 @@ pub async fn run(
         retry_after_secs: 1,
     };
     let ingest: Arc<dyn Ingest> = pipeline.clone();
+    let shutdown_timeout = config.shutdown_timeout;
+    let receiver_deadline = |rx: watch::Receiver<bool>| async move {
+        stopped(rx).await;
+        Instant::now() + shutdown_timeout
+    };
     let grpc_task = grpc_listener.map(|l| {
-        tokio::spawn(serve_grpc(
+        let settings = ListenerSettings::new(GRPC_RECEIVER)
+            .with_connections(r.otlp_grpc.connections.clone())
+            .with_tls(tls.otlp_grpc.clone())
+            .http2_only();
+        tokio::spawn(serve_grpc_with(
             l,
+            settings,
             ingest.clone(),
             events.clone(),
             limits.clone(),
-            stopped(stop_rx.clone()),
+            receiver_deadline(stop_rx.clone()),
         ))
     });
     let http_task = http_listener.map(|l| {
-        tokio::spawn(serve_http(
+        let settings = ListenerSettings::new(HTTP_RECEIVER)
+            .with_connections(r.otlp_http.connections.clone())
+            .with_tls(tls.otlp_http.clone());
+        tokio::spawn(serve_http_with(
             l,
+            settings,
             ingest.clone(),
             events.clone(),
             limits.clone(),
-            stopped(stop_rx.clone()),
+            receiver_deadline(stop_rx.clone()),
         ))
     });
     drop(ingest);
@@ -396,11 +425,19 @@ pub async fn run(
         pipeline.clone(),
         dashboard::DashboardSettings::from_config(&config).with_history(store.is_some()),
     ));
-    let api_task = tokio::spawn(
-        axum::serve(api_listener, app)
-            .with_graceful_shutdown(stopped(late_stop_rx))
-            .into_future(),
-    );
+    // The API stops after the flush, against the deadline set when the shutdown began.
+    let (api_deadline_tx, api_deadline_rx) = tokio::sync::oneshot::channel::<Instant>();
+    let api_settings = ListenerSettings::new(API_LISTENER)
+        .with_connections(config.api.connections.clone())
+        .with_tls(tls.api.clone());
+    let api_task = tokio::spawn(crate::listener::serve(
+        api_listener,
+        api_settings,
+        events.clone(),
+        hyper_util::service::TowerToHyperService::new(app),
+        async move { api_deadline_rx.await.unwrap_or_else(|_| Instant::now()) },
+    ));
+    drop(late_stop_rx);
     tracing::info!(
         grpc = ?grpc_addr,
         http = ?http_addr,
@@ -413,7 +450,11 @@ pub async fn run(
         let mut stop_rx = stop_rx;
         tokio::spawn(async move {
             let _ = stop_rx.wait_for(|v| *v).await;
-            tracing::info!("shutting down: draining receivers");
+            let deadline = Instant::now() + shutdown_timeout;
+            tracing::info!(
+                ?shutdown_timeout,
+                "shutting down: draining receivers (connections still open at the deadline are cut)"
+            );
             let mut result = Ok(());
             for (what, task) in [("otlp_grpc", grpc_task), ("otlp_http", http_task)] {
                 if let Some(task) = task {
@@ -453,6 +494,7 @@ pub async fn run(
                 f.close(SHUTDOWN_DEADLINE).await;
             }
             let _ = late_stop_tx.send(true);
+            let _ = api_deadline_tx.send(deadline);
             let _ = alert_task.await;
             if let Some(t) = findings_task {
                 let _ = t.await;

@@ -381,4 +381,12 @@ pub mod prom {
     pub const SERIES_RECLAIMED: &str = "series_reclaimed";
     /// Self-metric: requests refused, by receiver and reason (before anything was accepted).
     pub const REQUESTS_REFUSED: &str = "requests_refused";
+    /// Self-metric (gauge): connections open, by `listener` (`otlp_grpc`, `otlp_http`, `api`).
+    pub const CONNECTIONS_OPEN: &str = "connections_open";
+    /// Self-metric: connections closed at once because the listener held its
+    /// `connections.max`, by `listener`.
+    pub const CONNECTIONS_REFUSED: &str = "connections_refused";
+    /// Self-metric: connections the collector closed, by `listener` and `reason`
+    /// (`idle_timeout`, `header_timeout`, `keepalive_timeout`, `tls_handshake`, `shutdown`).
+    pub const CONNECTIONS_CLOSED: &str = "connections_closed";
 }

@@ -25,9 +25,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use infertrace_collector::receiver::{
-    H2_CONNECTION_WINDOW, H2_MAX_FRAME, H2_STREAM_WINDOW, ReceiverLimits, serve_grpc, serve_http,
-};
+use infertrace_collector::listener::{H2_CONNECTION_WINDOW, H2_MAX_FRAME, H2_STREAM_WINDOW};
+use infertrace_collector::receiver::{ReceiverLimits, serve_grpc, serve_http};
 use infertrace_collector::{Ingest, IngestBatch, IngestError, InternalEvents};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,

@@ -25,8 +25,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::assembler::AssemblerConfig;
 
+mod network;
+pub use network::{
+    Alpn, ConnectionsConfig, DEFAULT_SHUTDOWN_TIMEOUT, TlsConfig, TlsError, crypto_provider,
+};
+
 /// The whole collector configuration.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CollectorConfig {
     /// OTLP receivers.
@@ -49,6 +54,41 @@ pub struct CollectorConfig {
     pub critical_path: CriticalPathSection,
     /// The embedded history store (`--data-dir`, `--no-store`).
     pub store: crate::store::StoreOptions,
+    /// How long shutdown (SIGTERM, ctrl-c) lets in-flight requests finish before every open
+    /// connection, on every listener, is cut; the flush of traces in flight, the history store
+    /// and the forwarder follow. Default 15s.
+    #[serde(with = "human_duration")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        Self {
+            receivers: ReceiversConfig::default(),
+            api: ApiConfig::default(),
+            limits: LimitsConfig::default(),
+            assembly: AssemblyConfig::default(),
+            kpi: KpiSection::default(),
+            diagnosis: DiagnosisConfig::default(),
+            alerts: AlertsSection::default(),
+            forward: ForwardConfig::default(),
+            critical_path: CriticalPathSection::default(),
+            store: crate::store::StoreOptions::default(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+/// The TLS configurations of the three listeners, read from their files
+/// ([`CollectorConfig::tls_server_configs`]); `None` where a listener has no `tls:`.
+#[derive(Clone, Debug, Default)]
+pub struct ListenerTls {
+    /// `receivers.otlp_grpc.tls` (ALPN `h2`).
+    pub otlp_grpc: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// `receivers.otlp_http.tls` (ALPN `h2`, `http/1.1`).
+    pub otlp_http: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// `api.tls` (ALPN `h2`, `http/1.1`).
+    pub api: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 /// `receivers:` — where OTLP comes in.
@@ -86,6 +126,11 @@ pub struct OtlpGrpcReceiver {
     pub enabled: bool,
     /// `IP:port` to listen on (port 0 picks a free port). Default `127.0.0.1:4317`.
     pub endpoint: SocketAddr,
+    /// Connection limit and timeouts ([`ConnectionsConfig`]).
+    pub connections: ConnectionsConfig,
+    /// TLS (and mutual TLS) of this listener ([`TlsConfig`]). Default: none (plain text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for OtlpGrpcReceiver {
@@ -93,6 +138,8 @@ impl Default for OtlpGrpcReceiver {
         Self {
             enabled: true,
             endpoint: ([127, 0, 0, 1], 4317).into(),
+            connections: ConnectionsConfig::default(),
+            tls: None,
         }
     }
 }
@@ -105,6 +152,11 @@ pub struct OtlpHttpReceiver {
     pub enabled: bool,
     /// `IP:port` to listen on (port 0 picks a free port). Default `127.0.0.1:4318`.
     pub endpoint: SocketAddr,
+    /// Connection limit and timeouts ([`ConnectionsConfig`]).
+    pub connections: ConnectionsConfig,
+    /// TLS (and mutual TLS) of this listener ([`TlsConfig`]). Default: none (plain text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for OtlpHttpReceiver {
@@ -112,6 +164,8 @@ impl Default for OtlpHttpReceiver {
         Self {
             enabled: true,
             endpoint: ([127, 0, 0, 1], 4318).into(),
+            connections: ConnectionsConfig::default(),
+            tls: None,
         }
     }
 }
@@ -130,6 +184,11 @@ pub struct ApiConfig {
     /// Most spans those traces may hold in all (the oldest trace is forgotten first).
     /// Default 100000.
     pub recent_trace_spans: usize,
+    /// Connection limit and timeouts ([`ConnectionsConfig`]).
+    pub connections: ConnectionsConfig,
+    /// TLS (and mutual TLS) of the API ([`TlsConfig`]). Default: none (plain text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ApiConfig {
@@ -138,6 +197,8 @@ impl Default for ApiConfig {
             listen: ([127, 0, 0, 1], 9464).into(),
             recent_traces: 1000,
             recent_trace_spans: 100_000,
+            connections: ConnectionsConfig::default(),
+            tls: None,
         }
     }
 }
@@ -583,11 +644,61 @@ impl CollectorConfig {
                 "must be in (0, 1]",
             ));
         }
+        self.validate_network()?;
         self.validate_diagnosis()?;
         self.validate_alerts()?;
         self.validate_forward()?;
         self.validate_store()?;
         Ok(())
+    }
+
+    fn validate_network(&self) -> Result<(), Invalid> {
+        let r = &self.receivers;
+        for (path, c) in [
+            (
+                ["receivers", "otlp_grpc", "connections"],
+                &r.otlp_grpc.connections,
+            ),
+            (
+                ["receivers", "otlp_http", "connections"],
+                &r.otlp_http.connections,
+            ),
+            (["api", "connections", ""], &self.api.connections),
+        ] {
+            if let Err((field, message)) = c.validate() {
+                let mut path: Vec<&'static str> =
+                    path.into_iter().filter(|p| !p.is_empty()).collect();
+                path.push(field);
+                return Err(Invalid::new(&path, message));
+            }
+        }
+        if self.shutdown_timeout.is_zero() {
+            return Err(Invalid::new(&["shutdown_timeout"], "must be more than 0"));
+        }
+        Ok(())
+    }
+
+    /// Reads every listener's TLS files and builds their rustls configurations (the gRPC
+    /// receiver offers ALPN `h2`, the others `h2` and `http/1.1`). An unreadable or invalid
+    /// file is an error naming the config key and the file. `check-config` and the start of
+    /// the collector both call this.
+    pub fn tls_server_configs(&self) -> Result<ListenerTls, TlsError> {
+        let load = |tls: &Option<TlsConfig>, key: &str, alpn| {
+            tls.as_ref().map(|t| t.server_config(key, alpn)).transpose()
+        };
+        Ok(ListenerTls {
+            otlp_grpc: load(
+                &self.receivers.otlp_grpc.tls,
+                "receivers.otlp_grpc.tls",
+                Alpn::H2Only,
+            )?,
+            otlp_http: load(
+                &self.receivers.otlp_http.tls,
+                "receivers.otlp_http.tls",
+                Alpn::H2AndHttp1,
+            )?,
+            api: load(&self.api.tls, "api.tls", Alpn::H2AndHttp1)?,
+        })
     }
 
     fn validate_store(&self) -> Result<(), Invalid> {

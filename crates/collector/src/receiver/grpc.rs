@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::CONTENT_TYPE;
@@ -22,7 +23,8 @@ use crate::internal_events::InternalEvents;
 
 use super::body::{GrpcBody, grpc_percent_encode};
 use super::export::{Outcome, Payload, Receiver};
-use super::{GRPC_RECEIVER, ReceiverLimits, serve_connections};
+use super::{GRPC_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
+use crate::listener::{ListenerSettings, deadline_after, serve};
 
 /// The gRPC path of the trace export method.
 pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -51,6 +53,29 @@ pub async fn serve_grpc(
     limits: ReceiverLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let settings = ListenerSettings::new(GRPC_RECEIVER).http2_only();
+    serve_grpc_with(
+        listener,
+        settings,
+        ingest,
+        events,
+        limits,
+        deadline_after(shutdown, SHUTDOWN_GRACE),
+    )
+    .await
+}
+
+/// As [`serve_grpc`], with the listener's limits, timeouts and TLS in `settings`; `shutdown`
+/// resolves with the deadline after which open connections are cut.
+pub async fn serve_grpc_with(
+    listener: TcpListener,
+    settings: ListenerSettings,
+    ingest: Arc<dyn Ingest>,
+    events: InternalEvents,
+    limits: ReceiverLimits,
+    shutdown: impl Future<Output = Instant> + Send,
+) -> std::io::Result<()> {
+    let events_for_listener = events.clone();
     let receiver = Arc::new(Receiver {
         name: GRPC_RECEIVER,
         ingest,
@@ -61,7 +86,7 @@ pub async fn serve_grpc(
         let receiver = receiver.clone();
         async move { Ok::<_, Infallible>(handle(&receiver, req).await) }
     });
-    serve_connections(listener, true, service, shutdown).await
+    serve(listener, settings, events_for_listener, service, shutdown).await
 }
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBody> {

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONNECTION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
@@ -20,7 +21,8 @@ use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 
 use super::export::{Outcome, Payload, Receiver};
-use super::{HTTP_RECEIVER, ReceiverLimits, serve_connections};
+use super::{HTTP_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
+use crate::listener::{ListenerSettings, deadline_after, serve};
 
 /// The traces path.
 pub const TRACES_PATH: &str = "/v1/traces";
@@ -45,6 +47,29 @@ pub async fn serve_http(
     limits: ReceiverLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let settings = ListenerSettings::new(HTTP_RECEIVER);
+    serve_http_with(
+        listener,
+        settings,
+        ingest,
+        events,
+        limits,
+        deadline_after(shutdown, SHUTDOWN_GRACE),
+    )
+    .await
+}
+
+/// As [`serve_http`], with the listener's limits, timeouts and TLS in `settings`; `shutdown`
+/// resolves with the deadline after which open connections are cut.
+pub async fn serve_http_with(
+    listener: TcpListener,
+    settings: ListenerSettings,
+    ingest: Arc<dyn Ingest>,
+    events: InternalEvents,
+    limits: ReceiverLimits,
+    shutdown: impl Future<Output = Instant> + Send,
+) -> std::io::Result<()> {
+    let events_for_listener = events.clone();
     let receiver = Arc::new(Receiver {
         name: HTTP_RECEIVER,
         ingest,
@@ -55,7 +80,7 @@ pub async fn serve_http(
         let receiver = receiver.clone();
         async move { Ok::<_, Infallible>(handle(&receiver, req).await) }
     });
-    serve_connections(listener, false, service, shutdown).await
+    serve(listener, settings, events_for_listener, service, shutdown).await
 }
 
 /// The body encoding of a request (and of its answer).

@@ -1,5 +1,6 @@
 //! OTLP receivers: gRPC (`TraceService/Export`) and HTTP (`POST /v1/traces`, protobuf or JSON),
-//! both on hyper with TCP_NODELAY set on every accepted socket.
+//! both on hyper with TCP_NODELAY set on every accepted socket, served by
+//! [`crate::listener::serve`] (connection limit, timeouts, TLS, shutdown deadline).
 //!
 //! Both follow the OTLP specification's rules:
 //!
@@ -33,20 +34,12 @@ mod export;
 mod grpc;
 mod http;
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::time::Duration;
-
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
 
 use crate::limiter::MemoryLimiter;
 
-pub use grpc::serve_grpc;
-pub use http::serve_http;
+pub use grpc::{serve_grpc, serve_grpc_with};
+pub use http::{serve_http, serve_http_with};
 
 /// Default maximum request body, before and after decompression: 16 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -59,19 +52,9 @@ pub const GRPC_RECEIVER: &str = "otlp_grpc";
 /// The `receiver` label of the HTTP receiver's counters.
 pub const HTTP_RECEIVER: &str = "otlp_http";
 
-/// How long a shutdown waits for in-flight requests before returning.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// How long an HTTP/1 client may take to send a request's headers (slow-loris guard).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// HTTP/2 flow-control windows and frame size: large enough that a 16-connection client sending
-/// ~300 KB requests is never stalled on window updates.
-pub const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-/// The HTTP/2 connection window of every receiver (see [`H2_STREAM_WINDOW`]).
-pub const H2_CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
-/// The largest HTTP/2 frame every receiver accepts (see [`H2_STREAM_WINDOW`]).
-pub const H2_MAX_FRAME: u32 = 256 * 1024;
+/// How long a shutdown of [`serve_grpc`] / [`serve_http`] waits for in-flight requests before
+/// cutting the connections still open (the collector uses its `shutdown_timeout` instead).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Limits every receiver applies to a request.
 #[derive(Clone, Debug)]
@@ -105,83 +88,4 @@ impl Default for ReceiverLimits {
             retry_after_secs: 1,
         }
     }
-}
-
-/// Accepts connections until `shutdown` resolves, serving each with `service`; then lets
-/// in-flight requests finish (up to [`SHUTDOWN_GRACE`]).
-async fn serve_connections<S, B>(
-    listener: TcpListener,
-    http2_only: bool,
-    service: S,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()>
-where
-    S: hyper::service::Service<
-            ::http::Request<Incoming>,
-            Response = ::http::Response<B>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-    B: ::http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW)
-        .max_frame_size(H2_MAX_FRAME);
-    let builder = if http2_only {
-        builder.http2_only()
-    } else {
-        builder
-    };
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = &mut shutdown => break,
-        };
-        let stream = match accepted {
-            Ok((stream, _peer)) => stream,
-            Err(error) => {
-                // Out of file descriptors and the like: wait a little rather than spin.
-                tracing::warn!(%error, "accepting a connection failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(%error, "could not set TCP_NODELAY");
-        }
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service.clone())
-            .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(error = %error, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "receiver shutdown: connections still open after {:?}",
-            SHUTDOWN_GRACE
-        );
-    }
-    Ok(())
 }

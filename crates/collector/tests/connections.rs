@@ -1,0 +1,601 @@
+//! Connection faults against the whole collector over loopback, with low limits so they run in
+//! seconds: an idle-connection flood (capped, refused and counted, idle ones closed), slow-loris
+//! headers (cut at the header timeout, HTTP/1 and HTTP/2), idle HTTP/1 keep-alive and HTTP/2
+//! connections (closed), half-open requests at shutdown (cut at the deadline), and TLS / mutual
+//! TLS on all three listeners with real rustls clients.
+
+mod support;
+mod support_tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use infertrace_collector::config::{CollectorConfig, ConnectionsConfig};
+use infertrace_collector::internal_events::{ConnectionCloseLabels, ListenerLabels};
+use infertrace_collector::server::{self, RunningCollector};
+use prost::Message;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use support::*;
+use support_tls::TestPki;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Bound of every wait in this file: far above what each check needs on a busy machine.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn connections(max: usize, idle: Duration, header: Duration) -> ConnectionsConfig {
+    ConnectionsConfig {
+        max,
+        idle_timeout: idle,
+        header_read_timeout: header,
+        ..ConnectionsConfig::default()
+    }
+}
+
+fn refused(c: &RunningCollector, listener: &'static str) -> u64 {
+    c.events()
+        .connections_refused
+        .get_or_create(&ListenerLabels { listener })
+        .get()
+}
+
+fn open(c: &RunningCollector, listener: &'static str) -> i64 {
+    c.events()
+        .connections_open
+        .get_or_create(&ListenerLabels { listener })
+        .get()
+}
+
+fn closed(c: &RunningCollector, listener: &'static str, reason: &'static str) -> u64 {
+    c.events()
+        .connections_closed
+        .get_or_create(&ConnectionCloseLabels { listener, reason })
+        .get()
+}
+
+/// Whether the peer closed `s` within `within` (EOF or reset); `false` if it is still open.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue, // an answer (e.g. 408): keep reading until the close
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_flood_is_capped_refused_and_counted() {
+    let mut config = test_config();
+    // Long timeouts: the flood must be held, not timed out, while it is counted.
+    config.receivers.otlp_http.connections =
+        connections(100, Duration::from_secs(120), Duration::from_secs(120));
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let addr = c.http_addr.unwrap();
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        flood.push(TcpStream::connect(addr).await.unwrap());
+    }
+    eventually(WAIT, "200 connections refused", || {
+        refused(&c, "otlp_http") == 200
+    })
+    .await;
+    eventually(WAIT, "100 connections held", || {
+        open(&c, "otlp_http") == 100
+    })
+    .await;
+    // The refused ones see their connection closed; the held ones stay open.
+    let mut shut = 0;
+    for s in &mut flood {
+        if closed_within(s, Duration::from_millis(100)).await {
+            shut += 1;
+        }
+    }
+    assert_eq!(
+        shut, 200,
+        "the connections over the limit are closed at once"
+    );
+    assert_eq!(open(&c, "otlp_http"), 100);
+    assert_eq!(
+        refused(&c, "otlp_http"),
+        200,
+        "no more refusals than the flood"
+    );
+    // The other listeners are unaffected, and the metrics say what happened.
+    let (status, metrics) = get(c.api_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(
+            &metrics,
+            "infertrace_connections_refused_total{listener=\"otlp_http\"}"
+        ),
+        Some(200.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "infertrace_connections_open{listener=\"otlp_http\"}"
+        ),
+        Some(100.0)
+    );
+    // Freeing held connections lets new ones in.
+    flood.clear();
+    eventually(WAIT, "the flood's connections released", || {
+        open(&c, "otlp_http") == 0
+    })
+    .await;
+    let spans = infertrace_spans(&Req::new(1, "m", 10, 20, 300), t0());
+    assert_eq!(post_protobuf(addr, &request("llm", spans)).await, 200);
+    c.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_http1_keepalive_and_http2() {
+    let mut config = test_config();
+    let idle = Duration::from_secs(1);
+    config.receivers.otlp_http.connections = connections(100, idle, Duration::from_secs(60));
+    config.receivers.otlp_grpc.connections = connections(100, idle, Duration::from_secs(60));
+    let c = server::run(config, std::future::pending()).await.unwrap();
+
+    // 50 connections that never send anything.
+    let mut silent = Vec::new();
+    for _ in 0..50 {
+        silent.push(TcpStream::connect(c.http_addr.unwrap()).await.unwrap());
+    }
+    // An HTTP/1.1 keep-alive connection after one request.
+    let mut keepalive = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
+    keepalive
+        .write_all(b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = keepalive.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 405"),
+        "answered, kept alive"
+    );
+    // An HTTP/2 connection that did one export and has no open stream since.
+    let stream = TcpStream::connect(c.grpc_addr.unwrap()).await.unwrap();
+    let (mut sender, h2conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let h2 = tokio::spawn(h2conn);
+    let req = http::Request::post(format!(
+        "http://{}/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+        c.grpc_addr.unwrap()
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(Full::new(grpc_frame(
+        &request("llm", vec![]).encode_to_vec(),
+    )))
+    .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.into_body().collect().await.unwrap();
+
+    for s in &mut silent {
+        assert!(closed_within(s, WAIT).await, "an idle connection is closed");
+    }
+    assert!(closed_within(&mut keepalive, WAIT).await);
+    // The client's connection task ends when the server closes the connection.
+    tokio::time::timeout(WAIT, h2)
+        .await
+        .expect("the idle HTTP/2 connection is closed")
+        .unwrap()
+        .ok();
+    eventually(WAIT, "closes counted", || {
+        closed(&c, "otlp_grpc", "idle_timeout") == 1
+            && closed(&c, "otlp_http", "idle_timeout") == 51
+    })
+    .await;
+    assert_eq!(
+        closed(&c, "otlp_http", "header_timeout"),
+        0,
+        "the idle timeout (1 s) is shorter than the header timeout (60 s)"
+    );
+    assert_eq!(open(&c, "otlp_http") + open(&c, "otlp_grpc"), 0);
+    c.stop().await.unwrap();
+}
+
+fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(message);
+    Bytes::from(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_are_cut_at_the_header_timeout() {
+    let mut config = test_config();
+    let header = Duration::from_secs(1);
+    config.receivers.otlp_http.connections = connections(100, Duration::from_secs(60), header);
+    config.receivers.otlp_grpc.connections = connections(100, Duration::from_secs(60), header);
+    config.api.connections = connections(100, Duration::from_secs(60), header);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let head = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    for (addr, listener) in [(c.http_addr.unwrap(), "otlp_http"), (c.api_addr, "api")] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        // One byte every 100 ms: the whole head would take ~14 s, the timeout is 1 s.
+        let mut sent = 0;
+        let mut cut = false;
+        for b in head {
+            if s.write_all(&[*b]).await.is_err() {
+                cut = true;
+                break;
+            }
+            sent += 1;
+            let mut buf = [0u8; 256];
+            if let Ok(r) = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await
+            {
+                // An answer (408) or the close: the server gave up on the head.
+                let _ = r;
+                cut = true;
+                break;
+            }
+        }
+        assert!(
+            cut,
+            "{listener}: a slow head is cut before it is complete ({sent} of {} bytes sent in {:?})",
+            head.len(),
+            started.elapsed()
+        );
+        assert!(sent < head.len());
+        eventually(WAIT, "header timeout counted", || {
+            closed(&c, listener, "header_timeout") == 1
+        })
+        .await;
+    }
+    // HTTP/2: a connection that sends half of the preface and nothing more.
+    let mut s = TcpStream::connect(c.grpc_addr.unwrap()).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert!(
+        closed_within(&mut s, WAIT).await,
+        "a stalled preface is cut"
+    );
+    eventually(WAIT, "h2 header timeout counted", || {
+        closed(&c, "otlp_grpc", "header_timeout") == 1
+    })
+    .await;
+    c.stop().await.unwrap();
+}
+
+/// A request that never completes: `request` is written and nothing more.
+async fn half_open(addr: SocketAddr, request: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    s
+}
+
+/// A receiver request whose head is complete and whose body never is.
+const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\npartial";
+/// An API request whose head never ends (the API has no request bodies).
+const HALF_HEAD: &str = "GET /health HTTP/1.1\r\nHost: x\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cuts_half_open_requests_at_the_deadline() {
+    let mut config = test_config();
+    config.shutdown_timeout = Duration::from_secs(1);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let mut receiver = half_open(c.http_addr.unwrap(), HALF_BODY).await;
+    let mut api = half_open(c.api_addr, HALF_HEAD).await;
+    // A plain idle API connection too.
+    let mut idle = TcpStream::connect(c.api_addr).await.unwrap();
+    eventually(WAIT, "connections accepted", || {
+        open(&c, "otlp_http") == 1 && open(&c, "api") == 2
+    })
+    .await;
+    let events = c.events().clone();
+    let started = Instant::now();
+    let report = tokio::time::timeout(WAIT, c.stop())
+        .await
+        .expect("shutdown ends despite half-open requests");
+    report.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "in-flight requests were given the deadline ({took:?})"
+    );
+    for s in [&mut receiver, &mut api, &mut idle] {
+        assert!(closed_within(s, Duration::from_secs(5)).await);
+    }
+    let cut = |listener| {
+        events
+            .connections_closed
+            .get_or_create(&ConnectionCloseLabels {
+                listener,
+                reason: "shutdown",
+            })
+            .get()
+    };
+    assert_eq!(cut("otlp_http"), 1);
+    // The API stops after the receivers, which used the whole deadline: the hanging request is
+    // cut; the idle connection is either closed by the drain or cut in the same instant.
+    assert!((1..=2).contains(&cut("api")), "{}", cut("api"));
+}
+
+/// A rustls client trusting the test CA, offering `alpn`, presenting `client` (certificate and
+/// key files) when given.
+fn client_config(
+    pki: &TestPki,
+    alpn: &[&[u8]],
+    client: Option<(&std::path::Path, &std::path::Path)>,
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&pki.ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut config = match client {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(key).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+async fn tls_connect(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(config)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+}
+
+/// GET over HTTP/1.1 on TLS; `Err` when the handshake or the exchange fails.
+async fn tls_get(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    path: &str,
+) -> Result<(u16, String), Box<dyn std::error::Error + Send + Sync>> {
+    let tls = tls_connect(addr, config).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    let req = http::Request::get(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mutual_tls_on_every_listener() {
+    let pki = TestPki::generate();
+    let mut config = test_config();
+    config.receivers.otlp_grpc.tls = Some(pki.server_tls(false));
+    config.receivers.otlp_http.tls = Some(pki.server_tls(false));
+    config.api.tls = Some(pki.server_tls(true));
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let plain = client_config(&pki, &[b"h2", b"http/1.1"], None);
+    let with_cert = client_config(
+        &pki,
+        &[b"h2", b"http/1.1"],
+        Some((&pki.client_cert, &pki.client_key)),
+    );
+    let other_ca = client_config(
+        &pki,
+        &[b"http/1.1"],
+        Some((&pki.other_client_cert, &pki.other_client_key)),
+    );
+
+    // gRPC over TLS: ALPN h2, an export accepted.
+    let tls = tls_connect(c.grpc_addr.unwrap(), plain.clone())
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let spans = infertrace_spans(&Req::new(1, "m", 10, 20, 300), t0());
+    let req = http::Request::post(
+        "https://localhost/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    )
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(Full::new(grpc_frame(
+        &request("llm", spans).encode_to_vec(),
+    )))
+    .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let collected = resp.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..]),
+        "{trailers:?}"
+    );
+
+    // OTLP/HTTP over TLS (HTTP/1.1 by ALPN).
+    let tls = tls_connect(
+        c.http_addr.unwrap(),
+        client_config(&pki, &[b"http/1.1"], None),
+    )
+    .await
+    .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let spans = infertrace_spans(&Req::new(2, "m", 10, 20, 300), t0());
+    let req = http::Request::post("/v1/traces")
+        .header("host", "localhost")
+        .header("content-type", "application/x-protobuf")
+        .body(Full::new(Bytes::from(
+            request("llm", spans).encode_to_vec(),
+        )))
+        .unwrap();
+    assert_eq!(sender.send_request(req).await.unwrap().status(), 200);
+    let p = c.pipeline().clone();
+    eventually(WAIT, "both requests recorded", || {
+        p.requests_recorded() == 2
+    })
+    .await;
+
+    // Plain text on a TLS port is not served.
+    let (status, _) = tokio::time::timeout(WAIT, async {
+        let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
+        s.write_all(b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf).await;
+        (buf.starts_with(b"HTTP/1.1"), ())
+    })
+    .await
+    .unwrap();
+    assert!(!status, "no HTTP answer in plain text on a TLS port");
+
+    // Mutual TLS on the API: a client certificate from the CA is accepted...
+    let (status, body) = tls_get(c.api_addr, with_cert.clone(), "/health")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, metrics) = tls_get(c.api_addr, with_cert, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(metrics.contains("infertrace_receiver_spans_total"));
+    // ...no certificate, or one from another CA, is refused.
+    assert!(tls_get(c.api_addr, plain, "/health").await.is_err());
+    assert!(tls_get(c.api_addr, other_ca, "/health").await.is_err());
+    eventually(WAIT, "refused handshakes counted", || {
+        closed(&c, "api", "tls_handshake") == 2
+    })
+    .await;
+    c.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn unreadable_or_invalid_tls_files_stop_the_start_naming_key_and_file() {
+    let pki = TestPki::generate();
+    let mut config = test_config();
+    let mut tls = pki.server_tls(false);
+    tls.key_file = pki.dir.path().join("missing.key");
+    config.receivers.otlp_http.tls = Some(tls);
+    let e = server::run(config, std::future::pending())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("receivers.otlp_http.tls.key_file"), "{e}");
+    assert!(e.contains("missing.key"), "{e}");
+
+    let mut config = test_config();
+    let mut tls = pki.server_tls(true);
+    tls.client_ca_file = Some(pki.server_key.clone()); // a key, not a certificate
+    config.api.tls = Some(tls);
+    let e = config.tls_server_configs().unwrap_err().to_string();
+    assert!(e.contains("api.tls.client_ca_file"), "{e}");
+    assert!(e.contains("no certificate found"), "{e}");
+
+    let mut config = test_config();
+    let mut tls = pki.server_tls(false);
+    tls.key_file = pki.client_key.clone(); // a key of another certificate
+    config.receivers.otlp_grpc.tls = Some(tls);
+    let e = config.tls_server_configs().unwrap_err().to_string();
+    assert!(e.contains("receivers.otlp_grpc.tls.key_file"), "{e}");
+    assert!(e.contains("does not fit"), "{e}");
+}
+
+#[test]
+fn connection_limits_are_validated() {
+    let mut c = CollectorConfig::default();
+    c.api.connections.max = 0;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.starts_with("api.connections.max"), "{e}");
+    let mut c = CollectorConfig::default();
+    c.receivers.otlp_grpc.connections.idle_timeout = Duration::ZERO;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.starts_with("receivers.otlp_grpc.connections.idle_timeout"),
+        "{e}"
+    );
+    let c = CollectorConfig::from_yaml_str(
+        "shutdown_timeout: 3s\napi:\n  connections: { max: 7, idle_timeout: 2s }\n  tls: { cert_file: a.pem, key_file: a.key }\n",
+    )
+    .unwrap();
+    assert_eq!(c.shutdown_timeout, Duration::from_secs(3));
+    assert_eq!(c.api.connections.max, 7);
+    assert_eq!(
+        c.api.connections.header_read_timeout,
+        ConnectionsConfig::default().header_read_timeout
+    );
+    assert!(c.api.tls.unwrap().client_ca_file.is_none());
+}
+
+/// One HTTP/2 frame: 9-byte header and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_http2_peer_is_detected_by_keepalive_pings() {
+    let mut config = test_config();
+    // Idle and header timeouts far away: only the unanswered pings can end the connection.
+    config.receivers.otlp_http.connections = ConnectionsConfig {
+        http2_keepalive_interval: Duration::from_secs(1),
+        http2_keepalive_timeout: Duration::from_secs(1),
+        ..connections(100, Duration::from_secs(300), Duration::from_secs(300))
+    };
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    // A peer that opens a request stream (its body never comes) and then goes silent: it never
+    // reads, so it never answers a PING.
+    let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
+    let mut headers = vec![0x83, 0x86]; // :method POST, :scheme http (static table)
+    for (name_index, value) in [(4u8, "/v1/traces"), (1, "x")] {
+        headers.push(name_index); // literal without indexing, indexed name (:path, :authority)
+        headers.push(u8::try_from(value.len()).unwrap());
+        headers.extend_from_slice(value.as_bytes());
+    }
+    headers.extend([0x0f, 0x10]); // content-type (static index 31)
+    headers.push(22);
+    headers.extend_from_slice(b"application/x-protobuf");
+    out.extend(h2_frame(1, 0x4, 1, &headers)); // HEADERS, END_HEADERS, no END_STREAM
+    s.write_all(&out).await.unwrap();
+    eventually(WAIT, "the request in flight", || open(&c, "otlp_http") == 1).await;
+    // Not reading means not seeing the close either: wait for the server side to let go.
+    eventually(WAIT, "the dead peer's connection closed", || {
+        open(&c, "otlp_http") == 0
+    })
+    .await;
+    assert_eq!(closed(&c, "otlp_http", "keepalive_timeout"), 1);
+    assert_eq!(
+        closed(&c, "otlp_http", "idle_timeout") + closed(&c, "otlp_http", "header_timeout"),
+        0,
+        "closed by the keep-alive, not by a timeout"
+    );
+    drop(s);
+    c.stop().await.unwrap();
+}
