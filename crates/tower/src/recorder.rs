@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use infertrace_gpu::RequestEnergy;
+use crate::counters::RequestEnergy;
 
 use crate::interning::{self, Kind};
 use crate::tick_clock::{self, TickSpan};
