@@ -251,7 +251,7 @@ impl InferenceTraceLayer {
     /// builds its spans once, at the end, from instants it already recorded, so it skips the
     /// SDK's live-span work (builder, context, a sampler call and ids per span, the span's
     /// bookkeeping). With infertrace's batch processor ([`SharedSpanProcessor::batch`], what
-    /// [`with_otlp`](Self::with_otlp) uses) each finished request is one queue entry and its
+    /// `with_otlp` uses) each finished request is one queue entry and its
     /// four spans are built on the export thread: about a third of the tracer path's cost on
     /// the request's thread (see `docs/PERFORMANCE.md`). With any other processor
     /// ([`SharedSpanProcessor::new`]) the request span and its phase spans are handed over as
@@ -273,8 +273,7 @@ impl InferenceTraceLayer {
     /// `SpanProcessor::on_start` and applies no span limits (its spans carry at most ≈ 35
     /// attributes).
     ///
-    /// [`with_otlp`](Self::with_otlp) sets this up for the providers of
-    /// [`otlp::init`](crate::otlp::init). See [`SharedSpanProcessor`] for an example.
+    /// `with_otlp` (feature `otlp`) sets this up for the providers of `otlp::init`. See [`SharedSpanProcessor`] for an example.
     pub fn with_span_processor(mut self, processor: SharedSpanProcessor) -> Self {
         let sampler = opentelemetry_sdk::trace::Config::default().sampler;
         self.direct = Some(DirectExport::new(processor, sampler));
@@ -320,8 +319,9 @@ impl InferenceTraceLayer {
     /// request's token-share estimate of the GPU energy), and registers its `hw.*` and host
     /// metrics once on the layer's meter.
     ///
-    /// Start the telemetry once, at startup: [`GpuTelemetry::start`] blocks while NVML loads.
-    /// Without GPUs (NVML absent, or [`GpuTelemetry::disabled`]) no `gpu.*` attribute is ever
+    /// Start the telemetry once, at startup: [`GpuTelemetry::start`](crate::GpuTelemetry::start)
+    /// blocks while NVML loads. Without GPUs (NVML absent, or
+    /// [`GpuTelemetry::disabled`](crate::GpuTelemetry::disabled)) no `gpu.*` attribute is ever
     /// emitted — never zeros. See the crate docs, "GPU and host counters".
     ///
     /// ```
