@@ -95,7 +95,7 @@ impl SharedSpanProcessor {
     /// `OTEL_BSP_SCHEDULE_DELAY` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` variables and defaults, on
     /// one export thread. Other spans pass through it unchanged; a layer using it
     /// ([`with_span_processor`](crate::InferenceTraceLayer::with_span_processor),
-    /// [`with_otlp`](crate::InferenceTraceLayer::with_otlp)) hands each finished request over
+    /// `with_otlp`) hands each finished request over
     /// as one queue entry, and its four spans are built on the export thread. A full queue drops
     /// (and counts, see [`dropped_spans`](Self::dropped_spans)) rather than block a request.
     /// `OTEL_BSP_EXPORT_TIMEOUT` is not applied: an export call takes as long as the exporter's

@@ -5,7 +5,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::{HeaderMap, Method, Uri};
-use infertrace_gpu::GpuTelemetry;
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
 use opentelemetry::{InstrumentationScope, StringValue, global};
@@ -13,8 +12,10 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, ShouldSample};
 use tower::Layer;
 
 use crate::admission::AdmissionQueue;
+use crate::counters::Counters;
 use crate::direct::{DirectExport, SharedSpanProcessor};
 use crate::metrics::LayerMetrics;
+#[cfg(feature = "otlp")]
 use crate::otlp::OtlpProviders;
 use crate::service::InferenceTraceService;
 use crate::spans::TracerHandle;
@@ -124,7 +125,7 @@ pub struct InferenceTraceLayer {
     metrics: Option<LayerMetrics>,
     meter: Option<Meter>,
     phase_source: PhaseSource,
-    gpu: Option<GpuTelemetry>,
+    gpu: Option<Counters>,
     admission: Option<Arc<AdmissionQueue>>,
     default_model: Option<StringValue>,
     default_operation: Cow<'static, str>,
@@ -196,8 +197,8 @@ impl InferenceTraceLayer {
     ///
     /// This alone keeps the layer on the tracer path. For the cheaper direct path give the
     /// layer the provider's span processor too ([`with_span_processor`](Self::with_span_processor),
-    /// in either order), or, for providers from [`otlp::init`](crate::otlp::init), use
-    /// [`with_otlp`](Self::with_otlp).
+    /// in either order), or, for providers from `otlp::init` (feature `otlp`), use
+    /// `with_otlp`.
     pub fn with_tracer_provider<P>(mut self, provider: &P) -> Self
     where
         P: TracerProvider + 'static,
@@ -214,6 +215,7 @@ impl InferenceTraceLayer {
         self.changed()
     }
 
+    #[cfg(feature = "otlp")]
     /// Exports through what [`otlp::init`](crate::otlp::init) built: the layer's spans go
     /// straight to [`OtlpProviders::span_processor`] (the direct path of
     /// [`with_span_processor`](Self::with_span_processor)), sampled by the tracer provider's
@@ -249,7 +251,7 @@ impl InferenceTraceLayer {
     /// builds its spans once, at the end, from instants it already recorded, so it skips the
     /// SDK's live-span work (builder, context, a sampler call and ids per span, the span's
     /// bookkeeping). With infertrace's batch processor ([`SharedSpanProcessor::batch`], what
-    /// [`with_otlp`](Self::with_otlp) uses) each finished request is one queue entry and its
+    /// `with_otlp` uses) each finished request is one queue entry and its
     /// four spans are built on the export thread: about a third of the tracer path's cost on
     /// the request's thread (see `docs/PERFORMANCE.md`). With any other processor
     /// ([`SharedSpanProcessor::new`]) the request span and its phase spans are handed over as
@@ -271,8 +273,7 @@ impl InferenceTraceLayer {
     /// `SpanProcessor::on_start` and applies no span limits (its spans carry at most ≈ 35
     /// attributes).
     ///
-    /// [`with_otlp`](Self::with_otlp) sets this up for the providers of
-    /// [`otlp::init`](crate::otlp::init). See [`SharedSpanProcessor`] for an example.
+    /// `with_otlp` (feature `otlp`) sets this up for the providers of `otlp::init`. See [`SharedSpanProcessor`] for an example.
     pub fn with_span_processor(mut self, processor: SharedSpanProcessor) -> Self {
         let sampler = opentelemetry_sdk::trace::Config::default().sampler;
         self.direct = Some(DirectExport::new(processor, sampler));
@@ -312,13 +313,15 @@ impl InferenceTraceLayer {
         self.changed()
     }
 
+    #[cfg(feature = "gpu")]
     /// Enriches every phase span with the GPU and host counters of `telemetry` over exactly that
     /// phase (`gpu.*`, `host.*`, `process.*` window statistics and `gpu.energy.attributed`, the
     /// request's token-share estimate of the GPU energy), and registers its `hw.*` and host
     /// metrics once on the layer's meter.
     ///
-    /// Start the telemetry once, at startup: [`GpuTelemetry::start`] blocks while NVML loads.
-    /// Without GPUs (NVML absent, or [`GpuTelemetry::disabled`]) no `gpu.*` attribute is ever
+    /// Start the telemetry once, at startup: [`GpuTelemetry::start`](crate::GpuTelemetry::start)
+    /// blocks while NVML loads. Without GPUs (NVML absent, or
+    /// [`GpuTelemetry::disabled`](crate::GpuTelemetry::disabled)) no `gpu.*` attribute is ever
     /// emitted — never zeros. See the crate docs, "GPU and host counters".
     ///
     /// ```
@@ -326,7 +329,7 @@ impl InferenceTraceLayer {
     /// let layer = InferenceTraceLayer::new().gpu_telemetry(GpuTelemetry::disabled());
     /// # let _ = layer;
     /// ```
-    pub fn gpu_telemetry(mut self, telemetry: GpuTelemetry) -> Self {
+    pub fn gpu_telemetry(mut self, telemetry: infertrace_gpu::GpuTelemetry) -> Self {
         self.gpu = Some(telemetry);
         self.changed()
     }
@@ -438,7 +441,7 @@ pub(crate) struct Shared {
     pub(crate) describe: Option<Arc<DescribeFn>>,
     pub(crate) skip: Option<Arc<SkipFn>>,
     /// GPU and host counters for the phase spans (`None`: no enrichment at all).
-    pub(crate) gpu: Option<GpuTelemetry>,
+    pub(crate) gpu: Option<Counters>,
 }
 
 impl fmt::Debug for Shared {

@@ -17,9 +17,32 @@
 //! `tracestate` and `baggage` headers (gRPC metadata included) are continued; a malformed one
 //! starts a new trace.
 //!
+//! # Cargo features
+//!
+//! All three are on by default. A server that needs fewer turns the defaults off
+//! (`infertrace-tower = { version = "0.1", default-features = false, features = ["otlp"] }`);
+//! the layer itself, [`RequestRecorder`], the metrics, the admission queue, propagation and
+//! [`SharedSpanProcessor`] are always there.
+//!
+//! | feature | brings | packages in the build (`cargo tree -e normal`, this crate included) |
+//! |---------|--------|------------------------------------------------------------------|
+//! | none    | the layer on tower, tokio, `opentelemetry` and `opentelemetry_sdk` | 60 |
+//! | `axum`  | [`RequestRecorder`] as an axum extractor (`MissingRecorder`) and `http.route` from axum's matched route | 81 |
+//! | `otlp`  | the `otlp` module: `otlp::init`, `OtlpConfig`, OTLP exporters over gRPC (tonic) and HTTP/protobuf (reqwest), `with_otlp` | 122 |
+//! | `gpu`   | `GpuTelemetry`, `TelemetryConfig` and `gpu_telemetry` (crate `infertrace-gpu`: NVML through `nvml-wrapper`, host counters through `sysinfo`) | 80 |
+//! | all (default) | | 148 |
+//!
+//! Counted as distinct packages in `cargo tree -p infertrace-tower -e normal --prefix none
+//! --no-default-features [--features …]` on Linux. Without `gpu` the phase spans carry
+//! `infer.phase` only, never a `gpu.*`, `host.*` or `process.*` attribute. Without `axum`, an
+//! axum router still works with the layer (it is a tower service), but handlers read the
+//! recorder from the request extensions and spans carry no `http.route`. A tonic server needs no
+//! feature at all: `tests/tonic_layer.rs` runs with the defaults off and has no axum in its build.
+//!
 //! # axum
 //!
 //! ```
+//! # #[cfg(feature = "axum")] {
 //! use axum::{Router, routing::post};
 //! use infertrace_tower::{InferenceTraceLayer, RequestRecorder};
 //!
@@ -29,6 +52,7 @@
 //! }
 //! let app: Router = Router::new().route("/v1/chat/completions", post(chat))
 //!     .layer(InferenceTraceLayer::new().default_model("llama-3.1-8b"));
+//! # }
 //! ```
 //!
 //! # tonic
@@ -50,18 +74,21 @@
 //! use infertrace_tower::InferenceTraceLayer;
 //! tonic::transport::Server::builder()
 //!     .layer(InferenceTraceLayer::new().default_model("llama-3.1-8b"))
-//!     .add_service(GeneratorServer) // your generated `…Server::new(service)`
-//!     .serve("127.0.0.1:50051".parse()?)
+//!     // your generated `…Server::new(service)`
+//!     .serve("127.0.0.1:50051".parse()?, GeneratorServer)
 //!     .await?;
 //! # Ok(()) }
 //! ```
 //!
-//! In a tonic handler the recorder is `request.extensions().get::<RequestRecorder>()`.
+//! In a tonic handler the recorder is `request.extensions().get::<RequestRecorder>()`. Serving
+//! one service (`Server::serve`, `serve_with_incoming`) needs only tonic's `server` feature;
+//! `add_service` for several needs tonic's `router` feature, which brings axum in through tonic
+//! itself.
 //!
 //! # GPU and host counters
 //!
-//! [`InferenceTraceLayer::gpu_telemetry`] takes a [`GpuTelemetry`] (crate `infertrace-gpu`,
-//! re-exported here): GPU samplers (NVML, on a dedicated thread, every 100 ms by default) and a
+//! With the `gpu` feature, `InferenceTraceLayer::gpu_telemetry` takes a `GpuTelemetry` (crate
+//! `infertrace-gpu`, re-exported here): GPU samplers (NVML, on a dedicated thread, every 100 ms by default) and a
 //! host sampler (host and process CPU, process memory). Each `queue` / `prefill` / `decode`
 //! span then carries the window statistics of exactly its interval — `gpu.utilization.mean` /
 //! `.max`, `gpu.memory.used.max`, `gpu.power.mean`, `gpu.energy`, `gpu.sample.count`,
@@ -74,11 +101,13 @@
 //! metrics and the host metrics are registered once on the layer's meter.
 //!
 //! ```no_run
+//! # #[cfg(feature = "gpu")] {
 //! use infertrace_tower::{GpuTelemetry, InferenceTraceLayer, TelemetryConfig};
 //! // Once, at startup: blocks while NVML loads.
 //! let telemetry = GpuTelemetry::start(&TelemetryConfig::default());
 //! let layer = InferenceTraceLayer::new().gpu_telemetry(telemetry);
 //! # let _ = layer;
+//! # }
 //! ```
 //!
 //! Without NVML (no library, driver not loaded, no permission) the sampler logs one line and the
@@ -101,8 +130,8 @@
 //! At the end, the response attributes are set in one call, the phase spans are built with
 //! exact start and end times, and the request span is ended at the exact end instant.
 //!
-//! With [`InferenceTraceLayer::with_span_processor`] (or [`InferenceTraceLayer::with_otlp`]
-//! for the providers of [`otlp::init`]) the layer skips the tracer: it makes the request span's ids and sampling
+//! With [`InferenceTraceLayer::with_span_processor`] (or `InferenceTraceLayer::with_otlp` for
+//! the providers of `otlp::init`, feature `otlp`) the layer skips the tracer: it makes the request span's ids and sampling
 //! decision itself at arrival, runs the handler under the same kind of context, and at the end
 //! hands the four spans to the span processor as finished `SpanData` — the same spans, for less
 //! CPU (see [`SharedSpanProcessor`]).
@@ -137,14 +166,17 @@
 mod admission;
 mod batch;
 mod body;
+mod counters;
 mod direct;
 mod end_attributes;
+#[cfg(feature = "axum")]
 mod extract;
 mod gaps;
 mod grpc;
 mod interning;
 mod layer;
 mod metrics;
+#[cfg(feature = "otlp")]
 pub mod otlp;
 mod phases;
 mod propagation;
@@ -158,7 +190,9 @@ mod tick_clock;
 pub use batch::{BatchSettings, MAX_QUEUE_ENTRIES};
 pub use body::TracedBody;
 pub use direct::SharedSpanProcessor;
+#[cfg(feature = "axum")]
 pub use extract::MissingRecorder;
+#[cfg(feature = "gpu")]
 pub use infertrace_gpu::{GpuTelemetry, TelemetryConfig};
 pub use layer::{
     AdmissionConfig, InferenceTraceLayer, MODEL_HEADER, OPERATION_HEADER, PhaseSource,

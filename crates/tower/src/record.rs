@@ -9,8 +9,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::counters::RequestEnergy;
 use http::{HeaderMap, Request, Response, header};
-use infertrace_gpu::RequestEnergy;
 use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue, StringValue};
 use tokio::sync::OwnedSemaphorePermit;

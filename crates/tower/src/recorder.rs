@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use infertrace_gpu::RequestEnergy;
+use crate::counters::RequestEnergy;
 
 use crate::interning::{self, Kind};
 use crate::tick_clock::{self, TickSpan};
@@ -244,7 +244,7 @@ impl RequestRecorder {
     /// prompt). Used only to attribute GPU energy — the prefill's work gets its token share of
     /// the sampling intervals it ran in; it marks nothing and changes no span attribute. A no-op
     /// (one branch) unless the layer has GPU telemetry (see
-    /// [`InferenceTraceLayer::gpu_telemetry`](crate::InferenceTraceLayer::gpu_telemetry)).
+    /// `InferenceTraceLayer::gpu_telemetry`, feature `gpu`).
     ///
     /// Prompt tokens reported later through [`usage`](Self::usage) are *not* attributed: engines
     /// usually report usage at the end, and crediting the whole prompt to the request's last

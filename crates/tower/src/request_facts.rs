@@ -52,6 +52,21 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> 
         .filter(|s| !s.is_empty())
 }
 
+/// The route template axum matched (`http.route`), from its `MatchedPath` extension. Other
+/// routers leave no such extension, and without the `axum` feature there is none to read.
+#[cfg(feature = "axum")]
+fn matched_route<B>(req: &Request<B>) -> Option<&str> {
+    req.extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|route| route.as_str())
+}
+
+/// Without the `axum` feature no router leaves a route template the layer knows how to read.
+#[cfg(not(feature = "axum"))]
+fn matched_route<B>(_req: &Request<B>) -> Option<&str> {
+    None
+}
+
 /// Operation names the layer knows, as `'static` strings (no allocation).
 fn known_operation(name: &str) -> Cow<'static, str> {
     match name {
@@ -191,10 +206,7 @@ impl StartAttributes {
             Protocol::Http {
                 method: method_value(req.method()),
                 path: interning::shared_value(Kind::Path, path),
-                route: req
-                    .extensions()
-                    .get::<axum::extract::MatchedPath>()
-                    .map(|route| interning::shared_value(Kind::Route, route.as_str())),
+                route: matched_route(req).map(|route| interning::shared_value(Kind::Route, route)),
                 user_agent: header_str(req.headers(), &header::USER_AGENT)
                     .map(|ua| interning::shared_value(Kind::UserAgent, ua)),
             }

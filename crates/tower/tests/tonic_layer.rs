@@ -2,6 +2,11 @@
 //! hand-written tonic service (no protoc) whose bodies are gRPC-framed messages followed by
 //! trailers, so status-in-trailers, trailers-only responses and message counting are exercised
 //! exactly as tonic-generated servers produce them.
+//!
+//! These tests need none of the layer's features: a tonic-only server depends on
+//! `infertrace-tower` with `default-features = false` (plus `otlp` for `otlp::init`) and has no
+//! axum in its build. CI runs them with `--no-default-features --features otlp` and checks the
+//! dependency tree for axum.
 
 mod common;
 
@@ -159,10 +164,11 @@ async fn serve(layer: InferenceTraceLayer, hold: Arc<Notify>) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tokio::spawn(async move {
+        // One service, no router: `serve_with_incoming` needs only tonic's `server` feature,
+        // so this server (and this test) builds without axum (the layer's `axum` feature off).
         tonic::transport::Server::builder()
             .layer(layer)
-            .add_service(Generator { hold })
-            .serve_with_incoming(incoming)
+            .serve_with_incoming(Generator { hold }, incoming)
             .await
             .unwrap();
     });

@@ -215,6 +215,7 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, tol: f64) {
 pub const TOL: f64 = 0.005;
 
 /// Serves an axum router on a loopback port.
+#[cfg(feature = "axum")]
 pub async fn serve_axum(app: axum::Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
