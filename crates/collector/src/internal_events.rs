@@ -2,6 +2,9 @@
 //! drop and export is counted here, so nothing is dropped silently and every component counts the
 //! same way. Each helper that records an event also logs it where a log line helps.
 
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -36,6 +39,50 @@ pub struct ExportLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of `auth_failures_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthFailureLabels {
+    /// `otlp_grpc`, `otlp_http` or `api`.
+    pub listener: &'static str,
+    /// `missing_token`, `unknown_token`, `insufficient_scope` or `host_not_allowed`.
+    pub reason: &'static str,
+}
+
+/// How often one kind of warning may be logged: at most one line per key per interval.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Rate limit for warnings that a client can trigger at will (refusals): at most one line per
+/// key per [`LOG_INTERVAL`], the line saying how many were suppressed since the last one, so a
+/// flood of bad requests cannot flood the log. Cheap to clone (shared state).
+#[derive(Clone, Debug, Default)]
+pub struct LogLimiter {
+    last: Arc<Mutex<Vec<(&'static str, Instant, u64)>>>,
+}
+
+impl LogLimiter {
+    /// `Some(suppressed)` when a line for `key` may be logged now (with how many were held back
+    /// since the previous one), `None` when it must be held back.
+    pub fn admit(&self, key: &'static str) -> Option<u64> {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match last.iter_mut().find(|(k, _, _)| *k == key) {
+            Some((_, at, suppressed)) => {
+                if now.duration_since(*at) >= LOG_INTERVAL {
+                    *at = now;
+                    Some(std::mem::take(suppressed))
+                } else {
+                    *suppressed += 1;
+                    None
+                }
+            }
+            None => {
+                last.push((key, now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
 /// Every self-metric of the collector. Cheap to clone (counters are `Arc`s inside).
 #[derive(Clone, Debug, Default)]
 pub struct InternalEvents {
@@ -58,6 +105,11 @@ pub struct InternalEvents {
     /// `infertrace_recent_traces_not_kept_total`: traces analysed but not kept for
     /// `/api/traces/{id}` (the recent-trace ring's admission rate was used up).
     pub recent_traces_not_kept: Counter,
+    /// `infertrace_auth_failures_total{listener,reason}`: requests refused by authentication or
+    /// the API's Host allowlist.
+    pub auth_failures: Family<AuthFailureLabels, Counter>,
+    /// Rate limit of the refusal warnings.
+    pub log_limiter: LogLimiter,
 }
 
 impl InternalEvents {
@@ -109,6 +161,34 @@ impl InternalEvents {
             "Completed traces analysed but not kept in the recent-trace ring",
             self.recent_traces_not_kept.clone(),
         );
+        r.register(
+            prom::AUTH_FAILURES,
+            "Requests refused by authentication or the Host allowlist, by listener and reason",
+            self.auth_failures.clone(),
+        );
+    }
+
+    /// Counts a request refused on `listener` for `reason` (see [`AuthFailureLabels`]) and logs
+    /// it at warn level, at most once per reason per [`LOG_INTERVAL`]. Never logs a token.
+    pub fn auth_refused(&self, listener: &'static str, reason: &'static str) {
+        self.auth_failures
+            .get_or_create(&AuthFailureLabels { listener, reason })
+            .inc();
+        if let Some(suppressed) = self.log_limiter.admit(reason) {
+            tracing::warn!(
+                listener,
+                reason,
+                suppressed,
+                "request refused (infertrace_auth_failures_total counts them all)"
+            );
+        }
+    }
+
+    /// The number of requests refused on `listener` for `reason` so far (for tests).
+    pub fn auth_refusals(&self, listener: &'static str, reason: &'static str) -> u64 {
+        self.auth_failures
+            .get_or_create(&AuthFailureLabels { listener, reason })
+            .get()
     }
 
     /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`),

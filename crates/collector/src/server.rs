@@ -47,6 +47,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, Alerting, AlertsView, ApiState};
+use crate::auth::{self, ApiGuard, Authenticator, HostAllowlist};
 use crate::config::CollectorConfig;
 use crate::dashboard;
 use crate::forward;
@@ -83,6 +84,10 @@ pub enum ServerError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The tokens cannot be loaded, or a non-loopback listener would be open to anyone
+    /// (the message says which and what to do).
+    #[error("{0}")]
+    Auth(String),
     /// The forwarder could not be set up.
     #[error(transparent)]
     Forward(#[from] forward::ForwardError),
@@ -119,6 +124,7 @@ pub struct RunningCollector {
     alerting: Arc<Mutex<Alerting>>,
     metrics: PromMetrics,
     store: Option<Store>,
+    auth: Option<Authenticator>,
     stop: watch::Sender<bool>,
     join: JoinHandle<Result<ShutdownReport, ServerError>>,
 }
@@ -166,6 +172,12 @@ impl RunningCollector {
     /// The history store (`None` with `store.enabled: false`).
     pub fn store(&self) -> Option<&Store> {
         self.store.as_ref()
+    }
+
+    /// The bearer-token check (`None` when no token is configured); `infertrace collect`
+    /// calls its [`reload`](Authenticator::reload) on SIGHUP.
+    pub fn authenticator(&self) -> Option<&Authenticator> {
+        self.auth.as_ref()
     }
 
     /// Starts the shutdown (same as the shutdown future resolving); see [`join`](Self::join).
@@ -224,6 +236,13 @@ pub async fn run(
         .map_err(|e| ServerError::Config(e.to_string()))?;
     // Before binding anything: a refused file stops the start with its name.
     let store = Store::open_configured(&config.store)?;
+    let events = InternalEvents::default();
+    let auth = Authenticator::from_config(&config.auth, events.clone())
+        .map_err(|e| ServerError::Auth(e.to_string()))?;
+    auth::check_exposure(&config, auth.is_some()).map_err(ServerError::Auth)?;
+    if let Some(a) = &auth {
+        tracing::info!(tokens = a.token_count(), "bearer-token authentication on");
+    }
     let r = &config.receivers;
     let grpc_listener = match r.otlp_grpc.enabled {
         true => Some(
@@ -259,7 +278,6 @@ pub async fn run(
         .transpose()?;
     let api_addr = local(&api_listener, "api")?;
 
-    let events = InternalEvents::default();
     let metrics = PromMetrics::default();
     let registry = Arc::new(build_registry(&metrics, &events));
     let limiter = MemoryLimiter::new(config.limits.memory_limit_bytes);
@@ -312,6 +330,7 @@ pub async fn run(
         max_body_bytes: r.max_body_bytes,
         memory: Some(limiter.clone()),
         retry_after_secs: 1,
+        auth: auth.clone(),
     };
     let ingest: Arc<dyn Ingest> = pipeline.clone();
     let grpc_task = grpc_listener.map(|l| {
@@ -395,6 +414,15 @@ pub async fn run(
         pipeline.clone(),
         dashboard::DashboardSettings::from_config(&config).with_history(store.is_some()),
     ));
+    // Host allowlist and bearer tokens in front of every route of the API port.
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        ApiGuard {
+            auth: auth.clone(),
+            hosts: HostAllowlist::new(&config.api.allowed_hosts, api_addr),
+            events: events.clone(),
+        },
+        auth::guard_api,
+    ));
     let api_task = tokio::spawn(
         axum::serve(api_listener, app)
             .with_graceful_shutdown(stopped(late_stop_rx))
@@ -473,6 +501,7 @@ pub async fn run(
         alerting,
         metrics,
         store,
+        auth,
         stop: stop_tx,
         join,
     })

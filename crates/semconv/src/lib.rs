@@ -371,4 +371,8 @@ pub mod prom {
     /// Self-metric: completed traces analysed but not kept in the recent-trace ring (its
     /// admission rate, `api.recent_traces` per second, was used up).
     pub const RECENT_TRACES_NOT_KEPT: &str = "recent_traces_not_kept";
+    /// Self-metric: requests refused by authentication or the Host allowlist, by listener
+    /// (`otlp_grpc`, `otlp_http`, `api`) and reason (`missing_token`, `unknown_token`,
+    /// `insufficient_scope`, `host_not_allowed`).
+    pub const AUTH_FAILURES: &str = "auth_failures";
 }

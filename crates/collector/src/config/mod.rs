@@ -25,6 +25,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::assembler::AssemblerConfig;
 
+mod auth;
+pub use auth::{AuthConfig, DEFAULT_TOKENS_ENV, default_allowed_hosts};
+
 /// The whole collector configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -49,6 +52,8 @@ pub struct CollectorConfig {
     pub critical_path: CriticalPathSection,
     /// The embedded history store (`--data-dir`, `--no-store`).
     pub store: crate::store::StoreOptions,
+    /// Bearer tokens of the receivers and the API, and `insecure` ([`AuthConfig`]).
+    pub auth: AuthConfig,
 }
 
 /// `receivers:` — where OTLP comes in.
@@ -125,6 +130,10 @@ pub struct ApiConfig {
     /// Most spans those traces may hold in all (the oldest trace is forgotten first).
     /// Default 100000.
     pub recent_trace_spans: usize,
+    /// Host names (or IPs) the API port answers to; any other `Host` header gets 421 (a DNS
+    /// rebinding guard). The listen address is always allowed; `"*"` allows any.
+    /// Default `[localhost, 127.0.0.1, "::1"]`.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -133,6 +142,7 @@ impl Default for ApiConfig {
             listen: ([127, 0, 0, 1], 9464).into(),
             recent_traces: 1000,
             recent_trace_spans: 100_000,
+            allowed_hosts: default_allowed_hosts(),
         }
     }
 }
@@ -569,6 +579,8 @@ impl CollectorConfig {
         self.validate_alerts()?;
         self.validate_forward()?;
         self.validate_store()?;
+        auth::validate_allowed_hosts(&self.api.allowed_hosts)?;
+        self.auth.validate()?;
         Ok(())
     }
 

@@ -79,6 +79,9 @@ pub struct ReceiverLimits {
     pub memory: Option<MemoryLimiter>,
     /// `Retry-After` (seconds) sent when the memory limiter refuses a request. Default 1.
     pub retry_after_secs: u32,
+    /// Bearer-token check of scope `ingest`, made first thing in every request (401/403,
+    /// gRPC `UNAUTHENTICATED`/`PERMISSION_DENIED`). Default `None`: no check at all.
+    pub auth: Option<crate::auth::Authenticator>,
 }
 
 impl Default for ReceiverLimits {
@@ -87,6 +90,7 @@ impl Default for ReceiverLimits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             memory: None,
             retry_after_secs: 1,
+            auth: None,
         }
     }
 }
