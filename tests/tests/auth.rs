@@ -418,3 +418,89 @@ async fn prometheus_scrapes_with_a_bearer_token() {
     assert_eq!(collector.events().auth_refusals("api", "unknown_token"), 0);
     collector.stop().await.expect("clean shutdown");
 }
+
+/// The demo stacks in docker/ hold together: each collector config reads the tokens file the
+/// compose file mounts, and the tokens its clients send (the example server's and otelcol's
+/// ingest token, Prometheus' metrics token) are accepted there with the right scope.
+#[test]
+fn compose_demo_tokens_are_consistent() {
+    use infertrace_collector::auth::{Scope, TokenSet};
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read =
+        |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let tokens = TokenSet::parse(
+        &read("otel-config/infertrace-tokens"),
+        "infertrace-tokens",
+        false,
+    )
+    .expect("the demo tokens file parses");
+    let accepts = |token: &str, scope: Scope| {
+        let header = http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap();
+        tokens.verify(Some(&header), scope).is_ok()
+    };
+    for (config, compose, scraped_as) in [
+        (
+            "docker/infertrace.compose.yaml",
+            "docker/compose.yaml",
+            &["infertrace"][..],
+        ),
+        (
+            "docker/infertrace.scale.yaml",
+            "docker/compose.scale.yaml",
+            &["infertrace-1", "infertrace-2", "infertrace-3"][..],
+        ),
+    ] {
+        let cfg = CollectorConfig::from_file(&root.join(config)).expect("parses");
+        let file = cfg.auth.tokens_file.expect("auth.tokens_file");
+        let mount = format!("../otel-config/infertrace-tokens:{}:ro", file.display());
+        assert!(
+            read(compose).contains(&mount),
+            "{compose} does not mount {mount}"
+        );
+        assert!(!cfg.auth.insecure, "{config}");
+        // The API answers Prometheus, which scrapes it by its service name.
+        for host in scraped_as {
+            assert!(
+                cfg.api.allowed_hosts.iter().any(|h| h == host),
+                "{config}: api.allowed_hosts lacks {host}"
+            );
+        }
+    }
+    let metrics = read("otel-config/infertrace-metrics.token");
+    assert!(accepts(metrics.trim(), Scope::Metrics));
+    assert!(!accepts(metrics.trim(), Scope::Ingest));
+    let compose: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read("docker/compose.yaml")).unwrap();
+    let header =
+        compose["services"]["axum-server"]["environment"]["OTEL_EXPORTER_OTLP_TRACES_HEADERS"]
+            .as_str()
+            .expect("the example server sends a token");
+    let token = header
+        .strip_prefix("authorization=Bearer%20")
+        .expect("authorization=Bearer%20<token>");
+    assert!(accepts(token, Scope::Ingest));
+    let otelcol: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read("otel-config/otelcol-contrib.yaml")).unwrap();
+    let auth = otelcol["exporters"]["loadbalancing/infertrace"]["protocol"]["otlp"]["headers"]
+        ["authorization"]
+        .as_str()
+        .expect("otelcol sends a token");
+    assert!(accepts(
+        auth.strip_prefix("Bearer ").expect("Bearer"),
+        Scope::Ingest
+    ));
+    for prom in ["otel-config/prometheus.yml", "docker/prometheus.scale.yml"] {
+        let p: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read(prom)).unwrap();
+        let job = p["scrape_configs"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|j| j["job_name"] == "infertrace")
+            .expect("infertrace job");
+        assert_eq!(
+            job["authorization"]["credentials_file"].as_str(),
+            Some("infertrace-metrics.token"),
+            "{prom}"
+        );
+    }
+}

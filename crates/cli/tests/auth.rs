@@ -147,6 +147,31 @@ fn sighup_reloads_the_tokens_file() {
         200
     );
 
+    // `infertrace report` sends INFERTRACE_TOKEN as a bearer token.
+    let report = |token: Option<&str>| {
+        let mut cmd = bin();
+        cmd.args(["report", "--url", &format!("http://127.0.0.1:{api}")])
+            .args(["--window", "1m", "--format", "json"])
+            .env_remove("INFERTRACE_TOKEN");
+        if let Some(t) = token {
+            cmd.env("INFERTRACE_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    };
+    let out = report(None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("401") && err.contains("INFERTRACE_TOKEN"),
+        "{err}"
+    );
+    let out = report(Some(TOKEN_A));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Rotate: B replaces A (read only).
     std::fs::write(&tokens, format!("read {TOKEN_B}\n")).unwrap();
     p.hangup();
