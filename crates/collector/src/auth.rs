@@ -38,7 +38,10 @@
 //! origin can make its own name resolve to this machine (DNS rebinding) and then read an open
 //! API as "same origin"; its requests carry the attacker's name in `Host`. The API port answers
 //! only the configured names (default `localhost`, `127.0.0.1`, `::1`, plus the listen address)
-//! and refuses others with 421 Misdirected Request.
+//! and refuses others with 421 Misdirected Request. A `Host` that is an IP address is always
+//! allowed: rebinding needs a name the attacker controls, and a page can only send an IP as
+//! `Host` by addressing that IP itself, which is then its own origin, not the attacker's. So
+//! Kubernetes probes and Prometheus scraping pod IPs need no configuration.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -184,7 +187,8 @@ impl fmt::Display for AuthError {
 impl std::error::Error for AuthError {}
 
 struct Entry {
-    digest: [u8; 32],
+    /// SHA-256 of the token, as four words (compared word-wise, in constant time).
+    digest: [u64; 4],
     scopes: u8,
 }
 
@@ -202,8 +206,13 @@ impl fmt::Debug for TokenSet {
     }
 }
 
-fn digest(token: &[u8]) -> [u8; 32] {
-    Sha256::digest(token).into()
+fn digest(token: &[u8]) -> [u64; 4] {
+    let bytes: [u8; 32] = Sha256::digest(token).into();
+    std::array::from_fn(|i| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(word)
+    })
 }
 
 /// RFC 6750 `b64token`: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`.
@@ -291,7 +300,9 @@ impl TokenSet {
         let d = digest(token);
         let mut scopes = 0u8;
         for e in &self.entries {
-            scopes |= u8::conditional_select(&0, &e.scopes, e.digest.ct_eq(&d));
+            // OR of the XORs is 0 exactly when all four words are equal; no early exit.
+            let diff = (0..4).fold(0u64, |acc, i| acc | (e.digest[i] ^ d[i]));
+            scopes |= u8::conditional_select(&0, &e.scopes, diff.ct_eq(&0));
         }
         scopes
     }
@@ -533,13 +544,14 @@ impl HostAllowlist {
         }
     }
 
-    /// Whether a `Host` header value (or URI authority) is allowed; the port is ignored.
+    /// Whether a `Host` header value (or URI authority) is allowed: any IP address, or a listed
+    /// name; the port is ignored.
     pub fn allows(&self, authority: &str) -> bool {
         if self.any {
             return true;
         }
         let host = host_of(authority);
-        self.names.iter().any(|n| n.eq_ignore_ascii_case(host))
+        host.parse::<IpAddr>().is_ok() || self.names.iter().any(|n| n.eq_ignore_ascii_case(host))
     }
 }
 
@@ -741,10 +753,19 @@ mod tests {
             "[::1]:9464",
             "::1",
             "10.1.2.3:9464",
+            // Any IP: a rebinding page sends its own name, never an IP.
+            "10.9.9.9:9464",
+            "[fd00::1]:9464",
         ] {
             assert!(hosts.allows(ok), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:9464", "127.0.0.2", "[::2]:1"] {
+        for bad in [
+            "evil.example",
+            "evil.example:9464",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "",
+        ] {
             assert!(!hosts.allows(bad), "{bad}");
         }
         let any = HostAllowlist::new(&["*".into()], "127.0.0.1:1".parse().unwrap());

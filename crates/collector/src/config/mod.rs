@@ -130,8 +130,9 @@ pub struct ApiConfig {
     /// Most spans those traces may hold in all (the oldest trace is forgotten first).
     /// Default 100000.
     pub recent_trace_spans: usize,
-    /// Host names (or IPs) the API port answers to; any other `Host` header gets 421 (a DNS
-    /// rebinding guard). The listen address is always allowed; `"*"` allows any.
+    /// Host names the API port answers to; any other name in the `Host` header gets 421 (a DNS
+    /// rebinding guard). IP addresses are always allowed (rebinding needs a name); `"*"`
+    /// allows any name.
     /// Default `[localhost, 127.0.0.1, "::1"]`.
     pub allowed_hosts: Vec<String>,
 }
