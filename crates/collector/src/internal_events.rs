@@ -56,8 +56,11 @@ pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// flood of bad requests cannot flood the log. Cheap to clone (shared state).
 #[derive(Clone, Debug, Default)]
 pub struct LogLimiter {
-    last: Arc<Mutex<Vec<(&'static str, Instant, u64)>>>,
+    last: Arc<Mutex<Vec<LastLine>>>,
 }
+
+/// When a key was last logged, and how many lines were held back since.
+type LastLine = (&'static str, Instant, u64);
 
 impl LogLimiter {
     /// `Some(suppressed)` when a line for `key` may be logged now (with how many were held back
