@@ -504,3 +504,107 @@ async fn dashboard_in_headless_chromium() {
     browser.close().await;
     collector.stop().await.unwrap();
 }
+
+/// With bearer tokens on, the page asks for a token when the API answers 401, says so when a
+/// token is refused, keeps the accepted one in sessionStorage (a reload does not ask again),
+/// and the Content-Security-Policy it is served with blocks nothing it needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_asks_for_a_token() {
+    let (chromium, driver) = match find_browser() {
+        Ok(found) => found,
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("SKIPPED dashboard_asks_for_a_token: {why}");
+            return;
+        }
+        Err(why) => panic!("CI is set but the browser test cannot run: {why}"),
+    };
+    const READ: &str = "dashboard-read-0123456789abcdef";
+    let dir = std::env::temp_dir().join(format!("infertrace-dash-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens");
+    std::fs::write(&tokens, format!("read {READ}\n")).unwrap();
+    let mut config = CollectorConfig::from_yaml_str(CONFIG).unwrap();
+    config.auth.tokens_file = Some(tokens);
+    config.auth.tokens_env = None;
+    let collector = server::run(config, std::future::pending()).await.unwrap();
+    let base = format!("http://{}", collector.api_addr);
+    let browser = Browser::start(&chromium, &driver, 1366, 768).await;
+    browser.client.goto(&format!("{base}/")).await.unwrap();
+    let prompt_says = |what: &'static str| {
+        format!(
+            "const f = document.getElementById('auth'); const why = document.getElementById('auth-why').textContent; \
+             return !f.hidden && why.includes('{what}') && document.activeElement.id === 'auth-token' ? why : null;"
+        )
+    };
+    browser
+        .wait_until("the token prompt", &prompt_says("asks for a token"), WAIT)
+        .await;
+    let enter = |token: &'static str| {
+        let client = browser.client.clone();
+        async move {
+            let input = client.find(Locator::Id("auth-token")).await.unwrap();
+            input.send_keys(token).await.unwrap();
+            client
+                .find(Locator::Id("auth-submit"))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+        }
+    };
+    enter("not-the-token-0123456789").await;
+    browser
+        .wait_until(
+            "the prompt after a refused token",
+            &prompt_says("did not accept"),
+            WAIT,
+        )
+        .await;
+    enter(READ).await;
+    browser
+        .wait_until(
+            "the first poll with the token",
+            "return document.body.dataset.ready === '1' && document.getElementById('auth').hidden \
+             && document.getElementById('status').className.includes('live');",
+            WAIT,
+        )
+        .await;
+    let stored = browser
+        .eval("return sessionStorage.getItem('infertrace.token');", vec![])
+        .await;
+    assert_eq!(stored, json!(READ));
+    // A reload reuses the stored token: no prompt.
+    browser.client.refresh().await.unwrap();
+    browser
+        .wait_until(
+            "the first poll after a reload",
+            "return document.body.dataset.ready === '1' ? document.getElementById('auth').hidden : null;",
+            WAIT,
+        )
+        .await;
+    let hidden = browser
+        .eval("return document.getElementById('auth').hidden;", vec![])
+        .await;
+    assert_eq!(hidden, json!(true), "the page asked again after a reload");
+    let e = collector.events();
+    assert!(e.auth_refusals("api", "missing_token") >= 1);
+    assert!(e.auth_refusals("api", "unknown_token") >= 1);
+    // The only console errors are the refused API calls themselves (Chromium logs every 401):
+    // no CSP violation, no exception.
+    let console = browser.console().await;
+    let bad: Vec<&Value> = console
+        .iter()
+        .filter(|e| e["level"] == "SEVERE" || e["level"] == "WARNING")
+        .filter(|e| {
+            !e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("status of 401")
+        })
+        .collect();
+    assert!(bad.is_empty(), "console: {bad:?}");
+    browser.close().await;
+    collector.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -467,6 +467,12 @@ fn deployment_files_pass_promtool_and_amtool() {
     )
     .expect("copy prometheus.scale.yml");
     std::fs::copy(otel.join("alerts.yml"), dir.path().join("alerts.yml")).expect("copy alerts.yml");
+    // ...and so is the bearer token of its infertrace job.
+    std::fs::copy(
+        otel.join("infertrace-metrics.token"),
+        dir.path().join("infertrace-metrics.token"),
+    )
+    .expect("copy infertrace-metrics.token");
     run_tool(
         &promtool,
         &["check", "config", "prometheus.yml"],

@@ -30,6 +30,12 @@ pub struct CollectArgs {
     /// Keep no history: everything stays in memory (no /api/history, no report --since).
     #[arg(long)]
     pub no_store: bool,
+    /// File of bearer tokens, one `scope[,scope...] token` per line (scopes: ingest, read,
+    /// metrics, all); re-read on SIGHUP. Overrides auth.tokens_file. Tokens may also come from
+    /// the INFERTRACE_TOKENS variable. Without any token, listening on a non-loopback address
+    /// is refused unless the config says auth.insecure: true.
+    #[arg(long, value_name = "PATH", env = "INFERTRACE_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
 }
 
 /// Arguments of `infertrace check-config`.
@@ -61,6 +67,9 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
     if args.no_store {
         config.store.enabled = false;
     }
+    if let Some(file) = &args.tokens_file {
+        config.auth.tokens_file = Some(file.clone());
+    }
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
@@ -71,7 +80,8 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
 pub use infertrace_examples::server::shutdown_signal;
 
 /// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully: in-flight
-/// requests get until `shutdown_timeout` (default 15 s), then every connection is cut.
+/// requests get until `shutdown_timeout` (default 15 s), then every connection is cut. SIGHUP
+/// reloads the bearer tokens (a reload that fails keeps the previous ones and logs an error).
 pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     let (grpc_tls, http_tls, api_tls) = (
@@ -79,9 +89,18 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
         config.receivers.otlp_http.tls.is_some(),
         config.api.tls.is_some(),
     );
+    // Installed before the start, so that an early SIGHUP does not end the process.
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     let collector = server::run(config, shutdown_signal())
         .await
         .context("starting the collector")?;
+    #[cfg(unix)]
+    tokio::spawn(reload_on_hangup(
+        hangups,
+        collector.authenticator().cloned(),
+    ));
     let show = |a: Option<SocketAddr>, tls: bool| {
         a.map_or("disabled".to_owned(), |a| match tls {
             true => format!("{a} (TLS)"),
@@ -107,6 +126,32 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
         report.flushed.traces
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reloads the tokens on every SIGHUP, logging the outcome (never a token).
+#[cfg(unix)]
+async fn reload_on_hangup(
+    mut hangups: tokio::signal::unix::Signal,
+    auth: Option<infertrace_collector::auth::Authenticator>,
+) {
+    while hangups.recv().await.is_some() {
+        match &auth {
+            Some(auth) => match auth.reload() {
+                Ok(tokens) => {
+                    eprintln!("infertrace collector: SIGHUP: {tokens} bearer tokens reloaded")
+                }
+                Err(error) => tracing::error!(
+                    %error,
+                    tokens = auth.token_count(),
+                    "SIGHUP: reloading the bearer tokens failed; the previous tokens stay in force"
+                ),
+            },
+            None => tracing::warn!(
+                "SIGHUP: no bearer token is configured (auth.tokens_file, INFERTRACE_TOKENS), nothing to reload; \
+                 authentication cannot be turned on without a restart"
+            ),
+        }
+    }
 }
 
 /// Runs `infertrace check-config FILE`: parses and validates the file, and reads and parses

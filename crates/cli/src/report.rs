@@ -27,7 +27,8 @@ pub enum Format {
 /// Arguments of `infertrace report`.
 #[derive(Args, Debug)]
 pub struct ReportArgs {
-    /// Base URL of the collector's API (its --listen address).
+    /// Base URL of the collector's API (its --listen address). When the collector requires
+    /// tokens, set INFERTRACE_TOKEN to one with the `read` scope (sent as a bearer token).
     #[arg(long, default_value = "http://127.0.0.1:9464")]
     pub url: String,
     /// Window to report on: one of the collector's KPI windows (1m, 5m, 1h by default).

@@ -88,6 +88,7 @@ struct Logs {
     reclaimed: RateLimitedLog,
     connections_refused: RateLimitedLog,
     connections_closed: RateLimitedLog,
+    auth_refused: RateLimitedLog,
 }
 
 /// Labels of `exported_spans_total`.
@@ -97,6 +98,15 @@ pub struct ExportLabels {
     pub exporter: &'static str,
     /// `ok` or `failed`.
     pub outcome: &'static str,
+}
+
+/// Labels of `auth_failures_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthFailureLabels {
+    /// `otlp_grpc`, `otlp_http` or `api`.
+    pub listener: &'static str,
+    /// `missing_token`, `unknown_token`, `insufficient_scope` or `host_not_allowed`.
+    pub reason: &'static str,
 }
 
 /// Labels of `connections_open` and `connections_refused_total`.
@@ -155,6 +165,9 @@ pub struct InternalEvents {
     pub connections_refused: Family<ListenerLabels, Counter>,
     /// `infertrace_connections_closed_total{listener,reason}`: connections the collector closed.
     pub connections_closed: Family<ConnectionCloseLabels, Counter>,
+    /// `infertrace_auth_failures_total{listener,reason}`: requests refused by authentication or
+    /// the API's Host allowlist.
+    pub auth_failures: Family<AuthFailureLabels, Counter>,
 }
 
 impl InternalEvents {
@@ -241,6 +254,35 @@ impl InternalEvents {
             "Connections closed by the collector, by listener and reason",
             self.connections_closed.clone(),
         );
+        r.register(
+            prom::AUTH_FAILURES,
+            "Requests refused by authentication or the Host allowlist, by listener and reason",
+            self.auth_failures.clone(),
+        );
+    }
+
+    /// Counts a request refused on `listener` for `reason` (see [`AuthFailureLabels`]) and logs
+    /// it (warn, rate-limited). Never logs a token.
+    pub fn auth_refused(&self, listener: &'static str, reason: &'static str) {
+        self.auth_failures
+            .get_or_create(&AuthFailureLabels { listener, reason })
+            .inc();
+        if let Some(count) = self.logs.auth_refused.note(1) {
+            tracing::warn!(
+                listener,
+                reason,
+                requests = count,
+                "requests refused by authentication (the latest reason; all of them since the \
+                 last line; see infertrace_auth_failures_total)"
+            );
+        }
+    }
+
+    /// The number of requests refused on `listener` for `reason` so far (for tests).
+    pub fn auth_refusals(&self, listener: &'static str, reason: &'static str) -> u64 {
+        self.auth_failures
+            .get_or_create(&AuthFailureLabels { listener, reason })
+            .get()
     }
 
     /// Counts a connection refused by `listener` (over its `max` open connections), and logs

@@ -55,6 +55,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, Alerting, AlertsView, ApiState};
+use crate::auth::{self, ApiGuard, Authenticator, HostAllowlist};
 use crate::config::{CollectorConfig, TlsError};
 use crate::dashboard;
 use crate::forward;
@@ -97,6 +98,10 @@ pub enum ServerError {
     /// A listener's TLS certificate, key or client CA file is unreadable or invalid.
     #[error("TLS: {0}")]
     Tls(#[from] TlsError),
+    /// The tokens cannot be loaded, or a non-loopback listener would be open to anyone
+    /// (the message says which and what to do).
+    #[error("{0}")]
+    Auth(String),
     /// The forwarder could not be set up.
     #[error(transparent)]
     Forward(#[from] forward::ForwardError),
@@ -133,6 +138,7 @@ pub struct RunningCollector {
     alerting: Arc<Mutex<Alerting>>,
     metrics: PromMetrics,
     store: Option<Store>,
+    auth: Option<Authenticator>,
     stop: watch::Sender<bool>,
     join: JoinHandle<Result<ShutdownReport, ServerError>>,
 }
@@ -180,6 +186,12 @@ impl RunningCollector {
     /// The history store (`None` with `store.enabled: false`).
     pub fn store(&self) -> Option<&Store> {
         self.store.as_ref()
+    }
+
+    /// The bearer-token check (`None` when no token is configured); `infertrace collect`
+    /// calls its [`reload`](Authenticator::reload) on SIGHUP.
+    pub fn authenticator(&self) -> Option<&Authenticator> {
+        self.auth.as_ref()
     }
 
     /// Starts the shutdown (same as the shutdown future resolving); see [`join`](Self::join).
@@ -239,6 +251,13 @@ pub async fn run(
     // Before binding anything: a refused file stops the start with its name.
     let tls = config.tls_server_configs()?;
     let store = Store::open_configured(&config.store)?;
+    let events = InternalEvents::default();
+    let auth = Authenticator::from_config(&config.auth, events.clone())
+        .map_err(|e| ServerError::Auth(e.to_string()))?;
+    auth::check_exposure(&config, auth.is_some()).map_err(ServerError::Auth)?;
+    if let Some(a) = &auth {
+        tracing::info!(tokens = a.token_count(), "bearer-token authentication on");
+    }
     let r = &config.receivers;
     let grpc_listener = match r.otlp_grpc.enabled {
         true => Some(
@@ -274,7 +293,6 @@ pub async fn run(
         .transpose()?;
     let api_addr = local(&api_listener, "api")?;
 
-    let events = InternalEvents::default();
     let metrics = PromMetrics::default();
     let registry = Arc::new(build_registry(&metrics, &events));
     let limiter = MemoryLimiter::new(config.limits.memory_limit_bytes);
@@ -328,6 +346,7 @@ pub async fn run(
         memory: Some(limiter.clone()),
         body_read_timeout: r.body_read_timeout,
         retry_after_secs: 1,
+        auth: auth.clone(),
     };
     let ingest: Arc<dyn Ingest> = pipeline.clone();
     let shutdown_timeout = config.shutdown_timeout;
@@ -425,6 +444,15 @@ pub async fn run(
         pipeline.clone(),
         dashboard::DashboardSettings::from_config(&config).with_history(store.is_some()),
     ));
+    // Host allowlist and bearer tokens in front of every route of the API port.
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        ApiGuard {
+            auth: auth.clone(),
+            hosts: HostAllowlist::new(&config.api.allowed_hosts, api_addr),
+            events: events.clone(),
+        },
+        auth::guard_api,
+    ));
     // The API stops after the flush, against the deadline set when the shutdown began.
     let (api_deadline_tx, api_deadline_rx) = tokio::sync::oneshot::channel::<Instant>();
     let api_settings = ListenerSettings::new(API_LISTENER)
@@ -516,6 +544,7 @@ pub async fn run(
         alerting,
         metrics,
         store,
+        auth,
         stop: stop_tx,
         join,
     })

@@ -389,4 +389,8 @@ pub mod prom {
     /// Self-metric: connections the collector closed, by `listener` and `reason`
     /// (`idle_timeout`, `header_timeout`, `keepalive_timeout`, `tls_handshake`, `shutdown`).
     pub const CONNECTIONS_CLOSED: &str = "connections_closed";
+    /// Self-metric: requests refused by authentication or the Host allowlist, by listener
+    /// (`otlp_grpc`, `otlp_http`, `api`) and reason (`missing_token`, `unknown_token`,
+    /// `insufficient_scope`, `host_not_allowed`).
+    pub const AUTH_FAILURES: &str = "auth_failures";
 }

@@ -29,6 +29,8 @@ mod network;
 pub use network::{
     Alpn, ConnectionsConfig, DEFAULT_SHUTDOWN_TIMEOUT, TlsConfig, TlsError, crypto_provider,
 };
+mod auth;
+pub use auth::{AuthConfig, DEFAULT_TOKENS_ENV, default_allowed_hosts};
 
 /// The whole collector configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -59,6 +61,8 @@ pub struct CollectorConfig {
     /// and the forwarder follow. Default 15s.
     #[serde(with = "human_duration")]
     pub shutdown_timeout: Duration,
+    /// Bearer tokens of the receivers and the API, and `insecure` ([`AuthConfig`]).
+    pub auth: AuthConfig,
 }
 
 impl Default for CollectorConfig {
@@ -75,6 +79,7 @@ impl Default for CollectorConfig {
             critical_path: CriticalPathSection::default(),
             store: crate::store::StoreOptions::default(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -189,6 +194,11 @@ pub struct ApiConfig {
     /// TLS (and mutual TLS) of the API ([`TlsConfig`]). Default: none (plain text).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
+    /// Host names the API port answers to; any other name in the `Host` header gets 421 (a DNS
+    /// rebinding guard). IP addresses are always allowed (rebinding needs a name); `"*"`
+    /// allows any name.
+    /// Default `[localhost, 127.0.0.1, "::1"]`.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -199,6 +209,7 @@ impl Default for ApiConfig {
             recent_trace_spans: 100_000,
             connections: ConnectionsConfig::default(),
             tls: None,
+            allowed_hosts: default_allowed_hosts(),
         }
     }
 }
@@ -649,6 +660,8 @@ impl CollectorConfig {
         self.validate_alerts()?;
         self.validate_forward()?;
         self.validate_store()?;
+        auth::validate_allowed_hosts(&self.api.allowed_hosts)?;
+        self.auth.validate()?;
         Ok(())
     }
 

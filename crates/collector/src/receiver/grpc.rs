@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::CONTENT_TYPE;
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -18,6 +18,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message;
 use tokio::net::TcpListener;
 
+use crate::auth::{Refusal, Scope};
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 
@@ -38,10 +39,12 @@ enum Code {
     Ok = 0,
     InvalidArgument = 3,
     DeadlineExceeded = 4,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Internal = 13,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 /// Serves OTLP/gRPC on `listener` (HTTP/2 prior knowledge) until `shutdown` resolves, handing
@@ -90,6 +93,19 @@ pub async fn serve_grpc_with(
 }
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBody> {
+    if let Some(auth) = &receiver.limits.auth
+        && let Err(refusal) = auth.check(
+            GRPC_RECEIVER,
+            req.headers().get(AUTHORIZATION),
+            Scope::Ingest,
+        )
+    {
+        let code = match refusal {
+            Refusal::InsufficientScope => Code::PermissionDenied,
+            Refusal::MissingToken | Refusal::UnknownToken => Code::Unauthenticated,
+        };
+        return status_only(code, refusal.http_answer(Scope::Ingest).2);
+    }
     let path = req.uri().path();
     if path != EXPORT_PATH {
         let message = if path.starts_with(METRICS_SERVICE) || path.starts_with(LOGS_SERVICE) {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{ALLOW, CONNECTION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{
+    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -17,6 +19,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message;
 use tokio::net::TcpListener;
 
+use crate::auth::Scope;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 
@@ -102,6 +105,18 @@ impl Format {
 type HttpResponse = Response<Full<Bytes>>;
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
+    if let Some(auth) = &receiver.limits.auth
+        && let Err(refusal) = auth.check(
+            HTTP_RECEIVER,
+            req.headers().get(AUTHORIZATION),
+            Scope::Ingest,
+        )
+    {
+        let (status, challenge, message) = refusal.http_answer(Scope::Ingest);
+        let mut response = plain(status, message);
+        response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
+        return response;
+    }
     match req.uri().path() {
         TRACES_PATH => {}
         METRICS_PATH | LOGS_PATH => {

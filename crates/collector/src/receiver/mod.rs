@@ -77,6 +77,9 @@ pub struct ReceiverLimits {
     pub body_read_timeout: Duration,
     /// `Retry-After` (seconds) sent when the memory limiter refuses a request. Default 1.
     pub retry_after_secs: u32,
+    /// Bearer-token check of scope `ingest`, made first thing in every request (401/403,
+    /// gRPC `UNAUTHENTICATED`/`PERMISSION_DENIED`). Default `None`: no check at all.
+    pub auth: Option<crate::auth::Authenticator>,
 }
 
 impl Default for ReceiverLimits {
@@ -86,6 +89,7 @@ impl Default for ReceiverLimits {
             memory: None,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             retry_after_secs: 1,
+            auth: None,
         }
     }
 }

@@ -25,12 +25,24 @@
     pollCount: 0,
     lastError: '',
     timer: null,
+    token: '',
   };
 
   const $ = (s) => document.querySelector(s);
   const esc = (s) => String(s == null ? '' : s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
   const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
   const num = (v) => (typeof v === 'number' && isFinite(v) ? v : null);
+  // Markup built here carries positions as data-css="prop:value;..." rather than a style attribute:
+  // the page's Content-Security-Policy allows no inline style attribute, but styles set through
+  // the CSSOM are allowed. Call after every innerHTML that uses data-css.
+  function applyCss(root) {
+    for (const el of root.querySelectorAll('[data-css]')) {
+      for (const decl of el.dataset.css.split(';')) {
+        const i = decl.indexOf(':');
+        if (i > 0) el.style.setProperty(decl.slice(0, i).trim(), decl.slice(i + 1).trim());
+      }
+    }
+  }
 
   // ---------------------------------------------------------------- formatting
   function fmtSec(v) {
@@ -377,8 +389,51 @@
   }
 
   // ---------------------------------------------------------------- API
+  // When the collector requires a token (401, or 403 for a token without the `read` scope), the
+  // page shows a small form, keeps the token in sessionStorage (this tab only, gone when it
+  // closes) and sends it as `Authorization: Bearer`. Concurrent requests wait on one prompt.
+  const TOKEN_KEY = 'infertrace.token';
+  let tokenPrompt = null;
+  function storedToken() {
+    try { return sessionStorage.getItem(TOKEN_KEY) || ''; } catch (e) { return ''; }
+  }
+  function askToken(why) {
+    if (tokenPrompt) return tokenPrompt;
+    tokenPrompt = new Promise((resolve) => {
+      const form = $('#auth');
+      const input = $('#auth-token');
+      $('#auth-why').textContent = why;
+      form.hidden = false;
+      input.value = '';
+      input.focus();
+      form.onsubmit = (ev) => {
+        ev.preventDefault();
+        const token = input.value.trim();
+        if (!token) return;
+        try { sessionStorage.setItem(TOKEN_KEY, token); } catch (e) { /* private mode: memory only */ }
+        state.token = token;
+        form.hidden = true;
+        form.onsubmit = null;
+        tokenPrompt = null;
+        resolve(token);
+      };
+    });
+    return tokenPrompt;
+  }
   async function getJson(url) {
-    const r = await fetch(url, { headers: { Accept: 'application/json' }, cache: 'no-store' });
+    let r;
+    for (;;) {
+      const token = state.token || storedToken();
+      const headers = { Accept: 'application/json' };
+      if (token) headers.Authorization = 'Bearer ' + token;
+      r = await fetch(url, { headers, cache: 'no-store' });
+      if (r.status !== 401 && r.status !== 403) break;
+      const why = r.status === 403 ? 'this token lacks the read scope'
+        : token ? 'the collector did not accept this token' : 'the collector asks for a token';
+      state.token = '';
+      try { sessionStorage.removeItem(TOKEN_KEY); } catch (e) { /* ignore */ }
+      await askToken(why);
+    }
     if (!r.ok) {
       let msg = r.status + ' ' + r.statusText;
       try { msg = (await r.json()).error || msg; } catch (e) { /* not JSON */ }
@@ -576,8 +631,9 @@
       el.innerHTML = '<p class="none">No request completed in the last ' + esc(w) + '.</p>';
       return;
     }
-    const bar = (cls, v, secs) => '<div class="track" title="' + esc(fmtPct(v) + ' · ' + fmtSec(secs) + ' on the critical path') + '"><div class="fill ' + cls + '" style="width:' + Math.min(100, Math.max(0, (v || 0) * 100)).toFixed(2) + '%"></div><span class="pct">' + fmtPct(v) + '</span></div>';
+    const bar = (cls, v, secs) => '<div class="track" title="' + esc(fmtPct(v) + ' · ' + fmtSec(secs) + ' on the critical path') + '"><div class="fill ' + cls + '" data-css="width:' + Math.min(100, Math.max(0, (v || 0) * 100)).toFixed(2) + '%"></div><span class="pct">' + fmtPct(v) + '</span></div>';
     el.innerHTML = entries.map((e) => '<div class="name" title="' + esc(e.span + ' · ' + e.service) + '">' + esc(e.span) + ' <small>' + esc(e.service) + '</small></div><div class="pair">' + bar('all', e.share.all, e.seconds.all) + bar('p99', e.share.p99, e.seconds.p99) + '</div>').join('');
+    applyCss(el);
   }
 
   function renderSlow(list) {
@@ -699,14 +755,15 @@
       if (typeof energy === 'number') gpu.push(fmtNum(energy) + ' J');
       const dur = (s.end_unix_nano - s.start_unix_nano) / 1e9;
       const info = [fmtSec(dur)].concat(mine.length ? ['critical ' + fmtSec(critSecs)] : []).concat(gpu).join(' · ');
-      return '<div class="label" style="padding-left:' + depth * 14 + 'px" title="' + esc(s.name + ' · ' + s.service) + '">' + esc(s.name) + ' <small class="none">' + esc(s.service) + '</small></div>' +
-        '<div class="lane" data-span-id="' + esc(s.span_id) + '"><div class="spanbar" style="left:' + pos(s.start_unix_nano) + ';width:' + wid(s.start_unix_nano, s.end_unix_nano) + '"></div>' +
-        mine.map((g) => '<div class="critbar" data-critical="1" title="critical ' + esc(fmtSec((g.end_unix_nano - g.start_unix_nano) / 1e9)) + '" style="left:' + pos(g.start_unix_nano) + ';width:' + wid(g.start_unix_nano, g.end_unix_nano) + '"></div>').join('') + '</div>' +
+      return '<div class="label" data-css="padding-left:' + depth * 14 + 'px" title="' + esc(s.name + ' · ' + s.service) + '">' + esc(s.name) + ' <small class="none">' + esc(s.service) + '</small></div>' +
+        '<div class="lane" data-span-id="' + esc(s.span_id) + '"><div class="spanbar" data-css="left:' + pos(s.start_unix_nano) + ';width:' + wid(s.start_unix_nano, s.end_unix_nano) + '"></div>' +
+        mine.map((g) => '<div class="critbar" data-critical="1" title="critical ' + esc(fmtSec((g.end_unix_nano - g.start_unix_nano) / 1e9)) + '" data-css="left:' + pos(g.start_unix_nano) + ';width:' + wid(g.start_unix_nano, g.end_unix_nano) + '"></div>').join('') + '</div>' +
         '<div class="attrs" title="' + esc(info) + '">' + esc(info) + '</div>';
     });
     rows.push('<div></div><div class="axis"><span>0</span><span>' + fmtSec(total / 2e9) + '</span><span>' + fmtSec(total / 1e9) + '</span></div><div></div>');
     const el = $('#waterfall-rows');
     el.innerHTML = rows.join('');
+    applyCss(el);
     el.dataset.spans = String(order.length);
     el.dataset.criticalSegments = String(crit);
     el.dataset.traceId = t.trace_id;

@@ -1,0 +1,268 @@
+//! `infertrace collect` as a process with bearer tokens: SIGHUP reloads the tokens file (the new
+//! token works, the removed one is refused, a broken file keeps the old tokens and logs an error
+//! naming the line, never a token), and a start on a non-loopback address is refused without
+//! tokens unless `auth.insecure: true`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{bin, free_port, traces};
+
+const TOKEN_A: &str = "token-a-0123456789abcdef";
+const TOKEN_B: &str = "token-b-fedcba9876543210";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One HTTP/1.1 exchange with an optional bearer token: the status.
+fn request(port: u16, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> u16 {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A collector process whose stderr goes to a file; killed on drop.
+struct Process {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(mut cmd: Command, log: PathBuf) -> Self {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("start infertrace collect");
+        Self { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `what` (panics on exit or after [`WAIT`]).
+    fn wait_log(&mut self, what: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let log = self.log();
+            if log.contains(what) {
+                return log;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("collector exited ({status}) before logging {what:?}:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "no {what:?} in:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn hangup(&self) {
+        let ok = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -HUP failed");
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn collect(dir: &Path, listen_api: &str, http: u16, extra: &[&str]) -> Command {
+    let mut cmd = bin();
+    cmd.args(["collect", "--no-store"])
+        .args(["--otlp-grpc", &format!("127.0.0.1:{}", free_port())])
+        .args(["--otlp-http", &format!("127.0.0.1:{http}")])
+        .args(["--listen", listen_api])
+        .args(extra)
+        .current_dir(dir)
+        .env_remove("INFERTRACE_TOKENS")
+        .env_remove("INFERTRACE_TOKENS_FILE")
+        .env_remove("INFERTRACE_CONFIG");
+    cmd
+}
+
+/// Polls `GET /api/kpis` with `token` until it answers `want` (a reload is asynchronous).
+fn until_status(api: u16, token: &str, want: u16) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = request(api, "GET", "/api/kpis", Some(token), b"");
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still {got}, want {want}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sighup_reloads_the_tokens_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("# the first token\nall {TOKEN_A}\n")).unwrap();
+    let (api, http) = (free_port(), free_port());
+    let cmd = collect(
+        dir.path(),
+        &format!("127.0.0.1:{api}"),
+        http,
+        &["--tokens-file", tokens.to_str().unwrap()],
+    );
+    let mut p = Process::spawn(cmd, dir.path().join("stderr.log"));
+    p.wait_log(&format!("API http://127.0.0.1:{api}"));
+
+    assert_eq!(request(api, "GET", "/health", None, b""), 200);
+    assert_eq!(request(api, "GET", "/api/kpis", None, b""), 401);
+    assert_eq!(request(api, "GET", "/api/kpis", Some(TOKEN_A), b""), 200);
+    assert_eq!(request(api, "GET", "/metrics", Some(TOKEN_A), b""), 200);
+    let body = traces(3, 0x7000).to_string();
+    assert_eq!(
+        request(http, "POST", "/v1/traces", None, body.as_bytes()),
+        401
+    );
+    assert_eq!(
+        request(http, "POST", "/v1/traces", Some(TOKEN_A), body.as_bytes()),
+        200
+    );
+
+    // `infertrace report` sends INFERTRACE_TOKEN as a bearer token.
+    let report = |token: Option<&str>| {
+        let mut cmd = bin();
+        cmd.args(["report", "--url", &format!("http://127.0.0.1:{api}")])
+            .args(["--window", "1m", "--format", "json"])
+            .env_remove("INFERTRACE_TOKEN");
+        if let Some(t) = token {
+            cmd.env("INFERTRACE_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    };
+    let out = report(None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("401") && err.contains("INFERTRACE_TOKEN"),
+        "{err}"
+    );
+    let out = report(Some(TOKEN_A));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Rotate: B replaces A (read only).
+    std::fs::write(&tokens, format!("read {TOKEN_B}\n")).unwrap();
+    p.hangup();
+    until_status(api, TOKEN_B, 200);
+    p.wait_log("1 bearer tokens reloaded");
+    assert_eq!(request(api, "GET", "/api/kpis", Some(TOKEN_A), b""), 401);
+    assert_eq!(request(api, "GET", "/metrics", Some(TOKEN_B), b""), 403);
+    assert_eq!(
+        request(http, "POST", "/v1/traces", Some(TOKEN_B), body.as_bytes()),
+        403
+    );
+
+    // A broken file: the reload fails, says where, and B stays in force.
+    std::fs::write(&tokens, format!("read {TOKEN_A}\nread\n")).unwrap();
+    p.hangup();
+    let log = p.wait_log("reloading the bearer tokens failed");
+    assert!(log.contains(&format!("{}:2:", tokens.display())), "{log}");
+    assert_eq!(request(api, "GET", "/api/kpis", Some(TOKEN_B), b""), 200);
+    assert_eq!(request(api, "GET", "/api/kpis", Some(TOKEN_A), b""), 401);
+    let log = p.log();
+    assert!(
+        !log.contains(TOKEN_A) && !log.contains(TOKEN_B),
+        "a token was logged:\n{log}"
+    );
+    // The refusals were logged (rate-limited) and counted.
+    assert!(log.contains("request refused"), "{log}");
+}
+
+#[test]
+fn non_loopback_listener_needs_tokens_or_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    // No token: refused, one line saying what to do.
+    let out = collect(dir.path(), "0.0.0.0:0", free_port(), &[])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:0 (api.listen) without authentication")
+            && err.contains("auth.insecure: true"),
+        "{err}"
+    );
+
+    // insecure: starts, with a loud warning.
+    let config = dir.path().join("insecure.yaml");
+    std::fs::write(&config, "auth:\n  insecure: true\n").unwrap();
+    let mut p = Process::spawn(
+        collect(
+            dir.path(),
+            "0.0.0.0:0",
+            free_port(),
+            &["--config", config.to_str().unwrap()],
+        ),
+        dir.path().join("insecure.log"),
+    );
+    let log = p.wait_log("API http://0.0.0.0:");
+    assert!(log.contains("INSECURE"), "{log}");
+    drop(p);
+
+    // Tokens from the environment: starts, and the API asks for them.
+    let api = free_port();
+    let mut cmd = collect(dir.path(), &format!("0.0.0.0:{api}"), free_port(), &[]);
+    cmd.env(
+        "INFERTRACE_TOKENS",
+        format!("read {TOKEN_A}; metrics {TOKEN_B}"),
+    );
+    let mut p = Process::spawn(cmd, dir.path().join("env.log"));
+    let log = p.wait_log(&format!("API http://0.0.0.0:{api}"));
+    assert!(!log.contains("INSECURE"), "{log}");
+    assert_eq!(request(api, "GET", "/api/kpis", None, b""), 401);
+    assert_eq!(request(api, "GET", "/api/kpis", Some(TOKEN_A), b""), 200);
+    assert_eq!(request(api, "GET", "/metrics", Some(TOKEN_B), b""), 200);
+    assert_eq!(request(api, "GET", "/metrics", Some(TOKEN_A), b""), 403);
+
+    // A malformed tokens file stops the start, naming the line.
+    let tokens = dir.path().join("bad-tokens");
+    std::fs::write(&tokens, format!("ingest {TOKEN_A}\nwrite {TOKEN_B}\n")).unwrap();
+    let out = collect(
+        dir.path(),
+        "127.0.0.1:0",
+        free_port(),
+        &["--tokens-file", tokens.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:2: unknown scope \"write\"", tokens.display())),
+        "{err}"
+    );
+    assert!(!err.contains(TOKEN_B), "a token was printed: {err}");
+}
