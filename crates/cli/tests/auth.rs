@@ -197,7 +197,7 @@ fn sighup_reloads_the_tokens_file() {
         "a token was logged:\n{log}"
     );
     // The refusals were logged (rate-limited) and counted.
-    assert!(log.contains("request refused"), "{log}");
+    assert!(log.contains("requests refused by authentication"), "{log}");
 }
 
 #[test]
