@@ -23,8 +23,17 @@ pub struct ReceiverLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
     /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`,
-    /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_queue_full`, `forward_failed`.
+    /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_backpressure` (refused: the
+    /// forward queue was full), `forward_failed`, `forward_rejected`.
     pub reason: &'static str,
+}
+
+/// Labels of `forward_attempts_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// `ok`, `timeout` (no answer within `forward.timeout`), `retryable` (e.g. connection
+    /// refused, gRPC `UNAVAILABLE`, HTTP 503) or `permanent` (e.g. HTTP 400).
+    pub outcome: &'static str,
 }
 
 /// Labels of `exported_spans_total`.
@@ -58,6 +67,13 @@ pub struct InternalEvents {
     /// `infertrace_recent_traces_not_kept_total`: traces analysed but not kept for
     /// `/api/traces/{id}` (the recent-trace ring's admission rate was used up).
     pub recent_traces_not_kept: Counter,
+    /// `infertrace_forward_attempts_total{outcome}`: export calls to the forward downstream.
+    pub forward_attempts: Family<AttemptLabels, Counter>,
+    /// `infertrace_forward_pending_spans`: spans accepted for forwarding, not yet exported or
+    /// given up.
+    pub forward_pending_spans: Gauge,
+    /// `infertrace_forward_pending_bytes`: their request-body bytes.
+    pub forward_pending_bytes: Gauge,
 }
 
 impl InternalEvents {
@@ -109,6 +125,35 @@ impl InternalEvents {
             "Completed traces analysed but not kept in the recent-trace ring",
             self.recent_traces_not_kept.clone(),
         );
+        r.register(
+            prom::FORWARD_ATTEMPTS,
+            "Export calls to the forward downstream, by outcome",
+            self.forward_attempts.clone(),
+        );
+        r.register(
+            prom::FORWARD_PENDING_SPANS,
+            "Spans accepted for forwarding and not yet exported or given up",
+            self.forward_pending_spans.clone(),
+        );
+        r.register(
+            prom::FORWARD_PENDING_BYTES,
+            "Request-body bytes of the spans pending forwarding",
+            self.forward_pending_bytes.clone(),
+        );
+    }
+
+    /// Counts one export call to the forward downstream that ended with `outcome`.
+    pub fn forward_attempt(&self, outcome: &'static str) {
+        self.forward_attempts
+            .get_or_create(&AttemptLabels { outcome })
+            .inc();
+    }
+
+    /// The number of forward attempts that ended with `outcome` so far.
+    pub fn forward_attempts(&self, outcome: &'static str) -> u64 {
+        self.forward_attempts
+            .get_or_create(&AttemptLabels { outcome })
+            .get()
     }
 
     /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`),
@@ -151,5 +196,30 @@ impl InternalEvents {
         self.dropped_spans
             .get_or_create(&DropLabels { reason })
             .get()
+    }
+}
+
+/// Shortest interval between two warn-level lines for the same reason.
+pub const WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether a warn-level line for `reason` may be logged now: at most one per reason per
+/// [`WARN_INTERVAL`], so that a refusal or drop repeated thousands of times a second logs a line
+/// every 10 s (its counter counts every one).
+pub fn warn_allowed(reason: &'static str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Instant;
+    static LAST: OnceLock<Mutex<HashMap<&'static str, Instant>>> = OnceLock::new();
+    let mut last = LAST
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let now = Instant::now();
+    match last.get(reason) {
+        Some(t) if now.duration_since(*t) < WARN_INTERVAL => false,
+        _ => {
+            last.insert(reason, now);
+            true
+        }
     }
 }

@@ -371,4 +371,12 @@ pub mod prom {
     /// Self-metric: completed traces analysed but not kept in the recent-trace ring (its
     /// admission rate, `api.recent_traces` per second, was used up).
     pub const RECENT_TRACES_NOT_KEPT: &str = "recent_traces_not_kept";
+    /// Self-metric: forward attempts (one per export call to the downstream), by outcome
+    /// (`ok`, `timeout`, `retryable`, `permanent`).
+    pub const FORWARD_ATTEMPTS: &str = "forward_attempts";
+    /// Self-metric: spans accepted for forwarding and not yet exported or given up (queued,
+    /// being batched, or being sent).
+    pub const FORWARD_PENDING_SPANS: &str = "forward_pending_spans";
+    /// Self-metric: request-body bytes of the spans of [`FORWARD_PENDING_SPANS`].
+    pub const FORWARD_PENDING_BYTES: &str = "forward_pending_bytes";
 }

@@ -28,6 +28,8 @@ impl Payload {
     }
 }
 
+const OVER_MEMORY: &str = "collector is over its memory limit; retry later";
+
 /// What became of a request.
 #[derive(Debug, PartialEq)]
 pub(crate) enum Outcome {
@@ -40,10 +42,12 @@ pub(crate) enum Outcome {
     },
     /// The body is not a valid request.
     Undecodable(String),
-    /// Over the memory limit: retry later.
+    /// Over the memory limit, or the forward queue is full: retry later.
     Overloaded {
         /// Suggested wait.
         retry_after_secs: u32,
+        /// What the client is told.
+        why: &'static str,
     },
     /// The pipeline is shutting down.
     ShuttingDown,
@@ -91,6 +95,7 @@ impl Receiver {
                     self.refuse_spans("memory_limit", spans);
                     return Outcome::Overloaded {
                         retry_after_secs: self.limits.retry_after_secs,
+                        why: OVER_MEMORY,
                     };
                 }
             },
@@ -107,6 +112,7 @@ impl Receiver {
             rejected,
             first_error,
             span_ranges,
+            rejected_ranges,
         } = match decoded {
             Ok(decoded) => decoded,
             Err(error) => {
@@ -134,11 +140,24 @@ impl Receiver {
                 span_ranges,
                 raw_json,
                 text_bytes,
+                rejected,
+                rejected_ranges,
             }) {
                 Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
                 Err(IngestError::Overloaded { retry_after_secs }) => {
                     self.refuse_spans("memory_limit", accepted);
-                    return Outcome::Overloaded { retry_after_secs };
+                    return Outcome::Overloaded {
+                        retry_after_secs,
+                        why: OVER_MEMORY,
+                    };
+                }
+                Err(IngestError::ForwardBackpressure { retry_after_secs }) => {
+                    self.refuse_spans("forward_backpressure", accepted);
+                    return Outcome::Overloaded {
+                        retry_after_secs,
+                        why: "the collector's forward queue is full (its downstream is slow or \
+                              down); retry later",
+                    };
                 }
                 Err(IngestError::ShuttingDown) => {
                     self.refuse_spans("shutting_down", accepted);

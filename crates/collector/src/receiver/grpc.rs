@@ -161,10 +161,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
             Code::InvalidArgument,
             &format!("undecodable OTLP request: {error}"),
         ),
-        Outcome::Overloaded { .. } => status_only(
-            Code::Unavailable,
-            "collector is over its memory limit; retry later",
-        ),
+        Outcome::Overloaded { why, .. } => status_only(Code::Unavailable, why),
         Outcome::ShuttingDown => status_only(Code::Unavailable, "collector is shutting down"),
     }
 }

@@ -187,12 +187,10 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             INVALID_ARGUMENT,
             &format!("undecodable OTLP request: {error}"),
         ),
-        Outcome::Overloaded { retry_after_secs } => retry_later(
-            format,
-            StatusCode::TOO_MANY_REQUESTS,
+        Outcome::Overloaded {
             retry_after_secs,
-            "collector is over its memory limit; retry later",
-        ),
+            why,
+        } => retry_later(format, StatusCode::TOO_MANY_REQUESTS, retry_after_secs, why),
         Outcome::ShuttingDown => retry_later(
             format,
             StatusCode::SERVICE_UNAVAILABLE,

@@ -5,10 +5,11 @@
 //!
 //! | situation | HTTP | gRPC | counted as (`dropped_spans_total{reason}`) |
 //! |---|---|---|---|
-//! | accepted, some spans invalid | 200 + `partial_success` | OK + `partial_success` | `invalid_span` × spans |
+//! | accepted, some spans invalid (ids, times, attribute values nested over 16 levels: see [`crate::otlp_decode`]) | 200 + `partial_success` | OK + `partial_success` | `invalid_span` × spans |
 //! | body not decodable (or bad gzip) | 400 | `INVALID_ARGUMENT` | `decode_error` × 1 (request) |
 //! | body over `max_body_bytes`, before or after gunzip | 413 | `RESOURCE_EXHAUSTED` | `too_large` × 1 (request) |
 //! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans (× 1 when refused on the declared `Content-Length`, before reading) |
+//! | forward queue full (downstream slow or down; see [`crate::forward`]) | 429 + `Retry-After` | `UNAVAILABLE` | `forward_backpressure` × spans |
 //! | pipeline shutting down | 503 + `Retry-After` | `UNAVAILABLE` | `shutting_down` × spans |
 //! | wrong content type / content encoding | 415 | HTTP 415 / `UNIMPLEMENTED` | `unsupported_content` × 1 (request) |
 //! | wrong method on `/v1/traces` | 405 + `Allow: POST` | — | — |

@@ -1,0 +1,139 @@
+//! `forward:` — the forwarder's section (see [`crate::forward`] for what it does with it).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Invalid, check_http_url, human_duration};
+
+/// `forward:` — OTLP traces on to Jaeger, Tempo or another collector.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ForwardConfig {
+    /// Downstream base URL, e.g. `http://127.0.0.1:4317` (gRPC) or `http://tempo:4318` (HTTP;
+    /// `/v1/traces` is appended). Unset = no forwarding.
+    pub endpoint: Option<String>,
+    /// `grpc` or `http` (OTLP/HTTP protobuf). Default `grpc`.
+    pub protocol: ForwardProtocol,
+    /// Export requests waiting to be sent. When full, new requests are refused with a
+    /// retryable answer (HTTP 429, gRPC `UNAVAILABLE`; counted as
+    /// `dropped_spans_total{reason="forward_backpressure"}`), never accepted and then dropped.
+    /// Default 1024.
+    pub queue_size: usize,
+    /// Most spans per forwarded request (received requests are merged up to this). Default 8192.
+    pub max_batch_spans: usize,
+    /// Longest a request waits for others to merge with. Default 200ms.
+    #[serde(with = "human_duration")]
+    pub max_batch_delay: Duration,
+    /// Timeout of one export attempt (connecting included): a downstream that accepts
+    /// connections and never answers costs this per attempt. Default 10s.
+    #[serde(with = "human_duration")]
+    pub timeout: Duration,
+    /// Export requests sent (or being retried) at the same time. Default 4.
+    pub max_in_flight: usize,
+    /// Retry with exponential backoff and jitter on retryable failures.
+    pub retry: RetryConfig,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            protocol: ForwardProtocol::Grpc,
+            queue_size: 1024,
+            max_batch_spans: 8192,
+            max_batch_delay: Duration::from_millis(200),
+            timeout: Duration::from_secs(10),
+            max_in_flight: 4,
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+/// Forwarding protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardProtocol {
+    /// OTLP/gRPC.
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies.
+    Http,
+}
+
+/// `forward.retry:` — exponential backoff with jitter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// First wait. Default 100ms.
+    #[serde(with = "human_duration")]
+    pub initial_backoff: Duration,
+    /// Longest wait between tries (each wait doubles; each is drawn between half and all of
+    /// it). Default 5s.
+    #[serde(with = "human_duration")]
+    pub max_backoff: Duration,
+    /// Give up on spans this long after they ARRIVED (time in the queue included), counting
+    /// them as `exported_spans_total{outcome="failed"}` and
+    /// `dropped_spans_total{reason="forward_failed"}`. Default 60s.
+    #[serde(with = "human_duration")]
+    pub max_elapsed: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            max_elapsed: Duration::from_secs(60),
+        }
+    }
+}
+
+impl ForwardConfig {
+    /// Checks the section (called by [`CollectorConfig::validate`](super::CollectorConfig)).
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        if let Some(url) = &self.endpoint {
+            check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))?;
+            if !url.starts_with("http://") {
+                return Err(Invalid::new(
+                    &["forward", "endpoint"],
+                    "only http:// is supported (this build has no TLS); put a TLS proxy in front",
+                ));
+            }
+        }
+        if self.queue_size == 0 {
+            return Err(Invalid::new(&["forward", "queue_size"], "must be > 0"));
+        }
+        if self.max_batch_spans == 0 {
+            return Err(Invalid::new(&["forward", "max_batch_spans"], "must be > 0"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(Invalid::new(&["forward", "max_in_flight"], "must be > 0"));
+        }
+        if self.timeout.is_zero() {
+            return Err(Invalid::new(
+                &["forward", "timeout"],
+                "must be a positive duration",
+            ));
+        }
+        let r = &self.retry;
+        if r.initial_backoff.is_zero() {
+            return Err(Invalid::new(
+                &["forward", "retry", "initial_backoff"],
+                "must be a positive duration",
+            ));
+        }
+        if r.max_backoff < r.initial_backoff {
+            return Err(Invalid::new(
+                &["forward", "retry", "max_backoff"],
+                "must be at least forward.retry.initial_backoff",
+            ));
+        }
+        if r.max_elapsed.is_zero() {
+            return Err(Invalid::new(
+                &["forward", "retry", "max_elapsed"],
+                "must be a positive duration",
+            ));
+        }
+        Ok(())
+    }
+}
