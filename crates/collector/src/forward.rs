@@ -54,6 +54,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -65,9 +66,10 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::config::{ForwardConfig, ForwardProtocol, RetryConfig};
+use crate::client_tls;
+use crate::config::{ForwardConfig, ForwardProtocol, RetryConfig, TlsClientConfig};
 use crate::ingest::{IngestBatch, IngestError};
 use crate::internal_events::{InternalEvents, warn_allowed};
 use crate::limiter::{MemoryLimiter, MemoryReservation};
@@ -238,11 +240,10 @@ pub fn spawn(
     events: InternalEvents,
     limiter: Option<MemoryLimiter>,
 ) -> Result<(ForwardHandle, ForwardTask), ForwardError> {
-    let endpoint = config
-        .endpoint
-        .clone()
-        .ok_or_else(|| ForwardError::Endpoint(String::new(), "not set".into()))?;
-    let exporter = Exporter::new(&endpoint, config.protocol, config.timeout)?;
+    if config.endpoint.is_none() {
+        return Err(ForwardError::Endpoint(String::new(), "not set".into()));
+    }
+    let exporter = Exporter::new(config)?;
     let (tx, rx) = mpsc::channel(config.queue_size.max(1));
     let (close_tx, close_rx) = watch::channel(None);
     let sender = Arc::new(Sender {
@@ -553,54 +554,98 @@ struct ExportFailure {
 
 #[derive(Clone)]
 enum Exporter {
-    Grpc(tonic::client::Grpc<Channel>),
+    Grpc(Box<GrpcExporter>),
     Http(Box<HttpExporter>),
 }
 
 #[derive(Clone)]
+struct GrpcExporter {
+    grpc: tonic::client::Grpc<Channel>,
+    /// `forward.headers`, sent with every call.
+    metadata: tonic::metadata::MetadataMap,
+}
+
+#[derive(Clone)]
 struct HttpExporter {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     uri: http::Uri,
+    /// `forward.headers`, sent with every request.
+    headers: http::HeaderMap,
+}
+
+/// tonic's TLS settings for `tls`: the CA file's certificates, else the system's roots; the
+/// client certificate when set. (The files were checked with the rest of the config.)
+fn grpc_tls(tls: &TlsClientConfig) -> Result<ClientTlsConfig, String> {
+    let read = |p: &std::path::Path, what: &str| {
+        std::fs::read(p).map_err(|e| format!("{what} {}: {e}", p.display()))
+    };
+    // Checked here too, so that an unusable file fails at start, not at the first export.
+    client_tls::rustls_config(tls)?;
+    let mut config = ClientTlsConfig::new();
+    config = match &tls.ca_file {
+        Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, "tls.ca_file")?)),
+        None => config.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        config = config.identity(Identity::from_pem(
+            read(cert, "tls.cert_file")?,
+            read(key, "tls.key_file")?,
+        ));
+    }
+    Ok(config)
 }
 
 impl Exporter {
-    fn new(
-        endpoint: &str,
-        protocol: ForwardProtocol,
-        timeout: Duration,
-    ) -> Result<Self, ForwardError> {
+    fn new(config: &ForwardConfig) -> Result<Self, ForwardError> {
+        let endpoint = config.endpoint.as_deref().unwrap_or_default();
         let bad = |m: String| ForwardError::Endpoint(endpoint.to_owned(), m);
         let uri: http::Uri = endpoint
             .parse()
             .map_err(|e| bad(format!("not a URL: {e}")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(bad(
-                "only http:// endpoints are supported (no TLS in this build)".into(),
-            ));
-        }
-        match protocol {
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(bad("must start with http:// or https://".into())),
+        };
+        let headers = client_tls::header_map(&config.headers).map_err(bad)?;
+        match config.protocol {
             ForwardProtocol::Grpc => {
-                let channel = Endpoint::from_shared(endpoint.to_owned())
+                let mut ep = Endpoint::from_shared(endpoint.to_owned())
                     .map_err(|e| bad(e.to_string()))?
                     .tcp_nodelay(true)
-                    .connect_timeout(timeout)
-                    .connect_lazy();
-                Ok(Self::Grpc(tonic::client::Grpc::new(channel)))
+                    .connect_timeout(config.timeout);
+                if https {
+                    ep = ep
+                        .tls_config(grpc_tls(&config.tls).map_err(&bad)?)
+                        .map_err(|e| bad(format!("TLS: {e}")))?;
+                }
+                let channel = ep.connect_lazy();
+                Ok(Self::Grpc(Box::new(GrpcExporter {
+                    grpc: tonic::client::Grpc::new(channel),
+                    metadata: tonic::metadata::MetadataMap::from_headers(headers),
+                })))
             }
             ForwardProtocol::Http => {
                 let path = uri.path().trim_end_matches('/');
                 let full = if path.ends_with(HTTP_TRACES_PATH) {
                     endpoint.to_owned()
                 } else {
+                    let scheme = if https { "https" } else { "http" };
                     let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
-                    format!("http://{authority}{path}{HTTP_TRACES_PATH}")
+                    format!("{scheme}://{authority}{path}{HTTP_TRACES_PATH}")
                 };
                 let uri = full.parse().map_err(|e| bad(format!("not a URL: {e}")))?;
                 let mut connector = HttpConnector::new();
                 connector.set_nodelay(true);
-                connector.set_connect_timeout(Some(timeout));
+                connector.set_connect_timeout(Some(config.timeout));
+                let connector =
+                    client_tls::https_connector(connector, &config.tls, https).map_err(&bad)?;
                 let client = Client::builder(TokioExecutor::new()).build(connector);
-                Ok(Self::Http(Box::new(HttpExporter { client, uri })))
+                Ok(Self::Http(Box::new(HttpExporter {
+                    client,
+                    uri,
+                    headers,
+                })))
             }
         }
     }
@@ -608,15 +653,17 @@ impl Exporter {
     /// Sends one request; `Ok(rejected spans)` on success.
     async fn export(&self, body: Bytes) -> Result<u64, ExportFailure> {
         match self {
-            Self::Grpc(grpc) => {
-                let mut grpc = grpc.clone();
+            Self::Grpc(g) => {
+                let mut grpc = g.grpc.clone();
                 grpc.ready().await.map_err(|e| ExportFailure {
                     outcome: "retryable",
                     retry_after: None,
                     message: format!("connect: {e}"),
                 })?;
                 let path = PathAndQuery::from_static(GRPC_EXPORT_PATH);
-                match grpc.unary(tonic::Request::new(body), path, RawCodec).await {
+                let mut request = tonic::Request::new(body);
+                *request.metadata_mut() = g.metadata.clone();
+                match grpc.unary(request, path, RawCodec).await {
                     Ok(resp) => Ok(rejected_spans(resp.into_inner())),
                     Err(status) => {
                         use tonic::Code;
@@ -639,15 +686,21 @@ impl Exporter {
                 }
             }
             Self::Http(h) => {
-                let HttpExporter { client, uri } = &**h;
-                let req = http::Request::post(uri.clone())
-                    .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-                    .body(Full::new(body))
-                    .map_err(|e| ExportFailure {
-                        outcome: "permanent",
-                        retry_after: None,
-                        message: e.to_string(),
-                    })?;
+                let HttpExporter {
+                    client,
+                    uri,
+                    headers,
+                } = &**h;
+                let mut req = http::Request::post(uri.clone())
+                    .header(http::header::CONTENT_TYPE, "application/x-protobuf");
+                for (name, value) in headers {
+                    req = req.header(name, value);
+                }
+                let req = req.body(Full::new(body)).map_err(|e| ExportFailure {
+                    outcome: "permanent",
+                    retry_after: None,
+                    message: e.to_string(),
+                })?;
                 let resp = client.request(req).await.map_err(|e| ExportFailure {
                     outcome: "retryable",
                     retry_after: None,
@@ -773,23 +826,34 @@ mod tests {
 
     #[test]
     fn http_endpoint_gets_the_traces_path() {
-        let e = Exporter::new(
-            "http://127.0.0.1:4318",
-            ForwardProtocol::Http,
-            Duration::from_secs(1),
-        )
-        .ok()
-        .unwrap();
-        match e {
-            Exporter::Http(h) => {
-                let uri = &h.uri;
-                assert_eq!(uri.to_string(), "http://127.0.0.1:4318/v1/traces")
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, ca.cert.pem()).unwrap();
+        let uri_of = |endpoint: &str, ca: bool| {
+            let mut c = ForwardConfig {
+                endpoint: Some(endpoint.to_owned()),
+                protocol: ForwardProtocol::Http,
+                ..ForwardConfig::default()
+            };
+            if ca {
+                c.tls.ca_file = Some(ca_file.clone());
             }
-            Exporter::Grpc(_) => panic!("wrong exporter"),
-        }
-        assert!(
-            Exporter::new("https://x:1", ForwardProtocol::Http, Duration::from_secs(1)).is_err()
+            match Exporter::new(&c) {
+                Ok(Exporter::Http(h)) => Ok(h.uri.to_string()),
+                Ok(Exporter::Grpc(_)) => panic!("wrong exporter"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(
+            uri_of("http://127.0.0.1:4318", false).unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
         );
+        assert_eq!(
+            uri_of("https://tempo.example:443/otlp/", true).unwrap(),
+            "https://tempo.example:443/otlp/v1/traces"
+        );
+        assert!(uri_of("ftp://x:1", false).unwrap_err().contains("https://"));
     }
 
     #[test]

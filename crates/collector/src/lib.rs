@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod assembler;
+pub mod client_tls;
 pub mod config;
 pub mod dashboard;
 pub mod forward;

@@ -1,5 +1,7 @@
 //! `forward:` — the forwarder's section (see [`crate::forward`] for what it does with it).
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -10,9 +12,17 @@ use super::{Invalid, check_http_url, human_duration};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ForwardConfig {
-    /// Downstream base URL, e.g. `http://127.0.0.1:4317` (gRPC) or `http://tempo:4318` (HTTP;
-    /// `/v1/traces` is appended). Unset = no forwarding.
+    /// Downstream base URL, `http://` or `https://`, e.g. `http://127.0.0.1:4317` (gRPC) or
+    /// `https://tempo.example.com:4318` (HTTP; `/v1/traces` is appended). Unset = no forwarding.
     pub endpoint: Option<String>,
+    /// TLS of an `https://` endpoint: system roots by default, or a CA file; optional client
+    /// certificate (mutual TLS).
+    pub tls: TlsClientConfig,
+    /// Headers sent with every export (gRPC metadata or HTTP headers), e.g.
+    /// `x-api-key: ${TEMPO_API_KEY}` for a hosted Tempo: `${NAME}` is replaced by the
+    /// environment variable `NAME` when the config is checked or the collector starts.
+    /// Default none.
+    pub headers: BTreeMap<String, String>,
     /// `grpc` or `http` (OTLP/HTTP protobuf). Default `grpc`.
     pub protocol: ForwardProtocol,
     /// Export requests waiting to be sent. When full, new requests are refused with a
@@ -39,6 +49,8 @@ impl Default for ForwardConfig {
     fn default() -> Self {
         Self {
             endpoint: None,
+            tls: TlsClientConfig::default(),
+            headers: BTreeMap::new(),
             protocol: ForwardProtocol::Grpc,
             queue_size: 1024,
             max_batch_spans: 8192,
@@ -47,6 +59,38 @@ impl Default for ForwardConfig {
             max_in_flight: 4,
             retry: RetryConfig::default(),
         }
+    }
+}
+
+/// TLS of an outgoing `https://` connection (`forward.tls`, `alerts.alertmanager_tls`); see
+/// [`crate::client_tls`]. Relative paths are relative to the working directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsClientConfig {
+    /// PEM file of the CA certificate(s) to verify the server with, instead of the system's
+    /// root certificates (a private CA). Default: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for mutual TLS (with `key_file`). Default none.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`. Default none.
+    pub key_file: Option<PathBuf>,
+}
+
+impl TlsClientConfig {
+    /// Checks that an `https://` (or not) `url` can be used with these settings, building the
+    /// TLS configuration (reading the files) as the collector will.
+    pub(super) fn check(&self, url: &str, path: &[&'static str]) -> Result<(), Invalid> {
+        if url.starts_with("https://") {
+            crate::client_tls::rustls_config(self).map_err(|m| Invalid::new(path, m))?;
+        } else if crate::client_tls::is_set(self) {
+            return Err(Invalid::new(
+                path,
+                format!(
+                    "TLS files are set but {url:?} is not https://: use https:// or remove them"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -93,13 +137,15 @@ impl ForwardConfig {
     pub(super) fn validate(&self) -> Result<(), Invalid> {
         if let Some(url) = &self.endpoint {
             check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))?;
-            if !url.starts_with("http://") {
-                return Err(Invalid::new(
-                    &["forward", "endpoint"],
-                    "only http:// is supported (this build has no TLS); put a TLS proxy in front",
-                ));
-            }
+            self.tls.check(url, &["forward", "tls"])?;
+        } else if crate::client_tls::is_set(&self.tls) {
+            return Err(Invalid::new(
+                &["forward", "tls"],
+                "set without forward.endpoint: set the endpoint or remove forward.tls",
+            ));
         }
+        crate::client_tls::header_map(&self.headers)
+            .map_err(|m| Invalid::new(&["forward", "headers"], m))?;
         if self.queue_size == 0 {
             return Err(Invalid::new(&["forward", "queue_size"], "must be > 0"));
         }

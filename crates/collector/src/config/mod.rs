@@ -27,7 +27,7 @@ use crate::assembler::AssemblerConfig;
 
 mod forward;
 
-pub use forward::{ForwardConfig, ForwardProtocol, RetryConfig};
+pub use forward::{ForwardConfig, ForwardProtocol, RetryConfig, TlsClientConfig};
 
 /// The whole collector configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -280,9 +280,11 @@ pub struct AlertsSection {
     pub rules: Vec<AlertRuleConfig>,
     /// Anomaly detection on every KPI series (EWMA baseline, k·σ for N evaluations).
     pub anomaly: AnomalyConfig,
-    /// Alertmanager base URL (`http://host:9093`); transitions are POSTed to
+    /// Alertmanager base URL (`http://host:9093` or `https://…`); transitions are POSTed to
     /// `{url}/api/v2/alerts`. Unset = no delivery.
     pub alertmanager_url: Option<String>,
+    /// TLS of an `https://` Alertmanager URL (CA file, client certificate).
+    pub alertmanager_tls: TlsClientConfig,
 }
 
 impl Default for AlertsSection {
@@ -293,6 +295,7 @@ impl Default for AlertsSection {
             rules: Vec::new(),
             anomaly: AnomalyConfig::default(),
             alertmanager_url: None,
+            alertmanager_tls: TlsClientConfig::default(),
         }
     }
 }
@@ -614,6 +617,8 @@ impl CollectorConfig {
         }
         if let Some(url) = &a.alertmanager_url {
             check_http_url(url).map_err(|m| Invalid::new(&["alerts", "alertmanager_url"], m))?;
+            a.alertmanager_tls
+                .check(url, &["alerts", "alertmanager_tls"])?;
         }
         Ok(())
     }
