@@ -146,21 +146,20 @@ pub fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, Strin
     let mut map = HeaderMap::new();
     for (name, value) in headers {
         let header = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("headers: {name:?} is not a valid header name"))?;
+            .map_err(|_| format!("{name:?} is not a valid header name"))?;
         if RESERVED.contains(&header.as_str()) || header.as_str().starts_with(':') {
             return Err(format!(
-                "headers: {name:?} is set by the protocol and cannot be overridden"
+                "{name:?} is set by the protocol and cannot be overridden"
             ));
         }
         if header.as_str().ends_with("-bin") {
             return Err(format!(
-                "headers: {name:?}: binary (-bin) gRPC metadata is not supported"
+                "{name:?}: binary (-bin) gRPC metadata is not supported"
             ));
         }
-        let expanded = expand_env(value).map_err(|e| format!("headers.{name}: {e}"))?;
-        let mut value = HeaderValue::from_str(&expanded).map_err(|_| {
-            format!("headers.{name}: the value has characters a header cannot hold")
-        })?;
+        let expanded = expand_env(value).map_err(|e| format!("{name}: {e}"))?;
+        let mut value = HeaderValue::from_str(&expanded)
+            .map_err(|_| format!("{name}: the value has characters a header cannot hold"))?;
         value.set_sensitive(true);
         map.append(header, value);
     }

@@ -38,7 +38,8 @@
 //! backoff (`retry.initial_backoff` doubling up to `retry.max_backoff`, each wait drawn between
 //! half and all of it, a `Retry-After` honoured up to `max_backoff`) while the spans are younger
 //! than `retry.max_elapsed`, counted from their ARRIVAL at the collector (time in the queue
-//! included). Every attempt is counted as it ends in `infertrace_forward_attempts_total{outcome}`
+//! included; an attempt still running when that budget runs out is cut short, so spans are
+//! given up at most `retry.max_elapsed` after they arrived). Every attempt is counted as it ends in `infertrace_forward_attempts_total{outcome}`
 //! (`ok`, `timeout`, `retryable`, `permanent`). Spans given up (age budget spent, or a permanent
 //! failure) are counted as `exported_spans_total{exporter="otlp_forward",outcome="failed"}` and
 //! `dropped_spans_total{reason="forward_failed"}` when they are given up, and logged at warn
@@ -453,7 +454,9 @@ impl Sender {
         let mut backoff = self.retry.initial_backoff;
         loop {
             let now = Instant::now();
-            let mut limit = now + self.timeout;
+            // An attempt ends at the timeout, at shutdown's deadline, or when the spans' age
+            // budget runs out, whichever comes first.
+            let mut limit = (now + self.timeout).min(expires);
             if let Some(d) = self.deadline() {
                 limit = limit.min(d);
             }
@@ -472,7 +475,11 @@ impl Sender {
                     Err(_) => Err(ExportFailure {
                         outcome: "timeout",
                         retry_after: None,
-                        message: format!("no answer within forward.timeout ({:?})", self.timeout),
+                        message: format!(
+                            "no answer within forward.timeout ({:?}) or the age budget \
+                             (forward.retry.max_elapsed)",
+                            self.timeout
+                        ),
                     }),
                 };
             match result {
