@@ -35,6 +35,10 @@ enum Command {
     /// Analyse exported trace files (OTLP JSON or Jaeger JSON) offline.
     Analyze(analyze::AnalyzeArgs),
     /// Validate a collector config file; prints each problem with its line number.
+    ///
+    /// Checks what `collect` would need as `collect` would: TLS files of https:// forward and
+    /// Alertmanager URLs are read, and ${NAME} in forward.headers is looked up in this
+    /// command's environment.
     CheckConfig(collect::CheckConfigArgs),
 }
 

@@ -25,7 +25,8 @@
 //! and the memory for the body (from the memory limiter) with [`ForwardHandle::reserve`]
 //! *before* it accepts a request, and sends into that place once it has accepted it
 //! ([`ForwardPermit::send`]). When the queue is full (the downstream is slow or down) the
-//! request is refused with a retryable answer — HTTP 429 + `Retry-After`, gRPC `UNAVAILABLE`,
+//! request is refused with a retryable answer — HTTP 429 + `Retry-After` (`retry.max_backoff`
+//! rounded up to whole seconds, 1 to 30), gRPC `UNAVAILABLE`,
 //! counted as `dropped_spans_total{reason="forward_backpressure"}` and
 //! `receiver_spans_total{outcome="refused"}` — so the client keeps the data and retries. Every
 //! span answered OK is then either exported, still pending (`infertrace_forward_pending_spans`,

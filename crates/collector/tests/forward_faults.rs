@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use infertrace_collector::config::{CollectorConfig, ForwardProtocol};
 use infertrace_collector::internal_events::{ExportLabels, InternalEvents, ReceiverLabels};
 use infertrace_collector::server;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -278,12 +279,31 @@ async fn outage_refuses_when_the_queue_is_full_and_drains_on_recovery() {
     assert_eq!(exported(&events, "ok") + exported(&events, "failed"), 0);
     assert_eq!(pending(&events), accepted as i64);
     assert!(events.forward_pending_bytes.get() > 0);
+    // gRPC clients get UNAVAILABLE (retryable), counted the same way.
+    let mut grpc = TraceServiceClient::connect(format!("http://{}", c.grpc_addr.unwrap()))
+        .await
+        .unwrap();
+    let r = Req::new(500, "m", 1, 1, 1);
+    let status = grpc
+        .export(request("llm", infertrace_spans(&r, t0())))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(
+        status.message().contains("forward queue is full"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        events.dropped("forward_backpressure"),
+        u64::from(refused) * 4 + 4
+    );
     let attempts_down = events.forward_attempts("retryable");
     assert!(attempts_down > 0);
     eprintln!(
         "outage: 60 requests of 4 spans in {:?}: {ok} accepted ({accepted} spans, all pending), \
-         {refused} refused with 429 ({} spans counted forward_backpressure); {attempts_down} \
-         failed attempts so far",
+         {refused} refused with 429 and 1 gRPC export with UNAVAILABLE ({} spans counted \
+         forward_backpressure); {attempts_down} failed attempts so far",
         started.elapsed(),
         events.dropped("forward_backpressure"),
     );
