@@ -256,7 +256,8 @@ fn tls_config(
     config.forward.timeout = Duration::from_secs(2);
     config.forward.retry.initial_backoff = Duration::from_millis(20);
     config.forward.retry.max_backoff = Duration::from_millis(100);
-    config.forward.retry.max_elapsed = Duration::from_secs(1);
+    // Room for a slow first handshake; the refused cases below shorten it.
+    config.forward.retry.max_elapsed = Duration::from_secs(15);
     config
 }
 
@@ -307,7 +308,8 @@ async fn grpc_forwarding_over_mutual_tls_with_a_private_ca_and_headers() {
     // Verified: a server certificate from another CA is refused; so is a client without a
     // certificate. Nothing is delivered, every attempt and the give-up are counted.
     for (ca, mutual) in [(&pki.other_ca_file, true), (&pki.ca_file, false)] {
-        let config = tls_config(endpoint.clone(), ForwardProtocol::Grpc, pki.tls(ca, mutual));
+        let mut config = tls_config(endpoint.clone(), ForwardProtocol::Grpc, pki.tls(ca, mutual));
+        config.forward.retry.max_elapsed = Duration::from_secs(1);
         let c = server::run(config, std::future::pending()).await.unwrap();
         send_one(&c, 2).await;
         eventually(WAIT, "given up", || exported(&c, "failed") == 4).await;
@@ -349,11 +351,12 @@ async fn http_forwarding_over_tls_with_a_ca_file_and_headers() {
     c.stop().await.unwrap();
 
     // Another CA: refused, counted, nothing delivered.
-    let config = tls_config(
+    let mut config = tls_config(
         endpoint,
         ForwardProtocol::Http,
         pki.tls(&pki.other_ca_file, false),
     );
+    config.forward.retry.max_elapsed = Duration::from_secs(1);
     let c = server::run(config, std::future::pending()).await.unwrap();
     send_one(&c, 2).await;
     eventually(WAIT, "given up", || exported(&c, "failed") == 4).await;
