@@ -345,12 +345,12 @@ fn key_value(
     }
     let too_deep = match value {
         _ if repeated_value => key_value_nesting(buf, MAX_VALUE_NESTING) > MAX_VALUE_NESTING,
-        Some(v) => {
+        Some(v) if !one_scalar(v) => {
             let mut n = Nesting::default();
             n.feed(v, MAX_VALUE_NESTING);
             n.depth > MAX_VALUE_NESTING
         }
-        None => false,
+        _ => false,
     };
     let Some(key) = known_key(key) else {
         return Ok(too_deep);
@@ -529,6 +529,22 @@ impl Nesting {
                 }
             }
         }
+    }
+}
+
+/// Whether an `AnyValue`'s bytes are exactly one short string, one varint (bool, int) or one
+/// double: what nearly every attribute value is, recognised from its first bytes without
+/// walking it (`false` only means "walk it").
+#[inline(always)]
+fn one_scalar(v: &[u8]) -> bool {
+    match v {
+        // string_value (field 1) shorter than 128 bytes, and nothing after it.
+        [0x0a, len, ..] => *len < 0x80 && v.len() == 2 + *len as usize,
+        // bool_value (2) or int_value (3): a varint ending the buffer.
+        [0x10 | 0x18, rest @ .., last] => *last < 0x80 && rest.iter().all(|b| *b >= 0x80),
+        // double_value (4).
+        [0x21, ..] => v.len() == 9,
+        _ => false,
     }
 }
 
@@ -1052,6 +1068,28 @@ mod tests {
             assert_eq!(lean.rejected, rejected);
             assert_eq!(reference.rejected, rejected);
             assert_eq!(lean.spans, reference.spans);
+        }
+    }
+
+    #[test]
+    fn one_scalar_recognises_only_single_scalar_values() {
+        let enc = |v: any_value::Value| AnyValue { value: Some(v) }.encode_to_vec();
+        assert!(one_scalar(&enc(any_value::Value::StringValue("x".into()))));
+        assert!(one_scalar(&enc(any_value::Value::IntValue(-1))));
+        assert!(one_scalar(&enc(any_value::Value::IntValue(5))));
+        assert!(one_scalar(&enc(any_value::Value::BoolValue(true))));
+        assert!(one_scalar(&enc(any_value::Value::DoubleValue(0.5))));
+        assert!(!one_scalar(&enc(any_value::Value::StringValue(
+            "x".repeat(200)
+        ))));
+        assert!(!one_scalar(&nested(1, false).encode_to_vec()));
+        assert!(!one_scalar(&nested(2, true).encode_to_vec()));
+        // A scalar followed by a list: walked (prost keeps the list).
+        let mut two = enc(any_value::Value::IntValue(1));
+        two.extend(nested(1, false).encode_to_vec());
+        assert!(!one_scalar(&two));
+        for short in [&[0x10][..], &[0x18, 0x80], &[0x0a], &[0x21, 1], &[]] {
+            assert!(!one_scalar(short), "{short:?}");
         }
     }
 
