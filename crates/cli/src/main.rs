@@ -35,8 +35,11 @@ enum Command {
     Report(report::ReportArgs),
     /// Analyse exported trace files (OTLP JSON or Jaeger JSON) offline.
     Analyze(analyze::AnalyzeArgs),
-    /// Validate a collector config file (and read the TLS files it names); prints each problem
-    /// with its line number, or the TLS key and file.
+    /// Validate a collector config file; prints each problem with its line number.
+    ///
+    /// Checks what `collect` would need as `collect` would: the TLS files of the listeners and
+    /// of https:// forward and Alertmanager URLs are read and parsed, and ${NAME} in
+    /// forward.headers is looked up in this command's environment.
     CheckConfig(collect::CheckConfigArgs),
 }
 

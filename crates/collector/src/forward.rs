@@ -6,31 +6,57 @@
 //! that came as OTLP/JSON ([`IngestBatch::raw_json`]) are transcoded to protobuf here, with
 //! `opentelemetry-proto`'s OTLP/JSON mapping and prost, off the receive path and only when
 //! forwarding is on (the reduced spans the pipeline analyses could not be re-encoded: they keep
-//! only the attributes infertrace reads). A body is forwarded whole, including any spans this
-//! collector rejected as invalid (the downstream applies its own rules); the counters count
-//! the valid spans.
+//! only the attributes infertrace reads).
+//!
+//! **Never a span the collector refused.** When some spans of a request were rejected as
+//! invalid (see the rules in [`crate::otlp_decode`], e.g. an attribute value nested deeper than
+//! 16 levels, which a prost-based downstream refuses together with the whole batch it arrives
+//! in), the forwarder sends the request without exactly those spans: a protobuf body is
+//! rewritten on the wire ([`without_spans`]: the rejected `Span` messages are cut out, every
+//! other byte is kept; a poisoned value need not be decodable by prost), a JSON one is filtered
+//! after transcoding ([`retain_accepted`]). Off the receive path, and only for requests with a
+//! rejected span.
 //!
 //! **Batching.** Protobuf messages concatenate: two encoded `ExportTraceServiceRequest`s back to
 //! back are one request holding both `resource_spans` lists. Queued requests are merged this way
 //! up to `max_batch_spans` spans or `max_batch_delay`, whichever comes first.
 //!
-//! **Bounds.** The queue holds at most `queue_size` requests and their bytes are reserved from
-//! the memory limiter; a request that does not fit is dropped and its spans counted in
-//! `dropped_spans_total{reason="forward_queue_full"}`. Retryable failures (gRPC `UNAVAILABLE`,
-//! `RESOURCE_EXHAUSTED`, …; HTTP 429/502/503/504, connection errors) are retried with exponential
-//! backoff (honouring `Retry-After`) until `retry.max_elapsed`; then, or on a permanent failure,
-//! the spans are counted as `exported_spans_total{exporter="otlp_forward",outcome="failed"}`
-//! and `dropped_spans_total{reason="forward_failed"}`. Spans the downstream rejected in a partial
-//! success count as `failed` too, and are not retried (OTLP specification).
+//! **Never OK then drop.** The pipeline reserves a place in the queue (`queue_size` requests)
+//! and the memory for the body (from the memory limiter) with [`ForwardHandle::reserve`]
+//! *before* it accepts a request, and sends into that place once it has accepted it
+//! ([`ForwardPermit::send`]). When the queue is full (the downstream is slow or down) the
+//! request is refused with a retryable answer — HTTP 429 + `Retry-After` (`retry.max_backoff`
+//! rounded up to whole seconds, 1 to 30), gRPC `UNAVAILABLE`,
+//! counted as `dropped_spans_total{reason="forward_backpressure"}` and
+//! `receiver_spans_total{outcome="refused"}` — so the client keeps the data and retries. Every
+//! span answered OK is then either exported, still pending (`infertrace_forward_pending_spans`,
+//! `_bytes`: queued, being batched or being sent), or counted failed below.
+//!
+//! **Sending.** Up to `max_in_flight` batches are sent at a time; each attempt (connecting
+//! included) is bounded by `timeout`, so a downstream that accepts connections and never answers
+//! costs one timeout per attempt. Retryable failures (timeouts, connection errors, gRPC
+//! `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, …; HTTP 429/502/503/504) are retried with exponential
+//! backoff (`retry.initial_backoff` doubling up to `retry.max_backoff`, each wait drawn between
+//! half and all of it, a `Retry-After` honoured up to `max_backoff`) while the spans are younger
+//! than `retry.max_elapsed`, counted from their ARRIVAL at the collector (time in the queue
+//! included; an attempt still running when that budget runs out is cut short, so spans are
+//! given up at most `retry.max_elapsed` after they arrived). Every attempt is counted as it ends in `infertrace_forward_attempts_total{outcome}`
+//! (`ok`, `timeout`, `retryable`, `permanent`). Spans given up (age budget spent, or a permanent
+//! failure) are counted as `exported_spans_total{exporter="otlp_forward",outcome="failed"}` and
+//! `dropped_spans_total{reason="forward_failed"}` when they are given up, and logged at warn
+//! level (at most one line per 10 s). Spans the downstream rejected in a partial success count
+//! as `failed` and `forward_rejected`, and are not retried (OTLP specification).
 //!
 //! **Shutdown.** [`ForwardTask::close`] stops intake, sends what is queued, and gives up at the
 //! deadline it is given.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -38,16 +64,18 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use prost::Message;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::config::{ForwardConfig, ForwardProtocol, RetryConfig};
-use crate::ingest::IngestBatch;
-use crate::internal_events::InternalEvents;
+use crate::client_tls;
+use crate::config::{ForwardConfig, ForwardProtocol, RetryConfig, TlsClientConfig};
+use crate::ingest::{IngestBatch, IngestError};
+use crate::internal_events::{InternalEvents, warn_allowed};
 use crate::limiter::{MemoryLimiter, MemoryReservation};
+use crate::otlp_decode::{SpanRange, retain_accepted, without_spans};
 
 /// `exporter` label of the forwarder's counters.
 pub const EXPORTER: &str = "otlp_forward";
@@ -64,22 +92,27 @@ pub enum ForwardError {
 }
 
 enum Body {
-    Protobuf(Bytes),
-    Json(Bytes),
+    /// A protobuf body and where its rejected spans lie (to be cut out).
+    Protobuf(Bytes, Vec<SpanRange>),
+    /// An OTLP/JSON body; `true` when some of its spans were rejected (to be filtered out).
+    Json(Bytes, bool),
 }
 
 struct Item {
     body: Body,
     spans: u64,
+    bytes: u64,
+    arrived: Instant,
     hold: Option<MemoryReservation>,
 }
 
-/// The cheap handle the pipeline submits batches through.
+/// The cheap handle the pipeline forwards batches through.
 #[derive(Clone)]
 pub struct ForwardHandle {
     tx: mpsc::Sender<Item>,
     events: InternalEvents,
     limiter: Option<MemoryLimiter>,
+    retry_after_secs: u32,
 }
 
 impl std::fmt::Debug for ForwardHandle {
@@ -88,36 +121,93 @@ impl std::fmt::Debug for ForwardHandle {
     }
 }
 
+/// A place in the forward queue and the memory for one request's body, reserved before the
+/// request is accepted ([`ForwardHandle::reserve`]); [`send`](Self::send) once it is. Dropped
+/// unsent (the request was refused after all), it gives both back.
+pub struct ForwardPermit<'a> {
+    reserved: Option<(mpsc::Permit<'a, Item>, Item)>,
+    events: &'a InternalEvents,
+    spans: u64,
+}
+
+impl std::fmt::Debug for ForwardPermit<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardPermit")
+            .field("spans", &self.spans)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ForwardPermit<'_> {
+    /// Queues the request (never blocks, never drops: its place is reserved).
+    pub fn send(self) {
+        match self.reserved {
+            Some((permit, item)) => {
+                self.events.forward_pending_spans.inc_by(item.spans as i64);
+                self.events.forward_pending_bytes.inc_by(item.bytes as i64);
+                permit.send(item);
+            }
+            // Only in-process callers hand over batches without a body (receivers keep it).
+            None => self.events.spans_dropped("forward_no_body", self.spans),
+        }
+    }
+}
+
 impl ForwardHandle {
-    /// Queues a received request for forwarding; never blocks. A full queue (or no memory for
-    /// the body) drops it and counts its spans as `forward_queue_full`.
-    pub fn submit(&self, batch: &IngestBatch) {
+    /// Reserves a place in the queue and the memory for `batch`'s body, before the batch is
+    /// accepted. Refuses with [`IngestError::ForwardBackpressure`] when the queue is full and
+    /// [`IngestError::Overloaded`] when the body does not fit the memory limit; the receivers
+    /// answer both with a retryable refusal and count them.
+    pub fn reserve(&self, batch: &IngestBatch) -> Result<ForwardPermit<'_>, IngestError> {
         let spans = batch.spans.len() as u64;
         let body = match (&batch.raw_protobuf, &batch.raw_json) {
-            (Some(p), _) => Body::Protobuf(p.clone()),
-            (None, Some(j)) => Body::Json(j.clone()),
+            (Some(p), _) => Body::Protobuf(p.clone(), batch.rejected_ranges.clone()),
+            (None, Some(j)) => Body::Json(j.clone(), batch.rejected > 0),
             (None, None) => {
-                self.events.spans_dropped("forward_no_body", spans);
-                return;
+                return Ok(ForwardPermit {
+                    reserved: None,
+                    events: &self.events,
+                    spans,
+                });
             }
         };
         let len = match &body {
-            Body::Protobuf(b) | Body::Json(b) => b.len(),
+            Body::Protobuf(b, _) | Body::Json(b, _) => b.len(),
+        };
+        let Ok(permit) = self.tx.try_reserve() else {
+            if warn_allowed("forward_backpressure") {
+                tracing::warn!(
+                    "forward queue full (downstream slow or down): refusing requests with a \
+                     retryable answer; see infertrace_forward_attempts_total"
+                );
+            }
+            return Err(IngestError::ForwardBackpressure {
+                retry_after_secs: self.retry_after_secs,
+            });
         };
         let hold = match &self.limiter {
             Some(l) => match l.try_reserve(len) {
                 Some(r) => Some(r),
                 None => {
-                    self.events.spans_dropped("forward_queue_full", spans);
-                    return;
+                    return Err(IngestError::Overloaded {
+                        retry_after_secs: self.retry_after_secs,
+                    });
                 }
             },
             None => None,
         };
-        let item = Item { body, spans, hold };
-        if self.tx.try_send(item).is_err() {
-            self.events.spans_dropped("forward_queue_full", spans);
-        }
+        let item = Item {
+            body,
+            spans,
+            bytes: len as u64,
+            arrived: Instant::now(),
+            hold,
+        };
+        Ok(ForwardPermit {
+            reserved: Some((permit, item)),
+            events: &self.events,
+            spans,
+        })
     }
 }
 
@@ -152,29 +242,41 @@ pub fn spawn(
     events: InternalEvents,
     limiter: Option<MemoryLimiter>,
 ) -> Result<(ForwardHandle, ForwardTask), ForwardError> {
-    let endpoint = config
-        .endpoint
-        .clone()
-        .ok_or_else(|| ForwardError::Endpoint(String::new(), "not set".into()))?;
-    let exporter = Exporter::new(&endpoint, config.protocol, config.timeout)?;
+    if config.endpoint.is_none() {
+        return Err(ForwardError::Endpoint(String::new(), "not set".into()));
+    }
+    let exporter = Exporter::new(config)?;
     let (tx, rx) = mpsc::channel(config.queue_size.max(1));
     let (close_tx, close_rx) = watch::channel(None);
+    let sender = Arc::new(Sender {
+        close: close_rx.clone(),
+        exporter,
+        events: events.clone(),
+        timeout: config.timeout,
+        retry: config.retry.clone(),
+    });
     let worker = Worker {
         rx,
         close: close_rx,
-        exporter,
-        events: events.clone(),
+        sender,
+        slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
         max_batch_spans: config.max_batch_spans.max(1) as u64,
         max_batch_delay: config.max_batch_delay,
-        timeout: config.timeout,
-        retry: config.retry.clone(),
     };
     let join = tokio::spawn(worker.run());
+    // A full queue means the downstream is slow or down: suggest the longest backoff.
+    let retry_after_secs = config
+        .retry
+        .max_backoff
+        .as_secs_f64()
+        .ceil()
+        .clamp(1.0, 30.0) as u32;
     Ok((
         ForwardHandle {
             tx,
             events,
             limiter,
+            retry_after_secs,
         },
         ForwardTask {
             close: close_tx,
@@ -183,15 +285,16 @@ pub fn spawn(
     ))
 }
 
+/// Takes requests off the queue, merges them into batches and hands each to a sending task
+/// (at most `max_in_flight` at a time: while they are all busy, the queue fills up and new
+/// requests are refused).
 struct Worker {
     rx: mpsc::Receiver<Item>,
     close: watch::Receiver<Option<Instant>>,
-    exporter: Exporter,
-    events: InternalEvents,
+    sender: Arc<Sender>,
+    slots: Arc<Semaphore>,
     max_batch_spans: u64,
     max_batch_delay: Duration,
-    timeout: Duration,
-    retry: RetryConfig,
 }
 
 impl Worker {
@@ -200,9 +303,15 @@ impl Worker {
     }
 
     async fn run(mut self) {
+        let mut sending = JoinSet::new();
         // Closing: asked to (a deadline is set) or the task handle is gone.
         let mut closing = false;
         loop {
+            while sending.try_join_next().is_some() {}
+            // A sending slot first, so that nothing leaves the queue while every slot is busy.
+            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                break;
+            };
             closing |= self.deadline().is_some();
             let first = if closing {
                 self.rx.close();
@@ -217,7 +326,7 @@ impl Worker {
                 }
             };
             let Some(first) = first else { break };
-            let mut batch = Batch::default();
+            let mut batch = Batch::new(first.arrived);
             self.add(&mut batch, first);
             let batch_deadline = Instant::now() + self.max_batch_delay;
             while batch.spans < self.max_batch_spans {
@@ -238,161 +347,331 @@ impl Worker {
                     changed = self.close.changed() => closing |= changed.is_err(),
                 }
             }
-            let Batch { body, spans, holds } = batch;
-            if spans > 0 || !body.is_empty() {
-                self.send_with_retry(body.freeze(), spans).await;
-            }
-            drop(holds);
+            let sender = self.sender.clone();
+            sending.spawn(async move {
+                sender.send_with_retry(batch).await;
+                drop(slot);
+            });
         }
+        while sending.join_next().await.is_some() {}
     }
 
     fn add(&self, batch: &mut Batch, item: Item) {
+        let Item {
+            body,
+            spans,
+            bytes,
+            arrived,
+            hold,
+        } = item;
         // The queued bytes stay reserved until the batch holding them is sent.
-        batch.holds.extend(item.hold);
-        match item.body {
-            Body::Protobuf(b) => batch.body.extend_from_slice(&b),
-            Body::Json(j) => match serde_json::from_slice::<ExportTraceServiceRequest>(&j) {
-                Ok(req) => {
-                    batch.body.reserve(req.encoded_len());
-                    // Cannot fail: the buffer has room for the whole message.
-                    let _ = req.encode(&mut batch.body);
+        batch.holds.extend(hold);
+        let encoded = match body {
+            Body::Protobuf(b, rejected) if rejected.is_empty() => {
+                batch.body.extend_from_slice(&b);
+                Ok(())
+            }
+            Body::Protobuf(b, rejected) => match without_spans(&b, &rejected) {
+                Some(kept) => {
+                    batch.body.extend_from_slice(&kept);
+                    Ok(())
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot transcode an OTLP/JSON request for forwarding");
-                    self.events.spans_exported(EXPORTER, "failed", item.spans);
-                    self.events.spans_dropped("forward_failed", item.spans);
-                    return;
-                }
+                None => Err("cannot cut the rejected spans out of a request".to_owned()),
             },
+            Body::Json(j, filter) => {
+                match serde_json::from_slice::<ExportTraceServiceRequest>(&j) {
+                    Ok(mut req) => {
+                        if filter {
+                            retain_accepted(&mut req);
+                        }
+                        batch.body.reserve(req.encoded_len());
+                        // Cannot fail: the buffer has room for the whole message.
+                        let _ = req.encode(&mut batch.body);
+                        Ok(())
+                    }
+                    Err(e) => Err(format!("cannot transcode an OTLP/JSON request: {e}")),
+                }
+            }
+        };
+        match encoded {
+            Ok(()) => {
+                batch.oldest = batch.oldest.min(arrived);
+                batch.spans += spans;
+                batch.bytes += bytes;
+            }
+            Err(why) => self.sender.give_up(&why, spans, bytes),
         }
-        batch.spans += item.spans;
+    }
+}
+
+/// What sending tasks share: the exporter, the settings and the close signal.
+struct Sender {
+    close: watch::Receiver<Option<Instant>>,
+    exporter: Exporter,
+    events: InternalEvents,
+    timeout: Duration,
+    retry: RetryConfig,
+}
+
+impl Sender {
+    fn deadline(&self) -> Option<Instant> {
+        *self.close.borrow()
     }
 
-    async fn send_with_retry(&mut self, body: Bytes, spans: u64) {
-        let started = Instant::now();
+    /// Counts spans given up (and no longer pending), and logs it (rate-limited).
+    fn give_up(&self, why: &str, spans: u64, bytes: u64) {
+        if warn_allowed("forward_failed") {
+            tracing::warn!(
+                error = %why,
+                spans,
+                "forwarding failed; spans dropped (counted in \
+                 infertrace_dropped_spans_total{{reason=\"forward_failed\"}})"
+            );
+        }
+        self.events.spans_exported(EXPORTER, "failed", spans);
+        self.events.spans_dropped("forward_failed", spans);
+        self.done(spans, bytes);
+    }
+
+    fn done(&self, spans: u64, bytes: u64) {
+        self.events.forward_pending_spans.dec_by(spans as i64);
+        self.events.forward_pending_bytes.dec_by(bytes as i64);
+    }
+
+    async fn send_with_retry(&self, batch: Batch) {
+        let Batch {
+            body,
+            spans,
+            bytes,
+            oldest,
+            holds,
+        } = batch;
+        if spans == 0 && body.is_empty() {
+            return;
+        }
+        let body = body.freeze();
+        // The age budget counts from the oldest request's arrival, queueing included.
+        let expires = oldest + self.retry.max_elapsed;
         let mut backoff = self.retry.initial_backoff;
         loop {
-            let mut limit = Instant::now() + self.timeout;
+            let now = Instant::now();
+            // An attempt ends at the timeout, at shutdown's deadline, or when the spans' age
+            // budget runs out, whichever comes first.
+            let mut limit = (now + self.timeout).min(expires);
             if let Some(d) = self.deadline() {
                 limit = limit.min(d);
+            }
+            if now >= expires || limit <= now {
+                let why = if now >= expires {
+                    "the spans are older than forward.retry.max_elapsed"
+                } else {
+                    "shutting down"
+                };
+                self.give_up(why, spans, bytes);
+                break;
             }
             let result =
                 match tokio::time::timeout_at(limit, self.exporter.export(body.clone())).await {
                     Ok(r) => r,
                     Err(_) => Err(ExportFailure {
-                        retryable: true,
+                        outcome: "timeout",
                         retry_after: None,
-                        message: "timed out".into(),
+                        message: format!(
+                            "no answer within forward.timeout ({:?}) or the age budget \
+                             (forward.retry.max_elapsed)",
+                            self.timeout
+                        ),
                     }),
                 };
             match result {
                 Ok(rejected) => {
+                    self.events.forward_attempt("ok");
                     let rejected = rejected.min(spans);
                     self.events.spans_exported(EXPORTER, "ok", spans - rejected);
                     if rejected > 0 {
-                        tracing::warn!(rejected, "downstream rejected forwarded spans");
+                        if warn_allowed("forward_rejected") {
+                            tracing::warn!(rejected, "downstream rejected forwarded spans");
+                        }
                         self.events.spans_exported(EXPORTER, "failed", rejected);
                         self.events.spans_dropped("forward_rejected", rejected);
                     }
-                    return;
+                    self.done(spans, bytes);
+                    break;
                 }
                 Err(f) => {
-                    let wait = f.retry_after.unwrap_or(backoff).min(self.retry.max_backoff);
+                    self.events.forward_attempt(f.outcome);
+                    let wait = f
+                        .retry_after
+                        .unwrap_or_else(|| jittered(backoff))
+                        .min(self.retry.max_backoff);
                     let resume = Instant::now() + wait;
-                    let in_budget = resume.duration_since(started) < self.retry.max_elapsed
-                        && self.deadline().is_none_or(|d| resume < d);
-                    if f.retryable && in_budget {
+                    let in_budget = resume < expires && self.deadline().is_none_or(|d| resume < d);
+                    if f.outcome != "permanent" && in_budget {
                         tracing::debug!(error = %f.message, ?wait, "forwarding failed; retrying");
                         tokio::time::sleep_until(resume).await;
                         backoff = (backoff * 2).min(self.retry.max_backoff);
                         continue;
                     }
-                    tracing::warn!(error = %f.message, spans, "forwarding failed; spans dropped");
-                    self.events.spans_exported(EXPORTER, "failed", spans);
-                    self.events.spans_dropped("forward_failed", spans);
-                    return;
+                    self.give_up(&f.message, spans, bytes);
+                    break;
                 }
             }
+        }
+        drop(holds);
+    }
+}
+
+/// A wait drawn uniformly between half and all of `backoff` ("equal jitter"), so that batches
+/// failing together do not retry together.
+fn jittered(backoff: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let random = std::hash::RandomState::new().hash_one(DRAWS.fetch_add(1, Ordering::Relaxed));
+    let fraction = (random >> 11) as f64 / (1u64 << 53) as f64;
+    backoff.mul_f64(0.5 + 0.5 * fraction)
+}
+
+struct Batch {
+    body: BytesMut,
+    spans: u64,
+    bytes: u64,
+    /// Arrival of the oldest request in the batch.
+    oldest: Instant,
+    holds: Vec<MemoryReservation>,
+}
+
+impl Batch {
+    fn new(arrived: Instant) -> Self {
+        Self {
+            body: BytesMut::new(),
+            spans: 0,
+            bytes: 0,
+            oldest: arrived,
+            holds: Vec::new(),
         }
     }
 }
 
-#[derive(Default)]
-struct Batch {
-    body: BytesMut,
-    spans: u64,
-    holds: Vec<MemoryReservation>,
-}
-
 struct ExportFailure {
-    retryable: bool,
+    /// The attempt's outcome label: `timeout`, `retryable` or `permanent`.
+    outcome: &'static str,
     retry_after: Option<Duration>,
     message: String,
 }
 
+#[derive(Clone)]
 enum Exporter {
-    Grpc(tonic::client::Grpc<Channel>),
+    Grpc(Box<GrpcExporter>),
     Http(Box<HttpExporter>),
 }
 
+#[derive(Clone)]
+struct GrpcExporter {
+    grpc: tonic::client::Grpc<Channel>,
+    /// `forward.headers`, sent with every call.
+    metadata: tonic::metadata::MetadataMap,
+}
+
+#[derive(Clone)]
 struct HttpExporter {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     uri: http::Uri,
+    /// `forward.headers`, sent with every request.
+    headers: http::HeaderMap,
+}
+
+/// tonic's TLS settings for `tls`: the CA file's certificates, else the system's roots; the
+/// client certificate when set. (The files were checked with the rest of the config.)
+fn grpc_tls(tls: &TlsClientConfig) -> Result<ClientTlsConfig, String> {
+    let read = |p: &std::path::Path, what: &str| {
+        std::fs::read(p).map_err(|e| format!("{what} {}: {e}", p.display()))
+    };
+    // Checked here too, so that an unusable file fails at start, not at the first export.
+    client_tls::rustls_config(tls)?;
+    let mut config = ClientTlsConfig::new();
+    config = match &tls.ca_file {
+        Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, "tls.ca_file")?)),
+        None => config.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        config = config.identity(Identity::from_pem(
+            read(cert, "tls.cert_file")?,
+            read(key, "tls.key_file")?,
+        ));
+    }
+    Ok(config)
 }
 
 impl Exporter {
-    fn new(
-        endpoint: &str,
-        protocol: ForwardProtocol,
-        timeout: Duration,
-    ) -> Result<Self, ForwardError> {
+    fn new(config: &ForwardConfig) -> Result<Self, ForwardError> {
+        let endpoint = config.endpoint.as_deref().unwrap_or_default();
         let bad = |m: String| ForwardError::Endpoint(endpoint.to_owned(), m);
         let uri: http::Uri = endpoint
             .parse()
             .map_err(|e| bad(format!("not a URL: {e}")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(bad(
-                "only http:// endpoints are supported (no TLS in this build)".into(),
-            ));
-        }
-        match protocol {
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(bad("must start with http:// or https://".into())),
+        };
+        let headers = client_tls::header_map(&config.headers).map_err(bad)?;
+        match config.protocol {
             ForwardProtocol::Grpc => {
-                let channel = Endpoint::from_shared(endpoint.to_owned())
+                let mut ep = Endpoint::from_shared(endpoint.to_owned())
                     .map_err(|e| bad(e.to_string()))?
                     .tcp_nodelay(true)
-                    .connect_timeout(timeout)
-                    .connect_lazy();
-                Ok(Self::Grpc(tonic::client::Grpc::new(channel)))
+                    .connect_timeout(config.timeout);
+                if https {
+                    ep = ep
+                        .tls_config(grpc_tls(&config.tls).map_err(&bad)?)
+                        .map_err(|e| bad(format!("TLS: {e}")))?;
+                }
+                let channel = ep.connect_lazy();
+                Ok(Self::Grpc(Box::new(GrpcExporter {
+                    grpc: tonic::client::Grpc::new(channel),
+                    metadata: tonic::metadata::MetadataMap::from_headers(headers),
+                })))
             }
             ForwardProtocol::Http => {
                 let path = uri.path().trim_end_matches('/');
                 let full = if path.ends_with(HTTP_TRACES_PATH) {
                     endpoint.to_owned()
                 } else {
+                    let scheme = if https { "https" } else { "http" };
                     let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
-                    format!("http://{authority}{path}{HTTP_TRACES_PATH}")
+                    format!("{scheme}://{authority}{path}{HTTP_TRACES_PATH}")
                 };
                 let uri = full.parse().map_err(|e| bad(format!("not a URL: {e}")))?;
                 let mut connector = HttpConnector::new();
                 connector.set_nodelay(true);
-                connector.set_connect_timeout(Some(timeout));
+                connector.set_connect_timeout(Some(config.timeout));
+                let connector =
+                    client_tls::https_connector(connector, &config.tls, https).map_err(&bad)?;
                 let client = Client::builder(TokioExecutor::new()).build(connector);
-                Ok(Self::Http(Box::new(HttpExporter { client, uri })))
+                Ok(Self::Http(Box::new(HttpExporter {
+                    client,
+                    uri,
+                    headers,
+                })))
             }
         }
     }
 
     /// Sends one request; `Ok(rejected spans)` on success.
-    async fn export(&mut self, body: Bytes) -> Result<u64, ExportFailure> {
+    async fn export(&self, body: Bytes) -> Result<u64, ExportFailure> {
         match self {
-            Self::Grpc(grpc) => {
+            Self::Grpc(g) => {
+                let mut grpc = g.grpc.clone();
                 grpc.ready().await.map_err(|e| ExportFailure {
-                    retryable: true,
+                    outcome: "retryable",
                     retry_after: None,
                     message: format!("connect: {e}"),
                 })?;
                 let path = PathAndQuery::from_static(GRPC_EXPORT_PATH);
-                match grpc.unary(tonic::Request::new(body), path, RawCodec).await {
+                let mut request = tonic::Request::new(body);
+                *request.metadata_mut() = g.metadata.clone();
+                match grpc.unary(request, path, RawCodec).await {
                     Ok(resp) => Ok(rejected_spans(resp.into_inner())),
                     Err(status) => {
                         use tonic::Code;
@@ -407,7 +686,7 @@ impl Exporter {
                                 | Code::ResourceExhausted
                         );
                         Err(ExportFailure {
-                            retryable,
+                            outcome: if retryable { "retryable" } else { "permanent" },
                             retry_after: None,
                             message: format!("gRPC {:?}: {}", status.code(), status.message()),
                         })
@@ -415,17 +694,23 @@ impl Exporter {
                 }
             }
             Self::Http(h) => {
-                let HttpExporter { client, uri } = &**h;
-                let req = http::Request::post(uri.clone())
-                    .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-                    .body(Full::new(body))
-                    .map_err(|e| ExportFailure {
-                        retryable: false,
-                        retry_after: None,
-                        message: e.to_string(),
-                    })?;
+                let HttpExporter {
+                    client,
+                    uri,
+                    headers,
+                } = &**h;
+                let mut req = http::Request::post(uri.clone())
+                    .header(http::header::CONTENT_TYPE, "application/x-protobuf");
+                for (name, value) in headers {
+                    req = req.header(name, value);
+                }
+                let req = req.body(Full::new(body)).map_err(|e| ExportFailure {
+                    outcome: "permanent",
+                    retry_after: None,
+                    message: e.to_string(),
+                })?;
                 let resp = client.request(req).await.map_err(|e| ExportFailure {
-                    retryable: true,
+                    outcome: "retryable",
                     retry_after: None,
                     message: format!("HTTP: {e}"),
                 })?;
@@ -447,7 +732,7 @@ impl Exporter {
                 }
                 let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
                 Err(ExportFailure {
-                    retryable,
+                    outcome: if retryable { "retryable" } else { "permanent" },
                     retry_after,
                     message: format!("HTTP {status}"),
                 })
@@ -549,23 +834,34 @@ mod tests {
 
     #[test]
     fn http_endpoint_gets_the_traces_path() {
-        let e = Exporter::new(
-            "http://127.0.0.1:4318",
-            ForwardProtocol::Http,
-            Duration::from_secs(1),
-        )
-        .ok()
-        .unwrap();
-        match e {
-            Exporter::Http(h) => {
-                let uri = &h.uri;
-                assert_eq!(uri.to_string(), "http://127.0.0.1:4318/v1/traces")
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, ca.cert.pem()).unwrap();
+        let uri_of = |endpoint: &str, ca: bool| {
+            let mut c = ForwardConfig {
+                endpoint: Some(endpoint.to_owned()),
+                protocol: ForwardProtocol::Http,
+                ..ForwardConfig::default()
+            };
+            if ca {
+                c.tls.ca_file = Some(ca_file.clone());
             }
-            Exporter::Grpc(_) => panic!("wrong exporter"),
-        }
-        assert!(
-            Exporter::new("https://x:1", ForwardProtocol::Http, Duration::from_secs(1)).is_err()
+            match Exporter::new(&c) {
+                Ok(Exporter::Http(h)) => Ok(h.uri.to_string()),
+                Ok(Exporter::Grpc(_)) => panic!("wrong exporter"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(
+            uri_of("http://127.0.0.1:4318", false).unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
         );
+        assert_eq!(
+            uri_of("https://tempo.example:443/otlp/", true).unwrap(),
+            "https://tempo.example:443/otlp/v1/traces"
+        );
+        assert!(uri_of("ftp://x:1", false).unwrap_err().contains("https://"));
     }
 
     #[test]

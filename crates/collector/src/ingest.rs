@@ -25,6 +25,13 @@ pub struct IngestBatch {
     /// the first time, and unshared ones), reserved with them; shared strings cost nothing
     /// per span. See [`crate::otlp_decode::take_fresh_text_bytes`].
     pub text_bytes: usize,
+    /// Spans of the request that were rejected as invalid (not in `spans`). When forwarding is
+    /// on and this is not zero, the forwarder sends the body without them (never a span the
+    /// collector refused, which may be one the downstream would refuse with the whole batch).
+    pub rejected: u32,
+    /// Where the rejected spans lie in `raw_protobuf`
+    /// ([`Decoded::rejected_ranges`](crate::otlp_decode::Decoded)); empty for JSON requests.
+    pub rejected_ranges: Vec<SpanRange>,
 }
 
 /// Why a batch was refused as a whole.
@@ -33,6 +40,13 @@ pub enum IngestError {
     /// Over the memory limit: the client should retry later (HTTP 429/503, gRPC UNAVAILABLE).
     #[error("collector is over its memory limit; retry later")]
     Overloaded {
+        /// Suggested wait before retrying, seconds.
+        retry_after_secs: u32,
+    },
+    /// The forward queue is full (the downstream is slow or down): the client should retry
+    /// later (HTTP 429, gRPC UNAVAILABLE), rather than have the batch accepted and then dropped.
+    #[error("the forward queue is full (the downstream is slow or down); retry later")]
+    ForwardBackpressure {
         /// Suggested wait before retrying, seconds.
         retry_after_secs: u32,
     },

@@ -29,7 +29,8 @@ pub struct ReceiverLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
     /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`,
-    /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_queue_full`, `forward_failed`.
+    /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_backpressure` (refused: the
+    /// forward queue was full), `forward_failed`, `forward_rejected`.
     pub reason: &'static str,
 }
 
@@ -89,6 +90,14 @@ struct Logs {
     connections_refused: RateLimitedLog,
     connections_closed: RateLimitedLog,
     auth_refused: RateLimitedLog,
+}
+
+/// Labels of `forward_attempts_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// `ok`, `timeout` (no answer within `forward.timeout`), `retryable` (e.g. connection
+    /// refused, gRPC `UNAVAILABLE`, HTTP 503) or `permanent` (e.g. HTTP 400).
+    pub outcome: &'static str,
 }
 
 /// Labels of `exported_spans_total`.
@@ -168,6 +177,13 @@ pub struct InternalEvents {
     /// `infertrace_auth_failures_total{listener,reason}`: requests refused by authentication or
     /// the API's Host allowlist.
     pub auth_failures: Family<AuthFailureLabels, Counter>,
+    /// `infertrace_forward_attempts_total{outcome}`: export calls to the forward downstream.
+    pub forward_attempts: Family<AttemptLabels, Counter>,
+    /// `infertrace_forward_pending_spans`: spans accepted for forwarding, not yet exported or
+    /// given up.
+    pub forward_pending_spans: Gauge,
+    /// `infertrace_forward_pending_bytes`: their request-body bytes.
+    pub forward_pending_bytes: Gauge,
 }
 
 impl InternalEvents {
@@ -259,6 +275,21 @@ impl InternalEvents {
             "Requests refused by authentication or the Host allowlist, by listener and reason",
             self.auth_failures.clone(),
         );
+        r.register(
+            prom::FORWARD_ATTEMPTS,
+            "Export calls to the forward downstream, by outcome",
+            self.forward_attempts.clone(),
+        );
+        r.register(
+            prom::FORWARD_PENDING_SPANS,
+            "Spans accepted for forwarding and not yet exported or given up",
+            self.forward_pending_spans.clone(),
+        );
+        r.register(
+            prom::FORWARD_PENDING_BYTES,
+            "Request-body bytes of the spans pending forwarding",
+            self.forward_pending_bytes.clone(),
+        );
     }
 
     /// Counts a request refused on `listener` for `reason` (see [`AuthFailureLabels`]) and logs
@@ -327,6 +358,20 @@ impl InternalEvents {
         self.connections_open
             .get_or_create(&ListenerLabels { listener })
             .clone()
+    }
+
+    /// Counts one export call to the forward downstream that ended with `outcome`.
+    pub fn forward_attempt(&self, outcome: &'static str) {
+        self.forward_attempts
+            .get_or_create(&AttemptLabels { outcome })
+            .inc();
+    }
+
+    /// The number of forward attempts that ended with `outcome` so far.
+    pub fn forward_attempts(&self, outcome: &'static str) -> u64 {
+        self.forward_attempts
+            .get_or_create(&AttemptLabels { outcome })
+            .get()
     }
 
     /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`),
@@ -437,4 +482,20 @@ impl InternalEvents {
             .get_or_create(&DropLabels { reason })
             .get()
     }
+}
+
+/// Whether a warn-level line for `reason` may be logged now: the keyed form of
+/// [`RateLimitedLog`] for components that log their own lines (at most one per reason per
+/// [`LOG_INTERVAL`]; the counters count every event).
+pub fn warn_allowed(reason: &'static str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static LOGS: OnceLock<Mutex<HashMap<&'static str, &'static RateLimitedLog>>> = OnceLock::new();
+    let log: &'static RateLimitedLog = *LOGS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(reason)
+        .or_insert_with(|| Box::leak(Box::default()));
+    log.note(1).is_some()
 }

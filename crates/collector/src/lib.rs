@@ -7,6 +7,7 @@
 pub mod api;
 pub mod assembler;
 pub mod auth;
+pub mod client_tls;
 pub mod config;
 pub mod dashboard;
 pub mod forward;

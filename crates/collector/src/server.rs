@@ -323,7 +323,7 @@ pub async fn run(
         .alerts
         .alertmanager_url
         .as_deref()
-        .map(api::alerting::Alertmanager::new)
+        .map(|url| api::alerting::Alertmanager::new(url, &config.alerts.alertmanager_tls))
         .transpose()
         .map_err(ServerError::Config)?;
 

@@ -3,12 +3,16 @@
 //!   levels and the resource placed after the spans, and every attribute value kind nested;
 //! - on random corruptions of such encodings: whenever prost accepts the bytes, the lean decoder
 //!   must accept them too and produce the same spans (where prost rejects, the lean decoder may
-//!   accept, since it does not look inside what it skips, but must not panic).
+//!   accept, since it does not look inside what it skips, but must not panic);
+//! - on requests holding values nested around the limit (`MAX_VALUE_NESTING`, 16 levels) in a
+//!   span's attributes, events or links, or its resource or scope, and the body
+//!   [`without_spans`] leaves is exactly the accepted spans.
 
 use infertrace_analysis::text::Interner;
 use infertrace_analysis::trace::KNOWN_KEYS;
 use infertrace_collector::otlp_decode::{
-    DecodeError, Decoded, count_spans, decode_protobuf, decode_span, from_proto,
+    DecodeError, Decoded, MAX_VALUE_NESTING, count_spans, decode_protobuf, decode_span, from_proto,
+    retain_accepted, without_spans,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
@@ -363,6 +367,13 @@ proptest! {
 
         let total: usize = reference.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
         prop_assert_eq!(count_spans(&noisy), Some(total as u64));
+
+        // The body without its rejected spans is prost's reading, filtered.
+        let lean = decode_protobuf(&noisy).unwrap();
+        let cut = without_spans(&noisy, &lean.rejected_ranges).unwrap();
+        let mut filtered = reference.clone();
+        prop_assert_eq!(retain_accepted(&mut filtered), lean.rejected as usize);
+        prop_assert_eq!(ExportTraceServiceRequest::decode(&cut[..]).unwrap(), filtered);
     }
 
     #[test]
@@ -433,5 +444,78 @@ proptest! {
         } else {
             prop_assert!(decoded.is_err());
         }
+    }
+}
+
+/// A value `shape.len()` levels deep: each level an array (`true`) or a key-value list.
+fn nested_value(shape: &[bool]) -> AnyValue {
+    let mut v = AnyValue {
+        value: Some(any_value::Value::IntValue(1)),
+    };
+    for &array in shape {
+        v = AnyValue {
+            value: Some(if array {
+                any_value::Value::ArrayValue(ArrayValue {
+                    values: vec![AnyValue::default(), v],
+                })
+            } else {
+                any_value::Value::KvlistValue(KeyValueList {
+                    values: vec![KeyValue {
+                        key: "k".into(),
+                        value: Some(v),
+                        key_strindex: 0,
+                    }],
+                })
+            }),
+        };
+    }
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn values_nested_around_the_limit_are_judged_like_the_reference(
+        req in request(),
+        deep in proptest::collection::vec(
+            (proptest::collection::vec(any::<bool>(), (MAX_VALUE_NESTING as usize - 2)..(MAX_VALUE_NESTING as usize + 3)), 0..5u8, any::<prop::sample::Index>()),
+            1..4,
+        ),
+    ) {
+        // Where each deep value goes: 0 span attribute, 1 event, 2 link, 3 resource, 4 scope.
+        let mut req = req;
+        let span_count: usize = req.resource_spans.iter().flat_map(|r| &r.scope_spans).map(|s| s.spans.len()).sum();
+        prop_assume!(span_count > 0);
+        for (shape, place, at) in &deep {
+            let kv = KeyValue { key: "deep".into(), value: Some(nested_value(shape)), key_strindex: 0 };
+            let mut all: Vec<(usize, usize, usize)> = Vec::new();
+            for (r, rs) in req.resource_spans.iter().enumerate() {
+                for (s, ss) in rs.scope_spans.iter().enumerate() {
+                    for i in 0..ss.spans.len() {
+                        all.push((r, s, i));
+                    }
+                }
+            }
+            let (r, s, i) = all[at.index(all.len())];
+            let rs = &mut req.resource_spans[r];
+            match place {
+                0 => rs.scope_spans[s].spans[i].attributes.push(kv),
+                1 => rs.scope_spans[s].spans[i].events.push(Event { attributes: vec![kv], ..Default::default() }),
+                2 => rs.scope_spans[s].spans[i].links.push(Link { attributes: vec![kv], ..Default::default() }),
+                3 => rs.resource.get_or_insert_with(Resource::default).attributes.push(kv),
+                _ => rs.scope_spans[s].scope.get_or_insert_with(InstrumentationScope::default).attributes.push(kv),
+            }
+        }
+        let body = req.encode_to_vec();
+        let reference = from_proto(&req);
+        check_lean(&body, &reference)?;
+        let lean = decode_protobuf(&body).unwrap();
+        prop_assert_eq!(lean.rejected_ranges.len(), lean.rejected as usize);
+        // The body without the rejected spans is the reference's filtered request.
+        let cut = without_spans(&body, &lean.rejected_ranges).unwrap();
+        let mut filtered = req.clone();
+        prop_assert_eq!(retain_accepted(&mut filtered), reference.rejected as usize);
+        prop_assert_eq!(ExportTraceServiceRequest::decode(&cut[..]).unwrap(), filtered);
     }
 }

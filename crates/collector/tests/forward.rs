@@ -1,5 +1,6 @@
 //! Forwarding: spans reach a downstream unchanged (gRPC and HTTP), JSON is transcoded, a
-//! second collector downstream computes the same KPIs, and drops and failures are counted.
+//! second collector downstream computes the same KPIs, and retries deliver once (the faults —
+//! outage, blackhole, poison spans — are in `forward_faults.rs`).
 
 mod support;
 
@@ -164,57 +165,6 @@ async fn a_downstream_collector_computes_the_same_kpis_over_grpc_and_http() {
         upstream.stop().await.unwrap();
         downstream.stop().await.unwrap();
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_downstream_counts_failures_and_queue_drops() {
-    // A port with nothing listening.
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let mut config = test_config();
-    config.forward.endpoint = Some(format!("http://{dead}"));
-    config.forward.queue_size = 1;
-    config.forward.max_batch_delay = Duration::from_millis(1);
-    config.forward.retry.initial_backoff = Duration::from_millis(10);
-    config.forward.retry.max_backoff = Duration::from_millis(20);
-    config.forward.retry.max_elapsed = Duration::from_millis(300);
-    let c = server::run(config, std::future::pending()).await.unwrap();
-    let mut sent = 0u64;
-    for k in 0..20 {
-        let r = Req::new(k + 1, "m", 1, 1, 1);
-        assert_eq!(
-            post_protobuf(
-                c.http_addr.unwrap(),
-                &request("llm", infertrace_spans(&r, t0()))
-            )
-            .await,
-            200
-        );
-        sent += 4;
-    }
-    let events = c.events().clone();
-    eventually(WAIT, "every span accounted for", || {
-        let failed = events
-            .exported_spans
-            .get_or_create(&infertrace_collector::internal_events::ExportLabels {
-                exporter: "otlp_forward",
-                outcome: "failed",
-            })
-            .get();
-        failed + events.dropped("forward_queue_full") == sent
-    })
-    .await;
-    assert!(
-        events.dropped("forward_queue_full") > 0,
-        "a queue of 1 must overflow"
-    );
-    assert_eq!(
-        events.dropped("forward_failed"),
-        sent - events.dropped("forward_queue_full")
-    );
-    c.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -393,4 +393,12 @@ pub mod prom {
     /// (`otlp_grpc`, `otlp_http`, `api`) and reason (`missing_token`, `unknown_token`,
     /// `insufficient_scope`, `host_not_allowed`).
     pub const AUTH_FAILURES: &str = "auth_failures";
+    /// Self-metric: forward attempts (one per export call to the downstream), by outcome
+    /// (`ok`, `timeout`, `retryable`, `permanent`).
+    pub const FORWARD_ATTEMPTS: &str = "forward_attempts";
+    /// Self-metric: spans accepted for forwarding and not yet exported or given up (queued,
+    /// being batched, or being sent).
+    pub const FORWARD_PENDING_SPANS: &str = "forward_pending_spans";
+    /// Self-metric: request-body bytes of the spans of [`FORWARD_PENDING_SPANS`].
+    pub const FORWARD_PENDING_BYTES: &str = "forward_pending_bytes";
 }

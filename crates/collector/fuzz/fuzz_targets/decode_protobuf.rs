@@ -1,12 +1,15 @@
 //! Fuzzes the lean OTLP protobuf decoder against prost: it must never panic, and whenever prost
 //! accepts the bytes, the lean decoder must accept them too and produce exactly what
 //! `from_proto` makes of prost's result (compared through `Debug` so a NaN equals itself), and
-//! each span must decode again from its range of the body to the same span.
+//! each span must decode again from its range of the body to the same span; and the body
+//! without the rejected spans (`without_spans`) must be what prost reads, filtered by
+//! `retain_accepted`.
 #![no_main]
 
 use infertrace_analysis::text::Interner;
 use infertrace_collector::otlp_decode::{
-    DecodeError, count_spans, decode_protobuf, decode_span, from_proto,
+    DecodeError, count_spans, decode_protobuf, decode_span, from_proto, retain_accepted,
+    without_spans,
 };
 use libfuzzer_sys::fuzz_target;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -40,5 +43,9 @@ fuzz_target!(|data: &[u8]| {
             .map(|s| s.spans.len())
             .sum();
         assert_eq!(counted, Some(total as u64));
+        let cut = without_spans(data, &lean.rejected_ranges).expect("the cut failed");
+        let mut filtered = reference.clone();
+        assert_eq!(retain_accepted(&mut filtered), lean.rejected as usize);
+        assert_eq!(ExportTraceServiceRequest::decode(&cut[..]).ok(), Some(filtered));
     }
 });

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -18,7 +19,7 @@ use infertrace_analysis::alert::{
 use infertrace_analysis::kpi::KpiSnapshot;
 use serde::Serialize;
 
-use crate::config::CollectorConfig;
+use crate::config::{CollectorConfig, TlsClientConfig};
 use crate::pipeline::{Pipeline, unix_nanos_now};
 use crate::prom_export::PromMetrics;
 
@@ -120,18 +121,22 @@ impl Alerting {
 /// Posts alerts to an Alertmanager.
 #[derive(Clone, Debug)]
 pub struct Alertmanager {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     uri: http::Uri,
 }
 
 impl Alertmanager {
-    /// A client for the Alertmanager at `base_url` (`http://host:9093`).
-    pub fn new(base_url: &str) -> Result<Self, String> {
-        let uri = format!("{}/api/v2/alerts", base_url.trim_end_matches('/'))
+    /// A client for the Alertmanager at `base_url` (`http://host:9093`, or `https://…`
+    /// verified as `tls` says: system roots or a CA file, optional client certificate).
+    pub fn new(base_url: &str, tls: &TlsClientConfig) -> Result<Self, String> {
+        let uri: http::Uri = format!("{}/api/v2/alerts", base_url.trim_end_matches('/'))
             .parse()
             .map_err(|e| format!("alerts.alertmanager_url {base_url:?}: {e}"))?;
+        let https = uri.scheme_str() == Some("https");
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let connector = crate::client_tls::https_connector(connector, tls, https)
+            .map_err(|e| format!("alerts.alertmanager_tls: {e}"))?;
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             uri,

@@ -582,6 +582,8 @@ fn pipeline_benchmark(bodies: &[Body], duration: Duration) {
             span_ranges: decoded.span_ranges,
             raw_json: None,
             text_bytes: take_fresh_text_bytes(),
+            rejected: decoded.rejected,
+            rejected_ranges: decoded.rejected_ranges,
         };
         let (now, _) = at(sim);
         if let Err(e) = pipeline.ingest_at(batch, now) {

@@ -31,6 +31,9 @@ pub use network::{
 };
 mod auth;
 pub use auth::{AuthConfig, DEFAULT_TOKENS_ENV, default_allowed_hosts};
+mod forward;
+
+pub use forward::{ForwardConfig, ForwardProtocol, RetryConfig, TlsClientConfig};
 
 /// The whole collector configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -360,9 +363,11 @@ pub struct AlertsSection {
     pub rules: Vec<AlertRuleConfig>,
     /// Anomaly detection on every KPI series (EWMA baseline, k·σ for N evaluations).
     pub anomaly: AnomalyConfig,
-    /// Alertmanager base URL (`http://host:9093`); transitions are POSTed to
+    /// Alertmanager base URL (`http://host:9093` or `https://…`); transitions are POSTed to
     /// `{url}/api/v2/alerts`. Unset = no delivery.
     pub alertmanager_url: Option<String>,
+    /// TLS of an `https://` Alertmanager URL (CA file, client certificate).
+    pub alertmanager_tls: TlsClientConfig,
 }
 
 impl Default for AlertsSection {
@@ -373,79 +378,7 @@ impl Default for AlertsSection {
             rules: Vec::new(),
             anomaly: AnomalyConfig::default(),
             alertmanager_url: None,
-        }
-    }
-}
-
-/// `forward:` — OTLP traces on to Jaeger, Tempo or another collector.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ForwardConfig {
-    /// Downstream base URL, e.g. `http://127.0.0.1:4317` (gRPC) or `http://tempo:4318` (HTTP;
-    /// `/v1/traces` is appended). Unset = no forwarding.
-    pub endpoint: Option<String>,
-    /// `grpc` or `http` (OTLP/HTTP protobuf). Default `grpc`.
-    pub protocol: ForwardProtocol,
-    /// Export requests waiting to be sent; when full, new ones are dropped
-    /// (`dropped_spans_total{reason="forward_queue_full"}`). Default 1024.
-    pub queue_size: usize,
-    /// Most spans per forwarded request (received requests are merged up to this). Default 8192.
-    pub max_batch_spans: usize,
-    /// Longest a request waits for others to merge with. Default 200ms.
-    #[serde(with = "human_duration")]
-    pub max_batch_delay: Duration,
-    /// Timeout of one export call. Default 10s.
-    #[serde(with = "human_duration")]
-    pub timeout: Duration,
-    /// Retry with exponential backoff on retryable failures.
-    pub retry: RetryConfig,
-}
-
-impl Default for ForwardConfig {
-    fn default() -> Self {
-        Self {
-            endpoint: None,
-            protocol: ForwardProtocol::Grpc,
-            queue_size: 1024,
-            max_batch_spans: 8192,
-            max_batch_delay: Duration::from_millis(200),
-            timeout: Duration::from_secs(10),
-            retry: RetryConfig::default(),
-        }
-    }
-}
-
-/// Forwarding protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ForwardProtocol {
-    /// OTLP/gRPC.
-    Grpc,
-    /// OTLP/HTTP with protobuf bodies.
-    Http,
-}
-
-/// `forward.retry:` — exponential backoff.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryConfig {
-    /// First wait. Default 100ms.
-    #[serde(with = "human_duration")]
-    pub initial_backoff: Duration,
-    /// Longest wait between tries (each wait doubles). Default 5s.
-    #[serde(with = "human_duration")]
-    pub max_backoff: Duration,
-    /// Give up on a request after this long (spans counted as `forward_failed`). Default 60s.
-    #[serde(with = "human_duration")]
-    pub max_elapsed: Duration,
-}
-
-impl Default for RetryConfig {
-    fn default() -> Self {
-        Self {
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
-            max_elapsed: Duration::from_secs(60),
+            alertmanager_tls: TlsClientConfig::default(),
         }
     }
 }
@@ -825,47 +758,14 @@ impl CollectorConfig {
         }
         if let Some(url) = &a.alertmanager_url {
             check_http_url(url).map_err(|m| Invalid::new(&["alerts", "alertmanager_url"], m))?;
+            a.alertmanager_tls
+                .check(url, &["alerts", "alertmanager_tls"])?;
         }
         Ok(())
     }
 
     fn validate_forward(&self) -> Result<(), Invalid> {
-        let f = &self.forward;
-        if let Some(url) = &f.endpoint {
-            check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))?;
-            if !url.starts_with("http://") {
-                return Err(Invalid::new(
-                    &["forward", "endpoint"],
-                    "only http:// is supported (this build has no TLS); put a TLS proxy in front",
-                ));
-            }
-        }
-        if f.queue_size == 0 {
-            return Err(Invalid::new(&["forward", "queue_size"], "must be > 0"));
-        }
-        if f.max_batch_spans == 0 {
-            return Err(Invalid::new(&["forward", "max_batch_spans"], "must be > 0"));
-        }
-        if f.timeout.is_zero() {
-            return Err(Invalid::new(
-                &["forward", "timeout"],
-                "must be a positive duration",
-            ));
-        }
-        let r = &f.retry;
-        if r.initial_backoff.is_zero() {
-            return Err(Invalid::new(
-                &["forward", "retry", "initial_backoff"],
-                "must be a positive duration",
-            ));
-        }
-        if r.max_backoff < r.initial_backoff {
-            return Err(Invalid::new(
-                &["forward", "retry", "max_backoff"],
-                "must be at least forward.retry.initial_backoff",
-            ));
-        }
-        Ok(())
+        self.forward.validate()
     }
 }
 

@@ -17,6 +17,18 @@
 //!   is not 16 bytes or is all zero, its span id is not 8 bytes or is all zero, its parent span id
 //!   is neither empty nor 8 bytes, or it ends before it starts. An all-zero 8-byte parent id means
 //!   "no parent".
+//! - A span is rejected too when a value of its attributes, of its events' or links' attributes,
+//!   or of its resource's or scope's attributes nests arrays and key-value lists more than
+//!   [`MAX_VALUE_NESTING`] (16) levels deep (a string is 0 levels, `["a"]` 1, `{k: ["a"]}` 2).
+//!   Why: prost-based receivers (any Rust OTLP receiver; other decoders have limits of their
+//!   own) refuse a message nested deeper than 100 messages, and each kvlist level costs 3 nested
+//!   messages (`AnyValue` → `KeyValueList` → `KeyValue`): a span 16 levels deep is at most
+//!   ~55 messages deep, half that limit, while one 200 levels deep would make the downstream
+//!   refuse the *whole* forwarded batch, innocent spans included. No known SDK or
+//!   instrumentation nests attribute values anywhere near 16 levels. The values are compared
+//!   as prost reads them (the last `AnyValue` variant wins, repeated occurrences merge).
+//!   [`Decoded::rejected_ranges`] says where the rejected spans lie, so that the forwarder can
+//!   leave exactly them out ([`without_spans`]).
 //! - A link is kept only when its trace id and span id are both valid; invalid links are skipped.
 //! - The service is the first string-valued `service.name` attribute of the span's resource, else
 //!   [`UNKNOWN_SERVICE`](infertrace_analysis::trace::UNKNOWN_SERVICE). It is interned like the
@@ -48,8 +60,12 @@ use infertrace_analysis::trace::{Span, SpanId, TraceId};
 use infertrace_semconv as sc;
 
 pub use json::decode_json;
-pub use protobuf::{count_spans, decode_protobuf, decode_span};
-pub use reference::from_proto;
+pub use protobuf::{count_spans, decode_protobuf, decode_span, without_spans};
+pub use reference::{from_proto, retain_accepted};
+
+/// Deepest nesting of arrays and key-value lists an attribute value may have (see the
+/// [module rules](self)); a span with a deeper one is rejected.
+pub const MAX_VALUE_NESTING: u32 = 16;
 
 thread_local! {
     /// Each receiver thread's interner (see the module rules).
@@ -127,6 +143,10 @@ pub struct Decoded {
     /// a span can be decoded again from the body with [`decode_span`]. Empty from the other
     /// decoders, and for a body of 4 GiB or more.
     pub span_ranges: Vec<SpanRange>,
+    /// From [`decode_protobuf`]: where each rejected span lies in the body, in body order, so
+    /// that the forwarder can send the body without them ([`without_spans`]). Empty from the
+    /// other decoders.
+    pub rejected_ranges: Vec<SpanRange>,
 }
 
 /// Where a span's bytes lie in a buffer (a `Span` message in its request body, or a compact
@@ -183,6 +203,7 @@ pub(crate) enum InvalidSpan {
     SpanId { len: usize },
     ParentSpanId { len: usize },
     EndBeforeStart { start: u64, end: u64 },
+    TooDeep,
 }
 
 impl std::fmt::Display for InvalidSpan {
@@ -203,6 +224,12 @@ impl std::fmt::Display for InvalidSpan {
             Self::EndBeforeStart { start, end } => write!(
                 f,
                 "span ends before it starts (start {start} ns, end {end} ns)"
+            ),
+            Self::TooDeep => write!(
+                f,
+                "an attribute value (of the span, its events or links, its resource or scope) \
+                 nests arrays/key-value lists more than {MAX_VALUE_NESTING} levels deep; \
+                 downstream OTLP decoders refuse such data: flatten the attribute"
             ),
         }
     }

@@ -13,7 +13,9 @@
 //! the decoded spans, which are dropped at once; and the reservation is resized to what the
 //! batch will hold — analyses and the spans' source, plus the
 //! spans of any prepared trace that this batch's spans turn back into a span trace — before
-//! anything is inserted or forwarded (when the analyses do not fit but the spans do, the batch
+//! anything is inserted or forwarded (when forwarding is on, a place in the forward queue is
+//! reserved first, and a batch the forwarder cannot take is refused with
+//! [`IngestError::ForwardBackpressure`]: see [`crate::forward`]) (when the analyses do not fit but the spans do, the batch
 //! is held as spans). The other spans are pushed into the
 //! [`TraceAssembler`] as spans. A mutex was chosen over a channel to the assembler: it answers
 //! "overloaded" synchronously with the real state and needs no second queue bound. The lock is
@@ -255,6 +257,12 @@ impl Pipeline {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(IngestError::ShuttingDown);
         }
+        // A place in the forward queue (and memory for the body) first: a request the
+        // forwarder cannot take is refused, never accepted and then dropped.
+        let forward = match &self.forward {
+            Some(f) => Some(f.reserve(&batch)?),
+            None => None,
+        };
         let bytes = batch.spans.iter().map(span_footprint).sum::<usize>() + batch.text_bytes;
         let Some(mut reservation) = self.limiter.try_reserve(bytes) else {
             return Err(IngestError::Overloaded {
@@ -324,8 +332,8 @@ impl Pipeline {
             assembler.insert_prepared(runs, &mut taken, &hold, now);
         }
         drop(assembler);
-        if let Some(f) = &self.forward {
-            f.submit(&batch);
+        if let Some(permit) = forward {
+            permit.send();
         }
         let mut spans = batch.spans;
         if prepared {

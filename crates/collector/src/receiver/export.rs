@@ -25,6 +25,8 @@ pub(crate) enum Payload {
     Json(Bytes),
 }
 
+const OVER_MEMORY: &str = "collector is over its memory limit; retry later";
+
 /// What became of a request (each receiver answers it in its protocol).
 #[derive(Debug, PartialEq)]
 pub(crate) enum Outcome {
@@ -46,6 +48,8 @@ pub(crate) enum Outcome {
     Overloaded {
         /// Suggested wait.
         retry_after_secs: u32,
+        /// What the client is told.
+        why: &'static str,
     },
     /// The body did not arrive within the body read timeout.
     TimedOut,
@@ -82,6 +86,7 @@ impl Receiver {
     fn overloaded(&self) -> Outcome {
         Outcome::Overloaded {
             retry_after_secs: self.limits.retry_after_secs,
+            why: OVER_MEMORY,
         }
     }
 
@@ -187,6 +192,7 @@ impl Receiver {
             rejected,
             first_error,
             span_ranges,
+            rejected_ranges,
         } = match decoded {
             Ok(decoded) => decoded,
             Err(error) => {
@@ -214,12 +220,27 @@ impl Receiver {
                 span_ranges,
                 raw_json,
                 text_bytes,
+                rejected,
+                rejected_ranges,
             }) {
                 Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
                 Err(IngestError::Overloaded { retry_after_secs }) => {
                     self.events.request_refused(self.name, "memory_limit");
                     self.refuse_spans("memory_limit", accepted);
-                    return Outcome::Overloaded { retry_after_secs };
+                    return Outcome::Overloaded {
+                        retry_after_secs,
+                        why: OVER_MEMORY,
+                    };
+                }
+                Err(IngestError::ForwardBackpressure { retry_after_secs }) => {
+                    self.events
+                        .request_refused(self.name, "forward_backpressure");
+                    self.refuse_spans("forward_backpressure", accepted);
+                    return Outcome::Overloaded {
+                        retry_after_secs,
+                        why: "the collector's forward queue is full (its downstream is slow or \
+                              down); retry later",
+                    };
                 }
                 Err(IngestError::ShuttingDown) => {
                     self.events.request_refused(self.name, "shutting_down");

@@ -183,10 +183,7 @@ fn answer(outcome: Outcome) -> Response<GrpcBody> {
         ),
         Outcome::Unreadable(message) => status_only(Code::InvalidArgument, &message),
         Outcome::TooLarge(message) => status_only(Code::ResourceExhausted, &message),
-        Outcome::Overloaded { .. } => status_only(
-            Code::Unavailable,
-            "collector is over its memory limit; retry later",
-        ),
+        Outcome::Overloaded { why, .. } => status_only(Code::Unavailable, why),
         Outcome::TimedOut => status_only(
             Code::DeadlineExceeded,
             "the request message did not arrive within the body read timeout",

@@ -208,12 +208,10 @@ fn answer(format: Format, outcome: Outcome) -> HttpResponse {
             RESOURCE_EXHAUSTED,
             &message,
         ),
-        Outcome::Overloaded { retry_after_secs } => retry_later(
-            format,
-            StatusCode::TOO_MANY_REQUESTS,
+        Outcome::Overloaded {
             retry_after_secs,
-            "collector is over its memory limit; retry later",
-        ),
+            why,
+        } => retry_later(format, StatusCode::TOO_MANY_REQUESTS, retry_after_secs, why),
         Outcome::TimedOut => {
             let mut response = status_response(
                 format,

@@ -1,0 +1,251 @@
+//! TLS and headers of the collector's outgoing connections — the forwarder's
+//! (`forward.endpoint: https://…`) and the Alertmanager client's — built the same way for
+//! `check-config` (which only builds them, so it refuses exactly what `collect` could not use)
+//! and for `collect`.
+//!
+//! - rustls with the ring provider; the server is verified against the system's root
+//!   certificates (`rustls-native-certs`: the OS store, or `SSL_CERT_FILE` / `SSL_CERT_DIR`), or,
+//!   when `ca_file` is set, against the CA certificates of that PEM file only (a private CA).
+//! - `cert_file` + `key_file` (PEM): a client certificate for mutual TLS.
+//! - Headers (`forward.headers`) are sent with every request (gRPC metadata or HTTP headers);
+//!   `${NAME}` in a value is replaced by the environment variable `NAME` when the config is
+//!   checked or the collector starts (an unset variable is an error), so that an API key need
+//!   not be written in the file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use rustls::{ClientConfig, RootCertStore};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::TlsClientConfig;
+
+/// Reads every PEM certificate of `path`; an error (saying what to fix) when the file cannot be
+/// read or holds none.
+pub fn read_certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| {
+            format!(
+                "{what} {}: cannot read PEM certificates: {e}",
+                path.display()
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{what} {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The rustls client configuration of `tls` for an `https://` URL.
+pub fn rustls_config(tls: &TlsClientConfig) -> Result<ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let mut roots = RootCertStore::empty();
+    match &tls.ca_file {
+        Some(path) => {
+            for cert in read_certificates(path, "tls.ca_file")? {
+                roots.add(cert).map_err(|e| {
+                    format!(
+                        "tls.ca_file {}: not a usable CA certificate: {e}",
+                        path.display()
+                    )
+                })?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(format!(
+                    "no system root certificates could be loaded ({} errors); install the \
+                     system's CA bundle (ca-certificates), set SSL_CERT_FILE, or set tls.ca_file",
+                    found.errors.len()
+                ));
+            }
+        }
+    }
+    let builder = builder.with_root_certificates(roots);
+    match (&tls.cert_file, &tls.key_file) {
+        (None, None) => Ok(builder.with_no_client_auth()),
+        (Some(cert), Some(key)) => {
+            let chain = read_certificates(cert, "tls.cert_file")?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                format!(
+                    "tls.key_file {}: cannot read a PEM private key: {e}",
+                    key.display()
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("tls.cert_file/key_file: unusable client certificate: {e}"))
+        }
+        _ => Err(
+            "tls.cert_file and tls.key_file go together (mutual TLS): set both or neither"
+                .to_owned(),
+        ),
+    }
+}
+
+/// Whether `tls` sets anything (then the URL must be `https://`).
+pub fn is_set(tls: &TlsClientConfig) -> bool {
+    tls.ca_file.is_some() || tls.cert_file.is_some() || tls.key_file.is_some()
+}
+
+/// A connector for `http://` and `https://` URLs (HTTP/1.1), wrapping `http`; TLS configured
+/// by `tls` when `https` (otherwise no certificate is loaded).
+pub fn https_connector(
+    mut http: HttpConnector,
+    tls: &TlsClientConfig,
+    https: bool,
+) -> Result<HttpsConnector<HttpConnector>, String> {
+    let config = if https {
+        rustls_config(tls)?
+    } else {
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth()
+    };
+    http.enforce_http(false);
+    Ok(HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http))
+}
+
+/// Headers a client may not set: the protocol's own.
+const RESERVED: &[&str] = &[
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "host",
+    "te",
+    "transfer-encoding",
+    "connection",
+    "grpc-timeout",
+    "grpc-encoding",
+    "grpc-accept-encoding",
+];
+
+/// `headers` as a header map, with `${NAME}` in values replaced by the environment variable
+/// `NAME`; an error names the header and says what is wrong.
+pub fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a valid header name"))?;
+        if RESERVED.contains(&header.as_str()) || header.as_str().starts_with(':') {
+            return Err(format!(
+                "{name:?} is set by the protocol and cannot be overridden"
+            ));
+        }
+        if header.as_str().ends_with("-bin") {
+            return Err(format!(
+                "{name:?}: binary (-bin) gRPC metadata is not supported"
+            ));
+        }
+        let expanded = expand_env(value).map_err(|e| format!("{name}: {e}"))?;
+        let mut value = HeaderValue::from_str(&expanded)
+            .map_err(|_| format!("{name}: the value has characters a header cannot hold"))?;
+        value.set_sensitive(true);
+        map.append(header, value);
+    }
+    Ok(map)
+}
+
+/// `value` with every `${NAME}` replaced by the environment variable `NAME`.
+fn expand_env(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let Some(end) = after.find('}') else {
+            return Err("\"${\" without a closing \"}\"".to_owned());
+        };
+        let name = &after[..end];
+        let valid = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!("${{{name}}} is not an environment variable name"));
+        }
+        let v = std::env::var(name)
+            .map_err(|_| format!("the environment variable {name} is not set (or not UTF-8)"))?;
+        out.push_str(&v);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_expand_the_environment_and_refuse_what_cannot_be_sent() {
+        // PATH is set wherever tests run (setting a variable would race other threads).
+        let path = std::env::var("PATH").unwrap();
+        let mut h = BTreeMap::new();
+        h.insert("X-Api-Key".to_owned(), "Bearer ${PATH}!".to_owned());
+        let map = header_map(&h).unwrap();
+        assert_eq!(map["x-api-key"], format!("Bearer {path}!").as_str());
+        assert!(map["x-api-key"].is_sensitive());
+        let bad = |k: &str, v: &str| {
+            let mut h = BTreeMap::new();
+            h.insert(k.to_owned(), v.to_owned());
+            header_map(&h).unwrap_err()
+        };
+        assert!(bad("x key", "v").contains("not a valid header name"));
+        assert!(bad("content-type", "v").contains("cannot be overridden"));
+        assert!(bad("x", "a\nb").contains("cannot hold"));
+        assert!(bad("x", "${INFERTRACE_TEST_UNSET_VAR}").contains("is not set"));
+        assert!(bad("x", "${oops").contains("closing"));
+        assert!(bad("x", "${1A}").contains("not an environment variable name"));
+    }
+
+    #[test]
+    fn tls_files_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate").unwrap();
+        let with = |ca: Option<&Path>, cert: Option<&Path>, key: Option<&Path>| TlsClientConfig {
+            ca_file: ca.map(Path::to_path_buf),
+            cert_file: cert.map(Path::to_path_buf),
+            key_file: key.map(Path::to_path_buf),
+        };
+        let e =
+            rustls_config(&with(Some(&dir.path().join("missing.pem")), None, None)).unwrap_err();
+        assert!(
+            e.contains("tls.ca_file") && e.contains("missing.pem"),
+            "{e}"
+        );
+        let e = rustls_config(&with(Some(&empty), None, None)).unwrap_err();
+        assert!(e.contains("no PEM certificate"), "{e}");
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let ca_pem = dir.path().join("ca.pem");
+        std::fs::write(&ca_pem, ca.cert.pem()).unwrap();
+        assert!(rustls_config(&with(Some(&ca_pem), None, None)).is_ok());
+        let e = rustls_config(&with(Some(&ca_pem), Some(&ca_pem), None)).unwrap_err();
+        assert!(e.contains("set both or neither"), "{e}");
+        let e = rustls_config(&with(Some(&ca_pem), Some(&ca_pem), Some(&empty))).unwrap_err();
+        assert!(e.contains("tls.key_file"), "{e}");
+        let key_pem = dir.path().join("key.pem");
+        std::fs::write(&key_pem, ca.signing_key.serialize_pem()).unwrap();
+        assert!(rustls_config(&with(Some(&ca_pem), Some(&ca_pem), Some(&key_pem))).is_ok());
+    }
+}

@@ -1,0 +1,185 @@
+//! `forward:` — the forwarder's section (see [`crate::forward`] for what it does with it).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Invalid, check_http_url, human_duration};
+
+/// `forward:` — OTLP traces on to Jaeger, Tempo or another collector.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ForwardConfig {
+    /// Downstream base URL, `http://` or `https://`, e.g. `http://127.0.0.1:4317` (gRPC) or
+    /// `https://tempo.example.com:4318` (HTTP; `/v1/traces` is appended). Unset = no forwarding.
+    pub endpoint: Option<String>,
+    /// TLS of an `https://` endpoint: system roots by default, or a CA file; optional client
+    /// certificate (mutual TLS).
+    pub tls: TlsClientConfig,
+    /// Headers sent with every export (gRPC metadata or HTTP headers), e.g.
+    /// `x-api-key: ${TEMPO_API_KEY}` for a hosted Tempo: `${NAME}` is replaced by the
+    /// environment variable `NAME` when the config is checked or the collector starts.
+    /// Default none.
+    pub headers: BTreeMap<String, String>,
+    /// `grpc` or `http` (OTLP/HTTP protobuf). Default `grpc`.
+    pub protocol: ForwardProtocol,
+    /// Export requests waiting to be sent. When full, new requests are refused with a
+    /// retryable answer (HTTP 429, gRPC `UNAVAILABLE`; counted as
+    /// `dropped_spans_total{reason="forward_backpressure"}`), never accepted and then dropped.
+    /// Default 1024.
+    pub queue_size: usize,
+    /// Most spans per forwarded request (received requests are merged up to this). Default 8192.
+    pub max_batch_spans: usize,
+    /// Longest a request waits for others to merge with. Default 200ms.
+    #[serde(with = "human_duration")]
+    pub max_batch_delay: Duration,
+    /// Timeout of one export attempt (connecting included): a downstream that accepts
+    /// connections and never answers costs this per attempt. Default 10s.
+    #[serde(with = "human_duration")]
+    pub timeout: Duration,
+    /// Export requests sent (or being retried) at the same time. Default 4.
+    pub max_in_flight: usize,
+    /// Retry with exponential backoff and jitter on retryable failures.
+    pub retry: RetryConfig,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            tls: TlsClientConfig::default(),
+            headers: BTreeMap::new(),
+            protocol: ForwardProtocol::Grpc,
+            queue_size: 1024,
+            max_batch_spans: 8192,
+            max_batch_delay: Duration::from_millis(200),
+            timeout: Duration::from_secs(10),
+            max_in_flight: 4,
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+/// TLS of an outgoing `https://` connection (`forward.tls`, `alerts.alertmanager_tls`); see
+/// [`crate::client_tls`]. Relative paths are relative to the working directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsClientConfig {
+    /// PEM file of the CA certificate(s) to verify the server with, instead of the system's
+    /// root certificates (a private CA). Default: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for mutual TLS (with `key_file`). Default none.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`. Default none.
+    pub key_file: Option<PathBuf>,
+}
+
+impl TlsClientConfig {
+    /// Checks that an `https://` (or not) `url` can be used with these settings, building the
+    /// TLS configuration (reading the files) as the collector will.
+    pub(super) fn check(&self, url: &str, path: &[&'static str]) -> Result<(), Invalid> {
+        if url.starts_with("https://") {
+            crate::client_tls::rustls_config(self).map_err(|m| Invalid::new(path, m))?;
+        } else if crate::client_tls::is_set(self) {
+            return Err(Invalid::new(
+                path,
+                format!(
+                    "TLS files are set but {url:?} is not https://: use https:// or remove them"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Forwarding protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardProtocol {
+    /// OTLP/gRPC.
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies.
+    Http,
+}
+
+/// `forward.retry:` — exponential backoff with jitter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// First wait. Default 100ms.
+    #[serde(with = "human_duration")]
+    pub initial_backoff: Duration,
+    /// Longest wait between tries (each wait doubles; each is drawn between half and all of
+    /// it). Default 5s.
+    #[serde(with = "human_duration")]
+    pub max_backoff: Duration,
+    /// Give up on spans this long after they ARRIVED (time in the queue included), counting
+    /// them as `exported_spans_total{outcome="failed"}` and
+    /// `dropped_spans_total{reason="forward_failed"}`. Default 60s.
+    #[serde(with = "human_duration")]
+    pub max_elapsed: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            max_elapsed: Duration::from_secs(60),
+        }
+    }
+}
+
+impl ForwardConfig {
+    /// Checks the section (called by [`CollectorConfig::validate`](super::CollectorConfig)).
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        if let Some(url) = &self.endpoint {
+            check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))?;
+            self.tls.check(url, &["forward", "tls"])?;
+        } else if crate::client_tls::is_set(&self.tls) {
+            return Err(Invalid::new(
+                &["forward", "tls"],
+                "set without forward.endpoint: set the endpoint or remove forward.tls",
+            ));
+        }
+        crate::client_tls::header_map(&self.headers)
+            .map_err(|m| Invalid::new(&["forward", "headers"], m))?;
+        if self.queue_size == 0 {
+            return Err(Invalid::new(&["forward", "queue_size"], "must be > 0"));
+        }
+        if self.max_batch_spans == 0 {
+            return Err(Invalid::new(&["forward", "max_batch_spans"], "must be > 0"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(Invalid::new(&["forward", "max_in_flight"], "must be > 0"));
+        }
+        if self.timeout.is_zero() {
+            return Err(Invalid::new(
+                &["forward", "timeout"],
+                "must be a positive duration",
+            ));
+        }
+        let r = &self.retry;
+        if r.initial_backoff.is_zero() {
+            return Err(Invalid::new(
+                &["forward", "retry", "initial_backoff"],
+                "must be a positive duration",
+            ));
+        }
+        if r.max_backoff < r.initial_backoff {
+            return Err(Invalid::new(
+                &["forward", "retry", "max_backoff"],
+                "must be at least forward.retry.initial_backoff",
+            ));
+        }
+        if r.max_elapsed.is_zero() {
+            return Err(Invalid::new(
+                &["forward", "retry", "max_elapsed"],
+                "must be a positive duration",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,404 @@
+//! The forwarder with a downstream that misbehaves, against real servers over loopback:
+//! - poison spans (an attribute nested deeper than any prost-based downstream decodes) are
+//!   rejected at ingest and cut out of what is forwarded, so the innocent spans around them
+//!   arrive;
+//! - outage (nothing listening): once the forward queue is full, clients get a retryable refusal
+//!   (HTTP 429), never OK then drop; every span answered OK is pending until the downstream comes
+//!   back, and then exported;
+//! - blackhole (a listener that accepts and never answers): each attempt ends at
+//!   `forward.timeout`, attempts and failures are counted as they happen, and the spans are
+//!   given up once older than `retry.max_elapsed`, counted from their arrival.
+//!
+//! Each test prints its figures (`--nocapture` shows them).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use infertrace_collector::config::{CollectorConfig, ForwardProtocol};
+use infertrace_collector::internal_events::{ExportLabels, InternalEvents, ReceiverLabels};
+use infertrace_collector::server;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, KeyValueList, any_value};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// An OTLP/gRPC sink (tonic + prost, prost's recursion limit of 100) recording every request.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<ExportTraceServiceRequest>>>);
+
+#[tonic::async_trait]
+impl TraceService for Sink {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Sink {
+    async fn start_on(&self, listener: tokio::net::TcpListener) {
+        let svc = TraceServiceServer::new(self.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.resource_spans.iter())
+            .flat_map(|rs| rs.scope_spans.iter())
+            .flat_map(|ss| ss.spans.iter().cloned())
+            .collect()
+    }
+}
+
+fn exported(events: &InternalEvents, outcome: &'static str) -> u64 {
+    events
+        .exported_spans
+        .get_or_create(&ExportLabels {
+            exporter: "otlp_forward",
+            outcome,
+        })
+        .get()
+}
+
+fn received(events: &InternalEvents, outcome: &'static str) -> u64 {
+    events
+        .receiver_spans
+        .get_or_create(&ReceiverLabels {
+            receiver: "otlp_http",
+            outcome,
+        })
+        .get()
+}
+
+fn pending(events: &InternalEvents) -> i64 {
+    events.forward_pending_spans.get()
+}
+
+/// A key-value list nested `levels` deep.
+fn nested(levels: u32) -> AnyValue {
+    let mut v = AnyValue {
+        value: Some(any_value::Value::StringValue("leaf".into())),
+    };
+    for _ in 0..levels {
+        v = AnyValue {
+            value: Some(any_value::Value::KvlistValue(KeyValueList {
+                values: vec![KeyValue {
+                    key: "k".into(),
+                    value: Some(v),
+                    key_strindex: 0,
+                }],
+            })),
+        };
+    }
+    v
+}
+
+/// A span of its own trace carrying an attribute nested `levels` deep.
+fn poison_span(n: u32, levels: u32) -> Span {
+    let r = Req::new(1_000_000 + n, "m", 1, 1, 1);
+    let mut s = infertrace_spans(&r, t0()).remove(0);
+    s.attributes.push(KeyValue {
+        key: "payload".into(),
+        value: Some(nested(levels)),
+        key_strindex: 0,
+    });
+    s
+}
+
+fn ids(spans: &[Span]) -> Vec<Vec<u8>> {
+    let mut ids: Vec<Vec<u8>> = spans.iter().map(|s| s.span_id.clone()).collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
+    let sink = Sink::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sink_addr = listener.local_addr().unwrap();
+    sink.start_on(listener).await;
+    let mut config = test_config();
+    config.forward.endpoint = Some(format!("http://{sink_addr}"));
+    config.forward.max_batch_delay = Duration::from_millis(50);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+
+    // 1,000 innocent spans in 10 requests of 100, each with one poison span among them:
+    // 200 levels deep as protobuf, 20 levels as JSON (the JSON parser's own depth limit is
+    // below 200 levels).
+    let mut innocent = Vec::new();
+    for k in 0..10u32 {
+        let mut spans: Vec<Span> = (0..25)
+            .flat_map(|j| infertrace_spans(&Req::new(k * 25 + j + 1, "m", 1, 1, 1), t0()))
+            .collect();
+        innocent.extend(spans.iter().cloned());
+        let json = k % 5 == 4;
+        spans.insert(50, poison_span(k, if json { 20 } else { 200 }));
+        let req = request("llm", spans);
+        if !json {
+            // What a prost-based downstream makes of this request as it is: nothing.
+            assert!(ExportTraceServiceRequest::decode(&req.encode_to_vec()[..]).is_err());
+        }
+        let (status, body) = if json {
+            post(http, "application/json", serde_json::to_vec(&req).unwrap()).await
+        } else {
+            post(http, "application/x-protobuf", req.encode_to_vec()).await
+        };
+        assert_eq!(status, 200);
+        let partial = if json {
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            (
+                v["partialSuccess"]["rejectedSpans"].as_i64().unwrap_or(0),
+                v["partialSuccess"]["errorMessage"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        } else {
+            let r = ExportTraceServiceResponse::decode(body).unwrap();
+            let p = r.partial_success.unwrap_or_default();
+            (p.rejected_spans, p.error_message)
+        };
+        assert_eq!(
+            partial.0, 1,
+            "request {k}: the poison span is reported rejected"
+        );
+        assert!(partial.1.contains("16 levels"), "{}", partial.1);
+    }
+    assert_eq!(innocent.len(), 1000);
+    let events = c.events().clone();
+    eventually(WAIT, "1,000 spans forwarded", || sink.spans().len() >= 1000).await;
+    eventually(WAIT, "1,000 spans counted as exported", || {
+        exported(&events, "ok") == 1000
+    })
+    .await;
+    assert_eq!(
+        ids(&sink.spans()),
+        ids(&innocent),
+        "exactly the innocent spans"
+    );
+    assert_eq!(events.dropped("invalid_span"), 10);
+    assert_eq!(received(&events, "rejected"), 10);
+    assert_eq!(exported(&events, "failed"), 0);
+    assert_eq!(pending(&events), 0);
+    eprintln!(
+        "poison: sent 1010 spans (10 poison) in 10 requests; downstream received {} spans, \
+         {} requests; rejected at ingest: {}",
+        sink.spans().len(),
+        sink.0.lock().unwrap().len(),
+        events.dropped("invalid_span"),
+    );
+    c.stop().await.unwrap();
+}
+
+/// Config for the fault tests: a small queue, one batch in flight, fast retries.
+fn fault_config(endpoint: SocketAddr, protocol: ForwardProtocol) -> CollectorConfig {
+    let mut config = test_config();
+    config.forward.endpoint = Some(format!("http://{endpoint}"));
+    config.forward.protocol = protocol;
+    config.forward.queue_size = 8;
+    config.forward.max_in_flight = 2;
+    config.forward.max_batch_spans = 8;
+    config.forward.max_batch_delay = Duration::from_millis(1);
+    config.forward.retry.initial_backoff = Duration::from_millis(20);
+    config.forward.retry.max_backoff = Duration::from_millis(100);
+    config
+}
+
+/// Sends `requests` requests of 4 spans one after another; returns (accepted, refused with 429)
+/// requests.
+async fn send(http: SocketAddr, first: u32, requests: u32) -> (u32, u32) {
+    let (mut ok, mut refused) = (0, 0);
+    for k in first..first + requests {
+        let r = Req::new(k + 1, "m", 1, 1, 1);
+        let (status, _) = post(
+            http,
+            "application/x-protobuf",
+            request("llm", infertrace_spans(&r, t0())).encode_to_vec(),
+        )
+        .await;
+        match status {
+            200 => ok += 1,
+            429 => refused += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    (ok, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_refuses_when_the_queue_is_full_and_drains_on_recovery() {
+    // A port with nothing listening (it is listened on again for the recovery).
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut config = fault_config(dead, ForwardProtocol::Grpc);
+    // Long enough that nothing is given up during the test.
+    config.forward.retry.max_elapsed = Duration::from_secs(600);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let events = c.events().clone();
+
+    let started = Instant::now();
+    let (ok, refused) = send(http, 0, 60).await;
+    // At most: 8 queued + 2 batches of up to 8 spans in flight + 1 being formed.
+    assert!(refused > 0, "a queue of 8 must fill up");
+    assert!(ok >= 8, "{ok} accepted");
+    let accepted = received(&events, "accepted");
+    assert_eq!(accepted, u64::from(ok) * 4);
+    assert_eq!(
+        events.dropped("forward_backpressure"),
+        u64::from(refused) * 4
+    );
+    assert_eq!(received(&events, "refused"), u64::from(refused) * 4);
+    // Nothing answered OK was dropped: all of it is pending.
+    assert_eq!(exported(&events, "ok") + exported(&events, "failed"), 0);
+    assert_eq!(pending(&events), accepted as i64);
+    assert!(events.forward_pending_bytes.get() > 0);
+    // gRPC clients get UNAVAILABLE (retryable), counted the same way.
+    let mut grpc = TraceServiceClient::connect(format!("http://{}", c.grpc_addr.unwrap()))
+        .await
+        .unwrap();
+    let r = Req::new(500, "m", 1, 1, 1);
+    let status = grpc
+        .export(request("llm", infertrace_spans(&r, t0())))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(
+        status.message().contains("forward queue is full"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        events.dropped("forward_backpressure"),
+        u64::from(refused) * 4 + 4
+    );
+    let attempts_down = events.forward_attempts("retryable");
+    assert!(attempts_down > 0);
+    eprintln!(
+        "outage: 60 requests of 4 spans in {:?}: {ok} accepted ({accepted} spans, all pending), \
+         {refused} refused with 429 and 1 gRPC export with UNAVAILABLE ({} spans counted \
+         forward_backpressure); {attempts_down} failed attempts so far",
+        started.elapsed(),
+        events.dropped("forward_backpressure"),
+    );
+
+    // Recovery: the downstream comes up on that port; the queue drains, new data is taken.
+    let sink = Sink::default();
+    let listener = tokio::net::TcpListener::bind(dead).await.unwrap();
+    sink.start_on(listener).await;
+    let recovering = Instant::now();
+    eventually(WAIT, "the queue drains", || {
+        exported(&events, "ok") == accepted
+    })
+    .await;
+    let drained_in = recovering.elapsed();
+    assert_eq!(pending(&events), 0);
+    assert_eq!(events.forward_pending_bytes.get(), 0);
+    assert_eq!(sink.spans().len() as u64, accepted);
+    let (ok2, refused2) = send(http, 1000, 5).await;
+    assert_eq!((ok2, refused2), (5, 0));
+    eventually(WAIT, "new data exported", || {
+        exported(&events, "ok") == accepted + 20
+    })
+    .await;
+    assert_eq!(exported(&events, "failed"), 0);
+    assert_eq!(events.dropped("forward_failed"), 0);
+    eprintln!(
+        "outage recovery: {accepted} pending spans exported {drained_in:?} after the downstream \
+         came back; 0 failed; {} attempts ok, {} retryable failures in all",
+        events.forward_attempts("ok"),
+        events.forward_attempts("retryable"),
+    );
+    c.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackhole_attempts_time_out_and_spans_are_given_up_by_age() {
+    for protocol in [ForwardProtocol::Grpc, ForwardProtocol::Http] {
+        // Accepts connections, reads nothing, answers nothing; keeps them open.
+        let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hole_addr = hole.local_addr().unwrap();
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let h = held.clone();
+        let acceptor = tokio::spawn(async move {
+            while let Ok((socket, _)) = hole.accept().await {
+                h.lock().unwrap().push(socket);
+            }
+        });
+        let timeout = Duration::from_millis(300);
+        let max_elapsed = Duration::from_secs(2);
+        let mut config = fault_config(hole_addr, protocol);
+        config.forward.timeout = timeout;
+        config.forward.retry.max_elapsed = max_elapsed;
+        let c = server::run(config, std::future::pending()).await.unwrap();
+        let http = c.http_addr.unwrap();
+        let events = c.events().clone();
+
+        let started = Instant::now();
+        let (ok, refused) = send(http, 0, 6).await;
+        assert_eq!((ok, refused), (6, 0), "{protocol:?}: the queue has room");
+        let accepted = received(&events, "accepted");
+        assert_eq!(accepted, 24);
+        // Attempts end at the timeout and are counted as they do, well before any give-up.
+        eventually(WAIT, "timeouts counted", || {
+            events.forward_attempts("timeout") >= 2
+        })
+        .await;
+        let first_timeouts = started.elapsed();
+        // Every span is pending or failed (read twice, not atomically: eventually equal).
+        eventually(WAIT, "every span pending or failed", || {
+            exported(&events, "failed") as i64 + pending(&events) == accepted as i64
+        })
+        .await;
+        // Given up once older than max_elapsed (from arrival), all counted.
+        eventually(WAIT, "every span given up", || {
+            exported(&events, "failed") == accepted
+        })
+        .await;
+        let given_up = started.elapsed();
+        assert!(given_up >= max_elapsed, "{given_up:?}");
+        assert_eq!(events.dropped("forward_failed"), accepted);
+        assert_eq!(pending(&events), 0);
+        assert_eq!(events.forward_pending_bytes.get(), 0);
+        assert_eq!(exported(&events, "ok"), 0);
+        let timeouts = events.forward_attempts("timeout");
+        // In flight 2 at a time, each attempt ending at the 300 ms timeout, for ~2 s.
+        assert!(timeouts >= 3, "{protocol:?}: {timeouts} timeouts");
+        eprintln!(
+            "blackhole {protocol:?}: 24 spans in 6 requests; first 2 attempts timed out after \
+             {first_timeouts:?} (forward.timeout {timeout:?}); all 24 counted failed after \
+             {given_up:?} (max_elapsed {max_elapsed:?} from arrival); {timeouts} attempts \
+             timed out, {} other failures; {} connections held",
+            events.forward_attempts("retryable"),
+            held.lock().unwrap().len(),
+        );
+        c.stop().await.unwrap();
+        acceptor.abort();
+    }
+}
