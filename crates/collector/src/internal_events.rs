@@ -491,10 +491,11 @@ pub fn warn_allowed(reason: &'static str) -> bool {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static LOGS: OnceLock<Mutex<HashMap<&'static str, &'static RateLimitedLog>>> = OnceLock::new();
-    let log: &'static RateLimitedLog = *LOGS
+    let mut logs = LOGS
         .get_or_init(Mutex::default)
         .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .unwrap_or_else(|p| p.into_inner());
+    let log: &'static RateLimitedLog = logs
         .entry(reason)
         .or_insert_with(|| Box::leak(Box::default()));
     log.note(1).is_some()
