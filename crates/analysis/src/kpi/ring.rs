@@ -118,31 +118,11 @@ impl Ring {
     /// when that slot is older than the ring's window.
     /// Returns whether the slot it landed in was already rolled up (or it landed nowhere).
     pub(super) fn absorb(&mut self, spec: &RingSpec, index: u64, acc: &Accumulator) -> bool {
-        if let Some(newest) = self.newest
-            && index.saturating_add(spec.slots) <= newest
-        {
+        let Some(slot) = self.restored_slot(spec, index, false) else {
             return true;
-        }
-        if self.slots.is_empty() {
-            self.slots.resize_with(spec.slots as usize, || None);
-        }
-        let pos = (index % spec.slots) as usize;
-        let slot = self.slots[pos].get_or_insert_with(|| {
-            Box::new(Slot {
-                index,
-                acc: Accumulator::default(),
-                rolled: false,
-            })
-        });
-        if slot.index != index {
-            slot.index = index;
-            slot.acc = Accumulator::default();
-            slot.rolled = false;
-        }
+        };
         slot.acc.merge(acc);
-        let rolled = slot.rolled;
-        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
-        rolled
+        slot.rolled
     }
 
     /// Merges restored history into slot `index` as a slot already rolled up, so that it is never
@@ -155,33 +135,41 @@ impl Ring {
         index: u64,
         acc: &Accumulator,
     ) -> bool {
+        match self.restored_slot(spec, index, true) {
+            Some(slot) if slot.rolled => {
+                slot.acc.merge(acc);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Slot `index` for restored history, made (empty, `rolled` as given) if the ring held
+    /// another index there; `None` when `index` is older than the ring's window.
+    fn restored_slot(&mut self, spec: &RingSpec, index: u64, rolled: bool) -> Option<&mut Slot> {
         if let Some(newest) = self.newest
             && index.saturating_add(spec.slots) <= newest
         {
-            return false;
+            return None;
         }
         if self.slots.is_empty() {
             self.slots.resize_with(spec.slots as usize, || None);
         }
+        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
         let pos = (index % spec.slots) as usize;
         let slot = self.slots[pos].get_or_insert_with(|| {
             Box::new(Slot {
                 index,
                 acc: Accumulator::default(),
-                rolled: true,
+                rolled,
             })
         });
         if slot.index != index {
             slot.index = index;
             slot.acc = Accumulator::default();
-            slot.rolled = true;
+            slot.rolled = rolled;
         }
-        if !slot.rolled {
-            return false;
-        }
-        slot.acc.merge(acc);
-        self.newest = Some(self.newest.map_or(index, |n| n.max(index)));
-        true
+        Some(slot)
     }
 
     /// Bytes held: the ring itself, its slot table and every slot's heap.
