@@ -91,14 +91,6 @@ impl MemoryLimiter {
         self.state.refusals.load(Ordering::Relaxed)
     }
 
-    /// The soft check receivers make before reading or decoding a body: would `bytes` more fit
-    /// under the limit right now? Reserves nothing; use [`try_reserve`](Self::try_reserve) to hold.
-    pub fn admits(&self, bytes: usize) -> bool {
-        self.used()
-            .checked_add(bytes)
-            .is_some_and(|total| total <= self.limit())
-    }
-
     /// Reserves `bytes`, or returns `None` (and counts a refusal) when that would pass the limit.
     /// The bytes are given back when the returned reservation is dropped.
     pub fn try_reserve(&self, bytes: usize) -> Option<MemoryReservation> {
@@ -267,8 +259,7 @@ mod tests {
         let limiter = MemoryLimiter::new(100);
         let a = limiter.try_reserve(60).unwrap();
         assert_eq!(limiter.used(), 60);
-        assert!(limiter.admits(40));
-        assert!(!limiter.admits(41));
+        assert_eq!(limiter.available(), 40);
         assert!(limiter.try_reserve(41).is_none());
         assert_eq!(limiter.refusals(), 1);
         let b = limiter.try_reserve(40).unwrap();
@@ -277,7 +268,7 @@ mod tests {
         assert_eq!(limiter.used(), 40);
         drop(b);
         assert_eq!(limiter.used(), 0);
-        assert!(!limiter.admits(usize::MAX));
+        assert!(limiter.try_reserve(usize::MAX).is_none());
     }
 
     #[test]

@@ -529,10 +529,8 @@ impl<P: Prepared> TraceAssembler<P> {
     }
 
     /// Whether [`insert_prepared`](Self::insert_prepared) would take a run of `len` spans of
-    /// trace `id`, after taking `before` other runs (of other traces) first.
-    pub fn would_take(&self, id: &TraceId, len: usize, before: usize) -> bool {
-        // A full table is no reason: inserting closes the oldest trace early to make room.
-        let _ = before;
+    /// trace `id`. A full table is no reason not to: inserting closes the oldest trace early.
+    pub fn would_take(&self, id: &TraceId, len: usize) -> bool {
         if len > self.config.max_spans_per_trace
             || self.config.max_traces_in_flight == 0
             || self.config.grace >= self.config.max_age
@@ -550,7 +548,7 @@ impl<P: Prepared> TraceAssembler<P> {
     /// `id` is new and the bounds allow; `false` leaves everything as it was.
     fn insert_one(&mut self, id: TraceId, prepared: Box<P>, len: usize, now: Instant) -> bool {
         // (A prepared trace completes at its grace period, so that must come before max age.)
-        if !self.would_take(&id, len, 0) {
+        if !self.would_take(&id, len) {
             return false;
         }
         if self.traces_in_flight() >= self.config.max_traces_in_flight && !self.make_room(now) {

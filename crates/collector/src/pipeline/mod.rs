@@ -294,7 +294,7 @@ impl Pipeline {
         let mut with_prepared = bytes + taken_back;
         let (mut taken_runs, mut taken_spans) = (0, 0);
         for run in &runs {
-            if assembler.would_take(&run.trace_id, run.len, taken_runs) {
+            if assembler.would_take(&run.trace_id, run.len) {
                 taken_runs += 1;
                 taken_spans += run.len;
                 with_prepared = with_prepared - run.prepared.span_bytes + run.prepared.footprint();
