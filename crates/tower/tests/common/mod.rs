@@ -208,11 +208,51 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, tol: f64) {
     );
 }
 
-/// Tolerance for comparing span timestamps with instants the handler measured (its "truth"):
-/// the handler reads its clock within microseconds of the recorder's mark (engine mode) or of
-/// handing a chunk to the server (derived mode, where the server's poll of the body is the
-/// wire-side signal), but a preempted thread on a small shared CI machine can add a few ms.
-pub const TOL: f64 = 0.005;
+/// When the test knows an instant the layer marked: the clock read just before and just after
+/// the call that made the mark (or, for a response chunk, when the body yielded it and when the
+/// server polled the body again). Offsets in seconds from the request's arrival. A preempted
+/// thread on a busy machine widens the bracket instead of breaking the test.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Bracket {
+    /// Read before the mark.
+    pub lo: f64,
+    /// Read after the mark.
+    pub hi: f64,
+}
+
+impl Bracket {
+    /// Brackets whatever `mark` records: reads the clock (as seconds since `arrival`) before
+    /// and after calling it.
+    pub fn around(arrival: std::time::Instant, mark: impl FnOnce()) -> Bracket {
+        let lo = arrival.elapsed().as_secs_f64();
+        mark();
+        Bracket {
+            lo,
+            hi: arrival.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// An instant known exactly (the request's arrival is 0).
+    pub fn exact(at: f64) -> Bracket {
+        Bracket { lo: at, hi: at }
+    }
+}
+
+/// What the layer's clock may differ from `Instant` by: chunk instants are read from the CPU's
+/// time-stamp counter and converted with the request's own (Instant, ticks) pairs, which are
+/// read back to back.
+pub const CLOCK_SLACK: f64 = 0.001;
+
+/// Asserts a measured duration fits between two bracketed instants: at least `to.lo - from.hi`
+/// and at most `to.hi - from.lo`, give or take [`CLOCK_SLACK`].
+#[track_caller]
+pub fn assert_between(what: &str, actual: f64, from: Bracket, to: Bracket) {
+    let (min, max) = (to.lo - from.hi - CLOCK_SLACK, to.hi - from.lo + CLOCK_SLACK);
+    assert!(
+        (min..=max).contains(&actual),
+        "{what}: {actual:.6} s, expected between {min:.6} and {max:.6} s ({from:?} to {to:?})"
+    );
+}
 
 /// Serves an axum router on a loopback port.
 #[cfg(feature = "axum")]
