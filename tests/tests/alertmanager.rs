@@ -90,14 +90,15 @@ fn slow_requests(seed: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-async fn alert_state(http: &HttpClient, api: std::net::SocketAddr) -> Option<String> {
+/// The active `SlowRequests` alert, as `GET /api/alerts` shows it.
+async fn active_alert(http: &HttpClient, api: std::net::SocketAddr) -> Option<Value> {
     let (_, body) = http.get(&format!("http://{api}/api/alerts")).await.ok()?;
     let v: Value = serde_json::from_slice(&body).ok()?;
     v["active"]
         .as_array()?
         .iter()
         .find(|a| a.to_string().contains("SlowRequests"))
-        .and_then(|a| a["state"].as_str().map(str::to_owned))
+        .cloned()
 }
 
 async fn in_alertmanager(http: &HttpClient, port: u16) -> bool {
@@ -149,16 +150,21 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
     let mut seen = Vec::<String>::new();
     let started = Instant::now();
     let mut delivered = false;
+    let mut firing: Option<Value> = None;
     for round in 0..16u64 {
         let (status, _) = http
             .post(&otlp, "application/json", slow_requests(round))
             .await
             .unwrap();
         assert_eq!(status, 200);
-        if let Some(s) = alert_state(&http, collector.api_addr).await
-            && seen.last() != Some(&s)
-        {
-            seen.push(s);
+        if let Some(alert) = active_alert(&http, collector.api_addr).await {
+            let state = alert["state"].as_str().unwrap_or_default().to_owned();
+            if state == "firing" {
+                firing = Some(alert);
+            }
+            if seen.last() != Some(&state) {
+                seen.push(state);
+            }
         }
         delivered |= in_alertmanager(&http, am.port).await;
         if delivered
@@ -169,12 +175,18 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert_eq!(
-        seen.first().map(String::as_str),
-        Some("pending"),
-        "states seen: {seen:?}"
+    // The alert's own history, not a poll that a busy machine can make late: it held for
+    // the rule's `for: 1s` (pending) before it fired.
+    let firing = firing.unwrap_or_else(|| panic!("never firing; states seen: {seen:?}"));
+    let since = |k: &str| {
+        firing[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}: {firing}"))
+    };
+    assert!(
+        since("firing_since_unix_nano") >= since("active_since_unix_nano") + 1_000_000_000,
+        "fired before it was pending for 1 s: {firing}"
     );
-    assert!(seen.iter().any(|s| s == "firing"), "states seen: {seen:?}");
     assert!(delivered, "the firing alert never reached Alertmanager");
     let (_, metrics) = http
         .get(&format!("http://{}/metrics", collector.api_addr))
@@ -193,7 +205,7 @@ async fn alerts_fire_resolve_and_reach_alertmanager() {
     // Stop sending: the window empties, the alert resolves, and Alertmanager hears of it.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let active = alert_state(&http, collector.api_addr).await;
+        let active = active_alert(&http, collector.api_addr).await;
         let in_am = in_alertmanager(&http, am.port).await;
         if active.is_none() && !in_am {
             break;

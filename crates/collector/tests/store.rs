@@ -374,9 +374,15 @@ fn kill_minus_9_loses_at_most_the_flush_interval() {
         .iter()
         .map(|r| r.accumulator.counts.requests)
         .sum();
-    // Flush interval 300 ms + hand-over step 75 ms, and 250 ms for the commit itself and for
-    // scheduling on a loaded machine.
-    let bound = (300 + 75 + 250) * 1_000_000;
+    // Flush interval 300 ms + hand-over step 75 ms + 250 ms for the commit itself, plus what
+    // this machine's scheduler is measured to add in the same run: the child's 10 ms loop
+    // running late by up to `lateness` means its flusher thread may be as late, a few times.
+    let lateness = recorded
+        .windows(2)
+        .map(|w| w[1].1.saturating_sub(w[0].1).saturating_sub(10_000_000))
+        .max()
+        .unwrap_or(0);
+    let bound = (300 + 75 + 250) * 1_000_000 + 3 * lateness;
     let must_have = recorded
         .iter()
         .filter(|(_, t)| *t + bound <= killed_at)
@@ -387,7 +393,8 @@ fn kill_minus_9_loses_at_most_the_flush_interval() {
     );
     assert!(
         stored >= must_have,
-        "stored {stored} of the {must_have} recorded more than {bound} ns before the kill"
+        "stored {stored} of the {must_have} recorded more than {bound} ns before the kill \
+         (scheduler lateness {lateness} ns)"
     );
     assert!(stored <= recorded.len() as u64 + 1);
 }
