@@ -1,5 +1,5 @@
 //! Prometheus exposition of the request metrics (`GET /metrics`), with the names of
-//! REFERENCE.md §1 from `infertrace_semconv::prom`.
+//! docs/reference.md#names from `infertrace_semconv::prom`.
 //!
 //! - `infertrace_requests_total{service,model,operation,outcome}`
 //! - classic histograms `infertrace_{request,queue,prefill,decode}_duration_seconds`,
