@@ -1,4 +1,4 @@
-//! Engine dialects (REFERENCE.md §2): which spans are inference requests, and how each
+//! Engine dialects (docs/reference.md#dialects): which spans are inference requests, and how each
 //! engine's spans become one [`RequestRecord`].
 //!
 //! # Detection rules, in order

@@ -50,7 +50,7 @@ impl Outcome {
     }
 }
 
-/// Which engine's conventions a request was reported in (REFERENCE.md §2).
+/// Which engine's conventions a request was reported in (docs/reference.md#dialects).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dialect {

@@ -1,5 +1,5 @@
 //! The critical path against hand-built traces and, as a property over random trees, against a
-//! direct (recursive, quadratic) transcription of REFERENCE.md §3.
+//! direct (recursive, quadratic) transcription of docs/reference.md#critical-path.
 
 use infertrace_analysis::text::Text;
 
@@ -441,7 +441,7 @@ fn spans_of_other_traces_and_duplicate_ids_are_ignored() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference transcription of REFERENCE.md §3, recursive and quadratic, for the property tests.
+// docs/reference.md#critical-path transcribed, recursive and quadratic, for the property tests.
 
 struct Reference<'a> {
     spans: &'a [Span],

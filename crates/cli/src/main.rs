@@ -91,68 +91,40 @@ fn init_logging() {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[cfg(target_os = "linux")]
-unsafe extern "C" {
-    /// glibc's `prctl(2)`.
-    fn prctl(option: std::ffi::c_int, ...) -> std::ffi::c_int;
-}
-
-unsafe extern "C" {
-    /// mimalloc's `mi_option_set` (linked in by the `mimalloc` crate).
-    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
-    /// mimalloc's `mi_option_get`.
-    #[cfg(test)]
-    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
-}
-
-/// `mi_option_purge_delay` in the `mi_option_t` enum of the mimalloc (v3) that
-/// `libmimalloc-sys` builds (a test checks it against that option's default).
-const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+/// mimalloc's `mi_option_purge_delay`: its number in the `mi_option_t` enum of the mimalloc v3
+/// that `libmimalloc-sys` builds, which does not name it (checked by
+/// `purge_delay_is_the_option_it_names`).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// How long mimalloc keeps freed memory before returning it to the OS, in milliseconds
-/// (mimalloc's default is 1,000).
-///
-/// The collector recycles its memory on the cycle of the assembly grace period (2 s by
-/// default): the memory of the traces one tick completes is what the next seconds' traces
-/// need. Returned after 1 s, much of it was faulted in again a moment later. Measured at full
-/// ingest rate over HTTP, once the collector had reached its working size (40 s of load, then
-/// 10 s counted): 27,000 page faults a second with mimalloc's default, 8,000 with 4 s, and
-/// 1,984K → 2,095K spans per CPU-second (docs/PERFORMANCE.md). Memory left free for longer
-/// than this still goes back to the OS.
+/// (mimalloc's default is 1,000). The collector reuses memory on the cycle of its assembly
+/// grace period (2 s by default); returned after 1 s, much of it was faulted in again a moment
+/// later (page faults and throughput at 1 s and 4 s: docs/PERFORMANCE.md).
 const PURGE_DELAY_MS: std::ffi::c_long = 4_000;
 
 /// Tunes mimalloc for the collector, leaving any setting made in the environment as it is:
 ///
-/// - **Transparent huge pages off** for this process (what mimalloc's own
-///   `MIMALLOC_ALLOW_THP=0` does), unless `MIMALLOC_ALLOW_THP` is set. mimalloc asks for huge
-///   pages, and on kernels with THP `defrag=madvise` (a common default) every fresh 2 MiB region
-///   is then compacted and zeroed synchronously on first touch: the collector, which allocates
-///   whole traces at the rate it receives them and grows while a backlog builds, spent 22–30 %
-///   of its CPU in `clear_page_erms` at full ingest rate (docs/PERFORMANCE.md); 4 KiB pages
-///   fault in far more cheaply. The setting is inherited by child processes (infertrace starts
-///   none).
-/// - **Freed memory kept for [`PURGE_DELAY_MS`]** before it is returned to the OS, unless
-///   `MIMALLOC_PURGE_DELAY` is set.
+/// - **Transparent huge pages off** for this process, unless `MIMALLOC_ALLOW_THP` is set: what
+///   mimalloc's own `MIMALLOC_ALLOW_THP=0` does, which can only be read from the environment
+///   (mimalloc reads it when it starts, before `main`). With THP, fresh 2 MiB regions are
+///   compacted and zeroed on first touch; at full ingest rate that cost 22-30 % of the
+///   collector's CPU (docs/PERFORMANCE.md). Inherited by child processes (infertrace starts
+///   none). The `mimalloc` crate's `no_thp` feature only stops mimalloc's `madvise` and would
+///   not cover a kernel with THP `always`.
+/// - **Freed memory kept for [`PURGE_DELAY_MS`]**, unless `MIMALLOC_PURGE_DELAY` is set.
 fn tune_allocator() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        const PR_SET_THP_DISABLE: std::ffi::c_int = 41;
-        // SAFETY: prctl with an integer option and integer arguments; failure (an old
-        // kernel) leaves THP as it was, which is only slower.
-        unsafe {
-            prctl(
-                PR_SET_THP_DISABLE,
-                1 as std::ffi::c_ulong,
-                0 as std::ffi::c_ulong,
-                0 as std::ffi::c_ulong,
-                0 as std::ffi::c_ulong,
-            )
-        };
+        // The variadic arguments are read as `unsigned long`: passed at that width.
+        let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+        // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and touches no memory of
+        // ours; on failure (an old kernel) THP stays as it was, which is only slower.
+        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused) };
     }
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets one of mimalloc's runtime options (read at each purge), with an option
-        // number checked by `purge_delay_is_the_option_it_names` below.
-        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+        // SAFETY: mimalloc's runtime options may be set at any time from any thread (the
+        // purge delay is read at each purge); the option number is checked by a test.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     }
 }
 
@@ -160,18 +132,45 @@ fn tune_allocator() {
 mod tests {
     use super::*;
 
-    /// `MI_OPTION_PURGE_DELAY` names mimalloc's `purge_delay`: the option at that number has
-    /// its default (1,000 ms in mimalloc v3; no neighbouring option defaults to 1,000), and a
-    /// value set there is read back.
+    /// `MI_OPTION_PURGE_DELAY` names mimalloc's `purge_delay`: the linked mimalloc is v3 (whose
+    /// option numbers the constant follows), the option at that number has the purge delay's
+    /// default (1,000 ms; no neighbouring option defaults to 1,000), and a value set there is
+    /// read back.
     #[test]
     fn purge_delay_is_the_option_it_names() {
-        // SAFETY: reads and sets mimalloc runtime options by number.
+        // `mi_version()` is major * 10,000 + minor * 100 + patch (30302 for v3.3.2).
+        assert_eq!(
+            GLOBAL.version() / 10_000,
+            3,
+            "mimalloc {}",
+            GLOBAL.version()
+        );
+        // SAFETY: reads and sets a runtime option (see `tune_allocator`).
         unsafe {
             if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-                assert_eq!(mi_option_get(MI_OPTION_PURGE_DELAY), 1_000);
+                assert_eq!(libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY), 1_000);
             }
-            mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
-            assert_eq!(mi_option_get(MI_OPTION_PURGE_DELAY), PURGE_DELAY_MS);
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
+            assert_eq!(
+                libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY),
+                PURGE_DELAY_MS
+            );
         }
+    }
+
+    /// After tuning, transparent huge pages are off for the process (unless the environment
+    /// chose).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn tuning_turns_thp_off() {
+        if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+            return;
+        }
+        tune_allocator();
+        let unused: libc::c_ulong = 0;
+        // SAFETY: PR_GET_THP_DISABLE reads a flag; integer arguments only.
+        let disabled =
+            unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, unused, unused, unused, unused) };
+        assert_eq!(disabled, 1);
     }
 }

@@ -118,10 +118,20 @@ fn attributes() -> impl Strategy<Value = Vec<KeyValue>> {
     proptest::collection::vec(key_value(), 0..6)
 }
 
+/// End minus start: often exactly at the boundaries of the time rule (-1, 0, 1).
+fn duration() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        1 => Just(-1i64),
+        1 => Just(0i64),
+        1 => Just(1i64),
+        6 => -1000i64..1_000_000,
+    ]
+}
+
 fn span() -> impl Strategy<Value = Span> {
     (
         (id(16), id(8), parent_id(), ".{0,16}", -1..8i32),
-        (any::<u64>(), -1000i64..1_000_000, any::<u32>(), ".{0,4}"),
+        (any::<u64>(), duration(), any::<u32>(), ".{0,4}"),
         attributes(),
         proptest::collection::vec((".{0,6}", any::<u64>(), attributes()), 0..2),
         proptest::collection::vec((id(16), id(8), attributes()), 0..3),

@@ -56,6 +56,7 @@ mod counter;
 mod host;
 mod metrics;
 mod nvml_source;
+mod probe;
 mod ring;
 mod sampler;
 mod source;
@@ -77,6 +78,7 @@ pub use metrics::{
     register_host_metrics,
 };
 pub use nvml_source::{GpuUnavailable, NVML_LIBRARY_NAMES, NvmlSource, load_nvml};
+pub use probe::{DeviceTally, ProbeTally, ProbeVerdict, unavailable_verdict};
 pub use sampler::{
     DeviceWindow, GPU_SAMPLER_THREAD, GpuSampler, GpuSamplerConfig, LatestSample, ManualTicker,
     TickReport, WindowStats,

@@ -20,6 +20,7 @@ use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::gpm::GpmMetricResult;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::{
     NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
@@ -192,6 +193,28 @@ const GPM_METRICS: [GpmMetricId; 4] = [
     GpmMetricId::AnyTensorUtil,
     GpmMetricId::DramBwUtil,
 ];
+
+/// The GPM metrics of one `nvmlGpmMetricsGet` (NVML's percentages as 0–1) and how many of
+/// them came back as errors.
+fn gpm_reading(values: Vec<Result<GpmMetricResult, NvmlError>>) -> (GpmReading, u32) {
+    let mut g = GpmReading::default();
+    let mut errors = 0;
+    for v in values {
+        let Ok(v) = v else {
+            errors += 1;
+            continue;
+        };
+        let x = Some(v.value / 100.0);
+        match v.metric_id {
+            GpmMetricId::SmUtil => g.sm_activity = x,
+            GpmMetricId::SmOccupancy => g.sm_occupancy = x,
+            GpmMetricId::AnyTensorUtil => g.tensor_activity = x,
+            GpmMetricId::DramBwUtil => g.dram_activity = x,
+            _ => {}
+        }
+    }
+    (g, errors)
+}
 
 impl<'n> NvmlSource<'n> {
     /// Discovers the visible devices and reads their static facts.
@@ -424,22 +447,13 @@ impl Tracked<'_> {
                                 &GPM_METRICS,
                             ) {
                                 Ok(values) => {
-                                    let mut g = GpmReading::default();
-                                    for v in values.into_iter().flatten() {
-                                        let x = Some(v.value / 100.0);
-                                        match v.metric_id {
-                                            GpmMetricId::SmUtil => g.sm_activity = x,
-                                            GpmMetricId::SmOccupancy => g.sm_occupancy = x,
-                                            GpmMetricId::AnyTensorUtil => g.tensor_activity = x,
-                                            GpmMetricId::DramBwUtil => g.dram_activity = x,
-                                            _ => {}
-                                        }
-                                    }
+                                    let (g, errors) = gpm_reading(values);
                                     s.gpm = Some(g);
+                                    s.gpm_errors += errors;
                                 }
                                 Err(e) if classify(&e) == Failure::Unsupported => u.set(Field::Gpm),
                                 Err(e) if classify(&e) == Failure::Lost => lost = true,
-                                Err(_) => {}
+                                Err(_) => s.gpm_errors += GPM_METRICS.len() as u32,
                             }
                         }
                         self.gpm_prev = Some((sample, now));
@@ -447,7 +461,7 @@ impl Tracked<'_> {
                     Err(e) => match classify(&e) {
                         Failure::Unsupported => u.set(Field::Gpm),
                         Failure::Lost => lost = true,
-                        Failure::Transient => {}
+                        Failure::Transient => s.gpm_errors += GPM_METRICS.len() as u32,
                     },
                 }
                 t.gpm_us = micros(started);
@@ -517,6 +531,32 @@ impl CounterSource for NvmlSource<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpm_metric_errors_are_counted_not_dropped() {
+        let metric = |metric_id, value| {
+            Ok(GpmMetricResult {
+                metric_id,
+                value,
+                metric_info: nvml_wrapper::struct_wrappers::gpm::GpmMetricInfo {
+                    short_name: String::new(),
+                    long_name: String::new(),
+                    unit: String::new(),
+                },
+            })
+        };
+        let (g, errors) = gpm_reading(vec![
+            metric(GpmMetricId::SmUtil, 50.0),
+            Err(NvmlError::Unknown),
+            metric(GpmMetricId::AnyTensorUtil, 25.0),
+            Err(NvmlError::InvalidArg),
+        ]);
+        assert_eq!(errors, 2);
+        assert_eq!(g.sm_activity, Some(0.5));
+        assert_eq!(g.tensor_activity, Some(0.25));
+        assert_eq!((g.sm_occupancy, g.dram_activity), (None, None));
+        assert_eq!(gpm_reading(Vec::new()), (GpmReading::default(), 0));
+    }
 
     #[test]
     fn errors_are_classified() {

@@ -105,6 +105,31 @@ pub struct DeviceSample {
     pub gpm: Option<GpmReading>,
     /// Time spent in each call.
     pub timings: CallTimings,
+    /// GPM metrics that failed to read on this tick (a per-metric error, or a failed GPM call
+    /// counted once per metric); GPM that is unsupported is not an error.
+    pub gpm_errors: u32,
+}
+
+impl GpuReading {
+    /// Whether no counter was read.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl GpmReading {
+    /// Whether no metric was read.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl DeviceSample {
+    /// Whether this sample measured something: the device is not lost and at least one
+    /// counter or GPM metric was read.
+    pub fn has_reading(&self) -> bool {
+        !self.lost && (!self.reading.is_empty() || self.gpm.is_some_and(|g| !g.is_empty()))
+    }
 }
 
 /// What one sample tick reads. The real implementation is [`NvmlSource`](crate::NvmlSource);
@@ -198,6 +223,34 @@ impl CounterSource for ScriptedSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_has_a_reading_only_when_a_counter_was_read() {
+        let empty = DeviceSample::default();
+        assert!(!empty.has_reading());
+        let gpm_empty = DeviceSample {
+            gpm: Some(GpmReading::default()),
+            ..DeviceSample::default()
+        };
+        assert!(!gpm_empty.has_reading());
+        let gpm = DeviceSample {
+            gpm: Some(GpmReading {
+                sm_activity: Some(0.5),
+                ..GpmReading::default()
+            }),
+            ..DeviceSample::default()
+        };
+        assert!(gpm.has_reading());
+        let read = DeviceSample {
+            reading: GpuReading {
+                temperature_celsius: Some(40),
+                ..GpuReading::default()
+            },
+            ..DeviceSample::default()
+        };
+        assert!(read.has_reading());
+        assert!(!DeviceSample { lost: true, ..read }.has_reading());
+    }
 
     #[test]
     fn from_ticks_replays_then_reads_nothing() {

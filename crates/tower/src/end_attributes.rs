@@ -21,7 +21,7 @@ pub(crate) enum StatusCode {
     Grpc(i32),
 }
 
-/// What the request span says about how the request ended (REFERENCE.md §1). `None` fields are
+/// How the request ended, as the request span says it (docs/reference.md#names). `None` fields are
 /// not written.
 #[derive(Debug, Default)]
 pub(crate) struct EndAttributes {

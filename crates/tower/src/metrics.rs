@@ -1,4 +1,4 @@
-//! The middleware's OpenTelemetry instruments (REFERENCE.md §1), with the explicit bucket
+//! The middleware's OpenTelemetry instruments (docs/reference.md#names), with the explicit bucket
 //! boundaries the GenAI conventions recommend.
 
 use std::borrow::Cow;
@@ -122,7 +122,7 @@ pub(crate) struct RequestMeasurements {
 }
 
 /// What a request's metrics are recorded under: `gen_ai.operation.name`, `infer.outcome`,
-/// `gen_ai.request.model` and `error.type` when known (REFERENCE.md §1), plus
+/// `gen_ai.request.model` and `error.type` when known (docs/reference.md#names), plus
 /// `gen_ai.token.type` for token usage.
 #[derive(Clone, Debug)]
 pub(crate) struct MetricKey {

@@ -1,6 +1,6 @@
 //! The critical path of a trace: which span was holding up the analysed span at each instant.
 //!
-//! The semantics are exactly those of REFERENCE.md §3 (Jaeger's algorithm with the Go
+//! The semantics are exactly docs/reference.md#critical-path (Jaeger's algorithm with the Go
 //! implementation's walk-back "at or before"):
 //!
 //! 1. **Tree.** A span's children are the spans whose parent id names it, ordered by start time

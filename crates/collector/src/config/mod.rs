@@ -383,7 +383,7 @@ impl Default for AlertsSection {
     }
 }
 
-/// `critical_path:` — options of REFERENCE.md §3, off by default.
+/// `critical_path:` — options of docs/reference.md#critical-path, off by default.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CriticalPathSection {

@@ -1,6 +1,7 @@
 //! OTLP trace export requests → the analysis crate's [`Span`]s.
 //!
-//! Three decoders share one set of rules:
+//! Three decoders follow one set of rules (the reference restates them and shares no code with
+//! the lean decoder, so that it can check it):
 //! - [`decode_protobuf`]: the hot path. A hand-written protobuf reader over `&[u8]` that walks
 //!   `ExportTraceServiceRequest` and builds [`Span`]s directly, keeping only what the analysis reads
 //!   (service name, ids, name, kind, times, status code, links and the attributes in

@@ -1,21 +1,63 @@
-//! The reference conversion from `opentelemetry-proto`'s generated types, with the same rules as
-//! the lean decoder. Used for OTLP/JSON and as the ground truth the lean decoder is tested against.
+//! The reference decoder: `opentelemetry-proto`'s generated (prost) types → spans.
+//!
+//! It serves OTLP/JSON and is the oracle the lean decoder is tested against
+//! (`tests/decode_equivalence.rs`), so it shares no rule with the lean decoder: every check
+//! below (id lengths and zero ids, times, nesting depth, kind and status numbers, which values
+//! are kept, text length) is restated here from the OTLP specification and the
+//! [module rules](super). Only the output types, the interner that holds texts and the list of
+//! keys the analysis reads are common.
 
+use infertrace_analysis::text::{Interner, MAX_TEXT_LEN, Text};
 use infertrace_analysis::trace::{
-    AttrValue, Span, SpanKind, StatusCode, UNKNOWN_SERVICE, known_key,
+    AttrValue, KNOWN_KEYS, Span, SpanId, SpanKind, SpanLink, StatusCode, TraceId, UNKNOWN_SERVICE,
 };
-use infertrace_semconv::resource::SERVICE_NAME;
+use infertrace_semconv as sc;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
-
-use infertrace_analysis::text::Interner;
-
 use opentelemetry_proto::tonic::trace::v1::Span as ProtoSpan;
 
-use super::{
-    Decoded, InvalidSpan, MAX_VALUE_NESTING, ValidIds, intern_value, valid_link, validate_span,
-    with_interner,
-};
+use super::{Decoded, with_interner};
+
+/// OTLP: a trace id is 16 bytes, not all zero.
+const TRACE_ID_BYTES: usize = 16;
+/// OTLP: a span id is 8 bytes, not all zero.
+const SPAN_ID_BYTES: usize = 8;
+/// Deepest allowed nesting of arrays and key-value lists in one attribute value.
+const NESTING_LIMIT: u32 = 16;
+
+/// Why the reference rejects a span; [`Reject::message`] is the partial-success text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reject {
+    TraceId(usize),
+    SpanId(usize),
+    ParentSpanId(usize),
+    EndBeforeStart(u64, u64),
+    TooDeep,
+}
+
+impl Reject {
+    fn message(self) -> String {
+        match self {
+            Self::TraceId(len) => {
+                format!("trace id must be 16 bytes and not all zero (got {len} bytes)")
+            }
+            Self::SpanId(len) => {
+                format!("span id must be 8 bytes and not all zero (got {len} bytes)")
+            }
+            Self::ParentSpanId(len) => {
+                format!("parent span id must be empty or 8 bytes (got {len} bytes)")
+            }
+            Self::EndBeforeStart(start, end) => {
+                format!("span ends before it starts (start {start} ns, end {end} ns)")
+            }
+            Self::TooDeep => format!(
+                "an attribute value (of the span, its events or links, its resource or scope) \
+                 nests arrays/key-value lists more than {NESTING_LIMIT} levels deep; \
+                 downstream OTLP decoders refuse such data: flatten the attribute"
+            ),
+        }
+    }
+}
 
 /// Converts a decoded `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn from_proto(req: &ExportTraceServiceRequest) -> Decoded {
@@ -25,79 +67,52 @@ pub fn from_proto(req: &ExportTraceServiceRequest) -> Decoded {
 fn convert(req: &ExportTraceServiceRequest, interner: &mut Interner) -> Decoded {
     let mut out = Decoded::default();
     for resource_spans in &req.resource_spans {
-        let resource_too_deep = resource_spans
+        let resource_attributes = resource_spans
             .resource
             .as_ref()
-            .is_some_and(|r| too_deep(&r.attributes));
-        let service = interner.intern(
-            resource_spans
-                .resource
-                .as_ref()
-                .and_then(|r| service_name(&r.attributes))
-                .unwrap_or(UNKNOWN_SERVICE),
+            .map_or(&[][..], |r| &r.attributes[..]);
+        let service = text(
+            service_name(resource_attributes).unwrap_or(UNKNOWN_SERVICE),
+            interner,
         );
         for scope_spans in &resource_spans.scope_spans {
-            let outer_too_deep = resource_too_deep
-                || scope_spans
-                    .scope
-                    .as_ref()
-                    .is_some_and(|s| too_deep(&s.attributes));
+            let scope_attributes = scope_spans
+                .scope
+                .as_ref()
+                .map_or(&[][..], |s| &s.attributes[..]);
+            let outer_too_deep = too_deep(resource_attributes) || too_deep(scope_attributes);
             for span in &scope_spans.spans {
-                let ids = match check_span(span, outer_too_deep) {
-                    Ok(ids) => ids,
+                match span_ids(span, outer_too_deep) {
+                    Ok((trace_id, span_id, parent_span_id)) => out.spans.push(Span {
+                        trace_id,
+                        span_id,
+                        parent_span_id,
+                        name: text(&span.name, interner),
+                        service: service.clone(),
+                        kind: kind(span.kind),
+                        start_unix_nano: span.start_time_unix_nano,
+                        end_unix_nano: span.end_time_unix_nano,
+                        status: status(span.status.as_ref().map_or(0, |s| s.code)),
+                        attributes: span
+                            .attributes
+                            .iter()
+                            .filter_map(|kv| attribute(kv, interner))
+                            .collect(),
+                        links: span
+                            .links
+                            .iter()
+                            .filter_map(|l| link(&l.trace_id, &l.span_id))
+                            .collect(),
+                    }),
                     Err(why) => {
-                        out.reject(why);
-                        continue;
+                        out.rejected = out.rejected.saturating_add(1);
+                        out.first_error.get_or_insert_with(|| why.message());
                     }
-                };
-                out.spans.push(Span {
-                    trace_id: ids.trace_id,
-                    span_id: ids.span_id,
-                    parent_span_id: ids.parent_span_id,
-                    name: interner.intern(&span.name),
-                    service: service.clone(),
-                    kind: SpanKind::from_otlp(span.kind),
-                    start_unix_nano: span.start_time_unix_nano,
-                    end_unix_nano: span.end_time_unix_nano,
-                    status: StatusCode::from_otlp(span.status.as_ref().map_or(0, |s| s.code)),
-                    attributes: span
-                        .attributes
-                        .iter()
-                        .filter_map(|kv| {
-                            let key = known_key(kv.key.as_bytes())?;
-                            Some((key, attr_value(key, kv.value.as_ref()?, interner)?))
-                        })
-                        .collect(),
-                    links: span
-                        .links
-                        .iter()
-                        .filter_map(|l| valid_link(&l.trace_id, &l.span_id))
-                        .collect(),
-                });
+                }
             }
         }
     }
     out
-}
-
-/// The rules of the lean decoder for one span; `outer_too_deep` when its resource's or scope's
-/// attributes nest too deep.
-fn check_span(span: &ProtoSpan, outer_too_deep: bool) -> Result<ValidIds, InvalidSpan> {
-    let ids = validate_span(
-        &span.trace_id,
-        &span.span_id,
-        &span.parent_span_id,
-        span.start_time_unix_nano,
-        span.end_time_unix_nano,
-    )?;
-    if outer_too_deep
-        || too_deep(&span.attributes)
-        || span.events.iter().any(|e| too_deep(&e.attributes))
-        || span.links.iter().any(|l| too_deep(&l.attributes))
-    {
-        return Err(InvalidSpan::TooDeep);
-    }
-    Ok(ids)
 }
 
 /// Leaves out of `req` the spans [`from_proto`] rejects, and any `ScopeSpans` (then
@@ -117,7 +132,7 @@ pub fn retain_accepted(req: &mut ExportTraceServiceRequest) -> usize {
             let outer =
                 resource_too_deep || ss.scope.as_ref().is_some_and(|s| too_deep(&s.attributes));
             let before = ss.spans.len();
-            ss.spans.retain(|span| check_span(span, outer).is_ok());
+            ss.spans.retain(|span| span_ids(span, outer).is_ok());
             left_out += before - ss.spans.len();
             before == 0 || !ss.spans.is_empty()
         });
@@ -126,60 +141,224 @@ pub fn retain_accepted(req: &mut ExportTraceServiceRequest) -> usize {
     left_out
 }
 
-/// Whether an attribute value nests deeper than [`MAX_VALUE_NESTING`].
-fn too_deep(attributes: &[KeyValue]) -> bool {
-    attributes
-        .iter()
-        .filter_map(|kv| kv.value.as_ref())
-        .any(|v| nesting(v, MAX_VALUE_NESTING) > MAX_VALUE_NESTING)
+/// A span's trace id, span id and parent, or why it is rejected; checked in the order ids,
+/// times, nesting (the first failing rule names the rejection).
+fn span_ids(
+    span: &ProtoSpan,
+    outer_too_deep: bool,
+) -> Result<(TraceId, SpanId, Option<SpanId>), Reject> {
+    let trace_id = valid_trace_id(&span.trace_id).ok_or(Reject::TraceId(span.trace_id.len()))?;
+    let span_id = valid_span_id(&span.span_id).ok_or(Reject::SpanId(span.span_id.len()))?;
+    // OTLP: an empty parent id means a root span; so does an all-zero one (W3C "invalid").
+    let parent = match span.parent_span_id.len() {
+        0 => None,
+        SPAN_ID_BYTES => valid_span_id(&span.parent_span_id),
+        len => return Err(Reject::ParentSpanId(len)),
+    };
+    let (start, end) = (span.start_time_unix_nano, span.end_time_unix_nano);
+    if start > end {
+        return Err(Reject::EndBeforeStart(start, end));
+    }
+    let nested_too_deep = outer_too_deep
+        || too_deep(&span.attributes)
+        || span.events.iter().any(|e| too_deep(&e.attributes))
+        || span.links.iter().any(|l| too_deep(&l.attributes));
+    if nested_too_deep {
+        return Err(Reject::TooDeep);
+    }
+    Ok((trace_id, span_id, parent))
 }
 
-/// Levels of arrays and key-value lists in `value`, exact up to `allowed` (over it: some depth
-/// over `allowed`, without looking further down).
-fn nesting(value: &AnyValue, allowed: u32) -> u32 {
-    let children: Box<dyn Iterator<Item = &AnyValue>> = match value.value.as_ref() {
-        Some(Value::ArrayValue(a)) => Box::new(a.values.iter()),
-        Some(Value::KvlistValue(l)) => Box::new(l.values.iter().filter_map(|kv| kv.value.as_ref())),
-        _ => return 0,
-    };
-    if allowed == 0 {
-        return 1;
+fn valid_trace_id(bytes: &[u8]) -> Option<TraceId> {
+    let id = <[u8; TRACE_ID_BYTES]>::try_from(bytes).ok()?;
+    id.iter().any(|b| *b != 0).then_some(TraceId(id))
+}
+
+fn valid_span_id(bytes: &[u8]) -> Option<SpanId> {
+    let id = <[u8; SPAN_ID_BYTES]>::try_from(bytes).ok()?;
+    id.iter().any(|b| *b != 0).then_some(SpanId(id))
+}
+
+/// A link is kept only when both of its ids are valid.
+fn link(trace: &[u8], span: &[u8]) -> Option<SpanLink> {
+    Some(SpanLink {
+        trace_id: valid_trace_id(trace)?,
+        span_id: valid_span_id(span)?,
+    })
+}
+
+/// OTLP `SpanKind` numbers; any other is unspecified.
+fn kind(n: i32) -> SpanKind {
+    match n {
+        1 => SpanKind::Internal,
+        2 => SpanKind::Server,
+        3 => SpanKind::Client,
+        4 => SpanKind::Producer,
+        5 => SpanKind::Consumer,
+        _ => SpanKind::Unspecified,
     }
-    1 + children.map(|c| nesting(c, allowed - 1)).max().unwrap_or(0)
+}
+
+/// OTLP `Status.code` numbers; any other is unset.
+fn status(n: i32) -> StatusCode {
+    match n {
+        1 => StatusCode::Ok,
+        2 => StatusCode::Error,
+        _ => StatusCode::Unset,
+    }
+}
+
+/// Whether any value nests arrays and key-value lists deeper than [`NESTING_LIMIT`] (a scalar
+/// is 0 levels, `["a"]` 1, `{k: ["a"]}` 2). Iterative, so any depth is safe to look at.
+fn too_deep(attributes: &[KeyValue]) -> bool {
+    let mut pending: Vec<(&AnyValue, u32)> = attributes
+        .iter()
+        .filter_map(|kv| kv.value.as_ref())
+        .map(|v| (v, 0))
+        .collect();
+    while let Some((value, above)) = pending.pop() {
+        let level = above + 1;
+        match &value.value {
+            Some(Value::ArrayValue(array)) => {
+                if level > NESTING_LIMIT {
+                    return true;
+                }
+                pending.extend(array.values.iter().map(|v| (v, level)));
+            }
+            Some(Value::KvlistValue(list)) => {
+                if level > NESTING_LIMIT {
+                    return true;
+                }
+                let values = list.values.iter().filter_map(|kv| kv.value.as_ref());
+                pending.extend(values.map(|v| (v, level)));
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// The first string-valued `service.name`.
 fn service_name(attributes: &[KeyValue]) -> Option<&str> {
-    attributes.iter().find_map(|kv| {
-        if kv.key != SERVICE_NAME {
-            return None;
-        }
-        match kv.value.as_ref()?.value.as_ref()? {
+    attributes
+        .iter()
+        .filter(|kv| kv.key == sc::resource::SERVICE_NAME)
+        .find_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
             Value::StringValue(s) => Some(s.as_str()),
             _ => None,
-        }
-    })
+        })
 }
 
-/// The kept form of a value, `None` for kinds infertrace drops.
-fn attr_value(key: &'static str, value: &AnyValue, interner: &mut Interner) -> Option<AttrValue> {
-    Some(match value.value.as_ref()? {
-        Value::StringValue(s) => AttrValue::Str(intern_value(key, s.as_bytes(), interner).ok()?),
+/// A kept attribute: a key the analysis reads, with a string, integer, double, boolean or
+/// all-string array value (an empty array included); anything else drops it.
+fn attribute(kv: &KeyValue, interner: &mut Interner) -> Option<(&'static str, AttrValue)> {
+    let key = KNOWN_KEYS.iter().copied().find(|k| *k == kv.key)?;
+    let value = match kv.value.as_ref()?.value.as_ref()? {
+        // A request id is unique per request: copied, not interned.
+        Value::StringValue(s) if key == sc::gen_ai::REQUEST_ID => {
+            let s = cut(s, interner);
+            interner.note_fresh(s.len());
+            AttrValue::Str(Text::from(s))
+        }
+        Value::StringValue(s) => AttrValue::Str(text(s, interner)),
         Value::BoolValue(b) => AttrValue::Bool(*b),
         Value::IntValue(i) => AttrValue::Int(*i),
         Value::DoubleValue(d) => AttrValue::Double(*d),
-        Value::ArrayValue(array) => AttrValue::StrArray(
-            array
-                .values
-                .iter()
-                .map(|v| match v.value.as_ref()? {
-                    Value::StringValue(s) => Some(interner.intern(s)),
-                    _ => None,
-                })
-                .collect::<Option<_>>()?,
-        ),
+        Value::ArrayValue(array) => {
+            let mut items = Vec::with_capacity(array.values.len());
+            for v in &array.values {
+                match v.value.as_ref()? {
+                    Value::StringValue(s) => items.push(text(s, interner)),
+                    _ => return None,
+                }
+            }
+            AttrValue::StrArray(items.into_iter().collect())
+        }
         Value::KvlistValue(_) | Value::BytesValue(_) | Value::StringValueStrindex(_) => {
             return None;
         }
-    })
+    };
+    Some((key, value))
+}
+
+/// `s` cut to its first [`MAX_TEXT_LEN`] bytes at a character boundary (counted when cut), as
+/// the interner's shared text.
+fn text(s: &str, interner: &mut Interner) -> Text {
+    let s = cut(s, interner);
+    interner.intern(s)
+}
+
+/// `s` cut to at most [`MAX_TEXT_LEN`] bytes, ending on a character boundary; a cut is
+/// counted in the interner's truncation count.
+fn cut<'a>(s: &'a str, interner: &mut Interner) -> &'a str {
+    if s.len() <= MAX_TEXT_LEN {
+        return s;
+    }
+    interner.restore_truncated(1);
+    let end = (0..=MAX_TEXT_LEN)
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0);
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(trace: &[u8], id: &[u8], parent: &[u8], start: u64, end: u64) -> ProtoSpan {
+        ProtoSpan {
+            trace_id: trace.to_vec(),
+            span_id: id.to_vec(),
+            parent_span_id: parent.to_vec(),
+            start_time_unix_nano: start,
+            end_time_unix_nano: end,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn id_and_time_rules() {
+        let (t, s) = ([1u8; 16], [2u8; 8]);
+        let check = |sp: ProtoSpan| span_ids(&sp, false);
+        assert!(check(span(&t, &s, &[], 1, 1)).is_ok());
+        assert_eq!(
+            check(span(&[0; 16], &s, &[], 1, 2)),
+            Err(Reject::TraceId(16))
+        );
+        assert_eq!(
+            check(span(&t[..15], &s, &[], 1, 2)),
+            Err(Reject::TraceId(15))
+        );
+        assert_eq!(check(span(&t, &[0; 8], &[], 1, 2)), Err(Reject::SpanId(8)));
+        assert_eq!(
+            check(span(&t, &s, &[3; 4], 1, 2)),
+            Err(Reject::ParentSpanId(4))
+        );
+        assert_eq!(
+            check(span(&t, &s, &[], 3, 2)),
+            Err(Reject::EndBeforeStart(3, 2))
+        );
+        assert_eq!(check(span(&t, &s, &[0; 8], 1, 2)).map(|i| i.2), Ok(None));
+        assert_eq!(
+            check(span(&t, &s, &[7; 8], 1, 2)).map(|i| i.2),
+            Ok(Some(SpanId([7; 8])))
+        );
+        assert_eq!(
+            span_ids(&span(&t, &s, &[], 1, 2), true),
+            Err(Reject::TooDeep)
+        );
+    }
+
+    #[test]
+    fn cut_ends_on_a_character_boundary() {
+        let mut interner = Interner::default();
+        let s = "é".repeat(200); // 400 bytes, 2 per character
+        assert_eq!(cut(&s, &mut interner).len(), MAX_TEXT_LEN);
+        let s = format!("a{}", "é".repeat(200)); // boundary at 255
+        assert_eq!(cut(&s, &mut interner).len(), MAX_TEXT_LEN - 1);
+        assert_eq!(interner.take_truncated(), 2);
+        assert_eq!(cut("short", &mut interner), "short");
+        assert_eq!(interner.take_truncated(), 0);
+    }
 }

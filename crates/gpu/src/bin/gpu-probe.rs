@@ -1,11 +1,15 @@
 //! `gpu-probe`: starts the GPU sampler and prints what it finds as JSON lines — the devices, then
-//! N samples with the time each NVML call took, then the window statistics over the run.
+//! N samples with the time each NVML call took, then the window statistics over the run, then a
+//! summary (per-device readings, lost ticks, GPM readings and GPM errors, and the verdict).
 //!
-//! Exit status: 0 when samples arrived, or when NVML is not available on this machine (said on
-//! stderr and as a JSON line); 1 when NVML loaded but no sample arrived; 2 on bad arguments.
+//! A tick counts as measured only when a device gave a real reading (a counter or a GPM metric,
+//! not just a sample that was not lost). Exit status: 0 when every device gave readings, or when
+//! NVML is not available on this machine and no GPU was expected (said on stderr and as a JSON
+//! line); 1 when NVML loaded but a device gave no reading, or when no GPU was found and
+//! `--expect-gpu` was given; 2 on bad arguments.
 //!
 //! ```text
-//! gpu-probe [--samples N] [--interval-ms MS] [--library PATH]
+//! gpu-probe [--samples N] [--interval-ms MS] [--library PATH] [--expect-gpu]
 //! ```
 
 use std::path::PathBuf;
@@ -13,7 +17,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use infertrace_gpu::{
-    CallTimings, DeviceSample, GpuSampler, GpuSamplerConfig, TickReport, window_attributes,
+    CallTimings, DeviceSample, GpuSampler, GpuSamplerConfig, ProbeTally, ProbeVerdict, TickReport,
+    unavailable_verdict, window_attributes,
 };
 use serde_json::{Value, json};
 
@@ -21,6 +26,7 @@ struct Args {
     samples: u64,
     interval: Duration,
     library: Option<PathBuf>,
+    expect_gpu: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -28,6 +34,7 @@ fn parse_args() -> Result<Args, String> {
         samples: 20,
         interval: Duration::from_millis(100),
         library: None,
+        expect_gpu: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -47,9 +54,11 @@ fn parse_args() -> Result<Args, String> {
                 args.interval = Duration::from_millis(ms.max(1));
             }
             "--library" => args.library = Some(PathBuf::from(value("--library")?)),
+            "--expect-gpu" => args.expect_gpu = true,
             "-h" | "--help" => {
                 return Err(
-                    "usage: gpu-probe [--samples N] [--interval-ms MS] [--library PATH]".into(),
+                    "usage: gpu-probe [--samples N] [--interval-ms MS] [--library PATH] [--expect-gpu]"
+                        .into(),
                 );
             }
             other => return Err(format!("unknown argument {other}; try --help")),
@@ -90,6 +99,8 @@ fn device_sample(s: &DeviceSample, uuid: &str) -> Value {
             "tensor_activity": g.tensor_activity,
             "dram_activity": g.dram_activity,
         })),
+        "gpm_errors": s.gpm_errors,
+        "has_reading": s.has_reading(),
         "call_us": timings(&s.timings),
     })
 }
@@ -124,16 +135,14 @@ fn main() -> ExitCode {
     });
     let init_ms = started.elapsed().as_secs_f64() * 1000.0;
     if let Some(reason) = sampler.unavailable_reason() {
+        let verdict = unavailable_verdict(reason, args.expect_gpu);
         println!(
             "{}",
-            json!({"nvml": "unavailable", "reason": reason.to_string(), "init_ms": init_ms})
+            json!({"nvml": "unavailable", "reason": reason.to_string(), "init_ms": init_ms,
+                   "expect_gpu": args.expect_gpu, "verdict": verdict.label()})
         );
-        eprintln!("gpu-probe: {reason}");
-        return if reason.nvml_loaded() {
-            ExitCode::from(1)
-        } else {
-            ExitCode::SUCCESS
-        };
+        eprintln!("gpu-probe: {reason} ({})", verdict.label());
+        return ExitCode::from(verdict.exit_code());
     }
     println!("{}", json!({"nvml": "loaded", "init_ms": init_ms}));
     let uuids: Vec<String> = sampler.devices().map(|d| d.uuid.to_string()).collect();
@@ -162,7 +171,7 @@ fn main() -> ExitCode {
         .unwrap_or(first + Duration::from_secs(3600));
     let mut printed = 0u64;
     let mut last_tick = 0u64;
-    let mut measured = 0u64;
+    let mut tally = ProbeTally::new(uuids.len());
     while printed < args.samples && Instant::now() < deadline {
         std::thread::sleep(args.interval / 4);
         let report = sampler.last_tick();
@@ -170,9 +179,7 @@ fn main() -> ExitCode {
             continue;
         }
         last_tick = report.tick;
-        if report.samples.iter().any(|s| !s.lost) {
-            measured += 1;
-        }
+        tally.add(&report);
         println!("{}", tick_line(&report, &uuids, first));
         printed += 1;
     }
@@ -187,17 +194,39 @@ fn main() -> ExitCode {
             json!({"window_s": end.duration_since(first).as_secs_f64(), "attributes": attrs})
         );
     }
-    if measured == 0 {
-        eprintln!(
-            "gpu-probe: NVML loaded and {} device(s) found, but no sample arrived in {:.1} s",
-            uuids.len(),
-            end.duration_since(first).as_secs_f64()
-        );
-        return ExitCode::from(1);
-    }
-    eprintln!(
-        "gpu-probe: {printed} ticks printed, {measured} with samples, {} device(s)",
-        uuids.len()
+    let verdict = tally.verdict();
+    let devices: Vec<Value> = tally
+        .devices
+        .iter()
+        .zip(&uuids)
+        .map(|(d, uuid)| {
+            json!({"uuid": uuid, "readings": d.readings, "lost": d.lost,
+                   "gpm_readings": d.gpm_readings, "gpm_errors": d.gpm_errors})
+        })
+        .collect();
+    let reason = match &verdict {
+        ProbeVerdict::Failed(why) | ProbeVerdict::NotApplicable(why) => Some(why.as_str()),
+        ProbeVerdict::Proven => None,
+    };
+    println!(
+        "{}",
+        json!({"summary": {
+            "ticks": tally.ticks,
+            "measured_ticks": tally.measured_ticks,
+            "gpm_errors": tally.gpm_errors(),
+            "devices": devices,
+            "verdict": verdict.label(),
+            "reason": reason,
+        }})
     );
-    ExitCode::SUCCESS
+    eprintln!(
+        "gpu-probe: {}: {} ticks, {} with readings, {} device(s), {} GPM errors{}",
+        verdict.label(),
+        tally.ticks,
+        tally.measured_ticks,
+        uuids.len(),
+        tally.gpm_errors(),
+        reason.map(|r| format!(" ({r})")).unwrap_or_default()
+    );
+    ExitCode::from(verdict.exit_code())
 }
