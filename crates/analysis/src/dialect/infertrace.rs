@@ -15,11 +15,16 @@
 //!   decode were split at the first response chunk), prefill, decode, TTFT and TPOT are marked
 //!   derived; the queue (the admission queue's own timestamps) stays measured.
 //! - GPU statistics from the phase children's `gpu.*` attributes.
+//! - Disaggregated sub-phases: children whose `infer.phase` is one of [`sc::disagg`]'s names
+//!   (`routing`, `bootstrap`, `prefill_queue`, `kv_transfer`, `decode_bootstrap`,
+//!   `decode_wait`, `first_token`) give [`DisaggPhases`] (measured durations); with any of
+//!   them, the request's queue, prefill and decode fill the prefill queue, prefill and decode
+//!   sub-phases they leave open.
 
 use infertrace_semconv as sc;
 
 use super::{Phase, TraceView, gpu_record, seconds_attr};
-use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
+use crate::record::{DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
 
 /// Completes `r`, the [`base_record`](super::base_record) of an infertrace request span.
@@ -33,7 +38,12 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
             Some(Phase::Prefill) => &mut prefill_span,
             Some(Phase::Decode) => &mut decode_span,
             Some(Phase::Inference) => &mut inference_span,
-            None => continue,
+            None => {
+                if let Some(name) = c.attr_str(sc::infer::PHASE) {
+                    set_sub_phase(r, name, c.duration_secs());
+                }
+                continue;
+            }
         };
         if slot.is_none() {
             *slot = Some(c);
@@ -80,6 +90,12 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
     }
 
+    if let Some(d) = r.disagg.as_deref_mut() {
+        d.prefill_queue = d.prefill_queue.or(r.queue);
+        d.prefill = d.prefill.or(r.prefill);
+        d.decode = d.decode.or(r.decode);
+    }
+
     r.gpu = gpu_record(
         [
             (Phase::Queue, queue_span),
@@ -90,4 +106,26 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         .into_iter()
         .filter_map(|(p, s)| Some((p, s?))),
     );
+}
+
+/// Records a disaggregated sub-phase child (`infer.phase` = one of [`sc::disagg`]'s names);
+/// the first child of each name counts.
+fn set_sub_phase(r: &mut RequestRecord, name: &str, secs: f64) {
+    let d = r.disagg.get_or_insert_with(Box::<DisaggPhases>::default);
+    let slot = match name {
+        sc::disagg::ROUTING => &mut d.routing,
+        sc::disagg::BOOTSTRAP => &mut d.bootstrap,
+        sc::disagg::PREFILL_QUEUE => &mut d.prefill_queue,
+        sc::disagg::KV_TRANSFER => &mut d.kv_transfer,
+        sc::disagg::DECODE_BOOTSTRAP => &mut d.decode_bootstrap,
+        sc::disagg::DECODE_WAIT => &mut d.decode_wait,
+        sc::disagg::FIRST_TOKEN => &mut d.first_token,
+        _ => {
+            if d.is_empty() {
+                r.disagg = None;
+            }
+            return;
+        }
+    };
+    slot.get_or_insert(secs);
 }
