@@ -310,6 +310,8 @@ def main():
     ap.add_argument("--pd", type=int, default=4, help="PD requests (router + prefill + decode)")
     ap.add_argument("--plain", type=int, default=3, help="unified requests")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--prefill-lead-ms", type=int, default=0,
+                    help="wait between sending the prefill server's spans and the others'")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     pd_procs = [Process(name, args.endpoint, args.seed + k)
@@ -318,8 +320,12 @@ def main():
     base = time.time_ns() - 20_000 * MS
     truth = [pd_request(pd_procs, rng, base + i * 1500 * MS, i) for i in range(args.pd)]
     truth += [plain_request(unified, rng, base + i * 700 * MS, i) for i in range(args.plain)]
-    # The servers' spans, then the router's (which ends last), as their exporters would.
-    ok = all(p.provider.force_flush(timeout_millis=15000) for p in pd_procs[1:] + pd_procs[:1] + [unified])
+    # The prefill server's spans first — in a real deployment they leave long before the
+    # decode side's, which a long generation keeps busy — then the decode server's and the
+    # router's (which ends last).
+    ok = pd_procs[1].provider.force_flush(timeout_millis=15000)
+    time.sleep(args.prefill_lead_ms / 1000)
+    ok = all(p.provider.force_flush(timeout_millis=15000) for p in [pd_procs[2], pd_procs[0], unified]) and ok
     for p in pd_procs + [unified]:
         p.provider.shutdown()
     json.dump({"flushed": ok, "requests": truth}, sys.stdout)

@@ -38,12 +38,13 @@ fn python_sdk() -> bool {
 }
 
 /// Runs the emitter; the ground truth of every request it sent.
-fn send(endpoint: &str, pd: usize, plain: usize) -> Vec<Value> {
+fn send(endpoint: &str, pd: usize, plain: usize, prefill_lead: Duration) -> Vec<Value> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/send_sglang_trace.py");
     let out = Command::new("python3")
         .arg(script)
         .args(["--endpoint", endpoint])
         .args(["--pd", &pd.to_string(), "--plain", &plain.to_string()])
+        .args(["--prefill-lead-ms", &prefill_lead.as_millis().to_string()])
         .output()
         .expect("run python3");
     assert!(
@@ -95,14 +96,15 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
     config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
     config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
     config.api.listen = "127.0.0.1:0".parse().unwrap();
-    // The three services flush one after another: the grace period covers the gaps.
     config.assembly.grace = Duration::from_secs(1);
     let collector = server::run(config, std::future::pending())
         .await
         .expect("collector starts");
     let grpc = format!("http://{}", collector.grpc_addr.unwrap());
 
-    let truth = send(&grpc, 4, 3);
+    // The prefill server's spans arrive 1.5 s (more than the grace period) before the rest, as
+    // they do when decoding takes a while: the trace must wait for the decode side and room.
+    let truth = send(&grpc, 4, 3, Duration::from_millis(1500));
     assert_eq!(truth.len(), 7);
     let mut seen_pd = 0;
     for t in &truth {

@@ -12,7 +12,9 @@
 //! 3. SGLang's request tree: a `Bootstrap Room 0x…` span (or one carrying `bootstrap_room`)
 //!    and a per-role `"{role} Req {rid}"` span carrying `rid` are **SGLang**'s (see [`sglang`]:
 //!    the room is the request, the role spans, thread spans and stage slices below it are
-//!    read into its one record, across services).
+//!    read into its one record, across services). A `prefill Req …` span is recognised only
+//!    with its trace: the prefill side ends long before the decode side, and its arrival must
+//!    not complete the trace before the decode side's spans and the room arrive.
 //! 4. Any other span carrying the `gen_ai.latency.*` family (e2e, time to first token, time in
 //!    queue, prefill or decode) is read as **SGLang**'s too (older versions, and engines that
 //!    copied vLLM's attributes, such as TensorRT-LLM, under another span name): vLLM always
@@ -99,7 +101,12 @@ pub fn detect(span: &Span) -> Option<Dialect> {
     {
         return Some(Dialect::Infertrace);
     }
-    if sglang::is_request_tree(span) || LATENCY_KEYS.iter().any(|k| span.attr(k).is_some()) {
+    if sglang::is_request_tree(span) {
+        // The prefill side's role span ends long before the decode side's: it must not start
+        // the grace period that completes the trace (the whole trace still classifies it).
+        return (!sglang::is_prefill_role(span)).then_some(Dialect::Sglang);
+    }
+    if LATENCY_KEYS.iter().any(|k| span.attr(k).is_some()) {
         return Some(Dialect::Sglang);
     }
     if tgi::is_request_name(&span.name) && tgi::has_timing_fields(span) {
@@ -287,6 +294,9 @@ impl<'a> TraceView<'a> {
     fn classify_with(&self, span: &'a Span, detected: Option<Dialect>) -> Option<Dialect> {
         if matches!(detected, Some(d) if d != Dialect::Generic) {
             return detected;
+        }
+        if sglang::is_role_request(span) {
+            return Some(Dialect::Sglang);
         }
         if tgi::is_request_name(&span.name)
             && !self.ancestors(span).any(|a| tgi::is_request_name(&a.name))

@@ -232,6 +232,68 @@ fn without_its_room_span_the_role_spans_are_still_one_request() {
 }
 
 #[test]
+fn the_prefill_side_alone_is_still_one_request() {
+    // Only the prefill server's spans arrived (no room, no decode side): recognised with the
+    // trace, though no span alone says a request arrived.
+    let spans: Vec<Span> = pd()
+        .build()
+        .into_iter()
+        .filter(|s| s.service.as_str() == "sglang-prefill")
+        .collect();
+    assert!(spans.iter().all(|s| detect(s).is_none()));
+    let r = one(&spans);
+    assert_eq!(r.span_id, role_id(PREFILL));
+    let d = r.disagg.unwrap();
+    assert_close("kv_transfer", d.kv_transfer, 0.040);
+    assert!(r.ttft.is_none(), "the first token is the decode side's");
+}
+
+#[test]
+fn rooms_each_server_created_for_one_pd_request_are_one_request() {
+    // Behind a gateway that passes only W3C context, the prefill and the decode server each
+    // create a room with the same bootstrap_room, under the gateway's span.
+    let gateway = SpanId([0x99; 8]);
+    let mut spans: Vec<Span> = pd()
+        .build()
+        .into_iter()
+        .filter(|s| s.service.as_str() != "sglang-router")
+        .collect();
+    let room_span = |id: u8, service: &str, start_ms: u64, end_ms: u64| Span {
+        trace_id: support_sglang::TRACE,
+        span_id: SpanId([id; 8]),
+        parent_span_id: Some(gateway),
+        name: "Bootstrap Room 0x5a3c9e01f2".into(),
+        service: Text::from(service),
+        kind: SpanKind::Internal,
+        start_unix_nano: support_sglang::T0 + start_ms * 1_000_000,
+        end_unix_nano: support_sglang::T0 + end_ms * 1_000_000,
+        status: StatusCode::Unset,
+        attributes: vec![kept(
+            sc::sglang::BOOTSTRAP_ROOM,
+            AttrValue::Str("0x5a3c9e01f2".into()),
+        )],
+        links: Vec::new(),
+    };
+    for s in &mut spans {
+        if s.span_id == role_id(PREFILL) {
+            s.parent_span_id = Some(SpanId([0xa1; 8]));
+        } else if s.span_id == role_id(DECODE) {
+            s.parent_span_id = Some(SpanId([0xa2; 8]));
+        }
+    }
+    spans.push(room_span(0xa1, "sglang-prefill", 5, 191));
+    spans.push(room_span(0xa2, "sglang-decode", 6, 998));
+    let r = one(&spans);
+    assert_eq!(r.span_id, SpanId([0xa1; 8]));
+    assert_close("e2e", Some(r.e2e), 0.993); // 5 → 998 ms
+    assert_close("ttft", r.ttft, 0.207); // fake_output ends at 212 ms
+    let d = r.disagg.as_deref().unwrap();
+    assert_close("kv_transfer", d.kv_transfer, 0.040);
+    assert_close("decode_wait", d.decode_wait, 0.010);
+    assert!(d.routing.is_none(), "no router in this deployment");
+}
+
+#[test]
 fn the_room_continues_a_callers_context() {
     // The caller's W3C context came in: the room has a parent outside the trace's spans.
     let mut spans = pd().build();
@@ -247,7 +309,10 @@ fn only_the_room_and_role_spans_are_detected() {
     let t = pd();
     let spans = t.build();
     for s in &spans {
-        let expect = s.span_id == room_id() || (0..3).any(|i| s.span_id == role_id(i));
+        // The prefill side's role span is not, on its own: it ends long before the decode
+        // side, and must not start the grace period that completes the trace.
+        let expect =
+            s.span_id == room_id() || [ROUTER, DECODE].iter().any(|&i| s.span_id == role_id(i));
         assert_eq!(
             detect(s),
             expect.then_some(Dialect::Sglang),

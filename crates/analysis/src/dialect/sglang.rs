@@ -14,9 +14,17 @@
 //!
 //! The room span is the request (one record for the whole cross-service tree); a role span
 //! whose room never arrived stands for it, together with the role spans that share its
-//! missing parent. Detection and the phases key on this structure and the stage names, not
-//! on exact thread-span names (they changed across versions; FastDeploy reuses the design).
-//! Links only order slices, which their timestamps already do, so they are not needed here.
+//! missing parent. When the servers of a PD request each created a room (they got only W3C
+//! context, from a gateway, not the router's room), the rooms with the same non-zero
+//! `bootstrap_room` are one request: the first stands for it, arrival and end span them all.
+//! Detection and the phases key on this structure and the stage names, not on exact
+//! thread-span names (they changed across versions; FastDeploy reuses the design). Links only
+//! order slices, which their timestamps already do, so they are not needed here.
+//!
+//! **Completion.** The room and the role spans tell the collector's assembler that the
+//! request arrived — except a `prefill Req …` span: the prefill side finishes long before the
+//! decode side, and the trace must not be completed (after its grace period) without the
+//! decode side's spans and the room. Alone, it is still read with its trace.
 //!
 //! **Tensor-parallel ranks.** Every TP rank repeats the same stages; a stage is read from one
 //! thread only — the lowest `tp_rank` that has it (a thread without a rank counts as 0) — so
@@ -82,12 +90,43 @@ pub fn is_request_tree(span: &Span) -> bool {
     is_room(span) || is_role_request(span)
 }
 
+/// True for a role span its name calls the prefill side's (`"prefill Req …"`).
+pub fn is_prefill_role(span: &Span) -> bool {
+    is_role_request(span) && named_kind(span) == Some(Kind::Prefill)
+}
+
+/// The room of a PD request (`bootstrap_room`), `None` outside PD (room `0x0`, shared by every
+/// unified request) or when absent.
+fn pd_room(span: &Span) -> Option<&str> {
+    let room = span.attr_str(sc::sglang::BOOTSTRAP_ROOM)?.trim();
+    let digits = room.trim_start_matches("0x").trim_start_matches('0');
+    (!digits.is_empty()).then_some(room)
+}
+
+/// The other room spans of the same PD request: servers that did not receive the router's
+/// room (a gateway passed only W3C context) each create one, with the same `bootstrap_room`.
+fn same_room<'a>(room: &'a Span, trace: &TraceView<'a>) -> impl Iterator<Item = &'a Span> {
+    let key = pd_room(room);
+    trace
+        .spans
+        .iter()
+        .filter(move |s| key.is_some() && is_room(s) && pd_room(s) == key)
+}
+
 /// Whether `span`, a request-tree span, is part of another request-tree span's request (so
-/// not a request of its own): it has a request-tree ancestor, or it is a role span whose
-/// parent is missing and an earlier span of `spans` is a role span with the same parent.
+/// not a request of its own): it has a request-tree ancestor; or it is a room of a PD request
+/// whose room an earlier span of the trace also is; or it is a role span whose parent is
+/// missing and an earlier span of the trace is a role span with the same parent.
 pub(crate) fn is_part_of_other(span: &Span, index: usize, trace: &TraceView<'_>) -> bool {
     if trace.ancestors(span).any(is_request_tree) {
         return true;
+    }
+    if is_room(span) {
+        let key = pd_room(span);
+        return key.is_some()
+            && trace.spans[..index].iter().any(|s| {
+                is_room(s) && pd_room(s) == key && !trace.ancestors(s).any(is_request_tree)
+            });
     }
     let Some(parent) = span.parent_span_id else {
         return false;
@@ -198,9 +237,14 @@ struct Thread<'a> {
 /// The role spans of the request `unit` stands for.
 fn role_spans<'a>(unit: &'a Span, trace: &TraceView<'a>) -> SmallVec<[&'a Span; 4]> {
     if is_room(unit) {
-        return trace
-            .children(unit)
-            .filter(|s| is_role_request(s))
+        if pd_room(unit).is_none() {
+            return trace
+                .children(unit)
+                .filter(|s| is_role_request(s))
+                .collect();
+        }
+        return same_room(unit, trace)
+            .flat_map(|room| trace.children(room).filter(|s| is_role_request(s)))
             .collect();
     }
     match unit.parent_span_id {
@@ -345,6 +389,16 @@ impl<'a> Tree<'a> {
 pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     let tree = Tree::read(unit, trace);
     fill_from_roles(unit, &tree, r);
+    // Several rooms of one PD request: the request spans all of them.
+    for room in same_room(unit, trace) {
+        r.arrival_unix_nano = r.arrival_unix_nano.min(room.start_unix_nano);
+        r.end_unix_nano = r.end_unix_nano.max(room.end_unix_nano);
+    }
+    if let Some(e2e) = secs_between(r.arrival_unix_nano, r.end_unix_nano)
+        && e2e > r.e2e
+    {
+        r.e2e = e2e;
+    }
 
     let any_slice = tree
         .threads
@@ -361,8 +415,8 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         return;
     }
 
-    let arrival = unit.start_unix_nano;
-    let secs = |from: u64, to: u64| (to >= from).then(|| (to - from) as f64 / 1e9);
+    let arrival = r.arrival_unix_nano;
+    let secs = secs_between;
     let measured = |v: Option<f64>| v.map(|_| PhaseOrigin::Measured);
     let pd = tree.has_kind(Kind::Prefill) || tree.has_kind(Kind::Decode);
 
@@ -445,6 +499,11 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         r.tpot = tpot_from(d, n);
         r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
     }
+}
+
+/// Seconds from `from` to `to` (Unix nanoseconds); `None` if `to` is earlier.
+fn secs_between(from: u64, to: u64) -> Option<f64> {
+    (to >= from).then(|| (to - from) as f64 / 1e9)
 }
 
 /// The end of the last decode step of the role of `kind`.
