@@ -38,7 +38,7 @@ class SglangIdGenerator(id_generator.IdGenerator):
     """SGLang's generator: 64-bit trace and span ids (avoids duplicates across TP processes)."""
 
     def __init__(self, seed):
-        self.rng = random.Random(seed)
+        self.rng = random.Random(f"sglang-ids/{seed}")
 
     def generate_trace_id(self):
         return self.rng.getrandbits(64)
@@ -113,9 +113,10 @@ def carrier_of(span):
     return carrier
 
 
-def req_span(proc, role, rid, start, room_ctx):
+def req_span(proc, role, rid, start, room_ctx, extra=None):
     name = f"{role} Req {rid[:8]}"
-    span = proc.tracer.start_span(name, start_time=start, context=room_ctx, attributes={"rid": rid})
+    span = proc.tracer.start_span(name, start_time=start, context=room_ctx,
+                                  attributes={"rid": rid, **(extra or {})})
     span.set_attributes({"rid": rid})
     return span
 
@@ -131,22 +132,35 @@ def scheduler_ranks(proc, req_ctx, pid, start, handed_over, rng):
     return ranks
 
 
-def pd_request(procs, rng, arrival, i):
+def pd_request(procs, rng, arrival, i, newer=False):
+    """A PD request. Older SGLang: the router (mini_lb) creates the bootstrap room span and
+    hands it over. Newer SGLang (observability/trace.py): no room span; each server's role
+    span is a root under the caller's W3C context (here an untraced gateway's) and carries
+    `bootstrap_room`, and cache hits are `gen_ai.usage.cached_tokens`."""
     router, prefill, decode = procs
     ms = lambda lo, hi: rng.randint(int(lo * MS), int(hi * MS))  # noqa: E731
     room = rng.getrandbits(40)
-    # Router: creates the bootstrap room (continuing the client's context: none here).
-    room_span = router.tracer.start_span(
-        f"Bootstrap Room {hex(room)}", start_time=arrival, attributes={"bootstrap_room": str(hex(room))})
-    room_ctx = trace.set_span_in_context(room_span)
-    r_req = req_span(router, "", str(room), arrival, room_ctx)
-    r_thread = Thread(router, trace.set_span_in_context(r_req), "router", 100 + i, arrival)
-    t_launched = arrival + ms(1, 5)
-    r_thread.start("mini_lb_launch", arrival)
-    # The router hands the room context and its current slice to both servers.
-    carrier, prev = carrier_of(room_span), remote(r_thread.handover())
-    r_thread.end(t_launched)
-    r_thread.start("wait_pd_finish", t_launched)
+    if newer:
+        ids = random.Random(f"gateway/{room}")
+        gateway = SpanContext(ids.getrandbits(64), ids.getrandbits(64), is_remote=True,
+                              trace_flags=TraceFlags(1))
+        carrier, prev = carrier_of(trace.NonRecordingSpan(gateway)), None
+        t_launched = arrival
+    else:
+        # Router: creates the bootstrap room (continuing the client's context: none here).
+        room_span = router.tracer.start_span(
+            f"Bootstrap Room {hex(room)}", start_time=arrival,
+            attributes={"bootstrap_room": str(hex(room))})
+        room_ctx = trace.set_span_in_context(room_span)
+        r_req = req_span(router, "", str(room), arrival, room_ctx)
+        r_thread = Thread(router, trace.set_span_in_context(r_req), "router", 100 + i, arrival)
+        t_launched = arrival + ms(1, 5)
+        r_thread.start("mini_lb_launch", arrival)
+        # The router hands the room context and its current slice to both servers.
+        carrier, prev = carrier_of(room_span), remote(r_thread.handover())
+        r_thread.end(t_launched)
+        r_thread.start("wait_pd_finish", t_launched)
+    room_attr = {"bootstrap_room": str(hex(room)), "module": "sglang::request"} if newer else {}
 
     rid = "%032x" % rng.getrandbits(128)
     out_tokens = rng.randint(8, 60)
@@ -156,7 +170,7 @@ def pd_request(procs, rng, arrival, i):
     # Prefill server.
     remote_room = propagate.extract(carrier)
     p_start = t_launched + ms(0.2, 1.5)
-    p_req = req_span(prefill, "prefill", rid, p_start, remote_room)
+    p_req = req_span(prefill, "prefill", rid, p_start, remote_room, room_attr)
     p_ctx = trace.set_span_in_context(p_req)
     tok = Thread(prefill, p_ctx, "Tokenizer", 200 + i, p_start, handed_over=prev)
     tokenized = p_start + ms(1, 3)
@@ -188,7 +202,7 @@ def pd_request(procs, rng, arrival, i):
 
     # Decode server.
     d_start = t_launched + ms(0.2, 1.5)
-    d_req = req_span(decode, "decode", rid, d_start, propagate.extract(carrier))
+    d_req = req_span(decode, "decode", rid, d_start, propagate.extract(carrier), room_attr)
     d_ctx = trace.set_span_in_context(d_req)
     dtok = Thread(decode, d_ctx, "Tokenizer", 300 + i, d_start, handed_over=prev)
     d_tokenized = d_start + ms(1, 3)
@@ -224,29 +238,35 @@ def pd_request(procs, rng, arrival, i):
         "gen_ai.response.model": "llama-3.1-8b",
         "gen_ai.usage.prompt_tokens": in_tokens,
         "gen_ai.usage.completion_tokens": out_tokens,
-        "gen_ai.usage.cache_read.input_tokens": cached,
+        ("gen_ai.usage.cached_tokens" if newer else "gen_ai.usage.cache_read.input_tokens"): cached,
         "gen_ai.latency.time_to_first_token": (truth_marks["first"] - arrival + 3 * MS) / 1e9,
         "gen_ai.latency.e2e": (d_end - arrival) / 1e9,
     })
     d_req.end(end_time=d_end)
 
-    r_end = d_end + ms(0.5, 2)
-    r_thread.end(r_end)
-    r_thread.finish(r_end)
-    r_req.end(end_time=r_end)
-    room_span.end(end_time=r_end)
+    if newer:
+        # The request spans both servers' role spans; the decode side's stands for it.
+        start, r_end, top, service = min(p_start, d_start), max(p_end, d_end), d_req, "sglang-decode"
+    else:
+        r_end = d_end + ms(0.5, 2)
+        r_thread.end(r_end)
+        r_thread.finish(r_end)
+        r_req.end(end_time=r_end)
+        room_span.end(end_time=r_end)
+        start, top, service = arrival, room_span, "sglang-router"
 
     s = lambda ns: ns / 1e9  # noqa: E731
     decode_secs = s(truth_marks["last"] - truth_marks["first"])
     return {
-        "mode": "pd", "trace_id": "%032x" % room_span.get_span_context().trace_id,
-        "room_span_id": "%016x" % room_span.get_span_context().span_id,
-        "service": "sglang-router", "e2e": s(r_end - arrival),
-        "ttft": s(truth_marks["first"] - arrival), "queue": s(waiting), "prefill": s(forward),
+        "mode": "pd-newer" if newer else "pd", "trace_id": "%032x" % top.get_span_context().trace_id,
+        "room_span_id": "%016x" % top.get_span_context().span_id,
+        "service": service, "e2e": s(r_end - start),
+        "ttft": s(truth_marks["first"] - start), "queue": s(waiting), "prefill": s(forward),
         "decode": decode_secs, "tpot": decode_secs / (out_tokens - 1),
         "input_tokens": in_tokens, "output_tokens": out_tokens, "cache_read_input_tokens": cached,
         "disagg": {
-            "routing": s(t_launched - arrival), "bootstrap": s(bootstrap), "prefill_queue": s(waiting),
+            "routing": None if newer else s(t_launched - arrival), "bootstrap": s(bootstrap),
+            "prefill_queue": s(waiting),
             "prefill": s(forward), "kv_transfer": s(transfer), "decode_bootstrap": s(d_bootstrap),
             "decode_wait": s(d_waiting), "first_token": s(fake), "decode": decode_secs,
             "prefill_worker": "sglang-prefill", "decode_worker": "sglang-decode",
@@ -309,6 +329,8 @@ def main():
     ap.add_argument("--endpoint", required=True, help="OTLP/gRPC endpoint")
     ap.add_argument("--pd", type=int, default=4, help="PD requests (router + prefill + decode)")
     ap.add_argument("--plain", type=int, default=3, help="unified requests")
+    ap.add_argument("--pd-newer", type=int, default=0,
+                    help="PD requests as newer SGLang traces them (no room span, no router)")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--prefill-lead-ms", type=int, default=0,
                     help="wait between sending the prefill server's spans and the others'")
@@ -320,12 +342,15 @@ def main():
     base = time.time_ns() - 20_000 * MS
     truth = [pd_request(pd_procs, rng, base + i * 1500 * MS, i) for i in range(args.pd)]
     truth += [plain_request(unified, rng, base + i * 700 * MS, i) for i in range(args.plain)]
+    truth += [pd_request(pd_procs, rng, base + 500 * MS + i * 1500 * MS, 50 + i, newer=True)
+              for i in range(args.pd_newer)]
     # The prefill server's spans first — in a real deployment they leave long before the
     # decode side's, which a long generation keeps busy — then the decode server's and the
     # router's (which ends last).
     ok = pd_procs[1].provider.force_flush(timeout_millis=15000)
     time.sleep(args.prefill_lead_ms / 1000)
-    ok = all(p.provider.force_flush(timeout_millis=15000) for p in [pd_procs[2], pd_procs[0], unified]) and ok
+    for p in [pd_procs[2], pd_procs[0], unified]:
+        ok = p.provider.force_flush(timeout_millis=15000) and ok
     for p in pd_procs + [unified]:
         p.provider.shutdown()
     json.dump({"flushed": ok, "requests": truth}, sys.stdout)

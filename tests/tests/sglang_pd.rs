@@ -38,12 +38,17 @@ fn python_sdk() -> bool {
 }
 
 /// Runs the emitter; the ground truth of every request it sent.
-fn send(endpoint: &str, pd: usize, plain: usize, prefill_lead: Duration) -> Vec<Value> {
+fn send(
+    endpoint: &str,
+    (pd, plain, pd_newer): (usize, usize, usize),
+    prefill_lead: Duration,
+) -> Vec<Value> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/send_sglang_trace.py");
     let out = Command::new("python3")
         .arg(script)
         .args(["--endpoint", endpoint])
         .args(["--pd", &pd.to_string(), "--plain", &plain.to_string()])
+        .args(["--pd-newer", &pd_newer.to_string()])
         .args(["--prefill-lead-ms", &prefill_lead.as_millis().to_string()])
         .output()
         .expect("run python3");
@@ -104,8 +109,10 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
 
     // The prefill server's spans arrive 1.5 s (more than the grace period) before the rest, as
     // they do when decoding takes a while: the trace must wait for the decode side and room.
-    let truth = send(&grpc, 4, 3, Duration::from_millis(1500));
-    assert_eq!(truth.len(), 7);
+    // Older SGLang's PD trees (a room span), unified trees, and newer SGLang's PD trees (no
+    // room span: role spans rooted under an untraced gateway, carrying `bootstrap_room`).
+    let truth = send(&grpc, (4, 3, 2), Duration::from_millis(1500));
+    assert_eq!(truth.len(), 9);
     let mut seen_pd = 0;
     for t in &truth {
         let id = t["trace_id"].as_str().unwrap();
@@ -116,7 +123,8 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
         assert_eq!(r["dialect"], "sglang");
         assert_eq!(
             r["span_id"], t["room_span_id"],
-            "the room span is the request"
+            "the room span (newer SGLang: the decode side's role span) is the request: {} {r}",
+            t["mode"]
         );
         assert_eq!(r["service"], t["service"]);
         for key in ["e2e", "ttft", "queue", "prefill", "decode", "tpot"] {
@@ -125,7 +133,7 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
         for key in ["input_tokens", "output_tokens"] {
             assert_eq!(r[key], t[key], "{id} {key}");
         }
-        if t["mode"] == "pd" {
+        if t["mode"] != "plain" {
             seen_pd += 1;
             assert_eq!(r["cache_read_input_tokens"], t["cache_read_input_tokens"]);
             let (d, want) = (&r["disagg"], &t["disagg"]);
@@ -140,6 +148,10 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
                 "first_token",
                 "decode",
             ] {
+                if want[key].is_null() {
+                    assert!(d[key].is_null(), "{id} disagg.{key}: {}", d[key]);
+                    continue;
+                }
                 same(&format!("{id} disagg.{key}"), &d[key], &want[key]);
             }
             assert_eq!(d["prefill_worker"], want["prefill_worker"]);
@@ -151,10 +163,13 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
                 .iter()
                 .filter_map(|s| s["service"].as_str())
                 .collect();
-            assert_eq!(
-                services.into_iter().collect::<Vec<_>>(),
-                ["sglang-decode", "sglang-prefill", "sglang-router"]
-            );
+            let newer = t["mode"] == "pd-newer";
+            let want: &[&str] = if newer {
+                &["sglang-decode", "sglang-prefill"]
+            } else {
+                &["sglang-decode", "sglang-prefill", "sglang-router"]
+            };
+            assert_eq!(services.into_iter().collect::<Vec<_>>(), want);
             // In SGLang's structure: names, TP ranks, links between slices.
             let spans = trace["spans"].as_array().unwrap();
             let named = |p: &str| {
@@ -163,10 +178,11 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
                     .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with(p)))
                     .count()
             };
-            assert_eq!(named("Bootstrap Room 0x"), 1);
+            let (rooms, router_roles) = if newer { (0, 0) } else { (1, 1) };
+            assert_eq!(named("Bootstrap Room 0x"), rooms);
             assert_eq!(
                 (named("prefill Req "), named("decode Req "), named(" Req ")),
-                (1, 1, 1)
+                (1, 1, router_roles)
             );
             assert_eq!(named("Scheduler [TP 1] (host:"), 2);
             let linked = spans
@@ -179,7 +195,7 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
             assert_eq!(r["preemptions"], t["preemptions"]);
         }
     }
-    assert_eq!(seen_pd, 4);
+    assert_eq!(seen_pd, 6);
 
     // The KPIs count each request once, under the service that owns its room.
     let http = HttpClient::default();
@@ -200,9 +216,10 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
     assert_eq!(count("sglang-router"), 4, "{kpis}");
     assert_eq!(count("sglang"), 3, "{kpis}");
     assert_eq!(
-        count("sglang-prefill") + count("sglang-decode"),
-        0,
-        "{kpis}"
+        count("sglang-decode"),
+        2,
+        "newer SGLang: the decode side's: {kpis}"
     );
+    assert_eq!(count("sglang-prefill"), 0, "{kpis}");
     collector.stop().await.expect("clean shutdown");
 }

@@ -254,6 +254,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     sc::sglang::RID,
     sc::sglang::THREAD_LABEL,
     sc::sglang::TP_RANK,
+    sc::sglang::USAGE_CACHED_TOKENS,
 ];
 
 /// Looks a key up in [`KNOWN_KEYS`], returning the static name if kept.

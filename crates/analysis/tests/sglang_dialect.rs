@@ -226,7 +226,10 @@ fn without_its_room_span_the_role_spans_are_still_one_request() {
     let mut t = pd();
     t.room = None;
     let r = one(&t.build());
-    assert_eq!(r.span_id, role_id(ROUTER));
+    // The decode side's role span stands for it (it answers the client; the router's role span
+    // is not named here).
+    assert_eq!(r.span_id, role_id(DECODE));
+    assert_close("e2e", Some(r.e2e), 1.0); // the router's role span: 0 → 1000 ms
     assert_close("ttft", r.ttft, 0.212);
     assert_close("kv_transfer", r.disagg.unwrap().kv_transfer, 0.040);
 }
@@ -291,6 +294,80 @@ fn rooms_each_server_created_for_one_pd_request_are_one_request() {
     assert_close("kv_transfer", d.kv_transfer, 0.040);
     assert_close("decode_wait", d.decode_wait, 0.010);
     assert!(d.routing.is_none(), "no router in this deployment");
+}
+
+#[test]
+fn newer_sglang_without_room_spans_is_one_request_per_bootstrap_room() {
+    // Newer SGLang (observability/trace.py) creates no room span: each server's role span is a
+    // root under the caller's W3C context and carries `bootstrap_room`; cache hits are
+    // `gen_ai.usage.cached_tokens`.
+    let gateway = SpanId([0x99; 8]);
+    let mut spans: Vec<Span> = pd()
+        .build()
+        .into_iter()
+        .filter(|s| s.service.as_str() != "sglang-router")
+        .collect();
+    for s in &mut spans {
+        if s.span_id == role_id(PREFILL) || s.span_id == role_id(DECODE) {
+            s.parent_span_id = Some(gateway);
+            s.attributes.push(kept(
+                sc::sglang::BOOTSTRAP_ROOM,
+                AttrValue::Str("0x5a3c9e01f2".into()),
+            ));
+        }
+        if s.span_id == role_id(DECODE) {
+            s.attributes
+                .retain(|(k, _)| *k != sc::gen_ai::USAGE_CACHE_READ_INPUT_TOKENS);
+            s.attributes
+                .push(kept(sc::sglang::USAGE_CACHED_TOKENS, AttrValue::Int(384)));
+        }
+    }
+    // A unified request of the same caller, in the same trace: a request of its own.
+    let mut unified = plain().build();
+    for s in &mut unified {
+        s.span_id.0[1] = 0xcc;
+        s.parent_span_id = match s.parent_span_id {
+            Some(mut p) => {
+                p.0[1] = 0xcc;
+                Some(p)
+            }
+            None => None,
+        };
+    }
+    unified.retain(|s| !s.name.starts_with("Bootstrap Room"));
+    for s in &mut unified {
+        if s.parent_span_id.is_some_and(|p| p.0[0] == 0x10) {
+            s.parent_span_id = Some(gateway);
+        }
+    }
+    spans.extend(unified);
+    let records = extract_requests(&spans);
+    assert_eq!(records.len(), 2, "{records:#?}");
+    let r = records
+        .iter()
+        .find(|r| r.span_id == role_id(DECODE))
+        .expect("the decode side stands for the PD request");
+    assert!(
+        detect(
+            spans
+                .iter()
+                .find(|s| s.span_id == role_id(PREFILL))
+                .unwrap()
+        )
+        .is_none()
+    );
+    assert_close("e2e", Some(r.e2e), 0.993); // 5 → 998 ms
+    assert_close("ttft", r.ttft, 0.207);
+    assert_eq!(r.cache_read_input_tokens, Some(384));
+    let d = r.disagg.as_deref().unwrap();
+    assert_close("prefill", d.prefill, 0.090);
+    assert_close("first_token", d.first_token, 0.007);
+    let u = records
+        .iter()
+        .find(|r| r.span_id != role_id(DECODE))
+        .unwrap();
+    assert_close("unified ttft", u.ttft, 0.080);
+    assert!(u.disagg.is_none());
 }
 
 #[test]
@@ -414,6 +491,21 @@ fn a_role_span_error_is_the_request_outcome() {
         .find(|s| s.span_id == role_id(DECODE))
         .unwrap();
     decode.status = StatusCode::Error;
+    assert_eq!(
+        one(&spans).outcome,
+        infertrace_analysis::record::Outcome::Error
+    );
+    // An aborted request: newer versions set ERROR on the thread span.
+    let mut spans = pd().build();
+    assert_eq!(
+        one(&spans).outcome,
+        infertrace_analysis::record::Outcome::Ok
+    );
+    let thread = spans
+        .iter_mut()
+        .find(|s| s.span_id == support_sglang::thread_id(0))
+        .unwrap();
+    thread.status = StatusCode::Error;
     assert_eq!(
         one(&spans).outcome,
         infertrace_analysis::record::Outcome::Error

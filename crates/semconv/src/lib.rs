@@ -219,6 +219,9 @@ pub mod sglang {
     pub const THREAD_LABEL: &str = "thread_label";
     /// Attribute of a thread span: its tensor-parallel rank (int), when it has one.
     pub const TP_RANK: &str = "tp_rank";
+    /// Prompt tokens served from the prefix cache (int), SGLang's name on request spans
+    /// (the GenAI conventions' is `gen_ai.usage.cache_read.input_tokens`).
+    pub const USAGE_CACHED_TOKENS: &str = "gen_ai.usage.cached_tokens";
     /// Role prefixes of request span names in PD mode.
     pub mod role {
         /// Prefill side.

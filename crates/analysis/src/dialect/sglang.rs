@@ -60,8 +60,10 @@
 //! - preemptions (unified): `prefill_forward` slices beyond the first on the chosen rank —
 //!   SGLang prefills a retracted request again (a lower bound: a chunked re-prefill may only
 //!   show `chunked_prefill`).
-//! - model, operation, tokens, prefix-cache hits, LoRA adapter and outcome: the room span's,
-//!   else the role spans' (SGLang puts the attributes passed at a request's finish there).
+//! - model, operation, tokens, prefix-cache hits (`gen_ai.usage.cache_read.input_tokens`, or
+//!   SGLang's `gen_ai.usage.cached_tokens`), LoRA adapter and outcome: the room span's, else
+//!   the role spans' (SGLang puts the attributes passed at a request's finish there); a thread
+//!   span with status ERROR (newer versions mark an aborted request so) makes it an error.
 //! - TPOT = decode / (output tokens − 1) (derived).
 //!
 //! [`TtftBreakdown::unattributed`]: crate::record::TtftBreakdown::unattributed
@@ -74,10 +76,11 @@ use super::{TraceView, count_attr, latency_attrs, outcome_signal, seconds_attr};
 use crate::record::{DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
 
-/// True for SGLang's per-request root, `Bootstrap Room 0x…`.
+/// True for SGLang's per-request root, `Bootstrap Room 0x…` (or an unnamed span carrying
+/// `bootstrap_room` that is not a role span: newer versions put the attribute on role spans).
 pub fn is_room(span: &Span) -> bool {
     span.name.starts_with(sc::sglang::ROOM_SPAN_PREFIX)
-        || span.attr(sc::sglang::BOOTSTRAP_ROOM).is_some()
+        || (span.attr(sc::sglang::BOOTSTRAP_ROOM).is_some() && !is_role_request(span))
 }
 
 /// True for a per-role request span: `"{role} Req {rid}"` carrying `rid`.
@@ -103,39 +106,82 @@ fn pd_room(span: &Span) -> Option<&str> {
     (!digits.is_empty()).then_some(room)
 }
 
-/// The other room spans of the same PD request: servers that did not receive the router's
-/// room (a gateway passed only W3C context) each create one, with the same `bootstrap_room`.
-fn same_room<'a>(room: &'a Span, trace: &TraceView<'a>) -> impl Iterator<Item = &'a Span> {
-    let key = pd_room(room);
-    trace
-        .spans
-        .iter()
-        .filter(move |s| key.is_some() && is_room(s) && pd_room(s) == key)
+/// A request-tree span with no request-tree ancestor: a candidate to stand for a request.
+fn is_top(span: &Span, trace: &TraceView<'_>) -> bool {
+    is_request_tree(span) && !trace.ancestors(span).any(is_request_tree)
 }
 
-/// Whether `span`, a request-tree span, is part of another request-tree span's request (so
-/// not a request of its own): it has a request-tree ancestor; or it is a room of a PD request
-/// whose room an earlier span of the trace also is; or it is a role span whose parent is
-/// missing and an earlier span of the trace is a role span with the same parent.
+/// The missing parent of a role span whose parent is not in the trace.
+fn orphan_role(span: &Span, trace: &TraceView<'_>) -> Option<crate::trace::SpanId> {
+    let parent = span.parent_span_id?;
+    (is_role_request(span) && trace.get(parent).is_none()).then_some(parent)
+}
+
+/// The top spans of the request `top` belongs to: those with the same PD room (each server
+/// may root its own part: older versions a room span each when only W3C context reached
+/// them, newer versions no room span at all, the room being an attribute of the role spans),
+/// else the role spans sharing `top`'s missing parent when one of them is named `prefill` or
+/// `decode` (the room span never arrived), else `top` alone.
+fn group<'a>(top: &'a Span, trace: &TraceView<'a>) -> SmallVec<[&'a Span; 4]> {
+    if let Some(key) = pd_room(top) {
+        return trace
+            .spans
+            .iter()
+            .filter(|s| pd_room(s) == Some(key) && is_top(s, trace))
+            .collect();
+    }
+    if let Some(parent) = orphan_role(top, trace) {
+        let siblings: SmallVec<[&'a Span; 4]> = trace
+            .spans
+            .iter()
+            .filter(|s| {
+                pd_room(s).is_none()
+                    && s.parent_span_id == Some(parent)
+                    && orphan_role(s, trace).is_some()
+            })
+            .collect();
+        // Only a PD request's sides: unified requests under one missing caller span are not.
+        let pd = siblings
+            .iter()
+            .any(|s| matches!(named_kind(s), Some(Kind::Prefill | Kind::Decode)));
+        if pd {
+            return siblings;
+        }
+    }
+    SmallVec::from_elem(top, 1)
+}
+
+/// Which span of a group stands for the request (lowest first): a room, then the router's,
+/// the decode side's (it answers the client), other role spans; then the earliest start.
+fn precedence(span: &Span) -> (u8, u64) {
+    let class = if is_room(span) {
+        0
+    } else {
+        match named_kind(span) {
+            Some(Kind::Router) => 1,
+            Some(Kind::Decode) => 2,
+            _ => 3,
+        }
+    };
+    (class, span.start_unix_nano)
+}
+
+/// Whether `span` (at `index` in the trace), a request-tree span, is part of another
+/// request-tree span's request rather than a request of its own: it has a request-tree
+/// ancestor, or another span of its [`group`] stands for the request.
 pub(crate) fn is_part_of_other(span: &Span, index: usize, trace: &TraceView<'_>) -> bool {
-    if trace.ancestors(span).any(is_request_tree) {
+    if !is_top(span, trace) {
         return true;
     }
-    if is_room(span) {
-        let key = pd_room(span);
-        return key.is_some()
-            && trace.spans[..index].iter().any(|s| {
-                is_room(s) && pd_room(s) == key && !trace.ancestors(s).any(is_request_tree)
-            });
-    }
-    let Some(parent) = span.parent_span_id else {
-        return false;
-    };
-    is_role_request(span)
-        && trace.get(parent).is_none()
-        && trace.spans[..index]
+    let mine = (precedence(span), index);
+    group(span, trace).iter().any(|other| {
+        let at = trace
+            .spans
             .iter()
-            .any(|s| s.parent_span_id == Some(parent) && is_role_request(s))
+            .position(|s| std::ptr::eq(s, *other))
+            .unwrap_or(usize::MAX);
+        (precedence(other), at) < mine
+    })
 }
 
 /// The stages the phases are read from.
@@ -234,27 +280,18 @@ struct Thread<'a> {
     stages: [Occurrences; STAGES],
 }
 
-/// The role spans of the request `unit` stands for.
+/// The role spans of the request `unit` stands for: the role spans of its group, and the role
+/// spans under its group's rooms.
 fn role_spans<'a>(unit: &'a Span, trace: &TraceView<'a>) -> SmallVec<[&'a Span; 4]> {
-    if is_room(unit) {
-        if pd_room(unit).is_none() {
-            return trace
-                .children(unit)
-                .filter(|s| is_role_request(s))
-                .collect();
+    let mut roles = SmallVec::new();
+    for top in group(unit, trace) {
+        if is_role_request(top) {
+            roles.push(top);
+        } else {
+            roles.extend(trace.children(top).filter(|s| is_role_request(s)));
         }
-        return same_room(unit, trace)
-            .flat_map(|room| trace.children(room).filter(|s| is_role_request(s)))
-            .collect();
     }
-    match unit.parent_span_id {
-        Some(p) if trace.get(p).is_none() => trace
-            .spans
-            .iter()
-            .filter(|s| s.parent_span_id == Some(p) && is_role_request(s))
-            .collect(),
-        _ => SmallVec::from_elem(unit, 1),
-    }
+    roles
 }
 
 /// The TP rank of a thread span: `tp_rank`, else `[TP n]` in its name, else 0.
@@ -389,10 +426,10 @@ impl<'a> Tree<'a> {
 pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     let tree = Tree::read(unit, trace);
     fill_from_roles(unit, &tree, r);
-    // Several rooms of one PD request: the request spans all of them.
-    for room in same_room(unit, trace) {
-        r.arrival_unix_nano = r.arrival_unix_nano.min(room.start_unix_nano);
-        r.end_unix_nano = r.end_unix_nano.max(room.end_unix_nano);
+    // A request rooted by several spans (one per server) spans all of them.
+    for top in group(unit, trace) {
+        r.arrival_unix_nano = r.arrival_unix_nano.min(top.start_unix_nano);
+        r.end_unix_nano = r.end_unix_nano.max(top.end_unix_nano);
     }
     if let Some(e2e) = secs_between(r.arrival_unix_nano, r.end_unix_nano)
         && e2e > r.e2e
@@ -539,9 +576,10 @@ fn fill_from_roles(unit: &Span, tree: &Tree<'_>, r: &mut RequestRecord) {
             count_attr(role, sc::gen_ai::USAGE_OUTPUT_TOKENS)
                 .or_else(|| count_attr(role, sc::gen_ai::USAGE_COMPLETION_TOKENS))
         });
-        r.cache_read_input_tokens = r
-            .cache_read_input_tokens
-            .or_else(|| count_attr(role, sc::gen_ai::USAGE_CACHE_READ_INPUT_TOKENS));
+        r.cache_read_input_tokens = r.cache_read_input_tokens.or_else(|| {
+            count_attr(role, sc::gen_ai::USAGE_CACHE_READ_INPUT_TOKENS)
+                .or_else(|| count_attr(role, sc::sglang::USAGE_CACHED_TOKENS))
+        });
         r.preemptions = r
             .preemptions
             .or_else(|| count_attr(role, sc::infer::PREEMPTIONS));
@@ -549,9 +587,16 @@ fn fill_from_roles(unit: &Span, tree: &Tree<'_>, r: &mut RequestRecord) {
             r.lora_adapter = role.attr_text(sc::infer::LORA_ADAPTER).cloned();
         }
     }
-    if outcome_signal(unit).is_none()
-        && let Some(o) = tree.roles_decode_first().find_map(outcome_signal)
-    {
-        r.outcome = o;
+    if outcome_signal(unit).is_none() {
+        if let Some(o) = tree.roles_decode_first().find_map(outcome_signal) {
+            r.outcome = o;
+        } else if tree
+            .threads
+            .iter()
+            .any(|t| t.span.status == crate::trace::StatusCode::Error)
+        {
+            // Newer versions mark a thread span ERROR when the request was aborted.
+            r.outcome = crate::record::Outcome::Error;
+        }
     }
 }
