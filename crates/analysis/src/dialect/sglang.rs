@@ -85,7 +85,8 @@ pub fn is_room(span: &Span) -> bool {
 
 /// True for a per-role request span: `"{role} Req {rid}"` carrying `rid`.
 pub fn is_role_request(span: &Span) -> bool {
-    span.attr(sc::sglang::RID).is_some() && span.name.contains(sc::sglang::REQUEST_SPAN_MARKER)
+    // The name first: most spans fail it without an attribute scan.
+    span.name.contains(sc::sglang::REQUEST_SPAN_MARKER) && span.attr(sc::sglang::RID).is_some()
 }
 
 /// True for the spans that stand for an SGLang request: the room and the role spans.
