@@ -154,6 +154,11 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
             || !sglang::is_request_tree(&spans[i])
             || !sglang::is_part_of_other(&spans[i], i, &trace)
     });
+    // infertrace across services: a prefill / decode worker's request span below another
+    // role-marked request span is part of that request.
+    specific.retain(|&mut (i, d)| {
+        d != Dialect::Infertrace || !infertrace::is_worker_part(&spans[i], &trace)
+    });
     // One request, one record: a request span nested in a same-service request span of the same
     // dialect (SGLang's latency attributes on nested spans, two layers stacked) is not another
     // request; the outermost stands.

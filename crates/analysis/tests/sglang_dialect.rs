@@ -1,6 +1,7 @@
 //! SGLang's request tree (REFERENCE.md §2) read into one record: plain and PD, two TP ranks
 //! counted once, every stage → sub-phase mapping checked by changing that one slice; plus
-//! TensorRT-LLM's KV-transfer attribute, cache hits, preemptions and LoRA on other dialects.
+//! TensorRT-LLM's KV-transfer attribute, cache hits, preemptions and LoRA on other dialects, and
+//! infertrace's own layer on each role of a PD deployment read into one record.
 
 mod support_sglang;
 
@@ -667,4 +668,104 @@ fn infertrace_sub_phase_children_fill_the_sub_phases() {
     // Phase children of other names only: no sub-phases.
     let r = one(&[spans[0].clone(), spans[6].clone(), spans[5].clone()]);
     assert!(r.disagg.is_none(), "{:?}", r.disagg);
+}
+
+/// infertrace's layer on each role of a PD deployment (router, prefill worker, decode worker as
+/// three services), each request span marked with `infer.disagg.role`.
+fn layer_pd_trace(with_roles: bool) -> Vec<Span> {
+    let base = support_sglang::T0;
+    let mk = |id: u8, parent: Option<u8>, service: &str, name: &str, s_ms: u64, e_ms: u64| Span {
+        trace_id: support_sglang::TRACE,
+        span_id: SpanId([id; 8]),
+        parent_span_id: parent.map(|p| SpanId([p; 8])),
+        name: name.into(),
+        service: Text::from(service),
+        kind: SpanKind::Internal,
+        start_unix_nano: base + s_ms * 1_000_000,
+        end_unix_nano: base + e_ms * 1_000_000,
+        status: StatusCode::Unset,
+        attributes: vec![kept(sc::infer::PHASE, AttrValue::Str(name.into()))],
+        links: Vec::new(),
+    };
+    let request = |id: u8, parent: Option<u8>, service: &str, role: &str, s_ms, e_ms| {
+        let mut s = mk(id, parent, service, "chat m", s_ms, e_ms);
+        s.kind = SpanKind::Server;
+        s.attributes = vec![
+            kept(sc::infer::OUTCOME, AttrValue::Str("ok".into())),
+            kept(sc::gen_ai::USAGE_OUTPUT_TOKENS, AttrValue::Int(11)),
+        ];
+        if with_roles {
+            s.attributes
+                .push(kept(sc::disagg::ROLE, AttrValue::Str(role.into())));
+        }
+        s
+    };
+    vec![
+        // Router: its own view (derived: split at the first chunk it forwarded).
+        request(1, None, "router", "router", 0, 1000),
+        mk(2, Some(1), "router", "routing", 0, 3),
+        mk(3, Some(1), "router", "prefill", 3, 250),
+        mk(4, Some(1), "router", "decode", 250, 1000),
+        // Prefill worker.
+        request(10, Some(1), "prefill-0", "prefill", 4, 200),
+        mk(11, Some(10), "prefill-0", "queue", 4, 20),
+        mk(12, Some(10), "prefill-0", "bootstrap", 20, 30),
+        mk(13, Some(10), "prefill-0", "prefill", 30, 150),
+        mk(14, Some(10), "prefill-0", "kv_transfer", 150, 190),
+        // Decode worker.
+        request(20, Some(1), "decode-0", "decode", 5, 998),
+        mk(21, Some(20), "decode-0", "decode_bootstrap", 5, 25),
+        mk(22, Some(20), "decode-0", "decode_wait", 195, 205),
+        mk(23, Some(20), "decode-0", "first_token", 205, 210),
+        mk(24, Some(20), "decode-0", "decode", 210, 995),
+    ]
+}
+
+#[test]
+fn the_layer_on_each_pd_role_gives_one_record_with_the_sub_phases() {
+    let r = one(&layer_pd_trace(true));
+    assert_eq!(
+        (r.dialect, r.span_id),
+        (Dialect::Infertrace, SpanId([1; 8]))
+    );
+    assert_eq!(r.service.as_str(), "router");
+    assert_close("ttft (the router's)", r.ttft, 0.250);
+    assert_close("queue (prefill worker's)", r.queue, 0.016);
+    assert_close("prefill (prefill worker's)", r.prefill, 0.120);
+    assert_close("decode (decode worker's)", r.decode, 0.785);
+    assert_close("tpot", r.tpot, 0.0785);
+    let d = r.disagg.as_deref().expect("sub-phases");
+    assert_close("routing", d.routing, 0.003);
+    assert_close("prefill_queue", d.prefill_queue, 0.016);
+    assert_close("bootstrap", d.bootstrap, 0.010);
+    assert_close("prefill", d.prefill, 0.120);
+    assert_close("kv_transfer", d.kv_transfer, 0.040);
+    assert_close("decode_bootstrap", d.decode_bootstrap, 0.020);
+    assert_close("decode_wait", d.decode_wait, 0.010);
+    assert_close("first_token", d.first_token, 0.005);
+    assert_close("decode", d.decode, 0.785);
+    assert_eq!(d.prefill_worker.as_deref(), Some("prefill-0"));
+    assert_eq!(d.decode_worker.as_deref(), Some("decode-0"));
+    let b = r.ttft_breakdown().unwrap();
+    // 3 + 10 + 16 + 120 + 40 + 10 + 5 = 204 ms of 250.
+    assert_close("unattributed", Some(b.unattributed), 0.046);
+
+    // Without the router's span (client → prefill → decode), the prefill worker stands.
+    let spans: Vec<Span> = layer_pd_trace(true)
+        .into_iter()
+        .filter(|s| s.service.as_str() != "router")
+        .map(|mut s| {
+            if s.span_id == SpanId([20; 8]) {
+                s.parent_span_id = Some(SpanId([10; 8]));
+            }
+            s
+        })
+        .collect();
+    let r = one(&spans);
+    assert_eq!(r.span_id, SpanId([10; 8]));
+    assert_close("ttft (the decode worker's first token)", r.ttft, 0.206);
+    assert_close("decode", r.disagg.as_deref().unwrap().decode, 0.785);
+
+    // Without the role attribute: one record per service, as before.
+    assert_eq!(extract_requests(&layer_pd_trace(false)).len(), 3);
 }
