@@ -12,11 +12,17 @@
 //!    linked to the previous slice of its thread (or, across processes, to the slice the
 //!    context was handed over from).
 //!
-//! The room span is the request (one record for the whole cross-service tree); a role span
-//! whose room never arrived stands for it, together with the role spans that share its
-//! missing parent. When the servers of a PD request each created a room (they got only W3C
-//! context, from a gateway, not the router's room), the rooms with the same non-zero
-//! `bootstrap_room` are one request: the first stands for it, arrival and end span them all.
+//! Newer versions (sglang/srt/observability) create no room span: each server's role span is
+//! a root under the caller's W3C context and carries `bootstrap_room` itself in PD mode.
+//!
+//! **One request, one record.** The room span is the request (one record for the whole
+//! cross-service tree). Spans of one trace with the same non-zero `bootstrap_room` and no
+//! SGLang span above them are one request too — the rooms each server created when only W3C
+//! context reached it (a gateway in front), and newer versions' role spans. Without any room
+//! (it never arrived), the role spans sharing its missing parent are one request when one of
+//! them is named `prefill` or `decode`. The span that stands for the request is a room, else
+//! the router's role span, else the decode side's (it answers the client), earliest first;
+//! arrival and end span the whole group.
 //! Detection and the phases key on this structure and the stage names, not on exact
 //! thread-span names (they changed across versions; FastDeploy reuses the design). Links only
 //! order slices, which their timestamps already do, so they are not needed here.
@@ -37,7 +43,7 @@
 //! `prefill_transfer_kv_cache` → prefill, else unified.
 //!
 //! **Phases** (each the first occurrence of the stage on the chosen rank, measured):
-//! - e2e: the room span's duration.
+//! - e2e: from the group's earliest start to its latest end (the room span's duration).
 //! - unified: queue = `prefill_waiting`; prefill = `prefill_forward`; first token at the end
 //!   of `prefill_forward`; TTFT = first token − arrival; decode = first token → end of the
 //!   last `decode_loop` (or `decode_forward`).
@@ -56,7 +62,7 @@
 //! - TTFT without the slices that give the first token: the role spans'
 //!   `gen_ai.latency.time_to_first_token` (the decode side's first). A tree with no slice at
 //!   all (low trace level) is read from its role span's `gen_ai.latency.*` attributes like
-//!   [`latency_attrs`](super::latency_attrs).
+//!   [`latency_attrs`].
 //! - preemptions (unified): `prefill_forward` slices beyond the first on the chosen rank —
 //!   SGLang prefills a retracted request again (a lower bound: a chunked re-prefill may only
 //!   show `chunked_prefill`).
