@@ -4,8 +4,15 @@
 //! 64-bit trace ids) to a real collector over loopback gRPC; each cross-service PD tree is read
 //! into ONE request record whose phases and disaggregated sub-phases equal the truth the script
 //! computed from its own timestamps, and unified trees into their queue / prefill / decode.
+//!
+//! `tests/fixtures/sglang-pd.otlp.json` is the analysis tests' PD fixture (two TP ranks, links)
+//! as an OTLP/JSON request body, for `infertrace analyze` and other tools; it is checked here to
+//! match the builder (`UPDATE_FIXTURES=1` rewrites it) and sent to the collector over OTLP/HTTP
+//! JSON.
 
 mod support_prom;
+#[path = "../../crates/analysis/tests/support_sglang/mod.rs"]
+mod support_sglang;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -221,5 +228,118 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
         "newer SGLang: the decode side's: {kpis}"
     );
     assert_eq!(count("sglang-prefill"), 0, "{kpis}");
+    collector.stop().await.expect("clean shutdown");
+}
+
+/// `spans` as an OTLP/JSON `ExportTraceServiceRequest`, one resource per service.
+fn otlp_json(spans: &[infertrace_analysis::trace::Span]) -> Value {
+    use infertrace_analysis::trace::AttrValue;
+    let value = |v: &AttrValue| match v {
+        AttrValue::Str(s) => serde_json::json!({ "stringValue": s.as_str() }),
+        AttrValue::Int(i) => serde_json::json!({ "intValue": i.to_string() }),
+        AttrValue::Double(d) => serde_json::json!({ "doubleValue": d }),
+        AttrValue::Bool(b) => serde_json::json!({ "boolValue": b }),
+        AttrValue::StrArray(a) => serde_json::json!({ "arrayValue": { "values":
+            a.iter().map(|s| serde_json::json!({ "stringValue": s.as_str() })).collect::<Vec<_>>() } }),
+    };
+    let mut services: Vec<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    services.dedup();
+    services.sort_unstable();
+    services.dedup();
+    let resource_spans: Vec<Value> = services
+        .iter()
+        .map(|service| {
+            let spans: Vec<Value> = spans
+                .iter()
+                .filter(|s| s.service.as_str() == *service)
+                .map(|s| {
+                    serde_json::json!({
+                        "traceId": s.trace_id.to_hex(),
+                        "spanId": s.span_id.to_hex(),
+                        "parentSpanId": s.parent_span_id.map(|p| p.to_hex()).unwrap_or_default(),
+                        "name": s.name.as_str(),
+                        "kind": 1,
+                        "startTimeUnixNano": s.start_unix_nano.to_string(),
+                        "endTimeUnixNano": s.end_unix_nano.to_string(),
+                        "attributes": s.attributes.iter().map(|(k, v)| serde_json::json!({ "key": k, "value": value(v) })).collect::<Vec<_>>(),
+                        "links": s.links.iter().map(|l| serde_json::json!({ "traceId": l.trace_id.to_hex(), "spanId": l.span_id.to_hex() })).collect::<Vec<_>>(),
+                        "status": {},
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "resource": { "attributes": [{ "key": "service.name", "value": { "stringValue": service } }] },
+                "scopeSpans": [{ "scope": { "name": "sglang server" }, "spans": spans }],
+            })
+        })
+        .collect();
+    serde_json::json!({ "resourceSpans": resource_spans })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_otlp_json_fixture_is_the_pd_fixture_and_one_record() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/sglang-pd.otlp.json");
+    let built = otlp_json(&support_sglang::pd().build());
+    let text = serde_json::to_string_pretty(&built).expect("JSON") + "\n";
+    if std::env::var_os("UPDATE_FIXTURES").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+    }
+    let committed =
+        std::fs::read_to_string(&path).expect("the fixture (UPDATE_FIXTURES=1 writes it)");
+    assert!(
+        committed == text,
+        "{} is out of date: rerun with UPDATE_FIXTURES=1",
+        path.display()
+    );
+
+    let mut config = CollectorConfig::default();
+    config.store.enabled = false;
+    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
+    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
+    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    config.assembly.grace = Duration::from_millis(200);
+    let collector = server::run(config, std::future::pending())
+        .await
+        .expect("collector starts");
+    let http = HttpClient::default();
+    let url = format!("http://{}/v1/traces", collector.http_addr.unwrap());
+    let (status, body) = http
+        .post(&url, "application/json", committed.into_bytes())
+        .await
+        .expect("POST /v1/traces");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let trace = stored_trace(&collector, &support_sglang::TRACE.to_hex()).await;
+    let requests = trace["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 1, "{trace}");
+    let r = &requests[0]["record"];
+    assert_eq!(r["span_id"], support_sglang::room_id().to_hex());
+    for (key, want) in [
+        ("e2e", 1.0),
+        ("ttft", 0.212),
+        ("queue", 0.02),
+        ("prefill", 0.09),
+        ("decode", 0.78),
+    ] {
+        same(key, &r[key], &serde_json::json!(want));
+    }
+    for (key, want) in [
+        ("routing", 0.004),
+        ("bootstrap", 0.03),
+        ("prefill_queue", 0.02),
+        ("prefill", 0.09),
+        ("kv_transfer", 0.04),
+        ("decode_bootstrap", 0.027),
+        ("decode_wait", 0.01),
+        ("first_token", 0.007),
+        ("decode", 0.78),
+    ] {
+        same(
+            &format!("disagg.{key}"),
+            &r["disagg"][key],
+            &serde_json::json!(want),
+        );
+    }
+    assert_eq!(r["cache_read_input_tokens"], 512);
     collector.stop().await.expect("clean shutdown");
 }
