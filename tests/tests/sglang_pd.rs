@@ -108,17 +108,17 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
     config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
     config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
     config.api.listen = "127.0.0.1:0".parse().unwrap();
-    config.assembly.grace = Duration::from_secs(1);
+    config.assembly.grace = Duration::from_secs(2);
     let collector = server::run(config, std::future::pending())
         .await
         .expect("collector starts");
     let grpc = format!("http://{}", collector.grpc_addr.unwrap());
 
-    // The prefill server's spans arrive 1.5 s (more than the grace period) before the rest, as
+    // The prefill server's spans arrive 3 s (more than the grace period) before the rest, as
     // they do when decoding takes a while: the trace must wait for the decode side and room.
     // Older SGLang's PD trees (a room span), unified trees, and newer SGLang's PD trees (no
     // room span: role spans rooted under an untraced gateway, carrying `bootstrap_room`).
-    let truth = send(&grpc, (4, 3, 2), Duration::from_millis(1500));
+    let truth = send(&grpc, (4, 3, 2), Duration::from_millis(3000));
     assert_eq!(truth.len(), 9);
     let mut seen_pd = 0;
     for t in &truth {
