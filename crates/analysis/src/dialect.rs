@@ -9,22 +9,30 @@
 //!    `infer.queue.depth`) is an **infertrace** request span (it may carry the
 //!    `gen_ai.latency.*` family too). In a whole trace, a SERVER span with a child carrying
 //!    `infer.phase` is one as well.
-//! 3. Any other span carrying the `gen_ai.latency.*` family (e2e, time to first token, time in
-//!    queue, prefill or decode) is **SGLang**'s: vLLM and SGLang share the attribute family, and
-//!    vLLM always names its span `llm_request`, so the name decides. (The instrumentation scope
-//!    would be a second signal, but the span model does not keep it.)
-//! 4. A span named `generate`, `generate_stream`, `completions` or `chat_completions` carrying a
+//! 3. SGLang's request tree: a `Bootstrap Room 0x…` span (or one carrying `bootstrap_room`)
+//!    and a per-role `"{role} Req {rid}"` span carrying `rid` are **SGLang**'s (see [`sglang`]:
+//!    the room is the request, the role spans, thread spans and stage slices below it are
+//!    read into its one record, across services). A `prefill Req …` span is recognised only
+//!    with its trace: the prefill side ends long before the decode side, and its arrival must
+//!    not complete the trace before the decode side's spans and the room arrive.
+//! 4. Any other span carrying the `gen_ai.latency.*` family (e2e, time to first token, time in
+//!    queue, prefill or decode) is read as **SGLang**'s too (older versions, and engines that
+//!    copied vLLM's attributes, such as TensorRT-LLM, under another span name): vLLM always
+//!    names its span `llm_request`, so the name decides. (The instrumentation scope would be a
+//!    second signal, but the span model does not keep it.)
+//! 5. A span named `generate`, `generate_stream`, `completions` or `chat_completions` carrying a
 //!    TGI timing field (`total_time`, `validation_time`, `queue_time`, `inference_time`,
 //!    `time_per_token`) is **TGI**'s request span. TGI records those fields only on success; in
 //!    a whole trace, the outermost such-named span with a `queued` or `infer` descendant is one
 //!    too (TGI's inner `Infer::generate*` spans of the same names are not).
-//! 5. Any other SERVER span is **generic**: e2e latency, rate and errors. In a whole trace, a
+//! 6. Any other SERVER span is **generic**: e2e latency, rate and errors. In a whole trace, a
 //!    generic span is not a request of its own when it is an ancestor or descendant of a
 //!    recognised request span of the same service (the HTTP span around TGI's `generate`, a
 //!    `TraceLayer` span around infertrace's).
 //!
 //! A request span nested inside a same-service request span of the same dialect is the same
-//! request (the outermost stands).
+//! request (the outermost stands); an SGLang room or role span below another one, of any
+//! service, is part of that one's request.
 //!
 //! # Outcome
 //! `infer.outcome` if present; else a non-OK `rpc.grpc.status_code` (1 CANCELLED → cancelled,
@@ -33,10 +41,17 @@
 //! ok. When the request span says nothing at all, the nearest same-service ancestor that does
 //! decides (TGI's status lives on the HTTP span around it).
 //!
-//! Phase extraction per dialect is documented in [`infertrace`], [`latency_attrs`] and [`tgi`].
+//! Phase extraction per dialect is documented in [`infertrace`], [`latency_attrs`],
+//! [`sglang`] and [`tgi`].
+//!
+//! # Every dialect
+//! Prefix-cache hits (`gen_ai.usage.cache_read.input_tokens`), preemptions
+//! (`infer.preemptions`) and the LoRA adapter (`infer.lora.adapter`) are read from the request
+//! span when present.
 
 pub mod infertrace;
 pub mod latency_attrs;
+pub mod sglang;
 pub mod tgi;
 
 use foldhash::{HashMap, HashMapExt};
@@ -86,6 +101,11 @@ pub fn detect(span: &Span) -> Option<Dialect> {
     {
         return Some(Dialect::Infertrace);
     }
+    if sglang::is_request_tree(span) {
+        // The prefill side's role span ends long before the decode side's: it must not start
+        // the grace period that completes the trace (the whole trace still classifies it).
+        return (!sglang::is_prefill_role(span)).then_some(Dialect::Sglang);
+    }
     if LATENCY_KEYS.iter().any(|k| span.attr(k).is_some()) {
         return Some(Dialect::Sglang);
     }
@@ -128,6 +148,17 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
             None => {}
         }
     }
+    // SGLang: the room span is the request; its role spans (of any service) are part of it.
+    specific.retain(|&mut (i, d)| {
+        d != Dialect::Sglang
+            || !sglang::is_request_tree(&spans[i])
+            || !sglang::is_part_of_other(&spans[i], i, &trace)
+    });
+    // infertrace across services: a prefill / decode worker's request span below another
+    // role-marked request span is part of that request.
+    specific.retain(|&mut (i, d)| {
+        d != Dialect::Infertrace || !infertrace::is_worker_part(&spans[i], &trace)
+    });
     // One request, one record: a request span nested in a same-service request span of the same
     // dialect (SGLang's latency attributes on nested spans, two layers stacked) is not another
     // request; the outermost stands.
@@ -158,6 +189,7 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
         let r = out.push_record(base_record(span, d, &trace));
         match d {
             Dialect::Infertrace => infertrace::refine(span, &trace, r),
+            Dialect::Sglang if sglang::is_request_tree(span) => sglang::refine(span, &trace, r),
             Dialect::Vllm | Dialect::Sglang => latency_attrs::refine(span, r),
             Dialect::Tgi => tgi::refine(span, &trace, r),
             Dialect::Generic => {}
@@ -268,6 +300,9 @@ impl<'a> TraceView<'a> {
         if matches!(detected, Some(d) if d != Dialect::Generic) {
             return detected;
         }
+        if sglang::is_role_request(span) {
+            return Some(Dialect::Sglang);
+        }
         if tgi::is_request_name(&span.name)
             && !self.ancestors(span).any(|a| tgi::is_request_name(&a.name))
             && self
@@ -366,6 +401,12 @@ pub(crate) fn base_record(span: &Span, dialect: Dialect, trace: &TraceView<'_>) 
     r.stream_chunks = count_attr(span, sc::infer::STREAM_CHUNKS);
     r.queue_depth = count_attr(span, sc::infer::QUEUE_DEPTH);
     r.time_to_first_chunk = seconds_attr(span, sc::infer::TIME_TO_FIRST_CHUNK);
+    r.cache_read_input_tokens = count_attr(span, sc::gen_ai::USAGE_CACHE_READ_INPUT_TOKENS);
+    r.preemptions = count_attr(span, sc::infer::PREEMPTIONS);
+    r.lora_adapter = span
+        .attr_text(sc::infer::LORA_ADAPTER)
+        .filter(|a| !a.is_empty())
+        .cloned();
     let itl = |k| seconds_attr(span, k);
     // One after the other: a span without the first (most) is not scanned for the others.
     if let Some(p50) = itl(sc::infer::INTER_TOKEN_LATENCY_P50)

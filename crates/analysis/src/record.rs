@@ -58,7 +58,8 @@ pub enum Dialect {
     Infertrace,
     /// vLLM's `llm_request` span.
     Vllm,
-    /// SGLang request spans carrying `gen_ai.latency.*`.
+    /// SGLang's request tree (bootstrap room, per-role request spans, per-thread spans, stage
+    /// slices), or a span carrying `gen_ai.latency.*` under another name than vLLM's.
     Sglang,
     /// text-generation-inference router spans (duration strings).
     Tgi,
@@ -160,6 +161,58 @@ pub struct GpuRecord {
     pub memory_used_max_bytes: Option<f64>,
 }
 
+/// Sub-phases of a request served by disaggregated prefill and decode pools (SGLang PD, vLLM
+/// behind a KV connector, TensorRT-LLM's disaggregated mode), seconds; `None` where the
+/// trace does not tell. Names are [`sc::disagg`]'s.
+///
+/// Along time to first token they follow one another: routing → bootstrap → prefill queue →
+/// prefill → KV transfer → decode wait → first token ([`RequestRecord::ttft_breakdown`]).
+/// `decode_bootstrap` runs on the decode worker beside the prefill side and is not part of
+/// that sum; `decode` follows the first token.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DisaggPhases {
+    /// Router: arrival → forwarded to the chosen workers.
+    pub routing: Option<f64>,
+    /// Prefill worker: handshake with the decode worker, including the wait for its KV
+    /// pre-allocation.
+    pub bootstrap: Option<f64>,
+    /// Prefill worker: waiting queue → forward.
+    pub prefill_queue: Option<f64>,
+    /// Prefill worker: the prefill forward (all chunks).
+    pub prefill: Option<f64>,
+    /// KV-cache transfer from the prefill to the decode worker.
+    pub kv_transfer: Option<f64>,
+    /// Decode worker: handshake and KV-memory allocation wait (concurrent with prefill).
+    pub decode_bootstrap: Option<f64>,
+    /// Decode worker: KV received → scheduled into a decode batch.
+    pub decode_wait: Option<f64>,
+    /// Decode worker: scheduled → first token emitted.
+    pub first_token: Option<f64>,
+    /// Decode worker: first token → last token.
+    pub decode: Option<f64>,
+    /// `service.name` of the prefill worker's spans.
+    pub prefill_worker: Option<Text>,
+    /// `service.name` of the decode worker's spans.
+    pub decode_worker: Option<Text>,
+}
+
+impl DisaggPhases {
+    /// True when no sub-phase and no worker is known.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Time to first token split across the disaggregated sub-phases, in time order.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TtftBreakdown {
+    /// `(sub-phase name, seconds)` for each sub-phase the trace told, in time order.
+    pub parts: Vec<(&'static str, f64)>,
+    /// TTFT − the parts: tokenization, dispatch, hand-over gaps, and sub-phases the trace did
+    /// not tell (negative only when reported sub-phases overlap).
+    pub unattributed: f64,
+}
+
 /// One inference request, normalised.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RequestRecord {
@@ -213,6 +266,20 @@ pub struct RequestRecord {
     pub gpu: Option<Box<GpuRecord>>,
     /// Whether each phase was measured or derived.
     pub origins: PhaseOrigins,
+    /// Disaggregated sub-phases, when the request crossed prefill and decode pools (boxed:
+    /// most records have none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<Box<DisaggPhases>>,
+    /// Prompt tokens served from the prefix cache (`gen_ai.usage.cache_read.input_tokens`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u64>,
+    /// Times the engine preempted the request (`infer.preemptions`, or SGLang's repeated
+    /// prefill after a retraction).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemptions: Option<u64>,
+    /// The LoRA adapter that served the request (`infer.lora.adapter`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora_adapter: Option<Text>,
 }
 
 /// Model or operation value used when the spans do not tell.
@@ -265,7 +332,38 @@ impl RequestRecord {
             queue_depth: None,
             gpu: None,
             origins: PhaseOrigins::default(),
+            disagg: None,
+            cache_read_input_tokens: None,
+            preemptions: None,
+            lora_adapter: None,
         }
+    }
+
+    /// TTFT split across the disaggregated sub-phases ([`DisaggPhases`]); `None` without a TTFT
+    /// or without sub-phases.
+    pub fn ttft_breakdown(&self) -> Option<TtftBreakdown> {
+        let ttft = self.ttft?;
+        let d = self.disagg.as_deref()?;
+        let parts: Vec<(&'static str, f64)> = [
+            (sc::disagg::ROUTING, d.routing),
+            (sc::disagg::BOOTSTRAP, d.bootstrap),
+            (sc::disagg::PREFILL_QUEUE, d.prefill_queue),
+            (sc::disagg::PREFILL, d.prefill),
+            (sc::disagg::KV_TRANSFER, d.kv_transfer),
+            (sc::disagg::DECODE_WAIT, d.decode_wait),
+            (sc::disagg::FIRST_TOKEN, d.first_token),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| Some((name, v?)))
+        .collect();
+        if parts.is_empty() {
+            return None;
+        }
+        let unattributed = ttft - parts.iter().map(|(_, v)| v).sum::<f64>();
+        Some(TtftBreakdown {
+            parts,
+            unattributed,
+        })
     }
 }
 

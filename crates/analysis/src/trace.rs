@@ -244,6 +244,17 @@ pub const KNOWN_KEYS: &[&str] = &[
     sc::tgi::INFERENCE_TIME,
     sc::tgi::TIME_PER_TOKEN,
     sc::tgi::BATCH_SIZE,
+    sc::gen_ai::PROVIDER_NAME,
+    sc::gen_ai::USAGE_CACHE_READ_INPUT_TOKENS,
+    sc::latency::KV_CACHE_TRANSFER_TIME,
+    sc::infer::PREEMPTIONS,
+    sc::infer::LORA_ADAPTER,
+    sc::disagg::ROLE,
+    sc::sglang::BOOTSTRAP_ROOM,
+    sc::sglang::RID,
+    sc::sglang::THREAD_LABEL,
+    sc::sglang::TP_RANK,
+    sc::sglang::USAGE_CACHED_TOKENS,
 ];
 
 /// Looks a key up in [`KNOWN_KEYS`], returning the static name if kept.

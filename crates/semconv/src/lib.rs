@@ -69,6 +69,13 @@ pub mod gen_ai {
     pub const REQUEST_N: &str = "gen_ai.request.n";
     /// Token type on token-usage metrics: `input` or `output`.
     pub const TOKEN_TYPE: &str = "gen_ai.token.type";
+    /// The serving system (required by the current GenAI conventions; it replaced
+    /// `gen_ai.system`), e.g. `vllm`, `sglang`, or the operator's own name.
+    pub const PROVIDER_NAME: &str = "gen_ai.provider.name";
+    /// Prompt tokens served from the prefix (KV) cache (int), when the engine reports it.
+    pub const USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+    /// Prompt tokens written to a prompt cache (int).
+    pub const USAGE_CACHE_CREATION_INPUT_TOKENS: &str = "gen_ai.usage.cache_creation.input_tokens";
     /// Operation values.
     pub mod operation {
         /// Chat completion.
@@ -102,6 +109,9 @@ pub mod latency {
     pub const TIME_IN_MODEL_FORWARD: &str = "gen_ai.latency.time_in_model_forward";
     /// vLLM: time in model execute.
     pub const TIME_IN_MODEL_EXECUTE: &str = "gen_ai.latency.time_in_model_execute";
+    /// TensorRT-LLM (disaggregated mode): time spent moving the KV cache from the context
+    /// (prefill) server to the generation (decode) server.
+    pub const KV_CACHE_TRANSFER_TIME: &str = "gen_ai.latency.kv_cache_transfer_time";
 }
 
 /// infertrace's own request and phase attributes.
@@ -124,8 +134,13 @@ pub mod infer {
     pub const PHASE_SOURCE: &str = "infer.phase.source";
     /// Admission-queue length at arrival.
     pub const QUEUE_DEPTH: &str = "infer.queue.depth";
-    /// Phase name on phase spans: `queue`, `prefill`, `decode`, `inference`.
+    /// Phase name on phase spans: `queue`, `prefill`, `decode`, `inference`, or one of the
+    /// disaggregated sub-phases in [`crate::disagg`].
     pub const PHASE: &str = "infer.phase";
+    /// Times the engine preempted (evicted and later re-scheduled) the request (int).
+    pub const PREEMPTIONS: &str = "infer.preemptions";
+    /// Name of the LoRA adapter that served the request, when one did.
+    pub const LORA_ADAPTER: &str = "infer.lora.adapter";
     /// Outcome values.
     pub mod outcome {
         /// Completed normally.
@@ -144,6 +159,135 @@ pub mod infer {
         /// Derived from the admission queue and the response body.
         pub const DERIVED: &str = "derived";
     }
+}
+
+/// Sub-phases of a request served by disaggregated prefill and decode pools: the values of
+/// `infer.phase` on phase spans, and the field names of the request record's sub-phases. They
+/// follow SGLang's stage names and vLLM's span proposal where those fit
+/// (docs/dialects-sglang.md has the mapping). In time order along time to first token:
+/// routing → bootstrap → prefill queue → prefill → KV transfer → decode wait → first token; the
+/// decode pool's own bootstrap runs beside the prefill side, and decode follows the first token.
+pub mod disagg {
+    /// Router: arrival → request forwarded to the chosen workers (SGLang `mini_lb_launch`).
+    pub const ROUTING: &str = "routing";
+    /// Prefill worker: bootstrap queue — handshake with the decode worker and wait for its KV
+    /// pre-allocation (SGLang `prefill_bootstrap`).
+    pub const BOOTSTRAP: &str = "bootstrap";
+    /// Prefill worker: waiting queue → forward (SGLang `prefill_waiting`, vLLM `vllm_queue`).
+    pub const PREFILL_QUEUE: &str = "prefill_queue";
+    /// Prefill worker: the prefill forward, chunks included (SGLang `prefill_forward`,
+    /// vLLM `vllm_prefill`).
+    pub const PREFILL: &str = "prefill";
+    /// Prefill → decode KV-cache transfer (SGLang `prefill_transfer_kv_cache`, vLLM
+    /// `vllm_async_kv_transfer`, TensorRT-LLM `gen_ai.latency.kv_cache_transfer_time`).
+    pub const KV_TRANSFER: &str = "kv_transfer";
+    /// Decode worker: handshake and KV-memory allocation wait before it can receive
+    /// (SGLang `decode_bootstrap`); concurrent with the prefill side.
+    pub const DECODE_BOOTSTRAP: &str = "decode_bootstrap";
+    /// Decode worker: KV received → scheduled into a decode batch (SGLang `decode_waiting`).
+    pub const DECODE_WAIT: &str = "decode_wait";
+    /// Decode worker: scheduled → first token emitted (SGLang's prebuilt `fake_output` step).
+    pub const FIRST_TOKEN: &str = "first_token";
+    /// Decode worker: first token → last token (SGLang `decode_loop`, vLLM `vllm_decode`).
+    pub const DECODE: &str = "decode";
+    /// Request-span attribute: which role of a disaggregated deployment emitted the span
+    /// (`router`, `prefill`, `decode`).
+    pub const ROLE: &str = "infer.disagg.role";
+    /// Values of [`ROLE`].
+    pub mod role {
+        /// The router / load balancer in front of the pools.
+        pub const ROUTER: &str = "router";
+        /// A prefill worker.
+        pub const PREFILL: &str = "prefill";
+        /// A decode worker.
+        pub const DECODE: &str = "decode";
+    }
+}
+
+/// SGLang's request tracing (`--enable-trace` / `--trace-level`, module sglang/srt/tracing):
+/// span naming, attributes and stage ("slice") names. REFERENCE.md §2 describes the tree.
+pub mod sglang {
+    /// Name prefix of the per-request root, `Bootstrap Room 0x…`.
+    pub const ROOM_SPAN_PREFIX: &str = "Bootstrap Room ";
+    /// What a per-role request span's name contains: `"{role} Req {first 8 chars of rid}"`.
+    pub const REQUEST_SPAN_MARKER: &str = "Req ";
+    /// Attribute of the room span: the bootstrap room, hex (`0x…`).
+    pub const BOOTSTRAP_ROOM: &str = "bootstrap_room";
+    /// Attribute of the per-role request span: the request id.
+    pub const RID: &str = "rid";
+    /// Attribute of a thread span: the thread's label (`Tokenizer`, `Scheduler`, …).
+    pub const THREAD_LABEL: &str = "thread_label";
+    /// Attribute of a thread span: its tensor-parallel rank (int), when it has one.
+    pub const TP_RANK: &str = "tp_rank";
+    /// Prompt tokens served from the prefix cache (int), SGLang's name on request spans
+    /// (the GenAI conventions' is `gen_ai.usage.cache_read.input_tokens`).
+    pub const USAGE_CACHED_TOKENS: &str = "gen_ai.usage.cached_tokens";
+    /// Role prefixes of request span names in PD mode.
+    pub mod role {
+        /// Prefill side.
+        pub const PREFILL: &str = "prefill";
+        /// Decode side.
+        pub const DECODE: &str = "decode";
+        /// The router (mini load balancer).
+        pub const ROUTER: &str = "router";
+    }
+    /// Stage (slice) names; the level at which SGLang emits each is in REFERENCE.md §2.
+    pub mod stage {
+        /// Tokenizer: tokenization.
+        pub const TOKENIZE: &str = "tokenize";
+        /// Tokenizer → scheduler dispatch (older name).
+        pub const DISPATCH: &str = "dispatch";
+        /// Tokenizer → scheduler dispatch (newer name).
+        pub const API_SERVER_DISPATCH: &str = "api_server_dispatch";
+        /// Data-parallel controller dispatch (older name).
+        pub const DC_DISPATCH: &str = "dc_dispatch";
+        /// Data-parallel controller dispatch (newer name).
+        pub const DPC_DISPATCH: &str = "dpc_dispatch";
+        /// Scheduler: received → waiting queue.
+        pub const REQUEST_PROCESS: &str = "request_process";
+        /// Waiting queue → forward (queue time).
+        pub const PREFILL_WAITING: &str = "prefill_waiting";
+        /// The prefill forward (chunks nested inside).
+        pub const PREFILL_FORWARD: &str = "prefill_forward";
+        /// One chunk of a chunked prefill.
+        pub const CHUNKED_PREFILL: &str = "chunked_prefill";
+        /// One decode step (older versions: the decode loop).
+        pub const DECODE_LOOP: &str = "decode_loop";
+        /// Newer versions: the decode phase around the decode steps.
+        pub const DECODE_FORWARD: &str = "decode_forward";
+        /// PD prefill: received → bootstrap queue.
+        pub const PREFILL_PREPARE: &str = "prefill_prepare";
+        /// PD prefill: bootstrap queue → waiting queue (handshake with decode).
+        pub const PREFILL_BOOTSTRAP: &str = "prefill_bootstrap";
+        /// PD prefill: transfer queue → KV transfer done.
+        pub const PREFILL_TRANSFER_KV_CACHE: &str = "prefill_transfer_kv_cache";
+        /// PD decode: received → pre-allocation queue.
+        pub const DECODE_PREPARE: &str = "decode_prepare";
+        /// PD decode: pre-allocation queue → transfer queue (handshake, KV allocation wait).
+        pub const DECODE_BOOTSTRAP: &str = "decode_bootstrap";
+        /// PD decode: waiting queue → forward; unified mode (newer): prefill done → decode
+        /// scheduled.
+        pub const DECODE_WAITING: &str = "decode_waiting";
+        /// PD decode: transfer queue → KV received.
+        pub const DECODE_TRANSFERRED: &str = "decode_transferred";
+        /// PD decode: the prebuilt step that emits the token the prefill side computed.
+        pub const FAKE_OUTPUT: &str = "fake_output";
+        /// PD decode: finished without decoding.
+        pub const QUICK_FINISH: &str = "quick_finish";
+        /// Router: arrival → requests sent to the prefill and decode servers.
+        pub const MINI_LB_LAUNCH: &str = "mini_lb_launch";
+        /// Router: waiting for both servers to answer.
+        pub const WAIT_PD_FINISH: &str = "wait_pd_finish";
+    }
+}
+
+/// TensorRT-LLM's disaggregated-serving span events (not kept by the collector's span model:
+/// the `gen_ai.latency.kv_cache_transfer_time` attribute carries the same duration).
+pub mod trtllm {
+    /// Event: KV-cache transfer started.
+    pub const KV_CACHE_TRANSFER_START: &str = "kv_cache_transfer_start";
+    /// Event: KV-cache transfer ended.
+    pub const KV_CACHE_TRANSFER_END: &str = "kv_cache_transfer_end";
 }
 
 /// Window statistics of GPU and host counters, on phase spans.

@@ -15,12 +15,57 @@
 //!   decode were split at the first response chunk), prefill, decode, TTFT and TPOT are marked
 //!   derived; the queue (the admission queue's own timestamps) stays measured.
 //! - GPU statistics from the phase children's `gpu.*` attributes.
+//! - Disaggregated sub-phases: children whose `infer.phase` is one of [`sc::disagg`]'s names
+//!   (`routing`, `bootstrap`, `prefill_queue`, `kv_transfer`, `decode_bootstrap`,
+//!   `decode_wait`, `first_token`) give [`DisaggPhases`] (measured durations); with any of
+//!   them, the request's queue, prefill and decode fill the prefill queue, prefill and decode
+//!   sub-phases they leave open.
+//!
+//! # Across services (disaggregated serving behind the layer)
+//! When each role runs behind the layer as its own service and marks its request span with
+//! `infer.disagg.role` (`router`, `prefill`, `decode`), a prefill or decode worker's request
+//! span below another role-marked infertrace request span (any service) is part of that
+//! request — one record, the outermost span's (its service, arrival, e2e, TTFT: the client's
+//! view). The workers' phase children fill it:
+//! - prefill worker: `queue` → prefill queue, `prefill` → prefill, and its `bootstrap` /
+//!   `kv_transfer` children; the record's queue and prefill become the prefill worker's;
+//! - decode worker: `decode_bootstrap`, `kv_transfer`, `decode_wait`, `first_token` children,
+//!   `decode` → decode; the record's decode becomes the decode worker's (TPOT follows);
+//! - the outermost span's own `routing` child → routing. TTFT is the router's own (the
+//!   client's view); without one, or when a prefill worker's span is the outermost (no
+//!   router traced), the end of the decode worker's `first_token` (else the start of its
+//!   `decode`) − arrival.
+//!
+//! Request spans without the role attribute keep the per-service rule (one record each).
 
 use infertrace_semconv as sc;
 
+use smallvec::SmallVec;
+
 use super::{Phase, TraceView, gpu_record, seconds_attr};
-use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
+use crate::record::{Dialect, DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
+
+/// The role a request span played in a disaggregated deployment (`infer.disagg.role`).
+pub fn disagg_role(span: &Span) -> Option<&str> {
+    span.attr_str(sc::disagg::ROLE)
+}
+
+fn is_worker(span: &Span) -> bool {
+    matches!(
+        disagg_role(span),
+        Some(sc::disagg::role::PREFILL | sc::disagg::role::DECODE)
+    )
+}
+
+/// Whether `span`, an infertrace request span, is a prefill or decode worker's part of a
+/// request that a role-marked infertrace request span above it (any service) stands for.
+pub(crate) fn is_worker_part(span: &Span, trace: &TraceView<'_>) -> bool {
+    is_worker(span)
+        && trace
+            .ancestors(span)
+            .any(|a| disagg_role(a).is_some() && super::detect(a) == Some(Dialect::Infertrace))
+}
 
 /// Completes `r`, the [`base_record`](super::base_record) of an infertrace request span.
 pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
@@ -33,7 +78,12 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
             Some(Phase::Prefill) => &mut prefill_span,
             Some(Phase::Decode) => &mut decode_span,
             Some(Phase::Inference) => &mut inference_span,
-            None => continue,
+            None => {
+                if let Some(name) = c.attr_str(sc::infer::PHASE) {
+                    set_sub_phase(r, name, c.duration_secs());
+                }
+                continue;
+            }
         };
         if slot.is_none() {
             *slot = Some(c);
@@ -80,6 +130,15 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
     }
 
+    if disagg_role(span).is_some() {
+        // Across services: the workers' phases, not this span's own view of them.
+        merge_workers(span, trace, r);
+    } else if let Some(d) = r.disagg.as_deref_mut() {
+        d.prefill_queue = d.prefill_queue.or(r.queue);
+        d.prefill = d.prefill.or(r.prefill);
+        d.decode = d.decode.or(r.decode);
+    }
+
     r.gpu = gpu_record(
         [
             (Phase::Queue, queue_span),
@@ -90,4 +149,109 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         .into_iter()
         .filter_map(|(p, s)| Some((p, s?))),
     );
+}
+
+/// Records a disaggregated sub-phase child (`infer.phase` = one of [`sc::disagg`]'s names);
+/// the first child of each name counts.
+fn set_sub_phase(r: &mut RequestRecord, name: &str, secs: f64) {
+    let d = r.disagg.get_or_insert_with(Box::<DisaggPhases>::default);
+    let slot = match name {
+        sc::disagg::ROUTING => &mut d.routing,
+        sc::disagg::BOOTSTRAP => &mut d.bootstrap,
+        sc::disagg::PREFILL_QUEUE => &mut d.prefill_queue,
+        sc::disagg::KV_TRANSFER => &mut d.kv_transfer,
+        sc::disagg::DECODE_BOOTSTRAP => &mut d.decode_bootstrap,
+        sc::disagg::DECODE_WAIT => &mut d.decode_wait,
+        sc::disagg::FIRST_TOKEN => &mut d.first_token,
+        _ => {
+            if d.is_empty() {
+                r.disagg = None;
+            }
+            return;
+        }
+    };
+    slot.get_or_insert(secs);
+}
+
+/// The first child of `span` whose `infer.phase` (or name) is `phase`.
+fn phase_child<'a>(span: &'a Span, trace: &TraceView<'a>, phase: &str) -> Option<&'a Span> {
+    trace
+        .children(span)
+        .find(|c| c.attr_str(sc::infer::PHASE).unwrap_or(&c.name) == phase)
+}
+
+/// Reads the prefill and decode workers of the request `outer` stands for into `r` (see the
+/// module docs).
+fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestRecord) {
+    // The outermost span's own TPOT attribute (the client's view) stands; else decode's.
+    let own_tpot = seconds_attr(outer, sc::infer::TIME_PER_OUTPUT_TOKEN).is_some();
+    let mut workers: SmallVec<[&Span; 4]> = SmallVec::new();
+    if is_worker(outer) {
+        workers.push(outer);
+    }
+    workers.extend(
+        trace
+            .descendants(outer)
+            .filter(|d| is_worker(d) && super::detect(d) == Some(Dialect::Infertrace)),
+    );
+    if workers.is_empty() {
+        return;
+    }
+    let mut first_token_at = None;
+    for w in workers {
+        let own = std::ptr::eq(w, outer);
+        let d = r.disagg.get_or_insert_with(Box::<DisaggPhases>::default);
+        let dur = |phase: &str| phase_child(w, trace, phase).map(Span::duration_secs);
+        let fill = |slot: &mut Option<f64>, v: Option<f64>| {
+            if slot.is_none() {
+                *slot = v;
+            }
+        };
+        match disagg_role(w) {
+            Some(sc::disagg::role::PREFILL) => {
+                fill(&mut d.prefill_queue, dur(sc::span::QUEUE));
+                fill(&mut d.prefill, dur(sc::span::PREFILL));
+                fill(&mut d.bootstrap, dur(sc::disagg::BOOTSTRAP));
+                fill(&mut d.kv_transfer, dur(sc::disagg::KV_TRANSFER));
+                d.prefill_worker.get_or_insert_with(|| w.service.clone());
+                if !own {
+                    let (q, p) = (d.prefill_queue, d.prefill);
+                    r.queue = q.or(r.queue);
+                    r.origins.queue = r.queue.map(|_| PhaseOrigin::Measured);
+                    r.prefill = p.or(r.prefill);
+                    r.origins.prefill = r.prefill.map(|_| PhaseOrigin::Measured);
+                }
+            }
+            _ => {
+                fill(&mut d.decode_bootstrap, dur(sc::disagg::DECODE_BOOTSTRAP));
+                fill(&mut d.kv_transfer, dur(sc::disagg::KV_TRANSFER));
+                fill(&mut d.decode_wait, dur(sc::disagg::DECODE_WAIT));
+                fill(&mut d.first_token, dur(sc::disagg::FIRST_TOKEN));
+                fill(&mut d.decode, dur(sc::span::DECODE));
+                d.decode_worker.get_or_insert_with(|| w.service.clone());
+                first_token_at = phase_child(w, trace, sc::disagg::FIRST_TOKEN)
+                    .map(|s| s.end_unix_nano)
+                    .or_else(|| phase_child(w, trace, sc::span::DECODE).map(|s| s.start_unix_nano));
+                if !own && d.decode.is_some() {
+                    r.decode = d.decode;
+                    r.origins.decode = Some(PhaseOrigin::Measured);
+                    if let Some(n) = r.output_tokens
+                        && !own_tpot
+                    {
+                        r.tpot = r.decode.and_then(|d| tpot_from(d, n)).or(r.tpot);
+                        r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
+                    }
+                }
+            }
+        }
+    }
+    // The router's TTFT is the client's; a prefill worker's own ends at its prefill, before the
+    // token reaches the client through the decode worker.
+    if (r.ttft.is_none() || is_worker(outer))
+        && let Some(at) = first_token_at
+        && at >= r.arrival_unix_nano
+    {
+        r.ttft = Some((at - r.arrival_unix_nano) as f64 / 1e9);
+        r.origins.ttft = Some(PhaseOrigin::Measured);
+    }
 }

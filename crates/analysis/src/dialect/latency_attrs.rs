@@ -11,13 +11,15 @@
 //!   e2e − TTFT (derived).
 //! - tokens: `gen_ai.usage.input_tokens` / `output_tokens`, else vLLM's old `prompt_tokens` /
 //!   `completion_tokens`. TPOT = decode / (output tokens − 1) (derived).
+//! - KV transfer (disaggregated serving): TensorRT-LLM's `kv_cache_transfer_time` (measured)
+//!   → [`DisaggPhases::kv_transfer`](crate::record::DisaggPhases::kv_transfer).
 //! - vLLM does not say the operation: it is [`UNKNOWN`](crate::record::UNKNOWN) unless
 //!   `gen_ai.operation.name` is set.
 
 use infertrace_semconv as sc;
 
 use super::seconds_attr;
-use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
+use crate::record::{DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
 
 /// Completes `r`, the [`base_record`](super::base_record) of a vLLM or SGLang request span.
@@ -33,6 +35,11 @@ pub fn refine(span: &Span, r: &mut RequestRecord) {
     r.queue = attr(sc::latency::TIME_IN_QUEUE);
     r.origins.queue = measured(r.queue);
     r.inference = attr(sc::latency::TIME_IN_MODEL_INFERENCE);
+    if let Some(kv) = attr(sc::latency::KV_CACHE_TRANSFER_TIME) {
+        r.disagg
+            .get_or_insert_with(Box::<DisaggPhases>::default)
+            .kv_transfer = Some(kv);
+    }
 
     let ttft = attr(sc::latency::TIME_TO_FIRST_TOKEN);
     let prefill = attr(sc::latency::TIME_IN_MODEL_PREFILL);
