@@ -214,6 +214,10 @@ mod tests {
             queue_depth: None,
             gpu: None,
             origins: PhaseOrigins::default(),
+            disagg: None,
+            cache_read_input_tokens: None,
+            preemptions: None,
+            lora_adapter: None,
         }
     }
 
