@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use infertrace_examples::loadgen::{self, Api, LengthDist, LoadConfig, Protocol};
+use infertrace_demo::loadgen::{self, Api, LengthDist, LoadConfig, Protocol};
 
 /// Open-loop load generator: Poisson arrivals at --rate per second for --duration seconds, prompt
 /// and output lengths drawn from seeded distributions, over HTTP/SSE (OpenAI-compatible) or gRPC.
