@@ -12,7 +12,7 @@ use infertrace_demo::loadgen::{self, Api, LengthDist, LoadConfig, Protocol};
 /// Prints client-side TTFT, TPOT and end-to-end percentiles and outcome counts, to compare with
 /// what the server-side spans say.
 ///
-/// Length distributions: `fixed:N` or `lognormal:MEDIAN:SIGMA[:MAX]`.
+/// Length distributions: `fixed:N`, `lognormal:MEDIAN:SIGMA[:MAX]` or `mix:SHARE:LONG:BASE`.
 #[derive(Parser, Debug)]
 #[command(name = "loadgen", version)]
 struct Cli {
