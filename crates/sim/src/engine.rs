@@ -761,6 +761,8 @@ mod tests {
             .submit(SimRequest::new(10, 51).with_output_tokens(51), ())
             .unwrap();
         drain(&mut s).await;
+        // One prefill step and 50 decode steps, each with its timer's lateness.
+        assert_eq!(sim.step_lateness().len(), 51);
         let decode = sim.truth(s.id()).unwrap().decode().unwrap();
         let nominal: Duration = (0..50u64)
             .map(|i| {

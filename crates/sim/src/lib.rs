@@ -17,7 +17,9 @@
 //!
 //! Steps sleep on tokio timers, which have a 1 ms resolution and wake a little late on a busy
 //! runtime: a step scaled below a few milliseconds lasts longer than the cost model says. The
-//! truth records what actually happened, never the nominal cost, so comparisons stay exact.
+//! truth records what actually happened, never the nominal cost, so comparisons stay exact. How
+//! late each step's timer woke is kept too ([`SimHandle::step_lateness`]): the run's scheduler
+//! noise, a baseline for tolerances derived from the machine the test runs on.
 //!
 //! Everything random (output lengths, injected errors, token text) derives from
 //! [`SimConfig::seed`] and the request's submission order; the scheduling policy itself
