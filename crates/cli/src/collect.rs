@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use infertrace_collector::config::CollectorConfig;
 use infertrace_collector::server;
+use infertrace_demo::shutdown_signal;
 
 /// Arguments of `infertrace collect`. Flags override the config file.
 #[derive(Args, Debug)]
@@ -75,9 +76,6 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     Ok(config)
 }
-
-/// Waits for SIGINT or SIGTERM (the example servers' handler: one implementation for both).
-pub use infertrace_examples::server::shutdown_signal;
 
 /// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully: in-flight
 /// requests get until `shutdown_timeout` (default 15 s), then every connection is cut. SIGHUP

@@ -1,5 +1,6 @@
-//! `infertrace demo` end to end: the report's numbers against the simulator's ground truth, and
-//! the diagnosis changing with the workload.
+//! `infertrace demo` end to end: the report's numbers against the simulator's ground truth (kept
+//! on its own clock) and the load generator's client-side view, and the diagnosis changing with
+//! the workload.
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -42,10 +43,65 @@ fn rule_ids(report: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Tolerance of a percentile: the sketch's 1% relative error, plus 2% for the few microseconds
-/// between the engine's mark and the truth stamp, plus 1 ms absolute for very short phases.
-fn close(measured: f64, truth: f64) -> bool {
-    (measured - truth).abs() <= 0.03 * truth + 0.001
+/// The KPI sketches' relative error (docs/kpis.md: ≤ 1 %); the truth's and the client's
+/// percentiles are exact, with the same rank rule.
+const SKETCH: f64 = 0.01;
+
+fn f(v: &Value, what: &str) -> f64 {
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{what}: no number in {v}"))
+}
+
+/// Truth, layer and client agree for every phase the report shows, within bounds derived from
+/// the run itself. `noise` is the p99 lateness of the engine's step timers in this run: how long
+/// a ready task waited for the runtime and the CPU, on this machine, right now.
+fn check_truth_layer_client(report: &Value) {
+    let truth = &report["ground_truth"];
+    let layer = &report["kpis"]["series"][0];
+    let client = &report["client"];
+    let noise = f(&truth["scheduler_noise"]["p99"], "scheduler noise p99");
+    for k in ["queue", "prefill", "ttft", "decode", "tpot", "e2e"] {
+        for p in ["p50", "p90"] {
+            let what = format!("{k}.{p}");
+            let t = f(&truth[k][p], &format!("truth {what}"));
+            let m = f(&layer[k][p], &format!("layer {what}"));
+            // Each boundary the layer marks is the engine's instant plus at most one wait for the
+            // CPU (the engine task calling the recorder after its truth stamp) ≤ noise. Phases
+            // between two engine marks differ by at most one noise; those starting at the layer's
+            // arrival add the handler's wait before `submit`, another noise at most.
+            let waits = if matches!(k, "queue" | "ttft" | "e2e") {
+                2.0
+            } else {
+                1.0
+            };
+            assert!(
+                (m - t).abs() <= SKETCH * t + waits * noise,
+                "{what}: layer {m} vs truth {t} (noise {noise})"
+            );
+            if !matches!(k, "queue" | "ttft" | "e2e") {
+                continue;
+            }
+            // Causality, no noise allowed: the layer's arrival precedes `submit` and its marks
+            // follow the engine's, so per request layer ≥ truth, hence every order statistic.
+            assert!(m >= t * (1.0 - SKETCH), "{what}: layer {m} < truth {t}");
+            if k == "queue" {
+                continue;
+            }
+            // The client sends before the layer's arrival and reads after the layer's marks:
+            // client ≥ layer ≥ truth. Its extra time is the loopback network and the server's
+            // work: a few task wake-ups on each side (write, read, handler, body), each bounded
+            // like the engine's by the run's noise, hence 4 × noise above the truth.
+            let c = f(&client[k][p], &format!("client {what}"));
+            assert!(
+                c >= t && m <= c * (1.0 + SKETCH),
+                "{what}: client {c} must be ≥ layer {m} ≥ truth {t}"
+            );
+            assert!(
+                c - t <= 4.0 * noise,
+                "{what}: client {c} vs truth {t} (noise {noise})"
+            );
+        }
+    }
 }
 
 #[test]
@@ -69,18 +125,13 @@ fn balanced_demo_matches_ground_truth_and_finds_nothing() {
         Some(sent),
         "every request completed in the engine"
     );
+    assert_eq!(
+        report["client"]["ok"].as_u64(),
+        Some(sent),
+        "every answer was complete"
+    );
     assert_eq!(s["errors"].as_u64(), Some(0));
-    for k in ["queue", "prefill", "ttft", "decode", "tpot", "e2e"] {
-        for p in ["p50", "p90"] {
-            let m = s[k][p]
-                .as_f64()
-                .unwrap_or_else(|| panic!("{k}.{p} measured"));
-            let t = truth[k][p]
-                .as_f64()
-                .unwrap_or_else(|| panic!("{k}.{p} truth"));
-            assert!(close(m, t), "{k}.{p}: measured {m} vs truth {t}");
-        }
-    }
+    check_truth_layer_client(&report);
     // Phase shares add up to the whole request.
     let share = &s["phase_share"]["all"];
     let total: f64 = ["queue", "prefill", "decode"]
@@ -99,8 +150,10 @@ fn balanced_demo_matches_ground_truth_and_finds_nothing() {
         .collect();
     assert!(serious.is_empty(), "a balanced workload raised {serious:?}");
     // The critical path of every request is its phases: the seconds each phase owns, summed over
-    // the window, equal the simulator's true phase times summed over the same requests (within
-    // 1 % plus 1 ms per request for the microseconds between a mark and its truth stamp).
+    // the window, equal the simulator's true phase times summed over the same requests. Sums are
+    // exact (no sketch); per request a phase is off by at most two waits for the runtime, each
+    // bounded on average by the engine timers' mean lateness in this run.
+    let noise_mean = f(&truth["scheduler_noise"]["mean"], "scheduler noise mean");
     let entries = report["critical_path"]["entries"]
         .as_array()
         .expect("critical path entries");
@@ -112,14 +165,11 @@ fn balanced_demo_matches_ground_truth_and_finds_nothing() {
             .unwrap_or_else(|| panic!("{phase} on the critical path: {entries:?}"));
         let truth_sum = truth[phase]["sum"].as_f64().expect("truth sum");
         assert!(
-            (owned - truth_sum).abs() <= truth_sum * 0.01 + 0.001 * sent as f64,
-            "{phase}: critical path {owned} s vs true {truth_sum} s"
+            (owned - truth_sum).abs() <= 2.0 * noise_mean * sent as f64,
+            "{phase}: critical path {owned} s vs true {truth_sum} s (noise mean {noise_mean})"
         );
     }
     // The critical path is the phases, decode first.
-    let entries = report["critical_path"]["entries"]
-        .as_array()
-        .expect("critical path entries");
     let top = entries
         .iter()
         .max_by(|a, b| {
@@ -198,22 +248,21 @@ fn overload_demo_is_diagnosed_as_queueing_on_a_saturated_gpu() {
 
 #[test]
 fn long_prompt_demo_is_diagnosed_as_prefill_bound() {
-    let report = demo(&[
-        "--duration",
-        "12s",
-        "--scenario",
-        "long-prompts",
-        "--rate",
-        "2.5",
-    ]);
+    // 16 s at the scenario's 1.5 req/s: ~24 requests, past the rules' minimum of 20.
+    let report = demo(&["--duration", "16s", "--scenario", "long-prompts"]);
     let ids = rule_ids(&report);
     assert!(
-        ids.iter()
-            .any(|id| id == "prefill-dominated-ttft" || id == "inter-token-stalls"),
+        report["kpis"]["series"][0]["requests"].as_u64() >= Some(20),
+        "{report}"
+    );
+    // The scenario's long prompts prefill for ~1.2 s each on a mostly free engine: TTFT p90 is
+    // above 1 s and is their prefill.
+    assert!(
+        ids.iter().any(|id| id == "prefill-dominated-ttft"),
         "findings: {ids:?}"
     );
     assert!(
-        !ids.iter().any(|id| id == "queue-dominated-gpu-idle"),
+        !ids.iter().any(|id| id.starts_with("queue-dominated")),
         "findings: {ids:?}"
     );
 }

@@ -1,6 +1,6 @@
 //! The running engine: [`Simulator::start`] spawns a tokio task that plans steps with the
 //! [`Scheduler`], sleeps for their (scaled) cost, then emits tokens to each request's
-//! [`TokenStream`], marks its [`RequestRecorder`] and writes its [`TruthRecord`].
+//! [`TokenStream`], writes its [`TruthRecord`] and tells its [`RequestObserver`].
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use infertrace_tower::RequestRecorder;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
@@ -20,7 +19,8 @@ use crate::scheduler::{BatchLimits, SeqEvent, Sequence};
 use crate::stats::StatsCell;
 use crate::text::TokenText;
 use crate::{
-    EngineStats, FinishReason, Scheduler, SimConfig, SimError, TruthLog, TruthOutcome, TruthRecord,
+    EngineStats, FinishReason, RequestObserver, Scheduler, SimConfig, SimError, TruthLog,
+    TruthOutcome, TruthRecord,
 };
 
 /// One generation request.
@@ -150,7 +150,7 @@ struct Pending {
     seq: Sequence,
     reason: FinishReason,
     text: TokenText,
-    recorder: RequestRecorder,
+    observer: Box<dyn RequestObserver>,
     tx: EventTx,
 }
 
@@ -160,7 +160,7 @@ struct Active {
     generated: u32,
     reason: FinishReason,
     text: TokenText,
-    recorder: RequestRecorder,
+    observer: Box<dyn RequestObserver>,
     tx: EventTx,
 }
 
@@ -189,9 +189,8 @@ impl Simulator {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// use infertrace_sim::{SimConfig, SimEvent, SimRequest, Simulator};
-    /// use infertrace_tower::RequestRecorder;
     /// let sim = Simulator::start(SimConfig { time_scale: 0.01, ..Default::default() }).unwrap();
-    /// let mut stream = sim.submit(SimRequest::new(100, 8).with_output_tokens(3), RequestRecorder::new()).unwrap();
+    /// let mut stream = sim.submit(SimRequest::new(100, 8).with_output_tokens(3), ()).unwrap();
     /// let mut tokens = 0;
     /// while let Some(ev) = stream.recv().await {
     ///     match ev.unwrap() {
@@ -249,12 +248,13 @@ impl SimHandle {
         &self.shared.model
     }
 
-    /// Submits a request. The engine marks `recorder` (scheduled, first token, tokens, usage,
-    /// finish or error) as the request progresses and streams its tokens.
+    /// Submits a request: the engine streams its tokens and tells `observer` what happens to it
+    /// (admitted, prefilled, tokens, finished / failed / cancelled); `()` observes nothing. Its
+    /// truth starts now: the engine's queue phase begins at this call.
     pub fn submit(
         &self,
         request: SimRequest,
-        recorder: RequestRecorder,
+        observer: impl RequestObserver,
     ) -> Result<TokenStream, SimError> {
         let cfg = &self.shared.config;
         if request.prompt_tokens == 0 || request.max_output_tokens == 0 {
@@ -293,20 +293,16 @@ impl SimHandle {
             Some(m) => Arc::from(m.as_str()),
             None => self.shared.model.clone(),
         };
-        recorder.model(&model);
-        self.shared.truth().insert(TruthRecord::new(
-            id,
-            recorder.arrival(),
-            submitted,
-            request.prompt_tokens,
-        ));
+        self.shared
+            .truth()
+            .insert(TruthRecord::new(id, submitted, request.prompt_tokens));
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Pending {
             id,
             seq: Sequence::new(id, request.prompt_tokens, output, fail_at),
             reason,
             text,
-            recorder,
+            observer: Box::new(observer),
             tx,
         };
         if self.tx.send(pending).is_err() {
@@ -330,6 +326,12 @@ impl SimHandle {
     /// Every kept truth record, oldest first.
     pub fn truth_all(&self) -> Vec<TruthRecord> {
         self.shared.truth().records().cloned().collect()
+    }
+
+    /// How late the latest steps' timers woke after their deadlines (see
+    /// [`TruthLog::step_lateness`]): the run's scheduler noise, a baseline for tolerances.
+    pub fn step_lateness(&self) -> Vec<Duration> {
+        self.shared.truth().step_lateness().collect()
     }
 
     /// A snapshot of the engine's counters (busy fraction, batch size, queue length, …).
@@ -358,7 +360,7 @@ struct Engine {
     active: HashMap<u64, Active>,
     events: Vec<SeqEvent>,
     cancelled: Vec<u64>,
-    /// Prompt chunks of the step in progress, reported to recorders when it ends.
+    /// Prompt chunks of the step in progress, reported to observers when it ends.
     prefilled: Vec<(u64, u32)>,
     /// Nominal end of the previous step, while the engine runs back to back.
     clock: Option<Instant>,
@@ -420,7 +422,7 @@ impl Engine {
                 generated: 0,
                 reason: p.reason,
                 text: p.text,
-                recorder: p.recorder,
+                observer: p.observer,
                 tx: p.tx,
             },
         );
@@ -441,7 +443,9 @@ impl Engine {
         let now = Instant::now();
         let mut truth = self.shared.truth();
         for id in self.cancelled.drain(..) {
-            self.active.remove(&id);
+            if let Some(a) = self.active.remove(&id) {
+                a.observer.cancelled();
+            }
             if self.scheduler.cancel(id) == Some(false) {
                 self.shared.stats.waiting.fetch_sub(1, Ordering::AcqRel);
             }
@@ -489,7 +493,7 @@ impl Engine {
                     r.scheduled = Some(start);
                 }
                 if let Some(a) = self.active.get(id) {
-                    a.recorder.scheduled();
+                    a.observer.admitted();
                 }
             }
             for (id, _) in &plan.prefill {
@@ -526,21 +530,26 @@ impl Engine {
         }
 
         let end = Instant::now();
+        if !duration.is_zero() {
+            self.shared
+                .truth()
+                .step_late(end.saturating_duration_since(deadline));
+        }
         self.events.clear();
         self.scheduler.complete_step(&mut self.events);
         stats.step_end(busy_from, end);
         self.last_end = Some(end);
-        // The prompt chunks were processed in this step (GPU energy attribution only).
         for (id, chunk) in &self.prefilled {
             if let Some(a) = self.active.get(id) {
-                a.recorder.prefilled(u64::from(*chunk));
+                a.observer.prefilled(*chunk);
             }
         }
         self.emit(end);
         self.publish_sizes();
     }
 
-    /// Delivers the step's events: truth first, then recorder, then the stream.
+    /// Delivers the step's events: truth first (stamped with the step's end), then the
+    /// observer, then the stream.
     fn emit(&mut self, now: Instant) {
         let stats = &self.shared.stats;
         let mut truth = self.shared.truth();
@@ -555,7 +564,7 @@ impl Engine {
                     if let Some(r) = rec.as_deref_mut() {
                         r.token_at(now);
                     }
-                    a.recorder.tokens(1);
+                    a.observer.token(index);
                     a.generated += 1;
                     let token = Token {
                         index,
@@ -574,11 +583,7 @@ impl Engine {
                         r.finished = Some(now);
                         r.outcome = Some(TruthOutcome::Finished(a.reason));
                     }
-                    a.recorder.usage(
-                        u64::from(usage.prompt_tokens),
-                        u64::from(usage.output_tokens),
-                    );
-                    a.recorder.finish(a.reason.as_str());
+                    a.observer.finished(a.reason, usage);
                     let _ = a.tx.send(Ok(SimEvent::Finished {
                         reason: a.reason,
                         usage,
@@ -596,9 +601,13 @@ impl Engine {
                         r.outcome = Some(TruthOutcome::Error);
                     }
                     let err = SimError::Engine { tokens };
-                    a.recorder.error(err.kind());
-                    a.recorder
-                        .usage(u64::from(a.prompt_tokens), u64::from(tokens));
+                    a.observer.failed(
+                        &err,
+                        Usage {
+                            prompt_tokens: a.prompt_tokens,
+                            output_tokens: tokens,
+                        },
+                    );
                     let _ = a.tx.send(Err(err));
                     stats.failed.fetch_add(1, Ordering::Relaxed);
                 }
@@ -636,44 +645,100 @@ mod tests {
         (words, last)
     }
 
+    /// What an observer saw, each event with the instant it was told (its own clock).
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<(Seen, Instant)>>>);
+
+    #[derive(Clone, Debug, PartialEq)]
+    enum Seen {
+        Admitted,
+        Prefilled(u32),
+        Token(u32),
+        Finished(FinishReason, Usage),
+        Failed(SimError, Usage),
+        Cancelled,
+    }
+
+    impl Log {
+        fn push(&self, e: Seen) {
+            self.0.lock().unwrap().push((e, Instant::now()));
+        }
+        fn events(&self) -> Vec<Seen> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(e, _)| e.clone())
+                .collect()
+        }
+        fn at(&self, e: &Seen) -> Instant {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(x, _)| x == e)
+                .unwrap()
+                .1
+        }
+    }
+
+    impl RequestObserver for Log {
+        fn admitted(&self) {
+            self.push(Seen::Admitted);
+        }
+        fn prefilled(&self, tokens: u32) {
+            self.push(Seen::Prefilled(tokens));
+        }
+        fn token(&self, index: u32) {
+            self.push(Seen::Token(index));
+        }
+        fn finished(&self, reason: FinishReason, usage: Usage) {
+            self.push(Seen::Finished(reason, usage));
+        }
+        fn failed(&self, error: &SimError, usage: Usage) {
+            self.push(Seen::Failed(error.clone(), usage));
+        }
+        fn cancelled(&self) {
+            self.push(Seen::Cancelled);
+        }
+    }
+
     #[tokio::test]
-    async fn streams_tokens_and_marks_recorder_and_truth() {
+    async fn streams_tokens_and_tells_the_observer_after_the_truth() {
         let sim = Simulator::start(cfg(0.2)).unwrap();
-        let rec = RequestRecorder::new();
+        let log = Log::default();
         let mut s = sim
-            .submit(SimRequest::new(500, 16).with_output_tokens(6), rec.clone())
+            .submit(SimRequest::new(500, 16).with_output_tokens(6), log.clone())
             .unwrap();
         let (words, last) = drain(&mut s).await;
         assert_eq!(words.len(), 6);
+        let usage = Usage {
+            prompt_tokens: 500,
+            output_tokens: 6,
+        };
         assert_eq!(
             last,
             Some(Ok(SimEvent::Finished {
                 reason: FinishReason::Stop,
-                usage: Usage {
-                    prompt_tokens: 500,
-                    output_tokens: 6
-                }
+                usage
             }))
         );
         let t = sim.truth(s.id()).unwrap();
         assert_eq!(t.outcome, Some(TruthOutcome::Finished(FinishReason::Stop)));
         assert_eq!((t.output_tokens, t.prefill_steps), (6, 1));
-        let snap = rec.snapshot();
-        let off = |i: Option<Instant>| i.unwrap().duration_since(t.arrival);
-        let close = |a: Duration, b: Duration| {
-            let d = a.abs_diff(b);
-            // Same instants, stamped back to back; 2 ms leaves room for a preempted thread on a
-            // loaded CI machine and is still far below any phase here (≥ 7 ms).
-            assert!(d < Duration::from_millis(2), "{a:?} vs {b:?}");
-        };
-        close(snap.scheduled.unwrap(), off(t.scheduled));
-        close(snap.first_token.unwrap(), off(t.first_token));
-        close(snap.last_token.unwrap(), off(t.last_token));
-        close(snap.finished.unwrap(), off(t.finished));
-        assert_eq!(snap.output_tokens, Some(6));
-        assert_eq!(snap.input_tokens, Some(500));
-        assert_eq!(snap.finish_reason.as_deref(), Some("stop"));
-        assert_eq!(snap.model.as_deref(), Some("llama-3.1-8b"));
+        let mut want = vec![Seen::Admitted, Seen::Prefilled(500)];
+        want.extend((0..6).map(Seen::Token));
+        want.push(Seen::Finished(FinishReason::Stop, usage));
+        assert_eq!(log.events(), want);
+        // The truth is the engine's own: each instant is stamped from the step's state before the
+        // observer hears of it, and the observer hears of it before the next step ends.
+        let admitted = log.at(&Seen::Admitted);
+        assert!(t.submitted <= t.scheduled.unwrap() && t.scheduled.unwrap() <= admitted);
+        assert!(admitted < t.first_token.unwrap());
+        assert!(t.first_token.unwrap() <= log.at(&Seen::Token(0)));
+        assert!(log.at(&Seen::Token(0)) < t.last_token.unwrap());
+        assert!(t.last_token.unwrap() <= log.at(&Seen::Token(5)));
+        assert_eq!(t.finished, t.last_token);
         // Prefill of 500 tokens = 5 ms + 30 ms, scaled by 0.2 = 7 ms (timer resolution and a
         // busy machine add a few ms).
         let prefill = t.prefill().unwrap();
@@ -693,12 +758,11 @@ mod tests {
         // ≈ 100–130 ms without the nominal clock; a loaded machine adds a few ms at the end.
         let sim = Simulator::start(cfg(0.2)).unwrap();
         let mut s = sim
-            .submit(
-                SimRequest::new(10, 51).with_output_tokens(51),
-                RequestRecorder::new(),
-            )
+            .submit(SimRequest::new(10, 51).with_output_tokens(51), ())
             .unwrap();
         drain(&mut s).await;
+        // One prefill step and 50 decode steps, each with its timer's lateness.
+        assert_eq!(sim.step_lateness().len(), 51);
         let decode = sim.truth(s.id()).unwrap().decode().unwrap();
         let nominal: Duration = (0..50u64)
             .map(|i| {
@@ -727,22 +791,16 @@ mod tests {
         })
         .unwrap();
         let mut a = sim
-            .submit(
-                SimRequest::new(10, 5).with_output_tokens(5),
-                RequestRecorder::new(),
-            )
+            .submit(SimRequest::new(10, 5).with_output_tokens(5), ())
             .unwrap();
         let mut b = sim
-            .submit(
-                SimRequest::new(10, 5).with_output_tokens(5),
-                RequestRecorder::new(),
-            )
+            .submit(SimRequest::new(10, 5).with_output_tokens(5), ())
             .unwrap();
         let (ra, rb) = tokio::join!(drain(&mut a), drain(&mut b));
         assert_eq!((ra.0.len(), rb.0.len()), (5, 5));
         let (ta, tb) = (sim.truth(a.id()).unwrap(), sim.truth(b.id()).unwrap());
         assert!(tb.scheduled.unwrap() >= ta.finished.unwrap());
-        assert!(tb.queue().unwrap() >= ta.finished.unwrap() - tb.arrival);
+        assert!(tb.queue().unwrap() >= ta.finished.unwrap() - tb.submitted);
         let st = sim.stats();
         assert_eq!(
             (st.submitted, st.finished, st.running, st.waiting),
@@ -759,17 +817,15 @@ mod tests {
             ..cfg(0.1)
         })
         .unwrap();
+        let long_log = Log::default();
         let mut long = sim
             .submit(
                 SimRequest::new(10, 10_000).with_output_tokens(10_000),
-                RequestRecorder::new(),
+                long_log.clone(),
             )
             .unwrap();
         let mut next = sim
-            .submit(
-                SimRequest::new(10, 3).with_output_tokens(3),
-                RequestRecorder::new(),
-            )
+            .submit(SimRequest::new(10, 3).with_output_tokens(3), ())
             .unwrap();
         for _ in 0..3 {
             assert!(matches!(long.recv().await, Some(Ok(SimEvent::Token(_)))));
@@ -785,6 +841,7 @@ mod tests {
         let t = sim.truth(long_id).unwrap();
         assert_eq!(t.outcome, Some(TruthOutcome::Cancelled));
         assert!(t.output_tokens < 100);
+        assert_eq!(long_log.events().last(), Some(&Seen::Cancelled));
         let tn = sim.truth(next.id()).unwrap();
         // The slot is freed at the next step boundary (one decode step ≈ 0.7 ms here).
         assert!(tn.scheduled.unwrap() - dropped_at < Duration::from_millis(20));
@@ -792,16 +849,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn injected_errors_end_the_stream_and_mark_the_recorder() {
+    async fn injected_errors_end_the_stream_and_tell_the_observer() {
         let sim = Simulator::start(SimConfig {
             error_rate: 1.0,
             ..cfg(0.05)
         })
         .unwrap();
         for _ in 0..5 {
-            let rec = RequestRecorder::new();
+            let log = Log::default();
             let mut s = sim
-                .submit(SimRequest::new(20, 8).with_output_tokens(8), rec.clone())
+                .submit(SimRequest::new(20, 8).with_output_tokens(8), log.clone())
                 .unwrap();
             let (words, last) = drain(&mut s).await;
             assert!(words.len() < 8);
@@ -811,7 +868,19 @@ mod tests {
                     tokens: words.len() as u32
                 }))
             );
-            assert_eq!(rec.snapshot().error.as_deref(), Some("engine_error"));
+            let usage = Usage {
+                prompt_tokens: 20,
+                output_tokens: words.len() as u32,
+            };
+            assert_eq!(
+                log.events().last(),
+                Some(&Seen::Failed(
+                    SimError::Engine {
+                        tokens: words.len() as u32
+                    },
+                    usage
+                ))
+            );
             assert_eq!(
                 sim.truth(s.id()).unwrap().outcome,
                 Some(TruthOutcome::Error)
@@ -829,14 +898,12 @@ mod tests {
             ..cfg(0.05)
         })
         .unwrap();
-        let bad = sim.submit(SimRequest::new(101, 5), RequestRecorder::new());
+        let bad = sim.submit(SimRequest::new(101, 5), ());
         assert!(matches!(bad, Err(SimError::InvalidRequest(_))));
-        let zero = sim.submit(SimRequest::new(0, 5), RequestRecorder::new());
+        let zero = sim.submit(SimRequest::new(0, 5), ());
         assert!(matches!(zero, Err(SimError::InvalidRequest(_))));
-        let _first = sim
-            .submit(SimRequest::new(10, 5), RequestRecorder::new())
-            .unwrap();
-        let full = sim.submit(SimRequest::new(10, 5), RequestRecorder::new());
+        let _first = sim.submit(SimRequest::new(10, 5), ()).unwrap();
+        let full = sim.submit(SimRequest::new(10, 5), ());
         assert_eq!(full.unwrap_err(), SimError::QueueFull);
     }
 
@@ -851,9 +918,7 @@ mod tests {
             .unwrap();
             let mut out = Vec::new();
             for _ in 0..20 {
-                let mut s = sim
-                    .submit(SimRequest::new(10, 64), RequestRecorder::new())
-                    .unwrap();
+                let mut s = sim.submit(SimRequest::new(10, 64), ()).unwrap();
                 let (w, last) = drain(&mut s).await;
                 out.push((w, matches!(last, Some(Err(_)))));
             }
@@ -871,9 +936,7 @@ mod tests {
         // Median 128 ≫ cap 4: nearly every request is cut at 4 tokens with `length`.
         let mut lengths = 0;
         for _ in 0..10 {
-            let mut s = sim
-                .submit(SimRequest::new(10, 4), RequestRecorder::new())
-                .unwrap();
+            let mut s = sim.submit(SimRequest::new(10, 4), ()).unwrap();
             let (w, last) = drain(&mut s).await;
             if let Some(Ok(SimEvent::Finished {
                 reason: FinishReason::Length,
@@ -896,19 +959,13 @@ mod tests {
         })
         .unwrap();
         let mut decoding = sim
-            .submit(
-                SimRequest::new(10, 40).with_output_tokens(40),
-                RequestRecorder::new(),
-            )
+            .submit(SimRequest::new(10, 40).with_output_tokens(40), ())
             .unwrap();
         for _ in 0..3 {
             decoding.recv().await;
         }
         let mut big = sim
-            .submit(
-                SimRequest::new(4000, 2).with_output_tokens(2),
-                RequestRecorder::new(),
-            )
+            .submit(SimRequest::new(4000, 2).with_output_tokens(2), ())
             .unwrap();
         let _ = tokio::join!(drain(&mut decoding), drain(&mut big));
         let big_truth = sim.truth(big.id()).unwrap();
@@ -932,11 +989,8 @@ mod tests {
         let before = sim.stats();
         let mut streams: Vec<_> = (0..8)
             .map(|_| {
-                sim.submit(
-                    SimRequest::new(200, 30).with_output_tokens(30),
-                    RequestRecorder::new(),
-                )
-                .unwrap()
+                sim.submit(SimRequest::new(200, 30).with_output_tokens(30), ())
+                    .unwrap()
             })
             .collect();
         for s in &mut streams {

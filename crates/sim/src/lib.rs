@@ -6,17 +6,20 @@
 //! with decodes) and then decode one token per step. Every step lasts what the documented
 //! [`CostModel`] says (scaled by [`SimConfig::time_scale`]), in real time.
 //!
-//! The engine drives the request's [`RequestRecorder`](infertrace_tower::RequestRecorder)
-//! (`scheduled`, `tokens`, `usage`, `finish` / `error`) exactly as an instrumented engine would,
-//! streams tokens through a [`TokenStream`], and keeps a [`TruthRecord`] of every request's true
-//! phase instants so tests can check what spans say against what happened. [`EngineStats`] gives
+//! The engine tells each request's [`RequestObserver`] what happens to it (admitted, prefilled,
+//! tokens, finished / failed / cancelled) as an engine's callbacks would, streams tokens through
+//! a [`TokenStream`], and keeps a [`TruthRecord`] of every request's true phase instants, stamped
+//! from its own state and clock, never an observer's, so tests can check what an instrumented
+//! server measured against what happened. [`EngineStats`] gives
 //! the busy fraction (a simulated GPU utilisation), batch size and queue length.
 //! [`SimulatedGpu`] turns those into the counters of a **simulated** H100 (utilisation, power,
 //! energy, memory) for GPU telemetry on machines without a GPU.
 //!
 //! Steps sleep on tokio timers, which have a 1 ms resolution and wake a little late on a busy
 //! runtime: a step scaled below a few milliseconds lasts longer than the cost model says. The
-//! truth records what actually happened, never the nominal cost, so comparisons stay exact.
+//! truth records what actually happened, never the nominal cost, so comparisons stay exact. How
+//! late each step's timer woke is kept too ([`SimHandle::step_lateness`]): the run's scheduler
+//! noise, a baseline for tolerances derived from the machine the test runs on.
 //!
 //! Everything random (output lengths, injected errors, token text) derives from
 //! [`SimConfig::seed`] and the request's submission order; the scheduling policy itself
@@ -27,6 +30,7 @@
 pub mod config;
 mod engine;
 mod error;
+mod observer;
 pub mod scheduler;
 mod simulated_gpu;
 mod stats;
@@ -36,6 +40,7 @@ mod truth;
 pub use config::{CostModel, OutputLength, SimConfig, StepShape};
 pub use engine::{SimEvent, SimHandle, SimRequest, Simulator, Token, TokenStream, Usage};
 pub use error::SimError;
+pub use observer::RequestObserver;
 pub use scheduler::Scheduler;
 pub use simulated_gpu::{
     IDLE_WATTS, KV_BYTES_PER_TOKEN, MAX_WATTS, MEMORY_TOTAL_BYTES, SIMULATED_GPU_NAME,

@@ -308,7 +308,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_busy_engine_reads_as_a_busy_gpu() {
         use crate::{SimConfig, SimRequest, Simulator};
-        use infertrace_tower::RequestRecorder;
         let sim = Simulator::start(SimConfig::default()).unwrap();
         let mut gpu = SimulatedGpu::new(sim.clone());
         // Idle first.
@@ -320,7 +319,7 @@ mod tests {
         let mut streams = Vec::new();
         for _ in 0..4 {
             let req = SimRequest::new(500, 400).with_output_tokens(400);
-            streams.push(sim.submit(req, RequestRecorder::new()).unwrap());
+            streams.push(sim.submit(req, ()).unwrap());
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let busy = readings(&mut gpu, 1)[0];

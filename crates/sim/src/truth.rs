@@ -1,9 +1,12 @@
 //! [`TruthRecord`] and [`TruthLog`]: what really happened to each request, for tests to compare
 //! spans against.
 //!
-//! The engine stamps each instant with `Instant::now()` immediately before the matching
-//! [`RequestRecorder`](infertrace_tower::RequestRecorder) call, so engine-mode spans should agree
-//! with the truth to within microseconds.
+//! The engine stamps every instant from its own state and clock: `submitted` when `submit` is
+//! called, `scheduled` at the start of the step that admits the request, tokens at the end of the
+//! step that produced them. It never reads an observer's clock, so what an observer measures
+//! (e.g. the tower layer through a `RequestObserver` adapter) can be checked against it. The log
+//! also keeps how late each step's timer woke: the scheduler noise of the machine during the run,
+//! a baseline for tolerances.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -43,9 +46,7 @@ impl FinishReason {
 pub struct TruthRecord {
     /// Request id (as returned by `TokenStream::id`).
     pub id: u64,
-    /// The recorder's arrival instant (for a request behind the layer: when the layer saw it).
-    pub arrival: Instant,
-    /// When `submit` was called.
+    /// When `submit` was called: the request's arrival at the engine, start of its queue phase.
     pub submitted: Instant,
     /// Admitted to the running batch (start of the step with its first prefill chunk).
     pub scheduled: Option<Instant>,
@@ -69,10 +70,9 @@ pub struct TruthRecord {
 
 impl TruthRecord {
     /// A record for a request just submitted.
-    pub fn new(id: u64, arrival: Instant, submitted: Instant, prompt_tokens: u32) -> Self {
+    pub fn new(id: u64, submitted: Instant, prompt_tokens: u32) -> Self {
         Self {
             id,
-            arrival,
             submitted,
             scheduled: None,
             first_token: None,
@@ -86,9 +86,9 @@ impl TruthRecord {
         }
     }
 
-    /// Arrival → scheduled.
+    /// Submitted → scheduled.
     pub fn queue(&self) -> Option<Duration> {
-        Some(self.scheduled?.saturating_duration_since(self.arrival))
+        Some(self.scheduled?.saturating_duration_since(self.submitted))
     }
 
     /// Scheduled → first token.
@@ -104,9 +104,14 @@ impl TruthRecord {
         )
     }
 
-    /// Arrival → first token.
+    /// Submitted → first token.
     pub fn ttft(&self) -> Option<Duration> {
-        Some(self.first_token?.saturating_duration_since(self.arrival))
+        Some(self.first_token?.saturating_duration_since(self.submitted))
+    }
+
+    /// Submitted → left the engine.
+    pub fn e2e(&self) -> Option<Duration> {
+        Some(self.finished?.saturating_duration_since(self.submitted))
     }
 
     /// Decode time / (output tokens − 1), the GenAI definition; `None` below two tokens.
@@ -129,12 +134,14 @@ impl TruthRecord {
     }
 }
 
-/// Bounded map of truth records by request id; the oldest records are evicted first.
+/// Bounded map of truth records by request id (the oldest are evicted first), and the lateness of
+/// the latest steps' timers.
 #[derive(Debug)]
 pub struct TruthLog {
     capacity: usize,
     records: HashMap<u64, TruthRecord>,
     order: VecDeque<u64>,
+    step_lateness: VecDeque<Duration>,
 }
 
 impl TruthLog {
@@ -144,6 +151,7 @@ impl TruthLog {
             capacity: capacity.max(1),
             records: HashMap::new(),
             order: VecDeque::new(),
+            step_lateness: VecDeque::new(),
         }
     }
 
@@ -173,6 +181,20 @@ impl TruthLog {
         self.order.iter().filter_map(|id| self.records.get(id))
     }
 
+    /// Notes that a step's timer woke `late` after its deadline (the latest `capacity` kept).
+    pub fn step_late(&mut self, late: Duration) {
+        if self.step_lateness.len() >= self.capacity {
+            self.step_lateness.pop_front();
+        }
+        self.step_lateness.push_back(late);
+    }
+
+    /// How late the latest steps woke after their deadlines, oldest first: how long a ready task
+    /// waited for the runtime and the OS during the run (tokio's 1 ms timer tick included).
+    pub fn step_lateness(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.step_lateness.iter().copied()
+    }
+
     /// Number of kept records.
     pub fn len(&self) -> usize {
         self.records.len()
@@ -192,7 +214,7 @@ mod tests {
     fn phases_and_tpot() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let mut r = TruthRecord::new(1, t0, t0, 10);
+        let mut r = TruthRecord::new(1, t0, 10);
         r.scheduled = Some(t0 + ms(5));
         r.token_at(t0 + ms(20));
         r.token_at(t0 + ms(30));
@@ -201,6 +223,7 @@ mod tests {
         assert_eq!(r.prefill(), Some(ms(15)));
         assert_eq!(r.decode(), Some(ms(30)));
         assert_eq!(r.ttft(), Some(ms(20)));
+        assert_eq!(r.e2e(), None);
         assert_eq!(r.tpot(), Some(ms(15)));
         assert_eq!(r.max_inter_token_gap, ms(20));
         assert_eq!(r.output_tokens, 3);
@@ -211,7 +234,7 @@ mod tests {
         let t0 = Instant::now();
         let mut log = TruthLog::new(2);
         for id in 0..3 {
-            log.insert(TruthRecord::new(id, t0, t0, 1));
+            log.insert(TruthRecord::new(id, t0, 1));
         }
         assert!(log.get(0).is_none());
         assert_eq!(log.records().map(|r| r.id).collect::<Vec<_>>(), vec![1, 2]);

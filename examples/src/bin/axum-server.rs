@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use infertrace_examples::openai;
-use infertrace_examples::server::{ServerOptions, Telemetry, shutdown_signal};
+use infertrace_demo::openai;
+use infertrace_demo::server::{ServerOptions, Telemetry, shutdown_signal};
 use infertrace_sim::Simulator;
 
 /// OpenAI-compatible server (POST /v1/chat/completions, POST /v1/completions, GET /v1/models,

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use infertrace_examples::hyper_service::{self, OpenAiHyperService};
-use infertrace_examples::openai::{Endpoint, OpenAiService};
-use infertrace_examples::server::{ServerOptions, Telemetry, shutdown_signal};
+use infertrace_demo::hyper_service::{self, OpenAiHyperService};
+use infertrace_demo::openai::{Endpoint, OpenAiService};
+use infertrace_demo::server::{ServerOptions, Telemetry, shutdown_signal};
 use infertrace_sim::Simulator;
 
 /// OpenAI-compatible server built on a bare hyper service (routing by hand, no framework) on a

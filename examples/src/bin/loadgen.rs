@@ -5,14 +5,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use infertrace_examples::loadgen::{self, Api, LengthDist, LoadConfig, Protocol};
+use infertrace_demo::loadgen::{self, Api, LengthDist, LoadConfig, Protocol};
 
 /// Open-loop load generator: Poisson arrivals at --rate per second for --duration seconds, prompt
 /// and output lengths drawn from seeded distributions, over HTTP/SSE (OpenAI-compatible) or gRPC.
 /// Prints client-side TTFT, TPOT and end-to-end percentiles and outcome counts, to compare with
 /// what the server-side spans say.
 ///
-/// Length distributions: `fixed:N` or `lognormal:MEDIAN:SIGMA[:MAX]`.
+/// Length distributions: `fixed:N`, `lognormal:MEDIAN:SIGMA[:MAX]` or `mix:SHARE:LONG:BASE`.
 #[derive(Parser, Debug)]
 #[command(name = "loadgen", version)]
 struct Cli {

@@ -6,12 +6,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use infertrace_examples::grpc::{self, GeneratorServer};
-use infertrace_examples::server::{ServerOptions, Telemetry, shutdown_signal};
+use infertrace_demo::grpc::{self, GeneratorServer};
+use infertrace_demo::server::{ServerOptions, Telemetry, shutdown_signal};
 use infertrace_sim::Simulator;
 
 /// gRPC inference server (infertrace.examples.v1.Generator: Generate and GenerateStream, see
-/// examples/proto/generate.proto) on a simulated continuous-batching engine, traced by
+/// crates/demo/proto/generate.proto) on a simulated continuous-batching engine, traced by
 /// InferenceTraceLayer. OTLP export is configured by the standard OTEL_* variables.
 #[derive(Parser, Debug)]
 #[command(name = "tonic-server", version)]

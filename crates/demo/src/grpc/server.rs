@@ -16,6 +16,7 @@ use tonic_prost::ProstCodec;
 
 use super::messages::{GenerateRequest, GenerateResponse, GenerateStreamResponse, Usage};
 use super::{GENERATE_PATH, GENERATE_STREAM_PATH, SERVICE_NAME};
+use crate::EngineMarks;
 use crate::openai::{DEFAULT_MAX_TOKENS, recorder_of, wire::estimate_tokens};
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
@@ -91,10 +92,14 @@ impl Inner {
         if msg.ignore_eos {
             sim_req = sim_req.with_output_tokens(max_tokens);
         }
-        let tokens = self.sim.submit(sim_req, recorder.clone()).map_err(|e| {
-            recorder.error(e.kind());
-            status_of(&e)
-        })?;
+        let tokens = self
+            .sim
+            .submit(sim_req, EngineMarks(recorder.clone()))
+            .map_err(|e| {
+                recorder.error(e.kind());
+                status_of(&e)
+            })?;
+        recorder.model(tokens.model());
         let id = format!("gen-{}", tokens.id());
         recorder.response_id(&id);
         Ok((id, tokens, recorder))

@@ -1,4 +1,4 @@
-//! Hand-written prost messages of `examples/proto/generate.proto` (no protoc needed).
+//! Hand-written prost messages of `crates/demo/proto/generate.proto` (no protoc needed).
 
 /// `GenerateRequest`.
 #[derive(Clone, PartialEq, ::prost::Message)]

@@ -6,8 +6,10 @@ use std::str::FromStr;
 use rand::Rng;
 use rand_distr::{Distribution, LogNormal};
 
-/// A token-length distribution: `fixed:N`, or `lognormal:MEDIAN:SIGMA[:MAX]` (log-normal with
-/// that median and shape, rounded, clamped to 1..=MAX; MAX defaults to 8 × median).
+/// A token-length distribution: `fixed:N`, `lognormal:MEDIAN:SIGMA[:MAX]` (log-normal with
+/// that median and shape, rounded, clamped to 1..=MAX; MAX defaults to 8 × median), or
+/// `mix:SHARE:LONG:BASE` (`LONG` tokens with probability `SHARE`, else drawn from the
+/// distribution `BASE`: chat traffic with an occasional whole document).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LengthDist {
     /// Always `N` tokens.
@@ -21,14 +23,30 @@ pub enum LengthDist {
         /// Largest length drawn.
         max: u32,
     },
+    /// `long` tokens with probability `share`, else drawn from `base`.
+    Mix {
+        /// Probability of a long request, in [0, 1].
+        share: f64,
+        /// Length of a long request.
+        long: u32,
+        /// Distribution of the others.
+        base: Box<LengthDist>,
+    },
 }
 
 impl LengthDist {
     /// Draws one length (≥ 1).
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> u32 {
-        match *self {
-            LengthDist::Fixed(n) => n.max(1),
-            LengthDist::LogNormal { median, sigma, max } => {
+        match self {
+            LengthDist::Fixed(n) => (*n).max(1),
+            LengthDist::Mix { share, long, base } => {
+                if rng.random::<f64>() < *share {
+                    (*long).max(1)
+                } else {
+                    base.sample(rng)
+                }
+            }
+            &LengthDist::LogNormal { median, sigma, max } => {
                 match LogNormal::new(median.ln(), sigma) {
                     Ok(d) => {
                         let x: f64 = d.sample(rng);
@@ -66,8 +84,21 @@ impl FromStr for LengthDist {
                 };
                 Ok(LengthDist::LogNormal { median, sigma, max })
             }
+            ["mix", share, long, base @ ..] if !base.is_empty() => {
+                let share = num(share, "share")?;
+                if share > 1.0 {
+                    return Err(format!("share `{share}` in `{s}` is above 1"));
+                }
+                let long = (num(long, "long length")? as u32).max(1);
+                let base = base.join(":").parse::<LengthDist>()?;
+                Ok(LengthDist::Mix {
+                    share,
+                    long,
+                    base: Box::new(base),
+                })
+            }
             _ => Err(format!(
-                "`{s}` is not a length distribution: use `fixed:N` or `lognormal:MEDIAN:SIGMA[:MAX]`"
+                "`{s}` is not a length distribution: use `fixed:N`, `lognormal:MEDIAN:SIGMA[:MAX]` or `mix:SHARE:LONG:BASE`"
             )),
         }
     }
@@ -80,6 +111,7 @@ impl fmt::Display for LengthDist {
             LengthDist::LogNormal { median, sigma, max } => {
                 write!(f, "lognormal:{median}:{sigma}:{max}")
             }
+            LengthDist::Mix { share, long, base } => write!(f, "mix:{share}:{long}:{base}"),
         }
     }
 }
@@ -107,7 +139,34 @@ mod tests {
         );
         assert_eq!(d.to_string().parse::<LengthDist>().unwrap(), d);
         assert!("gauss:1".parse::<LengthDist>().is_err());
+        let m: LengthDist = "mix:0.25:20000:fixed:400".parse().unwrap();
+        assert_eq!(
+            m,
+            LengthDist::Mix {
+                share: 0.25,
+                long: 20_000,
+                base: Box::new(LengthDist::Fixed(400))
+            }
+        );
+        assert_eq!(m.to_string().parse::<LengthDist>().unwrap(), m);
+        assert!("mix:1.5:10:fixed:1".parse::<LengthDist>().is_err());
+        assert!("mix:0.5:10".parse::<LengthDist>().is_err());
         assert!("lognormal:x:1".parse::<LengthDist>().is_err());
+    }
+
+    #[test]
+    fn mix_draws_the_long_length_at_its_share() {
+        let d: LengthDist = "mix:0.2:9999:fixed:10".parse().unwrap();
+        let mut rng = StdRng::seed_from_u64(1);
+        let long = (0..10_000)
+            .map(|_| d.sample(&mut rng))
+            .filter(|n| {
+                assert!(*n == 9999 || *n == 10);
+                *n == 9999
+            })
+            .count();
+        // Binomial(10 000, 0.2): σ = 40.
+        assert!((1800..=2200).contains(&long), "{long}");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use infertrace_tower::{AdmissionConfig, InferenceTraceLayer, PhaseSource};
 /// Where phase boundaries come from (`--mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
-    /// The simulator marks scheduled / first token / tokens through the `RequestRecorder`.
+    /// The simulator marks scheduled / first token / tokens on the `RequestRecorder` (through
+    /// [`EngineMarks`](crate::EngineMarks)).
     Engine,
     /// No engine marks: the layer's admission queue gives the queue phase and the response body
     /// gives prefill (until the first chunk) and decode (until the end of the stream).

@@ -1,4 +1,4 @@
-//! A `Generate` gRPC service on the simulator (contract: `examples/proto/generate.proto`), with
+//! A `Generate` gRPC service on the simulator (contract: `crates/demo/proto/generate.proto`), with
 //! hand-written prost messages and tonic plumbing, and its client.
 //!
 //! The server marks the request's [`RequestRecorder`](infertrace_tower::RequestRecorder) the

@@ -22,6 +22,8 @@ use bytes::Bytes;
 use http::{StatusCode, header};
 use infertrace_sim::{SimError, SimEvent, SimHandle, SimRequest};
 use infertrace_tower::RequestRecorder;
+
+use crate::EngineMarks;
 use serde_json::json;
 use std::convert::Infallible;
 use tower::{Layer, Service};
@@ -230,7 +232,7 @@ impl OpenAiService {
         if req.ignore_eos {
             sim_req = sim_req.with_output_tokens(req.max_tokens);
         }
-        let mut tokens = match self.sim.submit(sim_req, recorder.clone()) {
+        let mut tokens = match self.sim.submit(sim_req, EngineMarks(recorder.clone())) {
             Ok(t) => t,
             Err(e) => {
                 recorder.error(e.kind());
@@ -242,6 +244,7 @@ impl OpenAiService {
                 return error_response(status, e.kind(), &e.to_string());
             }
         };
+        recorder.model(tokens.model());
         let id: Arc<str> = Arc::from(format!("{}{}", endpoint.id_prefix(), tokens.id()));
         recorder.response_id(&id);
         let created = unix_now();
@@ -356,7 +359,7 @@ async fn completions(
 /// use infertrace_tower::InferenceTraceLayer;
 /// let sim = Simulator::start(SimConfig::default())?;
 /// let layer = InferenceTraceLayer::new().default_model("llama-3.1-8b");
-/// let app = infertrace_examples::openai::router(sim, layer, "llama-3.1-8b");
+/// let app = infertrace_demo::openai::router(sim, layer, "llama-3.1-8b");
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 /// axum::serve(listener, app).await?;
 /// # Ok(()) }

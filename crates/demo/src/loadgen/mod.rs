@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! # async fn run() -> anyhow::Result<()> {
-//! use infertrace_examples::loadgen::{self, LoadConfig};
+//! use infertrace_demo::loadgen::{self, LoadConfig};
 //! let report = loadgen::run(&LoadConfig { rate: 5.0, ..LoadConfig::default() }, false).await?;
 //! print!("{report}");
 //! # Ok(()) }
