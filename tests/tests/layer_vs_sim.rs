@@ -5,10 +5,13 @@
 //! generator's client, and compares every request's `queue` / `prefill` / `decode` (or
 //! `inference`) span with the instants the simulator recorded.
 //!
-//! Tolerance: **2 ms** on every phase boundary. In engine mode the span offsets count from the
-//! layer's arrival and the truth's from the simulator's own `submitted`, which follows it by the
-//! handler's work before `submit`; the engine stamps its truth on its own clock immediately
-//! before the observer marks the recorder, so the real difference is microseconds. In derived
+//! Bounds: a span boundary is never earlier than the truth (less [`CAUSAL_SLACK`]) and at most
+//! [`TOLERANCE`] plus twice the run's scheduler noise later. In engine mode the span offsets
+//! count from the layer's arrival and the truth's from the simulator's own `submitted`, which
+//! follows it by the handler's work before `submit`; the engine stamps its truth on its own clock
+//! immediately before the observer marks the recorder, so on a quiet machine the difference is
+//! microseconds, and on a busy one a task waiting for a CPU can add what the engine's own step
+//! timers are measured to wait ([`noise`]). In derived
 //! mode the admission queue is the layer's own, unknown to the simulator: offsets count from the
 //! admission grant (span) and from `submitted` (truth; the handler submits right after admission
 //! and reading a small body), and the first/last body chunk match `first_token` and `last_token`
@@ -33,8 +36,27 @@ use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tokio::sync::oneshot;
 
-/// Allowed difference between a span boundary and the true instant.
+/// How much later than the true instant a span boundary may be, on top of the run's noise.
 const TOLERANCE: Duration = Duration::from_millis(2);
+/// How much earlier a span boundary may be: the layer marks after the engine's stamp and its
+/// arrival precedes `submitted`, so only clock conversions can put it earlier.
+const CAUSAL_SLACK: Duration = Duration::from_micros(500);
+
+/// The largest step-timer lateness any simulator in this test binary has measured so far
+/// (nanoseconds): how long a ready task waited for a CPU, the same wait that can separate the
+/// engine's truth stamp from the layer's mark or the client's read.
+static NOISE_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn note_noise(sim: &SimHandle) {
+    let worst = sim.step_lateness().into_iter().max().unwrap_or_default();
+    let nanos = u64::try_from(worst.as_nanos()).unwrap_or(u64::MAX);
+    NOISE_NANOS.fetch_max(nanos, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The scheduler noise measured so far (see [`NOISE_NANOS`]).
+fn noise() -> Duration {
+    Duration::from_nanos(NOISE_NANOS.load(std::sync::atomic::Ordering::Relaxed))
+}
 const MODEL: &str = "llama-3.1-8b";
 
 /// A running example server with its simulator and captured spans.
@@ -108,6 +130,7 @@ impl Server {
         loop {
             let t = self.sim.truth(id).unwrap();
             if t.outcome.is_some() {
+                note_noise(&self.sim);
                 return t;
             }
             assert!(
@@ -263,10 +286,11 @@ fn since(t: SystemTime, base: SystemTime) -> Duration {
 }
 
 fn close(what: &str, id: &str, got: Duration, want: Duration) {
-    let diff = got.abs_diff(want);
+    let late = TOLERANCE + 2 * noise();
     assert!(
-        diff <= TOLERANCE,
-        "{id}: {what} is {got:?} in the span but {want:?} in truth (off by {diff:?})"
+        got + CAUSAL_SLACK >= want && got <= want + late,
+        "{id}: {what} is {got:?} in the span but {want:?} in truth \
+         (allowed: {CAUSAL_SLACK:?} earlier, {late:?} later)"
     );
 }
 
@@ -392,8 +416,9 @@ async fn engine_mode_streamed_and_whole_match_truth() {
                     "{id}: client TTFT {client_ttft:?}, true {true_ttft:?}"
                 );
                 assert!(
-                    client_ttft < true_ttft + Duration::from_millis(20),
-                    "{id}: client TTFT {client_ttft:?}, true {true_ttft:?}"
+                    client_ttft < true_ttft + Duration::from_millis(20) + 4 * noise(),
+                    "{id}: client TTFT {client_ttft:?}, true {true_ttft:?}, noise {:?}",
+                    noise()
                 );
                 assert_eq!(r.output_tokens, t.output_tokens);
             }
@@ -589,9 +614,10 @@ async fn client_cancel_mid_stream_frees_the_engine_slot() {
     assert_eq!(r2.outcome, Outcome::Ok);
     let t2 = server.truth(r2.response_id.as_deref().unwrap()).await;
     assert!(
-        t2.queue().unwrap() < Duration::from_millis(10),
-        "{:?}",
-        t2.queue()
+        t2.queue().unwrap() < Duration::from_millis(10) + 2 * noise(),
+        "{:?} (noise {:?})",
+        t2.queue(),
+        noise()
     );
     assert_eq!(server.sim.stats().cancelled, 1);
     server.stop().await;
@@ -729,7 +755,11 @@ async fn loadgen_run_agrees_with_spans_and_truth() {
         // Client-side TTFT and e2e bracket the server's (loopback adds well under 20 ms).
         let (client_ttft, true_ttft) = (r.ttft.unwrap(), t.ttft().unwrap());
         assert!(client_ttft + Duration::from_millis(1) >= true_ttft, "{id}");
-        assert!(client_ttft < true_ttft + Duration::from_millis(20), "{id}");
+        assert!(
+            client_ttft < true_ttft + Duration::from_millis(20) + 4 * noise(),
+            "{id}: client TTFT {client_ttft:?}, true {true_ttft:?}, noise {:?}",
+            noise()
+        );
         let true_e2e = t.e2e().unwrap();
         assert!(r.e2e + Duration::from_millis(1) >= true_e2e, "{id}");
         assert_eq!(r.output_tokens, t.output_tokens);
