@@ -364,7 +364,7 @@ struct Engine {
     prefilled: Vec<(u64, u32)>,
     /// Nominal end of the previous step, while the engine runs back to back.
     clock: Option<Instant>,
-    /// When the previous step actually ended.
+    /// When the previous step actually ended; `None` once the engine has waited for work.
     last_end: Option<Instant>,
 }
 
@@ -400,6 +400,8 @@ impl Engine {
             }
             self.drop_cancelled();
             if self.scheduler.is_idle() {
+                // Idle: the time until the next arrival is the simulated GPU's idle time.
+                self.last_end = None;
                 match self.rx.recv().await {
                     Some(p) => {
                         self.accept(p);
@@ -477,12 +479,12 @@ impl Engine {
         let plan = self.scheduler.plan_step();
         let start = Instant::now();
         let stats = &self.shared.stats;
-        // Back to back (continuing the nominal clock), the simulator's own CPU time between two
-        // steps is paid back by the next step's shorter sleep: to the simulated GPU it is busy
-        // time, as on an engine whose scheduler overlaps the GPU's work.
-        let back_to_back = matches!(self.clock, Some(c) if c <= start && start - c <= CLOCK_SLACK);
+        // With work waiting since the previous step, the gap between two steps (the
+        // simulator's own CPU time, or a timer that woke late on a busy machine) is busy time
+        // to the simulated GPU, as on an engine whose scheduler overlaps the GPU's work: only
+        // waiting for an arrival is idle.
         let busy_from = match self.last_end {
-            Some(e) if back_to_back && e <= start => e,
+            Some(e) if e <= start => e,
             _ => start,
         };
         stats.step_begin(busy_from);

@@ -1,7 +1,8 @@
 //! [`EngineStats`]: counters of the simulated engine, including its busy fraction (the share of
-//! time a step was running: a simulated GPU utilisation). While steps run back to back, the
-//! simulator's short CPU gap between them counts as busy (the engine's nominal clock pays it
-//! back, so the simulated GPU never idles there).
+//! time a step was running: a simulated GPU utilisation). While work is waiting, the gap between
+//! two steps (the simulator's own CPU time, or a timer late on a busy machine) counts as busy:
+//! the simulated GPU idles only while the engine waits for an arrival, so its utilisation does
+//! not depend on how loaded the machine running the simulation is.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
