@@ -161,42 +161,51 @@
 //! `Instant` readings taken at arrival and at the end of each request.
 //!
 //! The cost (criterion, `benches/layer_overhead.rs`) is recorded in `docs/PERFORMANCE.md`.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
 
+// Modules from the bottom up; each uses only modules above it in this list
+// (`scripts/module-cycles.py` checks there is no cycle).
+// Helpers with no layer of their own.
 mod admission;
-mod batch;
-mod body;
 mod counters;
-mod direct;
-mod end_attributes;
 #[cfg(feature = "axum")]
 mod extract;
 mod gaps;
 mod grpc;
 mod interning;
-mod layer;
 mod metrics;
+mod propagation;
+mod recorder;
+mod tick_clock;
+// Plain data: a request's arrival facts, its end values, the finished request.
+mod end_attributes;
+mod finished;
+mod request_facts;
+// Configuration every request of a layer reads.
+mod config;
+// Where spans go: `SpanSink` and its tracer, direct and batch sinks.
+mod export;
+// One request in flight.
+mod phases;
+mod record;
+// The tower service and the response body.
+mod body;
+mod service;
+// The builder users configure, and the OTLP setup it can take.
+mod layer;
 #[cfg(feature = "otlp")]
 pub mod otlp;
-mod phases;
-mod propagation;
-mod record;
-mod recorder;
-mod request_facts;
-mod service;
-mod spans;
-mod tick_clock;
 
-pub use batch::{BatchSettings, MAX_QUEUE_ENTRIES};
+pub use admission::AdmissionConfig;
 pub use body::TracedBody;
-pub use direct::SharedSpanProcessor;
+pub use config::PhaseSource;
+pub use export::{BatchSettings, MAX_QUEUE_ENTRIES, SharedSpanProcessor};
 #[cfg(feature = "axum")]
 pub use extract::MissingRecorder;
 #[cfg(feature = "gpu")]
 pub use infertrace_gpu::{GpuTelemetry, TelemetryConfig};
-pub use layer::{
-    AdmissionConfig, InferenceTraceLayer, MODEL_HEADER, OPERATION_HEADER, PhaseSource,
-    RequestDescription, RequestHead,
-};
+pub use layer::InferenceTraceLayer;
 pub use recorder::{RecorderSnapshot, RequestRecorder};
+pub use request_facts::{MODEL_HEADER, OPERATION_HEADER, RequestDescription, RequestHead};
 pub use service::{InferenceTraceService, ResponseFuture};

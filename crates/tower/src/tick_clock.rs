@@ -17,10 +17,19 @@ use std::time::{Duration, Instant};
 pub(crate) fn ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
     if *INVARIANT_TSC.get_or_init(invariant_tsc) {
-        // SAFETY: `rdtsc` has no preconditions on x86_64; it only reads the time-stamp counter.
-        return unsafe { core::arch::x86_64::_rdtsc() };
+        return rdtsc();
     }
     monotonic_nanos()
+}
+
+/// The time-stamp counter. The crate's only `unsafe`: `_rdtsc` is an `unsafe fn` in `core`,
+/// and it is what keeps the per-chunk cost low (docs/PERFORMANCE.md, per streamed chunk).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline]
+fn rdtsc() -> u64 {
+    // SAFETY: `rdtsc` has no preconditions on x86_64; it only reads the time-stamp counter.
+    unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 #[cfg(target_arch = "x86_64")]
