@@ -109,8 +109,8 @@ impl InferenceTraceLayer {
     }
 
     /// Uses a tracer from `provider` instead of the global one. An
-    /// [`SdkTracerProvider`] is used directly (no boxing per span); any other provider through
-    /// `opentelemetry`'s boxed tracer.
+    /// [`SdkTracerProvider`](opentelemetry_sdk::trace::SdkTracerProvider) is used directly (no
+    /// boxing per span); any other provider through `opentelemetry`'s boxed tracer.
     ///
     /// This alone keeps the layer on the tracer path. For the cheaper direct path give the
     /// layer the provider's span processor too ([`with_span_processor`](Self::with_span_processor),
@@ -163,8 +163,8 @@ impl InferenceTraceLayer {
     /// SDK's live-span work (builder, context, a sampler call and ids per span, the span's
     /// bookkeeping). With infertrace's batch processor ([`SharedSpanProcessor::batch`], what
     /// `with_otlp` uses) each finished request is one queue entry and its
-    /// four spans are built on the export thread: about a third of the tracer path's cost on
-    /// the request's thread (see `docs/PERFORMANCE.md`). With any other processor
+    /// four spans are built on the export thread, which leaves the least work on the request's
+    /// thread (see `docs/PERFORMANCE.md`). With any other processor
     /// ([`SharedSpanProcessor::new`]) the request span and its phase spans are handed over as
     /// finished [`SpanData`](opentelemetry_sdk::trace::SpanData), one `SpanProcessor::on_end`
     /// call each.
@@ -252,7 +252,7 @@ impl InferenceTraceLayer {
     }
 
     /// The model named when neither a [`describe`](Self::describe) function, the
-    /// [`MODEL_HEADER`] header nor the handler (through
+    /// [`MODEL_HEADER`](crate::MODEL_HEADER) header nor the handler (through
     /// [`RequestRecorder::request_model`](crate::RequestRecorder::request_model)) names one.
     pub fn default_model(mut self, model: impl Into<String>) -> Self {
         self.default_model = Some(interning::shared_value(Kind::Model, &model.into()));

@@ -113,8 +113,8 @@
 //! Without NVML (no library, driver not loaded, no permission) the sampler logs one line and the
 //! spans get no `gpu.*` attribute at all — never zeros; the host counters still apply. Without
 //! `gpu_telemetry` a phase span carries only `infer.phase`, and the request's cost is unchanged.
-//! With it, a request costs a few µs more (registration, six window queries, more attributes;
-//! see `docs/PERFORMANCE.md`); a token costs one more relaxed atomic add.
+//! With it, a request costs more (registration, six window queries, more attributes; see
+//! `docs/PERFORMANCE.md`); a token costs one more relaxed atomic add.
 //!
 //! # How the request span gets its identity up front
 //!
@@ -157,7 +157,7 @@
 //! All instants come from one monotonic clock ([`std::time::Instant`]) and are converted to wall
 //! time once per request (`wall time at arrival + offset`), so phases never overlap wrongly or go
 //! negative. Per-chunk and per-token marks read the CPU's invariant time-stamp counter where
-//! there is one (about a third of the cost of `Instant::now()`), converted against a pair of
+//! there is one (cheaper than `Instant::now()`), converted against a pair of
 //! `Instant` readings taken at arrival and at the end of each request.
 //!
 //! The cost (criterion, `benches/layer_overhead.rs`) is recorded in `docs/PERFORMANCE.md`.

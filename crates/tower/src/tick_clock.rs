@@ -1,13 +1,12 @@
 //! The per-chunk clock: the CPU's invariant time-stamp counter where there is one, else the
 //! monotonic clock in nanoseconds.
 //!
-//! Reading `Instant::now()` costs 25–40 ns on a typical VM; `rdtsc` about a third of that,
-//! which is what keeps the per-chunk cost of the body wrapper near 20 ns. Ticks are never
-//! converted with a global calibration: a request takes an (`Instant`, ticks) pair at arrival
-//! and another at its end, and converts the ticks in between with that pair's own ratio
-//! ([`TickSpan`]). Results are clamped into the request's `[arrival, end]`, so even a
-//! misbehaving counter can only blur gap statistics, never produce a negative or out-of-range
-//! time.
+//! Reading the counter is cheaper than `Instant::now()`, and the body wrapper reads a clock on
+//! every chunk. Ticks are never converted with a global calibration: a request takes an
+//! (`Instant`, ticks) pair at arrival and another at its end, and converts the ticks in between
+//! with that pair's own ratio ([`TickSpan`]). Results are clamped into the request's
+//! `[arrival, end]`, so even a misbehaving counter can only blur gap statistics, never produce a
+//! negative or out-of-range time.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
