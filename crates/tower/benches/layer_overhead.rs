@@ -29,9 +29,14 @@
 //!   a diagnostic, not a way to run the layer;
 //! - `recorder/tokens_1`: one `RequestRecorder::tokens(1)` call (the engine's per-token cost).
 //!
-//! Criterion measures the CPU time of the request's thread (`CLOCK_THREAD_CPUTIME_ID`), so time
-//! the thread spends preempted on a shared machine does not count; the summary also gives the
-//! process CPU time (adding the SDK batch-export thread's work on the spans) and wall time.
+//! Every thread (the request loop, the span processors' export threads, the GPU samplers) is
+//! pinned to one CPU (`INFERTRACE_BENCH_CPU`: a CPU number, default the first one allowed;
+//! `none` to leave them unpinned), so the process CPU time per request is what the work costs,
+//! not cross-core traffic. Criterion measures the CPU time of the request's thread
+//! (`CLOCK_THREAD_CPUTIME_ID`): time it spends preempted does not count. The summary gives, per
+//! variant, the process CPU time (request thread + export threads: what a user pays), the
+//! request thread's CPU time, their difference, and wall time. The processors are flushed after
+//! each variant, outside the measurement.
 //!
 //! Run: `cargo bench -p infertrace-tower --bench layer_overhead`. After criterion's own report
 //! a summary table prints the medians and the differences the targets are about.
@@ -210,21 +215,13 @@ struct CpuClocks {
 }
 
 #[cfg(target_os = "linux")]
-fn cpu_clock(id: i32) -> Duration {
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-    unsafe extern "C" {
-        fn clock_gettime(clock_id: i32, tp: *mut Timespec) -> i32;
-    }
-    let mut ts = Timespec {
+fn cpu_clock(id: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec; the clock ids are Linux constants.
-    if unsafe { clock_gettime(id, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
         return Duration::ZERO;
     }
     Duration::new(
@@ -233,14 +230,53 @@ fn cpu_clock(id: i32) -> Duration {
     )
 }
 
+#[cfg(target_os = "linux")]
+use libc::{CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID};
+
 #[cfg(not(target_os = "linux"))]
 fn cpu_clock(_id: i32) -> Duration {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed()
 }
 
+#[cfg(not(target_os = "linux"))]
 const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+#[cfg(not(target_os = "linux"))]
 const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+
+/// Pins this thread, and so every thread it starts later (the span processors' export
+/// threads, the GPU samplers), to one CPU: `INFERTRACE_BENCH_CPU` (a CPU number, or `none` to
+/// leave threads where the scheduler puts them), by default the first CPU this process may
+/// use. On one core the process CPU time is the work itself, not cross-core traffic. Returns
+/// the CPU pinned to.
+#[cfg(target_os = "linux")]
+fn pin_to_one_cpu() -> Option<usize> {
+    let wanted = std::env::var("INFERTRACE_BENCH_CPU").ok();
+    if wanted.as_deref() == Some("none") {
+        return None;
+    }
+    // SAFETY: `set` is a plain bit set, zero-initialised and then read and written only through
+    // libc's CPU_* helpers with its own size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if libc::sched_getaffinity(0, size, &mut set) != 0 {
+            return None;
+        }
+        let cpu = match wanted.and_then(|w| w.trim().parse::<usize>().ok()) {
+            Some(cpu) => cpu,
+            None => (0..libc::CPU_SETSIZE as usize).find(|&c| libc::CPU_ISSET(c, &set))?,
+        };
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        (libc::sched_setaffinity(0, size, &set) == 0).then_some(cpu)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_to_one_cpu() -> Option<usize> {
+    None
+}
 
 impl CpuClocks {
     fn now() -> Self {
@@ -267,6 +303,25 @@ impl CpuClocks {
 }
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
+/// The CPU every thread runs on, if pinned.
+static PINNED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+
+/// Per variant: spans per request, spans emitted, spans the exporter received (for the
+/// summary: a span dropped at a full queue is never exported, and its cost is partly missing).
+static SPANS: Mutex<BTreeMap<String, [u64; 3]>> = Mutex::new(BTreeMap::new());
+
+/// The span processors the variants export to, flushed after each variant (outside the
+/// measurement), so one variant's queued spans are not exported during the next one's.
+static PROCESSORS: Mutex<Vec<SharedSpanProcessor>> = Mutex::new(Vec::new());
+
+fn flush_processors() {
+    if let Ok(processors) = PROCESSORS.lock() {
+        for p in processors.iter() {
+            let _ = p.force_flush();
+        }
+    }
+}
+
 fn bench_service<S, B>(
     c: &mut Criterion,
     group: &str,
@@ -279,6 +334,8 @@ fn bench_service<S, B>(
     B: Body,
 {
     let key = format!("{group}/{name}");
+    let exported_before = EXPORTED.load(Ordering::Relaxed);
+    let mut emitted = 0;
     c.benchmark_group(group).bench_function(name, |b| {
         b.iter_custom(|iters| {
             let start = CpuClocks::now();
@@ -287,9 +344,15 @@ fn bench_service<S, B>(
             }
             let elapsed = start.elapsed(&key, iters);
             REQUESTS.fetch_add(iters * spans_per_request, Ordering::Relaxed);
+            emitted += iters * spans_per_request;
             elapsed
         })
     });
+    flush_processors();
+    let exported = EXPORTED.load(Ordering::Relaxed) - exported_before;
+    if let Ok(mut spans) = SPANS.lock() {
+        spans.insert(key, [spans_per_request, emitted, exported]);
+    }
 }
 
 /// A batch span processor with a queue deep enough that the export thread keeps up on a small
@@ -327,6 +390,9 @@ fn meter_provider() -> SdkMeterProvider {
 
 fn benches(c: &mut Criterion) {
     let (tracer_provider, processor) = batch_provider();
+    if let Ok(mut processors) = PROCESSORS.lock() {
+        processors.push(processor.clone());
+    }
     opentelemetry::global::set_tracer_provider(tracer_provider.clone());
     opentelemetry::global::set_text_map_propagator(
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
@@ -356,6 +422,9 @@ fn benches(c: &mut Criterion) {
         },
     )
     .expect("export thread");
+    if let Ok(mut processors) = PROCESSORS.lock() {
+        processors.push(own.clone());
+    }
     let handover = InferenceTraceLayer::new()
         .with_tracer_provider(&tracer_provider)
         .with_span_processor(own.clone())
@@ -547,11 +616,20 @@ fn summary() {
             .map(|v| median(&v.iter().map(|s| s[i]).collect::<Vec<_>>()))
             .unwrap_or(f64::NAN)
     };
+    let spans = SPANS.lock().map(|s| s.clone()).unwrap_or_default();
+    match PINNED.get().copied().flatten() {
+        Some(cpu) => println!("\nEvery thread pinned to CPU {cpu} (INFERTRACE_BENCH_CPU)."),
+        None => println!("\nThreads not pinned (INFERTRACE_BENCH_CPU=none, or pinning failed)."),
+    }
     println!("\n## layer_overhead summary (median over criterion samples, ns per request)");
     println!(
-        "| variant | thread CPU | added | process CPU (incl. export thread) | added | wall | added |"
+        "Process CPU: every thread (request thread + span processors' export threads); \
+         request thread: the thread serving the request; other threads: the difference."
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| variant | spans | process CPU | added | request thread CPU | added | other threads | wall | added | spans exported |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let bare: Vec<f64> = (0..3).map(|i| m("request/bare", i)).collect();
     for name in [
         "bare",
@@ -571,14 +649,21 @@ fn summary() {
             continue;
         }
         let v: Vec<f64> = (0..3).map(|i| m(&k, i)).collect();
+        let [per_request, emitted, exported] = spans.get(&k).copied().unwrap_or_default();
+        let delivered = if emitted == 0 {
+            "—".to_owned()
+        } else {
+            format!("{:.1} %", 100.0 * exported as f64 / emitted as f64)
+        };
         println!(
-            "| {name} | {:.0} | {:+.0} | {:.0} | {:+.0} | {:.0} | {:+.0} |",
-            v[0],
-            v[0] - bare[0],
+            "| {name} | {per_request} | {:.0} | {:+.0} | {:.0} | {:+.0} | {:.0} | {:.0} | {:+.0} | {delivered} |",
             v[1],
             v[1] - bare[1],
+            v[0],
+            v[0] - bare[0],
+            v[1] - v[0],
             v[2],
-            v[2] - bare[2]
+            v[2] - bare[2],
         );
     }
     if samples.contains_key("sdk/span_1_attr") {
@@ -615,6 +700,7 @@ fn summary() {
 
 /// Also the entry point of `layer_overhead_mimalloc` (this file as a module).
 pub(crate) fn main() {
+    let _ = PINNED.set(pin_to_one_cpu());
     let mut c = Criterion::default().configure_from_args();
     benches(&mut c);
     c.final_summary();
