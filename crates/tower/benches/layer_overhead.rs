@@ -20,6 +20,11 @@
 //! - `otel_instrumentation_tower`: `opentelemetry-instrumentation-tower` 0.19, one span, tracing
 //!   only (and `_metrics`: with its metrics into the same kind of meter provider);
 //! - `tower_http_tracing_otel`: tower-http `TraceLayer` + `tracing-opentelemetry`, one span;
+//! - `infertrace_handover_otlp` and `otel_instrumentation_tower_otlp`: the hand-off and the
+//!   best peer exporting through a real OTLP/HTTP protobuf exporter to a local receiver (a
+//!   child process that reads each request and answers 200), each processor at its default
+//!   settings, flushed after every batch's worth of requests inside the measurement so that no
+//!   span is dropped: encoding, the HTTP client and every export are in the process CPU;
 //! - `chunks/*`: a streamed (`text/event-stream`) body of 1 and 1025 chunks, bare and traced;
 //!   the per-chunk cost is the slope difference;
 //! - `sdk/span_1_attr`: the floor, one SDK span with one attribute into the same processor;
@@ -322,12 +327,27 @@ fn flush_processors() {
     }
 }
 
-fn bench_service<S, B>(
+fn bench_service<S, B>(c: &mut Criterion, group: &str, name: &str, svc: S, spans_per_request: u64)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: Body,
+{
+    bench_paced(c, group, name, svc, spans_per_request, None);
+}
+
+/// [`bench_service`], flushing `pace.0` after every `pace.1` requests inside the measurement:
+/// the request thread waits while the export thread exports what is queued, so no span is
+/// dropped at a full queue and the process CPU includes the export of every span. With
+/// `pace.1` a batch's worth of requests, exports happen as often as the processor's own
+/// batching would make them.
+fn bench_paced<S, B>(
     c: &mut Criterion,
     group: &str,
     name: &str,
     mut svc: S,
     spans_per_request: u64,
+    pace: Option<(&SharedSpanProcessor, u64)>,
 ) where
     S: Service<Request<Full<Bytes>>, Response = Response<B>>,
     S::Error: std::fmt::Debug,
@@ -339,8 +359,13 @@ fn bench_service<S, B>(
     c.benchmark_group(group).bench_function(name, |b| {
         b.iter_custom(|iters| {
             let start = CpuClocks::now();
-            for _ in 0..iters {
+            for i in 1..=iters {
                 one(&mut svc);
+                if let Some((processor, every)) = pace
+                    && (i % every == 0 || i == iters)
+                {
+                    let _ = processor.force_flush();
+                }
             }
             let elapsed = start.elapsed(&key, iters);
             REQUESTS.fetch_add(iters * spans_per_request, Ordering::Relaxed);
@@ -378,6 +403,112 @@ fn batch_provider() -> (SdkTracerProvider, SharedSpanProcessor) {
     (provider, processor)
 }
 
+/// An exporter that counts what `E` exported (into [`EXPORTED`]).
+#[derive(Debug)]
+struct Counting<E>(E);
+
+impl<E: SpanExporter> SpanExporter for Counting<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        let spans = batch.len() as u64;
+        let export = self.0.export(batch);
+        async move {
+            let result = export.await;
+            if result.is_ok() {
+                EXPORTED.fetch_add(spans, Ordering::Relaxed);
+            }
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.0.set_resource(resource);
+    }
+}
+
+/// Set in the child process that plays the local OTLP/HTTP receiver.
+const RECEIVER_ENV: &str = "INFERTRACE_BENCH_RECEIVER";
+
+/// The receiver: answers every request with `200 OK` and an empty body, reading (not decoding)
+/// what it is sent. Prints its address, then serves until killed.
+fn run_receiver() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let Ok(listener) = std::net::TcpListener::bind("127.0.0.1:0") else {
+        return;
+    };
+    let Ok(address) = listener.local_addr() else {
+        return;
+    };
+    println!("{address}");
+    let _ = std::io::stdout().flush();
+    for stream in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            let Ok(mut writer) = stream.try_clone() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream);
+            loop {
+                let mut length = 0usize;
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                if reader.read_exact(&mut body).is_err() {
+                    return;
+                }
+                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                if writer.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Starts the receiver in a child process (this binary again), before any pinning, so its
+/// CPU time is not the benchmark's. Returns the child and its base URL.
+fn start_receiver() -> Option<(std::process::Child, String)> {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(std::env::current_exe().ok()?)
+        .env(RECEIVER_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take()?)
+        .read_line(&mut line)
+        .ok()?;
+    Some((child, format!("http://{}", line.trim())))
+}
+
+/// An OTLP/HTTP protobuf span exporter to the receiver at `base`, counting what it exports.
+fn otlp_exporter(base: &str) -> Option<Counting<opentelemetry_otlp::SpanExporter>> {
+    use opentelemetry_otlp::WithExportConfig as _;
+    opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(format!("{base}/v1/traces"))
+        .build()
+        .ok()
+        .map(Counting)
+}
+
 fn meter_provider() -> SdkMeterProvider {
     SdkMeterProvider::builder()
         .with_reader(
@@ -388,7 +519,7 @@ fn meter_provider() -> SdkMeterProvider {
         .build()
 }
 
-fn benches(c: &mut Criterion) {
+fn benches(c: &mut Criterion, receiver: Option<&str>) {
     let (tracer_provider, processor) = batch_provider();
     if let Ok(mut processors) = PROCESSORS.lock() {
         processors.push(processor.clone());
@@ -525,6 +656,63 @@ fn benches(c: &mut Criterion) {
         );
     });
 
+    // Through a real OTLP/HTTP exporter (protobuf encoding, loopback HTTP) to the receiver,
+    // each processor at its defaults (the `OTEL_BSP_*` variables): the hand-off as `with_otlp`
+    // wires it, and the best peer through the SDK's batch processor.
+    if let Some(base) = receiver
+        && let (Some(ours), Some(theirs)) = (otlp_exporter(base), otlp_exporter(base))
+    {
+        let resource = opentelemetry_sdk::Resource::builder()
+            .with_service_name("bench")
+            .build();
+        if let Ok(own) = SharedSpanProcessor::batch(ours, &resource) {
+            if let Ok(mut processors) = PROCESSORS.lock() {
+                processors.push(own.clone());
+            }
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(own.clone())
+                .with_resource(resource.clone())
+                .build();
+            let layer = InferenceTraceLayer::new()
+                .with_tracer_provider(&provider)
+                .with_span_processor(own.clone())
+                .default_model("llama-3.1-8b");
+            // A batch's worth: 512 spans, 128 requests of 4.
+            bench_paced(
+                c,
+                "request",
+                "infertrace_handover_otlp",
+                layer.layer(engine),
+                4,
+                Some((&own, 128)),
+            );
+        }
+        let sdk = opentelemetry_sdk::trace::BatchSpanProcessor::builder(theirs).build();
+        let sdk = SharedSpanProcessor::new(sdk, &resource);
+        if let Ok(mut processors) = PROCESSORS.lock() {
+            processors.push(sdk.clone());
+        }
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(sdk.clone())
+            .with_resource(resource)
+            .build();
+        // The peer uses the global provider: this one from now on.
+        opentelemetry::global::set_tracer_provider(provider);
+        if let Ok(peer) = opentelemetry_instrumentation_tower::http::server::LayerBuilder::builder()
+            .with_metrics(false)
+            .build()
+        {
+            bench_paced(
+                c,
+                "request",
+                "otel_instrumentation_tower_otlp",
+                peer.layer(engine),
+                1,
+                Some((&sdk, 512)),
+            );
+        }
+    }
+
     for chunks in [1usize, 1025] {
         let engine = Engine { chunks };
         bench_service(c, "chunks", &format!("bare_{chunks}"), engine, 0);
@@ -643,6 +831,8 @@ fn summary() {
         "otel_instrumentation_tower",
         "otel_instrumentation_tower_metrics",
         "tower_http_tracing_otel",
+        "infertrace_handover_otlp",
+        "otel_instrumentation_tower_otlp",
     ] {
         let k = format!("request/{name}");
         if !samples.contains_key(&k) {
@@ -705,9 +895,18 @@ fn summary() {
 
 /// Also the entry point of `layer_overhead_mimalloc` (this file as a module).
 pub(crate) fn main() {
+    if std::env::var_os(RECEIVER_ENV).is_some() {
+        run_receiver();
+        return;
+    }
+    let mut receiver = start_receiver();
     let _ = PINNED.set(pin_to_one_cpu());
     let mut c = Criterion::default().configure_from_args();
-    benches(&mut c);
+    benches(&mut c, receiver.as_ref().map(|(_, url)| url.as_str()));
     c.final_summary();
     summary();
+    if let Some((child, _)) = &mut receiver {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
