@@ -1,4 +1,5 @@
-//! The optional built-in admission queue: a FIFO semaphore with a bounded number of waiters.
+//! The optional built-in admission queue: a FIFO semaphore with a bounded number of waiters,
+//! and its settings ([`AdmissionConfig`]).
 //!
 //! Its wait is the `queue` phase in [`PhaseSource::Derived`](crate::PhaseSource::Derived) mode.
 
@@ -10,7 +11,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use opentelemetry::metrics::UpDownCounter;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 
-use crate::AdmissionConfig;
+/// Settings of the optional built-in admission queue.
+///
+/// At most `max_concurrent` requests run the inner service at once; up to `max_queue` more wait in
+/// FIFO order (their wait is the `queue` phase). A request arriving when both are full is answered
+/// at once with `429 Too Many Requests` (HTTP) or a trailers-only `RESOURCE_EXHAUSTED` (gRPC), and
+/// its span says `infer.outcome = rejected`. A slot is held until the response body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionConfig {
+    /// Requests served at once (at least 1).
+    pub max_concurrent: usize,
+    /// Requests allowed to wait for a slot.
+    pub max_queue: usize,
+}
+
+impl AdmissionConfig {
+    /// An admission queue with `max_concurrent` slots and room for `max_queue` waiters.
+    pub fn new(max_concurrent: usize, max_queue: usize) -> Self {
+        Self {
+            max_concurrent,
+            max_queue,
+        }
+    }
+}
 
 /// A FIFO limit on concurrent requests with a bounded waiting line.
 #[derive(Debug)]

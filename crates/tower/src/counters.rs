@@ -1,7 +1,7 @@
 //! The GPU and host counters behind the phase spans' window statistics.
 //!
 //! With the `gpu` feature these are `infertrace-gpu`'s [`GpuTelemetry`](infertrace_gpu::GpuTelemetry)
-//! and [`RequestEnergy`](infertrace_gpu::RequestEnergy). Without it they are uninhabited
+//! and [`infertrace_gpu::RequestEnergy`]. Without it they are uninhabited
 //! stand-ins with the same methods: an `Option` of one is always `None`, so the layer's code reads
 //! the same either way, the compiler drops the dead branches, and the spans carry no `gpu.*`,
 //! `host.*` or `process.*` attribute.

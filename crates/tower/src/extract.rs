@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
 
-use crate::RequestRecorder;
+use crate::recorder::RequestRecorder;
 
 /// Rejection when a handler asks for a [`RequestRecorder`] but no
 /// [`InferenceTraceLayer`](crate::InferenceTraceLayer) wraps the route.

@@ -2,10 +2,10 @@
 //! request (path, route, user agent, host, RPC service and method, the recorder's finish reason,
 //! models and error kind, `"{operation} {model}"`).
 //!
-//! Spans are freed on the batch processor's thread, so every per-request `String` is a
-//! cross-thread malloc/free pair: measurable next to the ~1 µs a request's spans cost. Instead:
+//! Spans are freed on the batch processor's thread, so a per-request `String` would be
+//! allocated on the request's thread and freed on another. Instead:
 //!
-//! - [`shared`] keeps, per thread, the last few values seen for each kind of string as
+//! - [`shared_str`] keeps, per thread, the last few values seen for each kind of string as
 //!   `Arc<str>`; a repeat costs a comparison and a reference-count increment. Strings longer than
 //!   [`MAX_CACHED_LEN`] are not cached (plain allocation), so a thread holds at most
 //!   `9 kinds × 4 values × 256 bytes`. The cache keeps a reference, so the span's copy is not

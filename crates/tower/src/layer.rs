@@ -2,102 +2,25 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use http::{HeaderMap, Method, Uri};
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
-use opentelemetry::{InstrumentationScope, StringValue, global};
-use opentelemetry_sdk::trace::{SdkTracerProvider, ShouldSample};
+use opentelemetry::{StringValue, global};
+use opentelemetry_sdk::trace::ShouldSample;
 use tower::Layer;
 
-use crate::admission::AdmissionQueue;
+use crate::admission::{AdmissionConfig, AdmissionQueue};
+use crate::config::{DescribeFn, PhaseSource, Shared, SkipFn, scope};
 use crate::counters::Counters;
-use crate::direct::{DirectExport, SharedSpanProcessor};
+use crate::export::{SharedSpanProcessor, Sink};
+use crate::interning::{self, Kind};
 use crate::metrics::LayerMetrics;
 #[cfg(feature = "otlp")]
 use crate::otlp::OtlpProviders;
+use crate::record::LayerState;
+use crate::request_facts::{RequestDescription, RequestHead};
 use crate::service::InferenceTraceService;
-use crate::spans::TracerHandle;
-
-/// Request header naming the model the client asked for (`gen_ai.request.model`).
-pub const MODEL_HEADER: &str = "x-infertrace-model";
-/// Request header naming the GenAI operation (`gen_ai.operation.name`), e.g. `chat`.
-pub const OPERATION_HEADER: &str = "x-infertrace-operation";
-
-/// Where the queue / prefill / decode boundaries come from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PhaseSource {
-    /// The engine marks them through the [`RequestRecorder`](crate::RequestRecorder) in the
-    /// request extensions (`scheduled`, `first_token`, `tokens`). A request whose engine made no
-    /// mark at all falls back to [`Derived`](Self::Derived), and says so in `infer.phase.source`.
-    #[default]
-    Engine,
-    /// No engine changes: queue = arrival → admitted by the layer's admission queue; for streamed
-    /// responses prefill = admitted → first body chunk and decode = first → last chunk; for
-    /// non-streamed responses one `inference` span covers admitted → end of body, because there is
-    /// no first-chunk signal to split prefill from decode.
-    Derived,
-}
-
-impl PhaseSource {
-    /// The `infer.phase.source` value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PhaseSource::Engine => infertrace_semconv::infer::phase_source::ENGINE,
-            PhaseSource::Derived => infertrace_semconv::infer::phase_source::DERIVED,
-        }
-    }
-}
-
-/// Settings of the optional built-in admission queue.
-///
-/// At most `max_concurrent` requests run the inner service at once; up to `max_queue` more wait in
-/// FIFO order (their wait is the `queue` phase). A request arriving when both are full is answered
-/// at once with `429 Too Many Requests` (HTTP) or a trailers-only `RESOURCE_EXHAUSTED` (gRPC), and
-/// its span says `infer.outcome = rejected`. A slot is held until the response body ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AdmissionConfig {
-    /// Requests served at once (at least 1).
-    pub max_concurrent: usize,
-    /// Requests allowed to wait for a slot.
-    pub max_queue: usize,
-}
-
-impl AdmissionConfig {
-    /// An admission queue with `max_concurrent` slots and room for `max_queue` waiters.
-    pub fn new(max_concurrent: usize, max_queue: usize) -> Self {
-        Self {
-            max_concurrent,
-            max_queue,
-        }
-    }
-}
-
-/// The parts of a request a [`describe`](InferenceTraceLayer::describe) or
-/// [`skip`](InferenceTraceLayer::skip) function sees.
-#[derive(Clone, Copy, Debug)]
-pub struct RequestHead<'a> {
-    /// Request method.
-    pub method: &'a Method,
-    /// Request URI.
-    pub uri: &'a Uri,
-    /// Request headers (gRPC metadata included).
-    pub headers: &'a HeaderMap,
-}
-
-/// What a [`describe`](InferenceTraceLayer::describe) function says about a request. `None`
-/// fields fall back to the defaults (headers, path, the layer's default model).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RequestDescription {
-    /// `gen_ai.operation.name`, e.g. `chat`.
-    pub operation: Option<Cow<'static, str>>,
-    /// `gen_ai.request.model`.
-    pub model: Option<String>,
-}
-
-pub(crate) type DescribeFn = dyn Fn(&RequestHead<'_>) -> RequestDescription + Send + Sync;
-pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 
 /// A Tower [`Layer`] that traces every LLM inference request into a request span with `queue`,
 /// `prefill` and `decode` children, and records the GenAI server metrics.
@@ -116,11 +39,13 @@ pub(crate) type SkipFn = dyn Fn(&RequestHead<'_>) -> bool + Send + Sync;
 /// ```
 #[derive(Clone)]
 pub struct InferenceTraceLayer {
-    tracer: Option<TracerHandle>,
-    /// Export finished spans straight to this processor instead of through `tracer`.
-    direct: Option<DirectExport>,
-    /// The sampler of the direct path, when set by [`with_sampler`](Self::with_sampler).
-    /// The direct path's sampler, and whether it may read span attributes.
+    /// The tracer sink of [`with_tracer_provider`](Self::with_tracer_provider).
+    tracer: Option<Sink>,
+    /// Export finished spans straight to this processor instead of through `tracer`, with the
+    /// SDK's default sampler as read when it was given.
+    direct: Option<(SharedSpanProcessor, Box<dyn ShouldSample>)>,
+    /// The direct path's sampler when set by [`with_sampler`](Self::with_sampler) or
+    /// `with_otlp`, and whether it may read span attributes.
     sampler: Option<(Box<dyn ShouldSample>, bool)>,
     metrics: Option<LayerMetrics>,
     meter: Option<Meter>,
@@ -131,9 +56,9 @@ pub struct InferenceTraceLayer {
     default_operation: Cow<'static, str>,
     describe: Option<Arc<DescribeFn>>,
     skip: Option<Arc<SkipFn>>,
-    /// The shared state, built lazily by the first `layer()` call so global providers set after
-    /// the layer is built are still picked up.
-    shared: Arc<std::sync::OnceLock<Arc<Shared>>>,
+    /// The state every service shares, built lazily by the first `layer()` call so global
+    /// providers set after the layer is built are still picked up.
+    state: Arc<OnceLock<Arc<LayerState>>>,
 }
 
 impl fmt::Debug for InferenceTraceLayer {
@@ -155,14 +80,6 @@ impl Default for InferenceTraceLayer {
     }
 }
 
-/// The instrumentation scope of every span and metric the layer emits.
-#[inline]
-pub(crate) fn scope() -> InstrumentationScope {
-    InstrumentationScope::builder("infertrace-tower")
-        .with_version(env!("CARGO_PKG_VERSION"))
-        .build()
-}
-
 impl InferenceTraceLayer {
     /// A layer using the global tracer and meter providers (as set when the first service is
     /// built), engine phase marks, no admission queue.
@@ -182,18 +99,18 @@ impl InferenceTraceLayer {
             ),
             describe: None,
             skip: None,
-            shared: Arc::default(),
+            state: Arc::default(),
         }
     }
 
     fn changed(mut self) -> Self {
-        self.shared = Arc::default();
+        self.state = Arc::default();
         self
     }
 
     /// Uses a tracer from `provider` instead of the global one. An
-    /// [`SdkTracerProvider`] is used directly (no boxing per span); any other provider through
-    /// `opentelemetry`'s boxed tracer.
+    /// [`SdkTracerProvider`](opentelemetry_sdk::trace::SdkTracerProvider) is used directly (no
+    /// boxing per span); any other provider through `opentelemetry`'s boxed tracer.
     ///
     /// This alone keeps the layer on the tracer path. For the cheaper direct path give the
     /// layer the provider's span processor too ([`with_span_processor`](Self::with_span_processor),
@@ -205,13 +122,7 @@ impl InferenceTraceLayer {
         P::Tracer: Send + Sync + 'static,
         <P::Tracer as opentelemetry::trace::Tracer>::Span: Send + Sync + 'static,
     {
-        let any: &dyn std::any::Any = provider;
-        self.tracer = Some(match any.downcast_ref::<SdkTracerProvider>() {
-            Some(sdk) => TracerHandle::Sdk(sdk.tracer_with_scope(scope())),
-            None => TracerHandle::Boxed(Arc::new(global::BoxedTracer::new(Box::new(
-                provider.tracer_with_scope(scope()),
-            )))),
-        });
+        self.tracer = Some(Sink::tracer(provider));
         self.changed()
     }
 
@@ -252,8 +163,8 @@ impl InferenceTraceLayer {
     /// SDK's live-span work (builder, context, a sampler call and ids per span, the span's
     /// bookkeeping). With infertrace's batch processor ([`SharedSpanProcessor::batch`], what
     /// `with_otlp` uses) each finished request is one queue entry and its
-    /// four spans are built on the export thread: about a third of the tracer path's cost on
-    /// the request's thread (see `docs/PERFORMANCE.md`). With any other processor
+    /// four spans are built on the export thread, which leaves the least work on the request's
+    /// thread (see `docs/PERFORMANCE.md`). With any other processor
     /// ([`SharedSpanProcessor::new`]) the request span and its phase spans are handed over as
     /// finished [`SpanData`](opentelemetry_sdk::trace::SpanData), one `SpanProcessor::on_end`
     /// call each.
@@ -276,7 +187,7 @@ impl InferenceTraceLayer {
     /// `with_otlp` (feature `otlp`) sets this up for the providers of `otlp::init`. See [`SharedSpanProcessor`] for an example.
     pub fn with_span_processor(mut self, processor: SharedSpanProcessor) -> Self {
         let sampler = opentelemetry_sdk::trace::Config::default().sampler;
-        self.direct = Some(DirectExport::new(processor, sampler));
+        self.direct = Some((processor, sampler));
         self.changed()
     }
 
@@ -341,13 +252,10 @@ impl InferenceTraceLayer {
     }
 
     /// The model named when neither a [`describe`](Self::describe) function, the
-    /// [`MODEL_HEADER`] header nor the handler (through
+    /// [`MODEL_HEADER`](crate::MODEL_HEADER) header nor the handler (through
     /// [`RequestRecorder::request_model`](crate::RequestRecorder::request_model)) names one.
     pub fn default_model(mut self, model: impl Into<String>) -> Self {
-        self.default_model = Some(crate::interning::shared_value(
-            crate::interning::Kind::Model,
-            &model.into(),
-        ));
+        self.default_model = Some(interning::shared_value(Kind::Model, &model.into()));
         self.changed()
     }
 
@@ -379,21 +287,18 @@ impl InferenceTraceLayer {
         self.changed()
     }
 
-    pub(crate) fn shared(&self) -> Arc<Shared> {
-        self.shared
+    fn state(&self) -> Arc<LayerState> {
+        self.state
             .get_or_init(|| {
-                let tracer = match (&self.direct, &self.tracer) {
-                    (Some(direct), _) => {
-                        let mut direct = direct.clone();
-                        if let Some((sampler, reads_attributes)) = &self.sampler {
-                            direct.set_sampler(sampler.clone(), *reads_attributes);
+                let sink = match (&self.direct, &self.tracer) {
+                    (Some((processor, default_sampler)), _) => match &self.sampler {
+                        Some((sampler, reads_attributes)) => {
+                            Sink::processor(processor, sampler.clone(), *reads_attributes)
                         }
-                        TracerHandle::Direct(Arc::new(direct))
-                    }
+                        None => Sink::processor(processor, default_sampler.clone(), false),
+                    },
                     (None, Some(tracer)) => tracer.clone(),
-                    (None, None) => {
-                        TracerHandle::Boxed(Arc::new(global::tracer_with_scope(scope())))
-                    }
+                    (None, None) => Sink::global(),
                 };
                 let meter = self
                     .meter
@@ -406,8 +311,7 @@ impl InferenceTraceLayer {
                 if let Some(gpu) = &self.gpu {
                     gpu.register_metrics(&meter);
                 }
-                Arc::new(Shared {
-                    tracer,
+                let shared = Shared {
                     metrics,
                     phase_source: self.phase_source,
                     admission: self.admission.clone(),
@@ -416,7 +320,8 @@ impl InferenceTraceLayer {
                     describe: self.describe.clone(),
                     skip: self.skip.clone(),
                     gpu: self.gpu.clone(),
-                })
+                };
+                Arc::new(LayerState { shared, sink })
             })
             .clone()
     }
@@ -426,28 +331,6 @@ impl<S> Layer<S> for InferenceTraceLayer {
     type Service = InferenceTraceService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        InferenceTraceService::new(inner, self.shared())
-    }
-}
-
-/// State shared by every service a layer makes.
-pub(crate) struct Shared {
-    pub(crate) tracer: TracerHandle,
-    pub(crate) metrics: LayerMetrics,
-    pub(crate) phase_source: PhaseSource,
-    pub(crate) admission: Option<Arc<AdmissionQueue>>,
-    pub(crate) default_model: Option<StringValue>,
-    pub(crate) default_operation: Cow<'static, str>,
-    pub(crate) describe: Option<Arc<DescribeFn>>,
-    pub(crate) skip: Option<Arc<SkipFn>>,
-    /// GPU and host counters for the phase spans (`None`: no enrichment at all).
-    pub(crate) gpu: Option<Counters>,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("phase_source", &self.phase_source)
-            .finish_non_exhaustive()
+        InferenceTraceService::new(inner, self.state())
     }
 }

@@ -113,8 +113,8 @@
 //! Without NVML (no library, driver not loaded, no permission) the sampler logs one line and the
 //! spans get no `gpu.*` attribute at all — never zeros; the host counters still apply. Without
 //! `gpu_telemetry` a phase span carries only `infer.phase`, and the request's cost is unchanged.
-//! With it, a request costs a few µs more (registration, six window queries, more attributes;
-//! see `docs/PERFORMANCE.md`); a token costs one more relaxed atomic add.
+//! With it, a request costs more (registration, six window queries, more attributes; see
+//! `docs/PERFORMANCE.md`); a token costs one more relaxed atomic add.
 //!
 //! # How the request span gets its identity up front
 //!
@@ -157,46 +157,55 @@
 //! All instants come from one monotonic clock ([`std::time::Instant`]) and are converted to wall
 //! time once per request (`wall time at arrival + offset`), so phases never overlap wrongly or go
 //! negative. Per-chunk and per-token marks read the CPU's invariant time-stamp counter where
-//! there is one (about a third of the cost of `Instant::now()`), converted against a pair of
+//! there is one (cheaper than `Instant::now()`), converted against a pair of
 //! `Instant` readings taken at arrival and at the end of each request.
 //!
 //! The cost (criterion, `benches/layer_overhead.rs`) is recorded in `docs/PERFORMANCE.md`.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
 
+// Modules from the bottom up; each uses only modules above it in this list
+// (`scripts/module-cycles.py` checks there is no cycle).
+// Helpers with no layer of their own.
 mod admission;
-mod batch;
-mod body;
 mod counters;
-mod direct;
-mod end_attributes;
 #[cfg(feature = "axum")]
 mod extract;
 mod gaps;
 mod grpc;
 mod interning;
-mod layer;
 mod metrics;
+mod propagation;
+mod recorder;
+mod tick_clock;
+// Plain data: a request's arrival facts, its end values, the finished request.
+mod end_attributes;
+mod finished;
+mod request_facts;
+// Configuration every request of a layer reads.
+mod config;
+// Where spans go: `SpanSink` and its tracer, direct and batch sinks.
+mod export;
+// One request in flight.
+mod phases;
+mod record;
+// The tower service and the response body.
+mod body;
+mod service;
+// The builder users configure, and the OTLP setup it can take.
+mod layer;
 #[cfg(feature = "otlp")]
 pub mod otlp;
-mod phases;
-mod propagation;
-mod record;
-mod recorder;
-mod request_facts;
-mod service;
-mod spans;
-mod tick_clock;
 
-pub use batch::{BatchSettings, MAX_QUEUE_ENTRIES};
+pub use admission::AdmissionConfig;
 pub use body::TracedBody;
-pub use direct::SharedSpanProcessor;
+pub use config::PhaseSource;
+pub use export::{BatchSettings, MAX_QUEUE_ENTRIES, SharedSpanProcessor};
 #[cfg(feature = "axum")]
 pub use extract::MissingRecorder;
 #[cfg(feature = "gpu")]
 pub use infertrace_gpu::{GpuTelemetry, TelemetryConfig};
-pub use layer::{
-    AdmissionConfig, InferenceTraceLayer, MODEL_HEADER, OPERATION_HEADER, PhaseSource,
-    RequestDescription, RequestHead,
-};
+pub use layer::InferenceTraceLayer;
 pub use recorder::{RecorderSnapshot, RequestRecorder};
+pub use request_facts::{MODEL_HEADER, OPERATION_HEADER, RequestDescription, RequestHead};
 pub use service::{InferenceTraceService, ResponseFuture};

@@ -268,9 +268,9 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
         signal: "traces",
         source,
     })?;
-    // One batch processor (infertrace's, `batch.rs`: the SDK's batching, same `OTEL_BSP_*`
+    // One batch processor (infertrace's, `export/batch`: the SDK's batching, same `OTEL_BSP_*`
     // variables), shared by the provider (the handler's own spans) and by any layer given these
-    // providers (`with_otlp`), which hands each finished request to it whole (`direct.rs`).
+    // providers (`with_otlp`), which hands each finished request to it whole.
     let processor = SharedSpanProcessor::batch(spans, &resource)?;
     // Only a parent-based sampler given in code may hold a custom sampler that reads attributes.
     let sampler_reads_attributes = matches!(config.sampler, Some(Sampler::ParentBased(_)));

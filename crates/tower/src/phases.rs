@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::PhaseSource;
+use crate::config::PhaseSource;
 
 /// The marks a request left, as offsets from arrival.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -1,33 +1,49 @@
 //! [`RequestRecord`]: everything the layer keeps about one request while it runs, and the one
-//! place where spans and metrics are emitted when it ends.
+//! place where its spans and metrics are emitted when it ends.
 //!
 //! The hot path only stores instants and counters here. `finish` converts them to wall time once
-//! (`wall_arrival + offset`), computes the phases, sets the request span's attributes, emits the
-//! phase spans with exact timestamps, ends the request span and records the metrics.
+//! (`wall_arrival + offset`), computes the phases and the end-of-request values, hands them to
+//! the layer's span sink as a [`FinishedRequest`] and records the metrics.
 
 use std::borrow::Cow;
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::counters::RequestEnergy;
 use http::{HeaderMap, Request, Response, header};
-use opentelemetry::trace::{Status, TraceContextExt};
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue, StringValue};
 use tokio::sync::OwnedSemaphorePermit;
 
-use infertrace_semconv::{gen_ai, infer};
+use infertrace_semconv::infer;
 
-use crate::batch::{PHASE_NAMES, PhaseSpans};
+use crate::config::{PhaseSource, Shared};
+use crate::counters::RequestEnergy;
 use crate::end_attributes::{EndAttributes, StatusCode};
+use crate::export::{Sink, SinkSpan, SpanSink};
+use crate::finished::{FinishedRequest, PHASE_NAMES, PhaseSpans};
 use crate::gaps::GapHistogram;
 use crate::grpc::{self, MessageCounter};
-use crate::layer::Shared;
 use crate::metrics::{MetricKey, RequestMeasurements};
 use crate::phases::{Marks, Phases};
+use crate::recorder::RequestRecorder;
 use crate::request_facts::{RequestFacts, StartAttributes};
-use crate::spans::RequestSpan;
 use crate::tick_clock::{self, TickSpan};
-use crate::{PhaseSource, RequestRecorder};
+
+/// What every request of a layer uses: its settings and the sink its spans go to.
+pub(crate) struct LayerState {
+    pub(crate) shared: Shared,
+    pub(crate) sink: Sink,
+}
+
+impl fmt::Debug for LayerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LayerState")
+            .field("shared", &self.shared)
+            .field("sink", &self.sink)
+            .finish()
+    }
+}
 
 /// How a request's life ended, as seen by the layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,14 +56,15 @@ pub(crate) enum End {
 
 /// One request in flight.
 pub(crate) struct RequestRecord {
-    shared: Arc<Shared>,
+    state: Arc<LayerState>,
     arrival: Instant,
     wall_arrival: SystemTime,
     recorder: RequestRecorder,
     /// This request's share of the GPU energy (only with GPU telemetry that found GPUs).
     energy: Option<RequestEnergy>,
     facts: RequestFacts,
-    span: RequestSpan,
+    /// The request span, until the request ends.
+    span: Option<SinkSpan>,
     /// The parent context with the request span's context in it: what the inner future runs
     /// under, and the parent of the phase spans.
     cx: Context,
@@ -84,7 +101,7 @@ impl RequestRecord {
     /// Starts tracing `req`: extracts the parent context, starts the request span at `arrival`,
     /// and puts a [`RequestRecorder`] in the request extensions.
     pub(crate) fn start<B>(
-        shared: Arc<Shared>,
+        state: Arc<LayerState>,
         arrival: Instant,
         arrival_tick: u64,
         facts: RequestFacts,
@@ -93,24 +110,24 @@ impl RequestRecord {
         let wall_arrival = SystemTime::now();
         let parent = crate::propagation::extract(req.headers());
         let attributes = StartAttributes::read(req, &facts);
-        let span =
-            shared
-                .tracer
-                .start_request(facts.span_name(), wall_arrival, attributes, &parent);
+        let span = state
+            .sink
+            .start(facts.span_name(), wall_arrival, attributes, &parent);
         let cx = parent.with_remote_span_context(span.span_context().clone());
+        let shared = &state.shared;
         let energy = shared.gpu.as_ref().and_then(|g| g.begin_request());
         let recorder =
             RequestRecorder::with_anchor_and_energy(arrival, arrival, arrival_tick, energy.clone());
         req.extensions_mut().insert(recorder.clone());
         shared.metrics.active_requests.add(1, &[]);
         Box::new(Self {
-            shared,
+            state,
             arrival,
             wall_arrival,
             recorder,
             energy,
             facts,
-            span,
+            span: Some(span),
             cx,
             queue_depth: None,
             admitted: None,
@@ -218,7 +235,7 @@ impl RequestRecord {
         s: Duration,
         e: Duration,
     ) -> Option<Vec<KeyValue>> {
-        let gpu = self.shared.gpu.as_ref()?;
+        let gpu = self.state.shared.gpu.as_ref()?;
         let mut attrs = Vec::with_capacity(PHASE_ATTRIBUTES_WITH_COUNTERS);
         attrs.push(KeyValue::new(infer::PHASE, name));
         gpu.phase_attributes(
@@ -277,7 +294,7 @@ impl RequestRecord {
             Phases::default()
         } else {
             Phases::compute(&Marks {
-                source: Some(self.shared.phase_source),
+                source: Some(self.state.shared.phase_source),
                 scheduled: marks.scheduled,
                 first_token: marks.first_token,
                 last_token: marks.last_token,
@@ -321,81 +338,79 @@ impl RequestRecord {
             (s(g.quantile(0.50)), s(g.quantile(0.99)), s(g.max()))
         });
         let end_wall = self.wall(end_offset);
-        if self.span.is_recording() {
-            // The request model may only be known now (recorder), which also renames the span.
-            let model_changed = match (&self.facts.request_model, &model_for_name) {
-                (Some(old), Some(new)) => old.as_str() != new.as_str(),
-                (None, Some(_)) => true,
-                _ => false,
-            };
-            if model_changed && let Some(m) = &model_for_name {
-                self.span.update_name(crate::interning::span_name(
-                    &self.facts.operation,
-                    m.as_str(),
-                ));
-                self.span
-                    .set_attribute(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
-            }
-            let status = if self.facts.grpc {
-                self.grpc_status
-                    .or(self.http_status.map(|_| 0))
-                    .map(StatusCode::Grpc)
-            } else {
-                self.http_status.map(StatusCode::Http)
-            };
-            let end = EndAttributes {
-                response_model,
-                max_tokens: marks.max_tokens,
-                streamed,
-                response_id: strings.response_id.cloned(),
-                finish_reason: strings.finish_reason.cloned(),
-                input_tokens: marks.input_tokens,
-                output_tokens: marks.output_tokens,
-                status,
-                queue: measurements.queue,
-                ttft: measurements.ttft,
-                prefill: measurements.prefill,
-                decode: measurements.decode,
-                inference: match (measurements.prefill, measurements.decode) {
-                    (Some(p), Some(d)) => Some(p + d),
-                    (Some(p), None) => Some(p),
-                    _ => dur(phases.inference),
-                },
-                e2e: measurements.e2e,
-                tpot,
-                time_to_first_chunk: first_chunk.map(secs),
-                gaps,
-                chunks: self.chunks,
-                outcome,
-                phase_source: phases.source.map(PhaseSource::as_str),
-                queue_depth: self.queue_depth,
-                error_type: error_type.clone(),
-            };
-            let mut phase_spans = PhaseSpans::default();
-            if self.span.span_context().is_sampled() {
-                let intervals = [
-                    phases.queue,
-                    phases.prefill,
-                    phases.decode,
-                    phases.inference,
-                ];
-                for (i, interval) in intervals.into_iter().enumerate() {
-                    if let Some((s, e)) = interval {
-                        let attributes = self.phase_attributes(PHASE_NAMES[i], s, e);
-                        phase_spans.set(i, self.wall(s), self.wall(e), attributes);
+        match self.span.take() {
+            Some(span) if span.is_recording() => {
+                // The request model may only be known now (recorder), which also renames the
+                // span.
+                let model_changed = match (&self.facts.request_model, &model_for_name) {
+                    (Some(old), Some(new)) => old.as_str() != new.as_str(),
+                    (None, Some(_)) => true,
+                    _ => false,
+                };
+                let late_model = model_for_name.as_ref().filter(|_| model_changed).map(|m| {
+                    let name = crate::interning::span_name(&self.facts.operation, m.as_str());
+                    (name, m.clone())
+                });
+                let status = if self.facts.grpc {
+                    self.grpc_status
+                        .or(self.http_status.map(|_| 0))
+                        .map(StatusCode::Grpc)
+                } else {
+                    self.http_status.map(StatusCode::Http)
+                };
+                let end_attributes = EndAttributes {
+                    response_model,
+                    max_tokens: marks.max_tokens,
+                    streamed,
+                    response_id: strings.response_id.cloned(),
+                    finish_reason: strings.finish_reason.cloned(),
+                    input_tokens: marks.input_tokens,
+                    output_tokens: marks.output_tokens,
+                    status,
+                    queue: measurements.queue,
+                    ttft: measurements.ttft,
+                    prefill: measurements.prefill,
+                    decode: measurements.decode,
+                    inference: match (measurements.prefill, measurements.decode) {
+                        (Some(p), Some(d)) => Some(p + d),
+                        (Some(p), None) => Some(p),
+                        _ => dur(phases.inference),
+                    },
+                    e2e: measurements.e2e,
+                    tpot,
+                    time_to_first_chunk: first_chunk.map(secs),
+                    gaps,
+                    chunks: self.chunks,
+                    outcome,
+                    phase_source: phases.source.map(PhaseSource::as_str),
+                    queue_depth: self.queue_depth,
+                    error_type: error_type.clone(),
+                };
+                let mut phase_spans = PhaseSpans::default();
+                if span.span_context().is_sampled() {
+                    let intervals = [
+                        phases.queue,
+                        phases.prefill,
+                        phases.decode,
+                        phases.inference,
+                    ];
+                    for (i, interval) in intervals.into_iter().enumerate() {
+                        if let Some((s, e)) = interval {
+                            let attributes = self.phase_attributes(PHASE_NAMES[i], s, e);
+                            phase_spans.set(i, self.wall(s), self.wall(e), attributes);
+                        }
                     }
                 }
+                let finished = FinishedRequest {
+                    end: end_wall,
+                    late_model,
+                    end_attributes,
+                    phases: phase_spans,
+                };
+                self.state.sink.finish(span, finished, &self.cx);
             }
-            self.shared.tracer.finish(
-                &mut self.span,
-                end_wall,
-                end,
-                error_type.as_ref().map(|kind| Status::error(kind.clone())),
-                phase_spans,
-                &self.cx,
-            );
-        } else {
-            self.shared.tracer.end(&mut self.span, end_wall);
+            Some(span) => self.state.sink.end(span, end_wall),
+            None => {}
         }
         if let Some(energy) = &self.energy {
             energy.end();
@@ -407,8 +422,9 @@ impl RequestRecord {
             model: model_for_name,
             error_type,
         };
-        self.shared.metrics.record(&measurements, key);
-        self.shared.metrics.active_requests.add(-1, &[]);
+        let metrics = &self.state.shared.metrics;
+        metrics.record(&measurements, key);
+        metrics.active_requests.add(-1, &[]);
         // Free the admission slot only now: the engine is busy until the stream ends.
         self.permit = None;
     }

@@ -1,17 +1,43 @@
 //! What the layer learns from a request's head at arrival: operation, model, protocol, and the
-//! HTTP or RPC semantic-convention attributes.
+//! HTTP or RPC semantic-convention attributes of the request span ([`StartAttributes`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName, Method, Request, header};
+use http::{HeaderMap, HeaderName, Method, Request, Uri, header};
 use opentelemetry::{KeyValue, StringValue};
 
 use infertrace_semconv::{gen_ai, net};
 
 use crate::grpc;
 use crate::interning::{self, Kind};
-use crate::layer::{MODEL_HEADER, OPERATION_HEADER, RequestHead, Shared};
+
+/// Request header naming the model the client asked for (`gen_ai.request.model`).
+pub const MODEL_HEADER: &str = "x-infertrace-model";
+/// Request header naming the GenAI operation (`gen_ai.operation.name`), e.g. `chat`.
+pub const OPERATION_HEADER: &str = "x-infertrace-operation";
+
+/// The parts of a request a [`describe`](crate::InferenceTraceLayer::describe) or
+/// [`skip`](crate::InferenceTraceLayer::skip) function sees.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestHead<'a> {
+    /// Request method.
+    pub method: &'a Method,
+    /// Request URI.
+    pub uri: &'a Uri,
+    /// Request headers (gRPC metadata included).
+    pub headers: &'a HeaderMap,
+}
+
+/// What a [`describe`](crate::InferenceTraceLayer::describe) function says about a request.
+/// `None` fields fall back to the defaults (headers, path, the layer's default model).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestDescription {
+    /// `gen_ai.operation.name`, e.g. `chat`.
+    pub operation: Option<Cow<'static, str>>,
+    /// `gen_ai.request.model`.
+    pub model: Option<String>,
+}
 
 /// Operation, model and protocol of one request.
 #[derive(Clone, Debug)]
@@ -79,15 +105,20 @@ fn known_operation(name: &str) -> Cow<'static, str> {
 }
 
 impl RequestFacts {
-    /// Reads the facts in this order of precedence: the layer's `describe` function, the
-    /// `x-infertrace-*` headers, the path (gRPC → `generate_content`), the layer's defaults.
-    pub(crate) fn read(head: &RequestHead<'_>, shared: &Shared) -> Self {
+    /// Reads the facts in this order of precedence: `described` (the layer's `describe`
+    /// function), the `x-infertrace-*` headers, the path (gRPC → `generate_content`), the
+    /// layer's defaults.
+    #[expect(
+        clippy::ptr_arg,
+        reason = "a clone of the `Cow` stays borrowed when the default is a `'static` name"
+    )]
+    pub(crate) fn read(
+        head: &RequestHead<'_>,
+        described: RequestDescription,
+        default_operation: &Cow<'static, str>,
+        default_model: Option<&StringValue>,
+    ) -> Self {
         let grpc = grpc::is_grpc(head.headers);
-        let described = shared
-            .describe
-            .as_ref()
-            .map(|f| f(head))
-            .unwrap_or_default();
         let operation = described
             .operation
             .or_else(|| header_str(head.headers, &OPERATION).map(known_operation))
@@ -98,14 +129,14 @@ impl RequestFacts {
                     operation_for_path(head.uri.path()).map(Cow::Borrowed)
                 }
             })
-            .unwrap_or_else(|| shared.default_operation.clone());
+            .unwrap_or_else(|| default_operation.clone());
         let request_model = described
             .model
             .map(|m| StringValue::from(Arc::<str>::from(m)))
             .or_else(|| {
                 header_str(head.headers, &MODEL).map(|m| interning::shared_value(Kind::Model, m))
             })
-            .or_else(|| shared.default_model.clone());
+            .or_else(|| default_model.cloned());
         Self {
             operation,
             request_model,
@@ -188,6 +219,10 @@ enum Protocol {
 
 /// How many attributes [`StartAttributes::write`] writes at most.
 pub(crate) const START_ATTRIBUTES: usize = 8;
+
+/// Room for the request span's attributes after those known at arrival: the end-of-request
+/// attributes (at most 24) and a few more (a later model, a sampler's).
+pub(crate) const REQUEST_ATTRIBUTE_ROOM: usize = 28;
 
 impl StartAttributes {
     /// Reads them from the request head.

@@ -14,9 +14,8 @@ use tower::Service;
 use crate::admission::{Admission, QueueTicket, SlotWait};
 use crate::body::TracedBody;
 use crate::grpc;
-use crate::layer::{RequestHead, Shared};
-use crate::record::{End, RequestRecord};
-use crate::request_facts::RequestFacts;
+use crate::record::{End, LayerState, RequestRecord};
+use crate::request_facts::RequestHead;
 use crate::tick_clock;
 
 /// The service [`InferenceTraceLayer`](crate::InferenceTraceLayer) wraps around an inner
@@ -27,12 +26,12 @@ use crate::tick_clock;
 #[derive(Clone, Debug)]
 pub struct InferenceTraceService<S> {
     inner: S,
-    shared: Arc<Shared>,
+    state: Arc<LayerState>,
 }
 
 impl<S> InferenceTraceService<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn new(inner: S, state: Arc<LayerState>) -> Self {
+        Self { inner, state }
     }
 
     /// The wrapped service.
@@ -72,7 +71,8 @@ where
             uri: req.uri(),
             headers: req.headers(),
         };
-        if self.shared.skip.as_ref().is_some_and(|skip| skip(&head)) {
+        let shared = &self.state.shared;
+        if shared.skips(&head) {
             return ResponseFuture {
                 state: State::Passthrough {
                     future: self.inner.call(req),
@@ -80,22 +80,22 @@ where
                 record: None,
             };
         }
-        let facts = RequestFacts::read(&head, &self.shared);
+        let facts = shared.request_facts(&head);
         let grpc = facts.grpc;
         let mut record = RequestRecord::start(
-            Arc::clone(&self.shared),
+            Arc::clone(&self.state),
             arrival,
             arrival_tick,
             facts,
             &mut req,
         );
-        let state = match &self.shared.admission {
+        let state = match &self.state.shared.admission {
             None => State::Calling {
                 future: self.inner.call(req).with_context(record.context().clone()),
             },
             Some(queue) => {
                 record.set_queue_depth(queue.waiting());
-                match queue.enter(&self.shared.metrics.queue_size) {
+                match queue.enter(&self.state.shared.metrics.queue_size) {
                     Admission::Admitted(permit) => {
                         record.admitted(permit, Instant::now());
                         State::Calling {

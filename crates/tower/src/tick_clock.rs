@@ -1,13 +1,12 @@
 //! The per-chunk clock: the CPU's invariant time-stamp counter where there is one, else the
 //! monotonic clock in nanoseconds.
 //!
-//! Reading `Instant::now()` costs 25–40 ns on a typical VM; `rdtsc` about a third of that,
-//! which is what keeps the per-chunk cost of the body wrapper near 20 ns. Ticks are never
-//! converted with a global calibration: a request takes an (`Instant`, ticks) pair at arrival
-//! and another at its end, and converts the ticks in between with that pair's own ratio
-//! ([`TickSpan`]). Results are clamped into the request's `[arrival, end]`, so even a
-//! misbehaving counter can only blur gap statistics, never produce a negative or out-of-range
-//! time.
+//! Reading the counter is cheaper than `Instant::now()`, and the body wrapper reads a clock on
+//! every chunk. Ticks are never converted with a global calibration: a request takes an
+//! (`Instant`, ticks) pair at arrival and another at its end, and converts the ticks in between
+//! with that pair's own ratio ([`TickSpan`]). Results are clamped into the request's
+//! `[arrival, end]`, so even a misbehaving counter can only blur gap statistics, never produce a
+//! negative or out-of-range time.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -17,10 +16,19 @@ use std::time::{Duration, Instant};
 pub(crate) fn ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
     if *INVARIANT_TSC.get_or_init(invariant_tsc) {
-        // SAFETY: `rdtsc` has no preconditions on x86_64; it only reads the time-stamp counter.
-        return unsafe { core::arch::x86_64::_rdtsc() };
+        return rdtsc();
     }
     monotonic_nanos()
+}
+
+/// The time-stamp counter. The crate's only `unsafe`: `_rdtsc` is an `unsafe fn` in `core`,
+/// and it is what keeps the per-chunk cost low (docs/PERFORMANCE.md, per streamed chunk).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline]
+fn rdtsc() -> u64 {
+    // SAFETY: `rdtsc` has no preconditions on x86_64; it only reads the time-stamp counter.
+    unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -1,265 +1,31 @@
-//! infertrace's batch span processor: the SDK's batching, plus whole requests handed over as one
-//! message and turned into spans on the export thread.
+//! [`BatchProcessor`]: infertrace's batch span processor. It batches as the SDK's
+//! `BatchSpanProcessor` does, and also takes whole finished requests as one queue entry.
 //!
-//! It batches like the SDK's `BatchSpanProcessor` (same `OTEL_BSP_*` variables, same defaults):
-//! a bounded data queue that never blocks the caller (a full queue drops and counts), a control
-//! channel the export thread sleeps on, an export when a batch's worth of spans is queued or the
-//! schedule delay has passed, and flush / shutdown that export everything queued first. The SDK
-//! spans of a tracer provider go through it unchanged ([`SpanProcessor::on_end`]).
+//! Batching as the SDK's: a bounded data queue that never blocks the caller (a full queue drops
+//! and counts), a control channel the export thread sleeps on, an export when a batch's worth of
+//! spans is queued or the schedule delay has passed, and flush / shutdown that export everything
+//! queued first. Spans of a tracer provider go through it unchanged ([`SpanProcessor::on_end`]).
 //!
-//! What it adds is [`BatchProcessor::submit_request`]: the layer's direct path
-//! ([`crate::direct`]) hands over a finished request (the request span's identity, start
-//! attributes and status, the end-of-request values, the phase intervals) as **one** queue entry,
-//! and the export thread builds the request span and its phase spans from it. On the request's
-//! thread that replaces four `SpanData` builds, the end attributes and four queue entries with
-//! one; the spans' heap blocks are allocated and freed on the export thread, which also spares
-//! glibc's arena lock the cross-thread frees.
+//! [`BatchProcessor::submit_request`] takes a finished request (its request span and what it
+//! ended with) as **one** queue entry, and the export thread builds its spans. The request's
+//! thread then makes one queue operation instead of one per span, and the spans' heap blocks
+//! are allocated and freed on the export thread rather than across threads.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use opentelemetry::trace::{SpanContext, SpanKind, Status};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::Context;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{
-    IdGenerator, RandomIdGenerator, Span, SpanData, SpanEvents, SpanExporter, SpanLinks,
-    SpanProcessor,
-};
+use opentelemetry_sdk::trace::{RandomIdGenerator, Span, SpanData, SpanExporter, SpanProcessor};
 
-use infertrace_semconv::{infer, span as span_names};
-
-use crate::direct::DirectSpan;
-use crate::end_attributes::EndAttributes;
-
-/// The most queue entries a processor holds: the queue is allocated up front, ≈ 850 bytes an
-/// entry (≈ 56 MB at this size).
-pub const MAX_QUEUE_ENTRIES: usize = 65_536;
-
-/// Batching settings of infertrace's batch processor ([`SharedSpanProcessor::batch_with`]):
-/// the SDK's `BatchConfig`, whose fields are not public.
-///
-/// [`SharedSpanProcessor::batch_with`]: crate::SharedSpanProcessor::batch_with
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BatchSettings {
-    /// Queue entries held before new ones are dropped (default 2,048; at most
-    /// [`MAX_QUEUE_ENTRIES`], as the queue is allocated up front). An entry is one span, or one
-    /// whole request from the layer (its request span and up to four phase spans).
-    pub max_queue_size: usize,
-    /// Longest time a queued span waits for its batch to be exported (default 5 s; at least 1 ms).
-    pub scheduled_delay: Duration,
-    /// Spans per export call (default 512; at most `max_queue_size`).
-    pub max_export_batch_size: usize,
-}
-
-impl Default for BatchSettings {
-    fn default() -> Self {
-        Self {
-            max_queue_size: 2048,
-            scheduled_delay: Duration::from_millis(5000),
-            max_export_batch_size: 512,
-        }
-    }
-}
-
-impl BatchSettings {
-    /// The defaults, overridden by `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_SCHEDULE_DELAY`
-    /// (milliseconds) and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` from the process environment.
-    pub fn from_env() -> Self {
-        Self::from_vars(|name| std::env::var(name).ok())
-    }
-
-    /// [`from_env`](Self::from_env) with the variables `env` returns; unparsable or zero
-    /// values are ignored, and the batch size is capped at the queue size (as the SDK does).
-    pub(crate) fn from_vars(env: impl Fn(&str) -> Option<String>) -> Self {
-        let read = |name: &str| {
-            env(name)
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .filter(|v| *v > 0)
-        };
-        let mut s = Self::default();
-        if let Some(v) = read("OTEL_BSP_MAX_QUEUE_SIZE") {
-            s.max_queue_size = usize::try_from(v).unwrap_or(usize::MAX);
-        }
-        if let Some(v) = read("OTEL_BSP_SCHEDULE_DELAY") {
-            s.scheduled_delay = Duration::from_millis(v);
-        }
-        if let Some(v) = read("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
-            s.max_export_batch_size = usize::try_from(v).unwrap_or(usize::MAX);
-        }
-        s.normalized()
-    }
-
-    /// Both sizes at least 1, the queue at most [`MAX_QUEUE_ENTRIES`], the batch size at most
-    /// the queue size, the delay at least 1 ms.
-    fn normalized(mut self) -> Self {
-        self.max_queue_size = self.max_queue_size.clamp(1, MAX_QUEUE_ENTRIES);
-        // A zero delay would make the export thread spin.
-        self.scheduled_delay = self.scheduled_delay.max(Duration::from_millis(1));
-        self.max_export_batch_size = self.max_export_batch_size.clamp(1, self.max_queue_size);
-        self
-    }
-}
-
-/// One phase span of a finished request.
-#[derive(Debug)]
-pub(crate) struct PhaseSpan {
-    pub(crate) name: &'static str,
-    pub(crate) start: SystemTime,
-    pub(crate) end: SystemTime,
-    /// With counters: `infer.phase` and the window statistics. `None`: `infer.phase` alone,
-    /// written on the export thread.
-    pub(crate) attributes: Option<Vec<KeyValue>>,
-}
-
-/// The phase spans of a request (`queue`, `prefill`, `decode`, `inference`), compact: their
-/// intervals, and only with counters their attribute lists.
-#[derive(Debug, Default)]
-pub(crate) struct PhaseSpans {
-    times: [Option<(SystemTime, SystemTime)>; 4],
-    attributes: Option<Box<[Option<Vec<KeyValue>>; 4]>>,
-}
-
-/// The names of [`PhaseSpans`], in order.
-pub(crate) const PHASE_NAMES: [&str; 4] = [
-    span_names::QUEUE,
-    span_names::PREFILL,
-    span_names::DECODE,
-    span_names::INFERENCE,
-];
-
-impl PhaseSpans {
-    /// Adds the phase span [`PHASE_NAMES`]`[i]` over `[start, end]`, with `attributes` when
-    /// it has counters (an index past the last phase is ignored).
-    pub(crate) fn set(
-        &mut self,
-        i: usize,
-        start: SystemTime,
-        end: SystemTime,
-        attributes: Option<Vec<KeyValue>>,
-    ) {
-        let Some(slot) = self.times.get_mut(i) else {
-            return;
-        };
-        *slot = Some((start, end));
-        if let Some(attributes) = attributes {
-            self.attributes.get_or_insert_with(Box::default)[i] = Some(attributes);
-        }
-    }
-
-    /// The number of phase spans.
-    pub(crate) fn len(&self) -> usize {
-        self.times.iter().flatten().count()
-    }
-}
-
-impl IntoIterator for PhaseSpans {
-    type Item = PhaseSpan;
-    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<PhaseSpan>, 4>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        let mut attributes = self.attributes.map(|a| *a).unwrap_or_default();
-        let mut i = 0;
-        self.times
-            .map(|times| {
-                let name = PHASE_NAMES[i];
-                let attributes = attributes[i].take();
-                i += 1;
-                times.map(|(start, end)| PhaseSpan {
-                    name,
-                    start,
-                    end,
-                    attributes,
-                })
-            })
-            .into_iter()
-            .flatten()
-    }
-}
-
-impl PhaseSpan {
-    /// The span's attributes: `infer.phase` first.
-    pub(crate) fn into_attributes(self) -> Vec<KeyValue> {
-        self.attributes
-            .unwrap_or_else(|| vec![KeyValue::new(infer::PHASE, self.name)])
-    }
-}
-
-/// A finished request, as the layer hands it over: everything its spans are built from.
-#[derive(Debug)]
-pub(crate) struct FinishedRequest {
-    /// The request span: identity, name, start, the attributes known at arrival, status.
-    pub(crate) span: DirectSpan,
-    pub(crate) end: SystemTime,
-    pub(crate) end_attributes: EndAttributes,
-    /// The phase spans (exported only when the request span is sampled).
-    pub(crate) phases: PhaseSpans,
-}
-
-impl FinishedRequest {
-    /// The number of spans this request becomes.
-    fn span_count(&self) -> usize {
-        1 + if self.span.span_context().is_sampled() {
-            self.phases.len()
-        } else {
-            0
-        }
-    }
-
-    /// Appends the phase spans, then the request span, as the direct path exports them.
-    fn into_spans(self, ids: &RandomIdGenerator, out: &mut Vec<SpanData>) {
-        let Self {
-            span,
-            end,
-            end_attributes,
-            phases,
-        } = self;
-        let parent = span.span_context();
-        if parent.is_sampled() {
-            for phase in phases {
-                out.push(phase_span_data(parent, ids, phase));
-            }
-        }
-        out.push(span.into_span_data(end, |attributes| {
-            end_attributes.write(&mut |kv| attributes.push(kv));
-        }));
-    }
-}
-
-/// The `SpanData` of one INTERNAL phase span under the request span `parent`.
-pub(crate) fn phase_span_data(
-    parent: &SpanContext,
-    ids: &RandomIdGenerator,
-    phase: PhaseSpan,
-) -> SpanData {
-    let context = SpanContext::new(
-        parent.trace_id(),
-        ids.new_span_id(),
-        parent.trace_flags(),
-        false,
-        parent.trace_state().clone(),
-    );
-    SpanData {
-        span_context: context,
-        parent_span_id: parent.span_id(),
-        parent_span_is_remote: false,
-        span_kind: SpanKind::Internal,
-        name: std::borrow::Cow::Borrowed(phase.name),
-        start_time: phase.start,
-        end_time: phase.end,
-        dropped_attributes_count: 0,
-        events: SpanEvents::default(),
-        links: SpanLinks::default(),
-        status: Status::Unset,
-        // Built from constants: cheaper than cloning a stored scope.
-        instrumentation_scope: crate::layer::scope(),
-        attributes: phase.into_attributes(),
-    }
-}
+use super::settings::BatchSettings;
+use crate::export::span_data::{self, DirectSpan};
+use crate::finished::FinishedRequest;
 
 /// What travels on the data queue.
 // Not boxed on purpose: a box allocated on the request's thread and freed on the export thread
@@ -267,14 +33,15 @@ pub(crate) fn phase_span_data(
 #[allow(clippy::large_enum_variant)]
 enum Item {
     Span(SpanData),
-    Request(FinishedRequest),
+    /// A whole request: its request span and what it finished with.
+    Request(DirectSpan, FinishedRequest),
 }
 
 impl Item {
     fn span_count(&self) -> usize {
         match self {
             Item::Span(_) => 1,
-            Item::Request(r) => r.span_count(),
+            Item::Request(span, request) => span_data::span_count(span, request),
         }
     }
 }
@@ -367,10 +134,11 @@ impl BatchProcessor {
         self.dropped_spans.load(Ordering::Relaxed)
     }
 
-    /// Hands over a finished request: one queue entry for its request and phase spans.
+    /// Hands over a finished request: one queue entry for its request and phase spans, built
+    /// on the export thread.
     #[inline]
-    pub(crate) fn submit_request(&self, request: FinishedRequest) {
-        self.enqueue(Item::Request(request));
+    pub(crate) fn submit_request(&self, span: DirectSpan, request: FinishedRequest) {
+        self.enqueue(Item::Request(span, request));
     }
 
     #[inline]
@@ -547,7 +315,10 @@ impl<E: SpanExporter> Worker<E> {
             let n = item.span_count();
             match item {
                 Item::Span(span) => self.batch.push(span),
-                Item::Request(request) => request.into_spans(&self.ids, &mut self.batch),
+                Item::Request(span, request) => {
+                    let batch = &mut self.batch;
+                    span_data::request_spans(span, request, &self.ids, |data| batch.push(data));
+                }
             }
             taken += n;
             uncounted += n;
@@ -595,10 +366,19 @@ impl<E: SpanExporter> Worker<E> {
 mod tests {
     use std::sync::Mutex as StdMutex;
 
-    use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+    use std::time::SystemTime;
+
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::{
+        SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+    };
     use opentelemetry_sdk::trace::InMemorySpanExporter;
 
+    use infertrace_semconv::infer;
+
     use super::*;
+    use crate::end_attributes::EndAttributes;
+    use crate::finished::PhaseSpans;
 
     /// An exporter that records the size of every export call (and can be slow).
     #[derive(Clone, Debug, Default)]
@@ -651,28 +431,36 @@ mod tests {
         )
     }
 
-    fn request(context: SpanContext) -> FinishedRequest {
+    fn request(context: SpanContext) -> (DirectSpan, FinishedRequest) {
         let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
         let mut phases = PhaseSpans::default();
         phases.set(0, at(0), at(10), None);
         phases.set(1, at(10), at(20), None);
         phases.set(2, at(20), at(100), None);
-        FinishedRequest {
-            span: DirectSpan::for_test(context, "chat m", at(0)),
+        let request = FinishedRequest {
             end: at(100),
+            late_model: None,
             end_attributes: EndAttributes {
                 e2e: 0.1,
                 outcome: "ok",
                 ..EndAttributes::default()
             },
             phases,
-        }
+        };
+        (DirectSpan::for_test(context, "chat m", at(0)), request)
+    }
+
+    fn submit(p: &BatchProcessor, context: SpanContext) {
+        let (span, request) = request(context);
+        p.submit_request(span, request);
     }
 
     fn sdk_span(name: &'static str) -> SpanData {
-        let mut span = request(sampled_context())
-            .span
-            .into_span_data(SystemTime::UNIX_EPOCH, |_| {});
+        let mut span = request(sampled_context()).0.into_span_data(
+            SystemTime::UNIX_EPOCH,
+            Status::Unset,
+            |_| {},
+        );
         span.name = std::borrow::Cow::Borrowed(name);
         span
     }
@@ -682,7 +470,7 @@ mod tests {
         let exporter = InMemorySpanExporter::default();
         let p = BatchProcessor::new(exporter.clone(), &resource(), settings(16, 3_600_000, 16))
             .expect("thread");
-        p.submit_request(request(sampled_context()));
+        submit(&p, sampled_context());
         p.on_end(sdk_span("handler"));
         assert!(p.force_flush().is_ok());
         let spans = exporter.get_finished_spans().unwrap_or_default();
@@ -718,28 +506,9 @@ mod tests {
             false,
             TraceState::NONE,
         );
-        p.submit_request(request(unsampled));
+        submit(&p, unsampled);
         assert!(p.force_flush().is_ok());
         assert_eq!(exporter.get_finished_spans().unwrap_or_default().len(), 1);
-    }
-
-    #[test]
-    fn phase_spans_keep_their_order_and_their_own_attributes() {
-        let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
-        let mut phases = PhaseSpans::default();
-        phases.set(2, at(20), at(90), Some(vec![KeyValue::new("gpu.x", 1_i64)]));
-        phases.set(0, at(0), at(10), None);
-        phases.set(4, at(0), at(1), None);
-        assert_eq!(phases.len(), 2);
-        let spans: Vec<PhaseSpan> = phases.into_iter().collect();
-        assert_eq!(spans.len(), 2);
-        assert_eq!((spans[0].name, spans[0].end), ("queue", at(10)));
-        assert!(spans[0].attributes.is_none());
-        assert_eq!((spans[1].name, spans[1].start), ("decode", at(20)));
-        assert_eq!(
-            spans[1].attributes.as_deref(),
-            Some(&[KeyValue::new("gpu.x", 1_i64)][..])
-        );
     }
 
     #[test]
@@ -748,7 +517,7 @@ mod tests {
         let p = BatchProcessor::new(exporter.clone(), &resource(), settings(1000, 3_600_000, 10))
             .expect("thread");
         for _ in 0..5 {
-            p.submit_request(request(sampled_context())); // 4 spans each
+            submit(&p, sampled_context()); // 4 spans each
         }
         // A batch's worth queued wakes the export thread: no flush, and the timer is an hour.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -791,7 +560,7 @@ mod tests {
             .expect("thread");
         let started = Instant::now();
         for _ in 0..50 {
-            p.submit_request(request(sampled_context()));
+            submit(&p, sampled_context());
         }
         assert!(
             started.elapsed() < Duration::from_millis(150),
@@ -814,7 +583,7 @@ mod tests {
         let exporter = Batches::default();
         let p = BatchProcessor::new(exporter.clone(), &resource(), settings(100, 3_600_000, 100))
             .expect("thread");
-        p.submit_request(request(sampled_context()));
+        submit(&p, sampled_context());
         p.on_end(sdk_span("late"));
         assert!(p.shutdown().is_ok());
         assert_eq!(exporter.sizes(), [5]);
@@ -826,35 +595,5 @@ mod tests {
         ));
         p.on_end(sdk_span("after"));
         assert_eq!(p.dropped_spans(), 1);
-    }
-
-    #[test]
-    fn settings_follow_the_sdk_variables() {
-        let none = BatchSettings::from_vars(|_| None);
-        assert_eq!(none, BatchSettings::default());
-        let set = BatchSettings::from_vars(|name| {
-            match name {
-                "OTEL_BSP_MAX_QUEUE_SIZE" => Some("100"),
-                "OTEL_BSP_SCHEDULE_DELAY" => Some(" 250 "),
-                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" => Some("512"),
-                _ => None,
-            }
-            .map(String::from)
-        });
-        assert_eq!(set.max_queue_size, 100);
-        assert_eq!(set.scheduled_delay, Duration::from_millis(250));
-        assert_eq!(set.max_export_batch_size, 100, "capped at the queue size");
-        let junk = BatchSettings::from_vars(|_| Some("zero".into()));
-        assert_eq!(junk, BatchSettings::default());
-        let zero = BatchSettings::from_vars(|_| Some("0".into()));
-        assert_eq!(zero, BatchSettings::default());
-        let spin = BatchSettings {
-            scheduled_delay: Duration::ZERO,
-            ..BatchSettings::default()
-        };
-        assert_eq!(spin.normalized().scheduled_delay, Duration::from_millis(1));
-        let huge = BatchSettings::from_vars(|_| Some("100000000".into()));
-        assert_eq!(huge.max_queue_size, MAX_QUEUE_ENTRIES);
-        assert_eq!(huge.max_export_batch_size, MAX_QUEUE_ENTRIES);
     }
 }
