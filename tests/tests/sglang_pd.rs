@@ -1,5 +1,5 @@
 //! SGLang's own traces, end to end: the official OpenTelemetry Python SDK emits SGLang request
-//! trees exactly as sglang/srt/tracing does (REFERENCE.md §2: bootstrap room, per-role request
+//! trees exactly as sglang/srt/tracing does (docs/dialects-sglang.md#sglangs-span-model: bootstrap room, per-role request
 //! spans in three services, per-TP-rank thread spans, nested stage slices chained by links,
 //! 64-bit trace ids) to a real collector over loopback gRPC; each cross-service PD tree is read
 //! into ONE request record whose phases and disaggregated sub-phases equal the truth the script

@@ -1,4 +1,4 @@
-//! SGLang's request tree (REFERENCE.md §2) read into one record: plain and PD, two TP ranks
+//! SGLang's request tree (docs/dialects-sglang.md#sglangs-span-model) read into one record: plain and PD, two TP ranks
 //! counted once, every stage → sub-phase mapping checked by changing that one slice; plus
 //! TensorRT-LLM's KV-transfer attribute, cache hits, preemptions and LoRA on other dialects, and
 //! infertrace's own layer on each role of a PD deployment read into one record.

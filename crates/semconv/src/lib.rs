@@ -205,7 +205,7 @@ pub mod disagg {
 }
 
 /// SGLang's request tracing (`--enable-trace` / `--trace-level`, module sglang/srt/tracing):
-/// span naming, attributes and stage ("slice") names. REFERENCE.md §2 describes the tree.
+/// span naming, attributes and stage ("slice") names. docs/dialects-sglang.md#sglangs-span-model describes the tree.
 pub mod sglang {
     /// Name prefix of the per-request root, `Bootstrap Room 0x…`.
     pub const ROOM_SPAN_PREFIX: &str = "Bootstrap Room ";
@@ -231,7 +231,7 @@ pub mod sglang {
         /// The router (mini load balancer).
         pub const ROUTER: &str = "router";
     }
-    /// Stage (slice) names; the level at which SGLang emits each is in REFERENCE.md §2.
+    /// Stage (slice) names; the level at which SGLang emits each is in docs/dialects-sglang.md#sglangs-span-model.
     pub mod stage {
         /// Tokenizer: tokenization.
         pub const TOKENIZE: &str = "tokenize";

@@ -1,4 +1,4 @@
-//! SGLang's request tree (REFERENCE.md §2; `--enable-trace` / `--trace-level`).
+//! SGLang's request tree (docs/dialects-sglang.md#sglangs-span-model; `--enable-trace` / `--trace-level`).
 //!
 //! SGLang emits no request span with latencies: each request is a tree of INTERNAL spans with
 //! explicit timestamps —

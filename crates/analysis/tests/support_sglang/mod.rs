@@ -1,4 +1,4 @@
-//! SGLang request trees in the structure REFERENCE.md §2 documents (and sglang/srt/tracing
+//! SGLang request trees in the structure docs/dialects-sglang.md#sglangs-span-model documents (and sglang/srt/tracing
 //! emits), built from a table that tests can change before building:
 //! a `Bootstrap Room 0x…` root → one `"{role} Req {rid[..8]}"` span per role (attribute `rid`)
 //! → one span per thread (`"{label} [TP n] (host:… | pid:…)"`, attributes `thread_label`,

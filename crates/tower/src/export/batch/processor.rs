@@ -562,10 +562,9 @@ mod tests {
         for _ in 0..50 {
             submit(&p, sampled_context());
         }
-        assert!(
-            started.elapsed() < Duration::from_millis(150),
-            "never blocks"
-        );
+        // Blocking on the 200 ms exporter would take seconds for 50 requests; a busy machine
+        // can delay the loop itself by far less than that.
+        assert!(started.elapsed() < Duration::from_secs(1), "never blocks");
         let dropped = p.dropped_spans();
         assert!(dropped >= 4 * 40, "{dropped} spans dropped");
         assert_eq!(dropped % 4, 0, "whole requests are dropped");
