@@ -59,6 +59,8 @@ pub(crate) struct Shared {
     pub(crate) admission: Option<Arc<AdmissionQueue>>,
     pub(crate) default_model: Option<StringValue>,
     pub(crate) default_operation: Cow<'static, str>,
+    /// `gen_ai.provider.name` on every request span.
+    pub(crate) provider: StringValue,
     pub(crate) describe: Option<Arc<DescribeFn>>,
     pub(crate) skip: Option<Arc<SkipFn>>,
     /// GPU and host counters for the phase spans (`None`: no enrichment at all).
@@ -84,6 +86,7 @@ impl Shared {
             described,
             &self.default_operation,
             self.default_model.as_ref(),
+            &self.provider,
         )
     }
 }

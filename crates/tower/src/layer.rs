@@ -22,6 +22,10 @@ use crate::record::LayerState;
 use crate::request_facts::{RequestDescription, RequestHead};
 use crate::service::InferenceTraceService;
 
+/// `gen_ai.provider.name` until [`InferenceTraceLayer::provider_name`] says otherwise: the layer
+/// runs inside the serving system, which the GenAI conventions let name itself.
+pub const DEFAULT_PROVIDER: &str = "self_hosted";
+
 /// A Tower [`Layer`] that traces every LLM inference request into a request span with `queue`,
 /// `prefill` and `decode` children, and records the GenAI server metrics.
 ///
@@ -54,6 +58,7 @@ pub struct InferenceTraceLayer {
     admission: Option<Arc<AdmissionQueue>>,
     default_model: Option<StringValue>,
     default_operation: Cow<'static, str>,
+    provider: StringValue,
     describe: Option<Arc<DescribeFn>>,
     skip: Option<Arc<SkipFn>>,
     /// The state every service shares, built lazily by the first `layer()` call so global
@@ -97,6 +102,7 @@ impl InferenceTraceLayer {
             default_operation: Cow::Borrowed(
                 infertrace_semconv::gen_ai::operation::GENERATE_CONTENT,
             ),
+            provider: StringValue::from(DEFAULT_PROVIDER),
             describe: None,
             skip: None,
             state: Arc::default(),
@@ -259,6 +265,14 @@ impl InferenceTraceLayer {
         self.changed()
     }
 
+    /// `gen_ai.provider.name` on every request span (required by the GenAI semantic
+    /// conventions): the serving system as your users know it, e.g. `vllm`, `sglang` or your
+    /// platform's name. Default [`DEFAULT_PROVIDER`].
+    pub fn provider_name(mut self, provider: impl Into<String>) -> Self {
+        self.provider = StringValue::from(provider.into());
+        self.changed()
+    }
+
     /// The operation used for paths the layer does not recognise (default `generate_content`).
     /// Recognised paths: `…/chat/completions` → `chat`, `…/completions` → `text_completion`,
     /// `…/embeddings` → `embeddings`; gRPC requests → `generate_content`.
@@ -317,6 +331,7 @@ impl InferenceTraceLayer {
                     admission: self.admission.clone(),
                     default_model: self.default_model.clone(),
                     default_operation: self.default_operation.clone(),
+                    provider: self.provider.clone(),
                     describe: self.describe.clone(),
                     skip: self.skip.clone(),
                     gpu: self.gpu.clone(),

@@ -205,7 +205,7 @@ pub use export::{BatchSettings, MAX_QUEUE_ENTRIES, SharedSpanProcessor};
 pub use extract::MissingRecorder;
 #[cfg(feature = "gpu")]
 pub use infertrace_gpu::{GpuTelemetry, TelemetryConfig};
-pub use layer::InferenceTraceLayer;
+pub use layer::{DEFAULT_PROVIDER, InferenceTraceLayer};
 pub use recorder::{RecorderSnapshot, RequestRecorder};
 pub use request_facts::{MODEL_HEADER, OPERATION_HEADER, RequestDescription, RequestHead};
 pub use service::{InferenceTraceService, ResponseFuture};

@@ -43,6 +43,7 @@ pub struct RequestDescription {
 #[derive(Clone, Debug)]
 pub(crate) struct RequestFacts {
     pub(crate) operation: Cow<'static, str>,
+    pub(crate) provider: StringValue,
     pub(crate) request_model: Option<StringValue>,
     pub(crate) grpc: bool,
 }
@@ -117,6 +118,7 @@ impl RequestFacts {
         described: RequestDescription,
         default_operation: &Cow<'static, str>,
         default_model: Option<&StringValue>,
+        provider: &StringValue,
     ) -> Self {
         let grpc = grpc::is_grpc(head.headers);
         let operation = described
@@ -139,6 +141,7 @@ impl RequestFacts {
             .or_else(|| default_model.cloned());
         Self {
             operation,
+            provider: provider.clone(),
             request_model,
             grpc,
         }
@@ -199,6 +202,7 @@ fn server_address<B>(req: &Request<B>) -> Option<(&str, Option<i64>)> {
 #[derive(Clone, Debug)]
 pub(crate) struct StartAttributes {
     operation: Cow<'static, str>,
+    provider: StringValue,
     request_model: Option<StringValue>,
     protocol: Protocol,
     server: Option<(StringValue, Option<i64>)>,
@@ -218,7 +222,7 @@ enum Protocol {
 }
 
 /// How many attributes [`StartAttributes::write`] writes at most.
-pub(crate) const START_ATTRIBUTES: usize = 8;
+pub(crate) const START_ATTRIBUTES: usize = 9;
 
 /// Room for the request span's attributes after those known at arrival: the end-of-request
 /// attributes (at most 24) and a few more (a later model, a sampler's).
@@ -248,6 +252,7 @@ impl StartAttributes {
         };
         Self {
             operation: facts.operation.clone(),
+            provider: facts.provider.clone(),
             request_model: facts.request_model.clone(),
             protocol,
             server: server_address(req)
@@ -261,6 +266,7 @@ impl StartAttributes {
             gen_ai::OPERATION_NAME,
             self.operation.clone(),
         ));
+        push(KeyValue::new(gen_ai::PROVIDER_NAME, self.provider.clone()));
         if let Some(m) = &self.request_model {
             push(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
         }

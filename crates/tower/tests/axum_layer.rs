@@ -313,6 +313,7 @@ async fn engine_marks_streamed_phases_match_the_engine_with(tel: Telemetry) {
         Some(&opentelemetry::Value::Bool(true))
     );
     assert_eq!(attr_str(req, "gen_ai.operation.name"), "chat");
+    assert_eq!(attr_str(req, "gen_ai.provider.name"), "self_hosted");
     assert_eq!(attr_str(req, "gen_ai.request.model"), "test-model");
     assert_eq!(attr_str(req, "infer.outcome"), "ok");
     assert_eq!(attr_str(req, "infer.phase.source"), "engine");

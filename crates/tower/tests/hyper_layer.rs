@@ -104,7 +104,8 @@ async fn serve(layer: InferenceTraceLayer, truth: Truth) -> SocketAddr {
 async fn http1_stream_engine_phases_match() {
     let tel = Telemetry::new();
     let truth = Truth::default();
-    let addr = serve(tel.layer().default_model("m"), Arc::clone(&truth)).await;
+    let layer = tel.layer().default_model("m").provider_name("vllm");
+    let addr = serve(layer, Arc::clone(&truth)).await;
     let (status, _, body) = send(addr, "/v1/chat/completions", &[], "{}").await;
     assert_eq!(status, 200);
     assert_eq!(body.len(), 4 * 9);
@@ -113,6 +114,7 @@ async fn http1_stream_engine_phases_match() {
     assert_well_formed(&spans, req);
     let t = truth.lock().unwrap()[0];
     assert_eq!(req.name, "chat m");
+    assert_eq!(attr_str(req, "gen_ai.provider.name"), "vllm");
     assert_between(
         "queue",
         secs(child(&spans, req, "queue").unwrap()),

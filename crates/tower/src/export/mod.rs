@@ -242,6 +242,7 @@ mod tests {
             .unwrap_or_default();
         let facts = crate::request_facts::RequestFacts {
             operation: Cow::Borrowed("chat"),
+            provider: "self_hosted".into(),
             request_model: Some("m".into()),
             grpc: false,
         };
@@ -437,6 +438,7 @@ mod tests {
                 keys,
                 [
                     "gen_ai.operation.name",
+                    "gen_ai.provider.name",
                     "gen_ai.request.model",
                     "http.request.method",
                     "url.path",

@@ -108,6 +108,7 @@ mod tests {
             .unwrap_or_default();
         let facts = RequestFacts {
             operation: Cow::Borrowed("chat"),
+            provider: "self_hosted".into(),
             request_model: None,
             grpc: false,
         };

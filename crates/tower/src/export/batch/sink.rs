@@ -107,6 +107,7 @@ mod tests {
             .unwrap_or_default();
         let facts = RequestFacts {
             operation: Cow::Borrowed("chat"),
+            provider: "self_hosted".into(),
             request_model: None,
             grpc: false,
         };
@@ -151,9 +152,10 @@ mod tests {
         let keys: Vec<_> = server.attributes.iter().map(|kv| kv.key.as_str()).collect();
         // Arrival attributes first, then the late model, then the end attributes.
         assert_eq!(
-            keys[..4],
+            keys[..5],
             [
                 "gen_ai.operation.name",
+                "gen_ai.provider.name",
                 "http.request.method",
                 "url.path",
                 "gen_ai.request.model"
