@@ -44,9 +44,9 @@ impl Link {
         Self { tx: Some(tx) }
     }
 
-    /// Moves `bytes` over the link from `start` (now or a moment ago); returns the instant its
-    /// last byte arrived under processor sharing. That instant is the model's, to the
-    /// nanosecond: a timer that wakes late delays the answer, not the instant.
+    /// Moves `bytes` over the link from `start` (now or a moment ago); returns the instant the
+    /// link's task saw its last byte: where processor sharing puts it, or later when the task's
+    /// timer fired late.
     pub(crate) async fn transfer(&self, bytes: u64, start: Instant) -> Result<Instant, SimError> {
         let Some(tx) = &self.tx else {
             return Ok(start);
@@ -88,12 +88,14 @@ impl Flight {
                 return;
             };
             self.progress(done_at);
+            // Seen now, which is later than `done_at` when the timer fired late.
+            let seen = done_at.max(clock::now());
             let mut i = 0;
             while i < self.active.len() {
                 if self.active[i].left <= DONE_BYTES {
                     let finished = self.active.swap_remove(i);
                     // The receiver may have gone (its request was dropped): nothing to tell.
-                    let _ = finished.done.send(done_at);
+                    let _ = finished.done.send(seen);
                 } else {
                     i += 1;
                 }

@@ -35,13 +35,13 @@
 //!   vLLM's do); SGLang handshakes before its prefill. The sum along time to first token is the
 //!   same.
 //!
-//! **Truth.** The engines stamp their instants as they always do (the end of the step, as it
-//! really happened). The routing delay, the handshake and the links are the model's own
-//! instants to the nanosecond (a routing decision at `arrival + routing`, a transfer's last
-//! byte where processor sharing puts it): a timer that wakes late delays the caller, which an
-//! observer then measures as a hand-over gap, not the sub-phase. How late every timer woke is
-//! in [`DisaggSim::step_lateness`]. On a paused tokio clock (tests) and whole-millisecond costs,
-//! every sub-phase equals the cost model exactly.
+//! **Truth.** Every instant is what happened on the simulator's clock, as the engines stamp
+//! theirs: the routing decision and the end of the handshake when their timers fired, a
+//! transfer's end when the link's task saw its last byte (processor sharing computes the
+//! shares to the nanosecond; a timer that fires late makes the end that much later, never the
+//! shares wrong). How late every timer fired is in [`DisaggSim::step_lateness`], the run's
+//! scheduler noise. On a paused tokio clock (tests) with whole-millisecond costs (tokio's
+//! timers tick every millisecond), every sub-phase equals the cost model exactly.
 //!
 //! Every duration is scaled by [`DisaggConfig::time_scale`], engines included. Output lengths
 //! and injected errors follow each engine's seed, derived from [`DisaggConfig::seed`] and the
@@ -439,8 +439,8 @@ impl DisaggSim {
             )));
         }
         let arrived = clock::now();
-        let routed_at = arrived + cfg.scaled(cfg.routing);
-        self.sleep_until(routed_at).await;
+        self.sleep_until(arrived + cfg.scaled(cfg.routing)).await;
+        let routed_at = clock::now();
         let mut inner = self.inner();
         let least = |load: &[u64]| {
             load.iter()
@@ -543,8 +543,8 @@ impl DisaggSim {
             }
         }
         let cfg = &self.shared.config;
-        let end = granted + cfg.scaled(cfg.handshake);
-        self.sleep_until(end).await;
+        self.sleep_until(granted + cfg.scaled(cfg.handshake)).await;
+        let end = clock::now();
         if let Some(s) = self.inner().requests.get_mut(&id) {
             s.bootstrap_end = Some(end);
         }
