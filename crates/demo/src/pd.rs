@@ -50,7 +50,7 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, Span, SpanData, SpanProcessor};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span, SpanData, SpanProcessor};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -105,20 +105,30 @@ impl RoleTelemetry {
     /// For a service exporting through `providers` (`otlp::init` with the service's own
     /// `service.name`), playing `role` (one of [`sc::disagg::role`]'s values).
     pub fn new(providers: &OtlpProviders, role: &'static str) -> Self {
-        // The export processor already has its resource; `SharedSpanProcessor::new` only hands
-        // this one to `RoleTag`, which ignores it.
+        Self::with_processor(&providers.tracer_provider, &providers.span_processor, role)
+    }
+
+    /// For a service whose tracer provider exports through `processor` (already given the
+    /// service's resource), playing `role`.
+    pub fn with_processor(
+        provider: &SdkTracerProvider,
+        processor: &SharedSpanProcessor,
+        role: &'static str,
+    ) -> Self {
+        // `processor` already has its resource; `SharedSpanProcessor::new` only hands this one
+        // to `RoleTag`, which ignores it.
         let tagged = SharedSpanProcessor::new(
             RoleTag {
                 role,
-                inner: providers.span_processor.clone(),
+                inner: processor.clone(),
             },
             &Resource::builder_empty().build(),
         );
         Self {
             layer: InferenceTraceLayer::new()
-                .with_tracer_provider(&providers.tracer_provider)
+                .with_tracer_provider(provider)
                 .with_span_processor(tagged),
-            tracer: providers.tracer_provider.tracer("infertrace-demo-pd"),
+            tracer: provider.tracer("infertrace-demo-pd"),
         }
     }
 }
@@ -740,4 +750,122 @@ pub async fn launch(
         stop,
         tasks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loadgen::{LengthDist, LoadConfig};
+    use infertrace_sim::DisaggConfig;
+    use opentelemetry::trace::SpanId;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor};
+
+    /// One request through the three services: one trace, each role's request span tagged and
+    /// nested router → prefill → decode, and each sub-phase span under its role's request span.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_request_is_one_trace_across_the_roles() {
+        let exporter = InMemorySpanExporter::default();
+        let resource = Resource::builder().with_service_name("pd-test").build();
+        let processor =
+            SharedSpanProcessor::new(SimpleSpanProcessor::new(exporter.clone()), &resource);
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor.clone())
+            .with_resource(resource)
+            .build();
+        let sim = DisaggSim::start(DisaggConfig {
+            time_scale: 0.1,
+            ..Default::default()
+        })
+        .unwrap();
+        let deployment = launch(sim.clone(), "m", |role, _| {
+            RoleTelemetry::with_processor(&provider, &processor, role)
+        })
+        .await
+        .unwrap();
+        let load = LoadConfig {
+            target: format!("http://{}", deployment.router),
+            model: "m".to_owned(),
+            rate: 50.0,
+            duration: Duration::from_millis(100),
+            prompt_tokens: LengthDist::Fixed(300),
+            output_tokens: LengthDist::Fixed(4),
+            ignore_eos: true,
+            ..LoadConfig::default()
+        };
+        let report = crate::loadgen::run(&load, false).await.unwrap();
+        assert!(report.sent >= 1);
+        assert_eq!(report.outcomes[0], report.sent, "every request ok");
+        let index = deployment.index.clone();
+        deployment.stop().await;
+        let _ = provider.force_flush();
+        let spans = exporter.get_finished_spans().unwrap();
+
+        let role_of = |s: &SpanData| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == sc::disagg::ROLE)
+                .map(|kv| kv.value.as_str().into_owned())
+        };
+        let routers: Vec<&SpanData> = spans
+            .iter()
+            .filter(|s| role_of(s).as_deref() == Some(sc::disagg::role::ROUTER))
+            .collect();
+        assert_eq!(routers.len() as u64, report.sent);
+        for router in routers {
+            let trace = router.span_context.trace_id();
+            let id = index
+                .get(&trace.to_string())
+                .expect("the router noted its request");
+            let in_trace: Vec<&SpanData> = spans
+                .iter()
+                .filter(|s| s.span_context.trace_id() == trace)
+                .collect();
+            let request = |role: &str| {
+                in_trace
+                    .iter()
+                    .copied()
+                    .find(|s| role_of(s).as_deref() == Some(role))
+                    .unwrap_or_else(|| panic!("no {role} span in the trace"))
+            };
+            let (prefill, decode) = (
+                request(sc::disagg::role::PREFILL),
+                request(sc::disagg::role::DECODE),
+            );
+            // Context went router → prefill → decode: each worker's request span is a
+            // descendant of the caller's (through the HTTP client's call).
+            assert_eq!(router.parent_span_id, SpanId::INVALID);
+            let child_of = |s: &SpanData, phase: &str| {
+                in_trace.iter().any(|c| {
+                    c.parent_span_id == s.span_context.span_id()
+                        && (c.name == phase
+                            || c.attributes.iter().any(|kv| {
+                                kv.key.as_str() == sc::infer::PHASE && kv.value.as_str() == phase
+                            }))
+                })
+            };
+            assert!(
+                prefill.start_time >= router.start_time
+                    && prefill.parent_span_id == router.span_context.span_id()
+            );
+            assert!(decode.parent_span_id == prefill.span_context.span_id());
+            assert!(child_of(router, sc::disagg::ROUTING));
+            for phase in [
+                sc::span::QUEUE,
+                sc::span::PREFILL,
+                sc::disagg::BOOTSTRAP,
+                sc::disagg::KV_TRANSFER,
+            ] {
+                assert!(child_of(prefill, phase), "prefill worker: {phase}");
+            }
+            for phase in [
+                sc::disagg::DECODE_WAIT,
+                sc::disagg::FIRST_TOKEN,
+                sc::span::DECODE,
+            ] {
+                assert!(child_of(decode, phase), "decode worker: {phase}");
+            }
+            let truth = sim.truth(id).expect("truth");
+            assert_eq!(truth.decode.as_ref().map(|d| d.output_tokens), Some(4));
+        }
+    }
 }
