@@ -320,16 +320,30 @@ fn pd_id(headers: &HeaderMap) -> Option<u64> {
     headers.get(PD_ID_HEADER)?.to_str().ok()?.parse().ok()
 }
 
-/// Which simulator request each router request span (by trace id, hex) stands for.
+/// Which simulator request each router request span (by trace id, hex) stands for; the latest
+/// [`PdIndex::CAPACITY`] requests are kept.
 #[derive(Clone, Debug, Default)]
-pub struct PdIndex(Arc<Mutex<HashMap<String, u64>>>);
+pub struct PdIndex(Arc<Mutex<IndexInner>>);
+
+#[derive(Debug, Default)]
+struct IndexInner {
+    ids: HashMap<String, u64>,
+    order: std::collections::VecDeque<String>,
+}
 
 impl PdIndex {
+    /// Requests remembered (the oldest are forgotten first).
+    pub const CAPACITY: usize = 100_000;
+
     fn insert(&self, trace_id: String, id: u64) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(trace_id, id);
+        let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while inner.order.len() >= Self::CAPACITY {
+            if let Some(old) = inner.order.pop_front() {
+                inner.ids.remove(&old);
+            }
+        }
+        inner.order.push_back(trace_id.clone());
+        inner.ids.insert(trace_id, id);
     }
 
     /// The simulator's request id of the trace `trace_id` (hex).
@@ -337,6 +351,7 @@ impl PdIndex {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .ids
             .get(trace_id)
             .copied()
     }

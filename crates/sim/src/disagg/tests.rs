@@ -118,6 +118,8 @@ async fn one_request_alone_costs_exactly_the_model() {
         + t.first_token().unwrap();
     close("ttft = the sub-phases", t.ttft(), sum, Duration::ZERO);
     assert_eq!(t.decode.as_ref().unwrap().output_tokens, 4);
+    // The decode worker never prefills: its KV cache came over the link.
+    assert_eq!(t.decode.as_ref().unwrap().prefill_steps, 0);
     assert_eq!(t.prefill.as_ref().unwrap().output_tokens, 1);
     assert_eq!(
         t.outcome(),
