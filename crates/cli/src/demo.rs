@@ -46,6 +46,24 @@ pub enum Scenario {
     /// A share of very long prompts without chunked prefill: prefill dominates time to first
     /// token (`prefill-dominated-ttft`), and each long prefill stalls the running decodes.
     LongPrompts,
+    /// Disaggregated serving: a router, two prefill and two decode workers as separate traced
+    /// services over loopback, with the breakdown of time to first token across them
+    /// (routing, prefill queue, prefill, bootstrap, KV transfer, decode wait, first token)
+    /// beside the simulator's truth.
+    Pd,
+    /// Disaggregated, with one prefill worker whose 10 Gb/s link carries every KV transfer:
+    /// the KV transfer is the largest part of time to first token.
+    PdKvBound,
+    /// Disaggregated with the pools the wrong way round for the load: one prefill worker for
+    /// long prompts and three mostly idle decode workers, so the prefill queue dominates.
+    PdRatio,
+}
+
+impl Scenario {
+    /// Whether the scenario runs the disaggregated deployment.
+    pub fn is_pd(self) -> bool {
+        matches!(self, Self::Pd | Self::PdKvBound | Self::PdRatio)
+    }
 }
 
 /// Arguments of `infertrace demo`.
@@ -76,17 +94,22 @@ pub struct DemoArgs {
 }
 
 /// The engine and load of a scenario.
-struct Workload {
-    sim: SimConfig,
-    load: LoadConfig,
-    description: &'static str,
+pub(crate) struct Workload {
+    pub(crate) sim: SimConfig,
+    pub(crate) load: LoadConfig,
+    pub(crate) description: &'static str,
 }
 
-const MODEL: &str = "llama-3.1-8b";
+pub(crate) const MODEL: &str = "llama-3.1-8b";
 /// How often the demo samples its simulated GPU and the host.
-const GPU_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+pub(crate) const GPU_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
-fn workload(scenario: Scenario, rate: Option<f64>, duration: Duration, seed: u64) -> Workload {
+pub(crate) fn workload(
+    scenario: Scenario,
+    rate: Option<f64>,
+    duration: Duration,
+    seed: u64,
+) -> Workload {
     let mut sim = SimConfig {
         model: MODEL.to_owned(),
         seed,
@@ -140,6 +163,11 @@ fn workload(scenario: Scenario, rate: Option<f64>, duration: Duration, seed: u64
             };
             "15% of prompts are 20,000 tokens, without chunked prefill"
         }
+        // The disaggregated scenarios change the load in `demo_pd`.
+        Scenario::Pd | Scenario::PdKvBound | Scenario::PdRatio => {
+            load.rate = rate.unwrap_or(6.0);
+            "disaggregated prefill and decode"
+        }
     };
     Workload {
         sim,
@@ -153,24 +181,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     if args.duration.is_zero() {
         anyhow::bail!("--duration must be longer than zero (e.g. --duration 30s)");
     }
+    if args.scenario.is_pd() {
+        return crate::demo_pd::run(args).await;
+    }
     let wl = workload(args.scenario, args.rate, args.duration, args.seed);
     let interactive = std::io::stderr().is_terminal();
 
     // 1. The collector.
-    let mut config = CollectorConfig::default();
-    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse()?;
-    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse()?;
-    config.api.listen = match (args.listen, args.keep) {
-        (Some(a), _) => a,
-        (None, true) => "127.0.0.1:9464".parse()?,
-        (None, false) => "127.0.0.1:0".parse()?,
-    };
-    config.assembly.grace = Duration::from_millis(500);
-    // The demo keeps everything in memory: it never creates ./infertrace-data.
-    config.store.enabled = false;
-    let collector = server::run(config, std::future::pending())
-        .await
-        .context("starting the collector")?;
+    let collector = start_collector(&args, Duration::from_millis(500)).await?;
     let grpc = collector
         .grpc_addr
         .context("the demo needs the OTLP/gRPC receiver")?;
@@ -263,8 +281,30 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The in-process collector of a demo: OTLP on free ports, the API on `--listen`, traces
+/// closed `grace` after their request span arrives, nothing written to disk.
+pub(crate) async fn start_collector(
+    args: &DemoArgs,
+    grace: Duration,
+) -> anyhow::Result<RunningCollector> {
+    let mut config = CollectorConfig::default();
+    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse()?;
+    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse()?;
+    config.api.listen = match (args.listen, args.keep) {
+        (Some(a), _) => a,
+        (None, true) => "127.0.0.1:9464".parse()?,
+        (None, false) => "127.0.0.1:0".parse()?,
+    };
+    config.assembly.grace = grace;
+    // The demo keeps everything in memory: it never creates ./infertrace-data.
+    config.store.enabled = false;
+    server::run(config, std::future::pending())
+        .await
+        .context("starting the collector")
+}
+
 /// The smallest default KPI window covering the run.
-fn report_window(elapsed: Duration) -> Duration {
+pub(crate) fn report_window(elapsed: Duration) -> Duration {
     if elapsed < Duration::from_secs(55) {
         Duration::from_secs(60)
     } else if elapsed < Duration::from_secs(295) {
@@ -283,7 +323,7 @@ fn requests_in(collector: &RunningCollector, window: Duration) -> u64 {
         .sum()
 }
 
-async fn wait_for_requests(
+pub(crate) async fn wait_for_requests(
     collector: &RunningCollector,
     window: Duration,
     expected: u64,
@@ -312,7 +352,7 @@ pub fn local_report(collector: &RunningCollector, window: Duration) -> Value {
 
 /// Percentiles at rank ⌊q·(n − 1)⌋ (the rank rule of the KPI sketches, so the three sides are
 /// comparable even on few requests), mean and sum of `values` in seconds.
-fn stat(mut v: Vec<f64>) -> Value {
+pub(crate) fn stat(mut v: Vec<f64>) -> Value {
     v.sort_by(f64::total_cmp);
     let q = |p: f64| -> Option<f64> {
         let last = v.len().checked_sub(1)?;
@@ -325,7 +365,7 @@ fn stat(mut v: Vec<f64>) -> Value {
 
 /// What the load generator saw, over its successful requests: TTFT (sent → first token received)
 /// and e2e (sent → stream complete) include the network and the server's own work.
-fn client_summary(load: &LoadReport) -> Value {
+pub(crate) fn client_summary(load: &LoadReport) -> Value {
     let ok = || load.results.iter().filter(|r| r.outcome == Outcome::Ok);
     json!({
         "sent": load.sent,
@@ -367,7 +407,7 @@ fn ground_truth(sim: &SimHandle) -> Value {
 
 /// "What infertrace measured vs what really happened" for the completed requests: the
 /// simulator's truth, the layer's spans (through the collector) and the client's view.
-fn truth_table(report: &Value) -> String {
+pub(crate) fn truth_table(report: &Value) -> String {
     let truth = &report["ground_truth"];
     let client = &report["client"];
     let Some(series) = report.pointer("/kpis/series").and_then(Value::as_array) else {

@@ -266,3 +266,122 @@ fn long_prompt_demo_is_diagnosed_as_prefill_bound() {
         "findings: {ids:?}"
     );
 }
+
+/// The disaggregated breakdown's rows by sub-phase name.
+fn pd_phase<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["pd"]["phases"]
+        .as_array()
+        .expect("pd phases")
+        .iter()
+        .find(|p| p["phase"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {}", report["pd"]))
+}
+
+/// The sub-phases along time to first token, in time order.
+const PD_TTFT_PHASES: [&str; 7] = [
+    "routing",
+    "prefill_queue",
+    "prefill",
+    "bootstrap",
+    "kv_transfer",
+    "decode_wait",
+    "first_token",
+];
+
+#[test]
+fn pd_demo_measures_every_sub_phase_across_services_against_the_truth() {
+    let report = demo(&["--duration", "6s", "--scenario", "pd"]);
+    let sent = report["client"]["sent"].as_u64().unwrap();
+    assert!(sent >= 15, "6 s at 6 req/s sends ~36 requests, got {sent}");
+    assert_eq!(
+        report["client"]["ok"].as_u64(),
+        Some(sent),
+        "{}",
+        report["client"]
+    );
+    // One record per request, the router's: the workers' request spans are parts of it.
+    let series = report["kpis"]["series"].as_array().expect("series");
+    assert_eq!(series.len(), 1, "{series:?}");
+    assert_eq!(series[0]["service"], "pd-router");
+    assert_eq!(series[0]["requests"].as_u64(), Some(sent));
+    // Every request was assembled across the five services with every sub-phase, and matched
+    // to the simulator's truth of the same request.
+    let pd = &report["pd"];
+    assert_eq!(pd["topology"]["services"].as_array().map(Vec::len), Some(5));
+    assert_eq!(pd["matched"].as_u64(), Some(sent), "{pd}");
+    assert_eq!(pd["incomplete"].as_u64(), Some(0), "{pd}");
+
+    // Each measured boundary is the truth's instant plus one wait for the CPU (a handler or
+    // observer resuming after the simulator's timer, or a request's arrival before its handler
+    // calls the simulator), each bounded by the run's p99 timer lateness: two per sub-phase.
+    // TTFT ends after token 0 crosses three services back to the client's side of the router
+    // (decode's frame, the prefill worker's relay, the router's relay): four waits.
+    let noise = f(
+        &report["ground_truth"]["scheduler_noise"]["p99"],
+        "scheduler noise p99",
+    );
+    for name in PD_TTFT_PHASES.iter().chain(&["decode", "ttft"]) {
+        let p = pd_phase(&report, name);
+        assert_eq!(p["error"]["count"].as_u64(), Some(sent), "{name}: {p}");
+        let waits = if *name == "ttft" { 4.0 } else { 2.0 };
+        for q in ["p50", "p90"] {
+            let err = f(&p["error"][q], &format!("{name} |error| {q}"));
+            assert!(
+                err <= waits * noise,
+                "{name}: |measured − truth| {q} {err} s > {waits} × noise {noise} s: {p}"
+            );
+        }
+        // A phase measured from marks that follow the truth's own never reads much shorter.
+        let signed = f(&p["signed_error"]["p50"], &format!("{name} signed error"));
+        assert!(
+            signed >= -noise,
+            "{name}: measured shorter than truth by {signed} s"
+        );
+    }
+    // TTFT decomposes into the sub-phases: what is left is the hand-overs between services
+    // (HTTP calls and relays, a handful of task wake-ups), never an overlap.
+    let rest = f(&pd["unattributed"]["p50"], "unattributed TTFT p50");
+    assert!(
+        rest >= -noise && rest <= 8.0 * noise,
+        "unattributed {rest} s (noise {noise})"
+    );
+    let ttft = f(&pd_phase(&report, "ttft")["measured"]["p50"], "ttft p50");
+    let parts: f64 = PD_TTFT_PHASES
+        .iter()
+        .map(|n| f(&pd_phase(&report, n)["measured"]["p50"], n))
+        .sum();
+    assert!(
+        parts <= ttft * 1.5,
+        "sub-phase medians {parts} vs TTFT median {ttft}"
+    );
+}
+
+#[test]
+fn pd_kv_bound_demo_shows_the_transfer_dominating_ttft() {
+    let report = demo(&["--duration", "6s", "--scenario", "pd-kv-bound"]);
+    let median = |n: &str| f(&pd_phase(&report, n)["measured"]["p50"], n);
+    let truth = |n: &str| f(&pd_phase(&report, n)["truth"]["p50"], n);
+    // 10 Gb/s: the KV transfer is the largest sub-phase of TTFT, measured as in truth.
+    for other in PD_TTFT_PHASES.iter().filter(|n| **n != "kv_transfer") {
+        assert!(
+            median("kv_transfer") > median(other) && truth("kv_transfer") > truth(other),
+            "kv_transfer {} vs {other} {}",
+            median("kv_transfer"),
+            median(other)
+        );
+    }
+}
+
+#[test]
+fn pd_ratio_demo_shows_the_prefill_pool_queueing() {
+    let report = demo(&["--duration", "6s", "--scenario", "pd-ratio"]);
+    let median = |n: &str| f(&pd_phase(&report, n)["measured"]["p50"], n);
+    let p90 = |n: &str| f(&pd_phase(&report, n)["measured"]["p90"], n);
+    // One prefill worker for long prompts: requests queue there while the three decode
+    // workers admit theirs at once.
+    assert!(
+        p90("prefill_queue") > p90("decode_wait") && median("prefill") > median("first_token"),
+        "{}",
+        report["pd"]
+    );
+}

@@ -5,6 +5,8 @@
 //!
 //! - [`openai`]: OpenAI-compatible HTTP API (SSE streaming) as an axum [`Router`](axum::Router);
 //! - [`grpc`]: a `Generate` gRPC service (unary and server-streaming) for tonic, with its client;
+//! - [`pd`]: disaggregated serving (router, prefill and decode workers) over HTTP on the
+//!   [`DisaggSim`](infertrace_sim::DisaggSim), each role its own traced service;
 //! - [`hyper_service`]: the same HTTP API on a bare hyper service, no framework;
 //! - [`loadgen`]: open-loop Poisson load over HTTP/SSE or gRPC with client-side TTFT, TPOT and
 //!   end-to-end percentiles;
@@ -24,6 +26,7 @@ pub mod grpc;
 pub mod hyper_service;
 pub mod loadgen;
 pub mod openai;
+pub mod pd;
 pub mod server;
 
 pub use engine_marks::EngineMarks;

@@ -35,6 +35,10 @@ pub struct SimRequest {
     pub output_tokens: Option<u32>,
     /// Model name reported for this request; `None` uses the engine's.
     pub model: Option<String>,
+    /// The prompt's KV cache is already on this engine (transferred from a prefill worker in
+    /// disaggregated serving): the request is admitted without a prefill and its first decode
+    /// step produces token 0.
+    pub kv_ready: bool,
 }
 
 impl SimRequest {
@@ -45,7 +49,14 @@ impl SimRequest {
             max_output_tokens,
             output_tokens: None,
             model: None,
+            kv_ready: false,
         }
+    }
+
+    /// Marks the prompt's KV cache as already present (see [`kv_ready`](Self::kv_ready)).
+    pub fn with_kv_ready(mut self) -> Self {
+        self.kv_ready = true;
+        self
     }
 
     /// Fixes the output length (finish reason `stop` below `max_output_tokens`, else `length`).
@@ -262,7 +273,10 @@ impl SimHandle {
                 "prompt_tokens and max_output_tokens must be at least 1".to_owned(),
             ));
         }
-        if !cfg.chunked_prefill && request.prompt_tokens > cfg.max_batched_tokens {
+        if !cfg.chunked_prefill
+            && !request.kv_ready
+            && request.prompt_tokens > cfg.max_batched_tokens
+        {
             return Err(SimError::InvalidRequest(format!(
                 "prompt of {} tokens exceeds max_batched_tokens {} (enable chunked prefill)",
                 request.prompt_tokens, cfg.max_batched_tokens
@@ -273,7 +287,7 @@ impl SimHandle {
             stats.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(SimError::QueueFull);
         }
-        let submitted = Instant::now();
+        let submitted = crate::clock::now();
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let mut rng = StdRng::seed_from_u64(cfg.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let natural = request
@@ -299,7 +313,13 @@ impl SimHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Pending {
             id,
-            seq: Sequence::new(id, request.prompt_tokens, output, fail_at),
+            seq: {
+                let mut seq = Sequence::new(id, request.prompt_tokens, output, fail_at);
+                if request.kv_ready {
+                    seq.prefilled = seq.prompt_tokens;
+                }
+                seq
+            },
             reason,
             text,
             observer: Box::new(observer),
@@ -442,7 +462,7 @@ impl Engine {
         if self.cancelled.is_empty() {
             return;
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut truth = self.shared.truth();
         for id in self.cancelled.drain(..) {
             if let Some(a) = self.active.remove(&id) {
@@ -477,7 +497,7 @@ impl Engine {
 
     async fn step(&mut self) {
         let plan = self.scheduler.plan_step();
-        let start = Instant::now();
+        let start = crate::clock::now();
         let stats = &self.shared.stats;
         // With work waiting since the previous step, the gap between two steps (the
         // simulator's own CPU time, or a timer that woke late on a busy machine) is busy time
@@ -531,7 +551,7 @@ impl Engine {
             tokio::time::sleep_until(deadline.into()).await;
         }
 
-        let end = Instant::now();
+        let end = crate::clock::now();
         if !duration.is_zero() {
             self.shared
                 .truth()

@@ -21,13 +21,19 @@
 //! late each step's timer woke is kept too ([`SimHandle::step_lateness`]): the run's scheduler
 //! noise, a baseline for tolerances derived from the machine the test runs on.
 //!
+//! [`DisaggSim`] composes engines into a disaggregated deployment (router, prefill and decode
+//! pools, KV transfer over shared links, decode KV memory) with ground truth per sub-phase; see
+//! [`disagg`].
+//!
 //! Everything random (output lengths, injected errors, token text) derives from
 //! [`SimConfig::seed`] and the request's submission order; the scheduling policy itself
 //! ([`Scheduler`]) is pure and deterministic.
 
 #![warn(missing_docs)]
 
+mod clock;
 pub mod config;
+pub mod disagg;
 mod engine;
 mod error;
 mod observer;
@@ -38,6 +44,7 @@ mod text;
 mod truth;
 
 pub use config::{CostModel, OutputLength, SimConfig, StepShape};
+pub use disagg::{DisaggConfig, DisaggSim, PdTruth, Routed};
 pub use engine::{SimEvent, SimHandle, SimRequest, Simulator, Token, TokenStream, Usage};
 pub use error::SimError;
 pub use observer::RequestObserver;

@@ -201,7 +201,8 @@ impl Scheduler {
             let Some(next) = self.waiting.front() else {
                 break;
             };
-            let need = u64::from(next.prompt_tokens);
+            // A sequence whose KV cache is already here (disaggregated decode) needs no prefill.
+            let need = u64::from(next.prompt_tokens - next.prefilled.min(next.prompt_tokens));
             // A prompt longer than the budget is admitted alone (the engine refuses such prompts
             // at submission; this keeps the scheduler total).
             if used > 0 && used + need > budget {
@@ -212,7 +213,9 @@ impl Scheduler {
             };
             used += need;
             self.plan.admitted.push(seq.id);
-            self.plan.prefill.push((seq.id, seq.prompt_tokens));
+            if need > 0 {
+                self.plan.prefill.push((seq.id, seq.prompt_tokens));
+            }
             self.running.push(seq);
         }
         if used > 0 {
@@ -253,9 +256,18 @@ impl Scheduler {
             let Some(seq) = self.waiting.pop_front() else {
                 break;
             };
-            let chunk = u64::from(seq.prompt_tokens).min(budget);
-            budget -= chunk;
             self.plan.admitted.push(seq.id);
+            if seq.prefill_done() {
+                // KV cache already here (disaggregated decode): it decodes in this very step.
+                budget -= 1;
+                self.plan.decode.push(seq.id);
+                self.plan.shape.decode_seqs += 1;
+                self.plan.shape.decode_context_tokens += seq.context();
+                self.running.push(seq);
+                continue;
+            }
+            let chunk = u64::from(seq.prompt_tokens - seq.prefilled).min(budget);
+            budget -= chunk;
             self.plan.prefill.push((seq.id, chunk as u32));
             self.plan.shape.prefill_tokens += chunk;
             self.running.push(seq);
@@ -328,6 +340,34 @@ mod tests {
             s.complete_step(&mut events);
         }
         (plans, events)
+    }
+
+    #[test]
+    fn a_sequence_with_its_kv_cache_decodes_in_its_admission_step() {
+        for chunked in [false, true] {
+            let mut s = Scheduler::new(limits(4, 64, chunked));
+            let mut seq = Sequence::new(7, 1000, 3, None);
+            seq.prefilled = seq.prompt_tokens;
+            s.enqueue(seq);
+            let (plans, events) = run(&mut s, 10);
+            // Three decode steps and no prefill, though the prompt exceeds the token budget.
+            assert_eq!(plans.len(), 3, "chunked {chunked}: {plans:?}");
+            assert_eq!(plans[0].admitted, vec![7]);
+            assert!(
+                plans
+                    .iter()
+                    .all(|p| p.prefill.is_empty() && p.decode == vec![7])
+            );
+            assert_eq!(plans[0].shape.decode_context_tokens, 1000);
+            assert_eq!(
+                events[0],
+                SeqEvent::Token {
+                    id: 7,
+                    index: 0,
+                    last: false
+                }
+            );
+        }
     }
 
     #[test]
