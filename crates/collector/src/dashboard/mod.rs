@@ -36,9 +36,7 @@ use serde::Serialize;
 
 use crate::config::CollectorConfig;
 
-pub use traces::{
-    RecentTraceSource, TraceList, TraceListQuery, TraceSort, TraceSummary, list_traces,
-};
+pub(crate) use traces::{RecentTraceSource, TraceListQuery, list_traces};
 
 /// How often the page polls the API when the settings do not say otherwise, milliseconds.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 5_000;
@@ -97,10 +95,12 @@ impl DashboardSettings {
     }
 
     /// The same settings polling every `interval_ms` (at least 250 ms).
+    #[cfg(test)]
     pub fn with_poll_interval_ms(mut self, interval_ms: u64) -> Self {
         self.poll_interval_ms = interval_ms.max(250);
         self
     }
+
 }
 
 struct DashboardState {

@@ -1,10 +1,10 @@
 //! A compact encoding of decoded [`Span`]s, for the spans of prepared traces from fat bodies.
 //!
-//! A prepared trace (see [`super::prepared`]) holds its analysis, not its spans, through the
+//! A prepared trace (see [`super::PreparedTrace`]) holds its analysis, not its spans, through the
 //! grace period; it still needs its spans if more of the trace arrives (it is then analysed
 //! again) or if it is kept for `/api/traces/{id}`. It holds ranges of the request body when the
 //! body is lean; a body fatter than
-//! [`MAX_BODY_BYTES_PER_PREPARED_SPAN`](super::prepared::MAX_BODY_BYTES_PER_PREPARED_SPAN) a
+//! [`MAX_BODY_BYTES_PER_PREPARED_SPAN`](super::source::MAX_BODY_BYTES_PER_PREPARED_SPAN) a
 //! prepared span (prompts, events, long attribute values) is freed at once and its prepared
 //! spans are kept in this encoding instead: exactly what a decoded [`Span`] holds (ids, name,
 //! kind, times, status, the kept attributes as key indexes into [`KNOWN_KEYS`], links), about
