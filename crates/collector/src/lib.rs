@@ -12,6 +12,7 @@ pub mod config;
 pub(crate) mod dashboard;
 pub(crate) mod forward;
 pub(crate) mod held;
+mod identity;
 pub mod ingest;
 pub mod internal_events;
 pub mod limiter;

@@ -91,7 +91,6 @@ impl Holds {
     pub fn len(&self) -> usize {
         usize::from(self.first.is_some()) + self.more.len()
     }
-
 }
 
 /// Most late spans kept between two polls; more are dropped (`late_span_buffer_full`).
@@ -170,7 +169,6 @@ pub(crate) struct Ready {
     /// Spans that arrived after their trace was completed, since the last poll.
     pub late: Vec<Span>,
 }
-
 
 #[derive(Debug)]
 struct PendingTrace {

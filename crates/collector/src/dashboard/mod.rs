@@ -100,7 +100,6 @@ impl DashboardSettings {
         self.poll_interval_ms = interval_ms.max(250);
         self
     }
-
 }
 
 struct DashboardState {

@@ -27,9 +27,9 @@
 
 use std::sync::LazyLock;
 
-use infertrace_analysis::text::{Interner, Text, same_bytes};
+use infertrace_analysis::text::{Interner, Text};
 use infertrace_analysis::trace::{
-    AttrValue, KNOWN_KEYS, Span, SpanId, SpanKind, SpanLink, StatusCode, TraceId,
+    AttrValue, KNOWN_KEYS, Span, SpanId, SpanKind, SpanLink, StatusCode, TraceId, known_key_index,
 };
 use infertrace_semconv as sc;
 
@@ -197,18 +197,6 @@ pub fn decode(
     Ok((span, r.at))
 }
 
-/// `KNOWN_KEYS` with their indexes, bucketed by length.
-static KEYS_BY_LEN: LazyLock<Vec<Vec<(&'static str, u8)>>> = LazyLock::new(|| {
-    let longest = KNOWN_KEYS.iter().map(|k| k.len()).max().unwrap_or(0);
-    let mut buckets = vec![Vec::new(); longest + 1];
-    for (i, k) in KNOWN_KEYS.iter().enumerate() {
-        if let Ok(i) = u8::try_from(i) {
-            buckets[k.len()].push((*k, i));
-        }
-    }
-    buckets
-});
-
 // Key indexes are one byte.
 const _: () = assert!(KNOWN_KEYS.len() <= 256);
 
@@ -255,11 +243,7 @@ fn key_index(key: &'static str) -> Option<u8> {
         slot = (slot + 1) % KEY_TABLE_SLOTS;
     }
     // Another string with a known key's text (spans built by hand, other decoders).
-    KEYS_BY_LEN
-        .get(key.len())?
-        .iter()
-        .find(|(k, _)| same_bytes(k.as_bytes(), key.as_bytes()))
-        .map(|&(_, i)| i)
+    known_key_index(key.as_bytes())
 }
 
 /// An integer as an unsigned one with small magnitudes small (protobuf's `sint64` mapping).
