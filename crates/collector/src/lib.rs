@@ -10,6 +10,7 @@ pub mod auth;
 pub(crate) mod client_tls;
 pub mod config;
 pub(crate) mod dashboard;
+pub(crate) mod duration;
 pub(crate) mod forward;
 pub(crate) mod held;
 mod identity;

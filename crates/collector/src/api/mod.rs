@@ -32,7 +32,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::parse_duration;
+use crate::duration::parse_duration;
 use crate::pipeline::Pipeline;
 use crate::prom_export::{CONTENT_TYPE, encode};
 use crate::store::Store;

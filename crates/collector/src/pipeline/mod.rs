@@ -530,12 +530,6 @@ fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
     feed.tick(now_unix_nano);
 }
 
-impl crate::dashboard::RecentTraceSource for Pipeline {
-    fn visit_recent_traces(&self, visit: &mut dyn FnMut(&StoredTrace)) {
-        Pipeline::visit_recent_traces(self, visit);
-    }
-}
-
 impl Ingest for Pipeline {
     fn ingest(&self, batch: IngestBatch) -> Result<(), IngestError> {
         self.ingest_at(batch, Instant::now())

@@ -46,8 +46,7 @@ pub use http::{serve_http, serve_http_with};
 /// Default maximum request body, before and after decompression: 16 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-/// Default longest time to receive a request body: 30 s.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub use crate::config::DEFAULT_BODY_READ_TIMEOUT;
 
 /// The `receiver` label of the gRPC receiver's counters.
 pub const GRPC_RECEIVER: &str = "otlp_grpc";
