@@ -8,7 +8,7 @@ Reads every `.rs` file under `<crate>/src`, maps it to its module path (`src/a/b
 collects the paths it names through `crate::…` and `super::…` (in `use` items, groups such as
 `use crate::{a, b::c}` included, and in expressions and types). Modules are cut to their first
 `--depth` segments (default 1: top-level modules; 2 also sees cycles between the submodules of
-one module). An edge `a -> b` means code in `a` names something in `b`. `#[cfg(test)] mod tests`
+one module; relative paths such as `child::Item` are not followed). An edge `a -> b` means code in `a` names something in `b`. `#[cfg(test)] mod tests`
 blocks and `tests.rs` files are left out unless `--tests` is given, since a test module that
 reaches back into its parent's siblings is no architectural cycle.
 
@@ -211,6 +211,13 @@ def main():
                 # Naming an ancestor module (e.g. `super::Item` from a child) is no edge
                 # between siblings; naming a descendant of one's own is filtered likewise.
                 graph[node].add(r)
+    if a.strict:
+        # A module depends on the children it declares (named by relative paths, which the
+        # scan above does not follow): with these edges a child naming its parent is a cycle.
+        for m in modules:
+            child = tuple(m[: a.depth])
+            if len(child) > 1 and child in graph:
+                graph.setdefault(child[:-1], set()).add(child)
     if a.edges:
         for v in sorted(graph):
             for w in sorted(graph[v]):
