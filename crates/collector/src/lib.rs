@@ -4,6 +4,9 @@
 //! runs the pure analysis of `infertrace-analysis`, and serves the results (Prometheus `/metrics`,
 //! the JSON API) and forwards traces downstream.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod api;
 pub(crate) mod assembler;
 pub mod auth;
