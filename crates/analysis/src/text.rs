@@ -5,9 +5,9 @@
 //! shared pointer ([`arcstr::ArcStr`]) instead of its own heap copy: no allocation per value
 //! on the hot path, a smaller footprint per buffered span, and a clone is a reference-count
 //! increment — or nothing at all for the values seen over and over, which the interner makes
-//! *static* (see [`Interner`]): their clones and drops touch no shared counter. Those atomic
-//! increments and decrements, on every name and value of every span, were several per cent of
-//! the collector's CPU at full ingest rate.
+//! *static* (see [`Interner`]): their clones and drops touch no shared counter, where atomic
+//! increments and decrements on every name and value of every span would cost real CPU at full
+//! ingest rate (figures in docs/PERFORMANCE.md).
 
 use std::borrow::Borrow;
 use std::collections::HashMap;

@@ -405,8 +405,8 @@ impl Pipeline {
                 holds,
                 ..
             } = trace;
-            // Read in place: a prepared trace's analysis is not moved out of its box (copying
-            // its inline record showed in profiles); only a kept trace clones its records.
+            // Read in place: a prepared trace's analysis is not moved out of its box (its inline
+            // record is a few hundred bytes); only a kept trace clones its records.
             let fresh;
             let analysed = match &held {
                 HeldSpans::Prepared(p) => &p.analysed,
