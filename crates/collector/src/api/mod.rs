@@ -16,7 +16,7 @@
 //! window is used. Errors are JSON `{"error": "..."}` with 400 (bad window, bad trace id) or 404.
 
 pub mod alerting;
-pub mod history;
+pub(crate) mod history;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

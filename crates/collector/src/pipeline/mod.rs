@@ -39,7 +39,7 @@
 //! feed holds to the writer.
 
 mod arrival;
-pub mod recent;
+mod recent;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
