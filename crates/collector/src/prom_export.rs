@@ -121,7 +121,7 @@ fn phase_histogram() -> Histogram {
 }
 
 /// Every request-derived Prometheus family. Cheap to clone (families are shared). The
-/// counters and histograms are single-writer values ([`crate::prom_single_writer`]): one
+/// counters and histograms are single-writer values (`prom_single_writer`): one
 /// [`PromRecorder`] writes them, everything else only reads (encodes) them.
 #[derive(Clone, Debug)]
 pub struct PromMetrics {

@@ -26,7 +26,7 @@
 //! are stored once a minute, alert transitions as they happen.
 //!
 //! The API address serves the JSON API ([`crate::api`]) and the web dashboard
-//! ([`crate::dashboard`]).
+//! (`dashboard`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -105,7 +105,7 @@ impl KpiWindows {
     }
 
     /// The merged accumulator of one series over `window` (e.g. for Prometheus export or
-    /// tests); `None` for an unknown series. The overflow series has [`OVERFLOW_LABEL`] labels.
+    /// tests); `None` for an unknown series. The overflow series has [`OVERFLOW_LABEL`](super::OVERFLOW_LABEL) labels.
     pub fn series_accumulator(
         &self,
         key: &SeriesKey,

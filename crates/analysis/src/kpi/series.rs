@@ -54,7 +54,7 @@ pub struct SlotHistory {
     pub accumulator: Accumulator,
 }
 
-/// Sliding KPI windows of every series. See the [module docs](self).
+/// Sliding KPI windows of every series. See the [module docs](super).
 #[derive(Clone)]
 pub struct KpiWindows {
     pub(super) config: KpiConfig,

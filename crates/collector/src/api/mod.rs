@@ -9,7 +9,7 @@
 //! | `GET /api/findings?window=1m` | the diagnosis findings per series of the window |
 //! | `GET /api/traces/{trace_id}` | one recent trace: records, spans, critical paths (404 if unknown) |
 //! | `GET /api/alerts` | rules, pending / firing / resolved alerts, anomalies |
-//! | `GET /api/history?kpi=ttft.p99&from=-1h&to=now&step=60` | a KPI's history from the store ([`history`]) |
+//! | `GET /api/history?kpi=ttft.p99&from=-1h&to=now&step=60` | a KPI's history from the store (`history`) |
 //! | `GET /api/history/slow-requests`, `/alerts`, `/findings` | stored requests, alert transitions, findings |
 //!
 //! `window` must be one of `kpi.windows` (humantime: `1m`, `300s`, `1h`); without it the first

@@ -5,12 +5,12 @@
 //! [`MemoryLimiter`] (refusing with [`IngestError::Overloaded`] when it does not fit; when
 //! forwarding is on, a place in the forward queue is reserved first and a batch the forwarder
 //! cannot take is refused with [`IngestError::ForwardBackpressure`]), then **analyse on
-//! arrival** every trace whose spans are all in this batch ([`arrival`]). Under the assembler's
-//! lock each such trace that is new is inserted as a prepared [`HeldSpans`] (its analysis and
-//! the source of its spans, see [`crate::held`]) and its decoded spans are dropped; the
+//! arrival** every trace whose spans are all in this batch (`arrival`). Under the assembler's
+//! lock each such trace that is new is inserted as a prepared `HeldSpans` (its analysis and
+//! the source of its spans, see `held`) and its decoded spans are dropped; the
 //! reservation is resized to what the batch will hold before anything is inserted or forwarded
 //! (when the analyses do not fit but the spans do, the batch is held as spans). The other spans
-//! are pushed into the [`TraceAssembler`] as spans. A mutex rather than a channel to the
+//! are pushed into the `TraceAssembler` as spans. A mutex rather than a channel to the
 //! assembler answers "overloaded" synchronously with the real state and needs no second queue
 //! bound; the lock is held for table work (see `cargo bench -p infertrace-collector --bench
 //! pipeline`) and, rarely, to decode a prepared trace's spans again when more of it arrives.
@@ -21,7 +21,7 @@
 //! its spans) → [`KpiWindows`], [`CriticalPathWindows`], Prometheus histograms and counters
 //! ([`PromRecorder`]), and the bounded ring of recent traces behind `/api/traces/{id}`
 //! ([`RecentTraces`]; a prepared trace kept there has its spans decoded again). Late spans are
-//! merged into that ring only (see [`crate::assembler`]). Analysing at arrival rather than at
+//! merged into that ring only (see `assembler`). Analysing at arrival rather than at
 //! completion is the same function of the same spans: a test checks that the KPIs, critical
 //! paths, metrics and stored traces are the same either way.
 //!
@@ -143,7 +143,7 @@ impl Pipeline {
     /// `events`, reserving memory from `limiter`, forwarding through `forward` when set.
     ///
     /// The pipeline is the only writer of `metrics`' request families (they are single-writer
-    /// values, see [`crate::prom_single_writer`]): give each pipeline its own [`PromMetrics`].
+    /// values, see `prom_single_writer`): give each pipeline its own [`PromMetrics`].
     pub fn new(
         config: &CollectorConfig,
         events: InternalEvents,
