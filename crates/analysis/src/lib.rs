@@ -3,6 +3,9 @@
 //! takes data and returns data, so it is tested against ground truth and reused by the collector,
 //! the offline `analyze` command and the benchmarks alike.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod alert;
 pub mod critical_path;
 mod dense_buckets;

@@ -5,9 +5,9 @@
 //! shared pointer ([`arcstr::ArcStr`]) instead of its own heap copy: no allocation per value
 //! on the hot path, a smaller footprint per buffered span, and a clone is a reference-count
 //! increment — or nothing at all for the values seen over and over, which the interner makes
-//! *static* (see [`Interner`]): their clones and drops touch no shared counter. Those atomic
-//! increments and decrements, on every name and value of every span, were several per cent of
-//! the collector's CPU at full ingest rate.
+//! *static* (see [`Interner`]): their clones and drops touch no shared counter, where atomic
+//! increments and decrements on every name and value of every span would cost real CPU at full
+//! ingest rate (figures in docs/PERFORMANCE.md).
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -208,7 +208,7 @@ fn recent_slot(bytes: &[u8]) -> usize {
 /// inline word loop beats a call to `memcmp`. The tail under eight bytes is compared as two
 /// overlapping 4-byte halves (or byte by byte under four), so it is no `memcmp` call either.
 #[inline]
-pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
@@ -242,7 +242,7 @@ fn same_tail(a: &[u8], b: &[u8]) -> bool {
 /// cannot be freed and reused by another string while cached. A miss is only slower, never
 /// wrong: the caller looks the pair up its usual way and may [`insert`](Self::insert) it.
 #[derive(Clone)]
-pub struct PairCache<V> {
+pub(crate) struct PairCache<V> {
     slots: Vec<Option<(Text, Text, V)>>,
 }
 
@@ -271,7 +271,7 @@ impl<V> PairCache<V> {
 
     /// The value cached for exactly these two allocations.
     #[inline]
-    pub fn get(&self, service: &Text, name: &Text) -> Option<&V> {
+    pub(crate) fn get(&self, service: &Text, name: &Text) -> Option<&V> {
         match self.slots.get(Self::slot(service, name))? {
             Some((s, n, v)) if Text::ptr_eq(s, service) && Text::ptr_eq(n, name) => Some(v),
             _ => None,
@@ -279,7 +279,7 @@ impl<V> PairCache<V> {
     }
 
     /// Caches `value` for these two allocations (replacing whatever shared their slot).
-    pub fn insert(&mut self, service: &Text, name: &Text, value: V) {
+    pub(crate) fn insert(&mut self, service: &Text, name: &Text, value: V) {
         if self.slots.is_empty() {
             self.slots.resize_with(PAIR_CACHE_SLOTS, || None);
         }
@@ -295,7 +295,7 @@ impl<V> PairCache<V> {
 /// It holds clones, so an address it compares cannot be freed and reused meanwhile; a miss is
 /// only slower (the caller looks the series up its usual way and [`set`](Self::set)s it).
 #[derive(Clone, Debug)]
-pub struct RecentTriple<V> {
+pub(crate) struct RecentTriple<V> {
     last: Option<(Text, Text, Text, V)>,
 }
 
@@ -308,7 +308,7 @@ impl<V> Default for RecentTriple<V> {
 impl<V> RecentTriple<V> {
     /// The value remembered for exactly these three allocations.
     #[inline]
-    pub fn get(&self, a: &Text, b: &Text, c: &Text) -> Option<&V> {
+    pub(crate) fn get(&self, a: &Text, b: &Text, c: &Text) -> Option<&V> {
         match &self.last {
             Some((x, y, z, v))
                 if Text::ptr_eq(x, a) && Text::ptr_eq(y, b) && Text::ptr_eq(z, c) =>
@@ -320,12 +320,12 @@ impl<V> RecentTriple<V> {
     }
 
     /// Remembers `value` for these three texts (forgetting the previous triple).
-    pub fn set(&mut self, a: &Text, b: &Text, c: &Text, value: V) {
+    pub(crate) fn set(&mut self, a: &Text, b: &Text, c: &Text, value: V) {
         self.last = Some((a.clone(), b.clone(), c.clone(), value));
     }
 
     /// Forgets the remembered triple (what it pointed at moved).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.last = None;
     }
 }

@@ -262,6 +262,33 @@ pub fn known_key(key: &[u8]) -> Option<&'static str> {
     KNOWN_KEYS.iter().copied().find(|k| k.as_bytes() == key)
 }
 
+/// The index of `key` in [`KNOWN_KEYS`], if kept: the same answer as [`known_key`], for the
+/// decoders' hot path (keys bucketed by length, compared word by word).
+#[inline]
+pub fn known_key_index(key: &[u8]) -> Option<u8> {
+    KNOWN_BY_LEN
+        .get(key.len())?
+        .iter()
+        .find(|(k, _)| crate::text::same_bytes(k.as_bytes(), key))
+        .map(|&(_, i)| i)
+}
+
+/// [`KNOWN_KEYS`] with their indexes, bucketed by length.
+static KNOWN_BY_LEN: std::sync::LazyLock<Vec<Vec<(&'static str, u8)>>> =
+    std::sync::LazyLock::new(|| {
+        let longest = KNOWN_KEYS.iter().map(|k| k.len()).max().unwrap_or(0);
+        let mut buckets = vec![Vec::new(); longest + 1];
+        for (i, k) in KNOWN_KEYS.iter().enumerate() {
+            if let Ok(i) = u8::try_from(i) {
+                buckets[k.len()].push((*k, i));
+            }
+        }
+        buckets
+    });
+
+// Key indexes are one byte.
+const _: () = assert!(KNOWN_KEYS.len() <= 256);
+
 /// `a == b` for attribute keys, cheaper on the misses that dominate lookups: many known keys
 /// share a length, and they differ more often in their last eight bytes than their first.
 #[inline]

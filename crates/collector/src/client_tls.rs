@@ -13,7 +13,7 @@
 //!   not be written in the file.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -22,8 +22,21 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
 
-use crate::config::TlsClientConfig;
+/// TLS of an outgoing `https://` connection (`forward.tls`, `alerts.alertmanager_tls`); see
+/// this module. Relative paths are relative to the working directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsClientConfig {
+    /// PEM file of the CA certificate(s) to verify the server with, instead of the system's
+    /// root certificates (a private CA). Default: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for mutual TLS (with `key_file`). Default none.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`. Default none.
+    pub key_file: Option<PathBuf>,
+}
 
 /// Reads every PEM certificate of `path`; an error (saying what to fix) when the file cannot be
 /// read or holds none.

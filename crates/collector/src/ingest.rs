@@ -14,9 +14,9 @@ pub struct IngestBatch {
     /// unchanged; `None` when it came as JSON (the forwarder then re-encodes `raw_json`).
     pub raw_protobuf: Option<Bytes>,
     /// Where each of `spans` lies in `raw_protobuf` (same order, from
-    /// [`Decoded::span_ranges`](crate::otlp_decode::Decoded)), so that the pipeline can hold a
-    /// trace's spans as ranges of the body and decode them again when needed; empty when
-    /// unknown (the pipeline then keeps a compact copy of the spans instead).
+    /// [`Decoded::span_ranges`](crate::otlp_decode::Decoded)), so that a trace analysed on
+    /// arrival can hold its spans as ranges of the body (see `crate::held`); empty when
+    /// unknown (a compact copy of the spans is held instead).
     pub span_ranges: Vec<SpanRange>,
     /// The (decompressed) OTLP/JSON body when the request came as JSON, so the forwarder can
     /// transcode it to protobuf (only when forwarding is on); `None` for protobuf requests.

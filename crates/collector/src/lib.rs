@@ -4,13 +4,19 @@
 //! runs the pure analysis of `infertrace-analysis`, and serves the results (Prometheus `/metrics`,
 //! the JSON API) and forwards traces downstream.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 pub mod api;
-pub mod assembler;
+pub(crate) mod assembler;
 pub mod auth;
-pub mod client_tls;
+pub(crate) mod client_tls;
 pub mod config;
-pub mod dashboard;
-pub mod forward;
+pub(crate) mod dashboard;
+pub(crate) mod duration;
+pub(crate) mod forward;
+pub(crate) mod held;
+mod identity;
 pub mod ingest;
 pub mod internal_events;
 pub mod limiter;
@@ -18,7 +24,7 @@ pub mod listener;
 pub mod otlp_decode;
 pub mod pipeline;
 pub mod prom_export;
-pub mod prom_single_writer;
+pub(crate) mod prom_single_writer;
 pub mod receiver;
 pub mod server;
 pub mod store;

@@ -27,10 +27,10 @@ use foldhash::fast::RandomState;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::identity::{PairCache, RecentTriple};
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SeriesKey, SloConfig};
 use infertrace_analysis::record::{Outcome, RequestRecord};
-use infertrace_analysis::text::{PairCache, RecentTriple};
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -38,7 +38,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::internal_events::InternalEvents;
-use crate::prom_single_writer::{ClassicHistogram, SingleWriter};
+use crate::prom_single_writer::{ClassicHistogram, SingleWriterCounter, Writer};
 
 /// Most distinct (service, span) keys of `critical_path_seconds_total`.
 pub const MAX_CRITICAL_PATH_KEYS: usize = 256;
@@ -104,8 +104,8 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 type Histogram = ClassicHistogram;
 /// The counters of the request families: written by the recorder alone (see
 /// [`crate::prom_single_writer`]).
-type Counter = prometheus_client::metrics::counter::Counter<u64, SingleWriter>;
-type FloatCounter = prometheus_client::metrics::counter::Counter<f64, SingleWriter>;
+type Counter = SingleWriterCounter<u64>;
+type FloatCounter = SingleWriterCounter<f64>;
 
 fn e2e_histogram() -> Histogram {
     Histogram::new(&metric::REQUEST_DURATION_BUCKETS)
@@ -121,34 +121,34 @@ fn phase_histogram() -> Histogram {
 }
 
 /// Every request-derived Prometheus family. Cheap to clone (families are shared). The
-/// counters and histograms are single-writer values ([`crate::prom_single_writer`]): one
+/// counters and histograms are single-writer values (`prom_single_writer`): one
 /// [`PromRecorder`] writes them, everything else only reads (encodes) them.
 #[derive(Clone, Debug)]
 pub struct PromMetrics {
     /// `requests_total`.
-    pub requests: Family<RequestLabels, Counter>,
+    pub(crate) requests: Family<RequestLabels, Counter>,
     /// `request_duration_seconds` (e2e).
-    pub request_duration: HistogramFamily<RequestLabels>,
+    pub(crate) request_duration: HistogramFamily<RequestLabels>,
     /// `queue_duration_seconds`.
-    pub queue_duration: HistogramFamily<RequestLabels>,
+    pub(crate) queue_duration: HistogramFamily<RequestLabels>,
     /// `prefill_duration_seconds`.
-    pub prefill_duration: HistogramFamily<RequestLabels>,
+    pub(crate) prefill_duration: HistogramFamily<RequestLabels>,
     /// `decode_duration_seconds`.
-    pub decode_duration: HistogramFamily<RequestLabels>,
+    pub(crate) decode_duration: HistogramFamily<RequestLabels>,
     /// `time_to_first_token_seconds`.
-    pub ttft: HistogramFamily<RequestLabels>,
+    pub(crate) ttft: HistogramFamily<RequestLabels>,
     /// `time_per_output_token_seconds`.
-    pub tpot: HistogramFamily<RequestLabels>,
+    pub(crate) tpot: HistogramFamily<RequestLabels>,
     /// `tokens_total{type}`.
-    pub tokens: Family<TokenLabels, Counter>,
+    pub(crate) tokens: Family<TokenLabels, Counter>,
     /// `goodput_requests_total`.
-    pub goodput: Family<SeriesLabels, Counter>,
+    pub(crate) goodput: Family<SeriesLabels, Counter>,
     /// `gpu_energy_joules_total` (attributed energy).
-    pub gpu_energy: Family<SeriesLabels, FloatCounter>,
+    pub(crate) gpu_energy: Family<SeriesLabels, FloatCounter>,
     /// `critical_path_seconds_total{service,span}`.
-    pub critical_path: Family<CriticalPathLabels, FloatCounter>,
+    pub(crate) critical_path: Family<CriticalPathLabels, FloatCounter>,
     /// `alerts_active{alert}`.
-    pub alerts_active: Family<AlertLabels, Gauge>,
+    pub(crate) alerts_active: Family<AlertLabels, Gauge>,
     /// Whether a [`PromRecorder`] writes these families already (there may be one).
     recorder_attached: Arc<AtomicBool>,
 }
@@ -321,6 +321,8 @@ pub struct PromRecorder {
     /// Counters of recently seen (service, name) allocations: most segments end here.
     cp_recent: PairCache<FloatCounter>,
     cp_count: usize,
+    /// The one writer of `metrics`' request families.
+    writer: Writer,
 }
 
 impl PromRecorder {
@@ -354,6 +356,7 @@ impl PromRecorder {
             cp_keys: HashMap::new(),
             cp_recent: PairCache::default(),
             cp_count: 0,
+            writer: Writer::new(),
         }
     }
 
@@ -396,11 +399,12 @@ impl PromRecorder {
                 tpot: m.tpot.get_or_create_owned(&labels),
             }
         });
-        h.requests.inc();
-        h.e2e.observe(r.e2e);
+        let w = &self.writer;
+        h.requests.inc(w);
+        h.e2e.observe(w, r.e2e);
         let observe = |hist: &Histogram, v: Option<f64>| {
             if let Some(v) = v.filter(|v| v.is_finite() && *v >= 0.0) {
-                hist.observe(v);
+                hist.observe(w, v);
             }
         };
         observe(&h.queue, r.queue);
@@ -409,13 +413,13 @@ impl PromRecorder {
         observe(&h.ttft, r.ttft);
         observe(&h.tpot, r.tpot);
         if let Some(n) = r.input_tokens {
-            handles.input_tokens.inc_by(n);
+            handles.input_tokens.inc_by(w, n);
         }
         if let Some(n) = r.output_tokens {
-            handles.output_tokens.inc_by(n);
+            handles.output_tokens.inc_by(w, n);
         }
         if kpi::meets_slos(&self.slo, r) {
-            handles.goodput.inc();
+            handles.goodput.inc(w);
         }
         if let Some(j) = r
             .gpu
@@ -423,7 +427,7 @@ impl PromRecorder {
             .and_then(|g| g.energy_attributed_joules)
             .filter(|j| j.is_finite() && *j >= 0.0)
         {
-            handles.gpu_energy.inc_by(j);
+            handles.gpu_energy.inc_by(w, j);
         }
         kept
     }
@@ -559,7 +563,7 @@ impl PromRecorder {
             }
             // The usual case: the same service and name allocations as a recent segment.
             if let Some(c) = self.cp_recent.get(&seg.service, &seg.name) {
-                c.inc_by(secs);
+                c.inc_by(&self.writer, secs);
                 continue;
             }
             let hash = self.hasher.hash_one((&*seg.service, seg.name.as_str()));
@@ -567,7 +571,7 @@ impl PromRecorder {
                 v.iter()
                     .find(|(s, n, _)| **s == *seg.service && **n == *seg.name)
             }) {
-                c.inc_by(secs);
+                c.inc_by(&self.writer, secs);
                 self.cp_recent.insert(&seg.service, &seg.name, c.clone());
                 continue;
             }
@@ -608,7 +612,7 @@ impl PromRecorder {
                     c
                 }
             };
-            counter.inc_by(secs);
+            counter.inc_by(&self.writer, secs);
             self.cp_recent.insert(&seg.service, &seg.name, counter);
         }
     }

@@ -1,18 +1,16 @@
-//! Prometheus values written by one thread at a time: [`ClassicHistogram`] and the counter value
-//! [`SingleWriter`].
+//! Prometheus values written by one thread at a time: [`ClassicHistogram`] and
+//! [`SingleWriterCounter`], written only through a [`Writer`].
 //!
-//! The pipeline records every request into a dozen counters and six histograms, always from
-//! the thread holding its analysis lock ([`crate::prom_export::PromRecorder`] takes `&mut self`
-//! and is only reached through that lock). With one writer at a time an update need not be an
-//! atomic read-modify-write: a relaxed load and a relaxed store do, and on x86 that is two plain
-//! moves where `fetch_add` is a `lock`-prefixed instruction (and an `f64` sum a compare-exchange
-//! loop). Those locked instructions were most of the recorder's time, ~3 % of the collector's CPU
-//! at full ingest rate. Readers (a `/metrics` scrape on another thread) still load whole values:
-//! every value is an `AtomicU64`, so a scrape never sees a torn number.
+//! The pipeline records every request into a dozen counters and six histograms. With one writer
+//! at a time an update need not be an atomic read-modify-write: a relaxed load and a relaxed
+//! store do (two plain moves on x86, where `fetch_add` is a `lock`-prefixed instruction and an
+//! `f64` sum a compare-exchange loop). Readers (a `/metrics` scrape on another thread) still
+//! load whole values: every value is an `AtomicU64`, so a scrape never sees a torn number.
 //!
-//! **The contract:** concurrent writers would lose updates (never memory safety). Only the
-//! recorder writes these values; the self-metrics that many threads bump stay on the crate's
-//! atomic counters.
+//! **The contract is a type:** every write takes a `&`[`Writer`]. A writer is `Send` (it moves
+//! with its recorder) but not `Sync`, so no two threads can write through one at the same time,
+//! and each metric set hands out one writer ([`crate::prom_export::PromMetrics`]). The
+//! self-metrics that many threads bump stay on the crate's atomic counters.
 //!
 //! [`ClassicHistogram`] replaces `prometheus-client`'s `Histogram`, which takes a mutex on every
 //! observation and scans its buckets linearly (it also carries native-histogram state
@@ -24,11 +22,12 @@
 //! its sum (never a `_count` that disagrees with the `+Inf` bucket: the count is the buckets'
 //! total). Prometheus reads each scrape as an instant, so this is the usual tolerance.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
-use prometheus_client::metrics::counter::Atomic;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
 /// Adds `v` to a value with one writer at a time (see the module docs); returns the old value.
@@ -45,36 +44,88 @@ fn add_f64_single_writer(cell: &AtomicU64, v: f64) -> f64 {
     old
 }
 
-/// A counter's value for `prometheus_client::metrics::counter::Counter<u64, SingleWriter>` or
-/// `Counter<f64, SingleWriter>`, updated by one writer at a time (see the module docs).
-#[derive(Debug, Default)]
-pub struct SingleWriter(AtomicU64);
+/// The right to write single-writer values: `Send` but not `Sync` (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Writer {
+    _not_sync: PhantomData<Cell<()>>,
+}
 
-impl Atomic<u64> for SingleWriter {
-    fn inc(&self) -> u64 {
-        add_single_writer(&self.0, 1)
-    }
-
-    fn inc_by(&self, v: u64) -> u64 {
-        add_single_writer(&self.0, v)
-    }
-
-    fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+impl Writer {
+    /// A writer. Only the owner of a metric set makes one (one per set).
+    pub(crate) fn new() -> Self {
+        Self {
+            _not_sync: PhantomData,
+        }
     }
 }
 
-impl Atomic<f64> for SingleWriter {
-    fn inc(&self) -> f64 {
-        add_f64_single_writer(&self.0, 1.0)
+/// A Prometheus counter of `N` (`u64` or `f64`) written through a [`Writer`] (see the module
+/// docs); clones share the value.
+#[derive(Debug, Default)]
+pub(crate) struct SingleWriterCounter<N> {
+    value: Arc<AtomicU64>,
+    _n: PhantomData<N>,
+}
+
+impl<N> Clone for SingleWriterCounter<N> {
+    fn clone(&self) -> Self {
+        Self {
+            value: self.value.clone(),
+            _n: PhantomData,
+        }
+    }
+}
+
+impl SingleWriterCounter<u64> {
+    /// Adds one.
+    pub(crate) fn inc(&self, writer: &Writer) {
+        self.inc_by(writer, 1);
     }
 
-    fn inc_by(&self, v: f64) -> f64 {
-        add_f64_single_writer(&self.0, v)
+    /// Adds `v`.
+    pub(crate) fn inc_by(&self, _: &Writer, v: u64) {
+        add_single_writer(&self.value, v);
     }
 
-    fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
+    /// The value now.
+    pub(crate) fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+impl SingleWriterCounter<f64> {
+    /// Adds `v`.
+    pub(crate) fn inc_by(&self, _: &Writer, v: f64) {
+        add_f64_single_writer(&self.value, v);
+    }
+
+    /// The value now.
+    pub(crate) fn get(&self) -> f64 {
+        f64::from_bits(self.value.load(Ordering::Relaxed))
+    }
+}
+
+impl<N> TypedMetric for SingleWriterCounter<N> {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for SingleWriterCounter<u64> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<NoLabelSet, _, u64>(&self.get(), None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+impl EncodeMetric for SingleWriterCounter<f64> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<NoLabelSet, _, u64>(&self.get(), None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
     }
 }
 
@@ -115,7 +166,7 @@ impl ClassicHistogram {
 
     /// Records `v`: in the first bucket whose bound is at least `v` (`+Inf` for NaN), and in
     /// the sum.
-    pub fn observe(&self, v: f64) {
+    pub(crate) fn observe(&self, _: &Writer, v: f64) {
         let inner = &*self.inner;
         let last = inner.bounds.len() - 1;
         let bucket = if v.is_nan() {
@@ -194,8 +245,9 @@ mod tests {
         ];
         let ours = ClassicHistogram::new(&bounds);
         let theirs = Histogram::new(bounds);
+        let w = Writer::new();
         for v in values {
-            ours.observe(v);
+            ours.observe(&w, v);
             theirs.observe(v);
         }
         let a = text(|r| r.register("latency", "help", ours.clone()));
@@ -208,7 +260,7 @@ mod tests {
     fn counts_buckets_and_sum() {
         let h = ClassicHistogram::new(&[1.0, 2.0]);
         for v in [0.5, 1.0, 1.5, 3.0, 4.0] {
-            h.observe(v);
+            h.observe(&Writer::new(), v);
         }
         let (sum, count, buckets) = h.snapshot();
         assert_eq!(sum, 10.0);
@@ -233,8 +285,9 @@ mod tests {
                     last = count;
                 }
             });
+            let w = Writer::new();
             for _ in 0..100_000 {
-                h.observe(0.5);
+                h.observe(&w, 0.5);
             }
             done.store(true, Ordering::Relaxed);
         });
@@ -246,17 +299,18 @@ mod tests {
     #[test]
     fn single_writer_counters_count_and_encode_as_the_crates() {
         use prometheus_client::metrics::counter::Counter;
-        let ours: Counter<u64, SingleWriter> = Counter::default();
+        let w = Writer::new();
+        let ours: SingleWriterCounter<u64> = SingleWriterCounter::default();
         let theirs: Counter = Counter::default();
-        let ours_f: Counter<f64, SingleWriter> = Counter::default();
+        let ours_f: SingleWriterCounter<f64> = SingleWriterCounter::default();
         let theirs_f: Counter<f64, AtomicU64> = Counter::default();
         for i in 0..10u64 {
-            ours.inc_by(i);
+            ours.inc_by(&w, i);
             theirs.inc_by(i);
-            ours_f.inc_by(i as f64 * 0.25);
+            ours_f.inc_by(&w, i as f64 * 0.25);
             theirs_f.inc_by(i as f64 * 0.25);
         }
-        ours.inc();
+        ours.inc(&w);
         theirs.inc();
         assert_eq!(ours.get(), 46);
         assert_eq!(ours_f.get(), 11.25);

@@ -26,7 +26,7 @@
 //! are stored once a minute, alert transitions as they happen.
 //!
 //! The API address serves the JSON API ([`crate::api`]) and the web dashboard
-//! ([`crate::dashboard`]).
+//! (`dashboard`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,13 +50,14 @@ use std::time::{Duration, Instant};
 use infertrace_analysis::critical_path::CriticalPathSummary;
 use infertrace_analysis::diagnosis::Finding;
 use infertrace_analysis::kpi::KpiSnapshot;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::api::{self, Alerting, AlertsView, ApiState};
 use crate::auth::{self, ApiGuard, Authenticator, HostAllowlist};
-use crate::config::{CollectorConfig, TlsError};
+use crate::config::{CollectorConfig, ListenerTls, TlsError};
 use crate::dashboard;
 use crate::forward;
 use crate::ingest::Ingest;
@@ -241,25 +242,110 @@ fn serve_error(what: &'static str) -> impl FnOnce(std::io::Error) -> ServerError
 }
 
 /// Starts the collector; it runs until `shutdown` resolves or [`RunningCollector::shutdown`].
+///
+/// The steps, in order: check what can be checked before binding, bind every listener, build
+/// the pipeline and what it feeds, spawn the receivers, the background tasks and the API, and
+/// hand the shutdown sequence (module docs) to a task of its own.
 pub async fn run(
     config: CollectorConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningCollector, ServerError> {
+    let checked = check_before_binding(&config)?;
+    let bound = bind_listeners(&config).await?;
+    let mut core = build_core(&config, &checked, bound.api_addr)?;
+    let (stop_tx, stop_rx) = stop_switch(shutdown);
+    let receivers = spawn_receivers(&config, &checked, &core, bound.grpc, bound.http, &stop_rx);
+    let (late_stop_tx, late_stop_rx) = watch::channel(false);
+    let tick = spawn_tick(&core.pipeline, config.assembly.tick, &stop_rx);
+    let alerts = tokio::spawn(api::alerting::run(
+        core.pipeline.clone(),
+        core.alerting.clone(),
+        core.metrics.clone(),
+        config.alerts.evaluation_interval,
+        core.alertmanager.take(),
+        stopped(late_stop_rx.clone()),
+    ));
+    let findings = spawn_findings(&core.pipeline, &late_stop_rx);
+    drop(late_stop_rx);
+    let (api, api_deadline) = serve_api(&config, &checked, &core, bound.api, bound.api_addr);
+    tracing::info!(
+        grpc = ?bound.grpc_addr,
+        http = ?bound.http_addr,
+        api = %bound.api_addr,
+        "infertrace collector listening"
+    );
+    let join = tokio::spawn(shut_down(
+        stop_rx,
+        config.shutdown_timeout,
+        core.pipeline.clone(),
+        Tasks {
+            receivers,
+            tick,
+            forward: core.forward,
+            late_stop: late_stop_tx,
+            api_deadline,
+            alerts,
+            findings,
+            api,
+        },
+    ));
+    Ok(RunningCollector {
+        grpc_addr: bound.grpc_addr,
+        http_addr: bound.http_addr,
+        api_addr: bound.api_addr,
+        pipeline: core.pipeline,
+        alerting: core.alerting,
+        metrics: core.metrics,
+        store: checked.store,
+        auth: checked.auth,
+        stop: stop_tx,
+        join,
+    })
+}
+
+/// What is read and checked before anything is bound: a refused file or setting stops the
+/// start with its name, and nothing is left listening.
+struct Checked {
+    tls: ListenerTls,
+    store: Option<Store>,
+    events: InternalEvents,
+    auth: Option<Authenticator>,
+}
+
+fn check_before_binding(config: &CollectorConfig) -> Result<Checked, ServerError> {
     config
         .validate()
         .map_err(|e| ServerError::Config(e.to_string()))?;
-    // Before binding anything: a refused file stops the start with its name.
     let tls = config.tls_server_configs()?;
     let store = Store::open_configured(&config.store)?;
     let events = InternalEvents::default();
     let auth = Authenticator::from_config(&config.auth, events.clone())
         .map_err(|e| ServerError::Auth(e.to_string()))?;
-    auth::check_exposure(&config, auth.is_some()).map_err(ServerError::Auth)?;
+    auth::check_exposure(config, auth.is_some()).map_err(ServerError::Auth)?;
     if let Some(a) = &auth {
         tracing::info!(tokens = a.token_count(), "bearer-token authentication on");
     }
+    Ok(Checked {
+        tls,
+        store,
+        events,
+        auth,
+    })
+}
+
+/// The bound listeners and their addresses (port 0 resolved).
+struct Bound {
+    grpc: Option<TcpListener>,
+    http: Option<TcpListener>,
+    api: TcpListener,
+    grpc_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+    api_addr: SocketAddr,
+}
+
+async fn bind_listeners(config: &CollectorConfig) -> Result<Bound, ServerError> {
     let r = &config.receivers;
-    let grpc_listener = match r.otlp_grpc.enabled {
+    let grpc = match r.otlp_grpc.enabled {
         true => Some(
             bind(
                 "OTLP/gRPC receiver",
@@ -270,7 +356,7 @@ pub async fn run(
         ),
         false => None,
     };
-    let http_listener = match r.otlp_http.enabled {
+    let http = match r.otlp_http.enabled {
         true => Some(
             bind(
                 "OTLP/HTTP receiver",
@@ -281,22 +367,40 @@ pub async fn run(
         ),
         false => None,
     };
-    let api_listener = bind("API", config.api.listen, "--listen or api.listen").await?;
+    let api = bind("API", config.api.listen, "--listen or api.listen").await?;
     let local = |l: &TcpListener, what| l.local_addr().map_err(serve_error(what));
-    let grpc_addr = grpc_listener
-        .as_ref()
-        .map(|l| local(l, "otlp_grpc"))
-        .transpose()?;
-    let http_addr = http_listener
-        .as_ref()
-        .map(|l| local(l, "otlp_http"))
-        .transpose()?;
-    let api_addr = local(&api_listener, "api")?;
+    Ok(Bound {
+        grpc_addr: grpc.as_ref().map(|l| local(l, "otlp_grpc")).transpose()?,
+        http_addr: http.as_ref().map(|l| local(l, "otlp_http")).transpose()?,
+        api_addr: local(&api, "api")?,
+        grpc,
+        http,
+        api,
+    })
+}
 
+/// The pipeline and what it feeds or is fed by: metrics, the memory limiter, the forwarder,
+/// the history store's feed, alerting.
+struct Core {
+    metrics: PromMetrics,
+    registry: Arc<Registry>,
+    limiter: MemoryLimiter,
+    pipeline: Arc<Pipeline>,
+    forward: Option<forward::ForwardTask>,
+    alerting: Arc<Mutex<Alerting>>,
+    alertmanager: Option<api::alerting::Alertmanager>,
+}
+
+fn build_core(
+    config: &CollectorConfig,
+    checked: &Checked,
+    api_addr: SocketAddr,
+) -> Result<Core, ServerError> {
+    let events = &checked.events;
     let metrics = PromMetrics::default();
-    let registry = Arc::new(build_registry(&metrics, &events));
+    let registry = Arc::new(build_registry(&metrics, events));
     let limiter = MemoryLimiter::new(config.limits.memory_limit_bytes);
-    let (forward_handle, forward_task) = match &config.forward.endpoint {
+    let (forward_handle, forward) = match &config.forward.endpoint {
         Some(_) => {
             let (h, t) = forward::spawn(&config.forward, events.clone(), Some(limiter.clone()))?;
             (Some(h), Some(t))
@@ -304,20 +408,20 @@ pub async fn run(
         None => (None, None),
     };
     let pipeline = Arc::new(Pipeline::new(
-        &config,
+        config,
         events.clone(),
         metrics.clone(),
         limiter.clone(),
         forward_handle,
     ));
-    if let Some(store) = &store {
+    if let Some(store) = &checked.store {
         let writer = store.start_writer(events.clone())?;
         let feed = store.feed(writer, &config.kpi_config());
         let restored = pipeline.attach_store(store, feed)?;
         tracing::info!(path = %store.path().display(), restored, "history store open");
     }
     let alerting = Arc::new(Mutex::new(
-        Alerting::new(&config, &format!("http://{api_addr}")).map_err(ServerError::Config)?,
+        Alerting::new(config, &format!("http://{api_addr}")).map_err(ServerError::Config)?,
     ));
     let alertmanager = config
         .alerts
@@ -326,38 +430,65 @@ pub async fn run(
         .map(|url| api::alerting::Alertmanager::new(url, &config.alerts.alertmanager_tls))
         .transpose()
         .map_err(ServerError::Config)?;
+    Ok(Core {
+        metrics,
+        registry,
+        limiter,
+        pipeline,
+        forward,
+        alerting,
+        alertmanager,
+    })
+}
 
+/// The stop switch: flipped by [`RunningCollector::shutdown`] or when `shutdown` resolves.
+fn stop_switch(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> (watch::Sender<bool>, watch::Receiver<bool>) {
     let (stop_tx, stop_rx) = watch::channel(false);
-    // The external shutdown future flips the same switch.
-    {
-        let stop_tx = stop_tx.clone();
-        let mut external_rx = stop_rx.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown => { let _ = stop_tx.send(true); }
-                _ = external_rx.wait_for(|v| *v) => {}
-            }
-        });
-    }
+    let tx = stop_tx.clone();
+    let mut external_rx = stop_rx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown => { let _ = tx.send(true); }
+            _ = external_rx.wait_for(|v| *v) => {}
+        }
+    });
+    (stop_tx, stop_rx)
+}
 
-    // Receivers stop first; the rest stops after the flush.
+/// A server task: a listener's accept loop.
+type ServeTask = JoinHandle<std::io::Result<()>>;
+
+/// Spawns the OTLP receivers (gRPC, HTTP; `None` where disabled). They stop first at shutdown,
+/// draining until `shutdown_timeout` after the stop.
+fn spawn_receivers(
+    config: &CollectorConfig,
+    checked: &Checked,
+    core: &Core,
+    grpc: Option<TcpListener>,
+    http: Option<TcpListener>,
+    stop_rx: &watch::Receiver<bool>,
+) -> [(&'static str, Option<ServeTask>); 2] {
+    let r = &config.receivers;
     let limits = ReceiverLimits {
         max_body_bytes: r.max_body_bytes,
-        memory: Some(limiter.clone()),
+        memory: Some(core.limiter.clone()),
         body_read_timeout: r.body_read_timeout,
         retry_after_secs: 1,
-        auth: auth.clone(),
+        auth: checked.auth.clone(),
     };
-    let ingest: Arc<dyn Ingest> = pipeline.clone();
+    let ingest: Arc<dyn Ingest> = core.pipeline.clone();
+    let events = &checked.events;
     let shutdown_timeout = config.shutdown_timeout;
-    let receiver_deadline = |rx: watch::Receiver<bool>| async move {
+    let deadline = |rx: watch::Receiver<bool>| async move {
         stopped(rx).await;
         Instant::now() + shutdown_timeout
     };
-    let grpc_task = grpc_listener.map(|l| {
+    let grpc = grpc.map(|l| {
         let settings = ListenerSettings::new(GRPC_RECEIVER)
             .with_connections(r.otlp_grpc.connections.clone())
-            .with_tls(tls.otlp_grpc.clone())
+            .with_tls(checked.tls.otlp_grpc.clone())
             .http2_only();
         tokio::spawn(serve_grpc_with(
             l,
@@ -365,187 +496,192 @@ pub async fn run(
             ingest.clone(),
             events.clone(),
             limits.clone(),
-            receiver_deadline(stop_rx.clone()),
+            deadline(stop_rx.clone()),
         ))
     });
-    let http_task = http_listener.map(|l| {
+    let http = http.map(|l| {
         let settings = ListenerSettings::new(HTTP_RECEIVER)
             .with_connections(r.otlp_http.connections.clone())
-            .with_tls(tls.otlp_http.clone());
+            .with_tls(checked.tls.otlp_http.clone());
         tokio::spawn(serve_http_with(
             l,
             settings,
             ingest.clone(),
             events.clone(),
             limits.clone(),
-            receiver_deadline(stop_rx.clone()),
+            deadline(stop_rx.clone()),
         ))
     });
-    drop(ingest);
+    [("otlp_grpc", grpc), ("otlp_http", http)]
+}
 
-    let (late_stop_tx, late_stop_rx) = watch::channel(false);
-    let tick_task = {
-        let pipeline = pipeline.clone();
-        let tick = config.assembly.tick;
-        let stop = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(tick);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    _ = &mut stop => break,
-                }
-                // Analysis is CPU work: keep it off the workers serving the receivers.
-                let p = pipeline.clone();
-                if tokio::task::spawn_blocking(move || p.tick()).await.is_err() {
-                    tracing::error!("pipeline tick panicked");
-                }
+/// Spawns the assembly tick: every `tick`, close the traces due and analyse them (on a
+/// blocking thread: analysis is CPU work, kept off the workers serving the receivers).
+fn spawn_tick(
+    pipeline: &Arc<Pipeline>,
+    tick: Duration,
+    stop_rx: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let pipeline = pipeline.clone();
+    let stop = stopped(stop_rx.clone());
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = &mut stop => break,
             }
-        })
-    };
-    let alert_task = tokio::spawn(api::alerting::run(
-        pipeline.clone(),
-        alerting.clone(),
-        metrics.clone(),
-        config.alerts.evaluation_interval,
-        alertmanager,
-        stopped(late_stop_rx.clone()),
-    ));
-    let findings_task = pipeline.store_writer().map(|writer| {
-        let pipeline = pipeline.clone();
-        let stop = stopped(late_stop_rx.clone());
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(FINDINGS_INTERVAL);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            // The first tick is immediate: there is nothing to diagnose yet.
-            ticker.tick().await;
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    _ = &mut stop => break,
-                }
-                let findings = pipeline.findings(FINDINGS_WINDOW);
-                if !findings.is_empty() {
-                    writer.write_findings(unix_nanos_now(), findings);
-                }
+            let p = pipeline.clone();
+            if tokio::task::spawn_blocking(move || p.tick()).await.is_err() {
+                tracing::error!("pipeline tick panicked");
             }
-        })
-    });
+        }
+    })
+}
+
+/// Spawns the storing of the current findings every [`FINDINGS_INTERVAL`] (with a store).
+fn spawn_findings(
+    pipeline: &Arc<Pipeline>,
+    late_stop_rx: &watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
+    let writer = pipeline.store_writer()?;
+    let pipeline = pipeline.clone();
+    let stop = stopped(late_stop_rx.clone());
+    Some(tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(FINDINGS_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate: there is nothing to diagnose yet.
+        ticker.tick().await;
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = &mut stop => break,
+            }
+            let findings = pipeline.findings(FINDINGS_WINDOW);
+            if !findings.is_empty() {
+                writer.write_findings(unix_nanos_now(), findings);
+            }
+        }
+    }))
+}
+
+/// Serves the API and the dashboard behind the host allowlist and bearer tokens. It stops
+/// after the flush, against the deadline sent on the returned channel.
+fn serve_api(
+    config: &CollectorConfig,
+    checked: &Checked,
+    core: &Core,
+    listener: TcpListener,
+    api_addr: SocketAddr,
+) -> (ServeTask, oneshot::Sender<Instant>) {
     let state = Arc::new(ApiState {
-        pipeline: pipeline.clone(),
-        registry,
-        alerting: alerting.clone(),
-        store: store.clone(),
+        pipeline: core.pipeline.clone(),
+        registry: core.registry.clone(),
+        alerting: core.alerting.clone(),
+        store: checked.store.clone(),
     });
     let app = api::router(state).merge(dashboard::routes(
-        pipeline.clone(),
-        dashboard::DashboardSettings::from_config(&config).with_history(store.is_some()),
+        core.pipeline.clone(),
+        dashboard::DashboardSettings::from_config(config).with_history(checked.store.is_some()),
     ));
-    // Host allowlist and bearer tokens in front of every route of the API port.
     let app = app.layer(axum::middleware::from_fn_with_state(
         ApiGuard {
-            auth: auth.clone(),
+            auth: checked.auth.clone(),
             hosts: HostAllowlist::new(&config.api.allowed_hosts, api_addr),
-            events: events.clone(),
+            events: checked.events.clone(),
         },
         auth::guard_api,
     ));
-    // The API stops after the flush, against the deadline set when the shutdown began.
-    let (api_deadline_tx, api_deadline_rx) = tokio::sync::oneshot::channel::<Instant>();
-    let api_settings = ListenerSettings::new(API_LISTENER)
+    let (deadline_tx, deadline_rx) = oneshot::channel::<Instant>();
+    let settings = ListenerSettings::new(API_LISTENER)
         .with_connections(config.api.connections.clone())
-        .with_tls(tls.api.clone());
-    let api_task = tokio::spawn(crate::listener::serve(
-        api_listener,
-        api_settings,
-        events.clone(),
+        .with_tls(checked.tls.api.clone());
+    let task = tokio::spawn(crate::listener::serve(
+        listener,
+        settings,
+        checked.events.clone(),
         hyper_util::service::TowerToHyperService::new(app),
-        async move { api_deadline_rx.await.unwrap_or_else(|_| Instant::now()) },
+        async move { deadline_rx.await.unwrap_or_else(|_| Instant::now()) },
     ));
-    drop(late_stop_rx);
+    (task, deadline_tx)
+}
+
+/// The tasks the shutdown sequence stops, in its order.
+struct Tasks {
+    receivers: [(&'static str, Option<ServeTask>); 2],
+    tick: JoinHandle<()>,
+    forward: Option<forward::ForwardTask>,
+    late_stop: watch::Sender<bool>,
+    api_deadline: oneshot::Sender<Instant>,
+    alerts: JoinHandle<()>,
+    findings: Option<JoinHandle<()>>,
+    api: ServeTask,
+}
+
+/// The shutdown sequence of the module docs, once the stop switch flips.
+async fn shut_down(
+    mut stop_rx: watch::Receiver<bool>,
+    shutdown_timeout: Duration,
+    pipeline: Arc<Pipeline>,
+    tasks: Tasks,
+) -> Result<ShutdownReport, ServerError> {
+    let _ = stop_rx.wait_for(|v| *v).await;
+    let deadline = Instant::now() + shutdown_timeout;
     tracing::info!(
-        grpc = ?grpc_addr,
-        http = ?http_addr,
-        api = %api_addr,
-        "infertrace collector listening"
+        ?shutdown_timeout,
+        "shutting down: draining receivers (connections still open at the deadline are cut)"
     );
-
-    let join = {
-        let pipeline = pipeline.clone();
-        let mut stop_rx = stop_rx;
-        tokio::spawn(async move {
-            let _ = stop_rx.wait_for(|v| *v).await;
-            let deadline = Instant::now() + shutdown_timeout;
-            tracing::info!(
-                ?shutdown_timeout,
-                "shutting down: draining receivers (connections still open at the deadline are cut)"
-            );
-            let mut result = Ok(());
-            for (what, task) in [("otlp_grpc", grpc_task), ("otlp_http", http_task)] {
-                if let Some(task) = task {
-                    match task.await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => result = Err(ServerError::Serve { what, error: e }),
-                        Err(e) => {
-                            result = Err(ServerError::Serve {
-                                what,
-                                error: std::io::Error::other(e.to_string()),
-                            })
-                        }
-                    }
-                }
-            }
-            pipeline.begin_shutdown();
-            let _ = tick_task.await;
-            let flushed = pipeline.flush();
-            tracing::info!(
-                traces = flushed.traces,
-                requests = flushed.requests,
-                "flushed traces in flight into the KPIs"
-            );
-            if let Some(writer) = pipeline.hand_over_store(unix_nanos_now()) {
-                match tokio::task::spawn_blocking(move || writer.flush()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => result = Err(ServerError::Store(e)),
-                    Err(e) => {
-                        result = Err(ServerError::Serve {
-                            what: "history store",
-                            error: std::io::Error::other(e.to_string()),
-                        })
-                    }
-                }
-            }
-            if let Some(f) = forward_task {
-                f.close(SHUTDOWN_DEADLINE).await;
-            }
-            let _ = late_stop_tx.send(true);
-            let _ = api_deadline_tx.send(deadline);
-            let _ = alert_task.await;
-            if let Some(t) = findings_task {
-                let _ = t.await;
-            }
-            match api_task.await {
+    let mut result = Ok(());
+    for (what, task) in tasks.receivers {
+        if let Some(task) = task {
+            match task.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => result = Err(serve_error("api")(e)),
-                Err(e) => result = Err(serve_error("api")(std::io::Error::other(e.to_string()))),
+                Ok(Err(e)) => result = Err(ServerError::Serve { what, error: e }),
+                Err(e) => {
+                    result = Err(ServerError::Serve {
+                        what,
+                        error: std::io::Error::other(e.to_string()),
+                    })
+                }
             }
-            result.map(|()| ShutdownReport { flushed })
-        })
-    };
-
-    Ok(RunningCollector {
-        grpc_addr,
-        http_addr,
-        api_addr,
-        pipeline,
-        alerting,
-        metrics,
-        store,
-        auth,
-        stop: stop_tx,
-        join,
-    })
+        }
+    }
+    pipeline.begin_shutdown();
+    let _ = tasks.tick.await;
+    let flushed = pipeline.flush();
+    tracing::info!(
+        traces = flushed.traces,
+        requests = flushed.requests,
+        "flushed traces in flight into the KPIs"
+    );
+    if let Some(writer) = pipeline.hand_over_store(unix_nanos_now()) {
+        match tokio::task::spawn_blocking(move || writer.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => result = Err(ServerError::Store(e)),
+            Err(e) => {
+                result = Err(ServerError::Serve {
+                    what: "history store",
+                    error: std::io::Error::other(e.to_string()),
+                })
+            }
+        }
+    }
+    if let Some(f) = tasks.forward {
+        f.close(SHUTDOWN_DEADLINE).await;
+    }
+    let _ = tasks.late_stop.send(true);
+    let _ = tasks.api_deadline.send(deadline);
+    let _ = tasks.alerts.await;
+    if let Some(t) = tasks.findings {
+        let _ = t.await;
+    }
+    match tasks.api.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => result = Err(serve_error("api")(e)),
+        Err(e) => result = Err(serve_error("api")(std::io::Error::other(e.to_string()))),
+    }
+    result.map(|()| ShutdownReport { flushed })
 }

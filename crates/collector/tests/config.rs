@@ -85,8 +85,8 @@ fn a_partial_file_keeps_the_other_defaults() {
     let d = CollectorConfig::default();
     assert!(!c.receivers.otlp_grpc.enabled);
     assert_eq!(c.receivers.otlp_http, d.receivers.otlp_http);
-    assert_eq!(c.kpi.slo.ttft, std::time::Duration::from_millis(250));
-    assert_eq!(c.kpi.slo.e2e, d.kpi.slo.e2e);
+    assert_eq!(c.kpi.slo.ttft_seconds, Some(0.25));
+    assert_eq!(c.kpi.slo.e2e_seconds, d.kpi.slo.e2e_seconds);
     // The diagnosis threshold tied to the TTFT objective follows it.
     assert_eq!(c.diagnosis_config().ttft_p90_max_seconds, 0.25);
     assert_eq!(d.diagnosis_config().ttft_p90_max_seconds, 1.0);

@@ -30,7 +30,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiState, error};
-use crate::config::parse_duration;
+use crate::duration::parse_duration;
 use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, unix_nanos_now};
 
 /// Default range of a history query.

@@ -9,14 +9,14 @@
 //! | `GET /api/findings?window=1m` | the diagnosis findings per series of the window |
 //! | `GET /api/traces/{trace_id}` | one recent trace: records, spans, critical paths (404 if unknown) |
 //! | `GET /api/alerts` | rules, pending / firing / resolved alerts, anomalies |
-//! | `GET /api/history?kpi=ttft.p99&from=-1h&to=now&step=60` | a KPI's history from the store ([`history`]) |
+//! | `GET /api/history?kpi=ttft.p99&from=-1h&to=now&step=60` | a KPI's history from the store (`history`) |
 //! | `GET /api/history/slow-requests`, `/alerts`, `/findings` | stored requests, alert transitions, findings |
 //!
 //! `window` must be one of `kpi.windows` (humantime: `1m`, `300s`, `1h`); without it the first
 //! window is used. Errors are JSON `{"error": "..."}` with 400 (bad window, bad trace id) or 404.
 
 pub mod alerting;
-pub mod history;
+pub(crate) mod history;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,7 +32,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::parse_duration;
+use crate::duration::parse_duration;
 use crate::pipeline::Pipeline;
 use crate::prom_export::{CONTENT_TYPE, encode};
 use crate::store::Store;

@@ -5,7 +5,7 @@
 //! batch first ([`TraceAssembler::warm_index`](super::TraceAssembler::warm_index)) so that they
 //! overlap. A SwissTable (`std`'s `HashMap`) keeps its control bytes and its entries in two
 //! arrays far apart: the lookup warms the control bytes, and the insert still misses on the
-//! entry it writes (`perf annotate`: ~3 % of the collector's CPU on that one store). Here the
+//! entry it writes. Here the
 //! entries are the table: open addressing with linear probing over 16-byte `(key, value)`
 //! pairs, four to a cache line, so the lookup brings in the line the insert writes.
 //!

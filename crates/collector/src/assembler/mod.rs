@@ -14,7 +14,7 @@
 //!   trace in flight is **closed early** to make room (its grace period shortened; counted in
 //!   `traces_closed_early_total`) — first the oldest that has its request span (it is complete
 //!   but for late children), else the oldest without one. Early-closed traces are handed out by
-//!   the next [`TraceAssembler::poll`], like any other.
+//!   the next [`TraceAssembler::poll_some`], like any other.
 //! - Memory: the caller reserves memory for a batch (the [`MemoryLimiter`]) and hands the
 //!   reservation in as a [`MemoryHold`]; every trace that got spans from the batch keeps a clone,
 //!   so the memory is released when the last of those traces completes.
@@ -22,23 +22,24 @@
 //! **Late spans.** The ids of recently completed traces are remembered (for the idle timeout to
 //! twice it, but at most 2 × `max_traces_in_flight` of them, which at high completion rates
 //! shortens the time; the `index` module keeps them). A span of such a trace is *late*: it is counted
-//! (`late_spans_total`) and handed back by [`TraceAssembler::poll`] in [`Ready::late`], so the
+//! (`late_spans_total`) and handed back by [`TraceAssembler::poll_some`] in [`Ready::late`], so the
 //! pipeline can merge it where that is honest: into the stored trace behind
 //! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (the
 //! request was already counted once). One exception: when the earlier part of the trace was
 //! closed *without* a request span (idle or max age) and a request span now arrives, that is no
 //! double count, so the span starts a new trace and its request is counted normally.
 //!
-//! **Prepared traces.** When all of a trace's spans come in one batch, the pipeline analyses
-//! them at once, while they are in cache, and hands the result ([`Prepared`]) in their place
-//! ([`TraceAssembler::insert_prepared`]): the trace then holds a compact analysis instead of its
-//! spans, and completes by the same rules. If more spans of it arrive before it completes, the
-//! assembler takes the spans back ([`Prepared::into_spans`]) and the trace continues as an
-//! ordinary one, analysed again at completion with every span. Only a trace id the assembler
-//! does not know is taken as prepared. Prepared traces wait in a queue in arrival order, which
-//! is their completion order (one grace period after arrival; arrival instants are kept
-//! non-decreasing in the queue), and the trace index knows them completed by sequence number,
-//! so completing one touches no table.
+//! **What a trace holds** is a [`HeldSpans`] (the one owner of a held trace's spans): its
+//! decoded spans, or — when all its spans came in one batch and the pipeline analysed them on
+//! arrival ([`TraceAssembler::insert_prepared`]) — that analysis, standing for the spans. The
+//! assembler is a timing state machine over it: it decides when a trace completes and hands
+//! the [`HeldSpans`] back in a [`CompletedTrace`]. If more spans of a prepared trace arrive
+//! before it completes, the assembler takes the spans back ([`HeldSpans::into_spans`]) and the
+//! trace continues as an ordinary one, analysed again at completion with every span. Only a
+//! trace id the assembler does not know is taken as prepared. Prepared traces wait in a queue
+//! in arrival order, which is their completion order (one grace period after arrival; arrival
+//! instants are kept non-decreasing in the queue), and the trace index knows them completed by
+//! sequence number, so completing one touches no table.
 //!
 //! [`MemoryLimiter`]: crate::limiter::MemoryLimiter
 
@@ -56,6 +57,7 @@ use std::time::{Duration, Instant};
 
 use infertrace_analysis::trace::{Span, TraceId};
 
+use crate::held::{HeldSpans, PreparedRun, PreparedTrace};
 use crate::internal_events::InternalEvents;
 use index::{Known, TraceIndex};
 
@@ -85,56 +87,10 @@ impl Holds {
     }
 
     /// Reservations held.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         usize::from(self.first.is_some()) + self.more.len()
     }
-
-    /// Whether none is held.
-    pub fn is_empty(&self) -> bool {
-        self.first.is_none()
-    }
-}
-
-/// A trace's spans analysed in advance, standing in for the spans in the assembler (see
-/// "Prepared traces" in the module docs).
-pub trait Prepared: Send + 'static {
-    /// How many spans it stands for.
-    fn span_count(&self) -> usize;
-    /// The memory its spans take once decoded again (what a caller must reserve before more
-    /// spans of the trace make the assembler take them back).
-    fn span_bytes(&self) -> usize;
-    /// The spans again.
-    fn into_spans(self) -> Vec<Span>;
-}
-
-/// The [`Prepared`] of an assembler that is only given spans.
-#[derive(Debug)]
-pub enum Unprepared {}
-
-impl Prepared for Unprepared {
-    fn span_count(&self) -> usize {
-        match *self {}
-    }
-    fn span_bytes(&self) -> usize {
-        match *self {}
-    }
-    fn into_spans(self) -> Vec<Span> {
-        match self {}
-    }
-}
-
-/// Consecutive spans of one batch, all of one trace and including a request span, analysed in
-/// advance (see [`TraceAssembler::insert_prepared`]).
-#[derive(Debug)]
-pub struct PreparedRun<P> {
-    /// Their trace.
-    pub trace_id: TraceId,
-    /// Index of the run's first span in the batch.
-    pub start: usize,
-    /// Spans in the run.
-    pub len: usize,
-    /// The analysis standing in for them.
-    pub prepared: Box<P>,
 }
 
 /// Most late spans kept between two polls; more are dropped (`late_span_buffer_full`).
@@ -184,37 +140,34 @@ pub enum CloseReason {
 
 /// A closed trace, ready for analysis.
 #[derive(Debug)]
-pub struct CompletedTrace<P = Unprepared> {
+pub(crate) struct CompletedTrace {
     /// The trace id.
     pub trace_id: TraceId,
-    /// Its spans, in arrival order (none when `prepared` stands for them).
-    pub spans: Vec<Span>,
-    /// The analysis made when all its spans arrived together, if so (then `spans` is empty).
-    pub prepared: Option<Box<P>>,
+    /// Its spans (in arrival order), or the analysis made when they all arrived together.
+    pub held: HeldSpans,
     /// Why it was closed.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "what the assembler decided, for tests")
+    )]
     pub reason: CloseReason,
     /// Whether a request span was seen.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "what the assembler decided, for tests")
+    )]
     pub has_request: bool,
     /// Memory held for the spans; dropping it (with the spans) releases the reservation.
     pub holds: Holds,
 }
 
 /// What [`TraceAssembler::poll`] hands back.
-#[derive(Debug)]
-pub struct Ready<P = Unprepared> {
+#[derive(Debug, Default)]
+pub(crate) struct Ready {
     /// Traces closed by this poll.
-    pub completed: Vec<CompletedTrace<P>>,
+    pub completed: Vec<CompletedTrace>,
     /// Spans that arrived after their trace was completed, since the last poll.
     pub late: Vec<Span>,
-}
-
-impl<P> Default for Ready<P> {
-    fn default() -> Self {
-        Self {
-            completed: Vec::new(),
-            late: Vec::new(),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -227,7 +180,7 @@ struct PendingTrace {
 }
 
 /// Groups spans into traces and closes them by the rules in the module docs.
-pub struct TraceAssembler<P = Unprepared> {
+pub(crate) struct TraceAssembler {
     config: AssemblerConfig,
     is_request: fn(&Span) -> bool,
     events: InternalEvents,
@@ -235,7 +188,7 @@ pub struct TraceAssembler<P = Unprepared> {
     traces: HashMap<TraceId, PendingTrace, RandomState>,
     /// Prepared traces in arrival order, which is also their completion order; the first has
     /// sequence number `prepared_base`.
-    prepared: VecDeque<PreparedSlot<P>>,
+    prepared: VecDeque<PreparedSlot>,
     prepared_base: u64,
     /// Prepared traces in flight (slots not handed over to `traces`).
     prepared_live: usize,
@@ -247,7 +200,7 @@ pub struct TraceAssembler<P = Unprepared> {
     index: TraceIndex,
     late: Vec<Span>,
     /// Traces closed early to make room, for the next poll.
-    early: Vec<CompletedTrace<P>>,
+    early: Vec<CompletedTrace>,
     /// Traces in flight without a request span (the only ones the idle scan looks for).
     waiting: usize,
     last_idle_scan: Option<Instant>,
@@ -257,7 +210,7 @@ pub struct TraceAssembler<P = Unprepared> {
 
 /// A prepared trace in the assembler's queue.
 #[derive(Debug)]
-struct PreparedSlot<P> {
+struct PreparedSlot {
     id: TraceId,
     /// Its arrival (with its request span).
     at: Instant,
@@ -265,12 +218,11 @@ struct PreparedSlot<P> {
     /// is on the last slot of its batch only: slots complete in queue order and a batch's are
     /// consecutive, so the batch's reservation is released when its last trace completes (or
     /// later, with a trace that left the queue as spans), and inserting a trace costs no
-    /// reference-count increment (its `lock` prefix waited on the slot writes before it and
-    /// was ~2 % of the collector's CPU).
-    held: Option<(Box<P>, Option<MemoryHold>)>,
+    /// reference-count increment per trace (an atomic on the hot path).
+    held: Option<(Box<PreparedTrace>, Option<MemoryHold>)>,
 }
 
-impl<P> std::fmt::Debug for TraceAssembler<P> {
+impl std::fmt::Debug for TraceAssembler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TraceAssembler")
             .field("config", &self.config)
@@ -282,7 +234,7 @@ impl<P> std::fmt::Debug for TraceAssembler<P> {
     }
 }
 
-impl<P: Prepared> TraceAssembler<P> {
+impl TraceAssembler {
     /// A new assembler. `is_request` says whether a span is a request span (the pipeline passes
     /// the dialect detector).
     pub fn new(
@@ -315,6 +267,7 @@ impl<P: Prepared> TraceAssembler<P> {
     }
 
     /// Spans being held, over all traces.
+    #[cfg(test)]
     pub fn spans_in_flight(&self) -> usize {
         let prepared: usize = self
             .prepared
@@ -450,7 +403,7 @@ impl<P: Prepared> TraceAssembler<P> {
         self.traces.insert(
             id,
             PendingTrace {
-                spans: prepared.into_spans(),
+                spans: HeldSpans::Prepared(prepared).into_spans(),
                 first_seen: at,
                 last_seen: at,
                 request_at: Some(at),
@@ -469,7 +422,7 @@ impl<P: Prepared> TraceAssembler<P> {
     /// dropped). Each run holds a request span: the trace completes after the grace period.
     pub fn insert_prepared(
         &mut self,
-        runs: Vec<PreparedRun<P>>,
+        runs: Vec<PreparedRun>,
         taken: &mut [bool],
         hold: &MemoryHold,
         now: Instant,
@@ -515,8 +468,8 @@ impl<P: Prepared> TraceAssembler<P> {
     }
 
     /// The memory the spans of `id` would take back if `id` is a prepared trace in flight
-    /// ([`Prepared::span_bytes`]; pushing a span of it makes the assembler take them back),
-    /// else 0.
+    /// ([`PreparedTrace::span_bytes`]; pushing a span of it makes the assembler take them
+    /// back), else 0.
     pub fn prepared_span_bytes(&self, id: &TraceId) -> usize {
         let Some(Known::Prepared(seq)) = self.index.get(id) else {
             return 0;
@@ -546,7 +499,13 @@ impl<P: Prepared> TraceAssembler<P> {
 
     /// Starts a trace holding `prepared` (standing for `len` spans, one a request span) when
     /// `id` is new and the bounds allow; `false` leaves everything as it was.
-    fn insert_one(&mut self, id: TraceId, prepared: Box<P>, len: usize, now: Instant) -> bool {
+    fn insert_one(
+        &mut self,
+        id: TraceId,
+        prepared: Box<PreparedTrace>,
+        len: usize,
+        now: Instant,
+    ) -> bool {
         // (A prepared trace completes at its grace period, so that must come before max age.)
         if !self.would_take(&id, len) {
             return false;
@@ -569,7 +528,8 @@ impl<P: Prepared> TraceAssembler<P> {
     }
 
     /// Closes every trace due at `now` and returns them with the late spans since the last poll.
-    pub fn poll(&mut self, now: Instant) -> Ready<P> {
+    #[cfg(test)]
+    pub fn poll(&mut self, now: Instant) -> Ready {
         self.poll_some(now, usize::MAX)
     }
 
@@ -577,7 +537,7 @@ impl<P: Prepared> TraceAssembler<P> {
     /// grace period (those due by idle timeout or max age all close): a caller that analyses
     /// what it gets polls again while it gets that many, so each round's vector stays small
     /// (and reused by the allocator) rather than one vector of every trace due at once.
-    pub fn poll_some(&mut self, now: Instant, max: usize) -> Ready<P> {
+    pub fn poll_some(&mut self, now: Instant, max: usize) -> Ready {
         let grace = self.config.grace;
         let due = self.by_grace.partition_point(|&(_, at)| at + grace <= now)
             + self.prepared.partition_point(|s| s.at + grace <= now);
@@ -677,7 +637,7 @@ impl<P: Prepared> TraceAssembler<P> {
         &mut self,
         reason: CloseReason,
         now: Instant,
-    ) -> Option<CompletedTrace<P>> {
+    ) -> Option<CompletedTrace> {
         let slot = self.prepared.pop_front()?;
         self.prepared_base += 1;
         let done = slot.held.is_some();
@@ -688,8 +648,7 @@ impl<P: Prepared> TraceAssembler<P> {
                 self.prepared_live -= 1;
                 Some(CompletedTrace {
                     trace_id: slot.id,
-                    spans: Vec::new(),
-                    prepared: Some(prepared),
+                    held: HeldSpans::Prepared(prepared),
                     reason,
                     has_request: true,
                     holds: Holds {
@@ -754,13 +713,13 @@ impl<P: Prepared> TraceAssembler<P> {
         false
     }
 
-    fn closed_early(&mut self, trace: CompletedTrace<P>) -> bool {
+    fn closed_early(&mut self, trace: CompletedTrace) -> bool {
         self.early.push(trace);
         true
     }
 
     /// Closes every trace now, whatever its state (shutdown).
-    pub fn flush(&mut self, now: Instant) -> Ready<P> {
+    pub fn flush(&mut self, now: Instant) -> Ready {
         let mut completed = Vec::with_capacity(self.traces_in_flight() + self.early.len());
         completed.append(&mut self.early);
         for slot in std::mem::take(&mut self.prepared) {
@@ -771,8 +730,7 @@ impl<P: Prepared> TraceAssembler<P> {
             if let Some((prepared, hold)) = slot.held {
                 completed.push(CompletedTrace {
                     trace_id: slot.id,
-                    spans: Vec::new(),
-                    prepared: Some(prepared),
+                    held: HeldSpans::Prepared(prepared),
                     reason: CloseReason::Flush,
                     has_request: true,
                     holds: Holds {
@@ -797,20 +755,14 @@ impl<P: Prepared> TraceAssembler<P> {
         }
     }
 
-    fn close(
-        &mut self,
-        id: TraceId,
-        reason: CloseReason,
-        now: Instant,
-    ) -> Option<CompletedTrace<P>> {
+    fn close(&mut self, id: TraceId, reason: CloseReason, now: Instant) -> Option<CompletedTrace> {
         let t = self.traces.remove(&id)?;
         let has_request = t.request_at.is_some();
         self.waiting -= usize::from(!has_request);
         self.index.set_completed(&id, has_request, now);
         Some(CompletedTrace {
             trace_id: id,
-            spans: t.spans,
-            prepared: None,
+            held: HeldSpans::Decoded(t.spans),
             reason,
             has_request,
             holds: t.holds,
@@ -843,6 +795,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::held::{Analysed, SpanSource};
     use infertrace_analysis::text::Text;
     use infertrace_analysis::trace::{SpanId, SpanKind};
 
@@ -866,16 +819,12 @@ mod tests {
         s.name == "request"
     }
 
-    fn new_assembler<P: Prepared>(config: AssemblerConfig) -> (TraceAssembler<P>, InternalEvents) {
+    fn assembler(config: AssemblerConfig) -> (TraceAssembler, InternalEvents) {
         let events = InternalEvents::default();
         (
             TraceAssembler::new(config, events.clone(), is_request),
             events,
         )
-    }
-
-    fn assembler(config: AssemblerConfig) -> (TraceAssembler, InternalEvents) {
-        new_assembler(config)
     }
 
     fn secs(s: f64) -> Duration {
@@ -898,7 +847,7 @@ mod tests {
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].reason, CloseReason::Grace);
         assert_eq!(
-            done[0].spans.len(),
+            done[0].held.span_count(),
             3,
             "the child inside the grace period is included"
         );
@@ -935,7 +884,7 @@ mod tests {
         assert!(a.poll(t0 + secs(301.0)).completed.is_empty());
         let done = a.poll(t0 + secs(302.0)).completed;
         assert_eq!(done.len(), 1);
-        assert_eq!(done[0].spans.len(), 31);
+        assert_eq!(done[0].held.span_count(), 31);
     }
 
     #[test]
@@ -975,7 +924,7 @@ mod tests {
         let (i, done) = closed.expect("closed by max age");
         assert_eq!(i, 12, "at 60 s");
         assert_eq!(done[0].reason, CloseReason::MaxAge);
-        assert_eq!(done[0].spans.len(), 13);
+        assert_eq!(done[0].held.span_count(), 13);
     }
 
     #[test]
@@ -1066,7 +1015,7 @@ mod tests {
         );
         assert_eq!(done[0].trace_id, TraceId([1; 16]));
         assert_eq!(done[0].reason, CloseReason::Early);
-        assert_eq!(done[0].spans.len(), 3);
+        assert_eq!(done[0].held.span_count(), 3);
     }
 
     #[test]
@@ -1157,29 +1106,28 @@ mod tests {
         assert_eq!(released.load(Ordering::SeqCst), 1);
     }
 
-    /// A prepared trace that gives back the spans it was made from.
-    #[derive(Debug)]
-    struct Kept(Vec<Span>);
-    impl Prepared for Kept {
-        fn span_count(&self) -> usize {
-            self.0.len()
-        }
-        fn span_bytes(&self) -> usize {
-            100 * self.0.len()
-        }
-        fn into_spans(self) -> Vec<Span> {
-            self.0
-        }
+    /// A trace held as prepared: no analysis (the assembler never reads it), its spans in a
+    /// compact copy of their own.
+    fn kept(spans: &[Span]) -> Box<PreparedTrace> {
+        Box::new(PreparedTrace {
+            analysed: Analysed::default(),
+            source: SpanSource::compact(spans).expect("a few spans"),
+            span_bytes: 100 * spans.len(),
+        })
     }
 
-    fn prepared(config: AssemblerConfig) -> (TraceAssembler<Kept>, InternalEvents) {
-        new_assembler(config)
+    fn prepared(config: AssemblerConfig) -> (TraceAssembler, InternalEvents) {
+        assembler(config)
+    }
+
+    fn is_prepared(t: &CompletedTrace) -> bool {
+        matches!(t.held, HeldSpans::Prepared(_))
     }
 
     /// `spans` as the pipeline hands them over with one prepared run over `start..start +
     /// len`: the run first, then the spans not taken. Returns the spans taken.
     fn push_run(
-        a: &mut TraceAssembler<Kept>,
+        a: &mut TraceAssembler,
         spans: Vec<Span>,
         start: usize,
         len: usize,
@@ -1189,7 +1137,7 @@ mod tests {
             trace_id: spans[start].trace_id,
             start,
             len,
-            prepared: Box::new(Kept(spans[start..start + len].to_vec())),
+            prepared: kept(&spans[start..start + len]),
         };
         let mut taken = vec![false; spans.len()];
         let hold: MemoryHold = Arc::new(());
@@ -1222,9 +1170,9 @@ mod tests {
         let done = a.poll(t0 + secs(2.0)).completed;
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].trace_id, TraceId([1; 16]));
-        assert!(done[0].spans.is_empty());
+        assert!(is_prepared(&done[0]));
         assert!(done[0].has_request);
-        assert_eq!(done[0].prepared.as_ref().map(|p| p.0.len()), Some(2));
+        assert_eq!(done[0].held.span_count(), 2);
     }
 
     #[test]
@@ -1242,9 +1190,25 @@ mod tests {
         assert_eq!(a.spans_in_flight(), 3);
         let done = a.poll(t0 + secs(2.0)).completed;
         assert_eq!(done.len(), 1);
-        assert!(done[0].prepared.is_none());
-        let names: Vec<&str> = done[0].spans.iter().map(|s| &*s.name).collect();
+        assert!(!is_prepared(&done[0]));
+        let spans = done.into_iter().next().map(|t| t.held.into_spans());
+        let names: Vec<&str> = spans.iter().flatten().map(|s| &*s.name).collect();
         assert_eq!(names, ["request", "queue", "decode"], "arrival order kept");
+    }
+
+    #[test]
+    fn every_completed_trace_gives_its_spans_back_whichever_way_it_was_held() {
+        let (mut a, _) = prepared(AssemblerConfig::default());
+        let t0 = Instant::now();
+        let one = vec![span(1, 1, "request"), span(1, 2, "queue")];
+        let two = vec![span(2, 1, "request"), span(2, 2, "decode")];
+        push_run(&mut a, one.clone(), 0, 2, t0);
+        a.push(two.clone(), None, t0);
+        let mut done = a.poll(t0 + secs(2.0)).completed;
+        done.sort_by_key(|t| t.trace_id.0[0]);
+        assert!(is_prepared(&done[0]) && !is_prepared(&done[1]));
+        let back: Vec<Vec<Span>> = done.into_iter().map(|t| t.held.into_spans()).collect();
+        assert_eq!(back, [one, two]);
     }
 
     #[test]
@@ -1257,8 +1221,8 @@ mod tests {
         assert!(back.is_empty());
         let done = a.poll(t0 + secs(2.5)).completed;
         assert_eq!(done.len(), 1);
-        assert!(done[0].prepared.is_none());
-        assert_eq!(done[0].spans.len(), 2);
+        assert!(!is_prepared(&done[0]));
+        assert_eq!(done[0].held.span_count(), 2);
         // Completed with a request: the run is late.
         let back = push_run(&mut a, vec![span(1, 2, "request")], 0, 1, t0 + secs(3.0));
         assert!(back.is_empty());
@@ -1271,7 +1235,7 @@ mod tests {
         let back = push_run(&mut a, vec![span(2, 2, "request")], 0, 1, t0 + secs(32.0));
         assert!(back.is_empty());
         let done = a.poll(t0 + secs(34.0)).completed;
-        assert!(done[0].prepared.is_none());
+        assert!(!is_prepared(&done[0]));
         assert!(done[0].has_request);
     }
 
@@ -1332,7 +1296,7 @@ mod tests {
         a.push(vec![span(3, 1, "db")], None, t0);
         let done = a.flush(t0).completed;
         assert_eq!(done.len(), 3);
-        assert_eq!(done.iter().filter(|t| t.prepared.is_some()).count(), 1);
+        assert_eq!(done.iter().filter(|t| is_prepared(t)).count(), 1);
         assert!(done.iter().all(|t| t.reason == CloseReason::Flush));
         assert_eq!(a.traces_in_flight(), 0);
         assert!(a.poll(t0 + secs(100.0)).completed.is_empty());
@@ -1370,7 +1334,7 @@ mod tests {
         let done = a.poll(t0).completed;
         let ids: Vec<u8> = done.iter().map(|t| t.trace_id.0[0]).collect();
         assert_eq!(ids, [1, 2]);
-        assert!(done[1].prepared.is_some());
+        assert!(is_prepared(&done[1]));
         assert_eq!(a.traces_in_flight(), 1);
     }
 

@@ -1,12 +1,12 @@
 //! `forward:` — the forwarder's section (see [`crate::forward`] for what it does with it).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Invalid, check_http_url, human_duration};
+use super::{Invalid, TlsClientConfig, check_http_url};
+use crate::duration::human_duration;
 
 /// `forward:` — OTLP traces on to Jaeger, Tempo or another collector.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -62,36 +62,22 @@ impl Default for ForwardConfig {
     }
 }
 
-/// TLS of an outgoing `https://` connection (`forward.tls`, `alerts.alertmanager_tls`); see
-/// [`crate::client_tls`]. Relative paths are relative to the working directory.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TlsClientConfig {
-    /// PEM file of the CA certificate(s) to verify the server with, instead of the system's
-    /// root certificates (a private CA). Default: the system's roots.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate chain, for mutual TLS (with `key_file`). Default none.
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of `cert_file`. Default none.
-    pub key_file: Option<PathBuf>,
-}
-
-impl TlsClientConfig {
-    /// Checks that an `https://` (or not) `url` can be used with these settings, building the
-    /// TLS configuration (reading the files) as the collector will.
-    pub(super) fn check(&self, url: &str, path: &[&'static str]) -> Result<(), Invalid> {
-        if url.starts_with("https://") {
-            crate::client_tls::rustls_config(self).map_err(|m| Invalid::new(path, m))?;
-        } else if crate::client_tls::is_set(self) {
-            return Err(Invalid::new(
-                path,
-                format!(
-                    "TLS files are set but {url:?} is not https://: use https:// or remove them"
-                ),
-            ));
-        }
-        Ok(())
+/// Checks that an `https://` (or not) `url` can be used with `tls`, building the TLS
+/// configuration (reading the files) as the collector will.
+pub(super) fn check_tls(
+    tls: &TlsClientConfig,
+    url: &str,
+    path: &[&'static str],
+) -> Result<(), Invalid> {
+    if url.starts_with("https://") {
+        crate::client_tls::rustls_config(tls).map_err(|m| Invalid::new(path, m))?;
+    } else if crate::client_tls::is_set(tls) {
+        return Err(Invalid::new(
+            path,
+            format!("TLS files are set but {url:?} is not https://: use https:// or remove them"),
+        ));
     }
+    Ok(())
 }
 
 /// Forwarding protocol.
@@ -137,7 +123,7 @@ impl ForwardConfig {
     pub(super) fn validate(&self) -> Result<(), Invalid> {
         if let Some(url) = &self.endpoint {
             check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))?;
-            self.tls.check(url, &["forward", "tls"])?;
+            check_tls(&self.tls, url, &["forward", "tls"])?;
         } else if crate::client_tls::is_set(&self.tls) {
             return Err(Invalid::new(
                 &["forward", "tls"],

@@ -35,7 +35,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
-use super::human_duration;
+use crate::duration::human_duration;
 
 /// Default most open connections per listener.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// Version of the vendored uPlot (its file names under `/assets/vendor/` carry it).
+#[cfg(test)]
 pub const UPLOT_VERSION: &str = "1.6.32";
 
 /// `Cache-Control` of the page and its own files.
@@ -94,6 +95,7 @@ pub static ASSETS: &[Asset] = &[
 ];
 
 /// The embedded file at `path` (relative to `/assets/`).
+#[cfg(test)]
 pub fn find(path: &str) -> Option<&'static Asset> {
     ASSETS.iter().find(|a| a.path == path)
 }

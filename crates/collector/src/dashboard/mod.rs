@@ -34,31 +34,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
 
-use crate::config::CollectorConfig;
+use crate::config::{CollectorConfig, SloConfig};
 
-pub use traces::{
-    RecentTraceSource, TraceList, TraceListQuery, TraceSort, TraceSummary, list_traces,
-};
+pub(crate) use traces::{RecentTraceSource, TraceListQuery, list_traces};
 
 /// How often the page polls the API when the settings do not say otherwise, milliseconds.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 5_000;
 
-/// The latency objectives drawn as SLO lines, seconds.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct SloLines {
-    /// Time to first token.
-    pub ttft_seconds: f64,
-    /// Time per output token.
-    pub tpot_seconds: f64,
-    /// End-to-end latency.
-    pub e2e_seconds: f64,
-}
-
 /// What the page needs to know about the collector (`GET /api/dashboard`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DashboardSettings {
-    /// The SLOs (`kpi.slo`).
-    pub slo: SloLines,
+    /// The SLOs (`kpi.slo`), drawn as lines: `{ttft_seconds, tpot_seconds, e2e_seconds}`.
+    pub slo: SloConfig,
     /// The configured KPI windows (`kpi.windows`), seconds, ascending.
     pub windows_seconds: Vec<f64>,
     /// How often the page polls, milliseconds.
@@ -73,16 +60,11 @@ pub struct DashboardSettings {
 impl DashboardSettings {
     /// The settings of a collector configuration.
     pub fn from_config(config: &CollectorConfig) -> Self {
-        let slo = &config.kpi.slo;
         let mut windows_seconds: Vec<f64> =
             config.kpi.windows.iter().map(|w| w.as_secs_f64()).collect();
         windows_seconds.sort_by(f64::total_cmp);
         Self {
-            slo: SloLines {
-                ttft_seconds: slo.ttft.as_secs_f64(),
-                tpot_seconds: slo.tpot.as_secs_f64(),
-                e2e_seconds: slo.e2e.as_secs_f64(),
-            },
+            slo: config.kpi.slo,
             windows_seconds,
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             history: false,
@@ -97,6 +79,7 @@ impl DashboardSettings {
     }
 
     /// The same settings polling every `interval_ms` (at least 250 ms).
+    #[cfg(test)]
     pub fn with_poll_interval_ms(mut self, interval_ms: u64) -> Self {
         self.poll_interval_ms = interval_ms.max(250);
         self
@@ -171,7 +154,7 @@ mod tests {
     fn app() -> Router {
         let mut config = CollectorConfig::default();
         config.kpi.windows = vec![Duration::from_secs(300), Duration::from_secs(60)];
-        config.kpi.slo.ttft = Duration::from_millis(500);
+        config.kpi.slo.ttft_seconds = Some(0.5);
         routes(Arc::new(Empty), DashboardSettings::from_config(&config))
     }
 

@@ -32,6 +32,12 @@ pub trait RecentTraceSource: Send + Sync + 'static {
     fn visit_recent_traces(&self, visit: &mut dyn FnMut(&StoredTrace));
 }
 
+impl RecentTraceSource for crate::pipeline::Pipeline {
+    fn visit_recent_traces(&self, visit: &mut dyn FnMut(&StoredTrace)) {
+        crate::pipeline::Pipeline::visit_recent_traces(self, visit);
+    }
+}
+
 /// The order of the list.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -2,25 +2,18 @@
 //! completed one.
 //!
 //! **Ingest** (receiver threads): reserve memory for the batch's spans from the
-//! [`MemoryLimiter`] (refusing with [`IngestError::Overloaded`] when it does not fit), then
-//! **analyse on arrival** every trace whose spans are all in this batch (with a request span,
-//! from one resource — how the layer, vLLM and most SDK exporters send them; spans of traces
-//! interleaved in the batch are regrouped by trace first): dialect extraction and the critical
-//! path of each request run here, while the decoded spans are in cache ([`prepared`]). Under the
-//! assembler's lock, each such trace that is new becomes a *prepared* trace holding that compact
-//! analysis and the source of its spans — ranges of the request body when it is lean, else a
-//! compact copy of the spans ([`span_codec`]), shared by the batch's prepared traces — instead of
-//! the decoded spans, which are dropped at once; and the reservation is resized to what the
-//! batch will hold — analyses and the spans' source, plus the
-//! spans of any prepared trace that this batch's spans turn back into a span trace — before
-//! anything is inserted or forwarded (when forwarding is on, a place in the forward queue is
-//! reserved first, and a batch the forwarder cannot take is refused with
-//! [`IngestError::ForwardBackpressure`]: see [`crate::forward`]) (when the analyses do not fit but the spans do, the batch
-//! is held as spans). The other spans are pushed into the
-//! [`TraceAssembler`] as spans. A mutex was chosen over a channel to the assembler: it answers
-//! "overloaded" synchronously with the real state and needs no second queue bound. The lock is
-//! held for table work (measured with `cargo bench -p infertrace-collector --bench pipeline`:
-//! ~40 ns a span) and, rarely, to decode a prepared trace's spans again when more of it arrives.
+//! [`MemoryLimiter`] (refusing with [`IngestError::Overloaded`] when it does not fit; when
+//! forwarding is on, a place in the forward queue is reserved first and a batch the forwarder
+//! cannot take is refused with [`IngestError::ForwardBackpressure`]), then **analyse on
+//! arrival** every trace whose spans are all in this batch (`arrival`). Under the assembler's
+//! lock each such trace that is new is inserted as a prepared `HeldSpans` (its analysis and
+//! the source of its spans, see `held`) and its decoded spans are dropped; the
+//! reservation is resized to what the batch will hold before anything is inserted or forwarded
+//! (when the analyses do not fit but the spans do, the batch is held as spans). The other spans
+//! are pushed into the `TraceAssembler` as spans. A mutex rather than a channel to the
+//! assembler answers "overloaded" synchronously with the real state and needs no second queue
+//! bound; the lock is held for table work (see `cargo bench -p infertrace-collector --bench
+//! pipeline`) and, rarely, to decode a prepared trace's spans again when more of it arrives.
 //!
 //! **Tick** (one task, every `assembly.tick`): poll the assembler in rounds of at most
 //! [`POLL_ROUND`] traces, then, outside its lock, for each completed trace: its request records
@@ -28,7 +21,7 @@
 //! its spans) → [`KpiWindows`], [`CriticalPathWindows`], Prometheus histograms and counters
 //! ([`PromRecorder`]), and the bounded ring of recent traces behind `/api/traces/{id}`
 //! ([`RecentTraces`]; a prepared trace kept there has its spans decoded again). Late spans are
-//! merged into that ring only (see [`crate::assembler`]). Analysing at arrival rather than at
+//! merged into that ring only (see `assembler`). Analysing at arrival rather than at
 //! completion is the same function of the same spans: a test checks that the KPIs, critical
 //! paths, metrics and stored traces are the same either way.
 //!
@@ -45,16 +38,15 @@
 //! its grace, and records it into the KPIs; [`Pipeline::hand_over_store`] then hands what the
 //! feed holds to the writer.
 
-pub mod prepared;
-pub mod recent;
-pub mod span_codec;
+mod arrival;
+mod recent;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{
-    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, critical_path,
+    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
 use infertrace_analysis::dialect;
@@ -64,12 +56,13 @@ use infertrace_analysis::trace::{Span, TraceId};
 use crate::assembler::{CompletedTrace, MemoryHold, Ready, TraceAssembler};
 use crate::config::CollectorConfig;
 use crate::forward::ForwardHandle;
+use crate::held::{Analysed, HeldSpans, compact_copy, hold_the_body, holds_a_body};
 use crate::ingest::{Ingest, IngestBatch, IngestError};
 use crate::internal_events::InternalEvents;
 use crate::limiter::{MemoryLimiter, MemoryReservation, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
-use prepared::{Analysed, PreparedTrace, compact_copy, hold_the_body, holds_a_body, prepare_runs};
+use arrival::prepare_runs;
 
 pub use recent::{RecentTraces, StoredRequest, StoredTrace};
 
@@ -116,7 +109,7 @@ struct Analysis {
 
 /// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
 pub struct Pipeline {
-    assembler: Mutex<TraceAssembler<PreparedTrace>>,
+    assembler: Mutex<TraceAssembler>,
     analysis: Mutex<Analysis>,
     limiter: MemoryLimiter,
     events: InternalEvents,
@@ -150,7 +143,7 @@ impl Pipeline {
     /// `events`, reserving memory from `limiter`, forwarding through `forward` when set.
     ///
     /// The pipeline is the only writer of `metrics`' request families (they are single-writer
-    /// values, see [`crate::prom_single_writer`]): give each pipeline its own [`PromMetrics`].
+    /// values, see `prom_single_writer`): give each pipeline its own [`PromMetrics`].
     pub fn new(
         config: &CollectorConfig,
         events: InternalEvents,
@@ -297,7 +290,8 @@ impl Pipeline {
             if assembler.would_take(&run.trace_id, run.len) {
                 taken_runs += 1;
                 taken_spans += run.len;
-                with_prepared = with_prepared - run.prepared.span_bytes + run.prepared.footprint();
+                with_prepared =
+                    with_prepared - run.prepared.span_bytes() + run.prepared.footprint();
             } else {
                 // Pushed as spans: to a prepared trace, perhaps, which takes its spans back.
                 let back = assembler.prepared_span_bytes(&run.trace_id);
@@ -389,7 +383,7 @@ impl Pipeline {
         self.analyse(ready, unix_nanos_now())
     }
 
-    fn analyse(&self, ready: Ready<PreparedTrace>, now_unix_nano: u64) -> TickStats {
+    fn analyse(&self, ready: Ready, now_unix_nano: u64) -> TickStats {
         let Ready { completed, late } = ready;
         let mut stats = TickStats {
             traces: completed.len(),
@@ -407,19 +401,18 @@ impl Pipeline {
         for trace in completed {
             let CompletedTrace {
                 trace_id,
-                mut spans,
-                prepared,
+                held,
                 holds,
                 ..
             } = trace;
-            // Read in place: a prepared trace's analysis is not moved out of its box (copying
-            // its inline record showed in profiles); only a kept trace clones its records.
+            // Read in place: a prepared trace's analysis is not moved out of its box (its inline
+            // record is a few hundred bytes); only a kept trace clones its records.
             let fresh;
-            let (analysed, source) = match &prepared {
-                Some(p) => (&p.analysed, Some(&p.source)),
-                None => {
-                    fresh = analyse_spans(&spans, &self.cp_options);
-                    (&fresh, None)
+            let analysed = match &held {
+                HeldSpans::Prepared(p) => &p.analysed,
+                HeldSpans::Decoded(spans) => {
+                    fresh = Analysed::of(spans, &self.cp_options);
+                    &fresh
                 }
             };
             let Analysed { records, paths } = analysed;
@@ -455,9 +448,6 @@ impl Pipeline {
             // configuration (`api.recent_traces`, `api.recent_trace_spans`).
             drop(holds);
             if keep {
-                if let Some(source) = source {
-                    spans = source.spans();
-                }
                 let requests = records
                     .iter()
                     .zip(paths)
@@ -469,7 +459,7 @@ impl Pipeline {
                 a.recent.insert(StoredTrace {
                     trace_id,
                     requests,
-                    spans,
+                    spans: held.into_spans(),
                     late_spans: 0,
                 });
             }
@@ -531,24 +521,6 @@ impl Pipeline {
     }
 }
 
-/// The request records of a trace's spans, each with its critical path.
-fn analyse_spans(spans: &[Span], opts: &CriticalPathOptions) -> Analysed {
-    let mut analysed = Analysed::default();
-    dialect::extract_requests_into(spans, &mut analysed.records);
-    add_paths(spans, &mut analysed, opts);
-    analysed
-}
-
-/// Adds the critical path of each of `analysed`'s records, computed from `spans`.
-fn add_paths(spans: &[Span], analysed: &mut Analysed, opts: &CriticalPathOptions) {
-    let Analysed { records, paths } = analysed;
-    paths.extend(
-        records
-            .iter()
-            .map(|r| critical_path(spans, r.span_id, opts)),
-    );
-}
-
 /// Hands the store feed the KPI seconds completed by `now_unix_nano`, then lets it hand a
 /// minute (or a second's progress) to the writer.
 fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
@@ -556,12 +528,6 @@ fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
     a.kpis.roll_due(now_unix_nano);
     feed.absorb(a.kpis.take_tapped());
     feed.tick(now_unix_nano);
-}
-
-impl crate::dashboard::RecentTraceSource for Pipeline {
-    fn visit_recent_traces(&self, visit: &mut dyn FnMut(&StoredTrace)) {
-        Pipeline::visit_recent_traces(self, visit);
-    }
 }
 
 impl Ingest for Pipeline {

@@ -4,9 +4,8 @@ use std::time::{Duration, Instant};
 use infertrace_analysis::trace::{AttrValue, Span, SpanId, SpanKind, StatusCode, TraceId};
 use infertrace_semconv as sc;
 
-use super::prepared::{SourceEncoding, compact_copy, hold_the_body, holds_a_body};
 use super::*;
-use crate::assembler::Prepared;
+use crate::held::SourceEncoding;
 use crate::prom_export::{build_registry, encode};
 
 const MS: u64 = 1_000_000;

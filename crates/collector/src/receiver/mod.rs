@@ -11,7 +11,7 @@
 //! | body over `max_body_bytes`, before or after gunzip | 413 | `RESOURCE_EXHAUSTED` | `too_large` × 1 (request) |
 //! | decoding could need more than the whole memory limit | 413 | `RESOURCE_EXHAUSTED` | `too_large_for_memory` × 1 (request) |
 //! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans (× 1 when refused while reading the body) |
-//! | forward queue full (downstream slow or down; see [`crate::forward`]) | 429 + `Retry-After` | `UNAVAILABLE` | `forward_backpressure` × spans |
+//! | forward queue full (downstream slow or down; see `forward`) | 429 + `Retry-After` | `UNAVAILABLE` | `forward_backpressure` × spans |
 //! | body not received within `body_read_timeout` | 408 | `DEADLINE_EXCEEDED` | `body_timeout` × 1 (request) |
 //! | no known bearer token / token without the `ingest` scope (when tokens are configured; see [`crate::auth`]) | 401 + `WWW-Authenticate` / 403 | `UNAUTHENTICATED` / `PERMISSION_DENIED` | `auth_failures_total{listener,reason}` |
 //! | pipeline shutting down | 503 + `Retry-After` | `UNAVAILABLE` | `shutting_down` × spans |
@@ -46,8 +46,7 @@ pub use http::{serve_http, serve_http_with};
 /// Default maximum request body, before and after decompression: 16 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-/// Default longest time to receive a request body: 30 s.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub use crate::config::DEFAULT_BODY_READ_TIMEOUT;
 
 /// The `receiver` label of the gRPC receiver's counters.
 pub const GRPC_RECEIVER: &str = "otlp_grpc";

@@ -45,7 +45,7 @@ use infertrace_analysis::kpi::{Accumulator, KpiWindows, SeriesKey};
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
-use crate::config::human_duration;
+use crate::duration::human_duration;
 use crate::internal_events::InternalEvents;
 
 pub use feed::StoreFeed;

@@ -1,10 +1,10 @@
 //! A compact encoding of decoded [`Span`]s, for the spans of prepared traces from fat bodies.
 //!
-//! A prepared trace (see [`super::prepared`]) holds its analysis, not its spans, through the
+//! A prepared trace (see [`super::PreparedTrace`]) holds its analysis, not its spans, through the
 //! grace period; it still needs its spans if more of the trace arrives (it is then analysed
 //! again) or if it is kept for `/api/traces/{id}`. It holds ranges of the request body when the
 //! body is lean; a body fatter than
-//! [`MAX_BODY_BYTES_PER_PREPARED_SPAN`](super::prepared::MAX_BODY_BYTES_PER_PREPARED_SPAN) a
+//! [`MAX_BODY_BYTES_PER_PREPARED_SPAN`](super::source::MAX_BODY_BYTES_PER_PREPARED_SPAN) a
 //! prepared span (prompts, events, long attribute values) is freed at once and its prepared
 //! spans are kept in this encoding instead: exactly what a decoded [`Span`] holds (ids, name,
 //! kind, times, status, the kept attributes as key indexes into [`KNOWN_KEYS`], links), about
@@ -22,14 +22,14 @@
 //! value = 0 str | 1 int:zigzag varint | 2 double:f64 | 3 bool:u8 | 4 count:varint str*
 //! ```
 //!
-//! For the benchmark's 4-span inference trace that is ~354 bytes, against ~1,100 on the wire
-//! (it was ~470 with the trace id in every span and fixed-width integers and end times).
+//! The trace id is kept once per trace and integers are varints, so a typical inference trace
+//! takes about a third of its size on the wire.
 
 use std::sync::LazyLock;
 
-use infertrace_analysis::text::{Interner, Text, same_bytes};
+use infertrace_analysis::text::{Interner, Text};
 use infertrace_analysis::trace::{
-    AttrValue, KNOWN_KEYS, Span, SpanId, SpanKind, SpanLink, StatusCode, TraceId,
+    AttrValue, KNOWN_KEYS, Span, SpanId, SpanKind, SpanLink, StatusCode, TraceId, known_key_index,
 };
 use infertrace_semconv as sc;
 
@@ -197,18 +197,6 @@ pub fn decode(
     Ok((span, r.at))
 }
 
-/// `KNOWN_KEYS` with their indexes, bucketed by length.
-static KEYS_BY_LEN: LazyLock<Vec<Vec<(&'static str, u8)>>> = LazyLock::new(|| {
-    let longest = KNOWN_KEYS.iter().map(|k| k.len()).max().unwrap_or(0);
-    let mut buckets = vec![Vec::new(); longest + 1];
-    for (i, k) in KNOWN_KEYS.iter().enumerate() {
-        if let Ok(i) = u8::try_from(i) {
-            buckets[k.len()].push((*k, i));
-        }
-    }
-    buckets
-});
-
 // Key indexes are one byte.
 const _: () = assert!(KNOWN_KEYS.len() <= 256);
 
@@ -217,8 +205,7 @@ const KEY_TABLE_SLOTS: usize = 512;
 
 /// `KNOWN_KEYS` by the address and length of each key's own string, in an open-addressing
 /// table built once: the decoders hand out exactly these `&'static str`s, so a span's key is
-/// found with a probe or two instead of comparing text, and without the per-thread cache and
-/// its `RefCell` this used to take on every attribute. (Static memory is never freed or reused,
+/// found with a probe or two instead of comparing text, with no per-thread cache. (Static memory is never freed or reused,
 /// so an address with its length names one string for good.) Empty slots have address 0.
 static KEYS_BY_ADDRESS: LazyLock<Box<[(usize, usize, u8)]>> = LazyLock::new(|| {
     let mut table = vec![(0usize, 0usize, 0u8); KEY_TABLE_SLOTS].into_boxed_slice();
@@ -255,11 +242,7 @@ fn key_index(key: &'static str) -> Option<u8> {
         slot = (slot + 1) % KEY_TABLE_SLOTS;
     }
     // Another string with a known key's text (spans built by hand, other decoders).
-    KEYS_BY_LEN
-        .get(key.len())?
-        .iter()
-        .find(|(k, _)| same_bytes(k.as_bytes(), key.as_bytes()))
-        .map(|&(_, i)| i)
+    known_key_index(key.as_bytes())
 }
 
 /// An integer as an unsigned one with small magnitudes small (protobuf's `sint64` mapping).

@@ -1,0 +1,334 @@
+//! The configuration's sections, key by key: what each means and its default. Loading lives
+//! in the parent module, checks in `validate`, the runtime configurations built from these in
+//! `convert`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use infertrace_analysis::alert::{AlertRuleConfig, AnomalyConfig};
+use infertrace_analysis::kpi::{Dimension, SloConfig};
+use serde::{Deserialize, Serialize};
+
+use super::{ConnectionsConfig, TlsClientConfig, TlsConfig, default_allowed_hosts};
+use crate::duration::{human_duration, human_durations};
+
+/// Default longest time to receive a request body: 30 s.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `receivers:` — where OTLP comes in.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReceiversConfig {
+    /// OTLP/gRPC (`TraceService/Export`).
+    pub otlp_grpc: OtlpGrpcReceiver,
+    /// OTLP/HTTP (`POST /v1/traces`, protobuf or JSON).
+    pub otlp_http: OtlpHttpReceiver,
+    /// Largest accepted request body (after decompression), bytes. Default 16 MiB.
+    pub max_body_bytes: usize,
+    /// Longest a client may take to send a request body once its headers arrived; past it the
+    /// request is refused (HTTP 408, gRPC `DEADLINE_EXCEEDED`) and its memory freed. Default 30s.
+    #[serde(with = "human_duration")]
+    pub body_read_timeout: Duration,
+}
+
+impl Default for ReceiversConfig {
+    fn default() -> Self {
+        Self {
+            otlp_grpc: OtlpGrpcReceiver::default(),
+            otlp_http: OtlpHttpReceiver::default(),
+            max_body_bytes: 16 * 1024 * 1024,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+        }
+    }
+}
+
+/// `receivers.otlp_grpc:` — the OTLP/gRPC listener, which can be turned off.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpGrpcReceiver {
+    /// Whether the receiver runs. Default `true`.
+    pub enabled: bool,
+    /// `IP:port` to listen on (port 0 picks a free port). Default `127.0.0.1:4317`.
+    pub endpoint: SocketAddr,
+    /// Connection limit and timeouts ([`ConnectionsConfig`]).
+    pub connections: ConnectionsConfig,
+    /// TLS (and mutual TLS) of this listener ([`TlsConfig`]). Default: none (plain text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+impl Default for OtlpGrpcReceiver {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            endpoint: ([127, 0, 0, 1], 4317).into(),
+            connections: ConnectionsConfig::default(),
+            tls: None,
+        }
+    }
+}
+
+/// `receivers.otlp_http:` — the OTLP/HTTP listener, which can be turned off.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpHttpReceiver {
+    /// Whether the receiver runs. Default `true`.
+    pub enabled: bool,
+    /// `IP:port` to listen on (port 0 picks a free port). Default `127.0.0.1:4318`.
+    pub endpoint: SocketAddr,
+    /// Connection limit and timeouts ([`ConnectionsConfig`]).
+    pub connections: ConnectionsConfig,
+    /// TLS (and mutual TLS) of this listener ([`TlsConfig`]). Default: none (plain text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+}
+
+impl Default for OtlpHttpReceiver {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            endpoint: ([127, 0, 0, 1], 4318).into(),
+            connections: ConnectionsConfig::default(),
+            tls: None,
+        }
+    }
+}
+
+/// `api:` — the HTTP API and Prometheus endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// `IP:port` of `/metrics`, `/health` and `/api/...`. Default `127.0.0.1:9464`.
+    pub listen: SocketAddr,
+    /// How many recently completed traces `/api/traces/{trace_id}` can return (a ring: the
+    /// oldest is forgotten first). Also the admission rate: at most this many traces per second
+    /// enter the ring (and as many again with a failed request); beyond, traces are analysed
+    /// but not kept (`infertrace_recent_traces_not_kept_total`). Default 1000.
+    pub recent_traces: usize,
+    /// Most spans those traces may hold in all (the oldest trace is forgotten first).
+    /// Default 100000.
+    pub recent_trace_spans: usize,
+    /// Connection limit and timeouts ([`ConnectionsConfig`]).
+    pub connections: ConnectionsConfig,
+    /// TLS (and mutual TLS) of the API ([`TlsConfig`]). Default: none (plain text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+    /// Host names the API port answers to; any other name in the `Host` header gets 421 (a DNS
+    /// rebinding guard). IP addresses are always allowed (rebinding needs a name); `"*"`
+    /// allows any name.
+    /// Default `[localhost, 127.0.0.1, "::1"]`.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: ([127, 0, 0, 1], 9464).into(),
+            recent_traces: 1000,
+            recent_trace_spans: 100_000,
+            connections: ConnectionsConfig::default(),
+            tls: None,
+            allowed_hosts: default_allowed_hosts(),
+        }
+    }
+}
+
+/// `limits:` — every bound the collector enforces, each with a counter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Memory the buffered spans may hold, bytes; over it receivers answer "retry later"
+    /// (HTTP 429/503, gRPC UNAVAILABLE). Default 512 MiB.
+    pub memory_limit_bytes: usize,
+    /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`).
+    /// Default 10000.
+    pub max_spans_per_trace: usize,
+    /// Traces assembled at once; a new trace past it closes the oldest trace in flight before
+    /// its grace period ends (`traces_closed_early_total`) — nothing accepted is dropped.
+    /// Default 100000.
+    pub max_traces_in_flight: usize,
+    /// KPI / Prometheus series (label combinations) kept; a further one takes the place of a
+    /// series idle for `series_reclaim_after` (`series_reclaimed_total`), else goes to one
+    /// overflow series (`series_overflow_total`). Default 1000.
+    pub max_series: usize,
+    /// How long a series must have had no request before a new series may take its place
+    /// under `max_series`. Default 1m.
+    #[serde(with = "human_duration")]
+    pub series_reclaim_after: Duration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            memory_limit_bytes: 512 * 1024 * 1024,
+            max_spans_per_trace: 10_000,
+            max_traces_in_flight: 100_000,
+            max_series: 1000,
+            series_reclaim_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `assembly:` — when a trace is complete.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AssemblyConfig {
+    /// Wait after a request span arrives for late children. Default 2s (0 is allowed).
+    #[serde(with = "human_duration")]
+    pub grace: Duration,
+    /// Close a trace without a request span when no span arrived for this long. Default 30s.
+    #[serde(with = "human_duration")]
+    pub idle_timeout: Duration,
+    /// Close any trace this long after its first span, whatever else. Default 10m.
+    #[serde(with = "human_duration")]
+    pub max_age: Duration,
+    /// How often the assembler checks for complete traces. Default 100ms.
+    #[serde(with = "human_duration")]
+    pub tick: Duration,
+}
+
+impl Default for AssemblyConfig {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(30),
+            max_age: Duration::from_secs(600),
+            tick: Duration::from_millis(100),
+        }
+    }
+}
+
+/// `kpi:` — sliding windows, series dimensions, SLOs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KpiSection {
+    /// Sliding windows, ascending. Default `[1m, 5m, 1h]`.
+    #[serde(with = "human_durations")]
+    pub windows: Vec<Duration>,
+    /// Which of `service`, `model`, `operation` split the series. Default all three.
+    pub dimensions: Vec<Dimension>,
+    /// Latency objectives for goodput.
+    #[serde(with = "slo_yaml")]
+    pub slo: SloConfig,
+    /// Goodput ratio below which the `goodput` finding fires. Default 0.9.
+    pub goodput_target: f64,
+}
+
+impl Default for KpiSection {
+    fn default() -> Self {
+        Self {
+            windows: vec![
+                Duration::from_secs(60),
+                Duration::from_secs(300),
+                Duration::from_secs(3600),
+            ],
+            dimensions: vec![Dimension::Service, Dimension::Model, Dimension::Operation],
+            slo: SloConfig::default(),
+            goodput_target: 0.9,
+        }
+    }
+}
+
+/// Serde of `kpi.slo:` — `{ttft: 1s, tpot: 100ms, e2e: 30s}`, each a positive duration — into
+/// the analysis crate's [`SloConfig`] (seconds). An objective disabled in code (`None`) is
+/// written as `0`, which validation refuses: a config file always sets all three.
+mod slo_yaml {
+    use std::time::Duration;
+
+    use infertrace_analysis::kpi::SloConfig;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::duration::human_duration;
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Slo {
+        #[serde(with = "human_duration")]
+        ttft: Duration,
+        #[serde(with = "human_duration")]
+        tpot: Duration,
+        #[serde(with = "human_duration")]
+        e2e: Duration,
+    }
+
+    impl Default for Slo {
+        fn default() -> Self {
+            Self::from(&SloConfig::default())
+        }
+    }
+
+    fn duration(seconds: Option<f64>) -> Duration {
+        seconds
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .unwrap_or(Duration::ZERO)
+    }
+
+    impl From<&SloConfig> for Slo {
+        fn from(c: &SloConfig) -> Self {
+            Self {
+                ttft: duration(c.ttft_seconds),
+                tpot: duration(c.tpot_seconds),
+                e2e: duration(c.e2e_seconds),
+            }
+        }
+    }
+
+    pub(super) fn serialize<S: Serializer>(slo: &SloConfig, s: S) -> Result<S::Ok, S::Error> {
+        Slo::from(slo).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SloConfig, D::Error> {
+        let y = Slo::deserialize(d)?;
+        Ok(SloConfig {
+            ttft_seconds: Some(y.ttft.as_secs_f64()),
+            tpot_seconds: Some(y.tpot.as_secs_f64()),
+            e2e_seconds: Some(y.e2e.as_secs_f64()),
+        })
+    }
+}
+
+/// `alerts:` — threshold rules, anomaly detection and delivery.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertsSection {
+    /// How often rules are evaluated. Default 5s.
+    #[serde(with = "human_duration")]
+    pub evaluation_interval: Duration,
+    /// The KPI window rules are evaluated on (one of `kpi.windows`). Default 1m.
+    #[serde(with = "human_duration")]
+    pub window: Duration,
+    /// Threshold rules (`name`, `expr`, `for`, `severity`, `summary`). Default none.
+    pub rules: Vec<AlertRuleConfig>,
+    /// Anomaly detection on every KPI series (EWMA baseline, k·σ for N evaluations).
+    pub anomaly: AnomalyConfig,
+    /// Alertmanager base URL (`http://host:9093` or `https://…`); transitions are POSTed to
+    /// `{url}/api/v2/alerts`. Unset = no delivery.
+    pub alertmanager_url: Option<String>,
+    /// TLS of an `https://` Alertmanager URL (CA file, client certificate).
+    pub alertmanager_tls: TlsClientConfig,
+}
+
+impl Default for AlertsSection {
+    fn default() -> Self {
+        Self {
+            evaluation_interval: Duration::from_secs(5),
+            window: Duration::from_secs(60),
+            rules: Vec::new(),
+            anomaly: AnomalyConfig::default(),
+            alertmanager_url: None,
+            alertmanager_tls: TlsClientConfig::default(),
+        }
+    }
+}
+
+/// `critical_path:` — options of docs/reference.md#critical-path, off by default.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriticalPathSection {
+    /// CRISP's skew tolerance: a sibling may overlap its successor by up to 1% of the parent's
+    /// duration and still be walked back to. Default false (exact "at or before").
+    pub skew_tolerance: bool,
+    /// Shift a child from another service that does not fit its parent into the middle of the
+    /// parent (Jaeger's old clock-skew adjuster). Default false.
+    pub shift_remote_children: bool,
+}
