@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Import graph of one crate's modules, and its cycles.
 
-Usage: scripts/module-cycles.py [crate/src]   (default: crates/tower/src)
+Usage: scripts/module-cycles.py [--strict] [crate/src]   (default: crates/tower/src)
+
+By default a module and its own submodules may use each other (a `mod.rs` holding what its
+children share, the children re-exported from it: ordinary Rust); every other edge counts.
+`--strict` counts those too (crates/tower passes it).
 
 Every `crate::…`, `super::…`, `self::…` and `child::…` path in a module's code (not in comments, doc
 comments, strings or `#[cfg(test)]` modules: a module's tests may use anything) is resolved to
@@ -130,8 +134,17 @@ def root_reexports(code):
     return names
 
 
+def related(a, b):
+    """Whether one module is the other's ancestor (`crate` is everyone's)."""
+    a, b = a.split("::"), b.split("::")
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
 def main():
-    src = sys.argv[1] if len(sys.argv) > 1 else "crates/tower/src"
+    args = [a for a in sys.argv[1:] if a != "--strict"]
+    strict = "--strict" in sys.argv[1:]
+    src = args[0] if args else "crates/tower/src"
     mods = modules(src)
     codes = {m: drop_test_modules(strip_code(open(f, encoding="utf-8").read())) for m, f in mods.items()}
     reexports = root_reexports(codes["crate"])
@@ -167,7 +180,7 @@ def main():
                     if cand == "crate" and len(full) > 1 and full[1] in reexports:
                         target = reexports[full[1]]
                     break
-            if target and target != mod:
+            if target and target != mod and (strict or not related(mod, target)):
                 graph[mod].add(target)
 
     # Tarjan's strongly connected components.

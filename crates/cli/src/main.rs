@@ -7,7 +7,6 @@
 mod analyze;
 mod collect;
 mod demo;
-mod demo_pd;
 mod http_get;
 mod jaeger_json;
 mod render;

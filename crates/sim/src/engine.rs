@@ -20,7 +20,7 @@ use crate::stats::StatsCell;
 use crate::text::TokenText;
 use crate::{
     EngineStats, FinishReason, RequestObserver, Scheduler, SimConfig, SimError, TruthLog,
-    TruthOutcome, TruthRecord,
+    TruthOutcome, TruthRecord, Usage,
 };
 
 /// One generation request.
@@ -73,15 +73,6 @@ pub struct Token {
     pub index: u32,
     /// Its text (a word from a fixed vocabulary, with a leading space).
     pub text: &'static str,
-}
-
-/// Token counts of a finished request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: u32,
-    /// Output tokens produced.
-    pub output_tokens: u32,
 }
 
 /// What a [`TokenStream`] yields.

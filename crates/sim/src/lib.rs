@@ -45,9 +45,9 @@ mod truth;
 
 pub use config::{CostModel, OutputLength, SimConfig, StepShape};
 pub use disagg::{DisaggConfig, DisaggSim, PdTruth, Routed};
-pub use engine::{SimEvent, SimHandle, SimRequest, Simulator, Token, TokenStream, Usage};
+pub use engine::{SimEvent, SimHandle, SimRequest, Simulator, Token, TokenStream};
 pub use error::SimError;
-pub use observer::RequestObserver;
+pub use observer::{RequestObserver, Usage};
 pub use scheduler::Scheduler;
 pub use simulated_gpu::{
     IDLE_WATTS, KV_BYTES_PER_TOKEN, MAX_WATTS, MEMORY_TOTAL_BYTES, SIMULATED_GPU_NAME,

@@ -5,7 +5,7 @@
 //! would. No method carries a timestamp: an observer that measures time reads its own clock, so
 //! what it measures can be checked against the truth instead of copied from it.
 
-use crate::{FinishReason, SimError, Usage};
+use crate::{FinishReason, SimError};
 
 /// Receives the events of one request. Every method defaults to doing nothing; `()` observes
 /// nothing.
@@ -64,4 +64,13 @@ impl<T: RequestObserver + Sync> RequestObserver for std::sync::Arc<T> {
     fn cancelled(&self) {
         (**self).cancelled();
     }
+}
+
+/// Token counts of a finished request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens produced.
+    pub output_tokens: u32,
 }

@@ -28,7 +28,7 @@ use infertrace_sim::{DisaggConfig, DisaggSim, PdTruth, SimulatedGpu, TruthOutcom
 use infertrace_tower::otlp::{self, OtlpConfig, OtlpProviders};
 use serde_json::{Value, json};
 
-use crate::demo::{
+use super::{
     DemoArgs, GPU_SAMPLE_INTERVAL, MODEL, Scenario, client_summary, report_window, start_collector,
     stat, truth_table, wait_for_requests, workload,
 };

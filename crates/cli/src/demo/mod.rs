@@ -33,6 +33,8 @@ use serde_json::{Value, json};
 use crate::render;
 use crate::report::{Format, print_report};
 
+mod pd;
+
 /// A workload whose bottleneck is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -163,7 +165,7 @@ pub(crate) fn workload(
             };
             "15% of prompts are 20,000 tokens, without chunked prefill"
         }
-        // The disaggregated scenarios change the load in `demo_pd`.
+        // The disaggregated scenarios change the load in `pd`.
         Scenario::Pd | Scenario::PdKvBound | Scenario::PdRatio => {
             load.rate = rate.unwrap_or(6.0);
             "disaggregated prefill and decode"
@@ -182,7 +184,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--duration must be longer than zero (e.g. --duration 30s)");
     }
     if args.scenario.is_pd() {
-        return crate::demo_pd::run(args).await;
+        return pd::run(args).await;
     }
     let wl = workload(args.scenario, args.rate, args.duration, args.seed);
     let interactive = std::io::stderr().is_terminal();
