@@ -13,7 +13,9 @@
 //!   traces. A new trace that finds the table full never costs an accepted span: the oldest
 //!   trace in flight is **closed early** to make room (its grace period shortened; counted in
 //!   `traces_closed_early_total`) — first the oldest that has its request span (it is complete
-//!   but for late children), else the oldest without one. Early-closed traces are handed out by
+//!   but for late children), else the oldest without one of the service holding the most of
+//!   the oldest such traces (a sender flooding the table with traces that never complete gives
+//!   up its own, not a light sender's). Early-closed traces are handed out by
 //!   the next [`TraceAssembler::poll_some`], like any other.
 //! - Memory: the caller reserves memory for a batch (the [`MemoryLimiter`]) and hands the
 //!   reservation in as a [`MemoryHold`]; every trace that got spans from the batch keeps a clone,
@@ -55,11 +57,16 @@ use foldhash::fast::RandomState;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use infertrace_analysis::text::Text;
 use infertrace_analysis::trace::{Span, TraceId};
 
 use crate::held::{HeldSpans, PreparedRun, PreparedTrace};
 use crate::internal_events::InternalEvents;
 use index::{Known, TraceIndex};
+
+/// How many of the oldest traces without a request span a full table looks at to find the
+/// sender holding the most (the one that gives up a trace).
+const FAIRNESS_WINDOW: usize = 64;
 
 /// Memory held for buffered spans (a limiter reservation): released when the last clone drops.
 pub type MemoryHold = Arc<dyn Any + Send + Sync>;
@@ -703,14 +710,50 @@ impl TraceAssembler {
                 return self.closed_early(t);
             }
         }
-        // Only traces without a request span are left: the one first seen longest ago.
-        while let Some((id, first)) = self.by_age.pop_front() {
-            let current = self.traces.get(&id).is_some_and(|t| t.first_seen == first);
-            if current && let Some(t) = self.close(id, CloseReason::Early, now) {
-                return self.closed_early(t);
+        // Only traces without a request span are left: the oldest of the sender holding the
+        // most of them (see `FAIRNESS_WINDOW`).
+        match self.oldest_of_the_largest_sender() {
+            Some(id) => match self.close(id, CloseReason::Early, now) {
+                Some(t) => self.closed_early(t),
+                None => false,
+            },
+            None => false,
+        }
+    }
+
+    /// Among the oldest [`FAIRNESS_WINDOW`] traces without a request span, the oldest one of
+    /// the service that holds the most of them: a sender flooding the table with traces that
+    /// never complete gives up its own, not a light sender's. Stale queue entries (traces
+    /// already closed) are dropped on the way.
+    fn oldest_of_the_largest_sender(&mut self) -> Option<TraceId> {
+        while let Some(&(id, first)) = self.by_age.front() {
+            if self.traces.get(&id).is_some_and(|t| t.first_seen == first) {
+                break;
+            }
+            self.by_age.pop_front();
+        }
+        // (service, traces in the window, its oldest), in order of first appearance.
+        let mut senders: Vec<(&Text, usize, TraceId)> = Vec::new();
+        for &(id, first) in self.by_age.iter().take(FAIRNESS_WINDOW) {
+            let Some(trace) = self.traces.get(&id).filter(|t| t.first_seen == first) else {
+                continue;
+            };
+            let Some(service) = trace.spans.first().map(|s| &s.service) else {
+                continue;
+            };
+            match senders.iter_mut().find(|(s, _, _)| *s == service) {
+                Some(sender) => sender.1 += 1,
+                None => senders.push((service, 1, id)),
             }
         }
-        false
+        // The largest; among equals the one seen first, whose oldest trace is the oldest.
+        let mut pick: Option<(usize, TraceId)> = None;
+        for &(_, count, oldest) in &senders {
+            if pick.is_none_or(|(most, _)| count > most) {
+                pick = Some((count, oldest));
+            }
+        }
+        pick.map(|(_, id)| id)
     }
 
     fn closed_early(&mut self, trace: CompletedTrace) -> bool {
@@ -1016,6 +1059,54 @@ mod tests {
         assert_eq!(done[0].trace_id, TraceId([1; 16]));
         assert_eq!(done[0].reason, CloseReason::Early);
         assert_eq!(done[0].held.span_count(), 3);
+    }
+
+    #[test]
+    fn a_sender_flooding_the_table_gives_up_its_own_traces_not_a_light_senders() {
+        let cfg = AssemblerConfig {
+            max_traces_in_flight: 4,
+            ..Default::default()
+        };
+        let (mut a, events) = assembler(cfg);
+        let t0 = Instant::now();
+        let from = |service: &str, trace: u8| {
+            let mut s = span(trace, 1, "x");
+            s.service = Text::from(service);
+            s
+        };
+        // The light sender's trace is the oldest; none of these has its request span yet.
+        a.push(vec![from("light", 1)], None, t0);
+        for trace in 2..=20 {
+            a.push(
+                vec![from("heavy", trace)],
+                None,
+                t0 + secs(0.01 * f64::from(trace)),
+            );
+        }
+        let done = a.poll(t0 + secs(0.5)).completed;
+        assert_eq!(done.len(), 16, "20 traces into a table of 4");
+        assert!(
+            done.into_iter().all(|t| t.reason == CloseReason::Early
+                && t.held
+                    .into_spans()
+                    .iter()
+                    .all(|s| s.service == Text::from("heavy"))),
+            "only the heavy sender's traces were closed early"
+        );
+        assert_eq!(events.dropped("max_traces_in_flight"), 0);
+        // The light sender's trace is still assembling and completes as usual.
+        a.push(
+            vec![from("light", 1), span(1, 2, "request")],
+            None,
+            t0 + secs(0.6),
+        );
+        let done = a.poll(t0 + secs(3.0)).completed;
+        let light = done
+            .iter()
+            .find(|t| t.trace_id == TraceId([1; 16]))
+            .expect("the light trace completes");
+        assert_eq!(light.reason, CloseReason::Grace);
+        assert_eq!(light.held.span_count(), 3);
     }
 
     #[test]
