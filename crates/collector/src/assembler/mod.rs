@@ -1087,10 +1087,7 @@ mod tests {
         assert_eq!(done.len(), 16, "20 traces into a table of 4");
         assert!(
             done.into_iter().all(|t| t.reason == CloseReason::Early
-                && t.held
-                    .into_spans()
-                    .iter()
-                    .all(|s| s.service == Text::from("heavy"))),
+                && t.held.into_spans().iter().all(|s| s.service == "heavy")),
             "only the heavy sender's traces were closed early"
         );
         assert_eq!(events.dropped("max_traces_in_flight"), 0);
