@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
+use infertrace_collector::InternalEvents;
+use infertrace_collector::auth::{self, Authenticator};
 use infertrace_collector::config::CollectorConfig;
 use infertrace_collector::server;
 use infertrace_demo::shutdown_signal;
@@ -165,6 +167,19 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     // The TLS files are read and parsed as the collector would at start.
     if let Err(e) = config.tls_server_configs() {
         eprintln!("{}: TLS: {e}", args.file.display());
+        return Ok(ExitCode::FAILURE);
+    }
+    // So are the tokens (file and variable), and a listener beyond loopback without any is
+    // refused as `collect` refuses it.
+    let tokens = match Authenticator::from_config(&config.auth, InternalEvents::default()) {
+        Ok(tokens) => tokens,
+        Err(e) => {
+            eprintln!("{}: auth: {e}", args.file.display());
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    if let Err(e) = auth::check_exposure(&config, tokens.is_some()) {
+        eprintln!("{}: {e}", args.file.display());
         return Ok(ExitCode::FAILURE);
     }
     println!("{}: OK", args.file.display());

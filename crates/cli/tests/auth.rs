@@ -1,7 +1,7 @@
 //! `infertrace collect` as a process with bearer tokens: SIGHUP reloads the tokens file (the new
 //! token works, the removed one is refused, a broken file keeps the old tokens and logs an error
 //! naming the line, never a token), and a start on a non-loopback address is refused without
-//! tokens unless `auth.insecure: true`.
+//! tokens unless `auth.insecure: true` — by `collect` and, before any start, by `check-config`.
 
 mod common;
 
@@ -265,4 +265,51 @@ fn non_loopback_listener_needs_tokens_or_insecure() {
         "{err}"
     );
     assert!(!err.contains(TOKEN_B), "a token was printed: {err}");
+}
+
+#[test]
+fn check_config_reads_the_tokens_and_refuses_what_collect_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |yaml: &str| {
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let out = bin()
+            .arg("check-config")
+            .arg(&file)
+            .env_remove("INFERTRACE_TOKENS")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let exposed = "api:\n  listen: 0.0.0.0:9464\n";
+
+    let (ok, err) = check(exposed);
+    assert!(!ok, "a non-loopback listener without tokens");
+    assert!(
+        err.contains("refusing to listen on 0.0.0.0:9464 (api.listen)"),
+        "{err}"
+    );
+
+    let (ok, err) = check(&format!("{exposed}auth:\n  insecure: true\n"));
+    assert!(ok, "insecure is the operator's explicit choice: {err}");
+
+    let missing = dir.path().join("no-such-tokens");
+    let (ok, err) = check(&format!(
+        "{exposed}auth:\n  tokens_file: {}\n",
+        missing.display()
+    ));
+    assert!(!ok, "a tokens file that cannot be read");
+    assert!(err.contains("cannot read the tokens file"), "{err}");
+
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("ingest,read,metrics {TOKEN_A}\n")).unwrap();
+    let (ok, err) = check(&format!(
+        "{exposed}auth:\n  tokens_file: {}\n",
+        tokens.display()
+    ));
+    assert!(ok, "{err}");
+    assert!(!err.contains(TOKEN_A), "a token is never printed");
 }
