@@ -13,7 +13,7 @@ pub mod traffic;
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -59,10 +59,22 @@ pub fn require_binary(env_var: &str, name: &str, test: &str) -> Option<PathBuf> 
     }
 }
 
-/// A free loopback port (the listener is closed again; a small race, fine for tests).
+/// A loopback port free right now (the listener is closed again), never the same twice in this
+/// process: the OS may hand a just-closed port out again, and one collector given the same port
+/// for two listeners refuses to start.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind an ephemeral port")
+            .local_addr()
+            .expect("local addr")
+            .port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A fresh directory under the system temp dir, removed by [`TempDir`]'s drop.

@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -14,13 +14,22 @@ pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_infertrace"))
 }
 
-/// A free loopback port (the listener is closed again; a small race, fine for tests).
+/// A loopback port free right now (the listener is closed again), never the same twice in this
+/// process: the OS may hand a just-closed port out again, and one collector given the same port
+/// for two listeners refuses to start.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind an ephemeral port")
+            .local_addr()
+            .expect("local addr")
+            .port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// One HTTP/1.1 exchange with `Connection: close` (no client crate needed): status and body.
