@@ -242,7 +242,8 @@ fn same_tail(a: &[u8], b: &[u8]) -> bool {
 /// cannot be freed and reused by another string while cached. A miss is only slower, never
 /// wrong: the caller looks the pair up its usual way and may [`insert`](Self::insert) it.
 #[derive(Clone)]
-pub(crate) struct PairCache<V> {
+#[doc(hidden)] // for infertrace's own crates (the collector's recorder); no stable API
+pub struct PairCache<V> {
     slots: Vec<Option<(Text, Text, V)>>,
 }
 
@@ -271,7 +272,7 @@ impl<V> PairCache<V> {
 
     /// The value cached for exactly these two allocations.
     #[inline]
-    pub(crate) fn get(&self, service: &Text, name: &Text) -> Option<&V> {
+    pub fn get(&self, service: &Text, name: &Text) -> Option<&V> {
         match self.slots.get(Self::slot(service, name))? {
             Some((s, n, v)) if Text::ptr_eq(s, service) && Text::ptr_eq(n, name) => Some(v),
             _ => None,
@@ -279,7 +280,7 @@ impl<V> PairCache<V> {
     }
 
     /// Caches `value` for these two allocations (replacing whatever shared their slot).
-    pub(crate) fn insert(&mut self, service: &Text, name: &Text, value: V) {
+    pub fn insert(&mut self, service: &Text, name: &Text, value: V) {
         if self.slots.is_empty() {
             self.slots.resize_with(PAIR_CACHE_SLOTS, || None);
         }
@@ -295,7 +296,8 @@ impl<V> PairCache<V> {
 /// It holds clones, so an address it compares cannot be freed and reused meanwhile; a miss is
 /// only slower (the caller looks the series up its usual way and [`set`](Self::set)s it).
 #[derive(Clone, Debug)]
-pub(crate) struct RecentTriple<V> {
+#[doc(hidden)] // for infertrace's own crates (the collector's recorder); no stable API
+pub struct RecentTriple<V> {
     last: Option<(Text, Text, Text, V)>,
 }
 
@@ -308,7 +310,7 @@ impl<V> Default for RecentTriple<V> {
 impl<V> RecentTriple<V> {
     /// The value remembered for exactly these three allocations.
     #[inline]
-    pub(crate) fn get(&self, a: &Text, b: &Text, c: &Text) -> Option<&V> {
+    pub fn get(&self, a: &Text, b: &Text, c: &Text) -> Option<&V> {
         match &self.last {
             Some((x, y, z, v))
                 if Text::ptr_eq(x, a) && Text::ptr_eq(y, b) && Text::ptr_eq(z, c) =>
@@ -320,12 +322,12 @@ impl<V> RecentTriple<V> {
     }
 
     /// Remembers `value` for these three texts (forgetting the previous triple).
-    pub(crate) fn set(&mut self, a: &Text, b: &Text, c: &Text, value: V) {
+    pub fn set(&mut self, a: &Text, b: &Text, c: &Text, value: V) {
         self.last = Some((a.clone(), b.clone(), c.clone(), value));
     }
 
     /// Forgets the remembered triple (what it pointed at moved).
-    pub(crate) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         self.last = None;
     }
 }

@@ -16,7 +16,6 @@ pub(crate) mod dashboard;
 pub(crate) mod duration;
 pub(crate) mod forward;
 pub(crate) mod held;
-mod identity;
 pub mod ingest;
 pub mod internal_events;
 pub mod limiter;

@@ -27,7 +27,7 @@ use foldhash::fast::RandomState;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::identity::{PairCache, RecentTriple};
+use infertrace_analysis::text::{PairCache, RecentTriple};
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SeriesKey, SloConfig};
 use infertrace_analysis::record::{Outcome, RequestRecord};
