@@ -27,10 +27,10 @@ use foldhash::fast::RandomState;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use infertrace_analysis::text::{PairCache, RecentTriple};
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SeriesKey, SloConfig};
 use infertrace_analysis::record::{Outcome, RequestRecord};
+use infertrace_analysis::text::{PairCache, RecentTriple};
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
