@@ -339,7 +339,8 @@ impl SimHandle {
         self.shared.truth().records().cloned().collect()
     }
 
-    /// How late the latest steps' timers woke after their deadlines (see
+    /// How late the latest steps ended against the engine's nominal clock — a timer that woke
+    /// late, or the engine's task run late between back-to-back steps (see
     /// [`TruthLog::step_lateness`]): the run's scheduler noise, a baseline for tolerances.
     pub fn step_lateness(&self) -> Vec<Duration> {
         self.shared.truth().step_lateness().collect()
@@ -535,6 +536,13 @@ impl Engine {
             _ => start,
         };
         let deadline = nominal_start + duration;
+        // Running back to back, the step should have ended `duration` after the previous
+        // step's nominal end; how far past that it ends (a late timer, or the engine's task
+        // scheduled late between steps) is the run's scheduler noise.
+        let due = match (self.last_end, self.clock) {
+            (Some(_), Some(c)) if c <= start => c + duration,
+            _ => deadline,
+        };
         self.clock = Some(deadline);
         if duration.is_zero() {
             tokio::task::yield_now().await;
@@ -546,7 +554,7 @@ impl Engine {
         if !duration.is_zero() {
             self.shared
                 .truth()
-                .step_late(end.saturating_duration_since(deadline));
+                .step_late(end.saturating_duration_since(due));
         }
         self.events.clear();
         self.scheduler.complete_step(&mut self.events);

@@ -18,8 +18,10 @@
 //! Steps sleep on tokio timers, which have a 1 ms resolution and wake a little late on a busy
 //! runtime: a step scaled below a few milliseconds lasts longer than the cost model says. The
 //! truth records what actually happened, never the nominal cost, so comparisons stay exact. How
-//! late each step's timer woke is kept too ([`SimHandle::step_lateness`]): the run's scheduler
-//! noise, a baseline for tolerances derived from the machine the test runs on.
+//! late each step ended against the engine's nominal clock is kept too
+//! ([`SimHandle::step_lateness`]: a late timer, or the engine's task run late between steps):
+//! the run's scheduler noise, a baseline for tolerances derived from the machine the test runs
+//! on.
 //!
 //! [`DisaggSim`] composes engines into a disaggregated deployment (router, prefill and decode
 //! pools, KV transfer over shared links, decode KV memory) with ground truth per sub-phase; see

@@ -181,7 +181,8 @@ impl TruthLog {
         self.order.iter().filter_map(|id| self.records.get(id))
     }
 
-    /// Notes that a step's timer woke `late` after its deadline (the latest `capacity` kept).
+    /// Notes that a step ended `late` against the engine's nominal clock (the latest `capacity`
+    /// kept).
     pub fn step_late(&mut self, late: Duration) {
         if self.step_lateness.len() >= self.capacity {
             self.step_lateness.pop_front();
