@@ -528,9 +528,8 @@ fn two_requests_in_one_trace_are_two_records() {
     assert_eq!(extract_requests(&spans).len(), 2);
 }
 
-#[test]
-fn a_level_three_trace_is_read_in_linear_time() {
-    // Thousands of decode steps on both ranks of the decode side.
+/// A PD trace whose decode side has `steps` decode steps on each of its two ranks.
+fn pd_with_decode_steps(steps: u64) -> Vec<Span> {
     let mut t = pd();
     for rank in [0, 1] {
         let th = t
@@ -538,7 +537,7 @@ fn a_level_three_trace_is_read_in_linear_time() {
             .iter()
             .position(|th| th.role == DECODE && th.tp == Some(rank))
             .unwrap();
-        for step in 0..3_000u64 {
+        for step in 0..steps {
             let s = 1_000 * MS + step * MS;
             t.slices.push(support_sglang::Slice {
                 thread: th,
@@ -549,12 +548,44 @@ fn a_level_three_trace_is_read_in_linear_time() {
             });
         }
     }
-    let spans = t.build();
-    let started = std::time::Instant::now();
-    let r = one(&spans);
-    let took = started.elapsed();
-    assert_close("decode", r.decode, 4.0 - 0.212);
-    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    t.build()
+}
+
+/// CPU time this thread has used (time it spends preempted does not count).
+fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn a_level_three_trace_is_read_in_linear_time() {
+    // Reading 8× the decode steps must cost about 8× the CPU time (64× if it were quadratic).
+    // The thread's own CPU time is compared, the least of five reads of each size, so neither
+    // preemption nor one slow read counts; the bound (24×) sits between the two growth rates.
+    let least = |spans: &[Span]| {
+        (0..5)
+            .map(|_| {
+                let started = thread_cpu_time();
+                let r = one(spans);
+                (thread_cpu_time() - started, r)
+            })
+            .min_by_key(|(took, _)| *took)
+            .unwrap()
+    };
+    let (small, _) = least(&pd_with_decode_steps(1_000));
+    let (large, r) = least(&pd_with_decode_steps(8_000));
+    assert_close("decode", r.decode, 9.0 - 0.212);
+    let growth = large.as_secs_f64() / small.as_secs_f64().max(1e-9);
+    assert!(
+        growth < 24.0,
+        "8× the steps took {growth:.1}× the CPU time ({small:?} → {large:?})"
+    );
 }
 
 fn llm_request(attrs: Vec<(&'static str, AttrValue)>) -> Span {
