@@ -10,12 +10,10 @@
 //! ingest rate (figures in docs/PERFORMANCE.md).
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::{LazyLock, Mutex};
 
 use arcstr::ArcStr;
 use serde::{Serialize, Serializer};
@@ -158,35 +156,24 @@ pub struct Interner {
 /// Front-cache hits after which an interned string is made static (see [`promote`]).
 const PROMOTE_AFTER_HITS: u32 = 64;
 
-/// Distinct strings the whole process may make static, ever: at most [`MAX_INTERNED_LEN`]
-/// bytes each, so the memory never given back is bounded (under half a MiB).
-pub const MAX_STATIC_TEXTS: usize = 4096;
-
-/// The strings made static, one per distinct text for the whole process (each thread's
-/// interner adopts the one already there rather than making its own copy static).
-static STATIC_TEXTS: LazyLock<Mutex<HashMap<Box<str>, Text>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// Distinct strings the whole process may make static, ever: the budget of the process's one
+/// registry of static strings (`infertrace_intern`), which the layer (`infertrace-tower`)
+/// shares when it runs in the same process. Never freed, hence the bound (with one on their
+/// total bytes, under 1.5 MiB in all): past it, strings stay counted.
+pub const MAX_STATIC_TEXTS: usize = infertrace_intern::MAX_STRINGS;
 
 /// Makes a popular interned string static ([`ArcStr::leak`]): from then on, cloning or
 /// dropping it (every span and record that carries it does both) touches no shared counter.
-/// Returns the process's static text for it when another thread made one first (the caller
-/// uses that one instead of `t`); `None` when `t` itself was made static, or nothing was done
-/// because [`MAX_STATIC_TEXTS`] distinct strings are static already (never freed, hence the
-/// bound: past it, strings stay counted).
+/// Returns the process's static text for it when another thread (or the layer) made one first
+/// (the caller uses that one instead of `t`); `None` when `t` itself was made static, or
+/// nothing was done because the process's budget of static strings is spent (see
+/// [`MAX_STATIC_TEXTS`]).
 fn promote(t: &Text) -> Option<Text> {
     if t.is_static() {
         return None;
     }
-    let mut texts = STATIC_TEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = texts.get(t.as_str()) {
-        return Some(s.clone());
-    }
-    if texts.len() >= MAX_STATIC_TEXTS {
-        return None;
-    }
-    let _: &'static str = t.0.leak();
-    texts.insert(Box::from(t.as_str()), t.clone());
-    None
+    let shared = infertrace_intern::static_arcstr(&t.0)?;
+    (!ArcStr::ptr_eq(&shared, &t.0)).then_some(Text(shared))
 }
 
 /// Slots of [`Interner`]'s front cache (a power of two).
@@ -526,6 +513,26 @@ mod tests {
         // A string seen once is not promoted; a constant is static from the start.
         assert!(!i.intern("rare value").is_static());
         assert!(Text::leaked("unknown").is_static());
+    }
+
+    #[test]
+    fn static_texts_are_the_layers_static_strings() {
+        // The layer (infertrace-tower) makes its strings static with `static_str`; the
+        // interner's promotion adopts that allocation, and the reverse.
+        const LAYER_FIRST: &str = "made static by the layer first";
+        const ANALYSIS_FIRST: &str = "made static by the analysis first";
+        let layers = infertrace_intern::static_str(LAYER_FIRST).unwrap();
+        let mut i = Interner::default();
+        for s in [LAYER_FIRST, ANALYSIS_FIRST] {
+            for _ in 0..=PROMOTE_AFTER_HITS + 1 {
+                let _ = i.intern(s);
+            }
+        }
+        let (ours, first) = (i.intern(LAYER_FIRST), i.intern(ANALYSIS_FIRST));
+        assert!(ours.is_static() && first.is_static());
+        assert!(std::ptr::eq(ours.as_ptr(), layers.as_ptr()));
+        let layers = infertrace_intern::static_str(ANALYSIS_FIRST).unwrap();
+        assert!(std::ptr::eq(first.as_ptr(), layers.as_ptr()));
     }
 
     #[test]

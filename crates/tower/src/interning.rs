@@ -12,19 +12,21 @@
 //!   the last one: the batch processor's thread, which drops the span, does not free the string.
 //! - [`shared_value`] does the same for the request's arrival attributes (path, route, user
 //!   agent, host, RPC service and method) and the layer's default model, but as `'static`
-//!   strings from a process-wide registry of at most [`MAX_STATIC_VALUES`] values (leaked on
-//!   purpose, ≤ 1 MiB): copying one touches no reference count, so the export thread that drops
-//!   the span does not contend with the request threads for the count's cache line. Beyond the
-//!   registry's size, values fall back to [`shared_str`].
+//!   strings: copying one touches no reference count, so the export thread that drops the span
+//!   does not contend with the request threads for the count's cache line. Once the process's
+//!   budget of static strings is spent, values fall back to [`shared_str`].
 //! - [`span_name`] interns `"{operation} {model}"` as `&'static str` (span names must be
-//!   `Cow<'static, str>`), at most [`MAX_NAMES`] distinct names per process; beyond that, names
-//!   are allocated per request as usual. The interned names are leaked on purpose: they live as
-//!   long as the process, like `tracing`'s callsite metadata.
+//!   `Cow<'static, str>`) while the budget lasts; beyond it (or past 256 bytes), names are
+//!   allocated per request as usual.
+//!
+//! The static strings come from `infertrace_intern`, the one registry of the process, which the
+//! collector's analysis shares when both run in one process: leaked on purpose, like `tracing`'s
+//! callsite metadata, under one bound (its crate docs). It is consulted only on a miss of the
+//! per-thread caches here.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use opentelemetry::StringValue;
 
@@ -46,17 +48,8 @@ const KINDS: usize = 9;
 const WAYS: usize = 4;
 /// Longer strings are not cached.
 pub(crate) const MAX_CACHED_LEN: usize = 256;
-/// Distinct span names interned per process.
-pub(crate) const MAX_NAMES: usize = 1024;
 
 type Ways = [Option<Arc<str>>; WAYS];
-
-/// Distinct request values made `'static` per process, over all kinds (at most 256 bytes
-/// each, so at most 1 MiB); later new values are reference counted instead.
-pub(crate) const MAX_STATIC_VALUES: usize = 4096;
-
-/// The values made `'static` so far (consulted on a per-thread miss).
-static STATIC_VALUES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
 
 type StaticWays = [Option<&'static str>; WAYS];
 
@@ -65,9 +58,6 @@ thread_local! {
     static VALUES: RefCell<[Ways; KINDS]> = RefCell::new(Default::default());
     static NAMES: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
 }
-
-/// Every span name interned so far (shared by all threads; consulted on a thread-local miss).
-static INTERNED: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
 
 /// `ways` (a kind's recently seen values, newest first): the one equal to `s`, else the value
 /// `make` gives, kept as the newest (if it gives one).
@@ -91,8 +81,8 @@ fn way_lookup<T: Clone>(
 }
 
 /// `s` as an attribute value: a `'static` string (copied without touching a reference count,
-/// which another thread would otherwise decrement when it drops the span) while the process
-/// has made fewer than [`MAX_STATIC_VALUES`] of them, else as [`shared_str`] does.
+/// which another thread would otherwise decrement when it drops the span) while the process's
+/// budget of static strings lasts, else as [`shared_str`] does.
 pub(crate) fn shared_value(kind: Kind, s: &str) -> StringValue {
     if s.len() > MAX_CACHED_LEN {
         return StringValue::from(Arc::<str>::from(s));
@@ -103,32 +93,13 @@ pub(crate) fn shared_value(kind: Kind, s: &str) -> StringValue {
             &mut all[kind as usize],
             s,
             |v| v.as_bytes(),
-            || make_static(&STATIC_VALUES, MAX_STATIC_VALUES, s),
+            || infertrace_intern::static_str(s),
         )
     });
     match local {
         Some(v) => StringValue::from(v),
         None => StringValue::from(shared_str(kind, s)),
     }
-}
-
-/// `s` from `registry` (leaked once, at most `cap` strings in all), or `None` when full.
-fn make_static(
-    registry: &Mutex<Option<HashSet<&'static str>>>,
-    cap: usize,
-    s: &str,
-) -> Option<&'static str> {
-    let mut guard = registry.lock().ok()?;
-    let set = guard.get_or_insert_with(HashSet::new);
-    if let Some(v) = set.get(s) {
-        return Some(*v);
-    }
-    if set.len() >= cap {
-        return None;
-    }
-    let v: &'static str = String::leak(s.to_owned());
-    set.insert(v);
-    Some(v)
 }
 
 /// `s` as a shared string, reusing this thread's copy when `s` was seen recently.
@@ -195,7 +166,7 @@ pub(crate) fn span_name(operation: &str, model: &str) -> Cow<'static, str> {
         return Cow::Borrowed(name);
     }
     let name = format!("{operation} {model}");
-    let Some(name) = make_static(&INTERNED, MAX_NAMES, &name) else {
+    let Some(name) = infertrace_intern::static_str(&name) else {
         return Cow::Owned(name);
     };
     NAMES.with(|cell| {
@@ -218,12 +189,10 @@ mod tests {
         let b = shared_value(Kind::Host, "static-test.example");
         assert_eq!(a.as_str(), "static-test.example");
         assert!(std::ptr::eq(a.as_str().as_ptr(), b.as_str().as_ptr()));
-        // A registry that is full hands out nothing new, but still what it has.
-        let registry = Mutex::new(None);
-        assert!(make_static(&registry, 2, "one").is_some());
-        assert!(make_static(&registry, 2, "two").is_some());
-        assert_eq!(make_static(&registry, 2, "three"), None);
-        assert_eq!(make_static(&registry, 2, "one"), Some("one"));
+        // The static copy is the process's one (the analysis's, when it runs here too); the
+        // registry's budget is tested in infertrace-intern.
+        let registry = infertrace_intern::static_str("static-test.example").unwrap();
+        assert!(std::ptr::eq(a.as_str().as_ptr(), registry.as_ptr()));
         // Long values are not made static.
         let long = "y".repeat(MAX_CACHED_LEN + 1);
         assert_eq!(shared_value(Kind::Path, &long).as_str(), long);
@@ -281,6 +250,11 @@ mod tests {
             .join()
             .unwrap();
         assert!(std::ptr::eq(a.as_ptr(), b.as_ptr()), "one copy per process");
+        let registry = infertrace_intern::static_str("chat llama-3.1-8b").unwrap();
+        assert!(
+            std::ptr::eq(a.as_ptr(), registry.as_ptr()),
+            "the registry's copy"
+        );
         // Prefix/suffix look-alikes are different names.
         assert_eq!(span_name("chat", "llama"), "chat llama");
         assert_eq!(span_name("chat llama", "3.1-8b"), "chat llama 3.1-8b");

@@ -26,11 +26,11 @@
 //!
 //! | feature | brings | packages in the build (`cargo tree -e normal`, this crate included) |
 //! |---------|--------|------------------------------------------------------------------|
-//! | none    | the layer on tower, tokio, `opentelemetry` and `opentelemetry_sdk` | 60 |
-//! | `axum`  | [`RequestRecorder`] as an axum extractor (`MissingRecorder`) and `http.route` from axum's matched route | 81 |
-//! | `otlp`  | the `otlp` module: `otlp::init`, `OtlpConfig`, OTLP exporters over gRPC (tonic) and HTTP/protobuf (reqwest), `with_otlp` | 122 |
-//! | `gpu`   | `GpuTelemetry`, `TelemetryConfig` and `gpu_telemetry` (crate `infertrace-gpu`: NVML through `nvml-wrapper`, host counters through `sysinfo`) | 80 |
-//! | all (default) | | 148 |
+//! | none    | the layer on tower, tokio, `opentelemetry` and `opentelemetry_sdk` | 62 |
+//! | `axum`  | [`RequestRecorder`] as an axum extractor (`MissingRecorder`) and `http.route` from axum's matched route | 83 |
+//! | `otlp`  | the `otlp` module: `otlp::init`, `OtlpConfig`, OTLP exporters over gRPC (tonic) and HTTP/protobuf (reqwest), `with_otlp` | 124 |
+//! | `gpu`   | `GpuTelemetry`, `TelemetryConfig` and `gpu_telemetry` (crate `infertrace-gpu`: NVML through `nvml-wrapper`, host counters through `sysinfo`) | 82 |
+//! | all (default) | | 150 |
 //!
 //! Counted as distinct packages in `cargo tree -p infertrace-tower -e normal --prefix none
 //! --no-default-features [--features …]` on Linux. Without `gpu` the phase spans carry
