@@ -348,10 +348,28 @@ fn kill_minus_9_loses_at_most_the_flush_interval() {
             }
         }
     });
-    // Let it run ~2 s (several flushes), then SIGKILL it.
+    // Flush interval 300 ms + hand-over step 75 ms + 250 ms for the commit itself, plus what
+    // this machine's scheduler is measured to add in the same run: the child's 10 ms loop
+    // running late by up to `lateness` means its flusher thread may be as late, a few times.
+    let bound = |recorded: &[(u64, u64)]| {
+        let lateness = recorded
+            .windows(2)
+            .map(|w| w[1].1.saturating_sub(w[0].1).saturating_sub(10_000_000))
+            .max()
+            .unwrap_or(0);
+        ((300 + 75 + 250) * 1_000_000 + 3 * lateness, lateness)
+    };
+    let older_than_bound = |recorded: &[(u64, u64)], at: u64| {
+        let (bound, _) = bound(recorded);
+        recorded.iter().filter(|(_, t)| *t + bound <= at).count()
+    };
+    // Let it run ≥ 2 s (several flushes), and until enough of what it recorded lies further back
+    // than the bound (a busy machine slows the child and widens the bound), then SIGKILL it.
     let started = Instant::now();
     let mut recorded = Vec::new();
-    while started.elapsed() < Duration::from_secs(2) || recorded.len() < 50 {
+    while started.elapsed() < Duration::from_secs(2)
+        || older_than_bound(&recorded, unix_nanos_now()) < 30
+    {
         if let Ok(x) = rx.recv_timeout(Duration::from_millis(50)) {
             recorded.push(x);
         }
@@ -374,15 +392,7 @@ fn kill_minus_9_loses_at_most_the_flush_interval() {
         .iter()
         .map(|r| r.accumulator.counts.requests)
         .sum();
-    // Flush interval 300 ms + hand-over step 75 ms + 250 ms for the commit itself, plus what
-    // this machine's scheduler is measured to add in the same run: the child's 10 ms loop
-    // running late by up to `lateness` means its flusher thread may be as late, a few times.
-    let lateness = recorded
-        .windows(2)
-        .map(|w| w[1].1.saturating_sub(w[0].1).saturating_sub(10_000_000))
-        .max()
-        .unwrap_or(0);
-    let bound = (300 + 75 + 250) * 1_000_000 + 3 * lateness;
+    let (bound, lateness) = bound(&recorded);
     let must_have = recorded
         .iter()
         .filter(|(_, t)| *t + bound <= killed_at)
