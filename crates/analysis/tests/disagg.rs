@@ -589,3 +589,63 @@ fn too_few_disaggregated_requests_are_no_diagnosis() {
         ["kv-transfer-dominates-ttft"]
     );
 }
+
+#[test]
+fn the_critical_path_runs_across_the_services_and_aggregates_to_the_sub_phases_shares() {
+    use infertrace_analysis::critical_path::{
+        CriticalPathWindows, CriticalPathWindowsConfig, HANDOVER, disaggregated_path,
+    };
+    let d = Deployment {
+        prefill_workers: 2,
+        decode_workers: 2,
+        kv_transfer: 0.04,
+        ..BALANCED
+    };
+    let truths = generate(&d, 300, 21);
+    let mut windows = CriticalPathWindows::new(CriticalPathWindowsConfig::default());
+    for t in &truths {
+        let r = record(t);
+        let path = disaggregated_path(&r).expect("a path");
+        // Each request's path tiles its e2e (to the nanosecond of its span's times).
+        assert_eq!(path.total_nanos(), r.end_unix_nano - r.arrival_unix_nano);
+        windows.record(&path, r.e2e, T + 5 * SEC);
+    }
+    let summary = windows.snapshot(Duration::from_secs(60), T + 6 * SEC);
+    assert_eq!(summary.requests, 300);
+    let e2e: f64 = truths.iter().map(|t| t.ttft() + t.phases[8]).sum();
+    // Per sub-phase over every worker: its Σ / Σ e2e, owned by the services that ran it.
+    let owned = |name: &str, service_prefix: &str| -> f64 {
+        summary
+            .entries
+            .iter()
+            .filter(|e| &*e.span == name)
+            .inspect(|e| assert!(e.service.starts_with(service_prefix), "{e:?}"))
+            .map(|e| e.share.all)
+            .sum()
+    };
+    for (i, name) in NAMES.iter().enumerate() {
+        let prefix = match i {
+            0 => "pd-router",
+            1..=4 => "pd-prefill-",
+            _ => "pd-decode-",
+        };
+        let want = if i == 5 {
+            0.0 // decode_bootstrap runs beside the prefill side: never on the path
+        } else {
+            truths.iter().map(|t| t.phases[i]).sum::<f64>() / e2e
+        };
+        let got = owned(name, prefix);
+        assert!((got - want).abs() < 1e-6, "{name}: share {got} vs {want}");
+    }
+    let rest = truths.iter().map(|t| t.rest).sum::<f64>() / e2e;
+    let got = owned(HANDOVER, "pd-router");
+    assert!((got - rest).abs() < 1e-6, "handover {got} vs {rest}");
+    // The kv_transfer entries are the prefill workers', split as the requests were.
+    let workers: Vec<&str> = summary
+        .entries
+        .iter()
+        .filter(|e| &*e.span == "kv_transfer")
+        .map(|e| &*e.service)
+        .collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+}
