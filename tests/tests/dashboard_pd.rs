@@ -143,10 +143,7 @@ async fn dashboard_shows_the_disaggregated_breakdown() {
     assert!(workers.iter().all(|w| w[2] == "1"), "{workers:?}");
 
     let console = browser.console().await;
-    let errors: Vec<_> = console
-        .iter()
-        .filter(|e| e["level"] == "SEVERE")
-        .collect();
+    let errors: Vec<_> = console.iter().filter(|e| e["level"] == "SEVERE").collect();
     assert!(errors.is_empty(), "console errors: {errors:?}");
     browser.close().await;
     collector.stop().await.expect("clean shutdown");
