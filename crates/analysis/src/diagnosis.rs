@@ -22,6 +22,12 @@
 //! | `error-rate` / `rejection-rate` / `cancel-rate` | > 1% / > 1% / > 5% of requests |
 //! | `goodput-below-target` | goodput ratio < 0.9 |
 //! | `critical-path-hotspot` | a span other than queue / prefill / decode owns > 25% of the p99 requests' critical path |
+//! | `kv-transfer-dominates-ttft` | disaggregated requests spend > 30% of TTFT in the KV transfer |
+//! | `pd-ratio-prefill-bound` / `pd-ratio-decode-bound` | > 15% of TTFT waiting in the prefill queue / for a decode batch, more than in the other pool |
+//! | `decode-kv-memory-wait` | > 25% of TTFT in bootstrap (waiting for the decode side's KV memory) |
+//!
+//! The disaggregated rules read the series' [`crate::kpi::DisaggKpis`] and need
+//! [`DiagnosisConfig::min_requests`] disaggregated requests; see [`disagg`].
 //!
 //! Every rule but the throughput floor needs at least [`DiagnosisConfig::min_requests`] requests
 //! in the window (20), so one slow or failed request in a quiet minute is not a diagnosis (a
@@ -34,6 +40,10 @@ use std::fmt::Write as _;
 
 use infertrace_semconv as sc;
 use serde::{Deserialize, Serialize};
+
+mod disagg;
+
+pub use disagg::KV_LINK_SPEEDUP;
 
 use crate::critical_path::CriticalPathSummary;
 use crate::kpi::{KpiSnapshot, SeriesKpis, SloConfig};
@@ -134,6 +144,20 @@ pub struct DiagnosisConfig {
     pub goodput_min: f64,
     /// Share of the p99 requests' critical path one span other than the phases may own. Default 0.25.
     pub critical_span_share_max: f64,
+    /// Share of disaggregated requests' TTFT (Σ kv_transfer / Σ TTFT) above which the KV
+    /// transfer dominates it. Default 0.3.
+    pub kv_transfer_ttft_share_max: f64,
+    /// Share of disaggregated requests' TTFT spent waiting in one pool (`prefill_queue`, or
+    /// `decode_wait`) above which that pool is short for the load. Default 0.15.
+    pub pool_wait_ttft_share_max: f64,
+    /// Share of disaggregated requests' TTFT spent in `bootstrap` (the wait for the decode
+    /// side's KV pre-allocation, then the handshake) above which decode KV memory is short.
+    /// Default 0.25.
+    pub kv_alloc_wait_ttft_share_max: f64,
+    /// KV-cache bytes per prompt token of the served model (2 × layers × KV heads × head size
+    /// × bytes per value), to state achieved KV transfer rates in bytes/s; `null` (default):
+    /// prompt tokens/s only.
+    pub kv_bytes_per_token: Option<f64>,
 }
 
 impl Default for DiagnosisConfig {
@@ -156,6 +180,10 @@ impl Default for DiagnosisConfig {
             cancel_rate_max: 0.05,
             goodput_min: 0.9,
             critical_span_share_max: 0.25,
+            kv_transfer_ttft_share_max: 0.3,
+            pool_wait_ttft_share_max: 0.15,
+            kv_alloc_wait_ttft_share_max: 0.25,
+            kv_bytes_per_token: None,
         }
     }
 }
@@ -243,6 +271,7 @@ pub fn diagnose(
         d.e2e_slo();
         d.goodput();
         d.outcome_rates();
+        d.disaggregated();
     }
     let mut out = d.out;
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));

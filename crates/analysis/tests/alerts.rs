@@ -48,6 +48,7 @@ fn series(model: &str, e2e_p95: f64) -> SeriesKpis {
         },
         phase_share: PhaseShares::default(),
         gpu: None,
+        disagg: None,
     }
 }
 

@@ -78,6 +78,7 @@ fn balanced() -> SeriesKpis {
             energy_attributed_joules: 60_000.0,
             energy_per_output_token_joules: Some(0.77),
         }),
+        disagg: None,
     }
 }
 

@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Args;
 use infertrace_analysis::critical_path::{
     CriticalPath, CriticalPathOptions, CriticalPathWindows, CriticalPathWindowsConfig,
-    critical_path,
+    critical_path, disaggregated_path,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, diagnose_snapshot};
 use infertrace_analysis::dialect::extract_requests;
@@ -163,7 +163,9 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
     });
     for (record, path) in &done {
         kpis.record(record, record.end_unix_nano);
-        if let Some(p) = path {
+        // A disaggregated request is aggregated along its sub-phases across services.
+        let across = disaggregated_path(record);
+        if let Some(p) = across.as_ref().or(path.as_ref()) {
             cps.record(p, record.e2e, record.end_unix_nano);
         }
     }

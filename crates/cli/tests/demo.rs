@@ -277,6 +277,73 @@ fn pd_phase<'a>(report: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {name} in {}", report["pd"]))
 }
 
+/// The disaggregated diagnosis rules' ids.
+const PD_RULES: [&str; 4] = [
+    "kv-transfer-dominates-ttft",
+    "pd-ratio-prefill-bound",
+    "pd-ratio-decode-bound",
+    "decode-kv-memory-wait",
+];
+
+fn pd_rule_ids(report: &Value) -> Vec<String> {
+    rule_ids(report)
+        .into_iter()
+        .filter(|id| PD_RULES.contains(&id.as_str()))
+        .collect()
+}
+
+/// The finding with this rule id, and one of its evidence values by metric.
+fn finding<'a>(report: &'a Value, id: &str) -> &'a Value {
+    report["findings"]
+        .as_array()
+        .expect("findings array")
+        .iter()
+        .find(|f| f["rule_id"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {}", report["findings"]))
+}
+
+fn evidence(f: &Value, metric: &str) -> f64 {
+    let e = f["evidence"]
+        .as_array()
+        .expect("evidence")
+        .iter()
+        .find(|e| e["metric"] == metric)
+        .unwrap_or_else(|| panic!("no {metric} in {f}"));
+    self::f(&e["value"], metric)
+}
+
+/// The collector's per-pool KPIs of the router's series: each pool's workers are the topology's,
+/// and each worker's requests add up to every request.
+fn check_pool_kpis(report: &Value, sent: u64, prefill: usize, decode: usize) -> &Value {
+    let k = &report["kpis"]["series"][0]["disagg"];
+    assert_eq!(k["requests"].as_u64(), Some(sent), "{k}");
+    for (pool, n) in [("prefill", prefill), ("decode", decode)] {
+        let p = k["pools"]
+            .as_array()
+            .expect("pools")
+            .iter()
+            .find(|p| p["pool"] == pool)
+            .unwrap_or_else(|| panic!("no {pool} pool in {k}"));
+        let want: Vec<String> = (0..n).map(|i| format!("pd-{pool}-{i}")).collect();
+        let got: Vec<&str> = p["workers"]
+            .as_array()
+            .expect("workers")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(got, want, "{pool} workers");
+        let served: u64 = k["workers"]
+            .as_array()
+            .expect("workers")
+            .iter()
+            .filter(|w| w["pool"] == pool)
+            .map(|w| w["requests"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(served, sent, "{pool} workers' requests");
+    }
+    k
+}
+
 /// The sub-phases along time to first token, in time order.
 const PD_TTFT_PHASES: [&str; 7] = [
     "routing",
@@ -354,6 +421,9 @@ fn pd_demo_measures_every_sub_phase_across_services_against_the_truth() {
         parts <= ttft * 1.5,
         "sub-phase medians {parts} vs TTFT median {ttft}"
     );
+    // The collector's KPIs per pool and worker; a balanced deployment: no PD finding.
+    check_pool_kpis(&report, sent, 2, 2);
+    assert_eq!(pd_rule_ids(&report), Vec::<String>::new());
 }
 
 #[test]
@@ -370,6 +440,25 @@ fn pd_kv_bound_demo_shows_the_transfer_dominating_ttft() {
             median(other)
         );
     }
+    // The diagnosis names the link, with the transfer times the truth had.
+    let sent = report["client"]["sent"].as_u64().unwrap();
+    check_pool_kpis(&report, sent, 1, 2);
+    assert_eq!(pd_rule_ids(&report), ["kv-transfer-dominates-ttft"]);
+    let kv = finding(&report, "kv-transfer-dominates-ttft");
+    let noise = f(
+        &report["ground_truth"]["scheduler_noise"]["p99"],
+        "scheduler noise p99",
+    );
+    let got = evidence(kv, "disagg.kv_transfer.p50");
+    let want = truth("kv_transfer");
+    assert!(
+        (got - want).abs() <= SKETCH * want + 2.0 * noise,
+        "kv_transfer p50 {got} vs truth {want} (noise {noise})"
+    );
+    // Half of each transfer saved by a link twice as fast: at p90, half the p90.
+    let p90 = evidence(kv, "disagg.kv_transfer.p90");
+    let saved = evidence(kv, "disagg.ttft_saved_at_2x_link.p90");
+    assert!((saved - p90 / 2.0).abs() < 1e-9, "{saved} vs {p90}");
 }
 
 #[test]
@@ -384,4 +473,13 @@ fn pd_ratio_demo_shows_the_prefill_pool_queueing() {
         "{}",
         report["pd"]
     );
+    // The diagnosis names the prefill pool and the split to try.
+    let sent = report["client"]["sent"].as_u64().unwrap();
+    check_pool_kpis(&report, sent, 1, 3);
+    assert_eq!(pd_rule_ids(&report), ["pd-ratio-prefill-bound"]);
+    let r = finding(&report, "pd-ratio-prefill-bound");
+    assert_eq!(evidence(r, "disagg.pools.prefill.workers"), 1.0);
+    assert_eq!(evidence(r, "disagg.pools.decode.workers"), 3.0);
+    let rec = r["recommendation"].as_str().unwrap_or_default();
+    assert!(rec.contains("1:3 → 2:2"), "{rec}");
 }

@@ -12,6 +12,10 @@
 //!   SLO), `infertrace_gpu_energy_joules_total{service,model,operation}` (energy *attributed* to
 //!   the requests by token share — an estimate; device energy would count a batch once per
 //!   request), `infertrace_critical_path_seconds_total{service,span}`,
+//!   `infertrace_disagg_phase_duration_seconds{service,model,operation,pool,worker,phase}` (the
+//!   disaggregated sub-phases of `ok` requests that crossed prefill and decode pools, with the
+//!   phase buckets; `worker` is the worker's `service.name`, empty for the router's `routing`;
+//!   at most [`MAX_DISAGG_WORKERS`] workers per series, the rest under `__overflow__`),
 //!   `infertrace_alerts_active{alert}` (firing instances of the rule, 0 when none);
 //! - the self-metrics of [`InternalEvents`].
 //!
@@ -29,7 +33,7 @@ use std::sync::{Arc, OnceLock};
 
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SeriesKey, SloConfig};
-use infertrace_analysis::record::{Outcome, RequestRecord};
+use infertrace_analysis::record::{DisaggPhases, Outcome, RequestRecord};
 use infertrace_analysis::text::{PairCache, RecentTriple};
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -42,6 +46,10 @@ use crate::prom_single_writer::{ClassicHistogram, SingleWriterCounter, Writer};
 
 /// Most distinct (service, span) keys of `critical_path_seconds_total`.
 pub const MAX_CRITICAL_PATH_KEYS: usize = 256;
+
+/// Most workers one series' `disagg_phase_duration_seconds` label sets name; more are
+/// reported under [`OVERFLOW_LABEL`].
+pub const MAX_DISAGG_WORKERS: usize = 64;
 
 /// The content type of the exposition (OpenMetrics text, which Prometheus scrapes natively).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -90,6 +98,23 @@ pub struct CriticalPathLabels {
     pub service: Arc<str>,
     /// Span name.
     pub span: Arc<str>,
+}
+
+/// Labels of `disagg_phase_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DisaggPhaseLabels {
+    /// `service.name` of the request (the router's).
+    pub service: Arc<str>,
+    /// Model.
+    pub model: Arc<str>,
+    /// Operation.
+    pub operation: Arc<str>,
+    /// `router`, `prefill` or `decode`.
+    pub pool: &'static str,
+    /// The worker's `service.name` (empty for the router's own sub-phase).
+    pub worker: Arc<str>,
+    /// Sub-phase name (`routing`, `bootstrap`, … `decode`).
+    pub phase: &'static str,
 }
 
 /// Labels of `alerts_active`.
@@ -147,6 +172,8 @@ pub struct PromMetrics {
     pub(crate) gpu_energy: Family<SeriesLabels, FloatCounter>,
     /// `critical_path_seconds_total{service,span}`.
     pub(crate) critical_path: Family<CriticalPathLabels, FloatCounter>,
+    /// `disagg_phase_duration_seconds{…,pool,worker,phase}`.
+    pub(crate) disagg_phase_duration: HistogramFamily<DisaggPhaseLabels>,
     /// `alerts_active{alert}`.
     pub(crate) alerts_active: Family<AlertLabels, Gauge>,
     /// Whether a [`PromRecorder`] writes these families already (there may be one).
@@ -167,6 +194,7 @@ impl Default for PromMetrics {
             goodput: Family::default(),
             gpu_energy: Family::default(),
             critical_path: Family::default(),
+            disagg_phase_duration: Family::new_with_constructor(phase_histogram),
             alerts_active: Family::default(),
             recorder_attached: Arc::default(),
         }
@@ -231,6 +259,11 @@ impl PromMetrics {
             prom::CRITICAL_PATH_SECONDS,
             "Seconds each (service, span name) spent on requests' critical paths",
             self.critical_path.clone(),
+        );
+        r.register(
+            prom::DISAGG_PHASE_DURATION,
+            "Disaggregated prefill/decode sub-phases of ok requests, per pool and worker, seconds",
+            self.disagg_phase_duration.clone(),
         );
         r.register(
             prom::ALERTS_ACTIVE,
@@ -321,6 +354,9 @@ pub struct PromRecorder {
     /// Counters of recently seen (service, name) allocations: most segments end here.
     cp_recent: PairCache<FloatCounter>,
     cp_count: usize,
+    /// Per series with disaggregated requests, the `disagg_phase_duration_seconds` label sets
+    /// it created and their histograms (few series, a few dozen sets each: searched in order).
+    disagg: Vec<(SeriesLabels, Vec<(DisaggPhaseLabels, Histogram)>)>,
     /// The one writer of `metrics`' request families.
     writer: Writer,
 }
@@ -356,6 +392,7 @@ impl PromRecorder {
             cp_keys: HashMap::new(),
             cp_recent: PairCache::default(),
             cp_count: 0,
+            disagg: Vec::new(),
             writer: Writer::new(),
         }
     }
@@ -429,7 +466,78 @@ impl PromRecorder {
         {
             handles.gpu_energy.inc_by(w, j);
         }
+        if let Some(d) = r.disagg.as_deref().filter(|_| r.outcome == Outcome::Ok) {
+            let labels = handles.labels.clone();
+            self.record_disagg(&labels, d);
+        }
         kept
+    }
+
+    /// Observes a disaggregated request's sub-phases, labelled with their pool and worker.
+    fn record_disagg(&mut self, series: &SeriesLabels, d: &DisaggPhases) {
+        use infertrace_semconv::disagg as sd;
+        let pos = match self.disagg.iter().position(|(l, _)| l == series) {
+            Some(i) => i,
+            None => {
+                self.disagg.push((series.clone(), Vec::new()));
+                self.disagg.len() - 1
+            }
+        };
+        let sets = &mut self.disagg[pos].1;
+        let (router, prefill, decode) = (sd::role::ROUTER, sd::role::PREFILL, sd::role::DECODE);
+        let pw = d.prefill_worker.as_deref().unwrap_or("");
+        let dw = d.decode_worker.as_deref().unwrap_or("");
+        for (pool, worker, phase, v) in [
+            (router, "", sd::ROUTING, d.routing),
+            (prefill, pw, sd::BOOTSTRAP, d.bootstrap),
+            (prefill, pw, sd::PREFILL_QUEUE, d.prefill_queue),
+            (prefill, pw, sd::PREFILL, d.prefill),
+            (prefill, pw, sd::KV_TRANSFER, d.kv_transfer),
+            (decode, dw, sd::DECODE_BOOTSTRAP, d.decode_bootstrap),
+            (decode, dw, sd::DECODE_WAIT, d.decode_wait),
+            (decode, dw, sd::FIRST_TOKEN, d.first_token),
+            (decode, dw, sd::DECODE, d.decode),
+        ] {
+            let Some(v) = v.filter(|v| v.is_finite() && *v >= 0.0) else {
+                continue;
+            };
+            let known = |w: &str| sets.iter().any(|(l, _)| &*l.worker == w);
+            let worker = if known(worker) {
+                worker
+            } else {
+                let mut workers: Vec<&str> = sets.iter().map(|(l, _)| &*l.worker).collect();
+                workers.sort_unstable();
+                workers.dedup();
+                if workers.len() >= MAX_DISAGG_WORKERS {
+                    OVERFLOW_LABEL
+                } else {
+                    worker
+                }
+            };
+            let found = sets
+                .iter()
+                .find(|(l, _)| l.phase == phase && l.pool == pool && &*l.worker == worker);
+            let hist = match found {
+                Some((_, h)) => h.clone(),
+                None => {
+                    let labels = DisaggPhaseLabels {
+                        service: series.service.clone(),
+                        model: series.model.clone(),
+                        operation: series.operation.clone(),
+                        pool,
+                        worker: Arc::from(worker),
+                        phase,
+                    };
+                    let h = self
+                        .metrics
+                        .disagg_phase_duration
+                        .get_or_create_owned(&labels);
+                    sets.push((labels, h.clone()));
+                    h
+                }
+            };
+            hist.observe(&self.writer, v);
+        }
     }
 
     fn series_for(
@@ -528,6 +636,11 @@ impl PromRecorder {
         }
         m.goodput.remove(labels);
         m.gpu_energy.remove(labels);
+        if let Some(i) = self.disagg.iter().position(|(l, _)| l == labels) {
+            for (l, _) in self.disagg.swap_remove(i).1 {
+                m.disagg_phase_duration.remove(&l);
+            }
+        }
         true
     }
 
@@ -698,6 +811,66 @@ mod tests {
             r#"infertrace_goodput_requests_total{service="svc",model="m",operation="chat"} 2"#
         ));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn disaggregated_sub_phases_are_histograms_per_pool_and_worker_and_go_with_their_series() {
+        let (mut rec, registry) = recorder(10);
+        let pd = |prefill: &str, kv: f64| {
+            let mut r = record("m", 1.0);
+            r.disagg = Some(Box::new(DisaggPhases {
+                routing: Some(0.001),
+                prefill: Some(0.03),
+                kv_transfer: Some(kv),
+                decode_wait: Some(0.003),
+                prefill_worker: Some(Text::from(prefill)),
+                decode_worker: Some(Text::from("pd-decode-0")),
+                ..DisaggPhases::default()
+            }));
+            r
+        };
+        rec.record(&pd("pd-prefill-0", 0.0015));
+        rec.record(&pd("pd-prefill-0", 0.05));
+        rec.record(&pd("pd-prefill-1", 0.05));
+        let mut failed = pd("pd-prefill-1", 0.05);
+        failed.outcome = Outcome::Error;
+        rec.record(&failed);
+        let text = encode(&registry);
+        let l = r#"service="svc",model="m",operation="chat""#;
+        let count = |pool: &str, worker: &str, phase: &str| {
+            let line = format!(
+                "infertrace_disagg_phase_duration_seconds_count{{{l},pool=\"{pool}\",worker=\"{worker}\",phase=\"{phase}\"}} "
+            );
+            text.lines()
+                .find_map(|x| x.strip_prefix(line.as_str()))
+                .and_then(|n| n.parse::<u64>().ok())
+        };
+        assert_eq!(
+            count("prefill", "pd-prefill-0", "kv_transfer"),
+            Some(2),
+            "{text}"
+        );
+        // The failed request is not observed.
+        assert_eq!(count("prefill", "pd-prefill-1", "kv_transfer"), Some(1));
+        assert_eq!(count("decode", "pd-decode-0", "decode_wait"), Some(3));
+        assert_eq!(count("router", "", "routing"), Some(3));
+        // Sub-phases the records did not carry have no label set.
+        assert_eq!(count("prefill", "pd-prefill-0", "bootstrap"), None);
+        // 0.0015 s falls in the phase buckets' (0.001, 0.002] bucket.
+        assert!(text.contains(&format!(
+            "infertrace_disagg_phase_duration_seconds_bucket{{le=\"0.002\",{l},pool=\"prefill\",worker=\"pd-prefill-0\",phase=\"kv_transfer\"}} 1"
+        )), "{text}");
+        // The series' removal takes its disaggregated label sets along.
+        assert!(rec.forget(&SeriesKey {
+            service: Arc::from("svc"),
+            model: Arc::from("m"),
+            operation: Arc::from("chat"),
+        }));
+        let text = encode(&registry);
+        assert!(
+            !text.contains("infertrace_disagg_phase_duration_seconds_count{"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -492,6 +492,8 @@ pub mod prom {
     pub const GOODPUT_REQUESTS: &str = "goodput_requests";
     /// Critical-path seconds per span name.
     pub const CRITICAL_PATH_SECONDS: &str = "critical_path_seconds";
+    /// Disaggregated prefill/decode sub-phase histogram with `pool`, `worker`, `phase`, s.
+    pub const DISAGG_PHASE_DURATION: &str = "disagg_phase_duration_seconds";
     /// GPU energy counter, J.
     pub const GPU_ENERGY_JOULES: &str = "gpu_energy_joules";
     /// Active alerts gauge with `alert`.

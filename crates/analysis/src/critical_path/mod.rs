@@ -32,6 +32,7 @@
 //! whole computation is O(n log n). The walk is iterative (an explicit stack), so a chain
 //! 100,000 spans deep does not touch the call stack.
 
+mod disagg;
 mod windows;
 
 use foldhash::HashMap;
@@ -40,6 +41,7 @@ use serde::Serialize;
 
 use crate::trace::{Span, SpanId, SpanKind, Text, TraceId};
 
+pub use disagg::{HANDOVER, disaggregated_path};
 pub use windows::{
     CriticalPathEntry, CriticalPathSummary, CriticalPathTotal, CriticalPathWindows,
     CriticalPathWindowsConfig, OVERFLOW_LABEL, TailTriple,

@@ -12,6 +12,7 @@ use sketches_ddsketch::Config;
 
 use super::SloConfig;
 use super::codec::{self, DecodeError, Reader, Writer};
+use super::disagg::{DisaggAccumulator, DisaggKpis};
 use super::distribution::{Distribution, bucket_of, merge_many_sorted, merge_sorted};
 use super::snapshot::{
     Goodput, GpuKpis, GpuPhaseUtilization, LatencyStats, PhaseShare, PhaseShares, TokenTotals,
@@ -272,6 +273,9 @@ pub struct Accumulator {
     /// The same, per e2e sketch bucket, sorted by bucket.
     phases_by_e2e_bucket: Vec<(i32, PhaseSums)>,
     gpu: GpuSums,
+    /// Disaggregated sub-phases of `ok` requests that crossed pools (boxed: most series have
+    /// none).
+    disagg: Option<Box<DisaggAccumulator>>,
 }
 
 impl Accumulator {
@@ -294,6 +298,9 @@ impl Accumulator {
         }
         if meets_slos(slo, r) {
             self.counts.good += 1;
+        }
+        if r.disagg.is_some() {
+            self.disagg.get_or_insert_with(Box::default).add(config, r);
         }
         let e2e_bucket = self.e2e.add(config, Some(r.e2e));
         self.queue.add(config, r.queue);
@@ -361,6 +368,9 @@ impl Accumulator {
             }
             out.phases.add(&a.phases);
             out.gpu.merge(&a.gpu);
+            if let Some(d) = &a.disagg {
+                out.disagg.get_or_insert_with(Box::default).merge(d);
+            }
         }
         out
     }
@@ -385,6 +395,9 @@ impl Accumulator {
             PhaseSums::add,
         );
         self.gpu.merge(&o.gpu);
+        if let Some(d) = &o.disagg {
+            self.disagg.get_or_insert_with(Box::default).merge(d);
+        }
     }
 
     fn distributions_mut(&mut self) -> [&mut Distribution; 7] {
@@ -405,6 +418,9 @@ impl Accumulator {
             d.shrink();
         }
         self.phases_by_e2e_bucket.shrink_to_fit();
+        if let Some(d) = &mut self.disagg {
+            d.shrink();
+        }
     }
 
     /// Heap bytes held (sketch bins, tail buckets), for memory accounting.
@@ -422,6 +438,9 @@ impl Accumulator {
         .map(|d| d.heap_bytes())
         .sum::<usize>()
             + self.phases_by_e2e_bucket.capacity() * std::mem::size_of::<(i32, PhaseSums)>()
+            + self.disagg.as_ref().map_or(0, |d| {
+                std::mem::size_of::<DisaggAccumulator>() + d.heap_bytes()
+            })
     }
 
     /// Appends the compact binary encoding of this accumulator to `out` (see
@@ -454,6 +473,13 @@ impl Accumulator {
         self.phases.encode(&mut w);
         w.keys(&self.phases_by_e2e_bucket, |w, p| p.encode_f32(w));
         self.gpu.encode(&mut w);
+        match &self.disagg {
+            Some(d) => {
+                w.u8(1);
+                d.encode(&mut w);
+            }
+            None => w.u8(0),
+        }
     }
 
     /// The compact binary encoding as a new vector.
@@ -467,7 +493,8 @@ impl Accumulator {
     /// malformed bytes and unknown versions.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
-        if r.u8()? != codec::VERSION {
+        let version = r.u8()?;
+        if version != codec::VERSION && version != codec::VERSION_1 {
             return Err(r.error("unknown encoding version"));
         }
         let counts = Counts {
@@ -497,6 +524,15 @@ impl Accumulator {
         let phases = PhaseSums::decode(&mut r)?;
         let phases_by_e2e_bucket = r.keys(17, PhaseSums::decode_f32)?;
         let gpu = GpuSums::decode(&mut r)?;
+        let disagg = if version == codec::VERSION_1 {
+            None
+        } else {
+            match r.u8()? {
+                0 => None,
+                1 => Some(Box::new(DisaggAccumulator::decode(&mut r)?)),
+                _ => return Err(r.error("invalid option flag")),
+            }
+        };
         r.finish()?;
         Ok(Self {
             counts,
@@ -511,6 +547,7 @@ impl Accumulator {
             phases,
             phases_by_e2e_bucket,
             gpu,
+            disagg,
         })
     }
 
@@ -582,6 +619,12 @@ impl Accumulator {
     /// GPU statistics, `None` when no record carried any.
     pub fn gpu(&self) -> Option<GpuKpis> {
         self.gpu.kpis()
+    }
+
+    /// Disaggregated sub-phase KPIs, per pool and per worker; `None` when no `ok` record
+    /// crossed pools.
+    pub fn disagg(&self, config: &Config) -> Option<DisaggKpis> {
+        self.disagg.as_ref()?.kpis(config)
     }
 }
 

@@ -1,15 +1,20 @@
 //! A compact binary encoding of [`Accumulator`](super::Accumulator)s, for storing per-minute
 //! rollups (the collector's history store) and merging them back later.
 //!
-//! Layout (version 1): a version byte, then every field in declaration order; integers as
+//! Layout (version 2): a version byte, then every field in declaration order; integers as
 //! LEB128 varints, floats as 8 little-endian bytes (the per-e2e-bucket tail phase sums as 4),
-//! sorted bucket keys as a zigzag first key followed by varint deltas. A minute of one series
+//! sorted bucket keys as a zigzag first key followed by varint deltas, texts as a varint length
+//! and UTF-8. Version 2 adds, last, a flag byte and the disaggregated part when the flag is 1;
+//! version 1 (without them) is still read. A minute of one series
 //! holds about the occupied sketch buckets and nothing more (measured in docs/PERFORMANCE.md).
 
 use std::fmt;
 
 /// Version byte written first.
-pub(super) const VERSION: u8 = 1;
+pub(super) const VERSION: u8 = 2;
+
+/// The version before the disaggregated part, still decoded.
+pub(super) const VERSION_1: u8 = 1;
 
 /// Why bytes could not be decoded into an accumulator.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +59,12 @@ impl Writer<'_> {
 
     pub(super) fn f32(&mut self, v: f32) {
         self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// A text: its length, then its UTF-8 bytes.
+    pub(super) fn text(&mut self, s: &str) {
+        self.varint(s.len() as u64);
+        self.0.extend_from_slice(s.as_bytes());
     }
 
     /// Sorted keys: the first zigzag-encoded, the rest as deltas from the previous one.
@@ -147,6 +158,17 @@ impl<'a> Reader<'a> {
             return Err(self.error("length larger than the data"));
         }
         Ok(n as usize)
+    }
+
+    /// Reads what [`Writer::text`] wrote.
+    pub(super) fn text(&mut self) -> Result<&'a str, DecodeError> {
+        let n = self.len(1)?;
+        let bytes: &'a [u8] = self.bytes;
+        let b = bytes
+            .get(self.pos..self.pos + n)
+            .ok_or_else(|| self.error("unexpected end"))?;
+        self.pos += n;
+        std::str::from_utf8(b).map_err(|_| self.error("text is not UTF-8"))
     }
 
     /// Reads what [`Writer::keys`] wrote; keys must be strictly increasing.

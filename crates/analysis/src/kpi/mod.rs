@@ -59,6 +59,7 @@
 
 mod accumulator;
 mod codec;
+mod disagg;
 mod distribution;
 mod labelling;
 mod read;
@@ -72,6 +73,10 @@ use serde::{Deserialize, Serialize};
 
 pub use accumulator::{Accumulator, Counts, PhaseSums, meets_slos};
 pub use codec::DecodeError;
+pub use disagg::{
+    DisaggAccumulator, DisaggKpis, MAX_WORKERS, Pool, PoolKpis, SUB_PHASES, SubPhaseKpis,
+    WorkerKpis,
+};
 pub use distribution::{
     Distribution, SKETCH_RELATIVE_ACCURACY, ZERO_BUCKET, bucket_of, bucket_value, sketch_config,
 };

@@ -210,5 +210,6 @@ pub fn series_kpis(
         goodput: acc.goodput(seconds),
         phase_share: acc.phase_shares(),
         gpu: acc.gpu(),
+        disagg: acc.disagg(cfg),
     }
 }

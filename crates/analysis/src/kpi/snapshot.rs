@@ -57,6 +57,10 @@ pub struct SeriesKpis {
     pub phase_share: PhaseShares,
     /// GPU statistics, `null` when no request of the window carried any.
     pub gpu: Option<GpuKpis>,
+    /// Disaggregated prefill/decode sub-phases per pool and per worker, `null` when no `ok`
+    /// request of the window crossed pools (left out of the JSON then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<super::DisaggKpis>,
 }
 
 /// Percentiles, max and mean of one latency, seconds.

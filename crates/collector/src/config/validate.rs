@@ -206,6 +206,12 @@ impl CollectorConfig {
             ("cancel_rate_max", d.cancel_rate_max),
             ("goodput_min", d.goodput_min),
             ("critical_span_share_max", d.critical_span_share_max),
+            ("kv_transfer_ttft_share_max", d.kv_transfer_ttft_share_max),
+            ("pool_wait_ttft_share_max", d.pool_wait_ttft_share_max),
+            (
+                "kv_alloc_wait_ttft_share_max",
+                d.kv_alloc_wait_ttft_share_max,
+            ),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(Invalid::new(
@@ -226,6 +232,7 @@ impl CollectorConfig {
             ("large_batch_min", Some(d.large_batch_min)),
             ("e2e_p95_slo_seconds", d.e2e_p95_slo_seconds),
             ("throughput_min_rps", d.throughput_min_rps),
+            ("kv_bytes_per_token", d.kv_bytes_per_token),
         ] {
             if let Some(v) = v
                 && !(v > 0.0 && v.is_finite())

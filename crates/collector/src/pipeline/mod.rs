@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{
-    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows,
+    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, disaggregated_path,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
 use infertrace_analysis::dialect;
@@ -436,7 +436,11 @@ impl Pipeline {
                     .series_reclaimed(a.kpis.reclaimed_series() - reclaimed_before);
                 // The KPI windows and the exporter apply the same cap to the same labels.
                 a.prom.record(record);
-                if let Some(p) = path {
+                // A disaggregated request's time is aggregated along its sub-phases across the
+                // services (the span tree gives it all to the router's waiting span); its span
+                // path stays what the waterfall and the store show.
+                let across = disaggregated_path(record);
+                if let Some(p) = across.as_ref().or(path.as_ref()) {
                     a.critical.record(p, record.e2e, now_unix_nano);
                     a.prom.record_critical_path(p);
                 }

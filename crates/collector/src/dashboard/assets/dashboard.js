@@ -585,6 +585,7 @@
     const live = liveSeries();
     for (const id of state.charts.keys()) updateChart(id, live);
     renderTiles(live.length ? live[live.length - 1].f : null);
+    renderPd(state.latest);
     const st = $('#status');
     if (state.lastError) {
       st.className = 'status down';
@@ -634,6 +635,37 @@
     const bar = (cls, v, secs) => '<div class="track" title="' + esc(fmtPct(v) + ' · ' + fmtSec(secs) + ' on the critical path') + '"><div class="fill ' + cls + '" data-css="width:' + Math.min(100, Math.max(0, (v || 0) * 100)).toFixed(2) + '%"></div><span class="pct">' + fmtPct(v) + '</span></div>';
     el.innerHTML = entries.map((e) => '<div class="name" title="' + esc(e.span + ' · ' + e.service) + '">' + esc(e.span) + ' <small>' + esc(e.service) + '</small></div><div class="pair">' + bar('all', e.share.all, e.seconds.all) + bar('p99', e.share.p99, e.seconds.p99) + '</div>').join('');
     applyCss(el);
+  }
+
+  // Disaggregated prefill/decode: the sub-phases along time to first token of the selection's
+  // series with the most disaggregated requests (`disagg` of /api/kpis), each with its share of
+  // TTFT and its p50, grouped by pool; and each worker's requests and sub-phases. Hidden while
+  // no selected series has disaggregated requests.
+  const PD_ALONG_TTFT = ['routing', 'bootstrap', 'prefill_queue', 'prefill', 'kv_transfer', 'decode_wait', 'first_token'];
+  function renderPd(snap) {
+    const el = $('#pd');
+    const series = ((snap && snap.series) || []).filter((s) => s.disagg && matches(s));
+    series.sort((a, b) => (b.disagg.requests || 0) - (a.disagg.requests || 0));
+    const s = series[0];
+    $('#pd-section').hidden = !s;
+    if (!s) {
+      el.dataset.points = '0';
+      el.innerHTML = '';
+      $('#pd-workers tbody').innerHTML = '';
+      return;
+    }
+    const d = s.disagg;
+    const rows = [];
+    for (const p of d.pools || []) for (const sp of p.sub_phases || []) if (PD_ALONG_TTFT.includes(sp.name)) rows.push({ pool: p.pool, sp });
+    rows.sort((a, b) => PD_ALONG_TTFT.indexOf(a.sp.name) - PD_ALONG_TTFT.indexOf(b.sp.name));
+    $('#pd-window').textContent = 'last ' + fmtWindow(liveWindow()) + ' · ' + s.service + ' · ' + d.requests + ' requests' + (d.ttft ? ' · TTFT p50 ' + fmtSec(d.ttft.p50) + ', p90 ' + fmtSec(d.ttft.p90) : '');
+    el.dataset.points = String(rows.length);
+    const bar = (v, lat) => '<div class="track" title="' + esc(fmtPct(v) + ' of TTFT · p50 ' + fmtSec(lat.p50) + ' · p90 ' + fmtSec(lat.p90)) + '"><div class="fill all" data-css="width:' + Math.min(100, Math.max(0, (v || 0) * 100)).toFixed(2) + '%"></div><span class="pct">' + esc(fmtPct(v) + ' · ' + fmtSec(lat.p50)) + '</span></div>';
+    el.innerHTML = rows.map((r) => '<div class="name" data-phase="' + esc(r.sp.name) + '" data-share="' + esc(r.sp.ttft_share == null ? '' : String(r.sp.ttft_share)) + '" title="' + esc(r.sp.name + ' · ' + r.pool) + '">' + esc(r.sp.name) + ' <small>' + esc(r.pool) + '</small></div><div class="pair">' + bar(r.sp.ttft_share, r.sp.latency) + '</div>').join('');
+    applyCss(el);
+    const workers = d.workers || [];
+    $('#pd-workers').dataset.points = String(workers.length);
+    $('#pd-workers tbody').innerHTML = workers.map((w) => '<tr data-worker="' + esc(w.worker) + '"><td>' + esc(w.worker) + '</td><td>' + esc(w.pool) + '</td><td class="num">' + esc(String(w.requests)) + '</td><td>' + esc((w.sub_phases || []).map((sp) => sp.name + ' ' + fmtSec(sp.latency.p50)).join(' · ')) + '</td><td class="num">' + esc(w.kv_transfer_tokens_per_second == null ? '' : fmtNum(w.kv_transfer_tokens_per_second)) + '</td></tr>').join('');
   }
 
   function renderSlow(list) {

@@ -1,0 +1,288 @@
+//! The rules for disaggregated prefill/decode serving, read from a series'
+//! [`DisaggKpis`](crate::kpi::DisaggKpis) (docs/disaggregated.md#diagnosis).
+//!
+//! Each compares one sub-phase's share of time to first token (Σ sub-phase / Σ TTFT over the
+//! series' disaggregated requests) with a threshold:
+//!
+//! | id | sub-phase | threshold (default) |
+//! |---|---|---|
+//! | `kv-transfer-dominates-ttft` | `kv_transfer` | `kv_transfer_ttft_share_max` (0.3) |
+//! | `pd-ratio-prefill-bound` | `prefill_queue`, larger than `decode_wait` | `pool_wait_ttft_share_max` (0.15) |
+//! | `pd-ratio-decode-bound` | `decode_wait`, larger than `prefill_queue` | `pool_wait_ttft_share_max` (0.15) |
+//! | `decode-kv-memory-wait` | `bootstrap` (the wait for the decode side's KV pre-allocation, then the handshake) | `kv_alloc_wait_ttft_share_max` (0.25) |
+//!
+//! A finding is a warning when the disaggregated requests' TTFT p90 is above
+//! `ttft_p90_max_seconds` (the TTFT objective), else a note (info): the share says where TTFT
+//! goes, the objective whether it hurts yet.
+
+use infertrace_semconv::disagg as d;
+
+use super::{Diagnoser, Severity, ev, pct, secs};
+use crate::kpi::{DisaggKpis, Pool};
+
+/// How many times faster a link "what a faster link would save" assumes.
+pub const KV_LINK_SPEEDUP: f64 = 2.0;
+
+impl Diagnoser<'_> {
+    /// Every disaggregated rule, when the series has at least `min_requests` disaggregated
+    /// requests.
+    pub(super) fn disaggregated(&mut self) {
+        let Some(k) = self.s.disagg.as_ref() else {
+            return;
+        };
+        if k.requests < self.c.min_requests {
+            return;
+        }
+        let severity = match k.ttft {
+            Some(t) if t.p90 > self.c.ttft_p90_max_seconds => Severity::Warning,
+            _ => Severity::Info,
+        };
+        self.kv_transfer_dominates(k, severity);
+        self.pd_ratio(k, severity);
+        self.decode_kv_memory_wait(k, severity);
+    }
+
+    fn kv_transfer_dominates(&mut self, k: &DisaggKpis, severity: Severity) {
+        let share = k.ttft_share(d::KV_TRANSFER);
+        let (Some(kv), true) = (
+            k.sub_phase(d::KV_TRANSFER),
+            share > self.c.kv_transfer_ttft_share_max,
+        ) else {
+            return;
+        };
+        let lat = kv.latency;
+        let saved = |v: f64| v - v / KV_LINK_SPEEDUP;
+        let mut evidence = vec![
+            ev(
+                "disagg.ttft_share.kv_transfer",
+                share,
+                Some(self.c.kv_transfer_ttft_share_max),
+                "ratio",
+            ),
+            ev("disagg.kv_transfer.p50", lat.p50, None, "s"),
+            ev("disagg.kv_transfer.p90", lat.p90, None, "s"),
+            ev(
+                "disagg.ttft_saved_at_2x_link.mean",
+                saved(lat.mean),
+                None,
+                "s",
+            ),
+            ev(
+                "disagg.ttft_saved_at_2x_link.p90",
+                saved(lat.p90),
+                None,
+                "s",
+            ),
+        ];
+        if let Some(t) = k.ttft {
+            evidence.push(ev("disagg.ttft.p90", t.p90, None, "s"));
+        }
+        let mut rate = String::new();
+        if let Some(tps) = k.kv_transfer_tokens_per_second {
+            evidence.push(ev(
+                "disagg.kv_transfer.tokens_per_second",
+                tps,
+                None,
+                "tokens/s",
+            ));
+            match self.c.kv_bytes_per_token {
+                Some(b) => {
+                    let bps = tps * b;
+                    evidence.push(ev("disagg.kv_transfer.bytes_per_second", bps, None, "B/s"));
+                    rate = format!(
+                        "; each transfer achieved {:.1} Gb/s ({tps:.0} prompt tokens/s)",
+                        bps * 8.0 / 1e9
+                    );
+                }
+                None => rate = format!("; each transfer achieved {tps:.0} prompt tokens/s"),
+            }
+        }
+        let mean_ttft = k.ttft.map(|t| t.mean).filter(|t| *t > 0.0);
+        let saved_share = mean_ttft
+            .map(|t| format!(" ({} of the mean TTFT)", pct(saved(lat.mean) / t)))
+            .unwrap_or_default();
+        self.push(
+            "kv-transfer-dominates-ttft",
+            severity,
+            format!(
+                "KV-cache transfer is {} of time to first token (threshold {}): {} at p50, {} \
+                 at p90{rate}",
+                pct(share),
+                pct(self.c.kv_transfer_ttft_share_max),
+                secs(lat.p50),
+                secs(lat.p90)
+            ),
+            evidence,
+            format!(
+                "The prefill→decode link is the bottleneck: a link twice as fast would save {} \
+                 per request on average{saved_share} and {} at p90. Use a faster interconnect \
+                 or transport (RDMA / NVLink instead of TCP: Mooncake or NIXL backends), spread \
+                 transfers over more links (more prefill workers, each with its own NIC), or move \
+                 less KV (FP8 KV cache, prefix caching on the decode side).",
+                secs(saved(lat.mean)),
+                secs(saved(lat.p90))
+            ),
+        );
+    }
+
+    fn pd_ratio(&mut self, k: &DisaggKpis, severity: Severity) {
+        let prefill_wait = k.ttft_share(d::PREFILL_QUEUE);
+        let decode_wait = k.ttft_share(d::DECODE_WAIT);
+        let max = self.c.pool_wait_ttft_share_max;
+        let workers = |pool: Pool| {
+            k.pools
+                .iter()
+                .find(|p| p.pool == pool)
+                .map_or(0, |p| p.workers.len())
+        };
+        let (p, dw) = (workers(Pool::Prefill), workers(Pool::Decode));
+        let (rule, waiting, share, other, other_share, advice) =
+            if prefill_wait > max && prefill_wait > decode_wait {
+                (
+                    "pd-ratio-prefill-bound",
+                    d::PREFILL_QUEUE,
+                    prefill_wait,
+                    d::DECODE_WAIT,
+                    decode_wait,
+                    shift(p, dw, true),
+                )
+            } else if decode_wait > max && decode_wait > prefill_wait {
+                (
+                    "pd-ratio-decode-bound",
+                    d::DECODE_WAIT,
+                    decode_wait,
+                    d::PREFILL_QUEUE,
+                    prefill_wait,
+                    shift(p, dw, false),
+                )
+            } else {
+                return;
+            };
+        let (pool, other_pool) = if waiting == d::PREFILL_QUEUE {
+            ("prefill", "decode")
+        } else {
+            ("decode", "prefill")
+        };
+        let mut evidence = vec![
+            ev(
+                format!("disagg.ttft_share.{waiting}"),
+                share,
+                Some(max),
+                "ratio",
+            ),
+            ev(
+                format!("disagg.ttft_share.{other}"),
+                other_share,
+                None,
+                "ratio",
+            ),
+        ];
+        for name in [waiting, other] {
+            if let Some(s) = k.sub_phase(name) {
+                evidence.push(ev(format!("disagg.{name}.p90"), s.latency.p90, None, "s"));
+            }
+        }
+        evidence.push(ev(
+            "disagg.pools.prefill.workers",
+            p as f64,
+            None,
+            "workers",
+        ));
+        evidence.push(ev(
+            "disagg.pools.decode.workers",
+            dw as f64,
+            None,
+            "workers",
+        ));
+        self.push(
+            rule,
+            severity,
+            format!(
+                "The {pool} pool is short: requests wait {} of time to first token in \
+                 {waiting} (threshold {}) against {} in {other} (P:D = {p}:{dw})",
+                pct(share),
+                pct(max),
+                pct(other_share)
+            ),
+            evidence,
+            format!(
+                "The prefill:decode ratio is wrong for this load: the {pool} pool queues while \
+                 the {other_pool} pool admits at once. {advice}"
+            ),
+        );
+    }
+
+    fn decode_kv_memory_wait(&mut self, k: &DisaggKpis, severity: Severity) {
+        let share = k.ttft_share(d::BOOTSTRAP);
+        let (Some(b), true) = (
+            k.sub_phase(d::BOOTSTRAP),
+            share > self.c.kv_alloc_wait_ttft_share_max,
+        ) else {
+            return;
+        };
+        let mut evidence = vec![
+            ev(
+                "disagg.ttft_share.bootstrap",
+                share,
+                Some(self.c.kv_alloc_wait_ttft_share_max),
+                "ratio",
+            ),
+            ev("disagg.bootstrap.p50", b.latency.p50, None, "s"),
+            ev("disagg.bootstrap.p90", b.latency.p90, None, "s"),
+        ];
+        if let Some(db) = k.sub_phase(d::DECODE_BOOTSTRAP) {
+            evidence.push(ev("disagg.decode_bootstrap.p90", db.latency.p90, None, "s"));
+        }
+        self.push(
+            "decode-kv-memory-wait",
+            severity,
+            format!(
+                "Requests wait for the decode side's KV memory: bootstrap is {} of time to \
+                 first token (threshold {}), {} at p90",
+                pct(share),
+                pct(self.c.kv_alloc_wait_ttft_share_max),
+                secs(b.latency.p90)
+            ),
+            evidence,
+            "The decode workers' KV cache is full when prefills finish, so new requests wait \
+             for running ones to leave: give decode more KV memory (a higher \
+             --mem-fraction-static / --gpu-memory-utilization, FP8 KV cache, larger or more \
+             decode GPUs), add decode workers, or cap output length (max_tokens reserves KV \
+             for every output token)."
+                .to_string(),
+        );
+    }
+}
+
+/// The advice to move one worker to the waiting pool, when the other can spare one.
+fn shift(prefill: usize, decode: usize, to_prefill: bool) -> String {
+    let (from, to) = if to_prefill {
+        (decode, prefill)
+    } else {
+        (prefill, decode)
+    };
+    let (pool, other) = if to_prefill {
+        ("prefill", "decode")
+    } else {
+        ("decode", "prefill")
+    };
+    if from > 1 {
+        let (p, dw) = if to_prefill {
+            (prefill + 1, decode - 1)
+        } else {
+            (prefill - 1, decode + 1)
+        };
+        format!(
+            "Move one GPU from the {other} pool to the {pool} pool (P:D {prefill}:{decode} → \
+             {p}:{dw}) and compare goodput; or add a {pool} worker ({to} → {}).",
+            to + 1
+        )
+    } else if from == 1 {
+        format!("Add {pool} workers (now {to}); the {other} pool has none to spare.")
+    } else {
+        format!(
+            "Add {pool} workers, or move GPUs from the {other} pool to the {pool} pool (the \
+             traces do not name the workers, so the current split is unknown)."
+        )
+    }
+}
