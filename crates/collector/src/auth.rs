@@ -32,7 +32,8 @@
 //! warn level, at most once per reason per 10 s ([`InternalEvents::auth_refused`]).
 //!
 //! **Reload.** [`Authenticator::reload`] (called on SIGHUP by `infertrace collect`) re-reads
-//! the sources; a reload that fails keeps the previous tokens.
+//! the sources; a reload that fails keeps the previous tokens. Each reload is counted in
+//! `infertrace_reloads_total{what="tokens",outcome}` (`ok` or `failed`).
 //!
 //! **Host allowlist** ([`HostAllowlist`], `api.allowed_hosts`): a browser page on another
 //! origin can make its own name resolve to this machine (DNS rebinding) and then read an open
@@ -439,7 +440,14 @@ impl Authenticator {
 
     /// Re-reads the sources and swaps the tokens in, returning how many there are now. On any
     /// error the previous tokens stay in force.
+    /// Counted in `infertrace_reloads_total{what="tokens",outcome}`.
     pub fn reload(&self) -> Result<usize, AuthError> {
+        let result = self.load_and_swap();
+        self.inner.events.reloaded("tokens", result.is_ok());
+        result
+    }
+
+    fn load_and_swap(&self) -> Result<usize, AuthError> {
         let Some(tokens) = self.inner.sources.load()? else {
             return Err(AuthError(
                 "no token source left (the variable is unset or empty and there is no file): keeping the previous tokens".into(),

@@ -51,6 +51,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::ConnectionsConfig;
 use crate::internal_events::InternalEvents;
+use crate::server_tls::ServerTls;
 
 /// HTTP/2 flow-control windows and frame size: large enough that a 16-connection client sending
 /// ~300 KB requests is never stalled on window updates.
@@ -73,9 +74,10 @@ pub struct ListenerSettings {
     pub name: &'static str,
     /// Connection limit and timeouts.
     pub connections: ConnectionsConfig,
-    /// TLS, when the listener has `tls:` (see
-    /// [`CollectorConfig::tls_server_configs`](crate::config::CollectorConfig::tls_server_configs)).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// TLS, when the listener has `tls:`: each connection's handshake uses the configuration
+    /// in force when it is accepted ([`ServerTls::current`]), so a reload on SIGHUP applies to
+    /// new connections only.
+    pub tls: Option<ServerTls>,
     /// Serve HTTP/2 only (gRPC); otherwise HTTP/1.1 and HTTP/2 (prior knowledge or ALPN).
     pub http2_only: bool,
 }
@@ -98,7 +100,7 @@ impl ListenerSettings {
     }
 
     /// With (or without) TLS.
-    pub fn with_tls(mut self, tls: Option<Arc<rustls::ServerConfig>>) -> Self {
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
         self.tls = tls;
         self
     }
@@ -122,7 +124,7 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 struct Shared<S> {
     name: &'static str,
     connections: ConnectionsConfig,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<ServerTls>,
     builder: auto::Builder<TokioExecutor>,
     service: S,
     events: InternalEvents,
@@ -173,7 +175,7 @@ where
     let shared = Arc::new(Shared {
         name: settings.name,
         connections: settings.connections.clone(),
-        tls: settings.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+        tls: settings.tls.clone(),
         builder,
         service,
         open: events.connections_open_gauge(settings.name),
@@ -265,10 +267,12 @@ async fn connection<S, B>(
         open: shared.open.clone(),
     };
     let accepted_at = Instant::now();
-    let Some(acceptor) = &shared.tls else {
+    let Some(tls) = &shared.tls else {
         serve_io(TokioIo::new(stream), &shared, accepted_at, drain, cut).await;
         return;
     };
+    // The configuration in force now (it may have been reloaded since the last connection).
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
     let handshake = tokio::select! {
         r = tokio::time::timeout(shared.connections.header_read_timeout, acceptor.accept(stream)) => r,
         _ = cut.wait_for(|v| *v) => {
