@@ -28,7 +28,7 @@ pub struct ReceiverLabels {
 /// Labels of `dropped_spans_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
-    /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`,
+    /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`, `sender_share`,
     /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_backpressure` (refused: the
     /// forward queue was full), `forward_failed`, `forward_rejected`.
     pub reason: &'static str,
@@ -39,7 +39,8 @@ pub struct DropLabels {
 pub struct RefusalLabels {
     /// `otlp_grpc` or `otlp_http`.
     pub receiver: &'static str,
-    /// Why: `memory_limit`, `body_timeout`, `too_large`, `shutting_down`, ...
+    /// Why: `memory_limit`, `sender_share` (a sender over its share of a nearly full memory
+    /// limit), `body_timeout`, `too_large`, `shutting_down`, ...
     pub reason: &'static str,
 }
 

@@ -33,6 +33,7 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -190,8 +191,8 @@ where
             accepted = listener.accept() => accepted,
             deadline = &mut shutdown => break deadline,
         };
-        let stream = match accepted {
-            Ok((stream, _peer)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors and the like: wait a little rather than spin.
                 tracing::warn!(listener = shared.name, %error, "accepting a connection failed");
@@ -209,6 +210,7 @@ where
         }
         tokio::spawn(connection(
             stream,
+            peer,
             shared.clone(),
             permit,
             drain_rx.clone(),
@@ -246,6 +248,7 @@ impl Drop for OpenConnection {
 
 async fn connection<S, B>(
     stream: TcpStream,
+    peer: SocketAddr,
     shared: Arc<Shared<S>>,
     permit: OwnedSemaphorePermit,
     drain: watch::Receiver<bool>,
@@ -268,7 +271,7 @@ async fn connection<S, B>(
     };
     let accepted_at = Instant::now();
     let Some(tls) = &shared.tls else {
-        serve_io(TokioIo::new(stream), &shared, accepted_at, drain, cut).await;
+        serve_io(TokioIo::new(stream), peer, &shared, accepted_at, drain, cut).await;
         return;
     };
     // The configuration in force now (it may have been reloaded since the last connection).
@@ -281,7 +284,7 @@ async fn connection<S, B>(
         }
     };
     match handshake {
-        Ok(Ok(tls)) => serve_io(TokioIo::new(tls), &shared, accepted_at, drain, cut).await,
+        Ok(Ok(tls)) => serve_io(TokioIo::new(tls), peer, &shared, accepted_at, drain, cut).await,
         Ok(Err(error)) => {
             tracing::debug!(listener = shared.name, %error, "TLS handshake failed");
             shared
@@ -296,6 +299,7 @@ async fn connection<S, B>(
 
 async fn serve_io<I, S, B>(
     io: TokioIo<I>,
+    peer: SocketAddr,
     shared: &Shared<S>,
     accepted_at: Instant,
     mut drain: watch::Receiver<bool>,
@@ -316,6 +320,7 @@ async fn serve_io<I, S, B>(
     let service = Tracked {
         inner: shared.service.clone(),
         activity: activity.clone(),
+        peer: PeerAddr(peer),
     };
     let conn = shared.builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
@@ -446,11 +451,18 @@ impl Drop for InFlight {
     }
 }
 
-/// The service of one connection: counts its requests in flight.
+/// The peer address of the connection a request came on, in every request's extensions (the
+/// receivers attribute a request's memory to it when authentication is off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The service of one connection: counts its requests in flight and tells each request its
+/// peer address ([`PeerAddr`]).
 #[derive(Clone)]
 struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    peer: PeerAddr,
 }
 
 impl<S, B> hyper::service::Service<::http::Request<Incoming>> for Tracked<S>
@@ -463,7 +475,8 @@ where
     type Error = S::Error;
     type Future = TrackedFuture<S::Future>;
 
-    fn call(&self, req: ::http::Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: ::http::Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.peer);
         let in_flight = Some(self.activity.begin());
         TrackedFuture {
             inner: self.inner.call(req),
