@@ -292,6 +292,22 @@ impl MemoryReservation {
         grown.is_ok()
     }
 
+    /// Sets this reservation to `bytes` without checking the limit: for memory already
+    /// allocated that the limiter must count (the KPI series, measured after the fact). Past
+    /// the limit, every later reservation is refused until it shrinks again.
+    pub fn set_unchecked(&mut self, bytes: usize) {
+        if bytes <= self.bytes {
+            self.shrink(self.bytes - bytes);
+            return;
+        }
+        let more = bytes - self.bytes;
+        self.limiter.state.used.fetch_add(more, Ordering::AcqRel);
+        if let Some(sender) = self.sender {
+            self.limiter.attribute(sender, more);
+        }
+        self.bytes = bytes;
+    }
+
     /// Why the last growth that failed was refused (`None` when none failed).
     pub fn refused(&self) -> Option<Refused> {
         self.refused
@@ -437,6 +453,14 @@ mod tests {
         assert!(r.try_grow(500));
         assert!(!r.try_grow(1));
         assert_eq!(limiter.used(), 1_000);
+        // Unchecked: counted even past the limit, which then refuses everything.
+        let mut measured = limiter.empty_reservation();
+        measured.set_unchecked(300);
+        assert_eq!((limiter.used(), limiter.available()), (1_300, 0));
+        assert!(limiter.try_reserve(1).is_none());
+        measured.set_unchecked(100);
+        assert_eq!(limiter.used(), 1_100);
+        drop(measured);
         r.shrink(400);
         r.shrink(10_000); // clamps to what is held
         assert_eq!((r.bytes(), limiter.used()), (0, 0));

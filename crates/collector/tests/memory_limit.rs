@@ -128,7 +128,7 @@ async fn hostile_bodies_stay_under_the_memory_limit() {
     );
     assert!(started.elapsed() < Duration::from_secs(30));
     assert_eq!(
-        c.pipeline().limiter().used(),
+        c.pipeline().data_memory_bytes(),
         0,
         "every reservation given back"
     );

@@ -114,8 +114,11 @@ async fn scenario(with_tokens: bool) {
         || refused("sender_share") >= 4,
     )
     .await;
-    let limiter = c.pipeline().limiter();
-    assert_eq!(limiter.used(), 6 * MIB, "six heavy bodies held");
+    assert_eq!(
+        c.pipeline().data_memory_bytes(),
+        6 * MIB,
+        "six heavy bodies held"
+    );
     for _ in 0..4 {
         let head = rx
             .recv()
