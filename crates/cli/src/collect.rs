@@ -10,6 +10,7 @@ use infertrace_collector::InternalEvents;
 use infertrace_collector::auth::{self, Authenticator};
 use infertrace_collector::config::CollectorConfig;
 use infertrace_collector::server;
+use infertrace_collector::server_tls::ListenersTls;
 use infertrace_demo::shutdown_signal;
 
 /// Arguments of `infertrace collect`. Flags override the config file.
@@ -81,7 +82,8 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
 
 /// Runs `infertrace collect` until SIGINT/SIGTERM, then shuts down gracefully: in-flight
 /// requests get until `shutdown_timeout` (default 15 s), then every connection is cut. SIGHUP
-/// reloads the bearer tokens (a reload that fails keeps the previous ones and logs an error).
+/// reloads the bearer tokens and every listener's TLS certificate, key and client CA (a reload
+/// that fails keeps the previous ones and logs an error).
 pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
     let (grpc_tls, http_tls, api_tls) = (
@@ -100,6 +102,8 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     tokio::spawn(reload_on_hangup(
         hangups,
         collector.authenticator().cloned(),
+        collector.tls().clone(),
+        collector.events().clone(),
     ));
     let show = |a: Option<SocketAddr>, tls: bool| {
         a.map_or("disabled".to_owned(), |a| match tls {
@@ -128,13 +132,32 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Reloads the tokens on every SIGHUP, logging the outcome (never a token).
+/// Reloads the tokens and the TLS files on every SIGHUP, logging each outcome (never a token).
+/// Each part reloads on its own: a bad tokens file does not hold back a certificate rotation,
+/// nor one listener's bad files another's.
 #[cfg(unix)]
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
     auth: Option<infertrace_collector::auth::Authenticator>,
+    tls: ListenersTls,
+    events: InternalEvents,
 ) {
     while hangups.recv().await.is_some() {
+        for reload in tls.reload(&events) {
+            match reload.result {
+                Ok(cert) => eprintln!(
+                    "infertrace collector: SIGHUP: TLS of {} reloaded ({}); new connections use it",
+                    reload.listener,
+                    cert.as_deref()
+                        .map_or("fixed".into(), |c| c.display().to_string())
+                ),
+                Err(error) => tracing::error!(
+                    listener = reload.listener,
+                    %error,
+                    "SIGHUP: reloading the TLS certificate, key or client CA failed; the previous ones stay in force"
+                ),
+            }
+        }
         match &auth {
             Some(auth) => match auth.reload() {
                 Ok(tokens) => {
@@ -146,10 +169,12 @@ async fn reload_on_hangup(
                     "SIGHUP: reloading the bearer tokens failed; the previous tokens stay in force"
                 ),
             },
-            None => tracing::warn!(
-                "SIGHUP: no bearer token is configured (auth.tokens_file, INFERTRACE_TOKENS), nothing to reload; \
-                 authentication cannot be turned on without a restart"
+            // Said only where nothing at all was reloaded, so a TLS rotation logs no warning.
+            None if !tls.any() => tracing::warn!(
+                "SIGHUP: no bearer token and no TLS is configured (auth.tokens_file, INFERTRACE_TOKENS, tls:), \
+                 nothing to reload; authentication cannot be turned on without a restart"
             ),
+            None => {}
         }
     }
 }

@@ -7,15 +7,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{bin, free_port, traces};
+use common::{Process, WAIT, bin, free_port, traces};
 
 const TOKEN_A: &str = "token-a-0123456789abcdef";
 const TOKEN_B: &str = "token-b-fedcba9876543210";
-const WAIT: Duration = Duration::from_secs(20);
 
 /// One HTTP/1.1 exchange with an optional bearer token: the status.
 fn request(port: u16, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> u16 {
@@ -35,60 +34,6 @@ fn request(port: u16, method: &str, path: &str, token: Option<&str>, body: &[u8]
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
-}
-
-/// A collector process whose stderr goes to a file; killed on drop.
-struct Process {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Process {
-    fn spawn(mut cmd: Command, log: PathBuf) -> Self {
-        let file = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("start infertrace collect");
-        Self { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the log contains `what` (panics on exit or after [`WAIT`]).
-    fn wait_log(&mut self, what: &str) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let log = self.log();
-            if log.contains(what) {
-                return log;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("collector exited ({status}) before logging {what:?}:\n{log}");
-            }
-            assert!(Instant::now() < deadline, "no {what:?} in:\n{log}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn hangup(&self) {
-        let ok = Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -HUP failed");
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn collect(dir: &Path, listen_api: &str, http: u16, extra: &[&str]) -> Command {

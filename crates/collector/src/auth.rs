@@ -32,7 +32,8 @@
 //! warn level, at most once per reason per 10 s ([`InternalEvents::auth_refused`]).
 //!
 //! **Reload.** [`Authenticator::reload`] (called on SIGHUP by `infertrace collect`) re-reads
-//! the sources; a reload that fails keeps the previous tokens.
+//! the sources; a reload that fails keeps the previous tokens. Each reload is counted in
+//! `infertrace_reloads_total{what="tokens",outcome}` (`ok` or `failed`).
 //!
 //! **Host allowlist** ([`HostAllowlist`], `api.allowed_hosts`): a browser page on another
 //! origin can make its own name resolve to this machine (DNS rebinding) and then read an open
@@ -295,9 +296,9 @@ impl TokenSet {
         self.entries.is_empty()
     }
 
-    /// The scopes of `token` (0 when unknown): every digest is compared, in constant time.
-    fn scopes_of(&self, token: &[u8]) -> u8 {
-        let d = digest(token);
+    /// The scopes of the token whose digest is `d` (0 when unknown): every digest is compared,
+    /// in constant time.
+    fn scopes_of_digest(&self, d: &[u64; 4]) -> u8 {
         let mut scopes = 0u8;
         for e in &self.entries {
             // OR of the XORs is 0 exactly when all four words are equal; no early exit.
@@ -309,13 +310,24 @@ impl TokenSet {
 
     /// Checks an `Authorization` header value for `scope`.
     pub fn verify(&self, authorization: Option<&HeaderValue>, scope: Scope) -> Result<(), Refusal> {
+        self.verify_id(authorization, scope).map(|_| ())
+    }
+
+    /// As [`verify`](Self::verify), returning on success an id of the token: the first 8 bytes
+    /// of its SHA-256 (what the memory limiter attributes a request to; not the token).
+    pub fn verify_id(
+        &self,
+        authorization: Option<&HeaderValue>,
+        scope: Scope,
+    ) -> Result<u64, Refusal> {
         let token = authorization
             .and_then(bearer_token)
             .ok_or(Refusal::MissingToken)?;
-        match self.scopes_of(token) {
+        let d = digest(token);
+        match self.scopes_of_digest(&d) {
             0 => Err(Refusal::UnknownToken),
             s if s & scope.bit() == 0 => Err(Refusal::InsufficientScope),
-            _ => Ok(()),
+            _ => Ok(d[0]),
         }
     }
 }
@@ -439,7 +451,14 @@ impl Authenticator {
 
     /// Re-reads the sources and swaps the tokens in, returning how many there are now. On any
     /// error the previous tokens stay in force.
+    /// Counted in `infertrace_reloads_total{what="tokens",outcome}`.
     pub fn reload(&self) -> Result<usize, AuthError> {
+        let result = self.load_and_swap();
+        self.inner.events.reloaded("tokens", result.is_ok());
+        result
+    }
+
+    fn load_and_swap(&self) -> Result<usize, AuthError> {
         let Some(tokens) = self.inner.sources.load()? else {
             return Err(AuthError(
                 "no token source left (the variable is unset or empty and there is no file): keeping the previous tokens".into(),
@@ -467,13 +486,24 @@ impl Authenticator {
         authorization: Option<&HeaderValue>,
         scope: Scope,
     ) -> Result<(), Refusal> {
+        self.check_id(listener, authorization, scope).map(|_| ())
+    }
+
+    /// As [`check`](Self::check), returning on success the token's id
+    /// ([`TokenSet::verify_id`]), which the receivers attribute a request's memory to.
+    pub fn check_id(
+        &self,
+        listener: &'static str,
+        authorization: Option<&HeaderValue>,
+        scope: Scope,
+    ) -> Result<u64, Refusal> {
         let result = self
             .inner
             .tokens
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .verify(authorization, scope);
-        if let Err(refusal) = result {
+            .verify_id(authorization, scope);
+        if let Err(refusal) = &result {
             self.inner.events.auth_refused(listener, refusal.reason());
         }
         result

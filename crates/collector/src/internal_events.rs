@@ -28,7 +28,7 @@ pub struct ReceiverLabels {
 /// Labels of `dropped_spans_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
-    /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`,
+    /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`, `sender_share`,
     /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_backpressure` (refused: the
     /// forward queue was full), `forward_failed`, `forward_rejected`.
     pub reason: &'static str,
@@ -39,7 +39,8 @@ pub struct DropLabels {
 pub struct RefusalLabels {
     /// `otlp_grpc` or `otlp_http`.
     pub receiver: &'static str,
-    /// Why: `memory_limit`, `body_timeout`, `too_large`, `shutting_down`, ...
+    /// Why: `memory_limit`, `sender_share` (a sender over its share of a nearly full memory
+    /// limit), `body_timeout`, `too_large`, `shutting_down`, ...
     pub reason: &'static str,
 }
 
@@ -134,6 +135,15 @@ pub struct ConnectionCloseLabels {
     pub reason: &'static str,
 }
 
+/// Labels of `reloads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// What was reloaded: `tokens`, `tls_otlp_grpc`, `tls_otlp_http` or `tls_api`.
+    pub what: &'static str,
+    /// `ok` (in force now) or `failed` (the previous one stays in force).
+    pub outcome: &'static str,
+}
+
 /// Every self-metric of the collector. Cheap to clone (counters are `Arc`s inside).
 #[derive(Clone, Debug, Default)]
 pub struct InternalEvents {
@@ -177,6 +187,9 @@ pub struct InternalEvents {
     /// `infertrace_auth_failures_total{listener,reason}`: requests refused by authentication or
     /// the API's Host allowlist.
     pub auth_failures: Family<AuthFailureLabels, Counter>,
+    /// `infertrace_reloads_total{what,outcome}`: reloads on SIGHUP (tokens, each listener's
+    /// TLS files), and whether they took effect.
+    pub reloads: Family<ReloadLabels, Counter>,
     /// `infertrace_forward_attempts_total{outcome}`: export calls to the forward downstream.
     pub forward_attempts: Family<AttemptLabels, Counter>,
     /// `infertrace_forward_pending_spans`: spans accepted for forwarding, not yet exported or
@@ -276,6 +289,11 @@ impl InternalEvents {
             self.auth_failures.clone(),
         );
         r.register(
+            prom::RELOADS,
+            "Reloads on SIGHUP (tokens, TLS files of each listener), by what and outcome",
+            self.reloads.clone(),
+        );
+        r.register(
             prom::FORWARD_ATTEMPTS,
             "Export calls to the forward downstream, by outcome",
             self.forward_attempts.clone(),
@@ -313,6 +331,24 @@ impl InternalEvents {
     pub fn auth_refusals(&self, listener: &'static str, reason: &'static str) -> u64 {
         self.auth_failures
             .get_or_create(&AuthFailureLabels { listener, reason })
+            .get()
+    }
+
+    /// Counts one reload of `what` (`tokens`, `tls_otlp_grpc`, `tls_otlp_http`, `tls_api`) that
+    /// took effect (`ok`) or left the previous state in force. The caller logs it (with the
+    /// reason of a failure).
+    pub fn reloaded(&self, what: &'static str, ok: bool) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.reloads
+            .get_or_create(&ReloadLabels { what, outcome })
+            .inc();
+    }
+
+    /// The number of reloads of `what` that took effect (`ok`) or failed, so far.
+    pub fn reloads(&self, what: &'static str, ok: bool) -> u64 {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.reloads
+            .get_or_create(&ReloadLabels { what, outcome })
             .get()
     }
 

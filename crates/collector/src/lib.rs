@@ -26,6 +26,7 @@ pub mod prom_export;
 pub(crate) mod prom_single_writer;
 pub mod receiver;
 pub mod server;
+pub mod server_tls;
 pub mod store;
 
 pub use ingest::{Ingest, IngestBatch, IngestError};

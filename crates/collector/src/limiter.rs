@@ -8,6 +8,20 @@
 //! [`span_footprint`] for every span it buffers. A [`MemoryReservation`] gives its bytes back when
 //! dropped, so a refused, failed or finished piece of work can never leak budget.
 //!
+//! **Per-sender share.** The receivers reserve a request's memory — its body as it is read, the
+//! inflated body, the decode bound — in a reservation attributed to its [`Sender`] (the bearer
+//! token when authentication is on, else the peer's IP address:
+//! [`MemoryLimiter::sender_reservation`]). Once more than [`SENDER_SHARE_FROM_PERCENT`] % of the
+//! limit is in use, a request may grow only while its sender's *other* requests in progress
+//! hold no more than the sender's fair share: the limit ÷ the number of senders with requests
+//! in progress (counted as at least 2, so a sender alone keeps the rest of the limit free for
+//! the next one). A request refused so gets the usual retryable answer and is counted with
+//! reason `sender_share`. One request is never refused for the share alone (only for the
+//! limit), so a large request still fits whenever the limit has room for it. What is shared
+//! out this way is the memory of requests being read and decoded; the spans buffered by the
+//! assembler and the forward queue are reserved without a sender and only count towards the
+//! total (see `docs/RELIABILITY.md`).
+//!
 //! ```
 //! use infertrace_collector::limiter::MemoryLimiter;
 //!
@@ -21,9 +35,11 @@
 //! assert_eq!(limiter.used(), 0);
 //! ```
 
+use std::collections::HashMap;
 use std::mem::size_of;
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use infertrace_analysis::text::Text;
 use infertrace_analysis::trace::{AttrValue, Span, SpanLink};
@@ -35,6 +51,19 @@ pub const DEFAULT_MEMORY_LIMIT_BYTES: usize = 512 * 1024 * 1024;
 /// for realistic inference traces (the `decoded_footprint_per_wire_byte_is_covered` test below
 /// measures [`span_footprint`] of decoded spans ÷ wire bytes; `otlp-blast` prints it too).
 pub const DECODED_BYTES_PER_WIRE_BYTE: usize = 3;
+
+/// Above this share of the limit in use (percent), a sender's request may grow only while the
+/// sender's other requests hold no more than its fair share (module documentation).
+pub const SENDER_SHARE_FROM_PERCENT: usize = 75;
+
+/// Who a request's memory is held for, for the per-sender share (module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Sender {
+    /// A bearer token, by the first 8 bytes of its SHA-256 (the token itself is not kept).
+    Token(u64),
+    /// A peer IP address (authentication off).
+    Peer(IpAddr),
+}
 
 /// Heap bookkeeping counted per allocation in [`span_footprint`] (allocator header and rounding).
 const ALLOCATION_OVERHEAD: usize = 16;
@@ -50,6 +79,18 @@ struct LimiterState {
     limit: usize,
     used: AtomicUsize,
     refusals: AtomicU64,
+    /// Bytes each sender's requests hold now; a sender is here exactly while it holds some.
+    senders: Mutex<HashMap<Sender, usize>>,
+}
+
+/// Why a reservation could not grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The limit would be passed.
+    Limit,
+    /// The sender's other requests hold more than its fair share, and the limit is nearly
+    /// full (module documentation).
+    SenderShare,
 }
 
 impl Default for MemoryLimiter {
@@ -67,6 +108,7 @@ impl MemoryLimiter {
                 limit: limit_bytes,
                 used: AtomicUsize::new(0),
                 refusals: AtomicU64::new(0),
+                senders: Mutex::default(),
             }),
         }
     }
@@ -98,6 +140,8 @@ impl MemoryLimiter {
             Some(MemoryReservation {
                 limiter: self.clone(),
                 bytes,
+                sender: None,
+                refused: None,
             })
         } else {
             None
@@ -109,6 +153,80 @@ impl MemoryLimiter {
         MemoryReservation {
             limiter: self.clone(),
             bytes: 0,
+            sender: None,
+            refused: None,
+        }
+    }
+
+    /// A reservation of zero bytes for one request of `sender`, to grow later: it is held to
+    /// the sender's share (module documentation).
+    pub fn sender_reservation(&self, sender: Sender) -> MemoryReservation {
+        MemoryReservation {
+            limiter: self.clone(),
+            bytes: 0,
+            sender: Some(sender),
+            refused: None,
+        }
+    }
+
+    /// The use above which the per-sender share applies: [`SENDER_SHARE_FROM_PERCENT`] % of
+    /// the limit.
+    pub fn soft_limit(&self) -> usize {
+        let soft = self.limit() as u128 * SENDER_SHARE_FROM_PERCENT as u128 / 100;
+        usize::try_from(soft).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes `sender`'s requests hold now.
+    pub fn sender_used(&self, sender: Sender) -> usize {
+        self.senders().get(&sender).copied().unwrap_or(0)
+    }
+
+    /// How many senders hold request memory now.
+    pub fn active_senders(&self) -> usize {
+        self.senders().len()
+    }
+
+    fn senders(&self) -> std::sync::MutexGuard<'_, HashMap<Sender, usize>> {
+        self.state.senders.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Grows a request of `sender` that holds `own` bytes by `bytes`, applying the share rule.
+    fn grow_for(&self, sender: Sender, own: usize, bytes: usize) -> Result<(), Refused> {
+        let mut senders = self.senders();
+        let held = senders.get(&sender).copied().unwrap_or(0);
+        let others = held.saturating_sub(own);
+        let active = senders.len() + usize::from(held == 0);
+        let fair = self.limit() / active.max(2);
+        let soft = self.soft_limit();
+        if self.used().saturating_add(bytes) > soft && others > fair {
+            self.state.refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(Refused::SenderShare);
+        }
+        if !self.grow_used(bytes) {
+            return Err(Refused::Limit);
+        }
+        *senders.entry(sender).or_insert(0) += bytes;
+        Ok(())
+    }
+
+    /// Takes `bytes` off `sender`'s count (the bytes themselves are released by the caller).
+    fn unattribute(&self, sender: Sender, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let mut senders = self.senders();
+        if let Some(held) = senders.get_mut(&sender) {
+            *held = held.saturating_sub(bytes);
+            if *held == 0 {
+                senders.remove(&sender);
+            }
+        }
+    }
+
+    /// Adds `bytes` (already reserved) to `sender`'s count.
+    fn attribute(&self, sender: Sender, bytes: usize) {
+        if bytes > 0 {
+            *self.senders().entry(sender).or_insert(0) += bytes;
         }
     }
 
@@ -140,6 +258,10 @@ impl MemoryLimiter {
 pub struct MemoryReservation {
     limiter: MemoryLimiter,
     bytes: usize,
+    /// The sender these bytes are counted for ([`MemoryLimiter::sender_reservation`]).
+    sender: Option<Sender>,
+    /// Why the last refused growth was refused.
+    refused: Option<Refused>,
 }
 
 impl MemoryReservation {
@@ -153,41 +275,86 @@ impl MemoryReservation {
         self.limiter.limit()
     }
 
-    /// Reserves `bytes` more into this reservation; `false` (nothing changed) if over the limit.
+    /// Reserves `bytes` more into this reservation; `false` (nothing changed) if over the limit
+    /// or, for a sender's reservation, over its share ([`refused`](Self::refused) says which).
     pub fn try_grow(&mut self, bytes: usize) -> bool {
-        let grown = self.limiter.grow_used(bytes);
-        if grown {
-            self.bytes += bytes;
+        let grown = match self.sender {
+            None => match self.limiter.grow_used(bytes) {
+                true => Ok(()),
+                false => Err(Refused::Limit),
+            },
+            Some(sender) => self.limiter.grow_for(sender, self.bytes, bytes),
+        };
+        match grown {
+            Ok(()) => self.bytes += bytes,
+            Err(why) => self.refused = Some(why),
         }
-        grown
+        grown.is_ok()
+    }
+
+    /// Sets this reservation to `bytes` without checking the limit: for memory already
+    /// allocated that the limiter must count (the KPI series, measured after the fact). Past
+    /// the limit, every later reservation is refused until it shrinks again.
+    pub fn set_unchecked(&mut self, bytes: usize) {
+        if bytes <= self.bytes {
+            self.shrink(self.bytes - bytes);
+            return;
+        }
+        let more = bytes - self.bytes;
+        self.limiter.state.used.fetch_add(more, Ordering::AcqRel);
+        if let Some(sender) = self.sender {
+            self.limiter.attribute(sender, more);
+        }
+        self.bytes = bytes;
+    }
+
+    /// Why the last growth that failed was refused (`None` when none failed).
+    pub fn refused(&self) -> Option<Refused> {
+        self.refused
     }
 
     /// Gives `bytes` back to the limiter now (at most what is held).
     pub fn shrink(&mut self, bytes: usize) {
         let bytes = bytes.min(self.bytes);
         self.bytes -= bytes;
+        if let Some(sender) = self.sender {
+            self.limiter.unattribute(sender, bytes);
+        }
         self.limiter.release(bytes);
     }
 
     /// Moves `bytes` of this reservation into a new one (for handing part of the budget to
-    /// another owner); `None` if this reservation holds fewer bytes.
+    /// another owner); `None` if this reservation holds fewer bytes. The new one has no sender:
+    /// the bytes stop counting towards this one's sender.
     pub fn split(&mut self, bytes: usize) -> Option<MemoryReservation> {
         (bytes <= self.bytes).then(|| {
             self.bytes -= bytes;
+            if let Some(sender) = self.sender {
+                self.limiter.unattribute(sender, bytes);
+            }
             MemoryReservation {
                 limiter: self.limiter.clone(),
                 bytes,
+                sender: None,
+                refused: None,
             }
         })
     }
 
-    /// Takes `other`'s bytes into this reservation. Fails, giving `other` back unchanged, when it
-    /// comes from a different limiter.
+    /// Takes `other`'s bytes into this reservation (and into this one's sender's count, if
+    /// any). Fails, giving `other` back unchanged, when it comes from a different limiter.
     pub fn merge(&mut self, mut other: MemoryReservation) -> Result<(), MemoryReservation> {
         if !self.limiter.same_budget(&other.limiter) {
             return Err(other);
         }
-        self.bytes += std::mem::take(&mut other.bytes);
+        let bytes = std::mem::take(&mut other.bytes);
+        if let Some(sender) = other.sender {
+            self.limiter.unattribute(sender, bytes);
+        }
+        if let Some(sender) = self.sender {
+            self.limiter.attribute(sender, bytes);
+        }
+        self.bytes += bytes;
         Ok(())
     }
 }
@@ -195,6 +362,9 @@ impl MemoryReservation {
 impl Drop for MemoryReservation {
     fn drop(&mut self) {
         if self.bytes > 0 {
+            if let Some(sender) = self.sender {
+                self.limiter.unattribute(sender, self.bytes);
+            }
             self.limiter.release(self.bytes);
         }
     }
@@ -283,6 +453,14 @@ mod tests {
         assert!(r.try_grow(500));
         assert!(!r.try_grow(1));
         assert_eq!(limiter.used(), 1_000);
+        // Unchecked: counted even past the limit, which then refuses everything.
+        let mut measured = limiter.empty_reservation();
+        measured.set_unchecked(300);
+        assert_eq!((limiter.used(), limiter.available()), (1_300, 0));
+        assert!(limiter.try_reserve(1).is_none());
+        measured.set_unchecked(100);
+        assert_eq!(limiter.used(), 1_100);
+        drop(measured);
         r.shrink(400);
         r.shrink(10_000); // clamps to what is held
         assert_eq!((r.bytes(), limiter.used()), (0, 0));
@@ -290,6 +468,50 @@ mod tests {
         assert!(empty.try_grow(10));
         drop(empty);
         assert_eq!(limiter.used(), 0);
+    }
+
+    #[test]
+    fn past_the_soft_limit_a_sender_over_its_share_is_refused_and_others_are_not() {
+        let limiter = MemoryLimiter::new(1_000);
+        let heavy = Sender::Peer([10, 0, 0, 1].into());
+        let light = Sender::Peer([10, 0, 0, 2].into());
+        // Under 75 % in use nobody is refused for the share: six requests of 125 bytes.
+        let mut held: Vec<_> = (0..6)
+            .map(|_| {
+                let mut r = limiter.sender_reservation(heavy);
+                assert!(r.try_grow(125));
+                r
+            })
+            .collect();
+        assert_eq!((limiter.used(), limiter.sender_used(heavy)), (750, 750));
+        // A seventh would pass 75 % while the sender's other requests hold 750 > 1000 / 2.
+        let mut seventh = limiter.sender_reservation(heavy);
+        assert!(!seventh.try_grow(125));
+        assert_eq!(seventh.refused(), Some(Refused::SenderShare));
+        assert_eq!(limiter.refusals(), 1);
+        // Another sender still gets memory, up to the limit itself.
+        let mut other = limiter.sender_reservation(light);
+        assert!(other.try_grow(200));
+        assert_eq!(limiter.active_senders(), 2);
+        assert!(!other.try_grow(100));
+        assert_eq!(other.refused(), Some(Refused::Limit));
+        // A single request of a sender is never refused for the share, only for the limit.
+        drop(other);
+        held.truncate(1);
+        let mut big = limiter.sender_reservation(heavy);
+        assert!(
+            big.try_grow(800),
+            "one request may take what the limit has left"
+        );
+        assert_eq!(limiter.sender_used(heavy), 925);
+        // Shrink, split, merge and drop keep the per-sender count exact.
+        big.shrink(100);
+        let part = big.split(200).unwrap();
+        assert_eq!(limiter.sender_used(heavy), 625);
+        big.merge(part).unwrap();
+        assert_eq!(limiter.sender_used(heavy), 825);
+        drop((big, held, seventh));
+        assert_eq!((limiter.used(), limiter.active_senders()), (0, 0));
     }
 
     #[test]

@@ -33,6 +33,7 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -51,6 +52,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::ConnectionsConfig;
 use crate::internal_events::InternalEvents;
+use crate::server_tls::ServerTls;
 
 /// HTTP/2 flow-control windows and frame size: large enough that a 16-connection client sending
 /// ~300 KB requests is never stalled on window updates.
@@ -73,9 +75,10 @@ pub struct ListenerSettings {
     pub name: &'static str,
     /// Connection limit and timeouts.
     pub connections: ConnectionsConfig,
-    /// TLS, when the listener has `tls:` (see
-    /// [`CollectorConfig::tls_server_configs`](crate::config::CollectorConfig::tls_server_configs)).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// TLS, when the listener has `tls:`: each connection's handshake uses the configuration
+    /// in force when it is accepted ([`ServerTls::current`]), so a reload on SIGHUP applies to
+    /// new connections only.
+    pub tls: Option<ServerTls>,
     /// Serve HTTP/2 only (gRPC); otherwise HTTP/1.1 and HTTP/2 (prior knowledge or ALPN).
     pub http2_only: bool,
 }
@@ -98,7 +101,7 @@ impl ListenerSettings {
     }
 
     /// With (or without) TLS.
-    pub fn with_tls(mut self, tls: Option<Arc<rustls::ServerConfig>>) -> Self {
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
         self.tls = tls;
         self
     }
@@ -122,7 +125,7 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 struct Shared<S> {
     name: &'static str,
     connections: ConnectionsConfig,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<ServerTls>,
     builder: auto::Builder<TokioExecutor>,
     service: S,
     events: InternalEvents,
@@ -173,7 +176,7 @@ where
     let shared = Arc::new(Shared {
         name: settings.name,
         connections: settings.connections.clone(),
-        tls: settings.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+        tls: settings.tls.clone(),
         builder,
         service,
         open: events.connections_open_gauge(settings.name),
@@ -188,8 +191,8 @@ where
             accepted = listener.accept() => accepted,
             deadline = &mut shutdown => break deadline,
         };
-        let stream = match accepted {
-            Ok((stream, _peer)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors and the like: wait a little rather than spin.
                 tracing::warn!(listener = shared.name, %error, "accepting a connection failed");
@@ -207,6 +210,7 @@ where
         }
         tokio::spawn(connection(
             stream,
+            peer,
             shared.clone(),
             permit,
             drain_rx.clone(),
@@ -244,6 +248,7 @@ impl Drop for OpenConnection {
 
 async fn connection<S, B>(
     stream: TcpStream,
+    peer: SocketAddr,
     shared: Arc<Shared<S>>,
     permit: OwnedSemaphorePermit,
     drain: watch::Receiver<bool>,
@@ -265,10 +270,12 @@ async fn connection<S, B>(
         open: shared.open.clone(),
     };
     let accepted_at = Instant::now();
-    let Some(acceptor) = &shared.tls else {
-        serve_io(TokioIo::new(stream), &shared, accepted_at, drain, cut).await;
+    let Some(tls) = &shared.tls else {
+        serve_io(TokioIo::new(stream), peer, &shared, accepted_at, drain, cut).await;
         return;
     };
+    // The configuration in force now (it may have been reloaded since the last connection).
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
     let handshake = tokio::select! {
         r = tokio::time::timeout(shared.connections.header_read_timeout, acceptor.accept(stream)) => r,
         _ = cut.wait_for(|v| *v) => {
@@ -277,7 +284,7 @@ async fn connection<S, B>(
         }
     };
     match handshake {
-        Ok(Ok(tls)) => serve_io(TokioIo::new(tls), &shared, accepted_at, drain, cut).await,
+        Ok(Ok(tls)) => serve_io(TokioIo::new(tls), peer, &shared, accepted_at, drain, cut).await,
         Ok(Err(error)) => {
             tracing::debug!(listener = shared.name, %error, "TLS handshake failed");
             shared
@@ -292,6 +299,7 @@ async fn connection<S, B>(
 
 async fn serve_io<I, S, B>(
     io: TokioIo<I>,
+    peer: SocketAddr,
     shared: &Shared<S>,
     accepted_at: Instant,
     mut drain: watch::Receiver<bool>,
@@ -312,6 +320,7 @@ async fn serve_io<I, S, B>(
     let service = Tracked {
         inner: shared.service.clone(),
         activity: activity.clone(),
+        peer: PeerAddr(peer),
     };
     let conn = shared.builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
@@ -442,11 +451,18 @@ impl Drop for InFlight {
     }
 }
 
-/// The service of one connection: counts its requests in flight.
+/// The peer address of the connection a request came on, in every request's extensions (the
+/// receivers attribute a request's memory to it when authentication is off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The service of one connection: counts its requests in flight and tells each request its
+/// peer address ([`PeerAddr`]).
 #[derive(Clone)]
 struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    peer: PeerAddr,
 }
 
 impl<S, B> hyper::service::Service<::http::Request<Incoming>> for Tracked<S>
@@ -459,7 +475,8 @@ where
     type Error = S::Error;
     type Future = TrackedFuture<S::Future>;
 
-    fn call(&self, req: ::http::Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: ::http::Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.peer);
         let in_flight = Some(self.activity.begin());
         TrackedFuture {
             inner: self.inner.call(req),

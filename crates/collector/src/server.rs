@@ -18,6 +18,8 @@
 //! Every listener is served by [`crate::listener::serve`] with its `connections:` limits and
 //! `tls:` from the config; TLS files are read before anything is bound, and an unreadable or
 //! invalid one stops `run` with [`ServerError::Tls`] naming the key and the file.
+//! [`RunningCollector::reload_tls`] (SIGHUP in `infertrace collect`) reads them again for new
+//! connections ([`crate::server_tls`]).
 //!
 //! **History store** ([`crate::store`], `store:` in the config): opened before anything is
 //! bound; a file that is not infertrace's database stops `run` with [`ServerError::Store`]
@@ -57,7 +59,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, Alerting, AlertsView, ApiState};
 use crate::auth::{self, ApiGuard, Authenticator, HostAllowlist};
-use crate::config::{CollectorConfig, ListenerTls, TlsError};
+use crate::config::{CollectorConfig, TlsError};
 use crate::dashboard;
 use crate::forward;
 use crate::ingest::Ingest;
@@ -69,6 +71,7 @@ use crate::prom_export::{PromMetrics, build_registry};
 use crate::receiver::{
     GRPC_RECEIVER, HTTP_RECEIVER, ReceiverLimits, serve_grpc_with, serve_http_with,
 };
+use crate::server_tls::{ListenersTls, TlsReload};
 use crate::store::{Store, StoreError, unix_nanos_now};
 
 /// Longest the forwarder may take to send its queue at shutdown.
@@ -140,6 +143,7 @@ pub struct RunningCollector {
     metrics: PromMetrics,
     store: Option<Store>,
     auth: Option<Authenticator>,
+    tls: ListenersTls,
     stop: watch::Sender<bool>,
     join: JoinHandle<Result<ShutdownReport, ServerError>>,
 }
@@ -193,6 +197,21 @@ impl RunningCollector {
     /// calls its [`reload`](Authenticator::reload) on SIGHUP.
     pub fn authenticator(&self) -> Option<&Authenticator> {
         self.auth.as_ref()
+    }
+
+    /// Re-reads every TLS listener's certificate chain, key and client CA (on SIGHUP; see
+    /// [`crate::server_tls`]): new handshakes use what loaded, connections already open are
+    /// untouched, and a listener whose files fail to load keeps its previous configuration.
+    /// Each outcome is counted in `infertrace_reloads_total`; the caller logs them. Empty
+    /// when no listener has TLS.
+    pub fn reload_tls(&self) -> Vec<TlsReload> {
+        self.tls.reload(self.events())
+    }
+
+    /// The listeners' reloadable TLS (for a task that reloads it later, as `infertrace
+    /// collect`'s SIGHUP handler does: clone it and call [`ListenersTls::reload`]).
+    pub fn tls(&self) -> &ListenersTls {
+        &self.tls
     }
 
     /// Starts the shutdown (same as the shutdown future resolving); see [`join`](Self::join).
@@ -298,6 +317,7 @@ pub async fn run(
         metrics: core.metrics,
         store: checked.store,
         auth: checked.auth,
+        tls: checked.tls,
         stop: stop_tx,
         join,
     })
@@ -306,7 +326,7 @@ pub async fn run(
 /// What is read and checked before anything is bound: a refused file or setting stops the
 /// start with its name, and nothing is left listening.
 struct Checked {
-    tls: ListenerTls,
+    tls: ListenersTls,
     store: Option<Store>,
     events: InternalEvents,
     auth: Option<Authenticator>,
@@ -316,7 +336,7 @@ fn check_before_binding(config: &CollectorConfig) -> Result<Checked, ServerError
     config
         .validate()
         .map_err(|e| ServerError::Config(e.to_string()))?;
-    let tls = config.tls_server_configs()?;
+    let tls = ListenersTls::load(config)?;
     let store = Store::open_configured(&config.store)?;
     let events = InternalEvents::default();
     let auth = Authenticator::from_config(&config.auth, events.clone())

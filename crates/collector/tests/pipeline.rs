@@ -273,7 +273,7 @@ async fn pipeline_memory_refusal_answers_429_and_counts_every_span() {
     );
     assert_eq!(c.pipeline().traces_in_flight(), 0);
     assert_eq!(
-        c.pipeline().limiter().used(),
+        c.pipeline().data_memory_bytes(),
         0,
         "every reservation released"
     );

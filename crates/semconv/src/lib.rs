@@ -539,6 +539,10 @@ pub mod prom {
     /// (`otlp_grpc`, `otlp_http`, `api`) and reason (`missing_token`, `unknown_token`,
     /// `insufficient_scope`, `host_not_allowed`).
     pub const AUTH_FAILURES: &str = "auth_failures";
+    /// Self-metric: reloads on SIGHUP, by `what` (`tokens`, `tls_otlp_grpc`, `tls_otlp_http`,
+    /// `tls_api`) and `outcome` (`ok`, or `failed`: the previous tokens or certificate stay in
+    /// force).
+    pub const RELOADS: &str = "reloads";
     /// Self-metric: forward attempts (one per export call to the downstream), by outcome
     /// (`ok`, `timeout`, `retryable`, `permanent`).
     pub const FORWARD_ATTEMPTS: &str = "forward_attempts";

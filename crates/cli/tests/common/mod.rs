@@ -1,13 +1,18 @@
 //! What the CLI's process tests share: the binary, free ports, a minimal HTTP/1.1 client, an
-//! `infertrace collect` child process that is killed when dropped, and OTLP/JSON traffic.
+//! `infertrace collect` child process that is killed when dropped (reading its stderr, or
+//! logging it to a file and sent signals: [`Process`]), and OTLP/JSON traffic.
 
 #![allow(dead_code)] // each test crate uses a different subset
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long the process tests wait for something the collector does asynchronously.
+pub const WAIT: Duration = Duration::from_secs(20);
 
 /// The `infertrace` binary under test.
 pub fn bin() -> Command {
@@ -134,4 +139,71 @@ pub fn traces(n: u64, id_base: u64) -> serde_json::Value {
     }
     json!({"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "cli-test"}}]},
         "scopeSpans": [{"spans": spans}]}]})
+}
+
+/// A collector process whose stderr goes to a file; killed on drop.
+pub struct Process {
+    /// The child process.
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `cmd` with stdout discarded and stderr written to `log`.
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> Self {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("start infertrace collect");
+        Self { child, log }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `what` (panics on exit or after [`WAIT`]).
+    pub fn wait_log(&mut self, what: &str) -> String {
+        self.wait_log_times(what, 1)
+    }
+
+    /// Waits until the log contains `what` at least `times` times (panics on exit or after
+    /// [`WAIT`]).
+    pub fn wait_log_times(&mut self, what: &str, times: usize) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let log = self.log();
+            if log.matches(what).count() >= times {
+                return log;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("collector exited ({status}) before logging {what:?} {times} times:\n{log}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what:?} not {times} times in:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends it SIGHUP.
+    pub fn hangup(&self) {
+        let ok = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -HUP failed");
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

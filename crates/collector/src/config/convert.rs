@@ -107,26 +107,43 @@ impl CollectorConfig {
         }
     }
 
-    /// Reads every listener's TLS files and builds their rustls configurations (the gRPC
-    /// receiver offers ALPN `h2`, the others `h2` and `http/1.1`). An unreadable or invalid
-    /// file is an error naming the config key and the file. `check-config` and the start of
-    /// the collector both call this.
-    pub fn tls_server_configs(&self) -> Result<ListenerTls, TlsError> {
-        let load = |tls: &Option<TlsConfig>, key: &str, alpn| {
-            tls.as_ref().map(|t| t.server_config(key, alpn)).transpose()
-        };
-        Ok(ListenerTls {
-            otlp_grpc: load(
-                &self.receivers.otlp_grpc.tls,
+    /// Every listener's `tls:` section: (listener, config key, section, ALPN). The gRPC
+    /// receiver offers ALPN `h2`, the others `h2` and `http/1.1`. What
+    /// [`tls_server_configs`](Self::tls_server_configs) (`check-config`) and the running
+    /// collector's reloadable TLS both read.
+    pub fn tls_sections(&self) -> [(&'static str, &'static str, Option<&TlsConfig>, Alpn); 3] {
+        [
+            (
+                "otlp_grpc",
                 "receivers.otlp_grpc.tls",
+                self.receivers.otlp_grpc.tls.as_ref(),
                 Alpn::H2Only,
-            )?,
-            otlp_http: load(
-                &self.receivers.otlp_http.tls,
+            ),
+            (
+                "otlp_http",
                 "receivers.otlp_http.tls",
+                self.receivers.otlp_http.tls.as_ref(),
                 Alpn::H2AndHttp1,
-            )?,
-            api: load(&self.api.tls, "api.tls", Alpn::H2AndHttp1)?,
-        })
+            ),
+            ("api", "api.tls", self.api.tls.as_ref(), Alpn::H2AndHttp1),
+        ]
+    }
+
+    /// Reads every listener's TLS files and builds their rustls configurations
+    /// ([`tls_sections`](Self::tls_sections)). An unreadable or invalid file is an error naming
+    /// the config key and the file. `check-config` calls this; the collector reads the same
+    /// sections at start and on SIGHUP.
+    pub fn tls_server_configs(&self) -> Result<ListenerTls, TlsError> {
+        let mut out = ListenerTls::default();
+        for (listener, key, tls, alpn) in self.tls_sections() {
+            let Some(tls) = tls else { continue };
+            let config = Some(tls.server_config(key, alpn)?);
+            match listener {
+                "otlp_grpc" => out.otlp_grpc = config,
+                "otlp_http" => out.otlp_http = config,
+                _ => out.api = config,
+            }
+        }
+        Ok(out)
     }
 }

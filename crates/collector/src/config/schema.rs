@@ -137,8 +137,10 @@ impl Default for ApiConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Memory the buffered spans may hold, bytes; over it receivers answer "retry later"
-    /// (HTTP 429/503, gRPC UNAVAILABLE). Default 512 MiB.
+    /// Memory that requests being read and decoded, buffered spans and the forward queue may
+    /// hold, bytes; over it receivers answer "retry later" (HTTP 429, gRPC UNAVAILABLE), and
+    /// past 75 % of it a sender over its share is refused so (`crate::limiter`). Default
+    /// 512 MiB.
     pub memory_limit_bytes: usize,
     /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`).
     /// Default 10000.

@@ -105,6 +105,32 @@ struct Analysis {
     recent: RecentTraces,
     /// The history store's feed, when the store is on.
     store: Option<StoreFeed>,
+    /// The KPI series' memory, as last measured ([`SERIES_MEASURE_INTERVAL`]), held in the
+    /// limiter.
+    series_memory: MemoryReservation,
+    /// When it was last measured, Unix nanoseconds (0: never).
+    series_measured_unix_nano: u64,
+}
+
+/// How often the KPI series' memory is measured (a walk over every series' slots, under the
+/// analysis lock; its cost grows with series × slots and was not measured at scale) and set as a
+/// reservation in the memory limiter, so that requests are refused when series and requests
+/// together reach `limits.memory_limit_bytes`. The series themselves are never refused for it:
+/// they are bounded by `limits.max_series`.
+pub const SERIES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Measures the KPI series' memory into the limiter when [`SERIES_MEASURE_INTERVAL`] has
+/// passed since the last measurement (or there was none).
+fn account_series(a: &mut Analysis, now_unix_nano: u64) {
+    let interval = SERIES_MEASURE_INTERVAL.as_nanos() as u64;
+    if a.series_measured_unix_nano != 0
+        && now_unix_nano.saturating_sub(a.series_measured_unix_nano) < interval
+    {
+        return;
+    }
+    a.series_measured_unix_nano = now_unix_nano.max(1);
+    let bytes = a.kpis.approx_memory_bytes();
+    a.series_memory.set_unchecked(bytes);
 }
 
 /// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
@@ -168,6 +194,8 @@ impl Pipeline {
             prom,
             recent: RecentTraces::new(config.api.recent_traces, config.api.recent_trace_spans),
             store: None,
+            series_memory: limiter.empty_reservation(),
+            series_measured_unix_nano: 0,
         };
         Self {
             assembler: Mutex::new(assembler),
@@ -233,6 +261,20 @@ impl Pipeline {
     /// The memory limiter.
     pub fn limiter(&self) -> &MemoryLimiter {
         &self.limiter
+    }
+
+    /// What the limiter holds for everything but the KPI series (requests being read, spans and
+    /// traces buffered, the forward queue): [`MemoryLimiter::used`] less
+    /// [`series_memory_bytes`](Self::series_memory_bytes), read together.
+    pub fn data_memory_bytes(&self) -> usize {
+        let a = lock(&self.analysis);
+        self.limiter.used().saturating_sub(a.series_memory.bytes())
+    }
+
+    /// The KPI series' memory as last measured and held in the limiter (part of
+    /// [`MemoryLimiter::used`]; see [`SERIES_MEASURE_INTERVAL`]).
+    pub fn series_memory_bytes(&self) -> usize {
+        lock(&self.analysis).series_memory.bytes()
     }
 
     /// Request records added to the KPIs since start.
@@ -391,7 +433,9 @@ impl Pipeline {
         };
         if completed.is_empty() && late.is_empty() {
             // Minutes reach the store without traffic too.
-            feed_store(&mut lock(&self.analysis), now_unix_nano);
+            let mut a = lock(&self.analysis);
+            feed_store(&mut a, now_unix_nano);
+            account_series(&mut a, now_unix_nano);
             return stats;
         }
         let mut overflowed = 0u64;
@@ -471,6 +515,7 @@ impl Pipeline {
         if !late.is_empty() {
             stats.late_merged = a.recent.merge_late(late, &self.cp_options);
         }
+        account_series(&mut a, now_unix_nano);
         drop(a);
         if overflowed > 0 {
             self.events.series_overflow.inc_by(overflowed);

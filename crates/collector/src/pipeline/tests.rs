@@ -168,7 +168,45 @@ fn memory_limit_refuses_with_overloaded() {
         }
     );
     assert_eq!(p.traces_in_flight(), 0);
-    assert_eq!(p.limiter().used(), 0);
+    assert_eq!(p.data_memory_bytes(), 0);
+}
+
+#[test]
+fn kpi_series_memory_is_held_in_the_limiter() {
+    let limit = 1 << 30;
+    let p = Pipeline::new(
+        &CollectorConfig::default(),
+        InternalEvents::default(),
+        PromMetrics::default(),
+        MemoryLimiter::new(limit),
+        None,
+    );
+    let t0 = Instant::now();
+    for i in 0..20u8 {
+        p.ingest_at(
+            batch(request_trace(i + 1, &format!("model-{i}"), 1, 1, 1, 2)),
+            t0,
+        )
+        .unwrap();
+    }
+    p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
+    assert_eq!(p.requests_recorded(), 20);
+    // The spans are released, the 20 series' memory is held.
+    let series = p.series_memory_bytes();
+    eprintln!("20 KPI series hold {series} bytes in the limiter");
+    assert!(series > 20 * 1024, "{series} bytes for 20 series");
+    assert_eq!((p.limiter().used(), p.data_memory_bytes()), (series, 0));
+    // With the rest of the limit taken, the series leave no room for a request.
+    let rest = p.limiter().try_reserve(limit - series).unwrap();
+    let refused = p.ingest_at(batch(request_trace(99, "m", 1, 1, 1, 2)), t0);
+    assert!(matches!(refused, Err(IngestError::Overloaded { .. })));
+    drop(rest);
+    // The next measurement follows the windows (here: nothing changed, the same bytes).
+    p.tick_at(
+        t0 + Duration::from_secs(5),
+        unix_nanos_now() + 2 * SERIES_MEASURE_INTERVAL.as_nanos() as u64,
+    );
+    assert_eq!(p.limiter().used(), p.series_memory_bytes());
 }
 
 #[test]
@@ -177,9 +215,9 @@ fn memory_is_released_when_traces_complete() {
     let t0 = Instant::now();
     p.ingest_at(batch(request_trace(1, "m", 1, 1, 1, 2)), t0)
         .unwrap();
-    assert!(p.limiter().used() > 0);
+    assert!(p.data_memory_bytes() > 0);
     p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
-    assert_eq!(p.limiter().used(), 0);
+    assert_eq!(p.data_memory_bytes(), 0);
 }
 
 #[test]
@@ -703,12 +741,16 @@ fn prepared_batch_reserves_what_it_holds(pad: usize) {
     p.ingest_at(proto_batch(&spans), t0).unwrap();
     assert_eq!(p.traces_in_flight(), 5);
     assert_eq!(
-        p.limiter().used(),
+        p.data_memory_bytes(),
         held,
         "not the estimate of the spans: {span_estimate}"
     );
     p.tick_at(t0 + Duration::from_secs(2), unix_nanos_now());
-    assert_eq!(p.limiter().used(), 0, "released when the traces complete");
+    assert_eq!(
+        p.data_memory_bytes(),
+        0,
+        "released when the traces complete"
+    );
 
     // A limit between the spans' estimate and what the prepared batch would hold: the batch
     // is held as spans instead. Below the spans' estimate it is refused.
@@ -725,12 +767,12 @@ fn prepared_batch_reserves_what_it_holds(pad: usize) {
     let p = limited(held - 1);
     p.ingest_at(proto_batch(&spans), t0).unwrap();
     assert_eq!(p.traces_in_flight(), 5);
-    assert_eq!(p.limiter().used(), span_estimate + b.text_bytes);
+    assert_eq!(p.data_memory_bytes(), span_estimate + b.text_bytes);
     let p = limited(span_estimate - 1);
     let refused = p.ingest_at(proto_batch(&spans), t0);
     assert!(matches!(refused, Err(IngestError::Overloaded { .. })));
     assert_eq!(p.traces_in_flight(), 0);
-    assert_eq!(p.limiter().used(), 0);
+    assert_eq!(p.data_memory_bytes(), 0);
 }
 
 #[test]
@@ -750,31 +792,31 @@ fn interleaved_and_returning_traces_are_reserved_for_what_they_hold() {
     let (p, _) = pipeline(&CollectorConfig::default());
     let t0 = Instant::now();
     p.ingest_at(proto_batch(&spans), t0).unwrap();
-    assert_eq!(p.limiter().used(), source + analyses + b.text_bytes);
+    assert_eq!(p.data_memory_bytes(), source + analyses + b.text_bytes);
 
     // One more span of trace 1 a second later: the trace takes its spans back, reserved with
     // the new batch.
-    let before = p.limiter().used();
+    let before = p.data_memory_bytes();
     let child = lone_span(1, 7, Some(traces[0][3].span_id));
     let extra = span_footprint(&child);
     let trace_1: usize = traces[0].iter().map(span_footprint).sum();
     p.ingest_at(batch(vec![child]), t0 + Duration::from_secs(1))
         .unwrap();
-    assert_eq!(p.limiter().used(), before + extra + trace_1);
+    assert_eq!(p.data_memory_bytes(), before + extra + trace_1);
 
     // A whole run of a prepared trace (another request span of trace 2, in a protobuf batch
     // of its own): not prepared again, pushed as spans, and the trace's spans are reserved.
-    let before = p.limiter().used();
+    let before = p.data_memory_bytes();
     let mut again = traces[1][3].clone();
     again.span_id = SpanId([2, 9, 0, 0, 0, 0, 0, 1]);
     let extra = span_footprint(&again);
     let trace_2: usize = traces[1].iter().map(span_footprint).sum();
     p.ingest_at(proto_batch(&[again]), t0 + Duration::from_secs(1))
         .unwrap();
-    assert_eq!(p.limiter().used(), before + extra + trace_2);
+    assert_eq!(p.data_memory_bytes(), before + extra + trace_2);
     p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
     assert_eq!(p.traces_in_flight(), 0);
-    assert_eq!(p.limiter().used(), 0);
+    assert_eq!(p.data_memory_bytes(), 0);
 }
 
 proptest::proptest! {
@@ -870,7 +912,7 @@ fn a_body_mostly_turned_down_gives_its_taken_traces_a_compact_copy() {
     assert_eq!(p.traces_in_flight(), 10);
     p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
     assert_eq!(p.traces_in_flight(), 0);
-    assert_eq!(p.limiter().used(), 0, "everything released");
+    assert_eq!(p.data_memory_bytes(), 0, "everything released");
     let ten = p.trace(&TraceId([10; 16])).unwrap();
     assert_eq!(
         ten.spans,

@@ -10,8 +10,9 @@ use hyper::body::Incoming;
 use crate::ingest::{Ingest, IngestBatch, IngestError};
 use crate::internal_events::InternalEvents;
 use crate::limiter::{
-    DECODED_BYTES_PER_WIRE_BYTE, MemoryLimiter, MemoryReservation, json_decode_bound,
+    DECODED_BYTES_PER_WIRE_BYTE, MemoryReservation, Refused, Sender, json_decode_bound,
 };
+use crate::listener::PeerAddr;
 use crate::otlp_decode::{self, Decoded};
 
 use super::ReceiverLimits;
@@ -26,6 +27,8 @@ pub(crate) enum Payload {
 }
 
 const OVER_MEMORY: &str = "collector is over its memory limit; retry later";
+const OVER_SHARE: &str = "collector is nearly at its memory limit and this sender's requests in \
+                          progress hold more than its share; retry later";
 
 /// What became of a request (each receiver answers it in its protocol).
 #[derive(Debug, PartialEq)]
@@ -75,18 +78,42 @@ impl Receiver {
         self.events.spans_dropped(reason, 1);
     }
 
-    /// An empty reservation to read a request into.
-    pub(crate) fn hold(&self) -> Hold {
-        self.limits
-            .memory
-            .as_ref()
-            .map(MemoryLimiter::empty_reservation)
+    /// An empty reservation to read a request of `sender` into: its token's id when
+    /// authentication is on (`token`), else the peer's IP address from the request's
+    /// extensions; without either it is held to the limit only.
+    pub(crate) fn hold(&self, token: Option<u64>, extensions: &http::Extensions) -> Hold {
+        let limiter = self.limits.memory.as_ref()?;
+        let sender = token
+            .map(Sender::Token)
+            .or_else(|| extensions.get::<PeerAddr>().map(|p| Sender::Peer(p.0.ip())));
+        Some(match sender {
+            Some(sender) => limiter.sender_reservation(sender),
+            None => limiter.empty_reservation(),
+        })
     }
 
-    fn overloaded(&self) -> Outcome {
+    /// Counts a request refused for memory (`memory_limit`, or `sender_share` when `hold`'s
+    /// last growth was refused for its sender's share) and answers it; `spans` is how many
+    /// spans it carried, when known (counted as refused spans).
+    fn over_memory(&self, hold: &Hold, spans: Option<u64>) -> Outcome {
+        let share = hold
+            .as_ref()
+            .is_some_and(|h| h.refused() == Some(Refused::SenderShare));
+        let reason = if share {
+            "sender_share"
+        } else {
+            "memory_limit"
+        };
+        match spans {
+            None => self.refuse_request(reason),
+            Some(spans) => {
+                self.events.request_refused(self.name, reason);
+                self.refuse_spans(reason, spans);
+            }
+        }
         Outcome::Overloaded {
             retry_after_secs: self.limits.retry_after_secs,
-            why: OVER_MEMORY,
+            why: if share { OVER_SHARE } else { OVER_MEMORY },
         }
     }
 
@@ -109,10 +136,7 @@ impl Receiver {
         match tokio::time::timeout(self.limits.body_read_timeout, read).await {
             Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(BodyError::TooLarge)) => Err(self.too_large(limit)),
-            Ok(Err(BodyError::OverMemory)) => {
-                self.refuse_request("memory_limit");
-                Err(self.overloaded())
-            }
+            Ok(Err(BodyError::OverMemory)) => Err(self.over_memory(hold, None)),
             Ok(Err(BodyError::Broken(error))) => {
                 self.refuse_request("decode_error");
                 Err(Outcome::Unreadable(format!(
@@ -133,10 +157,7 @@ impl Receiver {
         let inflated = match gunzip_limited(&compressed, limit, hold.as_mut()) {
             Ok(inflated) => inflated,
             Err(InflateError::TooLarge) => return Err(self.too_large(limit)),
-            Err(InflateError::OverMemory) => {
-                self.refuse_request("memory_limit");
-                return Err(self.overloaded());
-            }
+            Err(InflateError::OverMemory) => return Err(self.over_memory(hold, None)),
             Err(InflateError::Corrupt(error)) => {
                 self.refuse_request("decode_error");
                 return Err(Outcome::Unreadable(format!("invalid gzip body: {error}")));
@@ -174,9 +195,7 @@ impl Receiver {
                     Payload::Protobuf(b) => otlp_decode::count_spans(b).unwrap_or(1),
                     Payload::Json(_) => 1,
                 };
-                self.events.request_refused(self.name, "memory_limit");
-                self.refuse_spans("memory_limit", spans);
-                return self.overloaded();
+                return self.over_memory(&hold, Some(spans));
             }
         }
         let (decoded, raw_protobuf, raw_json) = match payload {

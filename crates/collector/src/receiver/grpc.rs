@@ -93,19 +93,26 @@ pub async fn serve_grpc_with(
 }
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBody> {
-    if let Some(auth) = &receiver.limits.auth
-        && let Err(refusal) = auth.check(
-            GRPC_RECEIVER,
-            req.headers().get(AUTHORIZATION),
-            Scope::Ingest,
-        )
-    {
-        let code = match refusal {
-            Refusal::InsufficientScope => Code::PermissionDenied,
-            Refusal::MissingToken | Refusal::UnknownToken => Code::Unauthenticated,
-        };
-        return status_only(code, refusal.http_answer(Scope::Ingest).2);
-    }
+    let token = match &receiver.limits.auth {
+        None => Ok(None),
+        Some(auth) => auth
+            .check_id(
+                GRPC_RECEIVER,
+                req.headers().get(AUTHORIZATION),
+                Scope::Ingest,
+            )
+            .map(Some),
+    };
+    let token = match token {
+        Ok(token) => token,
+        Err(refusal) => {
+            let code = match refusal {
+                Refusal::InsufficientScope => Code::PermissionDenied,
+                Refusal::MissingToken | Refusal::UnknownToken => Code::Unauthenticated,
+            };
+            return status_only(code, refusal.http_answer(Scope::Ingest).2);
+        }
+    };
     let path = req.uri().path();
     if path != EXPORT_PATH {
         let message = if path.starts_with(METRICS_SERVICE) || path.starts_with(LOGS_SERVICE) {
@@ -141,7 +148,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
         }
     };
     let limit = receiver.limits.max_body_bytes;
-    let mut hold = receiver.hold();
+    let mut hold = receiver.hold(token, req.extensions());
     let body = match receiver
         .read(req.into_body(), limit.saturating_add(5), &mut hold)
         .await

@@ -105,18 +105,25 @@ impl Format {
 type HttpResponse = Response<Full<Bytes>>;
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
-    if let Some(auth) = &receiver.limits.auth
-        && let Err(refusal) = auth.check(
-            HTTP_RECEIVER,
-            req.headers().get(AUTHORIZATION),
-            Scope::Ingest,
-        )
-    {
-        let (status, challenge, message) = refusal.http_answer(Scope::Ingest);
-        let mut response = plain(status, message);
-        response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
-        return response;
-    }
+    let token = match &receiver.limits.auth {
+        None => Ok(None),
+        Some(auth) => auth
+            .check_id(
+                HTTP_RECEIVER,
+                req.headers().get(AUTHORIZATION),
+                Scope::Ingest,
+            )
+            .map(Some),
+    };
+    let token = match token {
+        Ok(token) => token,
+        Err(refusal) => {
+            let (status, challenge, message) = refusal.http_answer(Scope::Ingest);
+            let mut response = plain(status, message);
+            response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
+            return response;
+        }
+    };
     match req.uri().path() {
         TRACES_PATH => {}
         METRICS_PATH | LOGS_PATH => {
@@ -166,7 +173,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             );
         }
     };
-    let mut hold = receiver.hold();
+    let mut hold = receiver.hold(token, req.extensions());
     let body = match receiver
         .read(req.into_body(), receiver.limits.max_body_bytes, &mut hold)
         .await
