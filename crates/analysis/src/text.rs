@@ -191,131 +191,13 @@ fn recent_slot(bytes: &[u8]) -> usize {
     mix & (RECENT_SLOTS - 1)
 }
 
-/// Byte equality in 8-byte words: for the short strings of span names, keys and values, an
-/// inline word loop beats a call to `memcmp`. The tail under eight bytes is compared as two
-/// overlapping 4-byte halves (or byte by byte under four), so it is no `memcmp` call either.
-#[inline]
-pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (wa.remainder(), wb.remainder());
-    wa.zip(wb).all(|(x, y)| x == y) && same_tail(ra, rb)
-}
+pub(crate) use infertrace_intern::same_bytes;
 
-/// [`same_bytes`] for two slices of the same length under eight.
-#[inline]
-fn same_tail(a: &[u8], b: &[u8]) -> bool {
-    #[inline(always)]
-    fn half(s: &[u8], at: usize) -> u32 {
-        let mut w = [0u8; 4];
-        w.copy_from_slice(&s[at..at + 4]);
-        u32::from_ne_bytes(w)
-    }
-    let n = a.len();
-    if n >= 4 {
-        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
-    } else {
-        a.iter().zip(b).all(|(x, y)| x == y)
-    }
-}
-
-/// A small direct-mapped cache from a (service, span name) pair of shared strings to a value,
-/// keyed by the strings' identity (their allocations), not their bytes: the critical-path
-/// aggregates look a key up per segment, and the segments of a batch share their service and
-/// (interned) name allocations, so a hit costs two pointer comparisons instead of hashing and
-/// comparing both strings. Each slot holds clones of its strings, so an address it compares
-/// cannot be freed and reused by another string while cached. A miss is only slower, never
-/// wrong: the caller looks the pair up its usual way and may [`insert`](Self::insert) it.
-#[derive(Clone)]
-#[doc(hidden)] // for infertrace's own crates (the collector's recorder); no stable API
-pub struct PairCache<V> {
-    slots: Vec<Option<(Text, Text, V)>>,
-}
-
-/// Slots of a [`PairCache`] (a power of two).
-const PAIR_CACHE_SLOTS: usize = 64;
-
-impl<V> Default for PairCache<V> {
-    fn default() -> Self {
-        Self { slots: Vec::new() }
-    }
-}
-
-impl<V> fmt::Debug for PairCache<V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PairCache").finish_non_exhaustive()
-    }
-}
-
-impl<V> PairCache<V> {
-    fn slot(service: &Text, name: &Text) -> usize {
-        let a = service.as_ptr() as usize;
-        let b = name.as_ptr() as usize;
-        let mixed = (a ^ b.rotate_left(21)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (mixed >> 58) & (PAIR_CACHE_SLOTS - 1)
-    }
-
-    /// The value cached for exactly these two allocations.
-    #[inline]
-    pub fn get(&self, service: &Text, name: &Text) -> Option<&V> {
-        match self.slots.get(Self::slot(service, name))? {
-            Some((s, n, v)) if Text::ptr_eq(s, service) && Text::ptr_eq(n, name) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// Caches `value` for these two allocations (replacing whatever shared their slot).
-    pub fn insert(&mut self, service: &Text, name: &Text, value: V) {
-        if self.slots.is_empty() {
-            self.slots.resize_with(PAIR_CACHE_SLOTS, || None);
-        }
-        let slot = Self::slot(service, name);
-        self.slots[slot] = Some((service.clone(), name.clone(), value));
-    }
-}
-
-/// The value remembered for the last (service, model, operation) seen, found again by the
-/// identity of the three texts (interned, so the next record of the same series carries the
-/// same allocations): the KPI windows and the Prometheus recorder look a series up per record,
-/// and consecutive records are nearly always of one series, so most skip hashing three strings.
-/// It holds clones, so an address it compares cannot be freed and reused meanwhile; a miss is
-/// only slower (the caller looks the series up its usual way and [`set`](Self::set)s it).
-#[derive(Clone, Debug)]
-#[doc(hidden)] // for infertrace's own crates (the collector's recorder); no stable API
-pub struct RecentTriple<V> {
-    last: Option<(Text, Text, Text, V)>,
-}
-
-impl<V> Default for RecentTriple<V> {
-    fn default() -> Self {
-        Self { last: None }
-    }
-}
-
-impl<V> RecentTriple<V> {
-    /// The value remembered for exactly these three allocations.
-    #[inline]
-    pub fn get(&self, a: &Text, b: &Text, c: &Text) -> Option<&V> {
-        match &self.last {
-            Some((x, y, z, v))
-                if Text::ptr_eq(x, a) && Text::ptr_eq(y, b) && Text::ptr_eq(z, c) =>
-            {
-                Some(v)
-            }
-            _ => None,
-        }
-    }
-
-    /// Remembers `value` for these three texts (forgetting the previous triple).
-    pub fn set(&mut self, a: &Text, b: &Text, c: &Text, value: V) {
-        self.last = Some((a.clone(), b.clone(), c.clone(), value));
-    }
-
-    /// Forgets the remembered triple (what it pointed at moved).
-    pub fn clear(&mut self) {
-        self.last = None;
+/// A [`Text`] is identified by its allocation: the identity caches of
+/// [`infertrace_intern`] compare texts by address.
+impl infertrace_intern::Identity for Text {
+    fn address(&self) -> usize {
+        self.as_ptr() as usize
     }
 }
 
@@ -533,70 +415,6 @@ mod tests {
         assert!(std::ptr::eq(ours.as_ptr(), layers.as_ptr()));
         let layers = infertrace_intern::static_str(ANALYSIS_FIRST).unwrap();
         assert!(std::ptr::eq(first.as_ptr(), layers.as_ptr()));
-    }
-
-    #[test]
-    fn recent_triple_hits_only_the_same_three_allocations() {
-        let (a, b, c) = (Text::from("svc"), Text::from("m"), Text::from("chat"));
-        let mut recent = RecentTriple::default();
-        assert_eq!(recent.get(&a, &b, &c), None);
-        recent.set(&a, &b, &c, 3usize);
-        assert_eq!(recent.get(&a.clone(), &b, &c), Some(&3));
-        assert_eq!(
-            recent.get(&Text::from("svc"), &b, &c),
-            None,
-            "equal text elsewhere"
-        );
-        assert_eq!(recent.get(&a, &c, &b), None, "order matters");
-        recent.clear();
-        assert_eq!(recent.get(&a, &b, &c), None);
-    }
-
-    #[test]
-    fn pair_cache_hits_only_the_same_allocations() {
-        let mut cache = PairCache::default();
-        let service = Text::from("engine");
-        let name = Text::from("decode");
-        assert_eq!(cache.get(&service, &name), None);
-        cache.insert(&service, &name, 7u32);
-        assert_eq!(cache.get(&service, &name), Some(&7));
-        assert_eq!(cache.get(&service.clone(), &name.clone()), Some(&7));
-        // Equal strings in other allocations are a miss (the caller looks them up), not a hit.
-        let other_service = Text::from("engine");
-        assert_eq!(cache.get(&other_service, &name), None);
-        assert_eq!(cache.get(&service, &Text::from("decode")), None);
-        // The cache holds clones, so the addresses it compares stay allocated.
-        assert_eq!(
-            ArcStr::strong_count(&service.0),
-            Some(2),
-            "the caller's and the cache's"
-        );
-        drop(service);
-        let slot = cache.slots.iter().flatten().next().unwrap();
-        assert_eq!(
-            ArcStr::strong_count(&slot.0.0),
-            Some(1),
-            "the cache's own clone"
-        );
-        assert_eq!(&*slot.0, "engine");
-    }
-
-    #[test]
-    fn same_bytes_is_byte_equality_at_every_length_and_position() {
-        // Every length through three words, a difference at every position (so each word, the
-        // overlapping tail and both 4-byte halves are exercised), and unequal lengths.
-        for n in 0..=24usize {
-            let a: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
-            assert!(same_bytes(&a, &a.clone()), "len {n}");
-            for at in 0..n {
-                let mut b = a.clone();
-                b[at] ^= 0x01;
-                assert!(!same_bytes(&a, &b), "len {n}, differs at {at}");
-            }
-            let mut longer = a.clone();
-            longer.push(0);
-            assert!(!same_bytes(&a, &longer), "len {n} against {}", n + 1);
-        }
     }
 
     #[test]

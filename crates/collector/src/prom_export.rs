@@ -34,7 +34,8 @@ use std::sync::{Arc, OnceLock};
 use infertrace_analysis::critical_path::CriticalPath;
 use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SeriesKey, SloConfig};
 use infertrace_analysis::record::{DisaggPhases, Outcome, RequestRecord};
-use infertrace_analysis::text::{PairCache, RecentTriple};
+use infertrace_analysis::text::Text;
+use infertrace_intern::{PairCache, RecentTriple};
 use infertrace_semconv::{metric, prom};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -349,10 +350,10 @@ pub struct PromRecorder {
     overflow: Option<Arc<SeriesHandles>>,
     /// The last record's series, and whether it was kept rather than overflowed (cleared when
     /// a series is removed, see [`PromRecorder::forget`]).
-    recent: RecentTriple<(Arc<SeriesHandles>, bool)>,
+    recent: RecentTriple<Text, (Arc<SeriesHandles>, bool)>,
     cp_keys: HashMap<u64, Vec<CriticalPathKey>>,
     /// Counters of recently seen (service, name) allocations: most segments end here.
-    cp_recent: PairCache<FloatCounter>,
+    cp_recent: PairCache<Text, FloatCounter>,
     cp_count: usize,
     /// Per series with disaggregated requests, the `disagg_phase_duration_seconds` label sets
     /// it created and their histograms (few series, a few dozen sets each: searched in order).

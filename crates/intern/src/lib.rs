@@ -1,4 +1,5 @@
-//! The one process-wide registry of strings made `'static`, with one budget.
+//! The one process-wide registry of strings made `'static`, with one budget, and the
+//! identity caches and byte equality that infertrace's crates use on those strings.
 //!
 //! Both halves of infertrace leak a few strings on purpose so that copying them touches no
 //! reference count: the layer (`infertrace-tower`) its repeated request values and span names
@@ -17,9 +18,19 @@
 //! Past the budget the registry still hands out what it holds and refuses anything new
 //! (`None`); callers then keep reference-counted copies. The registry is a mutex around a hash
 //! table, meant to be consulted on a caller's own per-thread cache miss, not per use.
+//!
+//! Two helpers for the same shared strings live here too, so that neither crate copies them:
+//! [`same_bytes`] (byte equality for short strings without a `memcmp` call) and the caches keyed
+//! by a string's allocation rather than its bytes ([`PairCache`], [`RecentTriple`]).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+mod bytes;
+mod identity;
+
+pub use bytes::same_bytes;
+pub use identity::{Identity, PairCache, RecentTriple};
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -120,32 +120,7 @@ pub(crate) fn shared_str(kind: Kind, s: &str) -> Arc<str> {
         .unwrap_or_else(|| Arc::from(s))
 }
 
-/// Byte equality for the short strings interned here, in 8-byte words (the last one
-/// overlapping) rather than a `memcmp` call per comparison: these run several times per
-/// request, and the call dominated for 10–40 byte values.
-#[inline]
-pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    if n < 8 {
-        return a == b;
-    }
-    let word = |s: &[u8], i: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&s[i..i + 8]);
-        u64::from_ne_bytes(w)
-    };
-    let mut i = 0;
-    while i + 8 <= n {
-        if word(a, i) != word(b, i) {
-            return false;
-        }
-        i += 8;
-    }
-    i == n || word(a, n - 8) == word(b, n - 8)
-}
+pub(crate) use infertrace_intern::same_bytes;
 
 fn is_name(name: &str, operation: &str, model: &str) -> bool {
     let name = name.as_bytes();
@@ -196,31 +171,6 @@ mod tests {
         // Long values are not made static.
         let long = "y".repeat(MAX_CACHED_LEN + 1);
         assert_eq!(shared_value(Kind::Path, &long).as_str(), long);
-    }
-
-    #[test]
-    fn same_bytes_is_byte_equality() {
-        let words = [
-            "",
-            "a",
-            "abcdefg",
-            "abcdefgh",
-            "abcdefghi",
-            "/v1/chat/completions",
-            "/v1/chat/completionz",
-            "/v2/chat/completions",
-            "abcdefghabcdefgh",
-            "abcdefghabcdefgX",
-        ];
-        for a in words {
-            for b in words {
-                assert_eq!(
-                    same_bytes(a.as_bytes(), b.as_bytes()),
-                    a == b,
-                    "{a:?} {b:?}"
-                );
-            }
-        }
     }
 
     #[test]

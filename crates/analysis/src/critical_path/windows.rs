@@ -26,7 +26,9 @@ use serde::Serialize;
 use super::CriticalPath;
 use crate::dense_buckets::DenseBuckets;
 use crate::rounding::ceil_to_i32;
-use crate::text::{PairCache, Text};
+use infertrace_intern::PairCache;
+
+use crate::text::Text;
 
 /// The service and span label of the entry that collects keys beyond the cap.
 pub const OVERFLOW_LABEL: &str = "_overflow";
@@ -249,7 +251,7 @@ pub struct CriticalPathWindows {
     /// key → (service, span name, cumulative seconds).
     keys: Vec<(Arc<str>, Arc<str>, f64)>,
     /// Keys of recently seen (service, name) allocations: most lookups end here.
-    recent_keys: PairCache<u32>,
+    recent_keys: PairCache<Text, u32>,
     overflow_key: Option<u32>,
     overflowed_segments: u64,
     late_records: u64,

@@ -16,7 +16,9 @@ use super::labelling::Labelling;
 use super::ring::{Ring, RingSpec};
 use super::{KpiConfig, sketch_config};
 use crate::record::RequestRecord;
-use crate::text::RecentTriple;
+use infertrace_intern::RecentTriple;
+
+use crate::text::Text;
 
 /// The labels of a series.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -66,7 +68,7 @@ pub struct KpiWindows {
     pub(super) index: HashMap<u64, Vec<usize>>,
     /// The position of the last record's series; cleared whenever series move (see
     /// [`Self::expire`]).
-    pub(super) recent: RecentTriple<usize>,
+    pub(super) recent: RecentTriple<Text, usize>,
     pub(super) labelling: Labelling,
     pub(super) series: Vec<Series>,
     pub(super) overflow: Option<Series>,
