@@ -4,6 +4,6 @@ mod processor;
 mod settings;
 mod sink;
 
-pub(crate) use processor::BatchProcessor;
+pub(crate) use processor::{BatchProcessor, RequestExport};
 pub use settings::{BatchSettings, MAX_QUEUE_ENTRIES};
 pub(crate) use sink::BatchSink;

@@ -10,6 +10,10 @@
 //! ended with) as **one** queue entry, and the export thread builds its spans. The request's
 //! thread then makes one queue operation instead of one per span, and the spans' heap blocks
 //! are allocated and freed on the export thread rather than across threads.
+//!
+//! Given a [`RequestExport`] (OTLP/HTTP protobuf from `otlp::init`), the export thread builds
+//! no `SpanData` for those requests at all: it hands them to it, which encodes them itself and
+//! sends them with the exporter's next call.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -44,6 +48,20 @@ impl Item {
             Item::Request(span, request) => span_data::span_count(span, request),
         }
     }
+}
+
+/// Whole requests exported without `SpanData`: encoded by the implementation and sent along
+/// with the exporter's next export call (`otlp_encode::OtlpRequests`).
+pub(crate) trait RequestExport: Send + fmt::Debug {
+    /// Takes a finished request (its spans are the ones `span_data::request_spans` builds).
+    fn push(&mut self, span: DirectSpan, request: FinishedRequest, ids: &RandomIdGenerator);
+    /// Spans taken since the last [`stage`](Self::stage).
+    fn span_count(&self) -> usize;
+    /// Makes what was taken go with the next export call; `with_other_spans`: that call gets
+    /// spans of its own too. Returns the number of spans staged.
+    fn stage(&mut self, with_other_spans: bool) -> usize;
+    /// The export call returned: forget what was staged.
+    fn unstage(&mut self);
 }
 
 /// What travels on the control channel.
@@ -85,9 +103,23 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 impl BatchProcessor {
     /// Starts the export thread, exporting to `exporter` (given `resource` first).
     pub(crate) fn new<E>(
+        exporter: E,
+        resource: &Resource,
+        settings: BatchSettings,
+    ) -> std::io::Result<Self>
+    where
+        E: SpanExporter + 'static,
+    {
+        Self::with_requests(exporter, resource, settings, None)
+    }
+
+    /// [`new`](Self::new), the layer's requests going to `requests` instead of being built
+    /// into `SpanData` for `exporter` (which still exports them, see [`RequestExport`]).
+    pub(crate) fn with_requests<E>(
         mut exporter: E,
         resource: &Resource,
         settings: BatchSettings,
+        requests: Option<Box<dyn RequestExport>>,
     ) -> std::io::Result<Self>
     where
         E: SpanExporter + 'static,
@@ -109,6 +141,7 @@ impl BatchProcessor {
             settings,
             batch: Vec::with_capacity(settings.max_export_batch_size + 4),
             ids: RandomIdGenerator::default(),
+            requests,
         };
         let handle = thread::Builder::new()
             .name("infertrace-span-export".into())
@@ -254,6 +287,8 @@ struct Worker<E> {
     settings: BatchSettings,
     batch: Vec<SpanData>,
     ids: RandomIdGenerator,
+    /// Where the layer's requests go instead of `batch`, if anywhere.
+    requests: Option<Box<dyn RequestExport>>,
 }
 
 impl<E: SpanExporter> Worker<E> {
@@ -304,6 +339,7 @@ impl<E: SpanExporter> Worker<E> {
     /// request threads increment it with every entry, and a decrement per entry would bounce
     /// its cache line between them and this thread all the time.
     fn drain(&mut self) -> OTelSdkResult {
+        let max = self.settings.max_export_batch_size;
         let mut result = Ok(());
         let target = self.queued_spans.load(Ordering::Acquire);
         let mut taken = 0;
@@ -315,28 +351,71 @@ impl<E: SpanExporter> Worker<E> {
             let n = item.span_count();
             match item {
                 Item::Span(span) => self.batch.push(span),
-                Item::Request(span, request) => {
-                    let batch = &mut self.batch;
-                    span_data::request_spans(span, request, &self.ids, |data| batch.push(data));
-                }
+                Item::Request(span, request) => match &mut self.requests {
+                    Some(requests) => {
+                        // A request's spans are not split between exports: export first what
+                        // would overflow the batch with them.
+                        if requests.span_count() > 0
+                            && self.batch.len() + requests.span_count() + n > max
+                        {
+                            self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
+                            uncounted = 0;
+                            result = result.and(self.export_pending());
+                        }
+                        if let Some(requests) = &mut self.requests {
+                            requests.push(span, request, &self.ids);
+                        }
+                    }
+                    None => {
+                        let batch = &mut self.batch;
+                        span_data::request_spans(span, request, &self.ids, |data| batch.push(data));
+                    }
+                },
             }
             taken += n;
             uncounted += n;
-            while self.batch.len() >= self.settings.max_export_batch_size {
+            while self.pending_spans() >= max {
                 self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
                 uncounted = 0;
-                let rest = self.batch.split_off(self.settings.max_export_batch_size);
-                let full = std::mem::replace(&mut self.batch, rest);
-                result = result.and(self.export(full));
+                if self.requests.as_ref().is_some_and(|r| r.span_count() > 0) {
+                    result = result.and(self.export_pending());
+                } else {
+                    let rest = self.batch.split_off(max);
+                    let full = std::mem::replace(&mut self.batch, rest);
+                    result = result.and(self.export(full));
+                }
             }
         }
         if uncounted > 0 {
             self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
         }
-        if !self.batch.is_empty() {
-            let capacity = self.settings.max_export_batch_size + 4;
-            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(capacity));
-            result = result.and(self.export(batch));
+        if self.pending_spans() > 0 {
+            result = result.and(self.export_pending());
+        }
+        result
+    }
+
+    /// Spans waiting for an export: `SpanData` in the batch and requests taken by `requests`.
+    fn pending_spans(&self) -> usize {
+        self.batch.len() + self.requests.as_ref().map_or(0, |r| r.span_count())
+    }
+
+    /// Exports the batch and whatever `requests` holds, in one export call.
+    fn export_pending(&mut self) -> OTelSdkResult {
+        let capacity = self.settings.max_export_batch_size + 4;
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(capacity));
+        let with_other_spans = !batch.is_empty();
+        let Some(requests) = &mut self.requests else {
+            return self.export(batch);
+        };
+        let staged = requests.stage(with_other_spans);
+        let spans = batch.len() + staged;
+        let result = futures_executor::block_on(self.exporter.export(batch));
+        if let Some(requests) = &mut self.requests {
+            requests.unstage();
+        }
+        if let Err(e) = &result {
+            tracing::warn!(target: "infertrace_tower", spans, "span export failed: {e}");
         }
         result
     }
