@@ -191,3 +191,150 @@ async fn http_protobuf_export_reaches_the_receiver() {
     let got = received.lock().unwrap();
     assert!(got.iter().all(|(_, ct, _)| ct == "application/x-protobuf"));
 }
+
+/// The spans of every trace export the receiver got, decoded with prost:
+/// (service.name of the resource, scope name, span).
+fn decoded_spans(
+    received: &Received,
+) -> Vec<(String, String, opentelemetry_proto::tonic::trace::v1::Span)> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use prost::Message as _;
+    let mut out = Vec::new();
+    for (path, _, body) in received.lock().unwrap().iter() {
+        if path != "/v1/traces" {
+            continue;
+        }
+        let request = ExportTraceServiceRequest::decode(&body[..]).expect("a valid OTLP body");
+        for rs in request.resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.as_ref()?.value.clone())
+                .map(|v| match v {
+                    Value::StringValue(s) => s,
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                let scope = ss.scope.map(|s| s.name).unwrap_or_default();
+                for span in ss.spans {
+                    out.push((service.clone(), scope.clone(), span));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn attribute(
+    span: &opentelemetry_proto::tonic::trace::v1::Span,
+    key: &str,
+) -> Option<opentelemetry_proto::tonic::common::v1::any_value::Value> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.clone())
+}
+
+/// The layer's own encoding (HTTP/protobuf from `otlp::init`) over loopback: a receiver decoding
+/// with prost gets the layer's four spans per request, with their attributes and parents, and
+/// the handler's own span (through the tracer provider, encoded by opentelemetry-otlp) from the
+/// same batch processor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_protobuf_bodies_decode_to_the_layers_and_the_handlers_spans() {
+    use opentelemetry::trace::{Tracer as _, TracerProvider as _};
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+    let (addr, received) = receiver().await;
+    let providers = otlp::init(
+        OtlpConfig::http(format!("http://{addr}"))
+            .service_name("svc-ünïcode")
+            .metrics(false),
+    )
+    .unwrap();
+    let tracer = providers.tracer_provider.tracer("handler");
+    let handler = tower::service_fn(move |req: Request<Full<Bytes>>| {
+        let tracer = tracer.clone();
+        async move {
+            tracer.in_span("handler-work", |_| {});
+            if let Some(rec) = req.extensions().get::<RequestRecorder>() {
+                rec.scheduled();
+                rec.tokens(1);
+                rec.tokens(2);
+                rec.finish("stop");
+            }
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+        }
+    });
+    // Non-ASCII and long values (a header value must be visible ASCII: the layer's default
+    // model instead).
+    let long = "x".repeat(5000);
+    let models = ["模型-größe", "m", long.as_str()];
+    for model in models {
+        let layer = InferenceTraceLayer::new()
+            .with_otlp(&providers)
+            .default_model(model);
+        let req = Request::post("/v1/chat/completions")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = layer.layer(handler.clone()).oneshot(req).await.unwrap();
+        response.into_body().collect().await.unwrap();
+    }
+    let p = providers.clone();
+    tokio::task::spawn_blocking(move || p.shutdown())
+        .await
+        .unwrap()
+        .unwrap();
+    let spans = decoded_spans(&received);
+    assert!(spans.iter().all(|(service, _, _)| service == "svc-ünïcode"));
+    let handler: Vec<_> = spans
+        .iter()
+        .filter(|(_, scope, _)| scope == "handler")
+        .collect();
+    assert_eq!(handler.len(), 3, "the handler's spans");
+    let ours: Vec<_> = spans
+        .iter()
+        .filter(|(_, scope, _)| scope == "infertrace-tower")
+        .map(|(_, _, span)| span)
+        .collect();
+    assert_eq!(ours.len(), 12, "four spans per request");
+    let requests: Vec<_> = ours
+        .iter()
+        .filter(|s| s.kind == SpanKind::Server as i32)
+        .collect();
+    assert_eq!(requests.len(), 3);
+    for (request, model) in requests.iter().zip(models) {
+        assert_eq!(request.name, format!("chat {model}"));
+        assert_eq!(
+            attribute(request, "gen_ai.request.model"),
+            Some(Value::StringValue(model.to_owned()))
+        );
+        assert_eq!(
+            attribute(request, "infer.outcome"),
+            Some(Value::StringValue("ok".into()))
+        );
+        assert_eq!(
+            attribute(request, "http.response.status_code"),
+            Some(Value::IntValue(200))
+        );
+        assert!(request.end_time_unix_nano >= request.start_time_unix_nano);
+        let phases: Vec<_> = ours
+            .iter()
+            .filter(|s| s.parent_span_id == request.span_id)
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(phases, ["queue", "prefill", "decode"]);
+        // The handler's span ran under the request span.
+        assert!(
+            handler
+                .iter()
+                .any(|(_, _, h)| h.parent_span_id == request.span_id
+                    && h.trace_id == request.trace_id),
+            "a handler span under {}",
+            request.name
+        );
+    }
+}
