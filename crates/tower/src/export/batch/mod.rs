@@ -4,6 +4,8 @@ mod processor;
 mod settings;
 mod sink;
 
-pub(crate) use processor::{BatchProcessor, RequestExport};
+pub(crate) use processor::BatchProcessor;
+#[cfg(feature = "otlp")]
+pub(crate) use processor::RequestExport;
 pub use settings::{BatchSettings, MAX_QUEUE_ENTRIES};
 pub(crate) use sink::BatchSink;

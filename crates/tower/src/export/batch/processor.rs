@@ -675,3 +675,125 @@ mod tests {
         assert_eq!(p.dropped_spans(), 1);
     }
 }
+
+#[cfg(test)]
+mod request_export_tests {
+    //! The processor with a [`RequestExport`]: requests go to it, whole, and every export call
+    //! carries at most a batch's worth of spans, theirs and the exporter's together.
+
+    use std::sync::Mutex as StdMutex;
+    use std::time::SystemTime;
+
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    use opentelemetry_sdk::trace::InMemorySpanExporter;
+
+    use super::*;
+    use crate::end_attributes::EndAttributes;
+    use crate::finished::PhaseSpans;
+
+    /// Counts the spans it is given; records each staging: (its spans, with other spans).
+    #[derive(Debug, Default)]
+    struct Fake {
+        spans: usize,
+        staged: Arc<StdMutex<Vec<(usize, bool)>>>,
+    }
+
+    impl RequestExport for Fake {
+        fn push(&mut self, span: DirectSpan, request: FinishedRequest, _: &RandomIdGenerator) {
+            self.spans += span_data::span_count(&span, &request);
+        }
+        fn span_count(&self) -> usize {
+            self.spans
+        }
+        fn stage(&mut self, with_other_spans: bool) -> usize {
+            let n = std::mem::take(&mut self.spans);
+            if let Ok(mut staged) = self.staged.lock() {
+                staged.push((n, with_other_spans));
+            }
+            n
+        }
+        fn unstage(&mut self) {}
+    }
+
+    fn submit(p: &BatchProcessor) {
+        let context = SpanContext::new(
+            TraceId::from(1_u128),
+            SpanId::from(2_u64),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::NONE,
+        );
+        let now = SystemTime::now();
+        let mut phases = PhaseSpans::default();
+        for i in 0..3 {
+            phases.set(i, now, now, None);
+        }
+        let request = FinishedRequest {
+            end: now,
+            late_model: None,
+            end_attributes: EndAttributes::default(),
+            phases,
+        };
+        p.submit_request(DirectSpan::for_test(context, "chat", now), request);
+    }
+
+    #[test]
+    fn requests_go_to_the_request_export_whole_and_batches_stay_within_the_size() {
+        let exporter = InMemorySpanExporter::default();
+        let fake = Fake::default();
+        let staged = Arc::clone(&fake.staged);
+        let settings = BatchSettings {
+            max_queue_size: 1000,
+            scheduled_delay: Duration::from_secs(3600),
+            max_export_batch_size: 10,
+        };
+        let p = BatchProcessor::with_requests(
+            exporter.clone(),
+            &Resource::builder_empty().build(),
+            settings,
+            Some(Box::new(fake)),
+        )
+        .expect("thread");
+        for _ in 0..5 {
+            submit(&p);
+        }
+        assert!(p.force_flush().is_ok());
+        // 20 spans, never split: 8 + 8 + 4.
+        let got = staged.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(got.iter().map(|(n, _)| n).sum::<usize>(), 20, "{got:?}");
+        assert!(
+            got.iter()
+                .all(|(n, other)| *n % 4 == 0 && *n <= 10 && !other),
+            "{got:?}"
+        );
+        assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
+
+        // An SDK span and a request in one export: the request rides along with it.
+        let span = {
+            let mut s = DirectSpan::for_test(
+                SpanContext::new(
+                    TraceId::from(3_u128),
+                    SpanId::from(4_u64),
+                    TraceFlags::SAMPLED,
+                    false,
+                    TraceState::NONE,
+                ),
+                "handler",
+                SystemTime::now(),
+            );
+            s.attributes.clear();
+            s.into_span_data(
+                SystemTime::now(),
+                opentelemetry::trace::Status::Unset,
+                |_| {},
+            )
+        };
+        p.on_end(span);
+        submit(&p);
+        assert!(p.force_flush().is_ok());
+        let got = staged.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(got.last(), Some(&(4, true)), "{got:?}");
+        assert_eq!(exporter.get_finished_spans().unwrap_or_default().len(), 1);
+        assert!(p.shutdown().is_ok());
+    }
+}

@@ -20,7 +20,7 @@ pub(crate) const FIXED32: u32 = 5;
 #[inline]
 pub(crate) fn varint_len(v: u64) -> usize {
     // 1 byte per started group of 7 bits, at least 1.
-    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 #[inline]
