@@ -180,10 +180,16 @@ fn put_array(buf: &mut Vec<u8>, array: &Array) {
 pub(crate) fn put_key_value(buf: &mut Vec<u8>, field: u32, key: &str, value: &Value) {
     let value_len = any_value_len(value);
     let len = len_field_len(1, key.len()) + len_field_len(2, value_len);
+    // One capacity check for the whole attribute (the writes below then never grow `buf`).
+    buf.reserve(len_field_len(field, len));
     put_len_header(buf, field, len);
     put_bytes(buf, 1, key.as_bytes());
     put_len_header(buf, 2, value_len);
-    put_any_value(buf, value);
+    match value {
+        // The usual case, without a second match on the kind.
+        Value::String(s) => put_bytes(buf, 1, s.as_str().as_bytes()),
+        _ => put_any_value(buf, value),
+    }
 }
 
 #[cfg(test)]
