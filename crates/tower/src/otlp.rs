@@ -447,6 +447,42 @@ mod tests {
     }
 
     #[test]
+    fn compression_or_not_and_the_http_timeout_read_as_opentelemetry_otlp_reads_them() {
+        assert!(!compression_requested(env_of(&[])));
+        assert!(!compression_requested(env_of(&[(
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "none"
+        )])));
+        assert!(compression_requested(env_of(&[(
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "gzip"
+        )])));
+        // The traces variable first.
+        assert!(!compression_requested(env_of(&[
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ])));
+        assert_eq!(
+            http_timeout(env_of(&[])),
+            std::time::Duration::from_secs(10)
+        );
+        assert_eq!(
+            http_timeout(env_of(&[
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "junk"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ])),
+            std::time::Duration::from_millis(2500)
+        );
+        assert_eq!(
+            http_timeout(env_of(&[
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "100"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ])),
+            std::time::Duration::from_millis(100)
+        );
+    }
+
+    #[test]
     fn http_paths_are_appended_to_the_base() {
         assert_eq!(
             http_url("http://h:4318/", "/v1/traces"),
