@@ -19,8 +19,15 @@ pub(crate) const FIXED32: u32 = 5;
 /// Bytes the varint `v` takes.
 #[inline]
 pub(crate) fn varint_len(v: u64) -> usize {
-    // 1 byte per started group of 7 bits, at least 1.
-    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+    // Tags and most lengths take one or two bytes: no division for them (this is hot).
+    if v < 0x80 {
+        1
+    } else if v < 0x4000 {
+        2
+    } else {
+        // 1 byte per started group of 7 bits.
+        (64 - v.leading_zeros() as usize).div_ceil(7)
+    }
 }
 
 #[inline]
