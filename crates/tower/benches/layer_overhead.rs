@@ -699,6 +699,11 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
             .metrics(false);
         if let Ok(providers) = infertrace_tower::otlp::init(config) {
             let own = providers.span_processor.clone();
+            // The export thread encodes the layer's requests itself (not through `SpanData`).
+            assert!(
+                format!("{own:?}").contains("request_export: true"),
+                "infertrace_otlp must take the layer's own OTLP encoding: {own:?}"
+            );
             if let Ok(mut processors) = PROCESSORS.lock() {
                 processors.push(own.clone());
             }

@@ -255,6 +255,12 @@ async fn http_protobuf_bodies_decode_to_the_layers_and_the_handlers_spans() {
             .metrics(false),
     )
     .unwrap();
+    // The export thread encodes the layer's requests itself.
+    assert!(
+        format!("{:?}", providers.span_processor).contains("request_export: true"),
+        "{:?}",
+        providers.span_processor
+    );
     let tracer = providers.tracer_provider.tracer("handler");
     let handler = tower::service_fn(move |req: Request<Full<Bytes>>| {
         let tracer = tracer.clone();

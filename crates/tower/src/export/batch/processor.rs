@@ -86,6 +86,8 @@ pub(crate) struct BatchProcessor {
     dropped_spans: Arc<AtomicU64>,
     shut_down: AtomicBool,
     worker: Mutex<Option<thread::JoinHandle<()>>>,
+    /// Whether the layer's requests go to a [`RequestExport`] (shown by `Debug`).
+    request_export: bool,
 }
 
 impl fmt::Debug for BatchProcessor {
@@ -93,6 +95,7 @@ impl fmt::Debug for BatchProcessor {
         f.debug_struct("BatchProcessor")
             .field("max_export_batch_size", &self.max_export_batch_size)
             .field("dropped_spans", &self.dropped_spans.load(Ordering::Relaxed))
+            .field("request_export", &self.request_export)
             .finish_non_exhaustive()
     }
 }
@@ -131,6 +134,7 @@ impl BatchProcessor {
         let queued_spans = Arc::new(AtomicUsize::new(0));
         let export_signalled = Arc::new(AtomicBool::new(false));
         let dropped_spans = Arc::new(AtomicU64::new(0));
+        let request_export = requests.is_some();
         let mut worker = Worker {
             dropped_spans: Arc::clone(&dropped_spans),
             exporter,
@@ -159,6 +163,7 @@ impl BatchProcessor {
             dropped_spans,
             shut_down: AtomicBool::new(false),
             worker: Mutex::new(Some(handle)),
+            request_export,
         })
     }
 
