@@ -296,6 +296,22 @@ async fn http_protobuf_bodies_decode_to_the_layers_and_the_handlers_spans() {
         .unwrap();
     let spans = decoded_spans(&received);
     assert!(spans.iter().all(|(service, _, _)| service == "svc-ünïcode"));
+    // Exported in one call (the usual case: everything queued until the shutdown's flush), the
+    // layer's body went after the exporter's own: one POST holds both, as two `ResourceSpans`.
+    let posts = received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(path, _, _)| path == "/v1/traces")
+        .count();
+    if posts == 1 {
+        let scopes: std::collections::BTreeSet<_> =
+            spans.iter().map(|(_, scope, _)| scope.as_str()).collect();
+        assert_eq!(
+            scopes.into_iter().collect::<Vec<_>>(),
+            ["handler", "infertrace-tower"]
+        );
+    }
     let handler: Vec<_> = spans
         .iter()
         .filter(|(_, scope, _)| scope == "handler")
