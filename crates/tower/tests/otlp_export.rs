@@ -1,7 +1,9 @@
 //! `otlp::init` against a real (minimal) OTLP receiver on loopback, over gRPC and HTTP/protobuf:
 //! the spans and metrics of a traced request must arrive, with the configured service name.
-//! The receiver does not decode protobuf; it checks that the encoded request carries the
-//! expected strings (protobuf stores strings as raw bytes, and compression is off by default).
+//! The first two tests look for the expected strings in the encoded requests (protobuf stores
+//! strings as raw bytes, and compression is off by default); the third decodes the HTTP/protobuf
+//! bodies with prost (opentelemetry-proto's types), where the layer's spans are the ones its own
+//! encoder wrote (`export/otlp_encode`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
