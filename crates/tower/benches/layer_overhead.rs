@@ -665,6 +665,10 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
     // Through a real OTLP/HTTP exporter (protobuf encoding, loopback HTTP) to the receiver,
     // each processor at its defaults (the `OTEL_BSP_*` variables): the hand-off as `with_otlp`
     // wires it, and the best peer through the SDK's batch processor.
+    // Tracing only, like the peer's variant (`with_metrics(false)`): the SDK meter provider made
+    // global above for the peer's metrics variant would otherwise give the infertrace layers
+    // built below their metrics too.
+    opentelemetry::global::set_meter_provider(opentelemetry::metrics::NoopMeterProvider::new());
     if let Some(base) = receiver
         && let (Some(ours), Some(theirs)) = (otlp_exporter(base), otlp_exporter(base))
     {
