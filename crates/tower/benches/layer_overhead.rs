@@ -24,7 +24,13 @@
 //!   best peer exporting through a real OTLP/HTTP protobuf exporter to a local receiver (a
 //!   child process that reads each request and answers 200), each processor at its default
 //!   settings, flushed after every batch's worth of requests inside the measurement so that no
-//!   span is dropped: encoding, the HTTP client and every export are in the process CPU;
+//!   span is dropped: encoding, the HTTP client and every export are in the process CPU
+//!   (`infertrace_handover_otlp`: `SharedSpanProcessor::batch` over opentelemetry-otlp's
+//!   exporter, every span built as `SpanData` and encoded by opentelemetry-otlp);
+//! - `infertrace_otlp`: what `otlp::init` (HTTP/protobuf) and `with_otlp` wire, to the same
+//!   receiver, paced the same way: the export thread encodes the layer's requests straight to
+//!   OTLP protobuf (no `SpanData`) and sends them through the exporter (its "spans exported"
+//!   share counts the spans not dropped by the processor);
 //! - `chunks/*`: a streamed (`text/event-stream`) body of 1 and 1025 chunks, bare and traced;
 //!   the per-chunk cost is the slope difference;
 //! - `sdk/span_1_attr`: the floor, one SDK span with one attribute into the same processor;
@@ -659,6 +665,10 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
     // Through a real OTLP/HTTP exporter (protobuf encoding, loopback HTTP) to the receiver,
     // each processor at its defaults (the `OTEL_BSP_*` variables): the hand-off as `with_otlp`
     // wires it, and the best peer through the SDK's batch processor.
+    // Tracing only, like the peer's variant (`with_metrics(false)`): the SDK meter provider made
+    // global above for the peer's metrics variant would otherwise give the infertrace layers
+    // built below their metrics too.
+    opentelemetry::global::set_meter_provider(opentelemetry::metrics::NoopMeterProvider::new());
     if let Some(base) = receiver
         && let (Some(ours), Some(theirs)) = (otlp_exporter(base), otlp_exporter(base))
     {
@@ -686,6 +696,41 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
                 4,
                 Some((&own, 128)),
             );
+        }
+        // What `otlp::init` + `with_otlp` wire: the layer's requests encoded straight to OTLP.
+        let config = infertrace_tower::otlp::OtlpConfig::http(base)
+            .service_name("bench")
+            .metrics(false);
+        if let Ok(providers) = infertrace_tower::otlp::init(config) {
+            let own = providers.span_processor.clone();
+            // The export thread encodes the layer's requests itself (not through `SpanData`).
+            assert!(
+                format!("{own:?}").contains("request_export: true"),
+                "infertrace_otlp must take the layer's own OTLP encoding: {own:?}"
+            );
+            if let Ok(mut processors) = PROCESSORS.lock() {
+                processors.push(own.clone());
+            }
+            let layer = InferenceTraceLayer::new()
+                .with_otlp(&providers)
+                .default_model("llama-3.1-8b");
+            let dropped = own.dropped_spans().unwrap_or(0);
+            bench_paced(
+                c,
+                "request",
+                "infertrace_otlp",
+                layer.layer(engine),
+                4,
+                Some((&own, 128)),
+            );
+            // Its exporter is not wrapped in `Counting`: what the processor did not drop.
+            let dropped = own.dropped_spans().unwrap_or(0) - dropped;
+            if let Ok(mut spans) = SPANS.lock()
+                && let Some(entry) = spans.get_mut("request/infertrace_otlp")
+            {
+                entry[2] = entry[1].saturating_sub(dropped);
+                EXPORTED.fetch_add(entry[2], Ordering::Relaxed);
+            }
         }
         let sdk = opentelemetry_sdk::trace::BatchSpanProcessor::builder(theirs).build();
         let sdk = SharedSpanProcessor::new(sdk, &resource);
@@ -832,6 +877,7 @@ fn summary() {
         "otel_instrumentation_tower_metrics",
         "tower_http_tracing_otel",
         "infertrace_handover_otlp",
+        "infertrace_otlp",
         "otel_instrumentation_tower_otlp",
     ] {
         let k = format!("request/{name}");

@@ -26,6 +26,14 @@
 //! global one (after [`OtlpProviders::install_global`]) goes through the tracer: the same spans,
 //! at a higher cost per request.
 //!
+//! With HTTP/protobuf (the default) and no compression, the batch processor's export thread
+//! encodes the requests a layer hands it straight to OTLP protobuf, without building the
+//! SDK's `SpanData` and opentelemetry-otlp's prost messages for them, and sends them through
+//! the exporter itself (its endpoint, headers, timeout and retries), together with the
+//! handler's own spans of the same batch: the same spans, bytes and all, for a fraction of
+//! the CPU time. gRPC, and HTTP with `OTEL_EXPORTER_OTLP_(TRACES_)COMPRESSION` set, export
+//! every span through opentelemetry-otlp's own encoding.
+//!
 //! ```no_run
 //! # async fn run() -> Result<(), infertrace_tower::otlp::OtlpError> {
 //! use infertrace_tower::otlp::{self, OtlpConfig};
@@ -38,12 +46,14 @@
 //! ```
 
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, ShouldSample};
 
 use crate::SharedSpanProcessor;
+use crate::export::BatchSettings;
+use crate::export::otlp_encode::{EncodingClient, OtlpRequests, Staged};
 
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +243,33 @@ fn http_url(base: &str, path: &str) -> String {
     format!("{}{}", base.trim_end_matches('/'), path)
 }
 
+/// Whether `OTEL_EXPORTER_OTLP_TRACES_COMPRESSION` or `OTEL_EXPORTER_OTLP_COMPRESSION` asks
+/// for a compressed body (any value but empty or `none`, as opentelemetry-otlp reads them).
+fn compression_requested(env: impl Fn(&str) -> Option<String>) -> bool {
+    for var in [
+        opentelemetry_otlp::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+        opentelemetry_otlp::OTEL_EXPORTER_OTLP_COMPRESSION,
+    ] {
+        if let Some(v) = env(var).filter(|v| !v.is_empty()) {
+            return !v.eq_ignore_ascii_case("none");
+        }
+    }
+    false
+}
+
+/// The HTTP timeout opentelemetry-otlp gives its own client: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
+/// else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), else 10 s.
+fn http_timeout(env: impl Fn(&str) -> Option<String>) -> std::time::Duration {
+    [
+        opentelemetry_otlp::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+        opentelemetry_otlp::OTEL_EXPORTER_OTLP_TIMEOUT,
+    ]
+    .into_iter()
+    .find_map(|var| env(var).and_then(|v| v.parse::<u64>().ok()))
+    .map(std::time::Duration::from_millis)
+    .unwrap_or(opentelemetry_otlp::OTEL_EXPORTER_OTLP_TIMEOUT_DEFAULT)
+}
+
 fn resource(config: &OtlpConfig) -> Resource {
     // `Resource::builder()` reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
     let mut builder = Resource::builder().with_attributes(config.resource_attributes.clone());
@@ -246,6 +283,20 @@ fn resource(config: &OtlpConfig) -> Resource {
 pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
     let protocol = config.resolve_protocol(|v| std::env::var(v).ok())?;
     let resource = resource(&config);
+    // With HTTP/protobuf the layer's requests are encoded by the export thread and sent in the
+    // exporter's own requests (`export/otlp_encode`), unless the body must be compressed.
+    let env = |v: &str| std::env::var(v).ok();
+    let (client, staged) = if protocol == OtlpProtocol::HttpProtobuf && !compression_requested(env)
+    {
+        let staged = Staged::default();
+        match EncodingClient::new(http_timeout(env), staged.clone()) {
+            Some(client) => (Some(client), Some(staged)),
+            // No client of ours: the exporter builds its own and encodes every span.
+            None => (None, None),
+        }
+    } else {
+        (None, None)
+    };
     let spans = match protocol {
         OtlpProtocol::Grpc => {
             let mut b = SpanExporter::builder().with_tonic();
@@ -261,6 +312,9 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
             if let Some(e) = &config.endpoint {
                 b = b.with_endpoint(http_url(e, "/v1/traces"));
             }
+            if let Some(client) = client {
+                b = b.with_http_client(client);
+            }
             b.build()
         }
     }
@@ -271,7 +325,15 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
     // One batch processor (infertrace's, `export/batch`: the SDK's batching, same `OTEL_BSP_*`
     // variables), shared by the provider (the handler's own spans) and by any layer given these
     // providers (`with_otlp`), which hands each finished request to it whole.
-    let processor = SharedSpanProcessor::batch(spans, &resource)?;
+    let processor = match staged {
+        Some(staged) => SharedSpanProcessor::batch_with_requests(
+            spans,
+            &resource,
+            BatchSettings::from_env(),
+            Box::new(OtlpRequests::new(&resource, staged)),
+        )?,
+        None => SharedSpanProcessor::batch(spans, &resource)?,
+    };
     // Only a parent-based sampler given in code may hold a custom sampler that reads attributes.
     let sampler_reads_attributes = matches!(config.sampler, Some(Sampler::ParentBased(_)));
     let sampler: Box<dyn ShouldSample> = match config.sampler.clone() {
@@ -382,6 +444,42 @@ mod tests {
             OtlpConfig::default().resolve_protocol(&bad),
             Err(OtlpError::Protocol { .. })
         ));
+    }
+
+    #[test]
+    fn compression_or_not_and_the_http_timeout_read_as_opentelemetry_otlp_reads_them() {
+        assert!(!compression_requested(env_of(&[])));
+        assert!(!compression_requested(env_of(&[(
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "none"
+        )])));
+        assert!(compression_requested(env_of(&[(
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "gzip"
+        )])));
+        // The traces variable first.
+        assert!(!compression_requested(env_of(&[
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ])));
+        assert_eq!(
+            http_timeout(env_of(&[])),
+            std::time::Duration::from_secs(10)
+        );
+        assert_eq!(
+            http_timeout(env_of(&[
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "junk"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ])),
+            std::time::Duration::from_millis(2500)
+        );
+        assert_eq!(
+            http_timeout(env_of(&[
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "100"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ])),
+            std::time::Duration::from_millis(100)
+        );
     }
 
     #[test]

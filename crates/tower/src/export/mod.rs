@@ -3,7 +3,8 @@
 //! - [`TracerSink`]: through an OpenTelemetry tracer (the SDK's unboxed, any other boxed);
 //! - [`DirectSink`]: finished `SpanData` to any span processor, built on the request's thread;
 //! - [`BatchSink`]: whole requests to infertrace's batch processor, spans built on its export
-//!   thread.
+//!   thread (with OTLP/HTTP protobuf from `otlp::init`, encoded there straight to protobuf,
+//!   [`otlp_encode`], no `SpanData` at all).
 //!
 //! A layer uses one of them, chosen when it is built; [`Sink`] holds that choice and
 //! [`SinkSpan`] the request span it started. Both sinks that bypass a tracer decide sampling
@@ -11,6 +12,8 @@
 
 mod batch;
 mod direct;
+#[cfg(feature = "otlp")]
+pub(crate) mod otlp_encode;
 mod sampling;
 mod shared_processor;
 mod sink;

@@ -108,6 +108,27 @@ impl SharedSpanProcessor {
         })
     }
 
+    /// [`batch_with`](Self::batch_with), the layer's requests going to `requests` (which
+    /// encodes them and sends them with `exporter`'s export calls) instead of `SpanData`.
+    #[cfg(feature = "otlp")]
+    pub(crate) fn batch_with_requests(
+        exporter: impl SpanExporter + 'static,
+        resource: &Resource,
+        settings: BatchSettings,
+        requests: Box<dyn super::batch::RequestExport>,
+    ) -> std::io::Result<Self> {
+        let batch = Arc::new(BatchProcessor::with_requests(
+            exporter,
+            resource,
+            settings,
+            Some(requests),
+        )?);
+        Ok(Self {
+            inner: Arc::clone(&batch) as Arc<dyn SpanProcessor>,
+            batch: Some(batch),
+        })
+    }
+
     /// Spans dropped so far by infertrace's batch processor (queue full, or after shutdown);
     /// `None` for a processor made with [`new`](Self::new), which keeps its own account.
     pub fn dropped_spans(&self) -> Option<u64> {

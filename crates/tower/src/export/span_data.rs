@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
+use opentelemetry_sdk::trace::{IdGenerator, SpanData, SpanEvents, SpanLinks};
 
 use infertrace_semconv::gen_ai;
 
@@ -94,7 +94,7 @@ impl DirectSpan {
 pub(crate) fn request_spans(
     span: DirectSpan,
     request: FinishedRequest,
-    ids: &RandomIdGenerator,
+    ids: &impl IdGenerator,
     mut emit: impl FnMut(SpanData),
 ) {
     let status = request.status().unwrap_or(Status::Unset);
@@ -132,7 +132,7 @@ pub(crate) fn span_count(span: &DirectSpan, request: &FinishedRequest) -> usize 
 /// The `SpanData` of one INTERNAL phase span under the request span `parent`.
 pub(crate) fn phase_span_data(
     parent: &SpanContext,
-    ids: &RandomIdGenerator,
+    ids: &impl IdGenerator,
     phase: PhaseSpan,
 ) -> SpanData {
     let context = SpanContext::new(

@@ -10,6 +10,10 @@
 //! ended with) as **one** queue entry, and the export thread builds its spans. The request's
 //! thread then makes one queue operation instead of one per span, and the spans' heap blocks
 //! are allocated and freed on the export thread rather than across threads.
+//!
+//! Given a [`RequestExport`] (OTLP/HTTP protobuf from `otlp::init`), the export thread builds
+//! no `SpanData` for those requests at all: it hands them to it, which encodes them itself and
+//! sends them with the exporter's next call.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -46,6 +50,20 @@ impl Item {
     }
 }
 
+/// Whole requests exported without `SpanData`: encoded by the implementation and sent along
+/// with the exporter's next export call (`otlp_encode::OtlpRequests`).
+pub(crate) trait RequestExport: Send + fmt::Debug {
+    /// Takes a finished request (its spans are the ones `span_data::request_spans` builds).
+    fn push(&mut self, span: DirectSpan, request: FinishedRequest, ids: &RandomIdGenerator);
+    /// Spans taken since the last [`stage`](Self::stage).
+    fn span_count(&self) -> usize;
+    /// Makes what was taken go with the next export call; `with_other_spans`: that call gets
+    /// spans of its own too. Returns the number of spans staged.
+    fn stage(&mut self, with_other_spans: bool) -> usize;
+    /// The export call returned: forget what was staged.
+    fn unstage(&mut self);
+}
+
 /// What travels on the control channel.
 enum Control {
     /// A batch's worth of spans is queued.
@@ -68,6 +86,8 @@ pub(crate) struct BatchProcessor {
     dropped_spans: Arc<AtomicU64>,
     shut_down: AtomicBool,
     worker: Mutex<Option<thread::JoinHandle<()>>>,
+    /// Whether the layer's requests go to a [`RequestExport`] (shown by `Debug`).
+    request_export: bool,
 }
 
 impl fmt::Debug for BatchProcessor {
@@ -75,6 +95,7 @@ impl fmt::Debug for BatchProcessor {
         f.debug_struct("BatchProcessor")
             .field("max_export_batch_size", &self.max_export_batch_size)
             .field("dropped_spans", &self.dropped_spans.load(Ordering::Relaxed))
+            .field("request_export", &self.request_export)
             .finish_non_exhaustive()
     }
 }
@@ -85,9 +106,23 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 impl BatchProcessor {
     /// Starts the export thread, exporting to `exporter` (given `resource` first).
     pub(crate) fn new<E>(
+        exporter: E,
+        resource: &Resource,
+        settings: BatchSettings,
+    ) -> std::io::Result<Self>
+    where
+        E: SpanExporter + 'static,
+    {
+        Self::with_requests(exporter, resource, settings, None)
+    }
+
+    /// [`new`](Self::new), the layer's requests going to `requests` instead of being built
+    /// into `SpanData` for `exporter` (which still exports them, see [`RequestExport`]).
+    pub(crate) fn with_requests<E>(
         mut exporter: E,
         resource: &Resource,
         settings: BatchSettings,
+        requests: Option<Box<dyn RequestExport>>,
     ) -> std::io::Result<Self>
     where
         E: SpanExporter + 'static,
@@ -99,6 +134,7 @@ impl BatchProcessor {
         let queued_spans = Arc::new(AtomicUsize::new(0));
         let export_signalled = Arc::new(AtomicBool::new(false));
         let dropped_spans = Arc::new(AtomicU64::new(0));
+        let request_export = requests.is_some();
         let mut worker = Worker {
             dropped_spans: Arc::clone(&dropped_spans),
             exporter,
@@ -109,6 +145,7 @@ impl BatchProcessor {
             settings,
             batch: Vec::with_capacity(settings.max_export_batch_size + 4),
             ids: RandomIdGenerator::default(),
+            requests,
         };
         let handle = thread::Builder::new()
             .name("infertrace-span-export".into())
@@ -126,6 +163,7 @@ impl BatchProcessor {
             dropped_spans,
             shut_down: AtomicBool::new(false),
             worker: Mutex::new(Some(handle)),
+            request_export,
         })
     }
 
@@ -254,6 +292,8 @@ struct Worker<E> {
     settings: BatchSettings,
     batch: Vec<SpanData>,
     ids: RandomIdGenerator,
+    /// Where the layer's requests go instead of `batch`, if anywhere.
+    requests: Option<Box<dyn RequestExport>>,
 }
 
 impl<E: SpanExporter> Worker<E> {
@@ -304,6 +344,7 @@ impl<E: SpanExporter> Worker<E> {
     /// request threads increment it with every entry, and a decrement per entry would bounce
     /// its cache line between them and this thread all the time.
     fn drain(&mut self) -> OTelSdkResult {
+        let max = self.settings.max_export_batch_size;
         let mut result = Ok(());
         let target = self.queued_spans.load(Ordering::Acquire);
         let mut taken = 0;
@@ -315,28 +356,71 @@ impl<E: SpanExporter> Worker<E> {
             let n = item.span_count();
             match item {
                 Item::Span(span) => self.batch.push(span),
-                Item::Request(span, request) => {
-                    let batch = &mut self.batch;
-                    span_data::request_spans(span, request, &self.ids, |data| batch.push(data));
-                }
+                Item::Request(span, request) => match &mut self.requests {
+                    Some(requests) => {
+                        // A request's spans are not split between exports: export first what
+                        // would overflow the batch with them.
+                        if requests.span_count() > 0
+                            && self.batch.len() + requests.span_count() + n > max
+                        {
+                            self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
+                            uncounted = 0;
+                            result = result.and(self.export_pending());
+                        }
+                        if let Some(requests) = &mut self.requests {
+                            requests.push(span, request, &self.ids);
+                        }
+                    }
+                    None => {
+                        let batch = &mut self.batch;
+                        span_data::request_spans(span, request, &self.ids, |data| batch.push(data));
+                    }
+                },
             }
             taken += n;
             uncounted += n;
-            while self.batch.len() >= self.settings.max_export_batch_size {
+            while self.pending_spans() >= max {
                 self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
                 uncounted = 0;
-                let rest = self.batch.split_off(self.settings.max_export_batch_size);
-                let full = std::mem::replace(&mut self.batch, rest);
-                result = result.and(self.export(full));
+                if self.requests.as_ref().is_some_and(|r| r.span_count() > 0) {
+                    result = result.and(self.export_pending());
+                } else {
+                    let rest = self.batch.split_off(max);
+                    let full = std::mem::replace(&mut self.batch, rest);
+                    result = result.and(self.export(full));
+                }
             }
         }
         if uncounted > 0 {
             self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
         }
-        if !self.batch.is_empty() {
-            let capacity = self.settings.max_export_batch_size + 4;
-            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(capacity));
-            result = result.and(self.export(batch));
+        if self.pending_spans() > 0 {
+            result = result.and(self.export_pending());
+        }
+        result
+    }
+
+    /// Spans waiting for an export: `SpanData` in the batch and requests taken by `requests`.
+    fn pending_spans(&self) -> usize {
+        self.batch.len() + self.requests.as_ref().map_or(0, |r| r.span_count())
+    }
+
+    /// Exports the batch and whatever `requests` holds, in one export call.
+    fn export_pending(&mut self) -> OTelSdkResult {
+        let capacity = self.settings.max_export_batch_size + 4;
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(capacity));
+        let with_other_spans = !batch.is_empty();
+        let Some(requests) = &mut self.requests else {
+            return self.export(batch);
+        };
+        let staged = requests.stage(with_other_spans);
+        let spans = batch.len() + staged;
+        let result = futures_executor::block_on(self.exporter.export(batch));
+        if let Some(requests) = &mut self.requests {
+            requests.unstage();
+        }
+        if let Err(e) = &result {
+            tracing::warn!(target: "infertrace_tower", spans, "span export failed: {e}");
         }
         result
     }
@@ -594,5 +678,127 @@ mod tests {
         ));
         p.on_end(sdk_span("after"));
         assert_eq!(p.dropped_spans(), 1);
+    }
+}
+
+#[cfg(test)]
+mod request_export_tests {
+    //! The processor with a [`RequestExport`]: requests go to it, whole, and every export call
+    //! carries at most a batch's worth of spans, theirs and the exporter's together.
+
+    use std::sync::Mutex as StdMutex;
+    use std::time::SystemTime;
+
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    use opentelemetry_sdk::trace::InMemorySpanExporter;
+
+    use super::*;
+    use crate::end_attributes::EndAttributes;
+    use crate::finished::PhaseSpans;
+
+    /// Counts the spans it is given; records each staging: (its spans, with other spans).
+    #[derive(Debug, Default)]
+    struct Fake {
+        spans: usize,
+        staged: Arc<StdMutex<Vec<(usize, bool)>>>,
+    }
+
+    impl RequestExport for Fake {
+        fn push(&mut self, span: DirectSpan, request: FinishedRequest, _: &RandomIdGenerator) {
+            self.spans += span_data::span_count(&span, &request);
+        }
+        fn span_count(&self) -> usize {
+            self.spans
+        }
+        fn stage(&mut self, with_other_spans: bool) -> usize {
+            let n = std::mem::take(&mut self.spans);
+            if let Ok(mut staged) = self.staged.lock() {
+                staged.push((n, with_other_spans));
+            }
+            n
+        }
+        fn unstage(&mut self) {}
+    }
+
+    fn submit(p: &BatchProcessor) {
+        let context = SpanContext::new(
+            TraceId::from(1_u128),
+            SpanId::from(2_u64),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::NONE,
+        );
+        let now = SystemTime::now();
+        let mut phases = PhaseSpans::default();
+        for i in 0..3 {
+            phases.set(i, now, now, None);
+        }
+        let request = FinishedRequest {
+            end: now,
+            late_model: None,
+            end_attributes: EndAttributes::default(),
+            phases,
+        };
+        p.submit_request(DirectSpan::for_test(context, "chat", now), request);
+    }
+
+    #[test]
+    fn requests_go_to_the_request_export_whole_and_batches_stay_within_the_size() {
+        let exporter = InMemorySpanExporter::default();
+        let fake = Fake::default();
+        let staged = Arc::clone(&fake.staged);
+        let settings = BatchSettings {
+            max_queue_size: 1000,
+            scheduled_delay: Duration::from_secs(3600),
+            max_export_batch_size: 10,
+        };
+        let p = BatchProcessor::with_requests(
+            exporter.clone(),
+            &Resource::builder_empty().build(),
+            settings,
+            Some(Box::new(fake)),
+        )
+        .expect("thread");
+        for _ in 0..5 {
+            submit(&p);
+        }
+        assert!(p.force_flush().is_ok());
+        // 20 spans, never split: 8 + 8 + 4.
+        let got = staged.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(got.iter().map(|(n, _)| n).sum::<usize>(), 20, "{got:?}");
+        assert!(
+            got.iter()
+                .all(|(n, other)| *n % 4 == 0 && *n <= 10 && !other),
+            "{got:?}"
+        );
+        assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
+
+        // An SDK span and a request in one export: the request rides along with it.
+        let span = {
+            let mut s = DirectSpan::for_test(
+                SpanContext::new(
+                    TraceId::from(3_u128),
+                    SpanId::from(4_u64),
+                    TraceFlags::SAMPLED,
+                    false,
+                    TraceState::NONE,
+                ),
+                "handler",
+                SystemTime::now(),
+            );
+            s.attributes.clear();
+            s.into_span_data(
+                SystemTime::now(),
+                opentelemetry::trace::Status::Unset,
+                |_| {},
+            )
+        };
+        p.on_end(span);
+        submit(&p);
+        assert!(p.force_flush().is_ok());
+        let got = staged.lock().map(|s| s.clone()).unwrap_or_default();
+        assert_eq!(got.last(), Some(&(4, true)), "{got:?}");
+        assert_eq!(exporter.get_finished_spans().unwrap_or_default().len(), 1);
+        assert!(p.shutdown().is_ok());
     }
 }
