@@ -15,8 +15,8 @@ use crate::limiter::{
 use crate::listener::PeerAddr;
 use crate::otlp_decode::{self, Decoded};
 
-use super::ReceiverLimits;
 use super::body::{BodyError, InflateError, gunzip_limited, read_body};
+use super::limits::ReceiverLimits;
 
 /// A request body in one of the OTLP encodings.
 pub(crate) enum Payload {

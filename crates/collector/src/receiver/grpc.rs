@@ -24,7 +24,7 @@ use crate::internal_events::InternalEvents;
 
 use super::body::{GrpcBody, grpc_percent_encode};
 use super::export::{Outcome, Payload, Receiver};
-use super::{GRPC_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
+use super::limits::{GRPC_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
 use crate::listener::{ListenerSettings, deadline_after, serve};
 
 /// The gRPC path of the trace export method.

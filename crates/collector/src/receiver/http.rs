@@ -24,7 +24,7 @@ use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 
 use super::export::{Outcome, Payload, Receiver};
-use super::{HTTP_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
+use super::limits::{HTTP_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
 use crate::listener::{ListenerSettings, deadline_after, serve};
 
 /// The traces path.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::Lateness;
+use super::lateness::Lateness;
 use crate::SimError;
 use crate::clock;
 

@@ -54,6 +54,7 @@
 //! them all in order. [`truth`](DisaggSim::truth) gives each request's [`PdTruth`].
 
 mod kv;
+mod lateness;
 mod link;
 
 use std::collections::{HashMap, VecDeque};
@@ -66,6 +67,7 @@ use crate::{
     clock,
 };
 use kv::KvPool;
+use lateness::Lateness;
 use link::Link;
 
 /// Configuration of a [`DisaggSim`].
@@ -269,20 +271,6 @@ impl PdTruth {
     /// How the request ended on the decode worker (`None` before it got there or while running).
     pub fn outcome(&self) -> Option<TruthOutcome> {
         self.decode.as_ref()?.outcome
-    }
-}
-
-/// Bounded record of timer lateness (routing, handshake and link timers).
-#[derive(Debug, Default)]
-pub(crate) struct Lateness(VecDeque<Duration>);
-
-impl Lateness {
-    const KEEP: usize = 100_000;
-    pub(crate) fn push(&mut self, d: Duration) {
-        if self.0.len() >= Self::KEEP {
-            self.0.pop_front();
-        }
-        self.0.push_back(d);
     }
 }
 
@@ -739,9 +727,7 @@ impl DisaggSim {
                 .lateness
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .0
-                .iter()
-                .copied(),
+                .iter(),
         );
         all
     }
