@@ -50,3 +50,21 @@ pub fn export_request(service: &str, spans: Vec<Span>) -> ExportTraceServiceRequ
         }],
     }
 }
+
+/// A loopback port free right now (the listener is closed again), never the same twice in this
+/// process: the OS may hand a just-closed port out again, and one collector given the same port
+/// for two listeners refuses to start.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind an ephemeral port")
+            .local_addr()
+            .expect("local addr")
+            .port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
+}

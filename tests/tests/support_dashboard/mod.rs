@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use infertrace_e2e::free_port;
 use serde_json::{Value, json};
 
 /// A small HTTP/1 client.
@@ -147,24 +148,6 @@ fn end_session(port: u16, session: &str) {
     );
     if stream.write_all(request.as_bytes()).is_ok() {
         let _ = stream.read_to_end(&mut Vec::new());
-    }
-}
-
-/// A loopback port free right now (the listener is closed again), never the same twice in this
-/// process: the OS may hand a just-closed port out again, and one collector given the same port
-/// for two listeners refuses to start.
-fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind an ephemeral port")
-            .local_addr()
-            .expect("local addr")
-            .port();
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
-            return port;
-        }
     }
 }
 

@@ -11,6 +11,9 @@
 pub mod dashboard;
 pub mod traffic;
 
+/// Re-exported for the tests that use this module (one port registry per process).
+pub use infertrace_e2e::free_port;
+
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::SocketAddr;
@@ -55,24 +58,6 @@ pub fn require_binary(env_var: &str, name: &str, test: &str) -> Option<PathBuf> 
                  in CI (CI set) this is a failure"
             );
             None
-        }
-    }
-}
-
-/// A loopback port free right now (the listener is closed again), never the same twice in this
-/// process: the OS may hand a just-closed port out again, and one collector given the same port
-/// for two listeners refuses to start.
-pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind an ephemeral port")
-            .local_addr()
-            .expect("local addr")
-            .port();
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
-            return port;
         }
     }
 }

@@ -72,6 +72,20 @@ pub(crate) struct Receiver {
 pub(crate) type Hold = Option<MemoryReservation>;
 
 impl Receiver {
+    /// The id of the request's `ingest` token (`None` when this receiver checks no tokens), or
+    /// why the request is refused.
+    pub(crate) fn ingest_token(
+        &self,
+        authorization: Option<&http::HeaderValue>,
+    ) -> Result<Option<u64>, crate::auth::Refusal> {
+        match &self.limits.auth {
+            None => Ok(None),
+            Some(auth) => auth
+                .check_id(self.name, authorization, crate::auth::Scope::Ingest)
+                .map(Some),
+        }
+    }
+
     /// Counts a request refused before its spans could be counted.
     pub(crate) fn refuse_request(&self, reason: &'static str) {
         self.events.request_refused(self.name, reason);

@@ -93,17 +93,7 @@ pub async fn serve_grpc_with(
 }
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBody> {
-    let token = match &receiver.limits.auth {
-        None => Ok(None),
-        Some(auth) => auth
-            .check_id(
-                GRPC_RECEIVER,
-                req.headers().get(AUTHORIZATION),
-                Scope::Ingest,
-            )
-            .map(Some),
-    };
-    let token = match token {
+    let token = match receiver.ingest_token(req.headers().get(AUTHORIZATION)) {
         Ok(token) => token,
         Err(refusal) => {
             let code = match refusal {

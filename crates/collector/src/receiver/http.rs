@@ -105,17 +105,7 @@ impl Format {
 type HttpResponse = Response<Full<Bytes>>;
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
-    let token = match &receiver.limits.auth {
-        None => Ok(None),
-        Some(auth) => auth
-            .check_id(
-                HTTP_RECEIVER,
-                req.headers().get(AUTHORIZATION),
-                Scope::Ingest,
-            )
-            .map(Some),
-    };
-    let token = match token {
+    let token = match receiver.ingest_token(req.headers().get(AUTHORIZATION)) {
         Ok(token) => token,
         Err(refusal) => {
             let (status, challenge, message) = refusal.http_answer(Scope::Ingest);
