@@ -34,6 +34,14 @@ pub struct DropLabels {
     pub reason: &'static str,
 }
 
+/// Labels of `traces_closed_early_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloseEarlyLabels {
+    /// Why: `max_traces_in_flight` (a new trace found the table full) or `memory` (the memory
+    /// limiter passed its soft limit: buffered traces give way before requests are refused).
+    pub reason: &'static str,
+}
+
 /// Labels of `requests_refused_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabels {
@@ -166,9 +174,9 @@ pub struct InternalEvents {
     /// `infertrace_recent_traces_not_kept_total`: traces analysed but not kept for
     /// `/api/traces/{id}` (the recent-trace ring's admission rate was used up).
     pub recent_traces_not_kept: Counter,
-    /// `infertrace_traces_closed_early_total`: traces closed before their grace period ended to
-    /// make room for new ones.
-    pub traces_closed_early: Counter,
+    /// `infertrace_traces_closed_early_total{reason}`: traces closed before their grace period
+    /// ended to make room for new ones.
+    pub traces_closed_early: Family<CloseEarlyLabels, Counter>,
     /// `infertrace_texts_truncated_total`: strings cut to the longest text kept.
     pub texts_truncated: Counter,
     /// `infertrace_series_reclaimed_total`: idle series reclaimed under the series cap.
@@ -245,7 +253,7 @@ impl InternalEvents {
         );
         r.register(
             prom::TRACES_CLOSED_EARLY,
-            "Traces closed before their grace period ended, to make room for new traces",
+            "Traces closed before their grace period ended, to make room for new traces, by reason",
             self.traces_closed_early.clone(),
         );
         r.register(
@@ -462,20 +470,32 @@ impl InternalEvents {
             .inc();
     }
 
-    /// Counts `n` traces closed early to make room, and logs it (warn, rate-limited).
-    pub fn traces_closed_early(&self, n: usize) {
+    /// Counts `n` traces closed early to make room for `reason` (see [`CloseEarlyLabels`]), and
+    /// logs it (warn, rate-limited).
+    pub fn traces_closed_early(&self, reason: &'static str, n: usize) {
         if n == 0 {
             return;
         }
-        self.traces_closed_early.inc_by(n as u64);
+        self.traces_closed_early
+            .get_or_create(&CloseEarlyLabels { reason })
+            .inc_by(n as u64);
         if let Some(count) = self.logs.closed_early.note(n as u64) {
             tracing::warn!(
                 traces = count,
-                "traces in flight at limits.max_traces_in_flight: the oldest were closed before \
-                 their grace period ended (late children of those traces are counted as late \
-                 spans); raise the limit if this persists"
+                reason,
+                "traces in flight closed before their grace period ended, the oldest first \
+                 (late children of those traces are counted as late spans): at \
+                 limits.max_traces_in_flight (reason max_traces_in_flight) or past 3/4 of \
+                 limits.memory_limit_bytes (reason memory); raise the limit if this persists"
             );
         }
+    }
+
+    /// Traces closed early for `reason` so far.
+    pub fn closed_early(&self, reason: &'static str) -> u64 {
+        self.traces_closed_early
+            .get_or_create(&CloseEarlyLabels { reason })
+            .get()
     }
 
     /// Counts `n` strings cut to the longest text kept, and logs it (warn, rate-limited).

@@ -551,6 +551,7 @@ fn spawn_tick(
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
+                _ = pipeline.tick_wanted() => {}
                 _ = &mut stop => break,
             }
             let p = pipeline.clone();

@@ -67,7 +67,7 @@ async fn a_full_table_closes_traces_early_and_drops_nothing_that_was_accepted() 
         c.pipeline().requests_recorded() >= heavy_sent + light_sent - 100
     })
     .await;
-    assert!(c.events().traces_closed_early.get() >= 1_900);
+    assert!(c.events().closed_early("max_traces_in_flight") >= 1_900);
     assert_eq!(c.pipeline().traces_in_flight(), 100);
     assert_eq!(dropped_total(&c).await, 0.0);
     let report = c.stop().await.unwrap();
@@ -102,6 +102,90 @@ async fn a_light_tenant_beside_a_heavy_one_loses_nothing() {
     assert_eq!(requests_in(&kpis, "heavy"), 2_000);
     assert_eq!(dropped_total(&c).await, 0.0);
     c.stop().await.unwrap();
+}
+
+/// Spans that only an accepted request can lose (`dropped_spans_total` also counts refusals).
+async fn dropped_after_ok(c: &server::RunningCollector) -> f64 {
+    let (_, text) = get(c.api_addr, "/metrics").await;
+    [
+        "max_spans_per_trace",
+        "max_traces_in_flight",
+        "late_span_buffer_full",
+        "forward_queue_full",
+    ]
+    .iter()
+    .filter_map(|r| {
+        metric(
+            &text,
+            &format!("infertrace_dropped_spans_total{{reason=\"{r}\"}}"),
+        )
+    })
+    .sum()
+}
+
+/// Posts `req` until it is accepted, as an OTLP exporter retries a 429; returns how many
+/// times it was refused. Anything but 200 or 429 fails the test, and so does being refused
+/// for longer than `WAIT`.
+async fn post_until_accepted(
+    http: std::net::SocketAddr,
+    req: &opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+) -> u32 {
+    let start = std::time::Instant::now();
+    let mut refused = 0;
+    loop {
+        match post_protobuf(http, req).await {
+            200 => return refused,
+            429 if start.elapsed() < WAIT => refused += 1,
+            status => panic!(
+                "status {status} after {refused} refusals in {:?}",
+                start.elapsed()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Buffered traces fill the memory limit (a grace period longer than the test, no bound on
+/// traces in flight that binds): past 3/4 of the limit ingest closes the oldest early and
+/// wakes the tick, which releases them, so a heavy sender's buffered traces cannot lock a light
+/// one out for the grace period — each request is accepted, at worst after a short retry —
+/// and nothing accepted is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_traces_give_way_to_new_data_under_memory_pressure() {
+    let mut config = test_config();
+    config.assembly.grace = Duration::from_secs(600);
+    config.limits.memory_limit_bytes = 4 << 20;
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let t0 = t0();
+    let (mut heavy_refused, mut light_refused) = (0, 0);
+    for batch in 0..40u32 {
+        let heavy: Vec<_> = (0..250)
+            .flat_map(|k| infertrace_spans(&Req::new(batch * 1000 + k, "m", 1, 2, 3), t0))
+            .collect();
+        let light = infertrace_spans(&Req::new(batch * 1000 + 900, "m", 1, 2, 3), t0);
+        heavy_refused += post_until_accepted(http, &request("heavy", heavy)).await;
+        light_refused += post_until_accepted(http, &request("light", light)).await;
+    }
+    let closed = c.events().closed_early("memory");
+    eprintln!(
+        "40 × (250 heavy + 1 light) traces into 4 MiB: {closed} closed early for memory; \
+         refused before acceptance: heavy {heavy_refused}, light {light_refused}"
+    );
+    assert!(closed > 0);
+    let in_flight = c.pipeline().traces_in_flight() as u64;
+    eventually(WAIT, "every trace closed early analysed", || {
+        c.pipeline().requests_recorded() + in_flight >= 40 * 251
+    })
+    .await;
+    assert_eq!(dropped_after_ok(&c).await, 0.0);
+    let recorded = c.pipeline().requests_recorded();
+    let report = c.stop().await.unwrap();
+    assert_eq!(
+        recorded + report.flushed.requests as u64,
+        40 * 251,
+        "analysed, then flushed at shutdown"
+    );
 }
 
 /// 1,100 distinct junk model names fill the series cap; a real model arriving once the junk has

@@ -208,6 +208,9 @@ pub(crate) struct TraceAssembler {
     late: Vec<Span>,
     /// Traces closed early to make room, for the next poll.
     early: Vec<CompletedTrace>,
+    /// Traces were closed early for memory and wait in `early` for the next poll, which
+    /// releases their memory: until then no more are closed for it.
+    memory_relief_pending: bool,
     /// Traces in flight without a request span (the only ones the idle scan looks for).
     waiting: usize,
     last_idle_scan: Option<Instant>,
@@ -262,6 +265,7 @@ impl TraceAssembler {
             by_grace: VecDeque::new(),
             late: Vec::new(),
             early: Vec::new(),
+            memory_relief_pending: false,
             waiting: 0,
             last_idle_scan: None,
             next_idle_due: None,
@@ -372,7 +376,7 @@ impl TraceAssembler {
             }
         }
         self.events
-            .traces_closed_early(self.early.len() - early_before);
+            .traces_closed_early("max_traces_in_flight", self.early.len() - early_before);
         self.events
             .spans_dropped("max_traces_in_flight", over_traces);
         self.events.spans_dropped("max_spans_per_trace", over_spans);
@@ -453,7 +457,7 @@ impl TraceAssembler {
             *last = Some(hold.clone());
         }
         self.events
-            .traces_closed_early(self.early.len() - early_before);
+            .traces_closed_early("max_traces_in_flight", self.early.len() - early_before);
         self.events
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
@@ -550,6 +554,7 @@ impl TraceAssembler {
             + self.prepared.partition_point(|s| s.at + grace <= now);
         let mut completed = Vec::with_capacity(due.min(max) + self.early.len());
         completed.append(&mut self.early);
+        self.memory_relief_pending = false;
         // Prepared traces, in arrival order, which is due order; no table is touched.
         while let Some(slot) = self.prepared.front() {
             if slot.at + grace > now || completed.len() >= max {
@@ -756,6 +761,27 @@ impl TraceAssembler {
         pick.map(|(_, id)| id)
     }
 
+    /// Closes early the oldest `n` traces in flight (chosen as when the table is full, see
+    /// [`make_room`](Self::make_room)), so that the next poll hands them out and the memory
+    /// they hold is released: the memory limiter's relief, before any request is refused. Does
+    /// nothing while traces closed for it earlier still wait for that poll. Returns how many it
+    /// closed (counted as `traces_closed_early_total{reason="memory"}`).
+    pub fn close_oldest_for_memory(&mut self, n: usize, now: Instant) -> usize {
+        if self.memory_relief_pending || n == 0 {
+            return 0;
+        }
+        let mut closed = 0;
+        while closed < n && self.make_room(now) {
+            closed += 1;
+        }
+        self.memory_relief_pending = closed > 0;
+        self.events.traces_closed_early("memory", closed);
+        self.events
+            .traces_in_flight
+            .set(self.traces_in_flight() as i64);
+        closed
+    }
+
     fn closed_early(&mut self, trace: CompletedTrace) -> bool {
         self.early.push(trace);
         true
@@ -765,6 +791,7 @@ impl TraceAssembler {
     pub fn flush(&mut self, now: Instant) -> Ready {
         let mut completed = Vec::with_capacity(self.traces_in_flight() + self.early.len());
         completed.append(&mut self.early);
+        self.memory_relief_pending = false;
         for slot in std::mem::take(&mut self.prepared) {
             self.prepared_base += 1;
             let done = slot.held.is_some();
@@ -1049,7 +1076,7 @@ mod tests {
             0,
             "nothing accepted is lost"
         );
-        assert_eq!(events.traces_closed_early.get(), 1);
+        assert_eq!(events.closed_early("max_traces_in_flight"), 1);
         let done = a.poll(t0 + secs(0.2)).completed;
         assert_eq!(
             done.len(),
@@ -1137,12 +1164,49 @@ mod tests {
         let ids: Vec<u8> = done.iter().map(|t| t.trace_id.0[0]).collect();
         assert_eq!(ids, [1], "only then the oldest without a request span");
         assert!(!done[0].has_request);
-        assert_eq!(events.traces_closed_early.get(), 5);
+        assert_eq!(events.closed_early("max_traces_in_flight"), 5);
         assert_eq!(events.dropped("max_traces_in_flight"), 0);
         assert_eq!(a.traces_in_flight(), 3);
         // A late child of an early-closed trace is a late span, as after any close.
         a.push(vec![span(2, 9, "x")], None, t0 + secs(1.1));
         assert_eq!(a.poll(t0 + secs(1.2)).late.len(), 1);
+    }
+
+    #[test]
+    fn memory_relief_closes_the_oldest_once_until_the_next_poll() {
+        let (mut a, events) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        for id in 1..=6 {
+            a.push(
+                vec![span(id, 1, "request")],
+                None,
+                t0 + secs(0.1 * f64::from(id)),
+            );
+        }
+        assert_eq!(a.close_oldest_for_memory(2, t0 + secs(1.0)), 2);
+        assert_eq!(
+            a.close_oldest_for_memory(2, t0 + secs(1.0)),
+            0,
+            "the first two still wait for the poll that releases their memory"
+        );
+        let done = a.poll(t0 + secs(1.1)).completed;
+        let ids: Vec<u8> = done.iter().map(|t| t.trace_id.0[0]).collect();
+        assert_eq!(ids, [1, 2], "oldest first");
+        assert!(done.iter().all(|t| t.reason == CloseReason::Early));
+        assert_eq!(
+            a.close_oldest_for_memory(10, t0 + secs(1.2)),
+            4,
+            "then again"
+        );
+        assert_eq!(events.closed_early("memory"), 6);
+        assert_eq!(events.closed_early("max_traces_in_flight"), 0);
+        assert_eq!(a.traces_in_flight(), 0);
+        assert_eq!(a.poll(t0 + secs(1.3)).completed.len(), 4);
+        assert_eq!(
+            a.close_oldest_for_memory(1, t0 + secs(1.4)),
+            0,
+            "nothing left"
+        );
     }
 
     #[test]
@@ -1408,7 +1472,7 @@ mod tests {
             1
         );
         assert_eq!(events.dropped("max_traces_in_flight"), 0);
-        assert_eq!(events.traces_closed_early.get(), 1);
+        assert_eq!(events.closed_early("max_traces_in_flight"), 1);
         assert_eq!(
             a.prepared_in_flight(),
             1,

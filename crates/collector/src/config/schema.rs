@@ -139,14 +139,16 @@ impl Default for ApiConfig {
 pub struct LimitsConfig {
     /// Memory that requests being read and decoded, buffered spans and the forward queue may
     /// hold, bytes; over it receivers answer "retry later" (HTTP 429, gRPC UNAVAILABLE), and
-    /// past 75 % of it a sender over its share is refused so (`crate::limiter`). Default
-    /// 512 MiB.
+    /// past 75 % of it a sender over its share is refused so (`crate::limiter`) and the oldest
+    /// buffered traces are closed early, releasing their memory
+    /// (`traces_closed_early_total{reason="memory"}`). Default 512 MiB.
     pub memory_limit_bytes: usize,
     /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`).
     /// Default 10000.
     pub max_spans_per_trace: usize,
     /// Traces assembled at once; a new trace past it closes the oldest trace in flight before
-    /// its grace period ends (`traces_closed_early_total`) — nothing accepted is dropped.
+    /// its grace period ends (`traces_closed_early_total{reason="max_traces_in_flight"}`) —
+    /// nothing accepted is dropped.
     /// Default 100000.
     pub max_traces_in_flight: usize,
     /// KPI / Prometheus series (label combinations) kept; a further one takes the place of a

@@ -41,7 +41,7 @@
 mod arrival;
 mod recent;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -120,18 +120,27 @@ struct Analysis {
 pub const SERIES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Measures the KPI series' memory into the limiter when [`SERIES_MEASURE_INTERVAL`] has
-/// passed since the last measurement (or there was none).
-fn account_series(a: &mut Analysis, now_unix_nano: u64) {
+/// passed since the last measurement (or there was none); returns what the limiter holds for
+/// them.
+fn account_series(a: &mut Analysis, now_unix_nano: u64) -> usize {
     let interval = SERIES_MEASURE_INTERVAL.as_nanos() as u64;
     if a.series_measured_unix_nano != 0
         && now_unix_nano.saturating_sub(a.series_measured_unix_nano) < interval
     {
-        return;
+        return a.series_memory.bytes();
     }
     a.series_measured_unix_nano = now_unix_nano.max(1);
     let bytes = a.kpis.approx_memory_bytes();
     a.series_memory.set_unchecked(bytes);
+    bytes
 }
+
+/// Memory relief: past the limiter's soft limit (where the per-sender share starts), ingest
+/// closes early the oldest traces in flight — as many, in proportion, as should bring the
+/// memory they hold down to this share of the limit — and wakes the tick, which releases it.
+/// Buffered traces (already analysed on arrival, most of them) so give way to new data before
+/// any request is refused.
+pub const MEMORY_RELIEF_TARGET_PERCENT: usize = 50;
 
 /// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
 pub struct Pipeline {
@@ -145,6 +154,11 @@ pub struct Pipeline {
     diagnosis: DiagnosisConfig,
     windows: Vec<Duration>,
     requests_recorded: AtomicU64,
+    /// The KPI series' bytes held in the limiter, as last measured (read by ingest without the
+    /// analysis lock).
+    series_bytes: AtomicUsize,
+    /// Wakes the tick early: traces were closed for memory relief.
+    tick_wanted: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -208,6 +222,8 @@ impl Pipeline {
             diagnosis: config.diagnosis_config(),
             windows: config.kpi.windows.clone(),
             requests_recorded: AtomicU64::new(0),
+            series_bytes: AtomicUsize::new(0),
+            tick_wanted: tokio::sync::Notify::new(),
         }
     }
 
@@ -300,6 +316,7 @@ impl Pipeline {
         };
         let bytes = batch.spans.iter().map(span_footprint).sum::<usize>() + batch.text_bytes;
         let Some(mut reservation) = self.limiter.try_reserve(bytes) else {
+            self.relieve_memory(&mut lock(&self.assembler), now);
             return Err(IngestError::Overloaded {
                 retry_after_secs: RETRY_AFTER_SECS,
             });
@@ -307,6 +324,7 @@ impl Pipeline {
         // Traces whose spans all came in this batch are analysed now, while in cache.
         let (mut runs, source_bytes) = prepare_runs(&mut batch, &self.cp_options);
         let mut assembler = lock(&self.assembler);
+        self.relieve_memory(&mut assembler, now);
         assembler.warm_index(runs.iter().map(|r| &r.trace_id));
         // Spans of a trace held as prepared turn it back into spans: reserve those too. (The
         // runs' own traces are looked up with `would_take` below.)
@@ -357,6 +375,7 @@ impl Pipeline {
             // Held as spans (when the analyses do not fit, the spans may still).
             runs.clear();
             if !resize(&mut reservation, bytes, bytes + taken_back) {
+                self.relieve_memory(&mut assembler, now);
                 return Err(IngestError::Overloaded {
                     retry_after_secs: RETRY_AFTER_SECS,
                 });
@@ -385,6 +404,39 @@ impl Pipeline {
             lock(&self.assembler).push(spans, Some(hold), now);
         }
         Ok(())
+    }
+
+    /// Past the limiter's soft limit, closes early the oldest traces in flight in proportion to
+    /// the memory to free (see [`MEMORY_RELIEF_TARGET_PERCENT`]) and wakes the tick. The memory
+    /// the assembler holds is estimated as what the limiter holds less the KPI series and the
+    /// forward queue (requests being read count in too: the estimate errs towards closing
+    /// more, never fewer).
+    fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
+        let used = self.limiter.used();
+        if used < self.limiter.soft_limit() {
+            return;
+        }
+        let target = self.limiter.limit() / 100 * MEMORY_RELIEF_TARGET_PERCENT;
+        let held = used
+            .saturating_sub(self.series_bytes.load(Ordering::Relaxed))
+            .saturating_sub(usize::try_from(self.events.forward_pending_bytes.get()).unwrap_or(0));
+        if held == 0 {
+            return;
+        }
+        let excess = used.saturating_sub(target).min(held);
+        let traces = assembler.traces_in_flight();
+        // ceil(traces × excess / held), in u128: traces × bytes can pass u64 on paper.
+        let n = (traces as u128 * excess as u128).div_ceil(held as u128);
+        let n = usize::try_from(n).unwrap_or(traces);
+        if assembler.close_oldest_for_memory(n, now) > 0 {
+            self.tick_wanted.notify_one();
+        }
+    }
+
+    /// Resolves when ingest wants a tick before the next one is due (traces were closed early
+    /// for memory: the tick releases their memory).
+    pub async fn tick_wanted(&self) {
+        self.tick_wanted.notified().await;
     }
 
     /// Closes the traces due now and analyses them.
@@ -435,7 +487,8 @@ impl Pipeline {
             // Minutes reach the store without traffic too.
             let mut a = lock(&self.analysis);
             feed_store(&mut a, now_unix_nano);
-            account_series(&mut a, now_unix_nano);
+            let series = account_series(&mut a, now_unix_nano);
+            self.series_bytes.store(series, Ordering::Relaxed);
             return stats;
         }
         let mut overflowed = 0u64;
@@ -515,7 +568,8 @@ impl Pipeline {
         if !late.is_empty() {
             stats.late_merged = a.recent.merge_late(late, &self.cp_options);
         }
-        account_series(&mut a, now_unix_nano);
+        let series = account_series(&mut a, now_unix_nano);
+        self.series_bytes.store(series, Ordering::Relaxed);
         drop(a);
         if overflowed > 0 {
             self.events.series_overflow.inc_by(overflowed);

@@ -171,6 +171,74 @@ fn memory_limit_refuses_with_overloaded() {
     assert_eq!(p.data_memory_bytes(), 0);
 }
 
+/// With a grace period longer than the test, buffered traces fill the memory limit; past its
+/// soft limit ingest closes the oldest early and the tick releases them, so new traces keep
+/// coming in (a refusal, if the tick has not run yet, is followed by an accepted retry), and
+/// every request is analysed. Without the relief, every batch after the limit is refused until
+/// the grace period ends.
+#[test]
+fn buffered_traces_give_way_to_new_ones_under_memory_pressure() {
+    let mut config = CollectorConfig::default();
+    config.assembly.grace = Duration::from_secs(600);
+    let trace_bytes: usize = request_trace(1, "m", 1, 1, 1, 2)
+        .iter()
+        .map(span_footprint)
+        .sum();
+    // Room for the KPI series of one model and about 20 traces.
+    let probe = Pipeline::new(
+        &config,
+        InternalEvents::default(),
+        PromMetrics::default(),
+        MemoryLimiter::new(1 << 30),
+        None,
+    );
+    let t0 = Instant::now();
+    probe
+        .ingest_at(batch(request_trace(1, "m", 1, 1, 1, 2)), t0)
+        .unwrap();
+    probe.flush();
+    let series = probe.series_memory_bytes();
+    let limit = series + 20 * trace_bytes;
+    let events = InternalEvents::default();
+    let p = Pipeline::new(
+        &config,
+        events.clone(),
+        PromMetrics::default(),
+        MemoryLimiter::new(limit),
+        None,
+    );
+    let mut refused = 0;
+    for i in 0..200u8 {
+        let now = t0 + Duration::from_millis(u64::from(i));
+        let trace = || batch(request_trace(i, "m", 1, 1, 1, 2));
+        if p.ingest_at(trace(), now).is_err() {
+            refused += 1;
+            p.tick_at(now, unix_nanos_now());
+            p.ingest_at(trace(), now)
+                .expect("accepted once the tick released the traces closed early");
+        }
+        if i % 10 == 9 {
+            p.tick_at(now, unix_nanos_now());
+        }
+        assert!(p.limiter().used() <= limit);
+    }
+    let closed = events.closed_early("memory");
+    eprintln!(
+        "limit {limit} B ({trace_bytes} B a trace, series {series} B): {closed} traces closed \
+         early for memory, {refused} batches refused once"
+    );
+    assert!(closed >= 150, "{closed} closed early for memory");
+    assert_eq!(events.closed_early("max_traces_in_flight"), 0);
+    assert!(p.traces_in_flight() < 20);
+    p.flush();
+    assert_eq!(
+        p.requests_recorded(),
+        200,
+        "every accepted request analysed"
+    );
+    assert_eq!(p.data_memory_bytes(), 0);
+}
+
 #[test]
 fn kpi_series_memory_is_held_in_the_limiter() {
     let limit = 1 << 30;
