@@ -105,8 +105,8 @@ pub struct ApiConfig {
     /// enter the ring (and as many again with a failed request); beyond, traces are analysed
     /// but not kept (`infertrace_recent_traces_not_kept_total`). Default 1000.
     pub recent_traces: usize,
-    /// Most spans those traces may hold in all (the oldest trace is forgotten first).
-    /// Default 100000.
+    /// Most spans those traces may hold in all (the oldest trace is forgotten first). Their
+    /// memory counts in `limits.memory_limit_bytes`. Default 100000.
     pub recent_trace_spans: usize,
     /// Connection limit and timeouts ([`ConnectionsConfig`]).
     pub connections: ConnectionsConfig,

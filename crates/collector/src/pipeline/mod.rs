@@ -108,7 +108,10 @@ struct Analysis {
     /// The KPI series' memory, as last measured ([`SERIES_MEASURE_INTERVAL`]), held in the
     /// limiter.
     series_memory: MemoryReservation,
-    /// When it was last measured, Unix nanoseconds (0: never).
+    /// The recent-trace ring's memory ([`RecentTraces::approx_memory_bytes`]), held in the
+    /// limiter and updated at every tick.
+    ring_memory: MemoryReservation,
+    /// When the series were last measured, Unix nanoseconds (0: never).
     series_measured_unix_nano: u64,
 }
 
@@ -119,20 +122,20 @@ struct Analysis {
 /// they are bounded by `limits.max_series`.
 pub const SERIES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Measures the KPI series' memory into the limiter when [`SERIES_MEASURE_INTERVAL`] has
-/// passed since the last measurement (or there was none); returns what the limiter holds for
-/// them.
-fn account_series(a: &mut Analysis, now_unix_nano: u64) -> usize {
+/// Holds the recent-trace ring's memory in the limiter, and measures the KPI series' memory
+/// into it when [`SERIES_MEASURE_INTERVAL`] has passed since the last measurement (or there
+/// was none); returns what the limiter holds for both.
+fn account_analysis_memory(a: &mut Analysis, now_unix_nano: u64) -> usize {
+    a.ring_memory.set_unchecked(a.recent.approx_memory_bytes());
     let interval = SERIES_MEASURE_INTERVAL.as_nanos() as u64;
-    if a.series_measured_unix_nano != 0
-        && now_unix_nano.saturating_sub(a.series_measured_unix_nano) < interval
+    if a.series_measured_unix_nano == 0
+        || now_unix_nano.saturating_sub(a.series_measured_unix_nano) >= interval
     {
-        return a.series_memory.bytes();
+        a.series_measured_unix_nano = now_unix_nano.max(1);
+        let bytes = a.kpis.approx_memory_bytes();
+        a.series_memory.set_unchecked(bytes);
     }
-    a.series_measured_unix_nano = now_unix_nano.max(1);
-    let bytes = a.kpis.approx_memory_bytes();
-    a.series_memory.set_unchecked(bytes);
-    bytes
+    a.series_memory.bytes() + a.ring_memory.bytes()
 }
 
 /// Memory relief: past the limiter's soft limit (where the per-sender share starts), ingest
@@ -154,9 +157,9 @@ pub struct Pipeline {
     diagnosis: DiagnosisConfig,
     windows: Vec<Duration>,
     requests_recorded: AtomicU64,
-    /// The KPI series' bytes held in the limiter, as last measured (read by ingest without the
-    /// analysis lock).
-    series_bytes: AtomicUsize,
+    /// The KPI series' and the recent-trace ring's bytes held in the limiter, as last measured
+    /// (read by ingest without the analysis lock).
+    analysis_bytes: AtomicUsize,
     /// Wakes the tick early: traces were closed for memory relief.
     tick_wanted: tokio::sync::Notify,
 }
@@ -209,6 +212,7 @@ impl Pipeline {
             recent: RecentTraces::new(config.api.recent_traces, config.api.recent_trace_spans),
             store: None,
             series_memory: limiter.empty_reservation(),
+            ring_memory: limiter.empty_reservation(),
             series_measured_unix_nano: 0,
         };
         Self {
@@ -222,7 +226,7 @@ impl Pipeline {
             diagnosis: config.diagnosis_config(),
             windows: config.kpi.windows.clone(),
             requests_recorded: AtomicU64::new(0),
-            series_bytes: AtomicUsize::new(0),
+            analysis_bytes: AtomicUsize::new(0),
             tick_wanted: tokio::sync::Notify::new(),
         }
     }
@@ -279,12 +283,21 @@ impl Pipeline {
         &self.limiter
     }
 
-    /// What the limiter holds for everything but the KPI series (requests being read, spans and
-    /// traces buffered, the forward queue): [`MemoryLimiter::used`] less
-    /// [`series_memory_bytes`](Self::series_memory_bytes), read together.
+    /// What the limiter holds for everything but the KPI series and the recent-trace ring
+    /// (requests being read, spans and traces buffered, the forward queue):
+    /// [`MemoryLimiter::used`] less [`series_memory_bytes`](Self::series_memory_bytes) and
+    /// [`ring_memory_bytes`](Self::ring_memory_bytes), read together.
     pub fn data_memory_bytes(&self) -> usize {
         let a = lock(&self.analysis);
-        self.limiter.used().saturating_sub(a.series_memory.bytes())
+        self.limiter
+            .used()
+            .saturating_sub(a.series_memory.bytes() + a.ring_memory.bytes())
+    }
+
+    /// The recent-trace ring's memory as held in the limiter at the last tick (part of
+    /// [`MemoryLimiter::used`]).
+    pub fn ring_memory_bytes(&self) -> usize {
+        lock(&self.analysis).ring_memory.bytes()
     }
 
     /// The KPI series' memory as last measured and held in the limiter (part of
@@ -408,8 +421,8 @@ impl Pipeline {
 
     /// Past the limiter's soft limit, closes early the oldest traces in flight in proportion to
     /// the memory to free (see [`MEMORY_RELIEF_TARGET_PERCENT`]) and wakes the tick. The memory
-    /// the assembler holds is estimated as what the limiter holds less the KPI series and the
-    /// forward queue (requests being read count in too: the estimate errs towards closing
+    /// the assembler holds is estimated as what the limiter holds less the KPI series, the
+    /// recent-trace ring and the forward queue (requests being read count in too: the estimate errs towards closing
     /// more, never fewer).
     fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
         let used = self.limiter.used();
@@ -418,7 +431,7 @@ impl Pipeline {
         }
         let target = self.limiter.limit() / 100 * MEMORY_RELIEF_TARGET_PERCENT;
         let held = used
-            .saturating_sub(self.series_bytes.load(Ordering::Relaxed))
+            .saturating_sub(self.analysis_bytes.load(Ordering::Relaxed))
             .saturating_sub(usize::try_from(self.events.forward_pending_bytes.get()).unwrap_or(0));
         if held == 0 {
             return;
@@ -487,8 +500,8 @@ impl Pipeline {
             // Minutes reach the store without traffic too.
             let mut a = lock(&self.analysis);
             feed_store(&mut a, now_unix_nano);
-            let series = account_series(&mut a, now_unix_nano);
-            self.series_bytes.store(series, Ordering::Relaxed);
+            let held = account_analysis_memory(&mut a, now_unix_nano);
+            self.analysis_bytes.store(held, Ordering::Relaxed);
             return stats;
         }
         let mut overflowed = 0u64;
@@ -545,8 +558,8 @@ impl Pipeline {
                     f.record_in(record, path.as_ref(), now_unix_nano, !kept);
                 }
             }
-            // The spans leave the limiter's accounting here: the ring is bounded by its own
-            // configuration (`api.recent_traces`, `api.recent_trace_spans`).
+            // The spans leave the limiter's accounting here; those the ring keeps come back into
+            // it with the ring's reservation, set at the end of this tick.
             drop(holds);
             if keep {
                 let requests = records
@@ -568,8 +581,8 @@ impl Pipeline {
         if !late.is_empty() {
             stats.late_merged = a.recent.merge_late(late, &self.cp_options);
         }
-        let series = account_series(&mut a, now_unix_nano);
-        self.series_bytes.store(series, Ordering::Relaxed);
+        let held = account_analysis_memory(&mut a, now_unix_nano);
+        self.analysis_bytes.store(held, Ordering::Relaxed);
         drop(a);
         if overflowed > 0 {
             self.events.series_overflow.inc_by(overflowed);

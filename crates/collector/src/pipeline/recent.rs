@@ -19,6 +19,8 @@ use infertrace_analysis::record::RequestRecord;
 use infertrace_analysis::trace::{Span, TraceId};
 use serde::Serialize;
 
+use crate::limiter::span_footprint;
+
 /// One request of a stored trace: its record and critical path.
 #[derive(Clone, Debug, Serialize)]
 pub struct StoredRequest {
@@ -82,6 +84,8 @@ pub struct RecentTraces {
     max_traces: usize,
     max_spans: usize,
     spans: usize,
+    /// What the stored traces hold, estimated as [`footprint`] does.
+    bytes: usize,
     traces: HashMap<TraceId, StoredTrace, foldhash::fast::RandomState>,
     order: VecDeque<TraceId>,
 }
@@ -96,6 +100,7 @@ impl RecentTraces {
             max_traces: max_traces.max(1),
             max_spans: max_spans.max(1),
             spans: 0,
+            bytes: 0,
             traces: HashMap::default(),
             order: VecDeque::new(),
         }
@@ -111,6 +116,12 @@ impl RecentTraces {
         self.traces.is_empty()
     }
 
+    /// The memory the stored traces hold, estimated (their spans as the limiter counts them,
+    /// their requests and the ring's entries): the pipeline reserves it in the memory limiter.
+    pub fn approx_memory_bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Whether a trace completed at `now_unix_nano` is kept (see the module docs); `failed`:
     /// it has a request that did not end `ok`.
     pub fn admit(&mut self, now_unix_nano: u64, failed: bool) -> bool {
@@ -122,6 +133,7 @@ impl RecentTraces {
     /// request span).
     pub fn insert(&mut self, trace: StoredTrace) {
         self.spans += trace.spans.len();
+        self.bytes += contents_footprint(&trace);
         match self.traces.get_mut(&trace.trace_id) {
             Some(existing) => {
                 existing.spans.extend(trace.spans);
@@ -129,6 +141,7 @@ impl RecentTraces {
                 existing.late_spans += trace.late_spans;
             }
             None => {
+                self.bytes += ENTRY_FOOTPRINT;
                 self.order.push_back(trace.trace_id);
                 self.traces.insert(trace.trace_id, trace);
             }
@@ -146,6 +159,7 @@ impl RecentTraces {
                 if !touched.contains(&span.trace_id) {
                     touched.push(span.trace_id);
                 }
+                self.bytes += span_footprint(&span);
                 t.spans.push(span);
                 t.late_spans += 1;
                 merged += 1;
@@ -153,9 +167,11 @@ impl RecentTraces {
         }
         for id in touched {
             if let Some(t) = self.traces.get_mut(&id) {
+                self.bytes = self.bytes.saturating_sub(requests_footprint(&t.requests));
                 for r in &mut t.requests {
                     r.critical_path = critical_path(&t.spans, r.record.span_id, options);
                 }
+                self.bytes += requests_footprint(&t.requests);
             }
         }
         self.spans += merged;
@@ -182,9 +198,35 @@ impl RecentTraces {
             };
             if let Some(t) = self.traces.remove(&id) {
                 self.spans -= t.spans.len();
+                self.bytes = self
+                    .bytes
+                    .saturating_sub(contents_footprint(&t) + ENTRY_FOOTPRINT);
             }
         }
     }
+}
+
+/// A trace's entries in the ring's table and order.
+const ENTRY_FOOTPRINT: usize = size_of::<StoredTrace>() + size_of::<TraceId>();
+
+/// A stored trace's contents, estimated: its spans as the limiter counts them and its requests.
+/// Additive, so a trace evicted after merges gives back what its parts added (the vectors'
+/// spare capacity is ignored).
+fn contents_footprint(t: &StoredTrace) -> usize {
+    t.spans.iter().map(span_footprint).sum::<usize>() + requests_footprint(&t.requests)
+}
+
+/// Requests' records (inline) and their critical paths' pieces.
+fn requests_footprint(requests: &[StoredRequest]) -> usize {
+    requests
+        .iter()
+        .map(|r| {
+            size_of::<StoredRequest>()
+                + r.critical_path.as_ref().map_or(0, |p| {
+                    size_of_val(&p.segments[..]) + size_of_val(&p.adjustments[..])
+                })
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -232,6 +274,33 @@ mod tests {
         assert!(r.get(&TraceId([5; 16])).is_some());
         let order: Vec<u8> = r.iter().map(|t| t.trace_id.0[0]).collect();
         assert_eq!(order.last(), Some(&5), "oldest first: {order:?}");
+    }
+
+    #[test]
+    fn memory_follows_what_is_held_through_merges_and_evictions() {
+        let options = CriticalPathOptions::default();
+        let mut r = RecentTraces::new(3, 1_000);
+        assert_eq!(r.approx_memory_bytes(), 0);
+        r.insert(trace(1, 4));
+        let one = r.approx_memory_bytes();
+        let spans: usize = trace(1, 4).spans.iter().map(span_footprint).sum();
+        assert!(one > spans, "{one} B for {spans} B of spans");
+        // A late span, a re-opened trace merged in, then evictions by count.
+        r.merge_late(vec![span(1, 9)], &options);
+        r.insert(trace(1, 2));
+        for id in 2..=6 {
+            r.insert(trace(id, 3));
+        }
+        // The ring now holds 4, 5 and 6: the same figure as a ring that only saw those.
+        let mut fresh = RecentTraces::new(3, 1_000);
+        for id in 4..=6 {
+            fresh.insert(trace(id, 3));
+        }
+        assert_eq!(r.approx_memory_bytes(), fresh.approx_memory_bytes());
+        assert_eq!(
+            fresh.approx_memory_bytes(),
+            3 * trace(4, 3).spans.iter().map(span_footprint).sum::<usize>() + 3 * ENTRY_FOOTPRINT
+        );
     }
 
     #[test]

@@ -180,11 +180,12 @@ fn memory_limit_refuses_with_overloaded() {
 fn buffered_traces_give_way_to_new_ones_under_memory_pressure() {
     let mut config = CollectorConfig::default();
     config.assembly.grace = Duration::from_secs(600);
+    config.api.recent_traces = 1;
     let trace_bytes: usize = request_trace(1, "m", 1, 1, 1, 2)
         .iter()
         .map(span_footprint)
         .sum();
-    // Room for the KPI series of one model and about 20 traces.
+    // Room for the KPI series of one model, a ring of one trace and about 20 traces.
     let probe = Pipeline::new(
         &config,
         InternalEvents::default(),
@@ -197,7 +198,7 @@ fn buffered_traces_give_way_to_new_ones_under_memory_pressure() {
         .ingest_at(batch(request_trace(1, "m", 1, 1, 1, 2)), t0)
         .unwrap();
     probe.flush();
-    let series = probe.series_memory_bytes();
+    let series = probe.series_memory_bytes() + probe.ring_memory_bytes();
     let limit = series + 20 * trace_bytes;
     let events = InternalEvents::default();
     let p = Pipeline::new(
@@ -263,9 +264,19 @@ fn kpi_series_memory_is_held_in_the_limiter() {
     let series = p.series_memory_bytes();
     eprintln!("20 KPI series hold {series} bytes in the limiter");
     assert!(series > 20 * 1024, "{series} bytes for 20 series");
-    assert_eq!((p.limiter().used(), p.data_memory_bytes()), (series, 0));
+    // The recent-trace ring keeps the 20 traces: its memory is held too.
+    let ring = p.ring_memory_bytes();
+    let spans: usize = request_trace(1, "m", 1, 1, 1, 2)
+        .iter()
+        .map(span_footprint)
+        .sum();
+    assert!(ring > 20 * spans, "{ring} B for 20 × {spans} B of spans");
+    assert_eq!(
+        (p.limiter().used(), p.data_memory_bytes()),
+        (series + ring, 0)
+    );
     // With the rest of the limit taken, the series leave no room for a request.
-    let rest = p.limiter().try_reserve(limit - series).unwrap();
+    let rest = p.limiter().try_reserve(limit - series - ring).unwrap();
     let refused = p.ingest_at(batch(request_trace(99, "m", 1, 1, 1, 2)), t0);
     assert!(matches!(refused, Err(IngestError::Overloaded { .. })));
     drop(rest);
@@ -274,7 +285,10 @@ fn kpi_series_memory_is_held_in_the_limiter() {
         t0 + Duration::from_secs(5),
         unix_nanos_now() + 2 * SERIES_MEASURE_INTERVAL.as_nanos() as u64,
     );
-    assert_eq!(p.limiter().used(), p.series_memory_bytes());
+    assert_eq!(
+        p.limiter().used(),
+        p.series_memory_bytes() + p.ring_memory_bytes()
+    );
 }
 
 #[test]
