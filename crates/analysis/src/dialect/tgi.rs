@@ -25,7 +25,7 @@
 
 use infertrace_semconv as sc;
 
-use super::TraceView;
+use super::trace_view::TraceView;
 use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::{AttrValue, Span};
 

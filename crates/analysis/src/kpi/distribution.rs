@@ -1,4 +1,5 @@
-//! [`Distribution`]: a DDSketch stored sparsely, with exact count, sum, min and max.
+//! [`Distribution`]: a DDSketch stored sparsely, with exact count, sum, min and max, and the
+//! [`LatencyStats`] it reports.
 //!
 //! The bucket mapping is `sketches-ddsketch`'s own ([`Config::key`] / [`Config::value`], relative
 //! accuracy [`SKETCH_RELATIVE_ACCURACY`]) and quantiles use its rank rule (the value at rank
@@ -9,13 +10,13 @@
 //! sorted `(bucket, count)` vector — 8 bytes per occupied bucket — and merging is a sorted
 //! merge.
 
+use serde::Serialize;
 use sketches_ddsketch::{Config, DDSketch};
 
 use crate::dense_buckets::DenseBuckets;
 use crate::rounding::floor_to_i32;
 
 use super::codec::{DecodeError, Reader, Writer};
-use super::snapshot::LatencyStats;
 
 /// Relative accuracy α of every percentile. Below 1% with margin for floating-point rounding at
 /// bucket edges.
@@ -148,6 +149,27 @@ pub(super) fn merge_many_sorted<V: Copy>(
             .filter_map(|(v, k)| v.map(|v| (k, v))),
     );
     out
+}
+
+/// Percentiles, max and mean of one latency, seconds: what [`Distribution::stats`] reports, the
+/// latency block of the KPI snapshot.
+///
+/// Percentiles come from a DDSketch (relative error ≤ [`SKETCH_RELATIVE_ACCURACY`]);
+/// `max` and `mean` are exact.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LatencyStats {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
 }
 
 /// A latency distribution: DDSketch buckets plus exact count, sum, min and max.
