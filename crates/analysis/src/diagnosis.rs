@@ -27,7 +27,7 @@
 //! | `decode-kv-memory-wait` | > 25% of TTFT in bootstrap (waiting for the decode side's KV memory) |
 //!
 //! The disaggregated rules read the series' [`crate::kpi::DisaggKpis`] and need
-//! [`DiagnosisConfig::min_requests`] disaggregated requests; see [`disagg`].
+//! [`DiagnosisConfig::min_requests`] disaggregated requests; see `diagnosis/disagg.rs`.
 //!
 //! Every rule but the throughput floor needs at least [`DiagnosisConfig::min_requests`] requests
 //! in the window (20), so one slow or failed request in a quiet minute is not a diagnosis (a
@@ -35,6 +35,9 @@
 //!
 //! "GPU busy" is the duration-weighted mean utilisation across the three phases
 //! ([`gpu_utilization_mean`]), the same value alert rules read as `gpu.utilization.mean`.
+//!
+//! [`SeriesKpis`]: crate::kpi::SeriesKpis
+//! [`CriticalPathSummary`]: crate::critical_path::CriticalPathSummary
 
 mod config;
 mod diagnoser;

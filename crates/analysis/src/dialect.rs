@@ -48,6 +48,8 @@
 //! Prefix-cache hits (`gen_ai.usage.cache_read.input_tokens`), preemptions
 //! (`infer.preemptions`) and the LoRA adapter (`infer.lora.adapter`) are read from the request
 //! span when present.
+//!
+//! [`RequestRecord`]: crate::record::RequestRecord
 
 pub mod infertrace;
 pub mod latency_attrs;

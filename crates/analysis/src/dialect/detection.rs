@@ -23,6 +23,8 @@ const INFERTRACE_REQUEST_KEYS: [&str; 5] = [
 /// The collector's assembler uses it to know a trace's request span has arrived. A few request
 /// spans are only recognisable with their trace ([`extract_requests`] sees those too): TGI
 /// request spans of failed requests, and infertrace request spans stripped of `infer.*`.
+///
+/// [`extract_requests`]: super::extract_requests
 pub fn detect(span: &Span) -> Option<Dialect> {
     if span.attr(sc::infer::PHASE).is_some() {
         return None; // an infertrace phase span, whatever else it carries

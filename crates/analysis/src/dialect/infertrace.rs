@@ -71,7 +71,7 @@ pub(crate) fn is_worker_part(span: &Span, trace: &TraceView<'_>) -> bool {
             .any(|a| disagg_role(a).is_some() && detect(a) == Some(Dialect::Infertrace))
 }
 
-/// Completes `r`, the [`base_record`](super::base_record) of an infertrace request span.
+/// Completes `r`, the base record (common to every dialect) of an infertrace request span.
 pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     // The first child of each phase, in one pass over the children.
     let (mut queue_span, mut prefill_span, mut decode_span, mut inference_span) =

@@ -31,7 +31,7 @@ pub(super) const LATENCY_KEYS: [&str; 5] = [
     sc::latency::TIME_IN_MODEL_DECODE,
 ];
 
-/// Completes `r`, the [`base_record`](super::base_record) of a vLLM or SGLang request span.
+/// Completes `r`, the base record (common to every dialect) of a vLLM or SGLang request span.
 pub fn refine(span: &Span, r: &mut RequestRecord) {
     let attr = |k| seconds_attr(span, k);
     let measured = |v: Option<f64>| v.map(|_| PhaseOrigin::Measured);

@@ -430,7 +430,7 @@ impl<'a> Tree<'a> {
     }
 }
 
-/// Completes `r`, the [`base_record`](super::base_record) of `unit`, an SGLang room span (or a
+/// Completes `r`, the base record (common to every dialect) of `unit`, an SGLang room span (or a
 /// role span standing for a request whose room never arrived).
 pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     let tree = Tree::read(unit, trace);

@@ -1,5 +1,6 @@
-//! What the KPI windows are told: their window lengths, slots, dimensions, series cap, and the
-//! SLOs goodput is judged against. The KPI modules read these; none of them defines them.
+//! What the KPI windows are configured with: window lengths, slots per window, the dimensions
+//! series are split by, the series cap and its reclaim horizon, and the SLOs goodput is judged
+//! against.
 
 use std::time::Duration;
 

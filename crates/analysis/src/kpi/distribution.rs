@@ -175,15 +175,15 @@ pub struct LatencyStats {
 /// A latency distribution: DDSketch buckets plus exact count, sum, min and max.
 ///
 /// Stored sparsely (sorted `(bucket, count)` pairs) except while it is being written to: past
-/// [`DENSE_FROM_BINS`] buckets, adds go to a dense array of counts over the buckets seen
-/// ([`Dense`]), one indexed increment instead of a binary search (the search was most of the
+/// `DENSE_FROM_BINS` buckets, adds go to a dense array of counts over the buckets seen
+/// (`Dense`), one indexed increment instead of a binary search (the search was most of the
 /// time of recording a request into the KPIs: seven distributions per request, each search a
 /// chain of dependent loads). [`Self::shrink`] turns it sparse again; the KPI windows call it
 /// when a slot is rolled up or its series moves on to a newer slot (a series that goes quiet
 /// keeps its last slot dense, at most 7 × 4 KiB, until the windows roll it up or it expires).
 /// Values spread thin over a wide range stay sparse until their buckets fill at least one cell
-/// in [`crate::dense_buckets::MIN_OCCUPANCY`] of it (attempts at twice the buckets each time),
-/// and for good past [`DENSE_MAX_SPAN`]. Both forms hold the same buckets; readers see the
+/// in `dense_buckets::MIN_OCCUPANCY` of it (attempts at twice the buckets each time),
+/// and for good past `DENSE_MAX_SPAN`. Both forms hold the same buckets; readers see the
 /// sparse view.
 #[derive(Clone, Debug, Default)]
 pub struct Distribution {

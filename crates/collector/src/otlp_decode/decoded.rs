@@ -17,10 +17,16 @@ pub struct Decoded {
     /// From [`decode_protobuf`]: where each of `spans` lies in the body (same order), so that
     /// a span can be decoded again from the body with [`decode_span`]. Empty from the other
     /// decoders, and for a body of 4 GiB or more.
+    ///
+    /// [`decode_protobuf`]: super::decode_protobuf
+    /// [`decode_span`]: super::decode_span
     pub span_ranges: Vec<SpanRange>,
     /// From [`decode_protobuf`]: where each rejected span lies in the body, in body order, so
     /// that the forwarder can send the body without them ([`without_spans`]). Empty from the
     /// other decoders.
+    ///
+    /// [`decode_protobuf`]: super::decode_protobuf
+    /// [`without_spans`]: super::without_spans
     pub rejected_ranges: Vec<SpanRange>,
 }
 

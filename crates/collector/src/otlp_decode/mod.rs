@@ -49,6 +49,10 @@
 //!   same model, route or phase name is one shared string across all spans), except
 //!   `gen_ai.request.id`, which is unique per request and is copied. The bytes of strings a
 //!   decode allocated are reported by [`take_fresh_text_bytes`] for the memory limiter.
+//!
+//! [`Span`]: infertrace_analysis::trace::Span
+//! [`Text`]: infertrace_analysis::text::Text
+//! [`Interner`]: infertrace_analysis::text::Interner
 
 mod decoded;
 mod interner;

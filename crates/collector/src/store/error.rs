@@ -64,6 +64,8 @@ pub enum StoreError {
     },
     /// A flush asked for with [`StoreWriter::flush`] failed (the items were dropped and
     /// counted).
+    ///
+    /// [`StoreWriter::flush`]: super::StoreWriter::flush
     #[error("history store {path}: flush failed: {message}")]
     FlushFailed {
         /// The file.
