@@ -5,7 +5,12 @@ Usage: scripts/module-cycles.py [--strict] [crate/src]   (default: crates/tower/
 
 By default a module and its own submodules may use each other (a `mod.rs` holding what its
 children share, the children re-exported from it: ordinary Rust); every other edge counts.
-`--strict` counts those too (crates/tower passes it).
+`--strict` counts those too (every crate passes it; .ci/run checks each with it).
+Under `--strict` a parent's `pub use child::Item` is an edge parent → child (re-exporting is
+fine), and a child's `super::Item` is an edge child → parent even when the parent only
+re-exports `Item` from a sibling: the child names the sibling instead (`super::sibling::Item`).
+What the script cannot see: a method call on a type whose `impl` block lives in another module
+(a type's methods split across modules), and macros.
 
 Every `crate::…`, `super::…`, `self::…` and `child::…` path in a module's code (not in comments, doc
 comments, strings or `#[cfg(test)]` modules: a module's tests may use anything) is resolved to

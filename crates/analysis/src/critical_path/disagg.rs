@@ -22,7 +22,7 @@ use std::sync::LazyLock;
 
 use infertrace_semconv::disagg as d;
 
-use super::{CriticalPath, Segment};
+use super::path::{CriticalPath, Segment};
 use crate::record::RequestRecord;
 use crate::trace::Text;
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::CriticalPath;
+use super::path::CriticalPath;
 use crate::dense_buckets::DenseBuckets;
 use crate::rounding::ceil_to_i32;
 use infertrace_intern::PairCache;

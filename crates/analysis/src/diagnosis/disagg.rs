@@ -17,7 +17,8 @@
 
 use infertrace_semconv::disagg as d;
 
-use super::{Diagnoser, Severity, ev, pct, secs};
+use super::diagnoser::Diagnoser;
+use super::finding::{Severity, ev, pct, secs};
 use crate::kpi::{DisaggKpis, Pool};
 
 /// How many times faster a link "what a faster link would save" assumes.

@@ -42,8 +42,12 @@ use infertrace_semconv as sc;
 
 use smallvec::SmallVec;
 
-use super::{Phase, TraceView, gpu_record, seconds_attr};
-use crate::record::{Dialect, DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
+use super::base_record::seconds_attr;
+use super::detection::detect;
+use super::trace_view::TraceView;
+use crate::record::{
+    Dialect, DisaggPhases, GpuRecord, PerPhase, PhaseOrigin, RequestRecord, tpot_from,
+};
 use crate::trace::Span;
 
 /// The role a request span played in a disaggregated deployment (`infer.disagg.role`).
@@ -64,10 +68,10 @@ pub(crate) fn is_worker_part(span: &Span, trace: &TraceView<'_>) -> bool {
     is_worker(span)
         && trace
             .ancestors(span)
-            .any(|a| disagg_role(a).is_some() && super::detect(a) == Some(Dialect::Infertrace))
+            .any(|a| disagg_role(a).is_some() && detect(a) == Some(Dialect::Infertrace))
 }
 
-/// Completes `r`, the [`base_record`](super::base_record) of an infertrace request span.
+/// Completes `r`, the base record (common to every dialect) of an infertrace request span.
 pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     // The first child of each phase, in one pass over the children.
     let (mut queue_span, mut prefill_span, mut decode_span, mut inference_span) =
@@ -192,7 +196,7 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
     workers.extend(
         trace
             .descendants(outer)
-            .filter(|d| is_worker(d) && super::detect(d) == Some(Dialect::Infertrace)),
+            .filter(|d| is_worker(d) && detect(d) == Some(Dialect::Infertrace)),
     );
     if workers.is_empty() {
         return;
@@ -253,5 +257,136 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
     {
         r.ttft = Some((at - r.arrival_unix_nano) as f64 / 1e9);
         r.origins.ttft = Some(PhaseOrigin::Measured);
+    }
+}
+
+/// Which phase a span of an infertrace request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Queue,
+    Prefill,
+    Decode,
+    Inference,
+}
+
+impl Phase {
+    fn of(span: &Span) -> Option<Self> {
+        let name = span.attr_str(sc::infer::PHASE).unwrap_or(&span.name);
+        match name {
+            sc::span::QUEUE => Some(Self::Queue),
+            sc::span::PREFILL => Some(Self::Prefill),
+            sc::span::DECODE => Some(Self::Decode),
+            sc::span::INFERENCE => Some(Self::Inference),
+            _ => None,
+        }
+    }
+
+    fn slot(self, p: &mut PerPhase) -> &mut Option<f64> {
+        match self {
+            Self::Queue => &mut p.queue,
+            Self::Prefill => &mut p.prefill,
+            Self::Decode => &mut p.decode,
+            Self::Inference => &mut p.inference,
+        }
+    }
+}
+
+/// GPU window statistics from phase spans' `gpu.*` attributes; `None` when none has any.
+fn gpu_record<'a>(phases: impl Iterator<Item = (Phase, &'a Span)>) -> Option<Box<GpuRecord>> {
+    let mut g = GpuRecord::default();
+    let mut any = false;
+    let add = |acc: &mut Option<f64>, v: Option<f64>| {
+        if let Some(v) = v {
+            *acc = Some(acc.unwrap_or(0.0) + v);
+        }
+    };
+    for (phase, span) in phases {
+        let [util, sm, power, energy, attributed, memory] = gpu_values(span);
+        if [util, sm, power, energy, attributed, memory]
+            .iter()
+            .all(Option::is_none)
+        {
+            continue;
+        }
+        any = true;
+        *phase.slot(&mut g.utilization_mean) = util;
+        *phase.slot(&mut g.sm_activity_mean) = sm;
+        *phase.slot(&mut g.power_mean_watts) = power;
+        add(&mut g.energy_joules, energy);
+        add(&mut g.energy_attributed_joules, attributed);
+        if let Some(m) = memory {
+            g.memory_used_max_bytes = Some(g.memory_used_max_bytes.map_or(m, |x| x.max(m)));
+        }
+    }
+    any.then(|| Box::new(g))
+}
+
+/// The `gpu.*` window statistics of one phase span — utilisation, SM activity, power, energy,
+/// attributed energy, memory — each as [`Span::attr_f64`] reads it (the first attribute with
+/// the key, if a non-negative finite number), in one pass over the attributes rather than a
+/// scan per key.
+fn gpu_values(span: &Span) -> [Option<f64>; 6] {
+    let mut first: [Option<Option<f64>>; 6] = [None; 6];
+    for (k, v) in &span.attributes {
+        if !k.starts_with("gpu.") {
+            continue;
+        }
+        let i = match *k {
+            sc::gpu::UTILIZATION_MEAN => 0,
+            sc::gpu::SM_ACTIVITY_MEAN => 1,
+            sc::gpu::POWER_MEAN => 2,
+            sc::gpu::ENERGY => 3,
+            sc::gpu::ENERGY_ATTRIBUTED => 4,
+            sc::gpu::MEMORY_USED_MAX => 5,
+            _ => continue,
+        };
+        first[i].get_or_insert_with(|| v.as_f64().filter(|v| v.is_finite() && *v >= 0.0));
+    }
+    first.map(Option::flatten)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialect::test_spans::span;
+    use crate::text::Text;
+
+    proptest::proptest! {
+        /// One pass reads each GPU key as a scan per key does: the first attribute with the
+        /// key, a number or not, non-negative and finite or not.
+        #[test]
+        fn gpu_values_read_what_a_scan_per_key_reads(
+            attrs in proptest::collection::vec((0usize..9, 0u8..4, -2.0f64..500.0), 0..12),
+        ) {
+            const KEYS: [&str; 9] = [
+                sc::gpu::UTILIZATION_MEAN,
+                sc::gpu::SM_ACTIVITY_MEAN,
+                sc::gpu::POWER_MEAN,
+                sc::gpu::ENERGY,
+                sc::gpu::ENERGY_ATTRIBUTED,
+                sc::gpu::MEMORY_USED_MAX,
+                sc::gpu::UTILIZATION_MAX,
+                sc::infer::PHASE,
+                sc::gen_ai::REQUEST_MODEL,
+            ];
+            let mut s = span(2, Some(1));
+            s.attributes = attrs
+                .into_iter()
+                .map(|(k, kind, x)| {
+                    let v = match kind {
+                        0 => crate::trace::AttrValue::Double(x),
+                        1 => crate::trace::AttrValue::Int(x as i64),
+                        2 => crate::trace::AttrValue::Str(Text::from(x.to_string().as_str())),
+                        _ => crate::trace::AttrValue::Double(f64::NAN),
+                    };
+                    (KEYS[k], v)
+                })
+                .collect();
+            let by_scan: Vec<Option<f64>> = KEYS[..6]
+                .iter()
+                .map(|k| s.attr_f64(k).filter(|v| v.is_finite() && *v >= 0.0))
+                .collect();
+            proptest::prop_assert_eq!(gpu_values(&s).to_vec(), by_scan);
+        }
     }
 }

@@ -18,11 +18,20 @@
 
 use infertrace_semconv as sc;
 
-use super::seconds_attr;
+use super::base_record::seconds_attr;
 use crate::record::{DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
 
-/// Completes `r`, the [`base_record`](super::base_record) of a vLLM or SGLang request span.
+/// The `gen_ai.latency.*` attributes that mark a vLLM / SGLang request span.
+pub(super) const LATENCY_KEYS: [&str; 5] = [
+    sc::latency::E2E,
+    sc::latency::TIME_TO_FIRST_TOKEN,
+    sc::latency::TIME_IN_QUEUE,
+    sc::latency::TIME_IN_MODEL_PREFILL,
+    sc::latency::TIME_IN_MODEL_DECODE,
+];
+
+/// Completes `r`, the base record (common to every dialect) of a vLLM or SGLang request span.
 pub fn refine(span: &Span, r: &mut RequestRecord) {
     let attr = |k| seconds_attr(span, k);
     let measured = |v: Option<f64>| v.map(|_| PhaseOrigin::Measured);

@@ -78,7 +78,9 @@ use infertrace_semconv as sc;
 use sc::sglang::stage as st;
 use smallvec::SmallVec;
 
-use super::{TraceView, count_attr, latency_attrs, outcome_signal, seconds_attr};
+use super::base_record::{count_attr, outcome_signal, seconds_attr};
+use super::latency_attrs::{self, LATENCY_KEYS};
+use super::trace_view::TraceView;
 use crate::record::{DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::Span;
 
@@ -428,7 +430,7 @@ impl<'a> Tree<'a> {
     }
 }
 
-/// Completes `r`, the [`base_record`](super::base_record) of `unit`, an SGLang room span (or a
+/// Completes `r`, the base record (common to every dialect) of `unit`, an SGLang room span (or a
 /// role span standing for a request whose room never arrived).
 pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     let tree = Tree::read(unit, trace);
@@ -452,7 +454,7 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         // Low trace level: the role span's own latency attributes, if it has them.
         if let Some(role) = tree
             .roles_decode_first()
-            .find(|s| super::LATENCY_KEYS.iter().any(|k| s.attr(k).is_some()))
+            .find(|s| LATENCY_KEYS.iter().any(|k| s.attr(k).is_some()))
         {
             latency_attrs::refine(role, r);
         }

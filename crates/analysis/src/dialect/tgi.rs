@@ -25,7 +25,7 @@
 
 use infertrace_semconv as sc;
 
-use super::TraceView;
+use super::trace_view::TraceView;
 use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::{AttrValue, Span};
 
@@ -102,7 +102,7 @@ pub fn field_seconds(span: &Span, key: &str) -> Option<f64> {
     }
 }
 
-/// Completes `r`, the [`base_record`](super::base_record) of a TGI request span.
+/// Completes `r`, the base record (common to every dialect) of a TGI request span.
 pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if r.operation == crate::record::UNKNOWN {
         r.operation = if span.name == "chat_completions" {

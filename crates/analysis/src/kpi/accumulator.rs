@@ -10,12 +10,12 @@
 
 use sketches_ddsketch::Config;
 
-use super::SloConfig;
 use super::codec::{self, DecodeError, Reader, Writer};
+use super::config::SloConfig;
 use super::disagg::{DisaggAccumulator, DisaggKpis};
-use super::distribution::{Distribution, bucket_of, merge_many_sorted, merge_sorted};
+use super::distribution::{Distribution, LatencyStats, bucket_of, merge_many_sorted, merge_sorted};
 use super::snapshot::{
-    Goodput, GpuKpis, GpuPhaseUtilization, LatencyStats, PhaseShare, PhaseShares, TokenTotals,
+    Goodput, GpuKpis, GpuPhaseUtilization, PhaseShare, PhaseShares, TokenTotals,
 };
 use crate::record::{Outcome, RequestRecord};
 

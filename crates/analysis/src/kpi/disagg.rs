@@ -25,8 +25,8 @@ use sketches_ddsketch::Config;
 
 use super::codec::{DecodeError, Reader, Writer};
 use super::distribution::Distribution;
+use super::distribution::LatencyStats;
 use super::labelling::OVERFLOW_LABEL;
-use super::snapshot::LatencyStats;
 use crate::record::{DisaggPhases, Outcome, RequestRecord};
 
 /// A pool of a disaggregated deployment.

@@ -1,4 +1,5 @@
-//! [`Distribution`]: a DDSketch stored sparsely, with exact count, sum, min and max.
+//! [`Distribution`]: a DDSketch stored sparsely, with exact count, sum, min and max, and the
+//! [`LatencyStats`] it reports.
 //!
 //! The bucket mapping is `sketches-ddsketch`'s own ([`Config::key`] / [`Config::value`], relative
 //! accuracy [`SKETCH_RELATIVE_ACCURACY`]) and quantiles use its rank rule (the value at rank
@@ -9,13 +10,13 @@
 //! sorted `(bucket, count)` vector — 8 bytes per occupied bucket — and merging is a sorted
 //! merge.
 
+use serde::Serialize;
 use sketches_ddsketch::{Config, DDSketch};
 
 use crate::dense_buckets::DenseBuckets;
 use crate::rounding::floor_to_i32;
 
 use super::codec::{DecodeError, Reader, Writer};
-use super::snapshot::LatencyStats;
 
 /// Relative accuracy α of every percentile. Below 1% with margin for floating-point rounding at
 /// bucket edges.
@@ -150,18 +151,39 @@ pub(super) fn merge_many_sorted<V: Copy>(
     out
 }
 
+/// Percentiles, max and mean of one latency, seconds: what [`Distribution::stats`] reports, the
+/// latency block of the KPI snapshot.
+///
+/// Percentiles come from a DDSketch (relative error ≤ [`SKETCH_RELATIVE_ACCURACY`]);
+/// `max` and `mean` are exact.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LatencyStats {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
 /// A latency distribution: DDSketch buckets plus exact count, sum, min and max.
 ///
 /// Stored sparsely (sorted `(bucket, count)` pairs) except while it is being written to: past
-/// [`DENSE_FROM_BINS`] buckets, adds go to a dense array of counts over the buckets seen
-/// ([`Dense`]), one indexed increment instead of a binary search (the search was most of the
+/// `DENSE_FROM_BINS` buckets, adds go to a dense array of counts over the buckets seen
+/// (`Dense`), one indexed increment instead of a binary search (the search was most of the
 /// time of recording a request into the KPIs: seven distributions per request, each search a
 /// chain of dependent loads). [`Self::shrink`] turns it sparse again; the KPI windows call it
 /// when a slot is rolled up or its series moves on to a newer slot (a series that goes quiet
 /// keeps its last slot dense, at most 7 × 4 KiB, until the windows roll it up or it expires).
 /// Values spread thin over a wide range stay sparse until their buckets fill at least one cell
-/// in [`crate::dense_buckets::MIN_OCCUPANCY`] of it (attempts at twice the buckets each time),
-/// and for good past [`DENSE_MAX_SPAN`]. Both forms hold the same buckets; readers see the
+/// in `dense_buckets::MIN_OCCUPANCY` of it (attempts at twice the buckets each time),
+/// and for good past `DENSE_MAX_SPAN`. Both forms hold the same buckets; readers see the
 /// sparse view.
 #[derive(Clone, Debug, Default)]
 pub struct Distribution {

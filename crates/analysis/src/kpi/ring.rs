@@ -6,8 +6,8 @@
 
 use sketches_ddsketch::Config;
 
-use super::SloConfig;
 use super::accumulator::Accumulator;
+use super::config::SloConfig;
 use crate::record::RequestRecord;
 
 /// One window length's ring geometry.

@@ -12,9 +12,10 @@ use serde::Serialize;
 use sketches_ddsketch::Config;
 
 use super::accumulator::Accumulator;
+use super::config::KpiConfig;
+use super::distribution::sketch_config;
 use super::labelling::Labelling;
 use super::ring::{Ring, RingSpec};
-use super::{KpiConfig, sketch_config};
 use crate::record::RequestRecord;
 use infertrace_intern::RecentTriple;
 

@@ -5,6 +5,8 @@
 
 use serde::Serialize;
 
+use super::distribution::LatencyStats;
+
 /// KPIs of every series over one window.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KpiSnapshot {
@@ -60,27 +62,7 @@ pub struct SeriesKpis {
     /// Disaggregated prefill/decode sub-phases per pool and per worker, `null` when no `ok`
     /// request of the window crossed pools (left out of the JSON then).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub disagg: Option<super::DisaggKpis>,
-}
-
-/// Percentiles, max and mean of one latency, seconds.
-///
-/// Percentiles come from a DDSketch (relative error ≤ [`super::SKETCH_RELATIVE_ACCURACY`]);
-/// `max` and `mean` are exact.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct LatencyStats {
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest value.
-    pub max: f64,
-    /// Mean.
-    pub mean: f64,
+    pub disagg: Option<super::disagg::DisaggKpis>,
 }
 
 /// Tokens over the window.

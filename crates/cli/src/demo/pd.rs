@@ -28,10 +28,10 @@ use infertrace_sim::{DisaggConfig, DisaggSim, PdTruth, SimulatedGpu, TruthOutcom
 use infertrace_tower::otlp::{self, OtlpConfig, OtlpProviders};
 use serde_json::{Value, json};
 
-use super::{
-    DemoArgs, GPU_SAMPLE_INTERVAL, MODEL, Scenario, client_summary, report_window, start_collector,
-    stat, truth_table, wait_for_requests, workload,
-};
+use super::args::{DemoArgs, Scenario};
+use super::collector::{local_report, report_window, start_collector, wait_for_requests};
+use super::truth::{client_summary, stat, truth_table};
+use super::workload::{GPU_SAMPLE_INTERVAL, MODEL, workload};
 use crate::render;
 use crate::report::{Format, print_report};
 
@@ -166,7 +166,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let mut report = crate::demo::local_report(&collector, window);
+    let mut report = local_report(&collector, window);
     report["source"] = json!(format!("demo ({:?})", args.scenario));
     report["client"] = client_summary(&load);
     let truths: HashMap<u64, PdTruth> = sim

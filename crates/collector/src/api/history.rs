@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiState, error};
+use super::state::{ApiState, error};
 use crate::duration::parse_duration;
 use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, unix_nanos_now};
 

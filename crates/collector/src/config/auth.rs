@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::Invalid;
+use super::check::Invalid;
 
 /// The environment variable read for tokens unless `auth.tokens_env` names another.
 pub const DEFAULT_TOKENS_ENV: &str = "INFERTRACE_TOKENS";

@@ -8,7 +8,8 @@ use infertrace_analysis::critical_path::{CriticalPathOptions, CriticalPathWindow
 use infertrace_analysis::diagnosis::DiagnosisConfig;
 use infertrace_analysis::kpi;
 
-use super::{Alpn, CollectorConfig, TlsConfig, TlsError};
+use super::network::{Alpn, TlsConfig, TlsError};
+use super::schema::CollectorConfig;
 use crate::assembler::AssemblerConfig;
 
 /// The TLS configurations of the three listeners, read from their files

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Invalid, TlsClientConfig, check_http_url};
+use super::check::{Invalid, check_http_url};
+use crate::client_tls::TlsClientConfig;
 use crate::duration::human_duration;
 
 /// `forward:` — OTLP traces on to Jaeger, Tempo or another collector.
@@ -119,7 +120,7 @@ impl Default for RetryConfig {
 }
 
 impl ForwardConfig {
-    /// Checks the section (called by [`CollectorConfig::validate`](super::CollectorConfig)).
+    /// Checks the section (called by [`CollectorConfig::validate`](super::CollectorConfig::validate)).
     pub(super) fn validate(&self) -> Result<(), Invalid> {
         if let Some(url) = &self.endpoint {
             check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))?;

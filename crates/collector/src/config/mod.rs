@@ -1,9 +1,10 @@
 //! The collector's configuration: one YAML file, every key optional with a documented default.
 //!
 //! `otel-config/infertrace.yaml` lists every key with its default and a comment. This module
-//! loads the file; its sections are in `schema` (and `network`, `auth`, `forward` for theirs),
-//! the checks in `validate`, the runtime configurations built from them in `convert`, and the
-//! `file:line:column` of errors in `location`. Durations are human-readable (`2s`, `500ms`, `1m`, `1h30m`), addresses are
+//! declares the parts: the shape of the file is in `schema` ([`CollectorConfig`] and its
+//! sections; `network`, `auth`, `forward` for theirs), loading in `load`, the checks in
+//! `validate` (what a failed one says in `check`), the runtime configurations built from them in
+//! `convert`, and the `file:line:column` of errors in `location`. Durations are human-readable (`2s`, `500ms`, `1m`, `1h30m`), addresses are
 //! `IP:port`. Unknown keys are errors (a typo never silently falls back to a default), and every
 //! error names the place in the file: `infertrace.yaml:12:5: unknown field ...`.
 //!
@@ -14,166 +15,37 @@
 //! assert_eq!(cfg.api.listen, CollectorConfig::default().api.listen);
 //! ```
 
-use std::fmt;
-use std::path::Path;
-use std::time::Duration;
-
-use infertrace_analysis::diagnosis::DiagnosisConfig;
-use serde::{Deserialize, Serialize};
-
-use crate::duration::human_duration;
-
+mod auth;
+mod check;
 mod convert;
+mod forward;
+mod load;
 mod location;
+mod network;
 mod schema;
 mod validate;
-pub use convert::ListenerTls;
-pub use infertrace_analysis::kpi::{Dimension, SloConfig};
-use location::{locate, strip_location};
-pub use schema::{
-    AlertsSection, ApiConfig, AssemblyConfig, CriticalPathSection, DEFAULT_BODY_READ_TIMEOUT,
-    KpiSection, LimitsConfig, OtlpGrpcReceiver, OtlpHttpReceiver, ReceiversConfig,
-};
-pub use validate::Invalid;
-use validate::check_http_url;
 
-mod network;
+pub use crate::client_tls::TlsClientConfig;
+pub use auth::{AuthConfig, DEFAULT_TOKENS_ENV, default_allowed_hosts};
+pub use check::Invalid;
+pub use convert::ListenerTls;
+pub use forward::{ForwardConfig, ForwardProtocol, RetryConfig};
+pub use infertrace_analysis::kpi::{Dimension, SloConfig};
+pub use load::ConfigError;
 pub use network::{
     Alpn, ConnectionsConfig, DEFAULT_SHUTDOWN_TIMEOUT, TlsConfig, TlsError, crypto_provider,
 };
-mod auth;
-pub use auth::{AuthConfig, DEFAULT_TOKENS_ENV, default_allowed_hosts};
-mod forward;
-
-pub use crate::client_tls::TlsClientConfig;
-pub use forward::{ForwardConfig, ForwardProtocol, RetryConfig};
-
-/// The whole collector configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CollectorConfig {
-    /// OTLP receivers.
-    pub receivers: ReceiversConfig,
-    /// The HTTP API (`/metrics`, `/api/...`, `/health`).
-    pub api: ApiConfig,
-    /// Resource limits.
-    pub limits: LimitsConfig,
-    /// Trace assembly timing.
-    pub assembly: AssemblyConfig,
-    /// KPI windows, dimensions and SLOs.
-    pub kpi: KpiSection,
-    /// Diagnosis thresholds (the analysis crate's [`DiagnosisConfig`], key by key).
-    pub diagnosis: DiagnosisConfig,
-    /// Alert rules and delivery.
-    pub alerts: AlertsSection,
-    /// Optional OTLP trace forwarding downstream.
-    pub forward: ForwardConfig,
-    /// Critical-path options.
-    pub critical_path: CriticalPathSection,
-    /// The embedded history store (`--data-dir`, `--no-store`).
-    pub store: crate::store::StoreOptions,
-    /// How long shutdown (SIGTERM, ctrl-c) lets in-flight requests finish before every open
-    /// connection, on every listener, is cut; the flush of traces in flight, the history store
-    /// and the forwarder follow. Default 15s.
-    #[serde(with = "human_duration")]
-    pub shutdown_timeout: Duration,
-    /// Bearer tokens of the receivers and the API, and `insecure` ([`AuthConfig`]).
-    pub auth: AuthConfig,
-}
-
-impl Default for CollectorConfig {
-    fn default() -> Self {
-        Self {
-            receivers: ReceiversConfig::default(),
-            api: ApiConfig::default(),
-            limits: LimitsConfig::default(),
-            assembly: AssemblyConfig::default(),
-            kpi: KpiSection::default(),
-            diagnosis: DiagnosisConfig::default(),
-            alerts: AlertsSection::default(),
-            forward: ForwardConfig::default(),
-            critical_path: CriticalPathSection::default(),
-            store: crate::store::StoreOptions::default(),
-            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
-            auth: AuthConfig::default(),
-        }
-    }
-}
-
-/// A configuration error, with the place in the file when known.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file (or `<config>` for a string).
-    pub file: String,
-    /// 1-based line, when known.
-    pub line: Option<usize>,
-    /// 1-based column, when known.
-    pub column: Option<usize>,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.line, self.column) {
-            (Some(l), Some(c)) => write!(f, "{}:{l}:{c}: {}", self.file, self.message),
-            (Some(l), None) => write!(f, "{}:{l}: {}", self.file, self.message),
-            _ => write!(f, "{}: {}", self.file, self.message),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-const STRING_SOURCE: &str = "<config>";
-
-impl CollectorConfig {
-    /// Parses and validates YAML text. An empty document gives the defaults.
-    pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
-        Self::parse_named(text, STRING_SOURCE)
-    }
-
-    /// Reads, parses and validates a YAML file; errors name the file.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: name.clone(),
-            line: None,
-            column: None,
-            message: format!("cannot read the config file: {e}"),
-        })?;
-        Self::parse_named(&text, &name)
-    }
-
-    fn parse_named(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let config: Self = if text.trim().is_empty() {
-            Self::default()
-        } else {
-            serde_yaml_ng::from_str(text).map_err(|e| {
-                let loc = e.location();
-                ConfigError {
-                    file: file.to_owned(),
-                    line: loc.as_ref().map(|l| l.line()),
-                    column: loc.as_ref().map(|l| l.column()),
-                    message: strip_location(&e.to_string()),
-                }
-            })?
-        };
-        config.validate().map_err(|v| {
-            let pos = locate(text, &v.path);
-            ConfigError {
-                file: file.to_owned(),
-                line: pos.map(|p| p.0),
-                column: pos.map(|p| p.1),
-                message: format!("{}: {}", v.path.join("."), v.message),
-            }
-        })?;
-        Ok(config)
-    }
-}
+pub use schema::{
+    AlertsSection, ApiConfig, AssemblyConfig, CollectorConfig, CriticalPathSection,
+    DEFAULT_BODY_READ_TIMEOUT, KpiSection, LimitsConfig, OtlpGrpcReceiver, OtlpHttpReceiver,
+    ReceiversConfig,
+};
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::location::strip_location;
     use super::*;
 
     #[test]

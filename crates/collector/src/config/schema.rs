@@ -1,19 +1,75 @@
-//! The configuration's sections, key by key: what each means and its default. Loading lives
-//! in the parent module, checks in `validate`, the runtime configurations built from these in
-//! `convert`.
+//! The configuration's shape, key by key: [`CollectorConfig`] and its sections, what each key
+//! means and its default. Loading lives in `load`, checks in `validate`, the runtime
+//! configurations built from these in `convert`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use infertrace_analysis::alert::{AlertRuleConfig, AnomalyConfig};
+use infertrace_analysis::diagnosis::DiagnosisConfig;
 use infertrace_analysis::kpi::{Dimension, SloConfig};
 use serde::{Deserialize, Serialize};
 
-use super::{ConnectionsConfig, TlsClientConfig, TlsConfig, default_allowed_hosts};
+use super::auth::{AuthConfig, default_allowed_hosts};
+use super::forward::ForwardConfig;
+use super::network::{ConnectionsConfig, DEFAULT_SHUTDOWN_TIMEOUT, TlsConfig};
+use crate::client_tls::TlsClientConfig;
 use crate::duration::{human_duration, human_durations};
 
 /// Default longest time to receive a request body: 30 s.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The whole collector configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CollectorConfig {
+    /// OTLP receivers.
+    pub receivers: ReceiversConfig,
+    /// The HTTP API (`/metrics`, `/api/...`, `/health`).
+    pub api: ApiConfig,
+    /// Resource limits.
+    pub limits: LimitsConfig,
+    /// Trace assembly timing.
+    pub assembly: AssemblyConfig,
+    /// KPI windows, dimensions and SLOs.
+    pub kpi: KpiSection,
+    /// Diagnosis thresholds (the analysis crate's [`DiagnosisConfig`], key by key).
+    pub diagnosis: DiagnosisConfig,
+    /// Alert rules and delivery.
+    pub alerts: AlertsSection,
+    /// Optional OTLP trace forwarding downstream.
+    pub forward: ForwardConfig,
+    /// Critical-path options.
+    pub critical_path: CriticalPathSection,
+    /// The embedded history store (`--data-dir`, `--no-store`).
+    pub store: crate::store::StoreOptions,
+    /// How long shutdown (SIGTERM, ctrl-c) lets in-flight requests finish before every open
+    /// connection, on every listener, is cut; the flush of traces in flight, the history store
+    /// and the forwarder follow. Default 15s.
+    #[serde(with = "human_duration")]
+    pub shutdown_timeout: Duration,
+    /// Bearer tokens of the receivers and the API, and `insecure` ([`AuthConfig`]).
+    pub auth: AuthConfig,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        Self {
+            receivers: ReceiversConfig::default(),
+            api: ApiConfig::default(),
+            limits: LimitsConfig::default(),
+            assembly: AssemblyConfig::default(),
+            kpi: KpiSection::default(),
+            diagnosis: DiagnosisConfig::default(),
+            alerts: AlertsSection::default(),
+            forward: ForwardConfig::default(),
+            critical_path: CriticalPathSection::default(),
+            store: crate::store::StoreOptions::default(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            auth: AuthConfig::default(),
+        }
+    }
+}
 
 /// `receivers:` — where OTLP comes in.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

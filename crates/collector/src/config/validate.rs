@@ -1,13 +1,13 @@
 //! Checks on a parsed configuration that its types cannot express (positive durations, sorted
 //! windows, distinct addresses, loadable TLS files…), each failure naming its key path.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use infertrace_analysis::alert::{AlertRule, AnomalyDetector};
 
-use super::CollectorConfig;
+use super::check::{Invalid, check_http_url};
+use super::schema::CollectorConfig;
 
 impl CollectorConfig {
     /// Checks what the types cannot: positive durations, sorted windows, distinct addresses….
@@ -294,43 +294,5 @@ impl CollectorConfig {
 
     fn validate_forward(&self) -> Result<(), Invalid> {
         self.forward.validate()
-    }
-}
-
-pub(super) fn check_http_url(url: &str) -> Result<(), String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") | Some("https") => {}
-        _ => return Err(format!("{url:?} must start with http:// or https://")),
-    }
-    if uri.host().is_none() {
-        return Err(format!("{url:?} has no host"));
-    }
-    Ok(())
-}
-
-/// A semantic validation failure: the key path and what is wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Invalid {
-    /// Key path, e.g. `["assembly", "grace"]`.
-    pub path: Vec<&'static str>,
-    /// What is wrong and what to do.
-    pub message: String,
-}
-
-impl Invalid {
-    pub(super) fn new(path: &[&'static str], message: impl Into<String>) -> Self {
-        Self {
-            path: path.to_vec(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Invalid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.join("."), self.message)
     }
 }

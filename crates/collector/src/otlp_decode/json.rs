@@ -5,7 +5,8 @@
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
-use super::{DecodeError, Decoded, from_proto};
+use super::decoded::{DecodeError, Decoded};
+use super::reference::from_proto;
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {

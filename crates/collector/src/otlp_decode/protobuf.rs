@@ -16,10 +16,9 @@ use infertrace_analysis::trace::{AttrValue, KNOWN_KEYS, Span, SpanKind, StatusCo
 use infertrace_analysis::trace::{SpanLink, UNKNOWN_SERVICE, known_key_index};
 use infertrace_semconv::resource::SERVICE_NAME;
 
-use super::{
-    DecodeError, Decoded, InvalidSpan, MAX_VALUE_NESTING, SpanRange, intern_value, valid_link,
-    validate_span, with_interner,
-};
+use super::decoded::{DecodeError, Decoded, SpanRange};
+use super::interner::{intern_value, with_interner};
+use super::validation::{InvalidSpan, MAX_VALUE_NESTING, valid_link, validate_span};
 use infertrace_analysis::text::Interner;
 
 const VARINT: u8 = 0;

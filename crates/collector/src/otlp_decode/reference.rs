@@ -16,7 +16,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
 use opentelemetry_proto::tonic::trace::v1::Span as ProtoSpan;
 
-use super::{Decoded, with_interner};
+use super::decoded::Decoded;
+use super::interner::with_interner;
 
 /// OTLP: a trace id is 16 bytes, not all zero.
 const TRACE_ID_BYTES: usize = 16;

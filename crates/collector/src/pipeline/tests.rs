@@ -5,7 +5,7 @@ use infertrace_analysis::trace::{AttrValue, Span, SpanId, SpanKind, StatusCode, 
 use infertrace_semconv as sc;
 
 use super::*;
-use crate::held::SourceEncoding;
+use crate::held::prepared::SourceEncoding;
 use crate::prom_export::{build_registry, encode};
 
 const MS: u64 = 1_000_000;

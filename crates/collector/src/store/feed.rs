@@ -25,8 +25,9 @@ use infertrace_analysis::kpi::{
 use infertrace_analysis::record::RequestRecord;
 use sketches_ddsketch::Config;
 
+use super::options::StoreOptions;
+use super::time::minute_of;
 use super::writer::{CaptureReason, CapturedRequest, StoreWriter};
-use super::{StoreOptions, minute_of};
 
 /// Longest time between hand-overs to the writer.
 const MAX_HANDOVER: Duration = Duration::from_secs(1);

@@ -8,7 +8,8 @@ use infertrace_analysis::kpi::{Accumulator, SeriesKey, series_kpis, sketch_confi
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
-use super::{MINUTE_NANOS, StoreError, minute_of, sql_time, unix_time};
+use super::error::StoreError;
+use super::time::{MINUTE_NANOS, minute_of, sql_time, unix_time};
 
 /// Decoded minutes a step buffers before merging them in one pass (`Accumulator::merge_many`
 /// merges each sketch once over a dense array instead of one allocation per pairwise merge).

@@ -31,9 +31,12 @@
 //! [`Store`] is cheap to clone; reads use their own connection (WAL lets them run while the
 //! writer commits) and block: call them from `tokio::task::spawn_blocking` in async code.
 
+mod error;
 mod feed;
 mod history;
+mod options;
 mod schema;
+mod time;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -43,153 +46,21 @@ use std::time::Duration;
 
 use infertrace_analysis::kpi::{Accumulator, KpiWindows, SeriesKey};
 use rusqlite::{Connection, params};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::duration::human_duration;
 use crate::internal_events::InternalEvents;
+use time::{sql_time, unix_time};
 
+pub use error::StoreError;
 pub use feed::StoreFeed;
 pub use history::{HistoryFilter, HistoryPoint};
+pub use options::StoreOptions;
+pub use schema::RetentionStats;
+pub use time::{MINUTE_NANOS, minute_of, unix_nanos_now};
 pub use writer::{CaptureReason, CapturedRequest, StoreWriter};
 
 /// File name of the database inside the data directory.
 pub const DB_FILE_NAME: &str = "infertrace.db";
-/// Length of a rollup, nanoseconds (one minute).
-pub const MINUTE_NANOS: u64 = 60_000_000_000;
-
-/// Now as Unix nanoseconds (the writer's clock for retention).
-pub fn unix_nanos_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
-/// The start of the minute holding `unix_nano`.
-pub fn minute_of(unix_nano: u64) -> u64 {
-    unix_nano - unix_nano % MINUTE_NANOS
-}
-
-/// `store:` — the embedded history store.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StoreOptions {
-    /// Keep history at all (`--no-store` sets false: everything stays in memory). Default true.
-    pub enabled: bool,
-    /// Directory of `infertrace.db` (`--data-dir`). Default `./infertrace-data`.
-    pub data_dir: PathBuf,
-    /// How often the writer commits what it received; a crash loses at most this much (plus
-    /// ≤ 1 s of hand-over). Default 5s.
-    #[serde(with = "human_duration")]
-    pub flush_interval: Duration,
-    /// Rows older than this are deleted, at every flush. Default 7d.
-    #[serde(with = "human_duration")]
-    pub retention: Duration,
-    /// Slowest requests kept per minute (record + critical path). Default 10.
-    pub slow_per_minute: usize,
-    /// Failed requests (error, rejected) kept per minute, the first ones. Default 100.
-    pub failed_per_minute: usize,
-    /// Items the writer's queue holds before new ones are dropped (and counted). Default 4096.
-    pub queue_capacity: usize,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            data_dir: PathBuf::from("./infertrace-data"),
-            flush_interval: Duration::from_secs(5),
-            retention: Duration::from_secs(7 * 24 * 3600),
-            slow_per_minute: 10,
-            failed_per_minute: 100,
-            queue_capacity: 4096,
-        }
-    }
-}
-
-/// Why the store could not be opened, written or read. Every variant names the file.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The data directory or file could not be created or read.
-    #[error("history store {path}: {source}; check the path and its permissions (--data-dir)")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The file exists but is not an SQLite database; it was left as it is.
-    #[error(
-        "history store {path} is not an SQLite database (corrupt or another file); it was not \
-         modified: move it away or choose another --data-dir"
-    )]
-    NotADatabase {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The file is another application's SQLite database; it was left as it is.
-    #[error(
-        "history store {path} belongs to another application (SQLite application_id \
-         {application_id:#x}, tables: {tables}); it was not modified: choose another --data-dir"
-    )]
-    Foreign {
-        /// The file.
-        path: PathBuf,
-        /// Its `application_id`.
-        application_id: i64,
-        /// Its tables, comma-separated.
-        tables: String,
-    },
-    /// The file was written by a newer infertrace (schema version above this build's).
-    #[error(
-        "history store {path} has schema version {found}, newer than this build's {supported}; \
-         upgrade infertrace or choose another --data-dir"
-    )]
-    NewerSchema {
-        /// The file.
-        path: PathBuf,
-        /// Its version.
-        found: i64,
-        /// This build's version.
-        supported: i64,
-    },
-    /// SQLite refused an operation.
-    #[error("history store {path}: {source}")]
-    Sqlite {
-        /// The file.
-        path: PathBuf,
-        /// SQLite's error.
-        source: rusqlite::Error,
-    },
-    /// A writer is already running for this store (only one may merge minutes).
-    #[error("history store {path}: a writer is already running")]
-    WriterRunning {
-        /// The file.
-        path: PathBuf,
-    },
-    /// A flush asked for with [`StoreWriter::flush`] failed (the items were dropped and
-    /// counted).
-    #[error("history store {path}: flush failed: {message}")]
-    FlushFailed {
-        /// The file.
-        path: PathBuf,
-        /// What failed.
-        message: String,
-    },
-    /// The writer thread has stopped.
-    #[error("history store {path}: the writer has stopped")]
-    WriterStopped {
-        /// The file.
-        path: PathBuf,
-    },
-    /// A history query named an unknown KPI.
-    #[error("unknown KPI {kpi:?}: {reason}")]
-    UnknownKpi {
-        /// The KPI asked for.
-        kpi: String,
-        /// What is known.
-        reason: String,
-    },
-}
 
 /// One series' merged rollups over a time range (see [`Store::rollups`]).
 #[derive(Clone, Debug)]
@@ -236,17 +107,6 @@ pub struct StoredEvent {
     pub body: serde_json::Value,
 }
 
-/// What one retention pass deleted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RetentionStats {
-    /// Minute rollups.
-    pub rollups: usize,
-    /// Captured requests.
-    pub requests: usize,
-    /// Findings and alert transitions.
-    pub events: usize,
-}
-
 struct StoreInner {
     path: PathBuf,
     options: StoreOptions,
@@ -266,16 +126,6 @@ impl std::fmt::Debug for Store {
             .field("path", &self.inner.path)
             .finish_non_exhaustive()
     }
-}
-
-/// Unix nanoseconds as SQLite's integer (saturating past year 2262).
-pub(crate) fn sql_time(unix_nano: u64) -> i64 {
-    i64::try_from(unix_nano).unwrap_or(i64::MAX)
-}
-
-/// SQLite's integer back to Unix nanoseconds (negative reads as 0).
-pub(crate) fn unix_time(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
 }
 
 impl Store {

@@ -6,7 +6,19 @@ use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, params};
 
-use super::{MINUTE_NANOS, RetentionStats, StoreError, sql_time};
+use super::error::StoreError;
+use super::time::{MINUTE_NANOS, sql_time};
+
+/// What one retention pass deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionStats {
+    /// Minute rollups.
+    pub rollups: usize,
+    /// Captured requests.
+    pub requests: usize,
+    /// Findings and alert transitions.
+    pub events: usize,
+}
 
 /// `PRAGMA application_id` of an infertrace store: `ITRC`.
 pub(super) const APPLICATION_ID: i64 = 0x4954_5243;

@@ -19,8 +19,10 @@ use infertrace_analysis::kpi::{Accumulator, SeriesKey};
 use infertrace_analysis::record::{Outcome, RequestRecord};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+use super::error::StoreError;
+use super::options::StoreOptions;
 use super::schema::{enforce_retention, prune_series};
-use super::{MINUTE_NANOS, StoreError, StoreOptions, sql_time};
+use super::time::{MINUTE_NANOS, sql_time, unix_nanos_now};
 use crate::internal_events::InternalEvents;
 
 /// How long [`StoreWriter::flush`] waits for the writer.
@@ -248,17 +250,17 @@ impl WriterState {
             let wait = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
                 Ok(WriteOp::Flush(ack)) => {
-                    let result = self.flush(super::unix_nanos_now());
+                    let result = self.flush(unix_nanos_now());
                     // The caller may have given up waiting; nothing to do then.
                     let _ = ack.send(result.map_err(|e| e.to_string()));
                 }
                 Ok(op) => self.receive(op),
                 Err(RecvTimeoutError::Timeout) => {
-                    let _ = self.flush(super::unix_nanos_now());
+                    let _ = self.flush(unix_nanos_now());
                     deadline = Instant::now() + interval;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    let _ = self.flush(super::unix_nanos_now());
+                    let _ = self.flush(unix_nanos_now());
                     return;
                 }
             }

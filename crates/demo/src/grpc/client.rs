@@ -6,8 +6,9 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
-use super::messages::{GenerateRequest, GenerateResponse, GenerateStreamResponse};
-use super::{GENERATE_PATH, GENERATE_STREAM_PATH};
+use super::messages::{
+    GENERATE_PATH, GENERATE_STREAM_PATH, GenerateRequest, GenerateResponse, GenerateStreamResponse,
+};
 
 /// A client of `infertrace.examples.v1.Generator`.
 #[derive(Clone, Debug)]

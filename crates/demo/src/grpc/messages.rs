@@ -1,4 +1,12 @@
-//! Hand-written prost messages of `crates/demo/proto/generate.proto` (no protoc needed).
+//! The service's contract, `crates/demo/proto/generate.proto`: its name, method paths, and
+//! hand-written prost messages (no protoc needed).
+
+/// Fully qualified service name.
+pub const SERVICE_NAME: &str = "infertrace.examples.v1.Generator";
+/// Path of the unary method.
+pub const GENERATE_PATH: &str = "/infertrace.examples.v1.Generator/Generate";
+/// Path of the server-streaming method.
+pub const GENERATE_STREAM_PATH: &str = "/infertrace.examples.v1.Generator/GenerateStream";
 
 /// `GenerateRequest`.
 #[derive(Clone, PartialEq, ::prost::Message)]

@@ -18,15 +18,11 @@ use tonic::transport::server::TcpIncoming;
 use tower::{Layer, Service};
 
 pub use client::GeneratorClient;
-pub use messages::{GenerateRequest, GenerateResponse, GenerateStreamResponse, Usage};
+pub use messages::{
+    GENERATE_PATH, GENERATE_STREAM_PATH, GenerateRequest, GenerateResponse, GenerateStreamResponse,
+    SERVICE_NAME, Usage,
+};
 pub use server::{GenerateStream, GeneratorServer};
-
-/// Fully qualified service name.
-pub const SERVICE_NAME: &str = "infertrace.examples.v1.Generator";
-/// Path of the unary method.
-pub const GENERATE_PATH: &str = "/infertrace.examples.v1.Generator/Generate";
-/// Path of the server-streaming method.
-pub const GENERATE_STREAM_PATH: &str = "/infertrace.examples.v1.Generator/GenerateStream";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -14,8 +14,10 @@ use tonic::server::{NamedService, ServerStreamingService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
-use super::messages::{GenerateRequest, GenerateResponse, GenerateStreamResponse, Usage};
-use super::{GENERATE_PATH, GENERATE_STREAM_PATH, SERVICE_NAME};
+use super::messages::{
+    GENERATE_PATH, GENERATE_STREAM_PATH, GenerateRequest, GenerateResponse, GenerateStreamResponse,
+    SERVICE_NAME, Usage,
+};
 use crate::EngineMarks;
 use crate::openai::{DEFAULT_MAX_TOKENS, recorder_of, wire::estimate_tokens};
 

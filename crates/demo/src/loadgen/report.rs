@@ -3,48 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::RequestResult;
-
-/// How a request ended, as the client saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Outcome {
-    /// Complete answer.
-    Ok,
-    /// Server error (5xx, engine error event, non-OK gRPC status other than the two below).
-    Error,
-    /// Refused for load: HTTP 429 / 503, gRPC RESOURCE_EXHAUSTED / UNAVAILABLE.
-    Rejected,
-    /// No complete answer within the client timeout (the client then disconnects).
-    Timeout,
-    /// The client hung up on purpose mid-stream (`RequestSpec::cancel_after_tokens`).
-    Cancelled,
-    /// Not sent: the client's concurrency cap was reached at its arrival time.
-    Skipped,
-}
-
-impl Outcome {
-    /// All outcomes, in table order.
-    pub const ALL: [Outcome; 6] = [
-        Outcome::Ok,
-        Outcome::Error,
-        Outcome::Rejected,
-        Outcome::Timeout,
-        Outcome::Cancelled,
-        Outcome::Skipped,
-    ];
-
-    /// Lower-case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Error => "error",
-            Outcome::Rejected => "rejected",
-            Outcome::Timeout => "timeout",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Skipped => "skipped",
-        }
-    }
-}
+use super::request::{Outcome, RequestResult};
 
 /// Exact summary statistics of a set of durations (nearest-rank percentiles).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

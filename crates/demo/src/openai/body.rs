@@ -11,8 +11,7 @@ use infertrace_sim::{SimError, SimEvent, TokenStream};
 use serde::Serialize;
 use tokio_stream::Stream;
 
-use super::Endpoint;
-use super::wire::UsageBody;
+use super::wire::{Endpoint, UsageBody, error_body};
 
 /// The response body of the OpenAI-compatible handlers.
 ///
@@ -129,7 +128,7 @@ impl SseStream {
     }
 
     fn error_event(&mut self, err: &SimError) -> Bytes {
-        let body = super::error_body(500, err.kind(), &err.to_string());
+        let body = error_body(500, err.kind(), &err.to_string());
         self.buf.clear();
         self.buf.extend_from_slice(b"data: ");
         let _ = serde_json::to_writer(&mut self.buf, &body);

@@ -30,53 +30,13 @@ use tower::{Layer, Service};
 
 use body::SsePhase;
 pub use body::{OpenAiBody, SseStream};
-use wire::{ChatRequest, CompletionRequest, ErrorBody, ErrorDetail, UsageBody, value_tokens};
+use wire::{ChatRequest, CompletionRequest, UsageBody, value_tokens};
+pub use wire::{Endpoint, error_body};
 
 /// Largest request body accepted (bytes).
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 /// Output token limit when a request sets none.
 pub const DEFAULT_MAX_TOKENS: u32 = 512;
-
-/// Which completion endpoint a request came to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-}
-
-impl Endpoint {
-    /// The endpoint serving `path`, if any.
-    pub fn from_path(path: &str) -> Option<Self> {
-        match path {
-            "/v1/chat/completions" => Some(Endpoint::Chat),
-            "/v1/completions" => Some(Endpoint::Completions),
-            _ => None,
-        }
-    }
-
-    fn id_prefix(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chatcmpl-",
-            Endpoint::Completions => "cmpl-",
-        }
-    }
-
-    fn object(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat.completion",
-            Endpoint::Completions => "text_completion",
-        }
-    }
-
-    fn chunk_object(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat.completion.chunk",
-            Endpoint::Completions => "text_completion",
-        }
-    }
-}
 
 /// The simulator request id inside a response id (`chatcmpl-42` → 42), to look up its truth.
 pub fn sim_id_of_response(response_id: &str) -> Option<u64> {
@@ -127,17 +87,6 @@ fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, serde_json::Error> {
             }
         }
     })
-}
-
-/// An OpenAI error body.
-pub fn error_body(code: u16, kind: &str, message: &str) -> ErrorBody {
-    ErrorBody {
-        error: ErrorDetail {
-            message: message.to_owned(),
-            kind: kind.to_owned(),
-            code,
-        },
-    }
 }
 
 fn error_response(status: StatusCode, kind: &str, message: &str) -> http::Response<OpenAiBody> {
@@ -416,6 +365,7 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
+    use super::wire::ErrorBody;
     use super::*;
 
     #[test]

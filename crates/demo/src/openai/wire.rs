@@ -1,4 +1,5 @@
-//! The OpenAI-compatible request and response bodies (the subset the example servers speak).
+//! The OpenAI-compatible request and response bodies (the subset the example servers speak),
+//! the [`Endpoint`] each belongs to, and the error body.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -133,6 +134,58 @@ pub struct ErrorDetail {
     pub kind: String,
     /// HTTP status code.
     pub code: u16,
+}
+
+/// Which completion endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+impl Endpoint {
+    /// The endpoint serving `path`, if any.
+    pub fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completions),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completions => "cmpl-",
+        }
+    }
+
+    pub(crate) fn object(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat.completion",
+            Endpoint::Completions => "text_completion",
+        }
+    }
+
+    pub(crate) fn chunk_object(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        }
+    }
+}
+
+/// An OpenAI error body.
+pub fn error_body(code: u16, kind: &str, message: &str) -> ErrorBody {
+    ErrorBody {
+        error: ErrorDetail {
+            message: message.to_owned(),
+            kind: kind.to_owned(),
+            code,
+        },
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,109 @@
+//! What a diagnosis says: [`Finding`]s with their [`Severity`] and [`Evidence`], and how the rules
+//! put numbers into words (`850 ms`, `42%`).
+
+use serde::{Deserialize, Serialize};
+
+/// How bad a finding is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing; nothing is broken.
+    Info,
+    /// Latency, cost or capacity is off; act soon.
+    Warning,
+    /// Users are affected now (SLO breached, errors).
+    Critical,
+}
+
+impl Severity {
+    /// Lower-case name (`info`, `warning`, `critical`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+        }
+    }
+}
+
+/// One number behind a finding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Evidence {
+    /// What was measured, as a KPI path (`phase_share.p90.queue`, `ttft.p90`, …).
+    pub metric: String,
+    /// The measured value.
+    pub value: f64,
+    /// The threshold it was compared with, if any.
+    pub threshold: Option<f64>,
+    /// Unit of `value` and `threshold`: `s`, `ratio`, `1/s`, `requests`.
+    pub unit: &'static str,
+}
+
+/// A diagnosis: what is wrong, the numbers, and what to change.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    /// Stable rule id (see the module table).
+    pub rule_id: &'static str,
+    /// Severity.
+    pub severity: Severity,
+    /// Series service.
+    pub service: String,
+    /// Series model.
+    pub model: String,
+    /// Series operation (empty when series are not split by operation).
+    pub operation: String,
+    /// One line citing the numbers.
+    pub title: String,
+    /// The numbers.
+    pub evidence: Vec<Evidence>,
+    /// What to change, concretely.
+    pub recommendation: String,
+}
+
+/// One piece of [`Evidence`].
+pub(super) fn ev(
+    metric: impl Into<String>,
+    value: f64,
+    threshold: Option<f64>,
+    unit: &'static str,
+) -> Evidence {
+    Evidence {
+        metric: metric.into(),
+        value,
+        threshold,
+        unit,
+    }
+}
+
+/// Seconds for people: `850 ms`, `1.24 s`.
+pub(super) fn secs(v: f64) -> String {
+    if v.abs() < 1.0 {
+        format!("{:.0} ms", v * 1e3)
+    } else {
+        format!("{v:.2} s")
+    }
+}
+
+/// A ratio as a percentage: `42%`, `0.5%`.
+pub(super) fn pct(v: f64) -> String {
+    let p = v * 100.0;
+    if p.abs() >= 10.0 || p == 0.0 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_numbers_for_people() {
+        assert_eq!(secs(0.25), "250 ms");
+        assert_eq!(secs(1.234), "1.23 s");
+        assert_eq!(pct(0.423), "42%");
+        assert_eq!(pct(0.005), "0.5%");
+        assert_eq!(pct(0.0), "0%");
+    }
+}

@@ -1,0 +1,105 @@
+//! What every dialect reads alike: the record each starts from (identity, times, model,
+//! outcome, tokens, infertrace's streaming attributes) and the attribute readers it is built
+//! with.
+
+use infertrace_semconv as sc;
+
+use super::trace_view::TraceView;
+use crate::record::{Dialect, InterTokenStats, Outcome, RequestRecord};
+use crate::trace::{Span, StatusCode};
+
+/// A non-negative, finite number of seconds from a numeric attribute.
+pub(super) fn seconds_attr(span: &Span, key: &str) -> Option<f64> {
+    span.attr_f64(key).filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+/// A non-negative integer attribute.
+pub(super) fn count_attr(span: &Span, key: &str) -> Option<u64> {
+    span.attr_i64(key).and_then(|v| u64::try_from(v).ok())
+}
+
+/// The explicit outcome a span states, if any (see the module docs for the order).
+pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
+    if let Some(o) = span.attr_str(sc::infer::OUTCOME).and_then(Outcome::parse) {
+        return Some(o);
+    }
+    let grpc = span.attr_i64(sc::net::RPC_GRPC_STATUS_CODE);
+    match grpc {
+        Some(0) | None => {}
+        Some(1) => return Some(Outcome::Cancelled),
+        Some(8) => return Some(Outcome::Rejected),
+        Some(_) => return Some(Outcome::Error),
+    }
+    let http = span.attr_i64(sc::net::HTTP_RESPONSE_STATUS_CODE);
+    match http {
+        Some(429) => return Some(Outcome::Rejected),
+        Some(499) => return Some(Outcome::Cancelled),
+        Some(c) if c >= 500 => return Some(Outcome::Error),
+        _ => {}
+    }
+    if span.status == StatusCode::Error || span.attr(sc::net::ERROR_TYPE).is_some() {
+        return Some(Outcome::Error);
+    }
+    (grpc.is_some() || http.is_some() || span.status == StatusCode::Ok).then_some(Outcome::Ok)
+}
+
+/// The outcome of a request span: its own signal, else its nearest same-service ancestor's.
+pub(super) fn outcome_of(span: &Span, trace: &TraceView<'_>) -> Outcome {
+    outcome_signal(span)
+        .or_else(|| {
+            trace
+                .ancestors(span)
+                .take_while(|a| a.service == span.service)
+                .find_map(outcome_signal)
+        })
+        .unwrap_or(Outcome::Ok)
+}
+
+/// The record every dialect starts from: identity, times, e2e from the span, model, operation,
+/// outcome, tokens and infertrace's streaming attributes where present.
+pub(super) fn base_record(span: &Span, dialect: Dialect, trace: &TraceView<'_>) -> RequestRecord {
+    let mut r = RequestRecord::new(
+        span.trace_id,
+        span.span_id,
+        span.service.clone(),
+        dialect,
+        span.start_unix_nano,
+        span.end_unix_nano,
+    );
+    if let Some(m) = span
+        .attr_text(sc::gen_ai::RESPONSE_MODEL)
+        .or_else(|| span.attr_text(sc::gen_ai::REQUEST_MODEL))
+        .filter(|m| !m.is_empty())
+    {
+        r.model = m.clone();
+    }
+    if let Some(op) = span
+        .attr_text(sc::gen_ai::OPERATION_NAME)
+        .filter(|m| !m.is_empty())
+    {
+        r.operation = op.clone();
+    }
+    r.outcome = outcome_of(span, trace);
+    r.input_tokens = count_attr(span, sc::gen_ai::USAGE_INPUT_TOKENS)
+        .or_else(|| count_attr(span, sc::gen_ai::USAGE_PROMPT_TOKENS));
+    r.output_tokens = count_attr(span, sc::gen_ai::USAGE_OUTPUT_TOKENS)
+        .or_else(|| count_attr(span, sc::gen_ai::USAGE_COMPLETION_TOKENS));
+    r.stream_chunks = count_attr(span, sc::infer::STREAM_CHUNKS);
+    r.queue_depth = count_attr(span, sc::infer::QUEUE_DEPTH);
+    r.time_to_first_chunk = seconds_attr(span, sc::infer::TIME_TO_FIRST_CHUNK);
+    r.cache_read_input_tokens = count_attr(span, sc::gen_ai::USAGE_CACHE_READ_INPUT_TOKENS);
+    r.preemptions = count_attr(span, sc::infer::PREEMPTIONS);
+    r.lora_adapter = span
+        .attr_text(sc::infer::LORA_ADAPTER)
+        .filter(|a| !a.is_empty())
+        .cloned();
+    let itl = |k| seconds_attr(span, k);
+    // One after the other: a span without the first (most) is not scanned for the others.
+    if let Some(p50) = itl(sc::infer::INTER_TOKEN_LATENCY_P50)
+        && let Some(p99) = itl(sc::infer::INTER_TOKEN_LATENCY_P99)
+        && let Some(max) = itl(sc::infer::INTER_TOKEN_LATENCY_MAX)
+    {
+        r.itl = Some(InterTokenStats { p50, p99, max });
+    }
+    r
+}

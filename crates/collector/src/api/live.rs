@@ -1,0 +1,135 @@
+//! The routes that read the running collector: `/metrics`, `/health`, the window routes (KPIs,
+//! critical path, findings), one recent trace, and the alerts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use infertrace_analysis::trace::TraceId;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::state::{ApiState, error};
+use crate::duration::parse_duration;
+use crate::prom_export::{CONTENT_TYPE, encode};
+
+/// `?window=` of the window routes.
+#[derive(Debug, Deserialize)]
+pub struct WindowQuery {
+    /// A configured window, e.g. `1m`.
+    pub window: Option<String>,
+}
+
+/// Resolves `?window=` against the configured windows.
+pub fn resolve_window(windows: &[Duration], asked: Option<&str>) -> Result<Duration, String> {
+    let list = || {
+        windows
+            .iter()
+            .map(|w| humantime::format_duration(*w).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(asked) = asked else {
+        return windows
+            .first()
+            .copied()
+            .ok_or_else(|| "no window configured".into());
+    };
+    let d = parse_duration(asked).map_err(|e| format!("{e}; configured windows: {}", list()))?;
+    if windows.contains(&d) {
+        Ok(d)
+    } else {
+        Err(format!(
+            "window {asked:?} is not configured; use one of {}",
+            list()
+        ))
+    }
+}
+
+pub(super) async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
+    let body = encode(&s.registry);
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
+}
+
+pub(super) async fn health(State(s): State<Arc<ApiState>>) -> Response {
+    if s.pipeline.is_shutting_down() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting_down"})),
+        )
+            .into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+pub(super) async fn kpis(State(s): State<Arc<ApiState>>, Query(q): Query<WindowQuery>) -> Response {
+    match resolve_window(s.pipeline.windows(), q.window.as_deref()) {
+        Ok(w) => Json(s.pipeline.kpis(w)).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+pub(super) async fn critical_path(
+    State(s): State<Arc<ApiState>>,
+    Query(q): Query<WindowQuery>,
+) -> Response {
+    match resolve_window(s.pipeline.windows(), q.window.as_deref()) {
+        Ok(w) => Json(s.pipeline.critical_path(w)).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+pub(super) async fn findings(
+    State(s): State<Arc<ApiState>>,
+    Query(q): Query<WindowQuery>,
+) -> Response {
+    match resolve_window(s.pipeline.windows(), q.window.as_deref()) {
+        Ok(w) => Json(json!({
+            "window_seconds": w.as_secs_f64(),
+            "findings": s.pipeline.findings(w),
+        }))
+        .into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+pub(super) async fn trace(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
+    let Some(trace_id) = TraceId::from_hex(&id.to_ascii_lowercase()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("{id:?} is not a trace id (32 hex characters)"),
+        );
+    };
+    match s.pipeline.trace(&trace_id) {
+        Some(t) => Json(t).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("trace {trace_id} is not among the recently completed traces"),
+        ),
+    }
+}
+
+pub(super) async fn alerts(State(s): State<Arc<ApiState>>) -> Response {
+    let view = s.alerting.lock().unwrap_or_else(|p| p.into_inner()).view();
+    Json(view).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_resolve() {
+        let ws = [Duration::from_secs(60), Duration::from_secs(300)];
+        assert_eq!(resolve_window(&ws, None), Ok(ws[0]));
+        assert_eq!(resolve_window(&ws, Some("5m")), Ok(ws[1]));
+        assert_eq!(resolve_window(&ws, Some("300s")), Ok(ws[1]));
+        let e = resolve_window(&ws, Some("2m")).unwrap_err();
+        assert!(e.contains("1m, 5m"), "{e}");
+        assert!(resolve_window(&ws, Some("soon")).is_err());
+    }
+}

@@ -1,0 +1,43 @@
+//! What a failed check says ([`Invalid`]: the key path and what is wrong), and the checks
+//! several sections share.
+
+use std::fmt;
+
+/// A semantic validation failure: the key path and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// Key path, e.g. `["assembly", "grace"]`.
+    pub path: Vec<&'static str>,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl Invalid {
+    pub(super) fn new(path: &[&'static str], message: impl Into<String>) -> Self {
+        Self {
+            path: path.to_vec(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.join("."), self.message)
+    }
+}
+
+/// Checks that `url` is an `http://` or `https://` URL with a host.
+pub(super) fn check_http_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(format!("{url:?} must start with http:// or https://")),
+    }
+    if uri.host().is_none() {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
+}

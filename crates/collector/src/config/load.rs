@@ -1,0 +1,79 @@
+//! Reading the file: parse, validate, and place every error at its `file:line:column`.
+
+use std::fmt;
+use std::path::Path;
+
+use super::location::{locate, strip_location};
+use super::schema::CollectorConfig;
+
+/// A configuration error, with the place in the file when known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or `<config>` for a string).
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{l}:{c}: {}", self.file, self.message),
+            (Some(l), None) => write!(f, "{}:{l}: {}", self.file, self.message),
+            _ => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+const STRING_SOURCE: &str = "<config>";
+
+impl CollectorConfig {
+    /// Parses and validates YAML text. An empty document gives the defaults.
+    pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
+        Self::parse_named(text, STRING_SOURCE)
+    }
+
+    /// Reads, parses and validates a YAML file; errors name the file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: name.clone(),
+            line: None,
+            column: None,
+            message: format!("cannot read the config file: {e}"),
+        })?;
+        Self::parse_named(&text, &name)
+    }
+
+    fn parse_named(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let config: Self = if text.trim().is_empty() {
+            Self::default()
+        } else {
+            serde_yaml_ng::from_str(text).map_err(|e| {
+                let loc = e.location();
+                ConfigError {
+                    file: file.to_owned(),
+                    line: loc.as_ref().map(|l| l.line()),
+                    column: loc.as_ref().map(|l| l.column()),
+                    message: strip_location(&e.to_string()),
+                }
+            })?
+        };
+        config.validate().map_err(|v| {
+            let pos = locate(text, &v.path);
+            ConfigError {
+                file: file.to_owned(),
+                line: pos.map(|p| p.0),
+                column: pos.map(|p| p.1),
+                message: format!("{}: {}", v.path.join("."), v.message),
+            }
+        })?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,128 @@
+//! The span rules every decoder applies alike: valid ids, an end not before the start, attribute
+//! values nested at most [`MAX_VALUE_NESTING`] deep, valid links.
+
+use infertrace_analysis::trace::{SpanId, TraceId};
+
+/// Deepest nesting of arrays and key-value lists an attribute value may have (see the
+/// [module rules](super)); a span with a deeper one is rejected.
+pub const MAX_VALUE_NESTING: u32 = 16;
+
+/// Why a span was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InvalidSpan {
+    TraceId { len: usize },
+    SpanId { len: usize },
+    ParentSpanId { len: usize },
+    EndBeforeStart { start: u64, end: u64 },
+    TooDeep,
+}
+
+impl std::fmt::Display for InvalidSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TraceId { len } => write!(
+                f,
+                "trace id must be 16 bytes and not all zero (got {len} bytes)"
+            ),
+            Self::SpanId { len } => write!(
+                f,
+                "span id must be 8 bytes and not all zero (got {len} bytes)"
+            ),
+            Self::ParentSpanId { len } => write!(
+                f,
+                "parent span id must be empty or 8 bytes (got {len} bytes)"
+            ),
+            Self::EndBeforeStart { start, end } => write!(
+                f,
+                "span ends before it starts (start {start} ns, end {end} ns)"
+            ),
+            Self::TooDeep => write!(
+                f,
+                "an attribute value (of the span, its events or links, its resource or scope) \
+                 nests arrays/key-value lists more than {MAX_VALUE_NESTING} levels deep; \
+                 downstream OTLP decoders refuse such data: flatten the attribute"
+            ),
+        }
+    }
+}
+
+/// The identity of a valid span.
+pub(crate) struct ValidIds {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    pub parent_span_id: Option<SpanId>,
+}
+
+/// Applies the span validity rules shared by every decoder.
+pub(crate) fn validate_span(
+    trace_id: &[u8],
+    span_id: &[u8],
+    parent_span_id: &[u8],
+    start: u64,
+    end: u64,
+) -> Result<ValidIds, InvalidSpan> {
+    let trace = TraceId::from_bytes(trace_id).ok_or(InvalidSpan::TraceId {
+        len: trace_id.len(),
+    })?;
+    let span = SpanId::from_bytes(span_id).ok_or(InvalidSpan::SpanId { len: span_id.len() })?;
+    let parent = match parent_span_id.len() {
+        0 => None,
+        8 => SpanId::from_bytes(parent_span_id),
+        len => return Err(InvalidSpan::ParentSpanId { len }),
+    };
+    if end < start {
+        return Err(InvalidSpan::EndBeforeStart { start, end });
+    }
+    Ok(ValidIds {
+        trace_id: trace,
+        span_id: span,
+        parent_span_id: parent,
+    })
+}
+
+/// A link's ids when both are valid.
+pub(crate) fn valid_link(
+    trace_id: &[u8],
+    span_id: &[u8],
+) -> Option<infertrace_analysis::trace::SpanLink> {
+    Some(infertrace_analysis::trace::SpanLink {
+        trace_id: TraceId::from_bytes(trace_id)?,
+        span_id: SpanId::from_bytes(span_id)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_rules() {
+        let t = [1u8; 16];
+        let s = [2u8; 8];
+        assert!(validate_span(&t, &s, &[], 1, 1).is_ok());
+        assert_eq!(
+            validate_span(&[0; 16], &s, &[], 1, 2).err(),
+            Some(InvalidSpan::TraceId { len: 16 })
+        );
+        assert_eq!(
+            validate_span(&t[..15], &s, &[], 1, 2).err(),
+            Some(InvalidSpan::TraceId { len: 15 })
+        );
+        assert_eq!(
+            validate_span(&t, &[0; 8], &[], 1, 2).err(),
+            Some(InvalidSpan::SpanId { len: 8 })
+        );
+        assert_eq!(
+            validate_span(&t, &s, &[3; 4], 1, 2).err(),
+            Some(InvalidSpan::ParentSpanId { len: 4 })
+        );
+        assert_eq!(
+            validate_span(&t, &s, &[], 3, 2).err(),
+            Some(InvalidSpan::EndBeforeStart { start: 3, end: 2 })
+        );
+        let ids = validate_span(&t, &s, &[0; 8], 1, 2).ok().unwrap();
+        assert_eq!(ids.parent_span_id, None);
+        let ids = validate_span(&t, &s, &[7; 8], 1, 2).ok().unwrap();
+        assert_eq!(ids.parent_span_id, Some(SpanId([7; 8])));
+    }
+}

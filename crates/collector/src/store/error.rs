@@ -1,0 +1,90 @@
+//! [`StoreError`]: why the store could not be opened, written or read.
+
+use std::path::PathBuf;
+
+/// Why the store could not be opened, written or read. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The data directory or file could not be created or read.
+    #[error("history store {path}: {source}; check the path and its permissions (--data-dir)")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file exists but is not an SQLite database; it was left as it is.
+    #[error(
+        "history store {path} is not an SQLite database (corrupt or another file); it was not \
+         modified: move it away or choose another --data-dir"
+    )]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is another application's SQLite database; it was left as it is.
+    #[error(
+        "history store {path} belongs to another application (SQLite application_id \
+         {application_id:#x}, tables: {tables}); it was not modified: choose another --data-dir"
+    )]
+    Foreign {
+        /// The file.
+        path: PathBuf,
+        /// Its `application_id`.
+        application_id: i64,
+        /// Its tables, comma-separated.
+        tables: String,
+    },
+    /// The file was written by a newer infertrace (schema version above this build's).
+    #[error(
+        "history store {path} has schema version {found}, newer than this build's {supported}; \
+         upgrade infertrace or choose another --data-dir"
+    )]
+    NewerSchema {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// This build's version.
+        supported: i64,
+    },
+    /// SQLite refused an operation.
+    #[error("history store {path}: {source}")]
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
+    /// A writer is already running for this store (only one may merge minutes).
+    #[error("history store {path}: a writer is already running")]
+    WriterRunning {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A flush asked for with [`StoreWriter::flush`] failed (the items were dropped and
+    /// counted).
+    ///
+    /// [`StoreWriter::flush`]: super::StoreWriter::flush
+    #[error("history store {path}: flush failed: {message}")]
+    FlushFailed {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// The writer thread has stopped.
+    #[error("history store {path}: the writer has stopped")]
+    WriterStopped {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A history query named an unknown KPI.
+    #[error("unknown KPI {kpi:?}: {reason}")]
+    UnknownKpi {
+        /// The KPI asked for.
+        kpi: String,
+        /// What is known.
+        reason: String,
+    },
+}
