@@ -42,6 +42,7 @@ use infertrace_semconv as sc;
 use serde::{Deserialize, Serialize};
 
 mod disagg;
+pub mod pd_sizing;
 
 pub use disagg::KV_LINK_SPEEDUP;
 

@@ -17,6 +17,7 @@
 
 use infertrace_semconv::disagg as d;
 
+use super::pd_sizing::{self, PdSizing, PoolLoad};
 use super::{Diagnoser, Severity, ev, pct, secs};
 use crate::kpi::{DisaggKpis, Pool};
 
@@ -136,6 +137,7 @@ impl Diagnoser<'_> {
                 .map_or(0, |p| p.workers.len())
         };
         let (p, dw) = (workers(Pool::Prefill), workers(Pool::Decode));
+        let sizing = self.pd_sizing(k, p, dw, prefill_wait > max, decode_wait > max);
         let (rule, waiting, share, other, other_share, advice) =
             if prefill_wait > max && prefill_wait > decode_wait {
                 (
@@ -194,6 +196,13 @@ impl Diagnoser<'_> {
             None,
             "workers",
         ));
+        let advice = match &sizing {
+            Some((sz, inputs)) => {
+                evidence.extend(sizing_evidence(sz, inputs));
+                sizing_advice(sz, inputs, p, dw, &advice)
+            }
+            None => advice,
+        };
         self.push(
             rule,
             severity,
@@ -210,6 +219,56 @@ impl Diagnoser<'_> {
                  the {other_pool} pool admits at once. {advice}"
             ),
         );
+    }
+
+    /// DistServe-style sizing of the split ([`pd_sizing`]) from the window's figures: the
+    /// load both pools served, each pool's busy fraction (1 for a pool whose arrivals wait
+    /// past the threshold; else the prefill workers' share of time prefilling, load × mean
+    /// prefill ÷ workers, and the decode workers' share of the TPOT objective used, mean
+    /// TPOT ÷ TPOT objective), and each pool's SLO attainment (TTFT for prefill, TPOT for
+    /// decode; 1 without an SLO). `None` without the numbers.
+    fn pd_sizing(
+        &self,
+        k: &DisaggKpis,
+        prefill_workers: usize,
+        decode_workers: usize,
+        prefill_waits: bool,
+        decode_waits: bool,
+    ) -> Option<(PdSizing, SizingInputs)> {
+        let load = k.requests_per_second;
+        let prefill_busy = if prefill_waits {
+            1.0
+        } else {
+            let mean = k.sub_phase(d::PREFILL)?.latency.mean;
+            (load * mean / prefill_workers.max(1) as f64).min(1.0)
+        };
+        let decode_busy = if decode_waits {
+            1.0
+        } else {
+            let tpot = self.s.tpot?.mean;
+            (tpot / self.c.tpot_p90_max_seconds).min(1.0)
+        };
+        let prefill = PoolLoad {
+            workers: prefill_workers,
+            busy: prefill_busy,
+            slo_attainment: k.ttft_slo_attainment.unwrap_or(1.0),
+        };
+        let decode = PoolLoad {
+            workers: decode_workers,
+            busy: decode_busy,
+            slo_attainment: k.tpot_slo_attainment.unwrap_or(1.0),
+        };
+        let sizing = pd_sizing::size(load, prefill, decode)?;
+        let share = (k.requests as f64 / self.s.requests.max(1) as f64).min(1.0);
+        Some((
+            sizing,
+            SizingInputs {
+                prefill,
+                decode,
+                input_tokens_per_second: self.s.throughput.input_tokens_per_second * share,
+                output_tokens_per_second: self.s.throughput.output_tokens_per_second * share,
+            },
+        ))
     }
 
     fn decode_kv_memory_wait(&mut self, k: &DisaggKpis, severity: Severity) {
@@ -251,6 +310,128 @@ impl Diagnoser<'_> {
              for every output token)."
                 .to_string(),
         );
+    }
+}
+
+/// What the sizing was computed from, for the evidence.
+struct SizingInputs {
+    prefill: PoolLoad,
+    decode: PoolLoad,
+    /// Prompt tokens per second the prefill pool served (the series' rate × its
+    /// disaggregated share of requests).
+    input_tokens_per_second: f64,
+    /// Output tokens per second the decode pool served (likewise).
+    output_tokens_per_second: f64,
+}
+
+fn sizing_evidence(s: &PdSizing, i: &SizingInputs) -> Vec<super::Evidence> {
+    vec![
+        ev("disagg.load.requests_per_second", s.load_rps, None, "1/s"),
+        ev(
+            "disagg.pools.prefill.input_tokens_per_second",
+            i.input_tokens_per_second,
+            None,
+            "tokens/s",
+        ),
+        ev(
+            "disagg.pools.decode.output_tokens_per_second",
+            i.output_tokens_per_second,
+            None,
+            "tokens/s",
+        ),
+        ev("disagg.pools.prefill.busy", i.prefill.busy, None, "ratio"),
+        ev("disagg.pools.decode.busy", i.decode.busy, None, "ratio"),
+        ev(
+            "disagg.pools.prefill.slo_attainment",
+            i.prefill.slo_attainment,
+            None,
+            "ratio",
+        ),
+        ev(
+            "disagg.pools.decode.slo_attainment",
+            i.decode.slo_attainment,
+            None,
+            "ratio",
+        ),
+        ev(
+            "disagg.pools.prefill.goodput_per_gpu",
+            s.prefill_goodput_per_gpu,
+            None,
+            "1/s",
+        ),
+        ev(
+            "disagg.pools.decode.goodput_per_gpu",
+            s.decode_goodput_per_gpu,
+            None,
+            "1/s",
+        ),
+        ev(
+            "disagg.sizing.prefill_gpus_needed",
+            s.prefill_gpus_needed,
+            None,
+            "workers",
+        ),
+        ev(
+            "disagg.sizing.decode_gpus_needed",
+            s.decode_gpus_needed,
+            None,
+            "workers",
+        ),
+        ev(
+            "disagg.sizing.prefill_workers",
+            s.prefill_workers as f64,
+            None,
+            "workers",
+        ),
+        ev(
+            "disagg.sizing.decode_workers",
+            s.decode_workers as f64,
+            None,
+            "workers",
+        ),
+    ]
+}
+
+/// The sizing's recommendation: the split for the current GPU count, with the numbers; when
+/// that is the current split, the one-GPU advice (`fallback`) and the GPUs the load needs.
+fn sizing_advice(
+    s: &PdSizing,
+    i: &SizingInputs,
+    prefill: usize,
+    decode: usize,
+    fallback: &str,
+) -> String {
+    let numbers = format!(
+        "DistServe-style sizing for the observed {:.1} req/s: a prefill GPU serves {:.1} req/s \
+         within the TTFT objective when fully busy (now {} busy, {} within it), a decode GPU \
+         {:.1} req/s within the TPOT objective (now {} busy, {} within it); the load needs \
+         {:.2} prefill and {:.2} decode GPUs.",
+        s.load_rps,
+        s.prefill_goodput_per_gpu,
+        pct(i.prefill.busy),
+        pct(i.prefill.slo_attainment),
+        s.decode_goodput_per_gpu,
+        pct(i.decode.busy),
+        pct(i.decode.slo_attainment),
+        s.prefill_gpus_needed,
+        s.decode_gpus_needed,
+    );
+    if (s.prefill_workers, s.decode_workers) != (prefill, decode) {
+        format!(
+            "{numbers} Of the current {} GPUs, split P:D {prefill}:{decode} → {}:{} and compare \
+             goodput.",
+            prefill + decode,
+            s.prefill_workers,
+            s.decode_workers
+        )
+    } else {
+        format!(
+            "{numbers} The current split of {} GPUs already matches that ratio; the load needs \
+             at least {}:{}. {fallback}",
+            prefill + decode,
+            s.prefill_gpus_needed.ceil().max(1.0),
+            s.decode_gpus_needed.ceil().max(1.0)
+        )
     }
 }
 

@@ -59,12 +59,22 @@ pub enum Scenario {
     /// Disaggregated with the pools the wrong way round for the load: one prefill worker for
     /// long prompts and three mostly idle decode workers, so the prefill queue dominates.
     PdRatio,
+    /// Disaggregated the other way round: two prefill workers and one decode worker that runs
+    /// at most 8 sequences at once, so requests wait for a decode batch slot
+    /// (`pd-ratio-decode-bound`).
+    PdDecodeBound,
+    /// Disaggregated with a decode worker whose KV memory holds few sequences: requests wait
+    /// at bootstrap for running ones to give theirs back (`decode-kv-memory-wait`).
+    PdKvMemory,
 }
 
 impl Scenario {
     /// Whether the scenario runs the disaggregated deployment.
     pub fn is_pd(self) -> bool {
-        matches!(self, Self::Pd | Self::PdKvBound | Self::PdRatio)
+        matches!(
+            self,
+            Self::Pd | Self::PdKvBound | Self::PdRatio | Self::PdDecodeBound | Self::PdKvMemory
+        )
     }
 }
 
@@ -166,7 +176,11 @@ pub(crate) fn workload(
             "15% of prompts are 20,000 tokens, without chunked prefill"
         }
         // The disaggregated scenarios change the load in `pd`.
-        Scenario::Pd | Scenario::PdKvBound | Scenario::PdRatio => {
+        Scenario::Pd
+        | Scenario::PdKvBound
+        | Scenario::PdRatio
+        | Scenario::PdDecodeBound
+        | Scenario::PdKvMemory => {
             load.rate = rate.unwrap_or(6.0);
             "disaggregated prefill and decode"
         }

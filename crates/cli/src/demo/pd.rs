@@ -1,5 +1,5 @@
-//! `infertrace demo --scenario pd | pd-kv-bound | pd-ratio`: disaggregated serving in one
-//! process.
+//! `infertrace demo --scenario pd | pd-kv-bound | pd-ratio | pd-decode-bound | pd-kv-memory`:
+//! disaggregated serving in one process.
 //!
 //! 1. the collector, as in the other scenarios (with a grace period longer than the span
 //!    exporters' batch delay: the services export independently, so a trace's spans arrive
@@ -34,6 +34,10 @@ use super::{
 };
 use crate::render;
 use crate::report::{Format, print_report};
+
+/// The `pd-kv-memory` decode worker's KV memory, tokens: above the largest sequence the load
+/// generator sends (2,048 prompt + 512 output tokens), so none is refused.
+const PD_KV_MEMORY_TOKENS: u64 = 3072;
 
 /// The deployment and load of a disaggregated scenario.
 fn pd_workload(args: &DemoArgs) -> (DisaggConfig, LoadConfig, &'static str) {
@@ -73,6 +77,25 @@ fn pd_workload(args: &DemoArgs) -> (DisaggConfig, LoadConfig, &'static str) {
                 max: 256,
             };
             "1 prefill : 3 decode workers for long prompts and short answers"
+        }
+        Scenario::PdDecodeBound => {
+            // One decode worker runs at most 8 sequences (SGLang --max-running-requests): each
+            // holds its slot for ≈ 110 steps of ≈ 8 ms, so 8 req/s need ≈ 7 slots on average
+            // and arrivals queue for one whenever a burst comes; two prefill workers idle.
+            cfg.decode_workers = 1;
+            cfg.decode.max_num_seqs = 8;
+            load.rate = args.rate.unwrap_or(8.0);
+            "2 prefill : 1 decode worker running at most 8 sequences"
+        }
+        Scenario::PdKvMemory => {
+            // One decode worker with KV memory for 3,072 tokens (384 MB at 128 KiB per token):
+            // a request reserves prompt + max_tokens (≈ 560 on average), so ≈ 5 fit while
+            // 6 req/s keep ≈ 5 decoding; the rest wait at bootstrap. The batch limit (64) is
+            // never reached, so nothing waits in decode_wait.
+            cfg.decode_workers = 1;
+            cfg.decode_kv_tokens = PD_KV_MEMORY_TOKENS;
+            load.rate = args.rate.unwrap_or(6.0);
+            "2 prefill : 1 decode worker with KV memory for 3,072 tokens"
         }
         _ => "2 prefill : 2 decode workers, 400 Gb/s KV links, within capacity",
     };
