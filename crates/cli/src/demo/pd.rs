@@ -80,21 +80,22 @@ fn pd_workload(args: &DemoArgs) -> (DisaggConfig, LoadConfig, &'static str) {
         }
         Scenario::PdDecodeBound => {
             // One decode worker runs at most 8 sequences (SGLang --max-running-requests): each
-            // holds its slot for ≈ 110 steps of ≈ 8 ms, so 8 req/s need ≈ 7 slots on average
-            // and arrivals queue for one whenever a burst comes; two prefill workers idle.
+            // holds its slot for ≈ 110 steps of ≈ 8 ms, so 6 req/s keep ≈ 5.3 of the 8 busy on
+            // average and arrivals queue for one whenever a burst comes; two prefill workers
+            // idle.
             cfg.decode_workers = 1;
             cfg.decode.max_num_seqs = 8;
-            load.rate = args.rate.unwrap_or(8.0);
+            load.rate = args.rate.unwrap_or(6.0);
             "2 prefill : 1 decode worker running at most 8 sequences"
         }
         Scenario::PdKvMemory => {
             // One decode worker with KV memory for 3,072 tokens (384 MB at 128 KiB per token):
             // a request reserves prompt + max_tokens (≈ 560 on average), so ≈ 5 fit while
-            // 6 req/s keep ≈ 5 decoding; the rest wait at bootstrap. The batch limit (64) is
+            // 4.5 req/s keep ≈ 4 decoding; bursts wait at bootstrap. The batch limit (64) is
             // never reached, so nothing waits in decode_wait.
             cfg.decode_workers = 1;
             cfg.decode_kv_tokens = PD_KV_MEMORY_TOKENS;
-            load.rate = args.rate.unwrap_or(6.0);
+            load.rate = args.rate.unwrap_or(4.5);
             "2 prefill : 1 decode worker with KV memory for 3,072 tokens"
         }
         _ => "2 prefill : 2 decode workers, 400 Gb/s KV links, within capacity",
