@@ -414,7 +414,7 @@ fn a_balanced_deployment_gets_no_disaggregated_finding() {
 
 #[test]
 fn a_slow_kv_link_is_diagnosed_with_the_rate_achieved_and_what_a_faster_link_saves() {
-    // The demo's pd-kv-bound: one 10 Gb/s link, ~40 ms per transfer.
+    // A slow link (the demo's pd-kv-bound had 10 Gb/s, ~40 ms per transfer, before 5 Gb/s).
     let d = Deployment {
         prefill_workers: 1,
         kv_transfer: 0.04,
@@ -810,5 +810,41 @@ fn a_short_decode_pool_is_sized_from_the_prefill_pools_busy_time() {
         f.recommendation.contains("2:1 → 1:2"),
         "{}",
         f.recommendation
+    );
+}
+
+#[test]
+fn a_decode_wait_within_one_decode_step_is_not_a_short_decode_pool() {
+    // Requests wait ≈ 20 ms for a decode batch, ≈ 30 % of TTFT. At a 20 ms decode step that
+    // is the step in progress; at 1 ms it is a queue.
+    let d = Deployment {
+        decode_wait: 0.02,
+        ..BALANCED
+    };
+    let truths = generate(&d, 200, 12);
+    let raw = share(&truths, 6);
+    assert!(raw > 0.25, "{raw}");
+    let ttft_mean = mean(&truths.iter().map(Truth::ttft).collect::<Vec<_>>());
+    let config = DiagnosisConfig::default();
+    let slow_steps = series_with_tpot(&truths, |_| 0.02);
+    assert_eq!(pd_ids(&run(&slow_steps, &config)), Vec::<&str>::new());
+    let fast_steps = series_with_tpot(&truths, |_| 0.001);
+    let findings = run(&fast_steps, &config);
+    assert_eq!(pd_ids(&findings), ["pd-ratio-decode-bound"]);
+    let f = findings
+        .iter()
+        .find(|f| f.rule_id == "pd-ratio-decode-bound")
+        .unwrap();
+    close(
+        evidence(f, "disagg.ttft_share.decode_wait"),
+        raw,
+        "raw share",
+    );
+    // The TTFT mean is the sketch's exact mean; Σ/Σ shares are exact sums.
+    let beyond = evidence(f, "disagg.ttft_share.decode_wait_beyond_step");
+    assert!(
+        (beyond - (raw - 0.001 / ttft_mean)).abs() < 1e-9,
+        "{beyond} vs {}",
+        raw - 0.001 / ttft_mean
     );
 }

@@ -431,7 +431,7 @@ fn pd_kv_bound_demo_shows_the_transfer_dominating_ttft() {
     let report = demo(&["--duration", "6s", "--scenario", "pd-kv-bound"]);
     let median = |n: &str| f(&pd_phase(&report, n)["measured"]["p50"], n);
     let truth = |n: &str| f(&pd_phase(&report, n)["truth"]["p50"], n);
-    // 10 Gb/s: the KV transfer is the largest sub-phase of TTFT, measured as in truth.
+    // 5 Gb/s: the KV transfer is the largest sub-phase of TTFT, measured as in truth.
     for other in PD_TTFT_PHASES.iter().filter(|n| **n != "kv_transfer") {
         assert!(
             median("kv_transfer") > median(other) && truth("kv_transfer") > truth(other),

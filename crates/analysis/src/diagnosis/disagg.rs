@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `kv-transfer-dominates-ttft` | `kv_transfer` | `kv_transfer_ttft_share_max` (0.3) |
 //! | `pd-ratio-prefill-bound` | `prefill_queue`, larger than `decode_wait` | `pool_wait_ttft_share_max` (0.15) |
-//! | `pd-ratio-decode-bound` | `decode_wait`, larger than `prefill_queue` | `pool_wait_ttft_share_max` (0.15) |
+//! | `pd-ratio-decode-bound` | `decode_wait` beyond one decode step (mean TPOT ÷ mean TTFT taken off its share), larger than `prefill_queue` | `pool_wait_ttft_share_max` (0.15) |
 //! | `decode-kv-memory-wait` | `bootstrap` (the wait for the decode side's KV pre-allocation, then the handshake) | `kv_alloc_wait_ttft_share_max` (0.25) |
 //!
 //! A finding is a warning when the disaggregated requests' TTFT p90 is above
@@ -128,7 +128,15 @@ impl Diagnoser<'_> {
 
     fn pd_ratio(&mut self, k: &DisaggKpis, severity: Severity) {
         let prefill_wait = k.ttft_share(d::PREFILL_QUEUE);
-        let decode_wait = k.ttft_share(d::DECODE_WAIT);
+        let decode_wait_all = k.ttft_share(d::DECODE_WAIT);
+        // A request whose KV arrives mid-step joins the batch at the next step: up to one
+        // decode step (mean TPOT) of `decode_wait` is the step in progress, not a queue. Only
+        // the rest says the decode pool is short (docs/disaggregated.md#diagnosis).
+        let step_share = match (self.s.tpot, k.ttft) {
+            (Some(tpot), Some(ttft)) if ttft.mean > 0.0 => tpot.mean / ttft.mean,
+            _ => 0.0,
+        };
+        let decode_wait = (decode_wait_all - step_share).max(0.0);
         let max = self.c.pool_wait_ttft_share_max;
         let workers = |pool: Pool| {
             k.pools
@@ -145,14 +153,14 @@ impl Diagnoser<'_> {
                     d::PREFILL_QUEUE,
                     prefill_wait,
                     d::DECODE_WAIT,
-                    decode_wait,
+                    decode_wait_all,
                     shift(p, dw, true),
                 )
             } else if decode_wait > max && decode_wait > prefill_wait {
                 (
                     "pd-ratio-decode-bound",
                     d::DECODE_WAIT,
-                    decode_wait,
+                    decode_wait_all,
                     d::PREFILL_QUEUE,
                     prefill_wait,
                     shift(p, dw, false),
@@ -160,6 +168,7 @@ impl Diagnoser<'_> {
             } else {
                 return;
             };
+        let decode_waits = waiting == d::DECODE_WAIT;
         let (pool, other_pool) = if waiting == d::PREFILL_QUEUE {
             ("prefill", "decode")
         } else {
@@ -169,7 +178,7 @@ impl Diagnoser<'_> {
             ev(
                 format!("disagg.ttft_share.{waiting}"),
                 share,
-                Some(max),
+                (!decode_waits).then_some(max),
                 "ratio",
             ),
             ev(
@@ -178,7 +187,16 @@ impl Diagnoser<'_> {
                 None,
                 "ratio",
             ),
+            ev(
+                "disagg.ttft_share.decode_wait_beyond_step",
+                decode_wait,
+                decode_waits.then_some(max),
+                "ratio",
+            ),
         ];
+        if let Some(t) = self.s.tpot {
+            evidence.push(ev("tpot.mean", t.mean, None, "s"));
+        }
         for name in [waiting, other] {
             if let Some(s) = k.sub_phase(name) {
                 evidence.push(ev(format!("disagg.{name}.p90"), s.latency.p90, None, "s"));
@@ -208,8 +226,13 @@ impl Diagnoser<'_> {
             severity,
             format!(
                 "The {pool} pool is short: requests wait {} of time to first token in \
-                 {waiting} (threshold {}) against {} in {other} (P:D = {p}:{dw})",
-                pct(share),
+                 {waiting}{} (threshold {}) against {} in {other} (P:D = {p}:{dw})",
+                pct(if decode_waits { decode_wait } else { share }),
+                if decode_waits {
+                    " beyond one decode step"
+                } else {
+                    ""
+                },
                 pct(max),
                 pct(other_share)
             ),

@@ -53,7 +53,7 @@ pub enum Scenario {
     /// (routing, prefill queue, prefill, bootstrap, KV transfer, decode wait, first token)
     /// beside the simulator's truth.
     Pd,
-    /// Disaggregated, with one prefill worker whose 10 Gb/s link carries every KV transfer:
+    /// Disaggregated, with one prefill worker whose 5 Gb/s link carries every KV transfer:
     /// the KV transfer is the largest part of time to first token.
     PdKvBound,
     /// Disaggregated with the pools the wrong way round for the load: one prefill worker for

@@ -53,12 +53,13 @@ fn pd_workload(args: &DemoArgs) -> (DisaggConfig, LoadConfig, &'static str) {
     };
     let description = match args.scenario {
         Scenario::PdKvBound => {
-            // 400 prompt tokens are 52 MB of KV cache: 42 ms on 10 Gb/s against a 29 ms
-            // prefill, and every transfer shares the one prefill worker's link.
+            // 400 prompt tokens are 52 MB of KV cache: 84 ms on 5 Gb/s against a 29 ms
+            // prefill, and every transfer shares the one prefill worker's link (≈ 50 % busy at
+            // 6 req/s, so transfers overlap and each takes longer than alone).
             cfg.prefill_workers = 1;
-            cfg.link_bandwidth = 1.25e9;
-            load.rate = args.rate.unwrap_or(10.0);
-            "1 prefill : 2 decode workers, KV transfers share one 10 Gb/s link"
+            cfg.link_bandwidth = 0.625e9;
+            load.rate = args.rate.unwrap_or(6.0);
+            "1 prefill : 2 decode workers, KV transfers share one 5 Gb/s link"
         }
         Scenario::PdRatio => {
             // Long prompts prefill for ≈ 87 ms each on the one prefill worker (≈ 87 % busy at
