@@ -390,6 +390,14 @@ fn pd_ids(f: &[Finding]) -> Vec<&'static str> {
         .collect()
 }
 
+/// The finding of rule `id`.
+fn finding<'a>(findings: &'a [Finding], id: &str) -> &'a Finding {
+    findings
+        .iter()
+        .find(|f| f.rule_id == id)
+        .unwrap_or_else(|| panic!("no {id} in {findings:?}"))
+}
+
 fn evidence(f: &Finding, metric: &str) -> f64 {
     f.evidence
         .iter()
@@ -516,10 +524,7 @@ fn a_short_prefill_pool_is_diagnosed_with_the_split_to_try() {
     let truths = generate(&d, 200, 4);
     let findings = run(&series(&truths, &[]), &DiagnosisConfig::default());
     assert_eq!(pd_ids(&findings), ["pd-ratio-prefill-bound"]);
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-prefill-bound")
-        .unwrap();
+    let f = finding(&findings, "pd-ratio-prefill-bound");
     assert!((evidence(f, "disagg.ttft_share.prefill_queue") - share(&truths, 2)).abs() < 1e-9);
     assert!((evidence(f, "disagg.ttft_share.decode_wait") - share(&truths, 6)).abs() < 1e-9);
     assert_eq!(evidence(f, "disagg.pools.prefill.workers"), 1.0);
@@ -542,10 +547,7 @@ fn a_short_decode_pool_is_diagnosed_the_other_way() {
     let truths = generate(&d, 200, 6);
     let findings = run(&series(&truths, &[]), &DiagnosisConfig::default());
     assert_eq!(pd_ids(&findings), ["pd-ratio-decode-bound"]);
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-decode-bound")
-        .unwrap();
+    let f = finding(&findings, "pd-ratio-decode-bound");
     assert!((evidence(f, "disagg.ttft_share.decode_wait") - share(&truths, 6)).abs() < 1e-9);
     // Sized: the decode pool waits (busy 1), the three prefill workers prefill ≈ 3 % of the
     // time, so the load needs ≈ 0.1 prefill GPU against 1 decode GPU: 4 × 0.1 / 1.1 → 0,
@@ -567,10 +569,7 @@ fn a_wait_for_decode_kv_memory_is_diagnosed() {
     let truths = generate(&d, 200, 8);
     let findings = run(&series(&truths, &[]), &DiagnosisConfig::default());
     assert_eq!(pd_ids(&findings), ["decode-kv-memory-wait"]);
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "decode-kv-memory-wait")
-        .unwrap();
+    let f = finding(&findings, "decode-kv-memory-wait");
     assert!((evidence(f, "disagg.ttft_share.bootstrap") - share(&truths, 1)).abs() < 1e-9);
     let b: Vec<f64> = truths.iter().map(|t| t.phases[1]).collect();
     let p90 = exact_quantile(&b, 0.9);
@@ -692,10 +691,7 @@ fn the_pd_split_is_sized_from_each_pools_goodput_per_gpu() {
     let load = s.throughput.requests_per_second;
     close(k.requests_per_second, load, "disaggregated load");
     let findings = run(&s, &DiagnosisConfig::default());
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-prefill-bound")
-        .expect("prefill-bound");
+    let f = finding(&findings, "pd-ratio-prefill-bound");
     // By hand: prefill goodput per GPU = load × 1 / (1 × 1); decode = load × 1 / (3 × 0.075);
     // GPUs needed: 1 and 0.225; 4 × 1 / 1.225 = 3.27 → 3:1.
     close(evidence(f, "disagg.load.requests_per_second"), load, "load");
@@ -751,10 +747,7 @@ fn the_pd_split_is_sized_from_each_pools_goodput_per_gpu() {
     let k = s.disagg.as_ref().expect("disagg");
     assert_eq!(k.tpot_slo_attainment, Some(0.75));
     let findings = run(&s, &DiagnosisConfig::default());
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-prefill-bound")
-        .expect("prefill-bound");
+    let f = finding(&findings, "pd-ratio-prefill-bound");
     let busy = (0.75 * 0.0075 + 0.25 * 0.2) / 0.1;
     close(evidence(f, "disagg.pools.decode.busy"), busy, "decode busy");
     close(
@@ -788,10 +781,7 @@ fn a_short_decode_pool_is_sized_from_the_prefill_pools_busy_time() {
     let truths = generate(&d, 200, 6);
     let s = series_with_tpot(&truths, |_| 0.008);
     let findings = run(&s, &DiagnosisConfig::default());
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-decode-bound")
-        .expect("decode-bound");
+    let f = finding(&findings, "pd-ratio-decode-bound");
     let load = s.throughput.requests_per_second;
     let prefills: Vec<f64> = truths.iter().map(|t| t.phases[3]).collect();
     let busy = load * mean(&prefills) / 2.0;
@@ -831,10 +821,7 @@ fn a_decode_wait_within_one_decode_step_is_not_a_short_decode_pool() {
     let fast_steps = series_with_tpot(&truths, |_| 0.001);
     let findings = run(&fast_steps, &config);
     assert_eq!(pd_ids(&findings), ["pd-ratio-decode-bound"]);
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-decode-bound")
-        .unwrap();
+    let f = finding(&findings, "pd-ratio-decode-bound");
     close(
         evidence(f, "disagg.ttft_share.decode_wait"),
         raw,
