@@ -19,12 +19,22 @@
 #
 #   scripts/bench-ingest.sh [seconds per run, default 8] [rounds, default 3]
 #                           [steady warm-up seconds, default 40] [steady window seconds, default 10]
+#
+# WORKLOAD=pd sends disaggregated traces instead (`otlp-blast --pd`: 17 spans across a router,
+# a prefill and a decode worker, as `infertrace demo --scenario pd` emits them); spans done
+# then count 17 per recorded request.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-8}
 rounds=${2:-3}
 warm=${3:-40}
 window=${4:-10}
+workload=${WORKLOAD:-plain}
+case $workload in
+  plain) per_trace=4 blast_workload="" ;;
+  pd) per_trace=17 blast_workload="--pd" ;;
+  *) echo "WORKLOAD must be plain or pd, not $workload" >&2; exit 2 ;;
+esac
 cargo build --release -q -p infertrace-collector --bins
 cargo build --release -q -p infertrace
 B=target/release
@@ -62,7 +72,7 @@ launch() { # kind proto [order]
   pid=$(start_receiver "$1")
   wait_port 24317; wait_port 24318
   port=24317; [ "$2" = http ] && port=24318
-  blast="taskset -c 0 $B/otlp-blast --protocol $2 --addr 127.0.0.1:$port --connections 16"
+  blast="taskset -c 0 $B/otlp-blast --protocol $2 --addr 127.0.0.1:$port --connections 16 $blast_workload"
   [ "${3:-whole}" = interleaved ] && blast="$blast --interleave"
   return 0
 }
@@ -82,13 +92,13 @@ for round in $(seq "$rounds"); do
       processed=$accepted
       if [ $kind = full ]; then
         # Count only what was analysed: wait until every trace left the assembler, then take the
-        # spans of the requests recorded in the KPIs (4 per trace) and all the CPU it took.
+        # spans of the requests recorded in the KPIs ($per_trace per trace) and all the CPU it took.
         for _ in $(seq 600); do
           m=$(curl -s 127.0.0.1:29464/metrics)
           [ "$(echo "$m" | awk '/^infertrace_traces_in_flight /{print $2}')" = "0" ] && break
           sleep 0.1
         done
-        processed=$(echo "$m" | awk '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*4}')
+        processed=$(echo "$m" | awk -v n="$per_trace" '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*n}')
         # Dropped after an OK: the reasons that can only strike an accepted span.
         after_ok=$(echo "$m" | awk '/^infertrace_dropped_spans_total\{reason="(max_spans_per_trace|max_traces_in_flight|late_span_buffer_full|forward_queue_full|forward_no_body)"/{s+=$NF} END{printf "%d", s}')
         refused_req=$(echo "$m" | total infertrace_requests_refused_total)
@@ -108,12 +118,12 @@ for round in $(seq "$rounds"); do
 done
 
 # Steady state. A sample is "CPU ticks, spans done" at one moment: for the collector, the spans
-# of the requests recorded in its KPIs (4 per trace) from /metrics; for the null receiver, the
+# of the requests recorded in its KPIs ($per_trace per trace) from /metrics; for the null receiver, the
 # spans it decoded, from its GET /spans. Either is one curl, on the blaster's core.
 sample() { # kind pid
   local t; t=$(cpu_ticks "$2")
   if [ "$1" = full ]; then
-    echo "$t $(curl -s 127.0.0.1:29464/metrics | awk '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*4}')"
+    echo "$t $(curl -s 127.0.0.1:29464/metrics | awk -v n="$per_trace" '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*n}')"
   else
     echo "$t $(curl -s 127.0.0.1:24318/spans)"
   fi
@@ -154,11 +164,11 @@ taskset -c 1 $B/infertrace collect --config "$tmp/m.yaml" >/dev/null 2>&1 &
 pid=$!
 wait_port 24318
 rss0=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
-taskset -c 0 $B/otlp-blast --protocol http --addr 127.0.0.1:24318 --connections 4 --duration 3 >/dev/null 2>&1
+taskset -c 0 $B/otlp-blast --protocol http --addr 127.0.0.1:24318 --connections 4 --duration 3 $blast_workload >/dev/null 2>&1
 sleep 1
 rss1=$(awk '/VmRSS/{print $2}' "/proc/$pid/status")
 inflight=$(curl -s 127.0.0.1:29464/metrics | awk '/^infertrace_traces_in_flight /{print $2}')
-spans=$(awk -v t="$inflight" 'BEGIN{print t*4}')
+spans=$(awk -v t="$inflight" -v n="$per_trace" 'BEGIN{print t*n}')
 echo "memory: RSS +$(( (rss1-rss0)/1024 )) MiB for ${inflight} traces in flight (${spans} spans): $(awk -v a="$rss0" -v b="$rss1" -v s="$spans" 'BEGIN{ if (s>0) printf "%.0f", (b-a)*1024/s; else print "-" }') bytes per buffered span"
 stop "$pid"
 

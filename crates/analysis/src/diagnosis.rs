@@ -23,7 +23,7 @@
 //! | `goodput-below-target` | goodput ratio < 0.9 |
 //! | `critical-path-hotspot` | a span other than queue / prefill / decode owns > 25% of the p99 requests' critical path |
 //! | `kv-transfer-dominates-ttft` | disaggregated requests spend > 30% of TTFT in the KV transfer |
-//! | `pd-ratio-prefill-bound` / `pd-ratio-decode-bound` | > 15% of TTFT waiting in the prefill queue / for a decode batch, more than in the other pool |
+//! | `pd-ratio-prefill-bound` / `pd-ratio-decode-bound` | > 15% of TTFT waiting in the prefill queue / for a decode batch (beyond one decode step), more than in the other pool |
 //! | `decode-kv-memory-wait` | > 25% of TTFT in bootstrap (waiting for the decode side's KV memory) |
 //!
 //! The disaggregated rules read the series' [`crate::kpi::DisaggKpis`] and need
@@ -43,6 +43,7 @@ mod config;
 mod diagnoser;
 mod disagg;
 mod finding;
+pub mod pd_sizing;
 mod rules;
 
 pub use config::DiagnosisConfig;

@@ -338,9 +338,9 @@ fn disaggregated_part_survives_merging_and_the_stored_encoding() {
         merged.merge(p);
     }
     let many = Accumulator::merge_many(&parts.iter().collect::<Vec<_>>());
-    let want = whole.disagg(&config).expect("disagg");
+    let want = whole.disagg(&config, &slo, 60.0).expect("disagg");
     for (what, acc) in [("merge", &merged), ("merge_many", &many)] {
-        let got = acc.disagg(&config).expect("disagg");
+        let got = acc.disagg(&config, &slo, 60.0).expect("disagg");
         assert_eq!(got.requests, want.requests, "{what}");
         assert_eq!(got.workers.len(), want.workers.len(), "{what}");
         for (a, b) in got.pools.iter().zip(&want.pools) {
@@ -353,7 +353,7 @@ fn disaggregated_part_survives_merging_and_the_stored_encoding() {
     let bytes = whole.to_bytes();
     let back = Accumulator::decode(&bytes).expect("decodes");
     assert_eq!(back.to_bytes(), bytes);
-    assert_eq!(back.disagg(&config), Some(want));
+    assert_eq!(back.disagg(&config, &slo, 60.0), Some(want));
     for n in 0..bytes.len() {
         assert!(Accumulator::decode(&bytes[..n]).is_err(), "prefix {n}");
     }
@@ -368,7 +368,7 @@ fn disaggregated_part_survives_merging_and_the_stored_encoding() {
     v1[0] = 1;
     let old = Accumulator::decode(&v1).expect("version 1 decodes");
     assert_eq!(old.counts, plain.counts);
-    assert!(old.disagg(&config).is_none());
+    assert!(old.disagg(&config, &slo, 60.0).is_none());
 }
 
 fn run(s: &SeriesKpis, config: &DiagnosisConfig) -> Vec<Finding> {
@@ -388,6 +388,14 @@ fn pd_ids(f: &[Finding]) -> Vec<&'static str> {
             .contains(id)
         })
         .collect()
+}
+
+/// The finding of rule `id`.
+fn finding<'a>(findings: &'a [Finding], id: &str) -> &'a Finding {
+    findings
+        .iter()
+        .find(|f| f.rule_id == id)
+        .unwrap_or_else(|| panic!("no {id} in {findings:?}"))
 }
 
 fn evidence(f: &Finding, metric: &str) -> f64 {
@@ -414,7 +422,7 @@ fn a_balanced_deployment_gets_no_disaggregated_finding() {
 
 #[test]
 fn a_slow_kv_link_is_diagnosed_with_the_rate_achieved_and_what_a_faster_link_saves() {
-    // The demo's pd-kv-bound: one 10 Gb/s link, ~40 ms per transfer.
+    // A slow link (the demo's pd-kv-bound had 10 Gb/s, ~40 ms per transfer, before 5 Gb/s).
     let d = Deployment {
         prefill_workers: 1,
         kv_transfer: 0.04,
@@ -516,10 +524,7 @@ fn a_short_prefill_pool_is_diagnosed_with_the_split_to_try() {
     let truths = generate(&d, 200, 4);
     let findings = run(&series(&truths, &[]), &DiagnosisConfig::default());
     assert_eq!(pd_ids(&findings), ["pd-ratio-prefill-bound"]);
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-prefill-bound")
-        .unwrap();
+    let f = finding(&findings, "pd-ratio-prefill-bound");
     assert!((evidence(f, "disagg.ttft_share.prefill_queue") - share(&truths, 2)).abs() < 1e-9);
     assert!((evidence(f, "disagg.ttft_share.decode_wait") - share(&truths, 6)).abs() < 1e-9);
     assert_eq!(evidence(f, "disagg.pools.prefill.workers"), 1.0);
@@ -542,13 +547,13 @@ fn a_short_decode_pool_is_diagnosed_the_other_way() {
     let truths = generate(&d, 200, 6);
     let findings = run(&series(&truths, &[]), &DiagnosisConfig::default());
     assert_eq!(pd_ids(&findings), ["pd-ratio-decode-bound"]);
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "pd-ratio-decode-bound")
-        .unwrap();
+    let f = finding(&findings, "pd-ratio-decode-bound");
     assert!((evidence(f, "disagg.ttft_share.decode_wait") - share(&truths, 6)).abs() < 1e-9);
+    // Sized: the decode pool waits (busy 1), the three prefill workers prefill ≈ 3 % of the
+    // time, so the load needs ≈ 0.1 prefill GPU against 1 decode GPU: 4 × 0.1 / 1.1 → 0,
+    // and each pool keeps one.
     assert!(
-        f.recommendation.contains("3:1 → 2:2"),
+        f.recommendation.contains("3:1 → 1:3"),
         "{}",
         f.recommendation
     );
@@ -564,10 +569,7 @@ fn a_wait_for_decode_kv_memory_is_diagnosed() {
     let truths = generate(&d, 200, 8);
     let findings = run(&series(&truths, &[]), &DiagnosisConfig::default());
     assert_eq!(pd_ids(&findings), ["decode-kv-memory-wait"]);
-    let f = findings
-        .iter()
-        .find(|f| f.rule_id == "decode-kv-memory-wait")
-        .unwrap();
+    let f = finding(&findings, "decode-kv-memory-wait");
     assert!((evidence(f, "disagg.ttft_share.bootstrap") - share(&truths, 1)).abs() < 1e-9);
     let b: Vec<f64> = truths.iter().map(|t| t.phases[1]).collect();
     let p90 = exact_quantile(&b, 0.9);
@@ -648,4 +650,188 @@ fn the_critical_path_runs_across_the_services_and_aggregates_to_the_sub_phases_s
         .map(|e| &*e.service)
         .collect();
     assert_eq!(workers.len(), 2, "{workers:?}");
+}
+
+/// The series' KPIs like [`series`], each request's TPOT set by `tpot(k)`.
+fn series_with_tpot(truths: &[Truth], tpot: impl Fn(usize) -> f64) -> SeriesKpis {
+    let mut w = KpiWindows::new(KpiConfig::default());
+    for (k, t) in truths.iter().enumerate() {
+        let mut r = record(t);
+        r.tpot = Some(tpot(k));
+        w.record(&r, T + (k as u64 % 50) * SEC);
+    }
+    let snap = w.snapshot(Duration::from_secs(60), T + 55 * SEC);
+    snap.series.into_iter().next().expect("one series")
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+        "{what}: {got} vs {want}"
+    );
+}
+
+#[test]
+fn the_pd_split_is_sized_from_each_pools_goodput_per_gpu() {
+    // The demo's pd-ratio shape: the one prefill worker's queue is 57 % of TTFT (it is
+    // saturated: busy 1); three decode workers at a TPOT of 7.5 ms against the 100 ms
+    // objective (busy 0.075). Every TTFT and TPOT within its objective.
+    let d = Deployment {
+        prefill_workers: 1,
+        decode_workers: 3,
+        prefill_queue: 0.12,
+        prefill: 0.09,
+        ..BALANCED
+    };
+    let truths = generate(&d, 200, 4);
+    let s = series_with_tpot(&truths, |_| 0.0075);
+    let k = s.disagg.as_ref().expect("disagg");
+    assert_eq!(k.ttft_slo_attainment, Some(1.0));
+    assert_eq!(k.tpot_slo_attainment, Some(1.0));
+    let load = s.throughput.requests_per_second;
+    close(k.requests_per_second, load, "disaggregated load");
+    let findings = run(&s, &DiagnosisConfig::default());
+    let f = finding(&findings, "pd-ratio-prefill-bound");
+    // By hand: prefill goodput per GPU = load × 1 / (1 × 1); decode = load × 1 / (3 × 0.075);
+    // GPUs needed: 1 and 0.225; 4 × 1 / 1.225 = 3.27 → 3:1.
+    close(evidence(f, "disagg.load.requests_per_second"), load, "load");
+    close(
+        evidence(f, "disagg.pools.prefill.busy"),
+        1.0,
+        "prefill busy",
+    );
+    close(
+        evidence(f, "disagg.pools.decode.busy"),
+        0.075,
+        "decode busy",
+    );
+    close(
+        evidence(f, "disagg.pools.prefill.goodput_per_gpu"),
+        load,
+        "prefill goodput",
+    );
+    close(
+        evidence(f, "disagg.pools.decode.goodput_per_gpu"),
+        load / (3.0 * 0.075),
+        "decode goodput",
+    );
+    close(
+        evidence(f, "disagg.sizing.prefill_gpus_needed"),
+        1.0,
+        "P needed",
+    );
+    close(
+        evidence(f, "disagg.sizing.decode_gpus_needed"),
+        0.225,
+        "D needed",
+    );
+    assert_eq!(evidence(f, "disagg.sizing.prefill_workers"), 3.0);
+    assert_eq!(evidence(f, "disagg.sizing.decode_workers"), 1.0);
+    assert!(
+        f.recommendation.contains("1:3 → 3:1"),
+        "{}",
+        f.recommendation
+    );
+    // Tokens each pool served: the series' rates (every request is disaggregated).
+    close(
+        evidence(f, "disagg.pools.prefill.input_tokens_per_second"),
+        s.throughput.input_tokens_per_second,
+        "prefill tokens/s",
+    );
+
+    // A quarter of the requests decode at 200 ms per token: decode attainment 0.75 and mean
+    // TPOT 0.75 × 7.5 ms + 0.25 × 200 ms = 55.6 ms (busy 0.556): decode goodput per GPU
+    // load × 0.75 / (3 × 0.55625), 2.23 decode GPUs needed against 1 prefill → 4 × 1 / 3.22
+    // = 1.24 → 1:3, the current split: the finding keeps the one-GPU advice.
+    let s = series_with_tpot(&truths, |k| if k % 4 == 0 { 0.2 } else { 0.0075 });
+    let k = s.disagg.as_ref().expect("disagg");
+    assert_eq!(k.tpot_slo_attainment, Some(0.75));
+    let findings = run(&s, &DiagnosisConfig::default());
+    let f = finding(&findings, "pd-ratio-prefill-bound");
+    let busy = (0.75 * 0.0075 + 0.25 * 0.2) / 0.1;
+    close(evidence(f, "disagg.pools.decode.busy"), busy, "decode busy");
+    close(
+        evidence(f, "disagg.pools.decode.slo_attainment"),
+        0.75,
+        "decode attainment",
+    );
+    close(
+        evidence(f, "disagg.sizing.decode_gpus_needed"),
+        3.0 * busy / 0.75,
+        "D needed",
+    );
+    assert_eq!(evidence(f, "disagg.sizing.prefill_workers"), 1.0);
+    assert!(
+        f.recommendation.contains("already matches") && f.recommendation.contains("1:3 → 2:2"),
+        "{}",
+        f.recommendation
+    );
+}
+
+#[test]
+fn a_short_decode_pool_is_sized_from_the_prefill_pools_busy_time() {
+    // The demo's pd-decode-bound shape: two prefill workers, one decode worker whose arrivals
+    // wait (busy 1). Prefill busy = load × mean prefill / 2.
+    let d = Deployment {
+        prefill_workers: 2,
+        decode_workers: 1,
+        decode_wait: 0.08,
+        ..BALANCED
+    };
+    let truths = generate(&d, 200, 6);
+    let s = series_with_tpot(&truths, |_| 0.008);
+    let findings = run(&s, &DiagnosisConfig::default());
+    let f = finding(&findings, "pd-ratio-decode-bound");
+    let load = s.throughput.requests_per_second;
+    let prefills: Vec<f64> = truths.iter().map(|t| t.phases[3]).collect();
+    let busy = load * mean(&prefills) / 2.0;
+    close(
+        evidence(f, "disagg.pools.prefill.busy"),
+        busy,
+        "prefill busy",
+    );
+    close(evidence(f, "disagg.pools.decode.busy"), 1.0, "decode busy");
+    let (np, nd) = (busy * 2.0, 1.0);
+    let p = ((3.0 * np / (np + nd)).round() as usize).clamp(1, 2);
+    assert_eq!(p, 1, "prefill needs {np} GPUs");
+    assert_eq!(evidence(f, "disagg.sizing.prefill_workers"), 1.0);
+    assert_eq!(evidence(f, "disagg.sizing.decode_workers"), 2.0);
+    assert!(
+        f.recommendation.contains("2:1 → 1:2"),
+        "{}",
+        f.recommendation
+    );
+}
+
+#[test]
+fn a_decode_wait_within_one_decode_step_is_not_a_short_decode_pool() {
+    // Requests wait ≈ 20 ms for a decode batch, ≈ 30 % of TTFT. At a 20 ms decode step that
+    // is the step in progress; at 1 ms it is a queue.
+    let d = Deployment {
+        decode_wait: 0.02,
+        ..BALANCED
+    };
+    let truths = generate(&d, 200, 12);
+    let raw = share(&truths, 6);
+    assert!(raw > 0.25, "{raw}");
+    let ttft_mean = mean(&truths.iter().map(Truth::ttft).collect::<Vec<_>>());
+    let config = DiagnosisConfig::default();
+    let slow_steps = series_with_tpot(&truths, |_| 0.02);
+    assert_eq!(pd_ids(&run(&slow_steps, &config)), Vec::<&str>::new());
+    let fast_steps = series_with_tpot(&truths, |_| 0.001);
+    let findings = run(&fast_steps, &config);
+    assert_eq!(pd_ids(&findings), ["pd-ratio-decode-bound"]);
+    let f = finding(&findings, "pd-ratio-decode-bound");
+    close(
+        evidence(f, "disagg.ttft_share.decode_wait"),
+        raw,
+        "raw share",
+    );
+    // The TTFT mean is the sketch's exact mean; Σ/Σ shares are exact sums.
+    let beyond = evidence(f, "disagg.ttft_share.decode_wait_beyond_step");
+    assert!(
+        (beyond - (raw - 0.001 / ttft_mean)).abs() < 1e-9,
+        "{beyond} vs {}",
+        raw - 0.001 / ttft_mean
+    );
 }

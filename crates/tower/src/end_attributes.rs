@@ -32,6 +32,8 @@ pub(crate) struct EndAttributes {
     pub(crate) finish_reason: Option<Arc<str>>,
     pub(crate) input_tokens: Option<u64>,
     pub(crate) output_tokens: Option<u64>,
+    /// Prompt tokens served from the prefix cache, when the engine reported them.
+    pub(crate) cache_read_input_tokens: Option<u64>,
     pub(crate) status: Option<StatusCode>,
     pub(crate) queue: Option<f64>,
     pub(crate) ttft: Option<f64>,
@@ -75,6 +77,12 @@ impl EndAttributes {
         }
         if let Some(n) = self.output_tokens {
             push(KeyValue::new(gen_ai::USAGE_OUTPUT_TOKENS, n as i64));
+        }
+        if let Some(n) = self.cache_read_input_tokens {
+            push(KeyValue::new(
+                gen_ai::USAGE_CACHE_READ_INPUT_TOKENS,
+                n as i64,
+            ));
         }
         match self.status {
             Some(StatusCode::Grpc(code)) => {
@@ -160,6 +168,7 @@ mod tests {
             finish_reason: Some(reason),
             input_tokens: Some(3),
             output_tokens: Some(4),
+            cache_read_input_tokens: Some(2),
             status: Some(StatusCode::Grpc(0)),
             queue: Some(0.1),
             ttft: Some(0.2),
@@ -180,7 +189,7 @@ mod tests {
         let mut unique = all.clone();
         unique.sort();
         unique.dedup();
-        assert_eq!(all.len(), 24);
+        assert_eq!(all.len(), 25);
         assert_eq!(unique.len(), all.len());
         let mut values = Vec::new();
         end.write(&mut |kv| values.push(kv));

@@ -366,6 +366,7 @@ impl RequestRecord {
                     finish_reason: strings.finish_reason.cloned(),
                     input_tokens: marks.input_tokens,
                     output_tokens: marks.output_tokens,
+                    cache_read_input_tokens: marks.cache_read_input_tokens,
                     status,
                     queue: measurements.queue,
                     ttft: measurements.ttft,

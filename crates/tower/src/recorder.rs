@@ -53,6 +53,7 @@ struct RecorderState {
     tokens_seen: AtomicU64,
     input_tokens: AtomicU64,
     output_tokens: AtomicU64,
+    cache_read_input_tokens: AtomicU64,
     max_tokens: AtomicU64,
     stream: AtomicU8,
     model: OnceLock<Arc<str>>,
@@ -85,6 +86,9 @@ pub struct RecorderSnapshot {
     pub input_tokens: Option<u64>,
     /// Output tokens from [`RequestRecorder::usage`], else the tokens seen (if any).
     pub output_tokens: Option<u64>,
+    /// Prompt tokens served from the prefix cache, from
+    /// [`RequestRecorder::cache_read_input_tokens`].
+    pub cache_read_input_tokens: Option<u64>,
     /// Model from [`RequestRecorder::model`] (the model that answered).
     pub model: Option<String>,
     /// Model from [`RequestRecorder::request_model`] (the model the client asked for).
@@ -153,6 +157,7 @@ impl RequestRecorder {
                 tokens_seen: AtomicU64::new(0),
                 input_tokens: AtomicU64::new(UNSET),
                 output_tokens: AtomicU64::new(UNSET),
+                cache_read_input_tokens: AtomicU64::new(UNSET),
                 max_tokens: AtomicU64::new(UNSET),
                 stream: AtomicU8::new(STREAM_UNSET),
                 model: OnceLock::new(),
@@ -284,6 +289,19 @@ impl RequestRecorder {
         }
     }
 
+    /// `n` of the prompt's tokens were served from the engine's prefix cache instead of being
+    /// prefilled (`gen_ai.usage.cache_read.input_tokens` on the request span): the cache hit
+    /// that explains a short prefill. First call wins; report it when the engine knows it
+    /// (after scheduling, or with the usage at the end).
+    pub fn cache_read_input_tokens(&self, n: u64) {
+        let _ = self.inner.cache_read_input_tokens.compare_exchange(
+            UNSET,
+            n.min(UNSET - 1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
     /// The model that served the request (`gen_ai.response.model`). First call wins.
     ///
     /// If no request model is known (no `x-infertrace-model` header, no
@@ -386,6 +404,7 @@ impl RequestRecorder {
             tokens_seen,
             input_tokens,
             output_tokens,
+            cache_read_input_tokens: get(&self.inner.cache_read_input_tokens),
             max_tokens: get(&self.inner.max_tokens),
         }
     }
@@ -404,6 +423,7 @@ impl RequestRecorder {
             tokens_seen: m.tokens_seen,
             input_tokens: m.input_tokens,
             output_tokens: m.output_tokens,
+            cache_read_input_tokens: m.cache_read_input_tokens,
             model: owned(s.model),
             request_model: owned(s.request_model),
             max_tokens: m.max_tokens,
@@ -425,6 +445,7 @@ pub(crate) struct RecorderMarks {
     pub(crate) tokens_seen: u64,
     pub(crate) input_tokens: Option<u64>,
     pub(crate) output_tokens: Option<u64>,
+    pub(crate) cache_read_input_tokens: Option<u64>,
     pub(crate) max_tokens: Option<u64>,
 }
 

@@ -116,6 +116,7 @@ async fn engine_stream(
                 .await;
         }
         rec.usage(12, 5);
+        rec.cache_read_input_tokens(8);
         rec.model("test-model-v2");
         rec.response_id("resp-1");
         rec.finish("stop");
@@ -300,6 +301,7 @@ async fn engine_marks_streamed_phases_match_the_engine_with(tel: Telemetry) {
 
     assert_eq!(attr_i64(req, "gen_ai.usage.input_tokens"), 12);
     assert_eq!(attr_i64(req, "gen_ai.usage.output_tokens"), 5);
+    assert_eq!(attr_i64(req, "gen_ai.usage.cache_read.input_tokens"), 8);
     assert_eq!(attr_str(req, "gen_ai.response.model"), "test-model-v2");
     assert_eq!(attr_str(req, "gen_ai.response.id"), "resp-1");
     assert_eq!(
@@ -357,6 +359,8 @@ async fn engine_marks_non_streamed_phases_match_the_engine() {
         Some(&opentelemetry::Value::Bool(false))
     );
     assert_eq!(attr_i64(req, "gen_ai.usage.output_tokens"), 10);
+    // No prefix-cache hits reported: no attribute.
+    assert_eq!(attr(req, "gen_ai.usage.cache_read.input_tokens"), None);
     assert_close(
         "tpot",
         attr_f64(req, "infer.time_per_output_token"),

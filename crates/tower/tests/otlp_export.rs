@@ -272,6 +272,7 @@ async fn http_protobuf_bodies_decode_to_the_layers_and_the_handlers_spans() {
                 rec.scheduled();
                 rec.tokens(1);
                 rec.tokens(2);
+                rec.cache_read_input_tokens(64);
                 rec.finish("stop");
             }
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
@@ -343,6 +344,10 @@ async fn http_protobuf_bodies_decode_to_the_layers_and_the_handlers_spans() {
         assert_eq!(
             attribute(request, "http.response.status_code"),
             Some(Value::IntValue(200))
+        );
+        assert_eq!(
+            attribute(request, "gen_ai.usage.cache_read.input_tokens"),
+            Some(Value::IntValue(64))
         );
         assert!(request.end_time_unix_nano >= request.start_time_unix_nano);
         let phases: Vec<_> = ours

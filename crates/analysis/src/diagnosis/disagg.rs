@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `kv-transfer-dominates-ttft` | `kv_transfer` | `kv_transfer_ttft_share_max` (0.3) |
 //! | `pd-ratio-prefill-bound` | `prefill_queue`, larger than `decode_wait` | `pool_wait_ttft_share_max` (0.15) |
-//! | `pd-ratio-decode-bound` | `decode_wait`, larger than `prefill_queue` | `pool_wait_ttft_share_max` (0.15) |
+//! | `pd-ratio-decode-bound` | `decode_wait` beyond one decode step (mean TPOT ÷ mean TTFT taken off its share), larger than `prefill_queue` | `pool_wait_ttft_share_max` (0.15) |
 //! | `decode-kv-memory-wait` | `bootstrap` (the wait for the decode side's KV pre-allocation, then the handshake) | `kv_alloc_wait_ttft_share_max` (0.25) |
 //!
 //! A finding is a warning when the disaggregated requests' TTFT p90 is above
@@ -19,6 +19,7 @@ use infertrace_semconv::disagg as d;
 
 use super::diagnoser::Diagnoser;
 use super::finding::{Severity, ev, pct, secs};
+use super::pd_sizing::{self, PdSizing, PoolLoad};
 use crate::kpi::{DisaggKpis, Pool};
 
 /// How many times faster a link "what a faster link would save" assumes.
@@ -128,7 +129,15 @@ impl Diagnoser<'_> {
 
     fn pd_ratio(&mut self, k: &DisaggKpis, severity: Severity) {
         let prefill_wait = k.ttft_share(d::PREFILL_QUEUE);
-        let decode_wait = k.ttft_share(d::DECODE_WAIT);
+        let decode_wait_all = k.ttft_share(d::DECODE_WAIT);
+        // A request whose KV arrives mid-step joins the batch at the next step: up to one
+        // decode step (mean TPOT) of `decode_wait` is the step in progress, not a queue. Only
+        // the rest says the decode pool is short (docs/disaggregated.md#diagnosis).
+        let step_share = match (self.s.tpot, k.ttft) {
+            (Some(tpot), Some(ttft)) if ttft.mean > 0.0 => tpot.mean / ttft.mean,
+            _ => 0.0,
+        };
+        let decode_wait = (decode_wait_all - step_share).max(0.0);
         let max = self.c.pool_wait_ttft_share_max;
         let workers = |pool: Pool| {
             k.pools
@@ -137,6 +146,7 @@ impl Diagnoser<'_> {
                 .map_or(0, |p| p.workers.len())
         };
         let (p, dw) = (workers(Pool::Prefill), workers(Pool::Decode));
+        let sizing = self.pd_sizing(k, p, dw, prefill_wait > max, decode_wait > max);
         let (rule, waiting, share, other, other_share, advice) =
             if prefill_wait > max && prefill_wait > decode_wait {
                 (
@@ -144,14 +154,14 @@ impl Diagnoser<'_> {
                     d::PREFILL_QUEUE,
                     prefill_wait,
                     d::DECODE_WAIT,
-                    decode_wait,
+                    decode_wait_all,
                     shift(p, dw, true),
                 )
             } else if decode_wait > max && decode_wait > prefill_wait {
                 (
                     "pd-ratio-decode-bound",
                     d::DECODE_WAIT,
-                    decode_wait,
+                    decode_wait_all,
                     d::PREFILL_QUEUE,
                     prefill_wait,
                     shift(p, dw, false),
@@ -159,6 +169,7 @@ impl Diagnoser<'_> {
             } else {
                 return;
             };
+        let decode_waits = waiting == d::DECODE_WAIT;
         let (pool, other_pool) = if waiting == d::PREFILL_QUEUE {
             ("prefill", "decode")
         } else {
@@ -168,7 +179,7 @@ impl Diagnoser<'_> {
             ev(
                 format!("disagg.ttft_share.{waiting}"),
                 share,
-                Some(max),
+                (!decode_waits).then_some(max),
                 "ratio",
             ),
             ev(
@@ -177,7 +188,16 @@ impl Diagnoser<'_> {
                 None,
                 "ratio",
             ),
+            ev(
+                "disagg.ttft_share.decode_wait_beyond_step",
+                decode_wait,
+                decode_waits.then_some(max),
+                "ratio",
+            ),
         ];
+        if let Some(t) = self.s.tpot {
+            evidence.push(ev("tpot.mean", t.mean, None, "s"));
+        }
         for name in [waiting, other] {
             if let Some(s) = k.sub_phase(name) {
                 evidence.push(ev(format!("disagg.{name}.p90"), s.latency.p90, None, "s"));
@@ -195,13 +215,25 @@ impl Diagnoser<'_> {
             None,
             "workers",
         ));
+        let advice = match &sizing {
+            Some((sz, inputs)) => {
+                evidence.extend(sizing_evidence(sz, inputs));
+                sizing_advice(sz, inputs, p, dw, &advice)
+            }
+            None => advice,
+        };
         self.push(
             rule,
             severity,
             format!(
                 "The {pool} pool is short: requests wait {} of time to first token in \
-                 {waiting} (threshold {}) against {} in {other} (P:D = {p}:{dw})",
-                pct(share),
+                 {waiting}{} (threshold {}) against {} in {other} (P:D = {p}:{dw})",
+                pct(if decode_waits { decode_wait } else { share }),
+                if decode_waits {
+                    " beyond one decode step"
+                } else {
+                    ""
+                },
                 pct(max),
                 pct(other_share)
             ),
@@ -211,6 +243,56 @@ impl Diagnoser<'_> {
                  the {other_pool} pool admits at once. {advice}"
             ),
         );
+    }
+
+    /// DistServe-style sizing of the split ([`pd_sizing`]) from the window's figures: the
+    /// load both pools served, each pool's busy fraction (1 for a pool whose arrivals wait
+    /// past the threshold; else the prefill workers' share of time prefilling, load × mean
+    /// prefill ÷ workers, and the decode workers' share of the TPOT objective used, mean
+    /// TPOT ÷ TPOT objective), and each pool's SLO attainment (TTFT for prefill, TPOT for
+    /// decode; 1 without an SLO). `None` without the numbers.
+    fn pd_sizing(
+        &self,
+        k: &DisaggKpis,
+        prefill_workers: usize,
+        decode_workers: usize,
+        prefill_waits: bool,
+        decode_waits: bool,
+    ) -> Option<(PdSizing, SizingInputs)> {
+        let load = k.requests_per_second;
+        let prefill_busy = if prefill_waits {
+            1.0
+        } else {
+            let mean = k.sub_phase(d::PREFILL)?.latency.mean;
+            (load * mean / prefill_workers.max(1) as f64).min(1.0)
+        };
+        let decode_busy = if decode_waits {
+            1.0
+        } else {
+            let tpot = self.s.tpot?.mean;
+            (tpot / self.c.tpot_p90_max_seconds).min(1.0)
+        };
+        let prefill = PoolLoad {
+            workers: prefill_workers,
+            busy: prefill_busy,
+            slo_attainment: k.ttft_slo_attainment.unwrap_or(1.0),
+        };
+        let decode = PoolLoad {
+            workers: decode_workers,
+            busy: decode_busy,
+            slo_attainment: k.tpot_slo_attainment.unwrap_or(1.0),
+        };
+        let sizing = pd_sizing::size(load, prefill, decode)?;
+        let share = (k.requests as f64 / self.s.requests.max(1) as f64).min(1.0);
+        Some((
+            sizing,
+            SizingInputs {
+                prefill,
+                decode,
+                input_tokens_per_second: self.s.throughput.input_tokens_per_second * share,
+                output_tokens_per_second: self.s.throughput.output_tokens_per_second * share,
+            },
+        ))
     }
 
     fn decode_kv_memory_wait(&mut self, k: &DisaggKpis, severity: Severity) {
@@ -252,6 +334,128 @@ impl Diagnoser<'_> {
              for every output token)."
                 .to_string(),
         );
+    }
+}
+
+/// What the sizing was computed from, for the evidence.
+struct SizingInputs {
+    prefill: PoolLoad,
+    decode: PoolLoad,
+    /// Prompt tokens per second the prefill pool served (the series' rate × its
+    /// disaggregated share of requests).
+    input_tokens_per_second: f64,
+    /// Output tokens per second the decode pool served (likewise).
+    output_tokens_per_second: f64,
+}
+
+fn sizing_evidence(s: &PdSizing, i: &SizingInputs) -> Vec<super::Evidence> {
+    vec![
+        ev("disagg.load.requests_per_second", s.load_rps, None, "1/s"),
+        ev(
+            "disagg.pools.prefill.input_tokens_per_second",
+            i.input_tokens_per_second,
+            None,
+            "tokens/s",
+        ),
+        ev(
+            "disagg.pools.decode.output_tokens_per_second",
+            i.output_tokens_per_second,
+            None,
+            "tokens/s",
+        ),
+        ev("disagg.pools.prefill.busy", i.prefill.busy, None, "ratio"),
+        ev("disagg.pools.decode.busy", i.decode.busy, None, "ratio"),
+        ev(
+            "disagg.pools.prefill.slo_attainment",
+            i.prefill.slo_attainment,
+            None,
+            "ratio",
+        ),
+        ev(
+            "disagg.pools.decode.slo_attainment",
+            i.decode.slo_attainment,
+            None,
+            "ratio",
+        ),
+        ev(
+            "disagg.pools.prefill.goodput_per_gpu",
+            s.prefill_goodput_per_gpu,
+            None,
+            "1/s",
+        ),
+        ev(
+            "disagg.pools.decode.goodput_per_gpu",
+            s.decode_goodput_per_gpu,
+            None,
+            "1/s",
+        ),
+        ev(
+            "disagg.sizing.prefill_gpus_needed",
+            s.prefill_gpus_needed,
+            None,
+            "workers",
+        ),
+        ev(
+            "disagg.sizing.decode_gpus_needed",
+            s.decode_gpus_needed,
+            None,
+            "workers",
+        ),
+        ev(
+            "disagg.sizing.prefill_workers",
+            s.prefill_workers as f64,
+            None,
+            "workers",
+        ),
+        ev(
+            "disagg.sizing.decode_workers",
+            s.decode_workers as f64,
+            None,
+            "workers",
+        ),
+    ]
+}
+
+/// The sizing's recommendation: the split for the current GPU count, with the numbers; when
+/// that is the current split, the one-GPU advice (`fallback`) and the GPUs the load needs.
+fn sizing_advice(
+    s: &PdSizing,
+    i: &SizingInputs,
+    prefill: usize,
+    decode: usize,
+    fallback: &str,
+) -> String {
+    let numbers = format!(
+        "DistServe-style sizing for the observed {:.1} req/s: a prefill GPU serves {:.1} req/s \
+         within the TTFT objective when fully busy (now {} busy, {} within it), a decode GPU \
+         {:.1} req/s within the TPOT objective (now {} busy, {} within it); the load needs \
+         {:.2} prefill and {:.2} decode GPUs.",
+        s.load_rps,
+        s.prefill_goodput_per_gpu,
+        pct(i.prefill.busy),
+        pct(i.prefill.slo_attainment),
+        s.decode_goodput_per_gpu,
+        pct(i.decode.busy),
+        pct(i.decode.slo_attainment),
+        s.prefill_gpus_needed,
+        s.decode_gpus_needed,
+    );
+    if (s.prefill_workers, s.decode_workers) != (prefill, decode) {
+        format!(
+            "{numbers} Of the current {} GPUs, split P:D {prefill}:{decode} → {}:{} and compare \
+             goodput.",
+            prefill + decode,
+            s.prefill_workers,
+            s.decode_workers
+        )
+    } else {
+        format!(
+            "{numbers} The current split of {} GPUs already matches that ratio; the load needs \
+             at least {}:{}. {fallback}",
+            prefill + decode,
+            s.prefill_gpus_needed.ceil().max(1.0),
+            s.decode_gpus_needed.ceil().max(1.0)
+        )
     }
 }
 

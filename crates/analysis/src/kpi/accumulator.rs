@@ -621,10 +621,18 @@ impl Accumulator {
         self.gpu.kpis()
     }
 
-    /// Disaggregated sub-phase KPIs, per pool and per worker; `None` when no `ok` record
-    /// crossed pools.
-    pub fn disagg(&self, config: &Config) -> Option<DisaggKpis> {
-        self.disagg.as_ref()?.kpis(config)
+    /// Disaggregated sub-phase KPIs, per pool and per worker, with their rate over `seconds`
+    /// of covered time and their SLO attainment (TTFT and TPOT against `slo`); `None` when no
+    /// `ok` record crossed pools.
+    pub fn disagg(&self, config: &Config, slo: &SloConfig, seconds: f64) -> Option<DisaggKpis> {
+        let acc = self.disagg.as_ref()?;
+        let mut k = acc.kpis(config)?;
+        k.requests_per_second = per_second(k.requests, seconds);
+        k.ttft_slo_attainment = slo.ttft_seconds.and_then(|t| acc.ttft_at_most(config, t));
+        k.tpot_slo_attainment = slo
+            .tpot_seconds
+            .and_then(|t| self.tpot.fraction_at_most(config, t));
+        Some(k)
     }
 }
 

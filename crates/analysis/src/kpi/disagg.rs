@@ -389,6 +389,12 @@ impl DisaggAccumulator {
         })
     }
 
+    /// Share of the disaggregated requests' TTFT at most `limit` (see
+    /// [`Distribution::fraction_at_most`]).
+    pub fn ttft_at_most(&self, config: &Config, limit: f64) -> Option<f64> {
+        self.ttft.fraction_at_most(config, limit)
+    }
+
     /// The KPIs; `None` when no disaggregated request was added.
     pub fn kpis(&self, config: &Config) -> Option<DisaggKpis> {
         if self.requests == 0 {
@@ -444,6 +450,9 @@ impl DisaggAccumulator {
             requests: self.requests,
             ttft: self.ttft.stats(config),
             kv_transfer_tokens_per_second: self.kv.rate(),
+            requests_per_second: 0.0,
+            ttft_slo_attainment: None,
+            tpot_slo_attainment: None,
             pools,
             workers,
         })
@@ -460,6 +469,16 @@ pub struct DisaggKpis {
     /// Σ prompt tokens / Σ KV transfer seconds over the transfers with both: the rate one
     /// transfer achieved (concurrent transfers on one link each get their share of it).
     pub kv_transfer_tokens_per_second: Option<f64>,
+    /// Disaggregated requests per second of the window's covered time: the load both pools
+    /// served (every one crossed both).
+    pub requests_per_second: f64,
+    /// Share of them whose TTFT met the TTFT SLO (the prefill side's objective), at sketch
+    /// bucket resolution; `None` without a TTFT SLO.
+    pub ttft_slo_attainment: Option<f64>,
+    /// Share of the series' `ok` requests whose TPOT met the TPOT SLO (the decode side's
+    /// objective; in a disaggregated series those are its requests); `None` without a TPOT
+    /// SLO or TPOT.
+    pub tpot_slo_attainment: Option<f64>,
     /// Per pool (router, prefill, decode): its workers and its sub-phases.
     pub pools: Vec<PoolKpis>,
     /// Per worker, sorted by pool then name.

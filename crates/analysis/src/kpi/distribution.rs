@@ -420,6 +420,29 @@ impl Distribution {
         Some(v.clamp(self.min, self.max))
     }
 
+    /// Share of the values at most `limit` (an SLO attainment), at bucket resolution: values
+    /// in `limit`'s own bucket count as within it (relative error ≤ the sketch's α); exact
+    /// below the minimum and from the maximum on. `None` when empty.
+    pub fn fraction_at_most(&self, config: &Config, limit: f64) -> Option<f64> {
+        if self.count == 0 || limit.is_nan() {
+            return None;
+        }
+        if limit >= self.max {
+            return Some(1.0);
+        }
+        if limit < self.min {
+            return Some(0.0);
+        }
+        let key = bucket_of(config, limit.max(0.0));
+        let within: u64 = self
+            .bins_view()
+            .iter()
+            .take_while(|(k, _)| *k <= key)
+            .map(|(_, n)| u64::from(*n))
+            .sum();
+        Some(within as f64 / self.count as f64)
+    }
+
     /// Percentiles, exact max and exact mean; `None` when empty.
     pub fn stats(&self, config: &Config) -> Option<LatencyStats> {
         if self.count == 0 {
@@ -484,6 +507,33 @@ impl Distribution {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fraction_at_most_counts_the_values_within_a_limit_at_bucket_resolution() {
+        let config = sketch_config();
+        let vals = values(3, 2000);
+        let mut d = Distribution::default();
+        for v in &vals {
+            d.add(&config, Some(*v));
+        }
+        let n = vals.len() as f64;
+        let count = |f: &dyn Fn(f64) -> bool| vals.iter().filter(|v| f(**v)).count() as f64 / n;
+        for limit in [1e-5, 1e-3, 0.05, 0.3, 7.0] {
+            let got = d.fraction_at_most(&config, limit).unwrap();
+            // Every value ≤ limit is counted; a value above it only when it shares the limit's
+            // bucket (within 2α of it).
+            let exact = count(&|v| v <= limit);
+            let widest = count(&|v| v <= limit * (1.0 + 2.0 * SKETCH_RELATIVE_ACCURACY));
+            assert!(
+                got >= exact && got <= widest,
+                "{limit}: {got} not in [{exact}, {widest}]"
+            );
+        }
+        let max = vals.iter().copied().fold(0.0, f64::max);
+        assert_eq!(d.fraction_at_most(&config, max), Some(1.0));
+        assert_eq!(d.fraction_at_most(&config, -1.0), Some(0.0));
+        assert_eq!(Distribution::default().fraction_at_most(&config, 1.0), None);
+    }
 
     /// A small deterministic generator.
     fn values(seed: u64, n: usize) -> Vec<f64> {

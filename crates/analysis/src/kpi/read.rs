@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sketches_ddsketch::Config;
 
+use super::SloConfig;
 use super::accumulator::{self, Accumulator};
 use super::ring::RingSpec;
 use super::series::{KpiWindows, Series, SeriesKey, SlotHistory};
@@ -76,7 +77,7 @@ impl KpiWindows {
         acc: &Accumulator,
         seconds: f64,
     ) -> SeriesKpis {
-        series_kpis(&self.sketch_config, key, acc, seconds)
+        series_kpis(&self.sketch_config, &self.config.slo, key, acc, seconds)
     }
 
     /// The KPIs of every series with data in `window` at `now_unix_nano`.
@@ -180,6 +181,7 @@ impl KpiWindows {
 /// by it): what a snapshot reports, for accumulators merged elsewhere (e.g. stored minutes).
 pub fn series_kpis(
     config: &Config,
+    slo: &SloConfig,
     key: &SeriesKey,
     acc: &Accumulator,
     seconds: f64,
@@ -210,6 +212,6 @@ pub fn series_kpis(
         goodput: acc.goodput(seconds),
         phase_share: acc.phase_shares(),
         gpu: acc.gpu(),
-        disagg: acc.disagg(cfg),
+        disagg: acc.disagg(cfg, slo, seconds),
     }
 }

@@ -25,18 +25,28 @@ pub enum Scenario {
     /// (routing, prefill queue, prefill, bootstrap, KV transfer, decode wait, first token)
     /// beside the simulator's truth.
     Pd,
-    /// Disaggregated, with one prefill worker whose 10 Gb/s link carries every KV transfer:
+    /// Disaggregated, with one prefill worker whose 5 Gb/s link carries every KV transfer:
     /// the KV transfer is the largest part of time to first token.
     PdKvBound,
     /// Disaggregated with the pools the wrong way round for the load: one prefill worker for
     /// long prompts and three mostly idle decode workers, so the prefill queue dominates.
     PdRatio,
+    /// Disaggregated the other way round: two prefill workers and one decode worker that runs
+    /// at most 8 sequences at once, so requests wait for a decode batch slot
+    /// (`pd-ratio-decode-bound`).
+    PdDecodeBound,
+    /// Disaggregated with a decode worker whose KV memory holds few sequences: requests wait
+    /// at bootstrap for running ones to give theirs back (`decode-kv-memory-wait`).
+    PdKvMemory,
 }
 
 impl Scenario {
     /// Whether the scenario runs the disaggregated deployment.
     pub fn is_pd(self) -> bool {
-        matches!(self, Self::Pd | Self::PdKvBound | Self::PdRatio)
+        matches!(
+            self,
+            Self::Pd | Self::PdKvBound | Self::PdRatio | Self::PdDecodeBound | Self::PdKvMemory
+        )
     }
 }
 

@@ -1,5 +1,5 @@
-//! `infertrace demo --scenario pd | pd-kv-bound | pd-ratio`: disaggregated serving in one
-//! process.
+//! `infertrace demo --scenario pd | pd-kv-bound | pd-ratio | pd-decode-bound | pd-kv-memory`:
+//! disaggregated serving in one process.
 //!
 //! 1. the collector, as in the other scenarios (with a grace period longer than the span
 //!    exporters' batch delay: the services export independently, so a trace's spans arrive
@@ -35,6 +35,10 @@ use super::workload::{GPU_SAMPLE_INTERVAL, MODEL, workload};
 use crate::render;
 use crate::report::{Format, print_report};
 
+/// The `pd-kv-memory` decode worker's KV memory, tokens: above the largest sequence the load
+/// generator sends (2,048 prompt + 512 output tokens), so none is refused.
+const PD_KV_MEMORY_TOKENS: u64 = 3072;
+
 /// The deployment and load of a disaggregated scenario.
 fn pd_workload(args: &DemoArgs) -> (DisaggConfig, LoadConfig, &'static str) {
     let base = workload(Scenario::Balanced, args.rate, args.duration, args.seed);
@@ -49,12 +53,13 @@ fn pd_workload(args: &DemoArgs) -> (DisaggConfig, LoadConfig, &'static str) {
     };
     let description = match args.scenario {
         Scenario::PdKvBound => {
-            // 400 prompt tokens are 52 MB of KV cache: 42 ms on 10 Gb/s against a 29 ms
-            // prefill, and every transfer shares the one prefill worker's link.
+            // 400 prompt tokens are 52 MB of KV cache: 84 ms on 5 Gb/s against a 29 ms
+            // prefill, and every transfer shares the one prefill worker's link (≈ 50 % busy at
+            // 6 req/s, so transfers overlap and each takes longer than alone).
             cfg.prefill_workers = 1;
-            cfg.link_bandwidth = 1.25e9;
-            load.rate = args.rate.unwrap_or(10.0);
-            "1 prefill : 2 decode workers, KV transfers share one 10 Gb/s link"
+            cfg.link_bandwidth = 0.625e9;
+            load.rate = args.rate.unwrap_or(6.0);
+            "1 prefill : 2 decode workers, KV transfers share one 5 Gb/s link"
         }
         Scenario::PdRatio => {
             // Long prompts prefill for ≈ 87 ms each on the one prefill worker (≈ 87 % busy at
@@ -73,6 +78,26 @@ fn pd_workload(args: &DemoArgs) -> (DisaggConfig, LoadConfig, &'static str) {
                 max: 256,
             };
             "1 prefill : 3 decode workers for long prompts and short answers"
+        }
+        Scenario::PdDecodeBound => {
+            // One decode worker runs at most 8 sequences (SGLang --max-running-requests): each
+            // holds its slot for ≈ 110 steps of ≈ 8 ms, so 6 req/s keep ≈ 5.3 of the 8 busy on
+            // average and arrivals queue for one whenever a burst comes; two prefill workers
+            // idle.
+            cfg.decode_workers = 1;
+            cfg.decode.max_num_seqs = 8;
+            load.rate = args.rate.unwrap_or(6.0);
+            "2 prefill : 1 decode worker running at most 8 sequences"
+        }
+        Scenario::PdKvMemory => {
+            // One decode worker with KV memory for 3,072 tokens (384 MB at 128 KiB per token):
+            // a request reserves prompt + max_tokens (≈ 560 on average), so ≈ 5 fit while
+            // 4.5 req/s keep ≈ 4 decoding; bursts wait at bootstrap. The batch limit (64) is
+            // never reached, so nothing waits in decode_wait.
+            cfg.decode_workers = 1;
+            cfg.decode_kv_tokens = PD_KV_MEMORY_TOKENS;
+            load.rate = args.rate.unwrap_or(4.5);
+            "2 prefill : 1 decode worker with KV memory for 3,072 tokens"
         }
         _ => "2 prefill : 2 decode workers, 400 Gb/s KV links, within capacity",
     };

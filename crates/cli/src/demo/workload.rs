@@ -79,7 +79,11 @@ pub(super) fn workload(
             "15% of prompts are 20,000 tokens, without chunked prefill"
         }
         // The disaggregated scenarios change the load in `pd`.
-        Scenario::Pd | Scenario::PdKvBound | Scenario::PdRatio => {
+        Scenario::Pd
+        | Scenario::PdKvBound
+        | Scenario::PdRatio
+        | Scenario::PdDecodeBound
+        | Scenario::PdKvMemory => {
             load.rate = rate.unwrap_or(6.0);
             "disaggregated prefill and decode"
         }

@@ -10,13 +10,22 @@
 //!
 //! ```text
 //! otlp-blast [--protocol grpc|http] [--addr HOST:PORT] [--connections 16] [--duration 10]
-//!            [--batch 1000] [--rate SPANS_PER_SEC] [--interleave] [--decode-only]
+//!            [--batch 1000] [--rate SPANS_PER_SEC] [--interleave] [--pd] [--decode-only]
 //!            [--pipeline-only]
 //! ```
 //!
 //! `--interleave` orders each request's spans as an SDK's batch span processor exports them
 //! for concurrent requests — by end time, so the spans of eight requests in flight together
 //! alternate — instead of trace by trace (as infertrace's own layer exports them).
+//!
+//! `--pd` sends disaggregated traces instead, in the structure `infertrace demo --scenario pd`
+//! emits: 17 spans across three services — the router's request span (role `router`) with
+//! its `routing`, `queue`, `prefill` and `decode` spans; under it a prefill worker's request
+//! span (role `prefill`) with `queue`, `prefill`, `decode`, `bootstrap` and `kv_transfer`;
+//! under that a decode worker's (role `decode`) with `queue`, `prefill`, `decode`,
+//! `decode_wait` and `first_token` — two prefill and two decode workers, each service its
+//! own `ResourceSpans` in the body (one body carries what three exporters would send). The
+//! collector assembles each into one disaggregated record.
 //!
 //! `--decode-only` sends nothing: it times decoding the generated requests in this process, with
 //! prost into `opentelemetry-proto` types and with infertrace's lean decoder, for `--duration`
@@ -32,7 +41,7 @@
 //! measure for changes to the pipeline's CPU cost. Also left out: the history store (not
 //! attached here; on by default in `infertrace collect`). Counted in: copying each body to give
 //! it fresh trace ids (~275 bytes a span, as a receiver copies a body off its socket). Analysed
-//! spans are the requests recorded × 4 (the generated traces have 4 spans each).
+//! spans are the requests recorded × the spans of a generated trace (4, or 17 with `--pd`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -75,8 +84,17 @@ struct Args {
     /// Spans per second over all connections; `None`: full speed.
     rate: Option<f64>,
     interleave: bool,
+    /// Disaggregated 17-span traces across three services instead of 4-span ones.
+    pd: bool,
     decode_only: bool,
     pipeline_only: bool,
+}
+
+impl Args {
+    /// Spans of one generated trace.
+    fn spans_per_trace(&self) -> usize {
+        if self.pd { PD_SPANS } else { 4 }
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -88,6 +106,7 @@ fn parse_args() -> Result<Args, String> {
     let mut decode_only = false;
     let mut pipeline_only = false;
     let mut interleave = false;
+    let mut pd = false;
     let mut rate: Option<f64> = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -130,11 +149,12 @@ fn parse_args() -> Result<Args, String> {
             "--decode-only" => decode_only = true,
             "--pipeline-only" => pipeline_only = true,
             "--interleave" => interleave = true,
+            "--pd" => pd = true,
             "-h" | "--help" => {
                 return Err(
                     "usage: otlp-blast [--protocol grpc|http] [--addr HOST:PORT] \
                             [--connections 16] [--duration 10] [--batch 1000] \
-                            [--rate SPANS_PER_SEC] [--interleave] [--decode-only] \
+                            [--rate SPANS_PER_SEC] [--interleave] [--pd] [--decode-only] \
                             [--pipeline-only]"
                         .into(),
                 );
@@ -142,8 +162,11 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}; see --help")),
         }
     }
-    if connections == 0 || batch < 4 || duration.is_nan() || duration <= 0.0 {
-        return Err("--connections must be > 0, --batch ≥ 4, --duration > 0".into());
+    let per_trace = if pd { PD_SPANS } else { 4 };
+    if connections == 0 || batch < per_trace || duration.is_nan() || duration <= 0.0 {
+        return Err(format!(
+            "--connections must be > 0, --batch ≥ {per_trace} (one trace), --duration > 0"
+        ));
     }
     let default_port = if protocol == Protocol::Grpc {
         4317
@@ -158,6 +181,7 @@ fn parse_args() -> Result<Args, String> {
         batch,
         rate,
         interleave,
+        pd,
         decode_only,
         pipeline_only,
     })
@@ -289,19 +313,255 @@ fn inference_trace(rng: &mut Rng, start: u64) -> Vec<Span> {
     spans
 }
 
+/// Spans of one `--pd` trace.
+const PD_SPANS: usize = 17;
+
+/// The services of `--pd` traces: `[router, prefill workers…, decode workers…]`, each its own
+/// resource in a body.
+const PD_SERVICES: [&str; 5] = [
+    "pd-router",
+    "pd-prefill-0",
+    "pd-prefill-1",
+    "pd-decode-0",
+    "pd-decode-1",
+];
+
+/// A child span `name` of `parent` from `start` to `end`, with `infer.phase` = `name` (and a
+/// GPU utilisation, as the layer's engine phases carry with GPU telemetry, when `gpu`).
+fn phase_span(
+    rng: &mut Rng,
+    trace_id: &[u8],
+    parent: &[u8],
+    name: &str,
+    (start, end): (u64, u64),
+    gpu: bool,
+) -> Span {
+    let mut attributes = vec![kv(sc::infer::PHASE, s(name))];
+    if gpu {
+        attributes.push(kv(
+            sc::gpu::UTILIZATION_MEAN,
+            Value::DoubleValue(rng.below(100) as f64 / 100.0),
+        ));
+    }
+    Span {
+        trace_id: trace_id.to_vec(),
+        span_id: rng.next().to_le_bytes().to_vec(),
+        parent_span_id: parent.to_vec(),
+        name: name.into(),
+        kind: 1,
+        start_time_unix_nano: start,
+        end_time_unix_nano: end,
+        attributes,
+        ..Default::default()
+    }
+}
+
+/// One role's request span (SERVER) of a `--pd` trace: what the layer writes on each service,
+/// with `infer.disagg.role`.
+#[allow(clippy::too_many_arguments)]
+fn role_request_span(
+    trace_id: &[u8],
+    span_id: &[u8],
+    parent: &[u8],
+    role: &str,
+    (start, end): (u64, u64),
+    (queue, ttft): (u64, u64),
+    (input_tokens, output_tokens): (u64, u64),
+) -> Span {
+    let secs = |ns: u64| Value::DoubleValue(ns as f64 / 1e9);
+    let (operation, route) = match role {
+        "router" => ("chat", "/v1/chat/completions"),
+        "prefill" => ("generate_content", "/pd/prefill"),
+        _ => ("generate_content", "/pd/decode"),
+    };
+    let e2e = end - start;
+    let mut attributes = vec![
+        kv(sc::gen_ai::OPERATION_NAME, s(operation)),
+        kv(sc::gen_ai::REQUEST_MODEL, s("llama-3.1-8b")),
+        kv(sc::gen_ai::REQUEST_STREAM, Value::BoolValue(true)),
+        kv(
+            sc::gen_ai::RESPONSE_FINISH_REASONS,
+            Value::ArrayValue(ArrayValue {
+                values: vec![AnyValue {
+                    value: Some(s("length")),
+                }],
+            }),
+        ),
+        kv(
+            sc::gen_ai::USAGE_INPUT_TOKENS,
+            Value::IntValue(input_tokens as i64),
+        ),
+        kv(
+            sc::gen_ai::USAGE_OUTPUT_TOKENS,
+            Value::IntValue(output_tokens as i64),
+        ),
+        kv(sc::net::HTTP_REQUEST_METHOD, s("POST")),
+        kv(sc::net::HTTP_ROUTE, s(route)),
+        kv(sc::net::HTTP_RESPONSE_STATUS_CODE, Value::IntValue(200)),
+        kv(sc::latency::TIME_IN_QUEUE, secs(queue)),
+        kv(sc::latency::TIME_TO_FIRST_TOKEN, secs(ttft)),
+        kv(sc::latency::E2E, secs(e2e)),
+        kv(
+            sc::infer::STREAM_CHUNKS,
+            Value::IntValue(output_tokens as i64 + 1),
+        ),
+        kv(sc::infer::OUTCOME, s("ok")),
+        kv(sc::infer::PHASE_SOURCE, s("engine")),
+        kv(sc::disagg::ROLE, s(role)),
+    ];
+    if output_tokens >= 2 {
+        attributes.push(kv(
+            sc::infer::TIME_PER_OUTPUT_TOKEN,
+            secs((e2e - ttft) / (output_tokens - 1)),
+        ));
+    }
+    Span {
+        trace_id: trace_id.to_vec(),
+        span_id: span_id.to_vec(),
+        parent_span_id: parent.to_vec(),
+        name: format!("{operation} llama-3.1-8b"),
+        kind: 2,
+        start_time_unix_nano: start,
+        end_time_unix_nano: end,
+        attributes,
+        status: Some(Status {
+            message: String::new(),
+            code: 1,
+        }),
+        ..Default::default()
+    }
+}
+
+/// One `--pd` trace (see the module docs), each span with the index of its service in
+/// [`PD_SERVICES`]: the router's, then the prefill worker's, then the decode worker's.
+fn pd_trace(rng: &mut Rng, start: u64, index: usize) -> Vec<(usize, Span)> {
+    let mut trace_id = [0u8; 16];
+    trace_id[..8].copy_from_slice(&rng.next().to_le_bytes());
+    trace_id[8..].copy_from_slice(&rng.next().to_le_bytes());
+    let ids: [Vec<u8>; 3] = std::array::from_fn(|_| rng.next().to_le_bytes().to_vec());
+    let [router, prefill_req, decode_req] = &ids;
+    let ms = |v: u64| v * 1_000_000;
+    let hop = 300_000 + rng.below(400_000);
+    let routing = 200_000 + rng.below(ms(2));
+    let prefill_queue = rng.below(ms(2));
+    let prefill = ms(10) + rng.below(ms(60));
+    let bootstrap = ms(1) + rng.below(ms(3));
+    let kv_transfer = ms(1) + rng.below(ms(8));
+    let decode_wait = rng.below(ms(8));
+    let first_token = ms(7) + rng.below(ms(2));
+    let input_tokens = 64 + rng.below(2000);
+    let output_tokens = 16 + rng.below(512);
+    let decode = output_tokens * (ms(7) + rng.below(ms(2)));
+    // Instants along the request (the router's arrival is `start`).
+    let p0 = start + routing + hop; // the prefill worker's arrival
+    let p_prefilled = p0 + prefill_queue + prefill;
+    let kv_start = p_prefilled + bootstrap;
+    let d0 = kv_start + kv_transfer + hop; // the decode worker's arrival
+    let d_admitted = d0 + decode_wait;
+    let d_first = d_admitted + first_token;
+    let d_end = d_first + decode;
+    let p_end = d_end + hop;
+    let end = p_end + hop;
+    let ttft = d_first + 2 * hop - start;
+    let (pw, dw) = (1 + index % 2, 3 + index % 2);
+    let mut out = Vec::with_capacity(PD_SPANS);
+    let t = &trace_id[..];
+    out.push((
+        0,
+        role_request_span(
+            t,
+            router,
+            &[],
+            "router",
+            (start, end),
+            (routing, ttft),
+            (input_tokens, output_tokens),
+        ),
+    ));
+    for (name, range) in [
+        ("routing", (start, start + routing)),
+        ("queue", (start, start + routing)),
+        ("prefill", (start + routing, start + ttft)),
+        ("decode", (start + ttft, end)),
+    ] {
+        out.push((0, phase_span(rng, t, router, name, range, false)));
+    }
+    out.push((
+        pw,
+        role_request_span(
+            t,
+            prefill_req,
+            router,
+            "prefill",
+            (p0, p_end),
+            (prefill_queue, prefill_queue + prefill),
+            (input_tokens, 1),
+        ),
+    ));
+    for (name, range, gpu) in [
+        ("queue", (p0, p0 + prefill_queue), true),
+        ("prefill", (p0 + prefill_queue, p_prefilled), true),
+        ("decode", (p_prefilled, p_prefilled), true),
+        ("bootstrap", (p_prefilled, kv_start), false),
+        ("kv_transfer", (kv_start, kv_start + kv_transfer), false),
+    ] {
+        out.push((pw, phase_span(rng, t, prefill_req, name, range, gpu)));
+    }
+    out.push((
+        dw,
+        role_request_span(
+            t,
+            decode_req,
+            prefill_req,
+            "decode",
+            (d0, d_end),
+            (decode_wait, decode_wait + first_token),
+            (input_tokens, output_tokens),
+        ),
+    ));
+    for (name, range, gpu) in [
+        ("queue", (d0, d_admitted), true),
+        ("prefill", (d_admitted, d_first), true),
+        ("decode", (d_first, d_end), true),
+        ("decode_wait", (d0, d_admitted), false),
+        ("first_token", (d_admitted, d_first), false),
+    ] {
+        out.push((dw, phase_span(rng, t, decode_req, name, range, gpu)));
+    }
+    debug_assert_eq!(out.len(), PD_SPANS);
+    out
+}
+
 /// Requests in flight together when `--interleave` mixes their spans.
 const CONCURRENT: usize = 8;
 
 /// An export request of `batch` spans (rounded down to whole traces), trace by trace, or with
-/// the spans of every `CONCURRENT` traces alternating (`interleave`).
-fn export_request(rng: &mut Rng, batch: usize, interleave: bool) -> ExportTraceServiceRequest {
+/// the spans of every `CONCURRENT` traces alternating (`interleave`); `pd` traces have one
+/// `ResourceSpans` per service, each keeping that order among its spans.
+fn export_request(
+    rng: &mut Rng,
+    batch: usize,
+    interleave: bool,
+    pd: bool,
+) -> ExportTraceServiceRequest {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let traces: Vec<Vec<Span>> = (0..batch / 4)
-        .map(|i| inference_trace(rng, now + i as u64 * 1_000_000))
-        .collect();
-    let spans = if interleave {
+    let traces: Vec<Vec<(usize, Span)>> = if pd {
+        (0..batch / PD_SPANS)
+            .map(|i| pd_trace(rng, now + i as u64 * 1_000_000, i))
+            .collect()
+    } else {
+        (0..batch / 4)
+            .map(|i| {
+                inference_trace(rng, now + i as u64 * 1_000_000)
+                    .into_iter()
+                    .map(|s| (0, s))
+                    .collect()
+            })
+            .collect()
+    };
+    let spans: Vec<(usize, Span)> = if interleave {
         // Per group of concurrent requests: every request's first span, then every second...
         traces
             .chunks(CONCURRENT)
@@ -313,11 +573,23 @@ fn export_request(rng: &mut Rng, batch: usize, interleave: bool) -> ExportTraceS
     } else {
         traces.into_iter().flatten().collect()
     };
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
+    let services: &[&str] = if pd {
+        &PD_SERVICES
+    } else {
+        &["inference-gateway"]
+    };
+    let mut per_service: Vec<Vec<Span>> = vec![Vec::new(); services.len()];
+    for (service, span) in spans {
+        per_service[service].push(span);
+    }
+    let resource_spans = services
+        .iter()
+        .zip(per_service)
+        .filter(|(_, spans)| !spans.is_empty())
+        .map(|(service, spans)| ResourceSpans {
             resource: Some(Resource {
                 attributes: vec![
-                    kv(sc::resource::SERVICE_NAME, s("inference-gateway")),
+                    kv(sc::resource::SERVICE_NAME, s(service)),
                     kv("service.version", s("1.4.2")),
                     kv("telemetry.sdk.language", s("rust")),
                 ],
@@ -328,8 +600,9 @@ fn export_request(rng: &mut Rng, batch: usize, interleave: bool) -> ExportTraceS
                 ..Default::default()
             }],
             schema_url: String::new(),
-        }],
-    }
+        })
+        .collect();
+    ExportTraceServiceRequest { resource_spans }
 }
 
 /// A pre-encoded request and where its trace ids are, so every send can carry fresh trace ids:
@@ -541,7 +814,7 @@ fn process_cpu_secs() -> f64 {
 }
 
 /// Runs the pipeline in process (see the module docs) and prints CPU ns per analysed span.
-fn pipeline_benchmark(bodies: &[Body], duration: Duration) {
+fn pipeline_benchmark(bodies: &[Body], duration: Duration, spans_per_trace: usize) {
     use infertrace_collector::config::CollectorConfig;
     use infertrace_collector::ingest::IngestBatch;
     use infertrace_collector::internal_events::InternalEvents;
@@ -602,7 +875,7 @@ fn pipeline_benchmark(bodies: &[Body], duration: Duration) {
     let (now, unix) = at(sim + Duration::from_secs(3600));
     requests += pipeline.tick_at(now, unix).requests;
     let cpu = process_cpu_secs() - cpu0;
-    let analysed = requests as u64 * 4;
+    let analysed = (requests * spans_per_trace) as u64;
     println!(
         "pipeline sent_spans={sent} analysed_spans={analysed} cpu_s={cpu:.2} \
          cpu_ns_per_span={:.0} simulated_s={:.1}",
@@ -622,9 +895,10 @@ async fn main() -> ExitCode {
     };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let requests: Vec<Vec<u8>> = (0..DISTINCT_REQUESTS)
-        .map(|_| export_request(&mut rng, args.batch, args.interleave).encode_to_vec())
+        .map(|_| export_request(&mut rng, args.batch, args.interleave, args.pd).encode_to_vec())
         .collect();
-    let spans_per_request = (args.batch / 4 * 4) as u64;
+    let per_trace = args.spans_per_trace();
+    let spans_per_request = (args.batch / per_trace * per_trace) as u64;
     let wire_bytes: usize = requests.iter().map(Vec::len).sum();
     let bytes_per_span = wire_bytes as f64 / (requests.len() as u64 * spans_per_request) as f64;
     // What one decoded request occupies in the collector (memory per buffered span).
@@ -671,7 +945,7 @@ async fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
-        pipeline_benchmark(&bodies, args.duration);
+        pipeline_benchmark(&bodies, args.duration, per_trace);
         return ExitCode::SUCCESS;
     }
     let errors = Arc::new(AtomicU64::new(0));

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use infertrace_analysis::alert::KpiPath;
-use infertrace_analysis::kpi::{Accumulator, SeriesKey, series_kpis, sketch_config};
+use infertrace_analysis::kpi::{Accumulator, SeriesKey, SloConfig, series_kpis, sketch_config};
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
@@ -103,6 +103,9 @@ pub(super) fn query(
         }
     }
     let config = sketch_config();
+    // Goodput comes from the stored counts; the SLOs only set the disaggregated KPIs' SLO
+    // attainment, which no history path reads.
+    let slo = SloConfig::default();
     let key = SeriesKey {
         service: Arc::from(filter.service.as_deref().unwrap_or("")),
         model: Arc::from(filter.model.as_deref().unwrap_or("")),
@@ -114,8 +117,15 @@ pub(super) fn query(
         .map(|(i, parts)| {
             let t = start + i as u64 * step;
             let covered = (t + step).min(to_unix_nano) - t;
-            let value = merge(parts)
-                .and_then(|acc| kpi.value(&series_kpis(&config, &key, &acc, covered as f64 / 1e9)));
+            let value = merge(parts).and_then(|acc| {
+                kpi.value(&series_kpis(
+                    &config,
+                    &slo,
+                    &key,
+                    &acc,
+                    covered as f64 / 1e9,
+                ))
+            });
             HistoryPoint {
                 t_unix_nano: t,
                 value,

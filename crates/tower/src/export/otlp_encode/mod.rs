@@ -319,6 +319,7 @@ mod tests {
             finish_reason: Some(Arc::from("stop")),
             input_tokens: Some(12),
             output_tokens: Some(300),
+            cache_read_input_tokens: Some(8),
             status: Some(StatusCode::Http(200)),
             queue: Some(0.0001),
             ttft: Some(0.0009),
