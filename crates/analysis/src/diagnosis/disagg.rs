@@ -18,7 +18,7 @@
 use infertrace_semconv::disagg as d;
 
 use super::diagnoser::Diagnoser;
-use super::finding::{Severity, ev, pct, secs};
+use super::finding::{Evidence, Severity, ev, pct, secs};
 use super::pd_sizing::{self, PdSizing, PoolLoad};
 use crate::kpi::{DisaggKpis, Pool};
 
@@ -348,7 +348,7 @@ struct SizingInputs {
     output_tokens_per_second: f64,
 }
 
-fn sizing_evidence(s: &PdSizing, i: &SizingInputs) -> Vec<super::Evidence> {
+fn sizing_evidence(s: &PdSizing, i: &SizingInputs) -> Vec<Evidence> {
     vec![
         ev("disagg.load.requests_per_second", s.load_rps, None, "1/s"),
         ev(

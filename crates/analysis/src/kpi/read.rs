@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sketches_ddsketch::Config;
 
-use super::SloConfig;
 use super::accumulator::{self, Accumulator};
+use super::config::SloConfig;
 use super::ring::RingSpec;
 use super::series::{KpiWindows, Series, SeriesKey, SlotHistory};
 use super::snapshot::{KpiSnapshot, SeriesKpis, Throughput};
