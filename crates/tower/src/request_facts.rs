@@ -9,6 +9,7 @@ use opentelemetry::{KeyValue, StringValue};
 
 use infertrace_semconv::{gen_ai, net};
 
+use crate::attribute_writer::{AttributeWriter, KeyValues};
 use crate::grpc;
 use crate::interning::{self, Kind};
 
@@ -262,20 +263,24 @@ impl StartAttributes {
 
     /// Passes every attribute to `push`, in a fixed order.
     pub(crate) fn write(&self, push: &mut impl FnMut(KeyValue)) {
-        push(KeyValue::new(
-            gen_ai::OPERATION_NAME,
-            self.operation.clone(),
-        ));
-        push(KeyValue::new(gen_ai::PROVIDER_NAME, self.provider.clone()));
+        self.write_to(&mut KeyValues(push));
+    }
+
+    /// Writes every attribute to `out`, in a fixed order (the one order of the request span's
+    /// arrival attributes, whatever the destination).
+    #[inline]
+    pub(crate) fn write_to(&self, out: &mut impl AttributeWriter) {
+        out.cow(gen_ai::OPERATION_NAME, &self.operation);
+        out.string(gen_ai::PROVIDER_NAME, &self.provider);
         if let Some(m) = &self.request_model {
-            push(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
+            out.string(gen_ai::REQUEST_MODEL, m);
         }
         match &self.protocol {
             Protocol::Grpc { service_and_method } => {
-                push(KeyValue::new(net::RPC_SYSTEM, "grpc"));
+                out.static_str(net::RPC_SYSTEM, "grpc");
                 if let Some((service, method)) = service_and_method {
-                    push(KeyValue::new(net::RPC_SERVICE, service.clone()));
-                    push(KeyValue::new(net::RPC_METHOD, method.clone()));
+                    out.string(net::RPC_SERVICE, service);
+                    out.string(net::RPC_METHOD, method);
                 }
             }
             Protocol::Http {
@@ -284,20 +289,20 @@ impl StartAttributes {
                 route,
                 user_agent,
             } => {
-                push(KeyValue::new(net::HTTP_REQUEST_METHOD, *method));
-                push(KeyValue::new(net::URL_PATH, path.clone()));
+                out.static_str(net::HTTP_REQUEST_METHOD, method);
+                out.string(net::URL_PATH, path);
                 if let Some(route) = route {
-                    push(KeyValue::new(net::HTTP_ROUTE, route.clone()));
+                    out.string(net::HTTP_ROUTE, route);
                 }
                 if let Some(ua) = user_agent {
-                    push(KeyValue::new(net::USER_AGENT_ORIGINAL, ua.clone()));
+                    out.string(net::USER_AGENT_ORIGINAL, ua);
                 }
             }
         }
         if let Some((host, port)) = &self.server {
-            push(KeyValue::new(net::SERVER_ADDRESS, host.clone()));
+            out.string(net::SERVER_ADDRESS, host);
             if let Some(p) = port {
-                push(KeyValue::new(net::SERVER_PORT, *p));
+                out.i64(net::SERVER_PORT, *p);
             }
         }
     }

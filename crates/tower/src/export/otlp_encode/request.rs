@@ -9,22 +9,26 @@
 //!
 //! [`span_data::request_spans`]: crate::export::span_data::request_spans
 
+use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
-use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry::{InstrumentationScope, KeyValue, StringValue};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::IdGenerator;
 
 use infertrace_semconv::{gen_ai, infer};
 
 use super::writer::{
-    len_field_len, put_bytes, put_bytes_unless_empty, put_fixed32_unless_zero,
-    put_fixed64_unless_zero, put_key_value, put_len_header, put_varint_unless_zero,
+    len_field_len, put_bool_attribute, put_bytes, put_bytes_unless_empty, put_f64_attribute,
+    put_fixed32_unless_zero, put_fixed64_unless_zero, put_i64_attribute, put_key_value,
+    put_len_header, put_str_attribute, put_str_list_attribute, put_varint_unless_zero,
 };
+use crate::attribute_writer::AttributeWriter;
 use crate::config::scope;
 use crate::export::span_data::DirectSpan;
-use crate::finished::{FinishedRequest, PhaseSpan};
+use crate::finished::FinishedRequest;
 
 // Field numbers (opentelemetry/proto/trace/v1/trace.proto and friends).
 const RESOURCE_SPANS: u32 = 1; // ExportTraceServiceRequest.resource_spans
@@ -124,8 +128,9 @@ impl RequestEncoder {
         } = span;
         let mut count = 0;
         if context.is_sampled() {
-            for phase in phases {
-                self.phase(&context, ids.new_span_id(), phase);
+            for (name, start, end, attributes) in phases.iter() {
+                let phase = PhaseHead { name, start, end };
+                self.phase(&context, ids.new_span_id(), phase, attributes);
                 count += 1;
             }
         }
@@ -146,35 +151,36 @@ impl RequestEncoder {
         head.put(scratch);
         // Attributes in the order `DirectSpan::into_span_data` lists them: arrival, the
         // sampler's (and a direct sink's own), the late model, then the end attributes.
-        let mut attribute = |kv: KeyValue| {
-            put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
-        };
         if let Some(arrival) = &start_attributes {
-            arrival.write(&mut attribute);
+            arrival.write_to(&mut SpanAttributes(scratch));
         }
         for kv in &attributes {
             put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
         }
-        if let Some(model) = late_model {
-            put_key_value(
+        if let Some(model) = &late_model {
+            put_str_attribute(
                 scratch,
                 SPAN_ATTRIBUTES,
                 gen_ai::REQUEST_MODEL,
-                &Value::String(model),
+                model.as_str(),
             );
         }
-        let mut attribute = |kv: KeyValue| {
-            put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
-        };
-        end_attributes.write(&mut attribute);
+        end_attributes.write_to(&mut SpanAttributes(scratch));
         put_status(scratch, &status);
         put_flags(scratch, &context, parent_span_is_remote);
         self.take_span();
         count + 1
     }
 
-    /// One INTERNAL phase span with id `span_id` under the request span `parent`.
-    fn phase(&mut self, parent: &SpanContext, span_id: SpanId, phase: PhaseSpan) {
+    /// One INTERNAL phase span with id `span_id` under the request span `parent`; `attributes`:
+    /// its own list (with counters), else `infer.phase` alone.
+    fn phase(
+        &mut self,
+        parent: &SpanContext,
+        span_id: SpanId,
+        phase: PhaseHead,
+        attributes: Option<&[KeyValue]>,
+    ) {
         let context = SpanContext::new(
             parent.trace_id(),
             span_id,
@@ -193,18 +199,13 @@ impl RequestEncoder {
         let scratch = &mut self.scratch;
         scratch.clear();
         head.put(scratch);
-        match &phase.attributes {
+        match attributes {
             Some(list) => {
                 for kv in list {
                     put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
                 }
             }
-            None => put_key_value(
-                scratch,
-                SPAN_ATTRIBUTES,
-                infer::PHASE,
-                &Value::String(phase.name.into()),
-            ),
+            None => put_str_attribute(scratch, SPAN_ATTRIBUTES, infer::PHASE, phase.name),
         }
         put_status(scratch, &Status::Unset);
         put_flags(scratch, &context, false);
@@ -266,6 +267,59 @@ fn encode_scope(scope: &InstrumentationScope) -> Vec<u8> {
         put_key_value(&mut out, SCOPE_ATTRIBUTES, kv.key.as_str(), &kv.value);
     }
     out
+}
+
+/// A phase span's name and interval.
+struct PhaseHead {
+    name: &'static str,
+    start: SystemTime,
+    end: SystemTime,
+}
+
+/// The request span's arrival and end attributes, written as the span's `attributes` fields
+/// straight from their values (no `KeyValue` each).
+struct SpanAttributes<'a>(&'a mut Vec<u8>);
+
+impl AttributeWriter for SpanAttributes<'_> {
+    #[inline]
+    fn string(&mut self, key: &'static str, value: &StringValue) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value.as_str());
+    }
+
+    #[inline]
+    fn static_str(&mut self, key: &'static str, value: &'static str) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn cow(&mut self, key: &'static str, value: &Cow<'static, str>) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn shared(&mut self, key: &'static str, value: &Arc<str>) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn shared_list(&mut self, key: &'static str, value: &Arc<str>) {
+        put_str_list_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn i64(&mut self, key: &'static str, value: i64) {
+        put_i64_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn f64(&mut self, key: &'static str, value: f64) {
+        put_f64_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn bool(&mut self, key: &'static str, value: bool) {
+        put_bool_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
 }
 
 /// A span's fields before its attributes (fields 1 to 8; the parent's is-remote bit goes into
