@@ -4,7 +4,8 @@
 //! The spans are the ones [`span_data::request_spans`] builds, in the same order, with the same
 //! fields, and encoded as opentelemetry-otlp encodes them (opentelemetry-proto's conversion,
 //! then prost): the tests compare the bytes. What is constant is encoded once: the resource and
-//! the layer's instrumentation scope. Per span, the fields go into a scratch buffer (its length
+//! the layer's instrumentation scope. Each span is written in place in the batch's list of
+//! spans, after room for its length (see [`RequestEncoder::end_span`]).
 //! is then known) and from there into the batch's list of spans.
 //!
 //! [`span_data::request_spans`]: crate::export::span_data::request_spans
@@ -21,9 +22,10 @@ use opentelemetry_sdk::trace::IdGenerator;
 use infertrace_semconv::{gen_ai, infer};
 
 use super::writer::{
-    len_field_len, put_bool_attribute, put_bytes, put_bytes_unless_empty, put_f64_attribute,
+    LEN, len_field_len, put_bool_attribute, put_bytes, put_bytes_unless_empty, put_f64_attribute,
     put_fixed32_unless_zero, put_fixed64_unless_zero, put_i64_attribute, put_key_value,
-    put_len_header, put_str_attribute, put_str_list_attribute, put_varint_unless_zero,
+    put_len_header, put_str_attribute, put_str_list_attribute, put_tag, put_varint_unless_zero,
+    varint_len, write_varint,
 };
 use crate::attribute_writer::AttributeWriter;
 use crate::config::scope;
@@ -56,6 +58,10 @@ const SPAN_FLAGS: u32 = 16;
 const STATUS_MESSAGE: u32 = 2;
 const STATUS_CODE: u32 = 3;
 
+/// [`RequestEncoder::length_room`] of request spans and of phase spans.
+const REQUEST_SPAN: usize = 0;
+const PHASE_SPAN: usize = 1;
+
 /// `SpanFlags`: the context's is-remote bit is known (always set), and its value.
 const FLAG_HAS_IS_REMOTE: u32 = 0x100;
 const FLAG_IS_REMOTE: u32 = 0x200;
@@ -72,8 +78,9 @@ pub(crate) struct RequestEncoder {
     /// The spans so far, each as a `ScopeSpans.spans` field.
     spans: Vec<u8>,
     span_count: usize,
-    /// One span's fields while they are written.
-    scratch: Vec<u8>,
+    /// Bytes the length of the last request span took, then of the last phase span: the room
+    /// left for the next span's length (it is written once the span's size is known).
+    length_room: [usize; 2],
 }
 
 impl RequestEncoder {
@@ -91,7 +98,7 @@ impl RequestEncoder {
             scope_schema_url: layer_scope.schema_url().unwrap_or_default().to_owned(),
             spans: Vec::with_capacity(64 * 1024),
             span_count: 0,
-            scratch: Vec::with_capacity(2048),
+            length_room: [2, 1],
         }
     }
 
@@ -146,8 +153,8 @@ impl RequestEncoder {
             start,
             end,
         };
-        let scratch = &mut self.scratch;
-        scratch.clear();
+        let content = self.begin_span(REQUEST_SPAN);
+        let scratch = &mut self.spans;
         head.put(scratch);
         // Attributes in the order `DirectSpan::into_span_data` lists them: arrival, the
         // sampler's (and a direct sink's own), the late model, then the end attributes.
@@ -168,7 +175,7 @@ impl RequestEncoder {
         end_attributes.write_to(&mut SpanAttributes(scratch));
         put_status(scratch, &status);
         put_flags(scratch, &context, parent_span_is_remote);
-        self.take_span();
+        self.end_span(REQUEST_SPAN, content);
         count + 1
     }
 
@@ -196,8 +203,8 @@ impl RequestEncoder {
             start: phase.start,
             end: phase.end,
         };
-        let scratch = &mut self.scratch;
-        scratch.clear();
+        let content = self.begin_span(PHASE_SPAN);
+        let scratch = &mut self.spans;
         head.put(scratch);
         match attributes {
             Some(list) => {
@@ -209,12 +216,38 @@ impl RequestEncoder {
         }
         put_status(scratch, &Status::Unset);
         put_flags(scratch, &context, false);
-        self.take_span();
+        self.end_span(PHASE_SPAN, content);
     }
 
-    /// Moves the span in the scratch buffer to the list of spans.
-    fn take_span(&mut self) {
-        put_bytes(&mut self.spans, SS_SPANS, &self.scratch);
+    /// Starts a span of `kind` in the list of spans: its tag and room for its length (as many
+    /// bytes as the last span of that kind needed). Returns where its content starts.
+    fn begin_span(&mut self, kind: usize) -> usize {
+        put_tag(&mut self.spans, SS_SPANS, LEN);
+        let room = self.length_room[kind];
+        self.spans.resize(self.spans.len() + room, 0);
+        self.spans.len()
+    }
+
+    /// Ends the span whose content starts at `content`: writes its length into the room
+    /// before it, moving the content first if the length needs more or fewer bytes (the
+    /// varint must be the shortest, as prost writes it).
+    fn end_span(&mut self, kind: usize, content: usize) {
+        let len = self.spans.len() - content;
+        let room = self.length_room[kind];
+        let needed = varint_len(len as u64);
+        let content = if needed == room {
+            content
+        } else {
+            let moved = content + needed - room;
+            if needed > room {
+                self.spans.resize(self.spans.len() + needed - room, 0);
+            }
+            self.spans.copy_within(content..content + len, moved);
+            self.spans.truncate(moved + len);
+            self.length_room[kind] = needed;
+            moved
+        };
+        write_varint(&mut self.spans[content - needed..content], len as u64);
         self.span_count += 1;
     }
 

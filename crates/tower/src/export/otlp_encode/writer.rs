@@ -39,6 +39,16 @@ pub(crate) fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     buf.push(v as u8);
 }
 
+/// Writes the varint `v` into `out`, which is exactly [`varint_len`]`(v)` bytes long.
+#[inline]
+pub(crate) fn write_varint(out: &mut [u8], mut v: u64) {
+    let last = out.len().saturating_sub(1);
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = if i == last { v as u8 } else { (v as u8) | 0x80 };
+        v >>= 7;
+    }
+}
+
 #[inline]
 pub(crate) fn put_tag(buf: &mut Vec<u8>, field: u32, wire: u32) {
     put_varint(buf, u64::from((field << 3) | wire));
@@ -287,6 +297,9 @@ mod tests {
             assert_eq!(buf.len(), prost::encoding::encoded_len_varint(v), "{v}");
             let mut slice = &buf[..];
             assert_eq!(prost::encoding::decode_varint(&mut slice).ok(), Some(v));
+            let mut room = vec![0xff; varint_len(v)];
+            write_varint(&mut room, v);
+            assert_eq!(room, buf, "{v}");
         }
     }
 
