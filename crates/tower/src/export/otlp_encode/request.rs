@@ -31,6 +31,7 @@ use crate::attribute_writer::AttributeWriter;
 use crate::config::scope;
 use crate::export::span_data::DirectSpan;
 use crate::finished::FinishedRequest;
+use crate::request_facts::StartAttributes;
 
 // Field numbers (opentelemetry/proto/trace/v1/trace.proto and friends).
 const RESOURCE_SPANS: u32 = 1; // ExportTraceServiceRequest.resource_spans
@@ -81,6 +82,9 @@ pub(crate) struct RequestEncoder {
     /// Bytes the length of the last request span took, then of the last phase span: the room
     /// left for the next span's length (it is written once the span's size is known).
     length_room: [usize; 2],
+    /// The last request's arrival attributes and their encoding: the next request with the
+    /// very same values (usually every request of a layer) copies the bytes.
+    arrival: Option<(StartAttributes, Vec<u8>)>,
 }
 
 impl RequestEncoder {
@@ -99,6 +103,7 @@ impl RequestEncoder {
             spans: Vec::with_capacity(64 * 1024),
             span_count: 0,
             length_room: [2, 1],
+            arrival: None,
         }
     }
 
@@ -158,8 +163,20 @@ impl RequestEncoder {
         head.put(scratch);
         // Attributes in the order `DirectSpan::into_span_data` lists them: arrival, the
         // sampler's (and a direct sink's own), the late model, then the end attributes.
-        if let Some(arrival) = &start_attributes {
-            arrival.write_to(&mut SpanAttributes(scratch));
+        if let Some(values) = start_attributes {
+            match &mut self.arrival {
+                Some((last, bytes)) if last.same_values(&values) => {
+                    scratch.extend_from_slice(bytes);
+                }
+                cache => {
+                    let from = scratch.len();
+                    values.write_to(&mut SpanAttributes(scratch));
+                    let mut bytes = cache.take().map(|(_, bytes)| bytes).unwrap_or_default();
+                    bytes.clear();
+                    bytes.extend_from_slice(&scratch[from..]);
+                    *cache = Some((values, bytes));
+                }
+            }
         }
         for kv in &attributes {
             put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
