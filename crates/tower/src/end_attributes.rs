@@ -1,16 +1,18 @@
 //! [`EndAttributes`]: the request span's attributes that are known only when the request ends,
 //! computed once and written in one pass.
 //!
-//! Writing goes through a generic `push`, so on the direct path the attributes go straight into
-//! the span's own vector (one `Vec::push` each) instead of one `set_attribute` call through the
-//! span enum per attribute.
+//! Writing goes through an [`AttributeWriter`]: on the direct path the attributes go straight
+//! into the span's own vector (one `Vec::push` each), and the OTLP encoder writes them as
+//! protobuf without making a `KeyValue` of each.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use opentelemetry::{Array, KeyValue, StringValue, Value};
+use opentelemetry::{KeyValue, StringValue};
 
 use infertrace_semconv::{gen_ai, infer, latency, net};
+
+use crate::attribute_writer::{AttributeWriter, KeyValues};
 
 /// The response status attribute: HTTP status code or gRPC status code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,27 +58,31 @@ impl EndAttributes {
     /// Passes every attribute to `push`, in a fixed order.
     #[inline]
     pub(crate) fn write(&self, push: &mut impl FnMut(KeyValue)) {
+        self.write_to(&mut KeyValues(push));
+    }
+
+    /// Writes every attribute to `out`, in a fixed order (the one order of the request span's
+    /// end attributes, whatever the destination).
+    #[inline]
+    pub(crate) fn write_to(&self, out: &mut impl AttributeWriter) {
         if let Some(m) = &self.response_model {
-            push(KeyValue::new(gen_ai::RESPONSE_MODEL, m.clone()));
+            out.string(gen_ai::RESPONSE_MODEL, m);
         }
         if let Some(n) = self.max_tokens {
-            push(KeyValue::new(gen_ai::REQUEST_MAX_TOKENS, n as i64));
+            out.i64(gen_ai::REQUEST_MAX_TOKENS, n as i64);
         }
-        push(KeyValue::new(gen_ai::REQUEST_STREAM, self.streamed));
+        out.bool(gen_ai::REQUEST_STREAM, self.streamed);
         if let Some(id) = &self.response_id {
-            push(KeyValue::new(gen_ai::RESPONSE_ID, Arc::clone(id)));
+            out.shared(gen_ai::RESPONSE_ID, id);
         }
         if let Some(reason) = &self.finish_reason {
-            push(KeyValue::new(
-                gen_ai::RESPONSE_FINISH_REASONS,
-                Value::Array(Array::String(vec![StringValue::from(Arc::clone(reason))])),
-            ));
+            out.shared_list(gen_ai::RESPONSE_FINISH_REASONS, reason);
         }
         if let Some(n) = self.input_tokens {
-            push(KeyValue::new(gen_ai::USAGE_INPUT_TOKENS, n as i64));
+            out.i64(gen_ai::USAGE_INPUT_TOKENS, n as i64);
         }
         if let Some(n) = self.output_tokens {
-            push(KeyValue::new(gen_ai::USAGE_OUTPUT_TOKENS, n as i64));
+            out.i64(gen_ai::USAGE_OUTPUT_TOKENS, n as i64);
         }
         if let Some(n) = self.cache_read_input_tokens {
             push(KeyValue::new(
@@ -85,20 +91,15 @@ impl EndAttributes {
             ));
         }
         match self.status {
-            Some(StatusCode::Grpc(code)) => {
-                push(KeyValue::new(net::RPC_GRPC_STATUS_CODE, i64::from(code)));
-            }
+            Some(StatusCode::Grpc(code)) => out.i64(net::RPC_GRPC_STATUS_CODE, i64::from(code)),
             Some(StatusCode::Http(code)) => {
-                push(KeyValue::new(
-                    net::HTTP_RESPONSE_STATUS_CODE,
-                    i64::from(code),
-                ));
+                out.i64(net::HTTP_RESPONSE_STATUS_CODE, i64::from(code));
             }
             None => {}
         }
         let mut seconds = |key: &'static str, v: Option<f64>| {
             if let Some(v) = v {
-                push(KeyValue::new(key, v));
+                out.f64(key, v);
             }
         };
         seconds(latency::TIME_IN_QUEUE, self.queue);
@@ -114,22 +115,24 @@ impl EndAttributes {
             seconds(infer::INTER_TOKEN_LATENCY_P99, p99);
             seconds(infer::INTER_TOKEN_LATENCY_MAX, max);
         }
-        push(KeyValue::new(infer::STREAM_CHUNKS, self.chunks as i64));
-        push(KeyValue::new(infer::OUTCOME, self.outcome));
+        out.i64(infer::STREAM_CHUNKS, self.chunks as i64);
+        out.static_str(infer::OUTCOME, self.outcome);
         if let Some(source) = self.phase_source {
-            push(KeyValue::new(infer::PHASE_SOURCE, source));
+            out.static_str(infer::PHASE_SOURCE, source);
         }
         if let Some(depth) = self.queue_depth {
-            push(KeyValue::new(infer::QUEUE_DEPTH, depth as i64));
+            out.i64(infer::QUEUE_DEPTH, depth as i64);
         }
         if let Some(kind) = &self.error_type {
-            push(KeyValue::new(net::ERROR_TYPE, kind.clone()));
+            out.cow(net::ERROR_TYPE, kind);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry::{Array, Value};
+
     use super::*;
 
     fn keys(end: &EndAttributes) -> Vec<String> {

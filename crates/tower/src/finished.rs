@@ -95,27 +95,57 @@ impl PhaseSpans {
     }
 }
 
+impl PhaseSpans {
+    /// The phase spans in order, borrowed: their names, intervals, and their own attributes
+    /// when they have counters (the encoder reads them in place).
+    pub(crate) fn iter(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, SystemTime, SystemTime, Option<&[KeyValue]>)> {
+        self.times.iter().enumerate().filter_map(move |(i, times)| {
+            let (start, end) = (*times)?;
+            let attributes = self.attributes.as_ref().and_then(|a| a[i].as_deref());
+            Some((PHASE_NAMES[i], start, end, attributes))
+        })
+    }
+}
+
 impl IntoIterator for PhaseSpans {
     type Item = PhaseSpan;
-    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<PhaseSpan>, 4>>;
+    type IntoIter = PhaseSpansIter;
 
-    fn into_iter(self) -> Self::IntoIter {
-        let mut attributes = self.attributes.map(|a| *a).unwrap_or_default();
-        let mut i = 0;
-        self.times
-            .map(|times| {
-                let name = PHASE_NAMES[i];
-                let attributes = attributes[i].take();
-                i += 1;
-                times.map(|(start, end)| PhaseSpan {
-                    name,
+    fn into_iter(self) -> PhaseSpansIter {
+        PhaseSpansIter {
+            spans: self,
+            next: 0,
+        }
+    }
+}
+
+/// The phase spans of a [`PhaseSpans`], taken out one by one in order (no copy of the whole).
+#[derive(Debug)]
+pub(crate) struct PhaseSpansIter {
+    spans: PhaseSpans,
+    next: usize,
+}
+
+impl Iterator for PhaseSpansIter {
+    type Item = PhaseSpan;
+
+    fn next(&mut self) -> Option<PhaseSpan> {
+        while let Some(slot) = self.spans.times.get_mut(self.next) {
+            let i = self.next;
+            self.next += 1;
+            if let Some((start, end)) = slot.take() {
+                let attributes = self.spans.attributes.as_mut().and_then(|a| a[i].take());
+                return Some(PhaseSpan {
+                    name: PHASE_NAMES[i],
                     start,
                     end,
                     attributes,
-                })
-            })
-            .into_iter()
-            .flatten()
+                });
+            }
+        }
+        None
     }
 }
 

@@ -178,7 +178,9 @@ mod metrics;
 mod propagation;
 mod recorder;
 mod tick_clock;
-// Plain data: a request's arrival facts, its end values, the finished request.
+// Plain data: a request's arrival facts, its end values, the finished request, and the one
+// interface their attributes are written through.
+mod attribute_writer;
 mod end_attributes;
 mod finished;
 mod request_facts;

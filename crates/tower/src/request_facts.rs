@@ -9,6 +9,7 @@ use opentelemetry::{KeyValue, StringValue};
 
 use infertrace_semconv::{gen_ai, net};
 
+use crate::attribute_writer::{AttributeWriter, KeyValues};
 use crate::grpc;
 use crate::interning::{self, Kind};
 
@@ -262,20 +263,24 @@ impl StartAttributes {
 
     /// Passes every attribute to `push`, in a fixed order.
     pub(crate) fn write(&self, push: &mut impl FnMut(KeyValue)) {
-        push(KeyValue::new(
-            gen_ai::OPERATION_NAME,
-            self.operation.clone(),
-        ));
-        push(KeyValue::new(gen_ai::PROVIDER_NAME, self.provider.clone()));
+        self.write_to(&mut KeyValues(push));
+    }
+
+    /// Writes every attribute to `out`, in a fixed order (the one order of the request span's
+    /// arrival attributes, whatever the destination).
+    #[inline]
+    pub(crate) fn write_to(&self, out: &mut impl AttributeWriter) {
+        out.cow(gen_ai::OPERATION_NAME, &self.operation);
+        out.string(gen_ai::PROVIDER_NAME, &self.provider);
         if let Some(m) = &self.request_model {
-            push(KeyValue::new(gen_ai::REQUEST_MODEL, m.clone()));
+            out.string(gen_ai::REQUEST_MODEL, m);
         }
         match &self.protocol {
             Protocol::Grpc { service_and_method } => {
-                push(KeyValue::new(net::RPC_SYSTEM, "grpc"));
+                out.static_str(net::RPC_SYSTEM, "grpc");
                 if let Some((service, method)) = service_and_method {
-                    push(KeyValue::new(net::RPC_SERVICE, service.clone()));
-                    push(KeyValue::new(net::RPC_METHOD, method.clone()));
+                    out.string(net::RPC_SERVICE, service);
+                    out.string(net::RPC_METHOD, method);
                 }
             }
             Protocol::Http {
@@ -284,22 +289,80 @@ impl StartAttributes {
                 route,
                 user_agent,
             } => {
-                push(KeyValue::new(net::HTTP_REQUEST_METHOD, *method));
-                push(KeyValue::new(net::URL_PATH, path.clone()));
+                out.static_str(net::HTTP_REQUEST_METHOD, method);
+                out.string(net::URL_PATH, path);
                 if let Some(route) = route {
-                    push(KeyValue::new(net::HTTP_ROUTE, route.clone()));
+                    out.string(net::HTTP_ROUTE, route);
                 }
                 if let Some(ua) = user_agent {
-                    push(KeyValue::new(net::USER_AGENT_ORIGINAL, ua.clone()));
+                    out.string(net::USER_AGENT_ORIGINAL, ua);
                 }
             }
         }
         if let Some((host, port)) = &self.server {
-            push(KeyValue::new(net::SERVER_ADDRESS, host.clone()));
+            out.string(net::SERVER_ADDRESS, host);
             if let Some(p) = port {
-                push(KeyValue::new(net::SERVER_PORT, *p));
+                out.i64(net::SERVER_PORT, *p);
             }
         }
+    }
+
+    /// Whether `other` holds the very same values (the same strings in memory, the same
+    /// port): then both write the same attributes. A cheap test, not an equality: equal
+    /// strings held in different places count as different.
+    pub(crate) fn same_values(&self, other: &Self) -> bool {
+        fn same(a: &str, b: &str) -> bool {
+            std::ptr::eq(a, b)
+        }
+        fn same_value(a: &StringValue, b: &StringValue) -> bool {
+            same(a.as_str(), b.as_str())
+        }
+        fn same_option(a: &Option<StringValue>, b: &Option<StringValue>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => same_value(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+        }
+        let protocol = match (&self.protocol, &other.protocol) {
+            (
+                Protocol::Grpc {
+                    service_and_method: a,
+                },
+                Protocol::Grpc {
+                    service_and_method: b,
+                },
+            ) => match (a, b) {
+                (Some((s1, m1)), Some((s2, m2))) => same_value(s1, s2) && same_value(m1, m2),
+                (None, None) => true,
+                _ => false,
+            },
+            (
+                Protocol::Http {
+                    method: m1,
+                    path: p1,
+                    route: r1,
+                    user_agent: u1,
+                },
+                Protocol::Http {
+                    method: m2,
+                    path: p2,
+                    route: r2,
+                    user_agent: u2,
+                },
+            ) => same(m1, m2) && same_value(p1, p2) && same_option(r1, r2) && same_option(u1, u2),
+            _ => false,
+        };
+        let server = match (&self.server, &other.server) {
+            (Some((h1, p1)), Some((h2, p2))) => same_value(h1, h2) && p1 == p2,
+            (None, None) => true,
+            _ => false,
+        };
+        protocol
+            && server
+            && same(&self.operation, &other.operation)
+            && same_value(&self.provider, &other.provider)
+            && same_option(&self.request_model, &other.request_model)
     }
 
     /// The attributes as a list with room for `spare` more.
@@ -338,5 +401,40 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(server_address(&req), Some(("h2.local", None)));
+    }
+
+    #[test]
+    fn same_values_means_the_same_strings_in_memory() {
+        let facts = RequestFacts {
+            operation: Cow::Borrowed("chat"),
+            provider: "self_hosted".into(),
+            request_model: Some("m".into()),
+            grpc: false,
+        };
+        let request = |ua: &str| {
+            Request::builder()
+                .uri("/v1/chat/completions")
+                .header("host", "same-values.example:8080")
+                .header("user-agent", ua)
+                .body(())
+                .unwrap()
+        };
+        // Interned strings: the same values twice are the same strings.
+        let a = StartAttributes::read(&request("ua/1"), &facts);
+        let b = StartAttributes::read(&request("ua/1"), &facts);
+        assert!(a.same_values(&b) && b.same_values(&a));
+        let c = StartAttributes::read(&request("ua/2"), &facts);
+        assert!(!a.same_values(&c));
+        // Equal text held elsewhere is not the same (the test may say no, never wrongly yes).
+        let other_model = RequestFacts {
+            request_model: Some(StringValue::from(String::from("m"))),
+            ..facts.clone()
+        };
+        assert!(!a.same_values(&StartAttributes::read(&request("ua/1"), &other_model)));
+        let grpc = RequestFacts {
+            grpc: true,
+            ..facts
+        };
+        assert!(!a.same_values(&StartAttributes::read(&request("ua/1"), &grpc)));
     }
 }

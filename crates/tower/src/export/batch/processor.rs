@@ -385,8 +385,11 @@ impl<E: SpanExporter> Worker<E> {
                 if self.requests.as_ref().is_some_and(|r| r.span_count() > 0) {
                     result = result.and(self.export_pending());
                 } else {
-                    let rest = self.batch.split_off(max);
-                    let full = std::mem::replace(&mut self.batch, rest);
+                    // The spans past the batch size start the next batch, which keeps its
+                    // full capacity (`split_off` would leave it to grow again span by span).
+                    let capacity = self.batch.capacity();
+                    let mut full = std::mem::replace(&mut self.batch, Vec::with_capacity(capacity));
+                    self.batch.extend(full.drain(max..));
                     result = result.and(self.export(full));
                 }
             }

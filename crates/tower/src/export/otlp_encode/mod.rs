@@ -410,4 +410,29 @@ mod tests {
         let (ours, _) = our_body(&[case], &resource);
         assert_eq!(ours, theirs);
     }
+
+    #[test]
+    fn spans_of_every_size_in_one_body_get_the_shortest_lengths() {
+        // Each span's length is written in the room the previous one of its kind needed:
+        // request spans whose lengths take 2, then 3, then 2 bytes, and phase spans whose
+        // lengths cross 127 bytes both ways (GPU counters or not), all in one body.
+        let mut tiny = Case::base();
+        tiny.model = None;
+        tiny.user_agent = None;
+        tiny.path = "/".into();
+        tiny.phases = vec![(0, 0, 100, None)];
+        tiny.end = || EndAttributes {
+            e2e: 0.5,
+            outcome: "ok",
+            ..EndAttributes::default()
+        };
+        let mut huge = Case::base();
+        huge.path = format!("/v1/{}", "p".repeat(20_000));
+        huge.phases = vec![
+            (0, 0, 100, gpu_counters("queue")),
+            (1, 100, 900, None),
+            (2, 900, 5000, gpu_counters("decode")),
+        ];
+        assert_same(&[tiny.clone(), huge, Case::base(), tiny, Case::base()]);
+    }
 }

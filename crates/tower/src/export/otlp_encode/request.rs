@@ -4,27 +4,34 @@
 //! The spans are the ones [`span_data::request_spans`] builds, in the same order, with the same
 //! fields, and encoded as opentelemetry-otlp encodes them (opentelemetry-proto's conversion,
 //! then prost): the tests compare the bytes. What is constant is encoded once: the resource and
-//! the layer's instrumentation scope. Per span, the fields go into a scratch buffer (its length
+//! the layer's instrumentation scope. Each span is written in place in the batch's list of
+//! spans, after room for its length (see [`RequestEncoder::end_span`]).
 //! is then known) and from there into the batch's list of spans.
 //!
 //! [`span_data::request_spans`]: crate::export::span_data::request_spans
 
+use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
-use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry::{InstrumentationScope, KeyValue, StringValue};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::IdGenerator;
 
 use infertrace_semconv::{gen_ai, infer};
 
 use super::writer::{
-    len_field_len, put_bytes, put_bytes_unless_empty, put_fixed32_unless_zero,
-    put_fixed64_unless_zero, put_key_value, put_len_header, put_varint_unless_zero,
+    LEN, len_field_len, put_bool_attribute, put_bytes, put_bytes_unless_empty, put_f64_attribute,
+    put_fixed32_unless_zero, put_fixed64_unless_zero, put_i64_attribute, put_key_value,
+    put_len_header, put_str_attribute, put_str_list_attribute, put_tag, put_varint_unless_zero,
+    varint_len, write_varint,
 };
+use crate::attribute_writer::AttributeWriter;
 use crate::config::scope;
 use crate::export::span_data::DirectSpan;
-use crate::finished::{FinishedRequest, PhaseSpan};
+use crate::finished::FinishedRequest;
+use crate::request_facts::StartAttributes;
 
 // Field numbers (opentelemetry/proto/trace/v1/trace.proto and friends).
 const RESOURCE_SPANS: u32 = 1; // ExportTraceServiceRequest.resource_spans
@@ -52,6 +59,10 @@ const SPAN_FLAGS: u32 = 16;
 const STATUS_MESSAGE: u32 = 2;
 const STATUS_CODE: u32 = 3;
 
+/// [`RequestEncoder::length_room`] of request spans and of phase spans.
+const REQUEST_SPAN: usize = 0;
+const PHASE_SPAN: usize = 1;
+
 /// `SpanFlags`: the context's is-remote bit is known (always set), and its value.
 const FLAG_HAS_IS_REMOTE: u32 = 0x100;
 const FLAG_IS_REMOTE: u32 = 0x200;
@@ -68,8 +79,12 @@ pub(crate) struct RequestEncoder {
     /// The spans so far, each as a `ScopeSpans.spans` field.
     spans: Vec<u8>,
     span_count: usize,
-    /// One span's fields while they are written.
-    scratch: Vec<u8>,
+    /// Bytes the length of the last request span took, then of the last phase span: the room
+    /// left for the next span's length (it is written once the span's size is known).
+    length_room: [usize; 2],
+    /// The last request's arrival attributes and their encoding: the next request with the
+    /// very same values (usually every request of a layer) copies the bytes.
+    arrival: Option<(StartAttributes, Vec<u8>)>,
 }
 
 impl RequestEncoder {
@@ -87,7 +102,8 @@ impl RequestEncoder {
             scope_schema_url: layer_scope.schema_url().unwrap_or_default().to_owned(),
             spans: Vec::with_capacity(64 * 1024),
             span_count: 0,
-            scratch: Vec::with_capacity(2048),
+            length_room: [2, 1],
+            arrival: None,
         }
     }
 
@@ -124,8 +140,9 @@ impl RequestEncoder {
         } = span;
         let mut count = 0;
         if context.is_sampled() {
-            for phase in phases {
-                self.phase(&context, ids.new_span_id(), phase);
+            for (name, start, end, attributes) in phases.iter() {
+                let phase = PhaseHead { name, start, end };
+                self.phase(&context, ids.new_span_id(), phase, attributes);
                 count += 1;
             }
         }
@@ -141,40 +158,53 @@ impl RequestEncoder {
             start,
             end,
         };
-        let scratch = &mut self.scratch;
-        scratch.clear();
+        let content = self.begin_span(REQUEST_SPAN);
+        let scratch = &mut self.spans;
         head.put(scratch);
         // Attributes in the order `DirectSpan::into_span_data` lists them: arrival, the
         // sampler's (and a direct sink's own), the late model, then the end attributes.
-        let mut attribute = |kv: KeyValue| {
-            put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
-        };
-        if let Some(arrival) = &start_attributes {
-            arrival.write(&mut attribute);
+        if let Some(values) = start_attributes {
+            match &mut self.arrival {
+                Some((last, bytes)) if last.same_values(&values) => {
+                    scratch.extend_from_slice(bytes);
+                }
+                cache => {
+                    let from = scratch.len();
+                    values.write_to(&mut SpanAttributes(scratch));
+                    let mut bytes = cache.take().map(|(_, bytes)| bytes).unwrap_or_default();
+                    bytes.clear();
+                    bytes.extend_from_slice(&scratch[from..]);
+                    *cache = Some((values, bytes));
+                }
+            }
         }
         for kv in &attributes {
             put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
         }
-        if let Some(model) = late_model {
-            put_key_value(
+        if let Some(model) = &late_model {
+            put_str_attribute(
                 scratch,
                 SPAN_ATTRIBUTES,
                 gen_ai::REQUEST_MODEL,
-                &Value::String(model),
+                model.as_str(),
             );
         }
-        let mut attribute = |kv: KeyValue| {
-            put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
-        };
-        end_attributes.write(&mut attribute);
+        end_attributes.write_to(&mut SpanAttributes(scratch));
         put_status(scratch, &status);
         put_flags(scratch, &context, parent_span_is_remote);
-        self.take_span();
+        self.end_span(REQUEST_SPAN, content);
         count + 1
     }
 
-    /// One INTERNAL phase span with id `span_id` under the request span `parent`.
-    fn phase(&mut self, parent: &SpanContext, span_id: SpanId, phase: PhaseSpan) {
+    /// One INTERNAL phase span with id `span_id` under the request span `parent`; `attributes`:
+    /// its own list (with counters), else `infer.phase` alone.
+    fn phase(
+        &mut self,
+        parent: &SpanContext,
+        span_id: SpanId,
+        phase: PhaseHead,
+        attributes: Option<&[KeyValue]>,
+    ) {
         let context = SpanContext::new(
             parent.trace_id(),
             span_id,
@@ -190,30 +220,51 @@ impl RequestEncoder {
             start: phase.start,
             end: phase.end,
         };
-        let scratch = &mut self.scratch;
-        scratch.clear();
+        let content = self.begin_span(PHASE_SPAN);
+        let scratch = &mut self.spans;
         head.put(scratch);
-        match &phase.attributes {
+        match attributes {
             Some(list) => {
                 for kv in list {
                     put_key_value(scratch, SPAN_ATTRIBUTES, kv.key.as_str(), &kv.value);
                 }
             }
-            None => put_key_value(
-                scratch,
-                SPAN_ATTRIBUTES,
-                infer::PHASE,
-                &Value::String(phase.name.into()),
-            ),
+            None => put_str_attribute(scratch, SPAN_ATTRIBUTES, infer::PHASE, phase.name),
         }
         put_status(scratch, &Status::Unset);
         put_flags(scratch, &context, false);
-        self.take_span();
+        self.end_span(PHASE_SPAN, content);
     }
 
-    /// Moves the span in the scratch buffer to the list of spans.
-    fn take_span(&mut self) {
-        put_bytes(&mut self.spans, SS_SPANS, &self.scratch);
+    /// Starts a span of `kind` in the list of spans: its tag and room for its length (as many
+    /// bytes as the last span of that kind needed). Returns where its content starts.
+    fn begin_span(&mut self, kind: usize) -> usize {
+        put_tag(&mut self.spans, SS_SPANS, LEN);
+        let room = self.length_room[kind];
+        self.spans.resize(self.spans.len() + room, 0);
+        self.spans.len()
+    }
+
+    /// Ends the span whose content starts at `content`: writes its length into the room
+    /// before it, moving the content first if the length needs more or fewer bytes (the
+    /// varint must be the shortest, as prost writes it).
+    fn end_span(&mut self, kind: usize, content: usize) {
+        let len = self.spans.len() - content;
+        let room = self.length_room[kind];
+        let needed = varint_len(len as u64);
+        let content = if needed == room {
+            content
+        } else {
+            let moved = content + needed - room;
+            if needed > room {
+                self.spans.resize(self.spans.len() + needed - room, 0);
+            }
+            self.spans.copy_within(content..content + len, moved);
+            self.spans.truncate(moved + len);
+            self.length_room[kind] = needed;
+            moved
+        };
+        write_varint(&mut self.spans[content - needed..content], len as u64);
         self.span_count += 1;
     }
 
@@ -266,6 +317,59 @@ fn encode_scope(scope: &InstrumentationScope) -> Vec<u8> {
         put_key_value(&mut out, SCOPE_ATTRIBUTES, kv.key.as_str(), &kv.value);
     }
     out
+}
+
+/// A phase span's name and interval.
+struct PhaseHead {
+    name: &'static str,
+    start: SystemTime,
+    end: SystemTime,
+}
+
+/// The request span's arrival and end attributes, written as the span's `attributes` fields
+/// straight from their values (no `KeyValue` each).
+struct SpanAttributes<'a>(&'a mut Vec<u8>);
+
+impl AttributeWriter for SpanAttributes<'_> {
+    #[inline]
+    fn string(&mut self, key: &'static str, value: &StringValue) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value.as_str());
+    }
+
+    #[inline]
+    fn static_str(&mut self, key: &'static str, value: &'static str) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn cow(&mut self, key: &'static str, value: &Cow<'static, str>) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn shared(&mut self, key: &'static str, value: &Arc<str>) {
+        put_str_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn shared_list(&mut self, key: &'static str, value: &Arc<str>) {
+        put_str_list_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn i64(&mut self, key: &'static str, value: i64) {
+        put_i64_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn f64(&mut self, key: &'static str, value: f64) {
+        put_f64_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
+
+    #[inline]
+    fn bool(&mut self, key: &'static str, value: bool) {
+        put_bool_attribute(self.0, SPAN_ATTRIBUTES, key, value);
+    }
 }
 
 /// A span's fields before its attributes (fields 1 to 8; the parent's is-remote bit goes into

@@ -39,6 +39,16 @@ pub(crate) fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
     buf.push(v as u8);
 }
 
+/// Writes the varint `v` into `out`, which is exactly [`varint_len`]`(v)` bytes long.
+#[inline]
+pub(crate) fn write_varint(out: &mut [u8], mut v: u64) {
+    let last = out.len().saturating_sub(1);
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = if i == last { v as u8 } else { (v as u8) | 0x80 };
+        v >>= 7;
+    }
+}
+
 #[inline]
 pub(crate) fn put_tag(buf: &mut Vec<u8>, field: u32, wire: u32) {
     put_varint(buf, u64::from((field << 3) | wire));
@@ -199,6 +209,71 @@ pub(crate) fn put_key_value(buf: &mut Vec<u8>, field: u32, key: &str, value: &Va
     }
 }
 
+/// A `KeyValue` message as repeated `field`, its `AnyValue` content (`value_len` bytes) written
+/// by `value`: the typed attribute writers below, which need no `Value`.
+#[inline]
+fn put_attribute(
+    buf: &mut Vec<u8>,
+    field: u32,
+    key: &str,
+    value_len: usize,
+    value: impl FnOnce(&mut Vec<u8>),
+) {
+    let len = len_field_len(1, key.len()) + len_field_len(2, value_len);
+    buf.reserve(len_field_len(field, len));
+    put_len_header(buf, field, len);
+    put_bytes(buf, 1, key.as_bytes());
+    put_len_header(buf, 2, value_len);
+    value(buf);
+}
+
+/// [`put_key_value`] of a string value.
+#[inline]
+pub(crate) fn put_str_attribute(buf: &mut Vec<u8>, field: u32, key: &str, value: &str) {
+    put_attribute(buf, field, key, len_field_len(1, value.len()), |buf| {
+        put_bytes(buf, 1, value.as_bytes());
+    });
+}
+
+/// [`put_key_value`] of an array holding the one string `value`.
+#[inline]
+pub(crate) fn put_str_list_attribute(buf: &mut Vec<u8>, field: u32, key: &str, value: &str) {
+    let element = len_field_len(1, value.len());
+    let array = len_field_len(1, element);
+    put_attribute(buf, field, key, len_field_len(5, array), |buf| {
+        put_len_header(buf, 5, array);
+        put_len_header(buf, 1, element);
+        put_bytes(buf, 1, value.as_bytes());
+    });
+}
+
+/// [`put_key_value`] of an integer value.
+#[inline]
+pub(crate) fn put_i64_attribute(buf: &mut Vec<u8>, field: u32, key: &str, value: i64) {
+    put_attribute(buf, field, key, 1 + varint_len(value as u64), |buf| {
+        put_tag(buf, 3, VARINT);
+        put_varint(buf, value as u64);
+    });
+}
+
+/// [`put_key_value`] of a floating-point value.
+#[inline]
+pub(crate) fn put_f64_attribute(buf: &mut Vec<u8>, field: u32, key: &str, value: f64) {
+    put_attribute(buf, field, key, 9, |buf| {
+        put_tag(buf, 4, FIXED64);
+        buf.extend_from_slice(&value.to_le_bytes());
+    });
+}
+
+/// [`put_key_value`] of a boolean value.
+#[inline]
+pub(crate) fn put_bool_attribute(buf: &mut Vec<u8>, field: u32, key: &str, value: bool) {
+    put_attribute(buf, field, key, 2, |buf| {
+        put_tag(buf, 2, VARINT);
+        buf.push(u8::from(value));
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +297,9 @@ mod tests {
             assert_eq!(buf.len(), prost::encoding::encoded_len_varint(v), "{v}");
             let mut slice = &buf[..];
             assert_eq!(prost::encoding::decode_varint(&mut slice).ok(), Some(v));
+            let mut room = vec![0xff; varint_len(v)];
+            write_varint(&mut room, v);
+            assert_eq!(room, buf, "{v}");
         }
     }
 
@@ -252,6 +330,52 @@ mod tests {
             assert_eq!(ours.len(), any_value_len(&value), "{value:?}");
             let theirs = AnyValue::from(value.clone()).encode_to_vec();
             assert_eq!(ours, theirs, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn typed_attributes_are_what_prost_encodes_for_the_same_key_value() {
+        use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+        use prost::Message as _;
+        // Field 9 (a span's attributes) around prost's `KeyValue`, as the encoder writes it.
+        let theirs = |key: &str, value: Value| {
+            let kv = KeyValue {
+                key: key.to_owned(),
+                value: Some(AnyValue::from(value)),
+                ..KeyValue::default()
+            }
+            .encode_to_vec();
+            let mut out = Vec::new();
+            put_bytes(&mut out, 9, &kv);
+            out
+        };
+        let long = "模".repeat(100);
+        for s in ["", "chat", long.as_str()] {
+            let mut ours = Vec::new();
+            put_str_attribute(&mut ours, 9, "gen_ai.operation.name", s);
+            assert_eq!(
+                ours,
+                theirs("gen_ai.operation.name", Value::from(s.to_owned()))
+            );
+            let mut ours = Vec::new();
+            put_str_list_attribute(&mut ours, 9, "k", s);
+            let list = Value::Array(Array::String(vec![StringValue::from(s.to_owned())]));
+            assert_eq!(ours, theirs("k", list));
+        }
+        for n in [0_i64, 1, 127, 128, -1, i64::MIN, i64::MAX] {
+            let mut ours = Vec::new();
+            put_i64_attribute(&mut ours, 9, "infer.stream.chunks", n);
+            assert_eq!(ours, theirs("infer.stream.chunks", Value::I64(n)), "{n}");
+        }
+        for x in [0.0_f64, -0.0, 1e-9, f64::MAX, f64::NAN] {
+            let mut ours = Vec::new();
+            put_f64_attribute(&mut ours, 9, "gen_ai.latency.e2e", x);
+            assert_eq!(ours, theirs("gen_ai.latency.e2e", Value::F64(x)), "{x}");
+        }
+        for b in [false, true] {
+            let mut ours = Vec::new();
+            put_bool_attribute(&mut ours, 9, "gen_ai.request.stream", b);
+            assert_eq!(ours, theirs("gen_ai.request.stream", Value::Bool(b)));
         }
     }
 }
