@@ -85,10 +85,7 @@ impl EndAttributes {
             out.i64(gen_ai::USAGE_OUTPUT_TOKENS, n as i64);
         }
         if let Some(n) = self.cache_read_input_tokens {
-            push(KeyValue::new(
-                gen_ai::USAGE_CACHE_READ_INPUT_TOKENS,
-                n as i64,
-            ));
+            out.i64(gen_ai::USAGE_CACHE_READ_INPUT_TOKENS, n as i64);
         }
         match self.status {
             Some(StatusCode::Grpc(code)) => out.i64(net::RPC_GRPC_STATUS_CODE, i64::from(code)),

@@ -226,7 +226,7 @@ enum Protocol {
 pub(crate) const START_ATTRIBUTES: usize = 9;
 
 /// Room for the request span's attributes after those known at arrival: the end-of-request
-/// attributes (at most 24) and a few more (a later model, a sampler's).
+/// attributes (at most 25) and a few more (a later model, a sampler's).
 pub(crate) const REQUEST_ATTRIBUTE_ROOM: usize = 28;
 
 impl StartAttributes {
