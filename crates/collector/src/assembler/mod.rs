@@ -359,8 +359,13 @@ impl TraceAssembler {
                     if trace.request_at.is_none() {
                         self.waiting -= 1;
                     }
-                    trace.request_at = Some(now);
-                    self.by_grace.push_back((id, now));
+                    // One queue entry per arrival time: several request spans of one batch
+                    // (a trace across services) share it, and duplicates would all look live
+                    // to `compact`, which then ran on every push.
+                    if trace.request_at != Some(now) {
+                        trace.request_at = Some(now);
+                        self.by_grace.push_back((id, now));
+                    }
                 }
                 if let Some(h) = &hold {
                     trace.holds.add(h);
@@ -1206,6 +1211,27 @@ mod tests {
             a.close_oldest_for_memory(1, t0 + secs(1.4)),
             0,
             "nothing left"
+        );
+    }
+
+    #[test]
+    fn request_spans_of_one_batch_make_one_grace_entry() {
+        // A trace across services (router, prefill and decode workers) brings several request
+        // spans in one batch: one grace-queue entry, so the queue stays the size of the table
+        // (duplicates all looked live, and compaction then ran on every push).
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        for t in 0..=255u8 {
+            let spans = (1..=3).map(|i| span(t, i, "request")).collect();
+            a.push(spans, None, t0 + secs(f64::from(t) * 1e-3));
+        }
+        assert_eq!(a.traces_in_flight(), 256);
+        assert_eq!(a.by_grace.len(), 256);
+        let done = a.poll(t0 + secs(3.0)).completed;
+        assert_eq!(done.len(), 256);
+        assert!(
+            done.iter()
+                .all(|t| t.has_request && t.reason == CloseReason::Grace)
         );
     }
 
