@@ -124,8 +124,18 @@ pub const SERIES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Holds the recent-trace ring's memory in the limiter, and measures the KPI series' memory
 /// into it when [`SERIES_MEASURE_INTERVAL`] has passed since the last measurement (or there
-/// was none); returns what the limiter holds for both.
-fn account_analysis_memory(a: &mut Analysis, now_unix_nano: u64) -> usize {
+/// was none); returns what the limiter holds for both. Past the limiter's soft limit the ring
+/// gives way first: its oldest traces are forgotten until the use would be down to the relief
+/// target (see [`MEMORY_RELIEF_TARGET_PERCENT`]) or the ring is empty — it is a convenience for
+/// `/api/traces/{id}`, new data is not.
+fn account_analysis_memory(a: &mut Analysis, limiter: &MemoryLimiter, now_unix_nano: u64) -> usize {
+    let used = limiter.used();
+    if used >= limiter.soft_limit() {
+        let target = limiter.limit() / 100 * MEMORY_RELIEF_TARGET_PERCENT;
+        let excess = used.saturating_sub(target);
+        let ring = a.recent.approx_memory_bytes();
+        a.recent.shrink_to(ring.saturating_sub(excess));
+    }
     a.ring_memory.set_unchecked(a.recent.approx_memory_bytes());
     let interval = SERIES_MEASURE_INTERVAL.as_nanos() as u64;
     if a.series_measured_unix_nano == 0
@@ -500,7 +510,7 @@ impl Pipeline {
             // Minutes reach the store without traffic too.
             let mut a = lock(&self.analysis);
             feed_store(&mut a, now_unix_nano);
-            let held = account_analysis_memory(&mut a, now_unix_nano);
+            let held = account_analysis_memory(&mut a, &self.limiter, now_unix_nano);
             self.analysis_bytes.store(held, Ordering::Relaxed);
             return stats;
         }
@@ -581,7 +591,7 @@ impl Pipeline {
         if !late.is_empty() {
             stats.late_merged = a.recent.merge_late(late, &self.cp_options);
         }
-        let held = account_analysis_memory(&mut a, now_unix_nano);
+        let held = account_analysis_memory(&mut a, &self.limiter, now_unix_nano);
         self.analysis_bytes.store(held, Ordering::Relaxed);
         drop(a);
         if overflowed > 0 {

@@ -189,6 +189,23 @@ impl RecentTraces {
         self.traces.get(id)
     }
 
+    /// Forgets the oldest traces until the ring holds at most `bytes` (as
+    /// [`approx_memory_bytes`](Self::approx_memory_bytes) counts them): the memory limiter's
+    /// relief.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        while self.bytes > bytes {
+            let Some(id) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(t) = self.traces.remove(&id) {
+                self.spans -= t.spans.len();
+                self.bytes = self
+                    .bytes
+                    .saturating_sub(contents_footprint(&t) + ENTRY_FOOTPRINT);
+            }
+        }
+    }
+
     fn evict(&mut self) {
         while self.traces.len() > self.max_traces
             || (self.spans > self.max_spans && self.traces.len() > 1)
@@ -301,6 +318,15 @@ mod tests {
             fresh.approx_memory_bytes(),
             3 * trace(4, 3).spans.iter().map(span_footprint).sum::<usize>() + 3 * ENTRY_FOOTPRINT
         );
+        // Memory relief forgets the oldest until the ring fits.
+        let one_trace = fresh.approx_memory_bytes() / 3;
+        fresh.shrink_to(2 * one_trace - 1);
+        assert_eq!(fresh.len(), 1);
+        assert!(fresh.get(&TraceId([6; 16])).is_some(), "the newest stays");
+        assert_eq!(fresh.approx_memory_bytes(), one_trace);
+        fresh.shrink_to(0);
+        assert!(fresh.is_empty());
+        assert_eq!(fresh.approx_memory_bytes(), 0);
     }
 
     #[test]
