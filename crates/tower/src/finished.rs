@@ -98,6 +98,7 @@ impl PhaseSpans {
 impl PhaseSpans {
     /// The phase spans in order, borrowed: their names, intervals, and their own attributes
     /// when they have counters (the encoder reads them in place).
+    #[cfg(feature = "otlp")]
     pub(crate) fn iter(
         &self,
     ) -> impl Iterator<Item = (&'static str, SystemTime, SystemTime, Option<&[KeyValue]>)> {

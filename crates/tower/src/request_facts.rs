@@ -309,7 +309,8 @@ impl StartAttributes {
 
     /// Whether `other` holds the very same values (the same strings in memory, the same
     /// port): then both write the same attributes. A cheap test, not an equality: equal
-    /// strings held in different places count as different.
+    /// strings held in different places count as different. (The OTLP encoder's cache.)
+    #[cfg(feature = "otlp")]
     pub(crate) fn same_values(&self, other: &Self) -> bool {
         fn same(a: &str, b: &str) -> bool {
             std::ptr::eq(a, b)
@@ -404,6 +405,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "otlp")]
     fn same_values_means_the_same_strings_in_memory() {
         let facts = RequestFacts {
             operation: Cow::Borrowed("chat"),
