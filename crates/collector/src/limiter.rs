@@ -56,6 +56,11 @@ pub const DECODED_BYTES_PER_WIRE_BYTE: usize = 3;
 /// sender's other requests hold no more than its fair share (module documentation).
 pub const SENDER_SHARE_FROM_PERCENT: usize = 75;
 
+/// Memory relief: past the soft limit ([`MemoryLimiter::soft_limit`]) the pipeline frees what
+/// it can give up — the recent-trace ring's oldest traces, buffered traces closed early — until
+/// the use would be down to this share of the limit ([`MemoryLimiter::relief_excess`]).
+pub const MEMORY_RELIEF_TARGET_PERCENT: usize = 50;
+
 /// Who a request's memory is held for, for the per-sender share (module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Sender {
@@ -174,6 +179,16 @@ impl MemoryLimiter {
     pub fn soft_limit(&self) -> usize {
         let soft = self.limit() as u128 * SENDER_SHARE_FROM_PERCENT as u128 / 100;
         usize::try_from(soft).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes to free for memory relief: past the soft limit, the use above
+    /// [`MEMORY_RELIEF_TARGET_PERCENT`] % of the limit; 0 below the soft limit.
+    pub fn relief_excess(&self) -> usize {
+        let used = self.used();
+        if used < self.soft_limit() {
+            return 0;
+        }
+        used.saturating_sub(self.limit() / 100 * MEMORY_RELIEF_TARGET_PERCENT)
     }
 
     /// Bytes `sender`'s requests hold now.
@@ -423,6 +438,17 @@ pub fn span_footprint(span: &Span) -> usize {
 mod tests {
     use super::*;
     use infertrace_analysis::trace::{SpanId, SpanKind, StatusCode, TraceId};
+
+    #[test]
+    fn relief_excess_is_what_brings_use_to_half_once_past_the_soft_limit() {
+        let limiter = MemoryLimiter::new(1000);
+        let held = limiter.try_reserve(740).unwrap();
+        assert_eq!(limiter.relief_excess(), 0, "under 75 %");
+        let more = limiter.try_reserve(60).unwrap();
+        assert_eq!(limiter.relief_excess(), 300, "800 in use, down to 500");
+        drop((held, more));
+        assert_eq!(limiter.relief_excess(), 0);
+    }
 
     #[test]
     fn reserve_refuses_past_the_limit_and_releases_on_drop() {

@@ -124,15 +124,12 @@ pub const SERIES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Holds the recent-trace ring's memory in the limiter, and measures the KPI series' memory
 /// into it when [`SERIES_MEASURE_INTERVAL`] has passed since the last measurement (or there
-/// was none); returns what the limiter holds for both. Past the limiter's soft limit the ring
-/// gives way first: its oldest traces are forgotten until the use would be down to the relief
-/// target (see [`MEMORY_RELIEF_TARGET_PERCENT`]) or the ring is empty — it is a convenience for
+/// was none); returns what the limiter holds for both. Under memory relief
+/// ([`MemoryLimiter::relief_excess`]) the ring gives way first: it is a convenience for
 /// `/api/traces/{id}`, new data is not.
 fn account_analysis_memory(a: &mut Analysis, limiter: &MemoryLimiter, now_unix_nano: u64) -> usize {
-    let used = limiter.used();
-    if used >= limiter.soft_limit() {
-        let target = limiter.limit() / 100 * MEMORY_RELIEF_TARGET_PERCENT;
-        let excess = used.saturating_sub(target);
+    let excess = limiter.relief_excess();
+    if excess > 0 {
         let ring = a.recent.approx_memory_bytes();
         a.recent.shrink_to(ring.saturating_sub(excess));
     }
@@ -147,13 +144,6 @@ fn account_analysis_memory(a: &mut Analysis, limiter: &MemoryLimiter, now_unix_n
     }
     a.series_memory.bytes() + a.ring_memory.bytes()
 }
-
-/// Memory relief: past the limiter's soft limit (where the per-sender share starts), ingest
-/// closes early the oldest traces in flight — as many, in proportion, as should bring the
-/// memory they hold down to this share of the limit — and wakes the tick, which releases it.
-/// Buffered traces (already analysed on arrival, most of them) so give way to new data before
-/// any request is refused.
-pub const MEMORY_RELIEF_TARGET_PERCENT: usize = 50;
 
 /// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
 pub struct Pipeline {
@@ -429,24 +419,26 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Past the limiter's soft limit, closes early the oldest traces in flight in proportion to
-    /// the memory to free (see [`MEMORY_RELIEF_TARGET_PERCENT`]) and wakes the tick. The memory
-    /// the assembler holds is estimated as what the limiter holds less the KPI series, the
-    /// recent-trace ring and the forward queue (requests being read count in too: the estimate errs towards closing
-    /// more, never fewer).
+    /// Under memory relief ([`MemoryLimiter::relief_excess`]), closes early the oldest traces
+    /// in flight in proportion to the memory to free and wakes the tick, which releases them:
+    /// buffered traces give way to new data before any request is refused. The memory the
+    /// assembler holds is estimated as what the limiter holds less the KPI series, the
+    /// recent-trace ring and the forward queue (requests being read count in too: the estimate
+    /// errs towards closing more, never fewer).
     fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
-        let used = self.limiter.used();
-        if used < self.limiter.soft_limit() {
+        let excess = self.limiter.relief_excess();
+        if excess == 0 {
             return;
         }
-        let target = self.limiter.limit() / 100 * MEMORY_RELIEF_TARGET_PERCENT;
-        let held = used
+        let held = self
+            .limiter
+            .used()
             .saturating_sub(self.analysis_bytes.load(Ordering::Relaxed))
             .saturating_sub(usize::try_from(self.events.forward_pending_bytes.get()).unwrap_or(0));
         if held == 0 {
             return;
         }
-        let excess = used.saturating_sub(target).min(held);
+        let excess = excess.min(held);
         let traces = assembler.traces_in_flight();
         // ceil(traces × excess / held), in u128: traces × bytes can pass u64 on paper.
         let n = (traces as u128 * excess as u128).div_ceil(held as u128);
