@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use infertrace_analysis::trace::Span;
 
+use crate::limiter::MemoryReservation;
 use crate::otlp_decode::SpanRange;
 
 /// One accepted OTLP export request, decoded.
@@ -32,6 +33,12 @@ pub struct IngestBatch {
     /// Where the rejected spans lie in `raw_protobuf`
     /// ([`Decoded::rejected_ranges`](crate::otlp_decode::Decoded)); empty for JSON requests.
     pub rejected_ranges: Vec<SpanRange>,
+    /// The memory the receiver reserved for this request (its body, and what decoding may
+    /// allocate), counted for its sender (see [`crate::limiter`]). The forwarder keeps the
+    /// body's part of it while the body waits in its queue, so that a sender's queued requests
+    /// count towards its share; the rest is given back once the batch is ingested. `None`
+    /// without a memory limiter (and for in-process callers).
+    pub hold: Option<MemoryReservation>,
 }
 
 /// Why a batch was refused as a whole.
@@ -47,6 +54,17 @@ pub enum IngestError {
     /// later (HTTP 429, gRPC UNAVAILABLE), rather than have the batch accepted and then dropped.
     #[error("the forward queue is full (the downstream is slow or down); retry later")]
     ForwardBackpressure {
+        /// Suggested wait before retrying, seconds.
+        retry_after_secs: u32,
+    },
+    /// The forward queue is nearly full and this request's sender already holds more than its
+    /// share of it (see [`crate::forward`]): the client should retry later, while other
+    /// senders' requests are still taken.
+    #[error(
+        "the forward queue is nearly full and this sender's requests hold more than its share \
+         of it; retry later"
+    )]
+    ForwardShare {
         /// Suggested wait before retrying, seconds.
         retry_after_secs: u32,
     },

@@ -52,13 +52,15 @@ pub const DEFAULT_MEMORY_LIMIT_BYTES: usize = 512 * 1024 * 1024;
 /// measures [`span_footprint`] of decoded spans ÷ wire bytes; `otlp-blast` prints it too).
 pub const DECODED_BYTES_PER_WIRE_BYTE: usize = 3;
 
-/// Above this share of the limit in use (percent), a sender's request may grow only while the
-/// sender's other requests hold no more than its fair share (module documentation).
+/// Default soft limit (percent of the limit, `limits.soft_limit_percent`): above it a sender's
+/// request may grow only while the sender's other requests hold no more than its fair share
+/// (module documentation), and memory relief starts.
 pub const SENDER_SHARE_FROM_PERCENT: usize = 75;
 
-/// Memory relief: past the soft limit ([`MemoryLimiter::soft_limit`]) the pipeline frees what
-/// it can give up — the recent-trace ring's oldest traces, buffered traces closed early — until
-/// the use would be down to this share of the limit ([`MemoryLimiter::relief_excess`]).
+/// Default relief target (percent of the limit, `limits.relief_target_percent`): past the soft
+/// limit ([`MemoryLimiter::soft_limit`]) the pipeline frees what it can give up — the
+/// recent-trace ring's oldest traces, buffered traces closed early — until the use would be
+/// down to this share of the limit ([`MemoryLimiter::relief_excess`]).
 pub const MEMORY_RELIEF_TARGET_PERCENT: usize = 50;
 
 /// Who a request's memory is held for, for the per-sender share (module documentation).
@@ -82,6 +84,9 @@ pub struct MemoryLimiter {
 #[derive(Debug)]
 struct LimiterState {
     limit: usize,
+    /// The soft limit and the relief target, percent of `limit`.
+    soft_percent: usize,
+    target_percent: usize,
     used: AtomicUsize,
     refusals: AtomicU64,
     /// Bytes each sender's requests hold now; a sender is here exactly while it holds some.
@@ -106,11 +111,24 @@ impl Default for MemoryLimiter {
 }
 
 impl MemoryLimiter {
-    /// A limiter that lets at most `limit_bytes` be reserved at once.
+    /// A limiter that lets at most `limit_bytes` be reserved at once, with the default soft
+    /// limit and relief target.
     pub fn new(limit_bytes: usize) -> Self {
+        Self::with_thresholds(
+            limit_bytes,
+            SENDER_SHARE_FROM_PERCENT,
+            MEMORY_RELIEF_TARGET_PERCENT,
+        )
+    }
+
+    /// A limiter of `limit_bytes` whose soft limit is `soft_percent` % of it and whose memory
+    /// relief frees down to `target_percent` % (both clamped to 100; the config checks them).
+    pub fn with_thresholds(limit_bytes: usize, soft_percent: usize, target_percent: usize) -> Self {
         Self {
             state: Arc::new(LimiterState {
                 limit: limit_bytes,
+                soft_percent: soft_percent.min(100),
+                target_percent: target_percent.min(100),
                 used: AtomicUsize::new(0),
                 refusals: AtomicU64::new(0),
                 senders: Mutex::default(),
@@ -174,21 +192,30 @@ impl MemoryLimiter {
         }
     }
 
-    /// The use above which the per-sender share applies: [`SENDER_SHARE_FROM_PERCENT`] % of
-    /// the limit.
-    pub fn soft_limit(&self) -> usize {
-        let soft = self.limit() as u128 * SENDER_SHARE_FROM_PERCENT as u128 / 100;
-        usize::try_from(soft).unwrap_or(usize::MAX)
+    /// The soft limit, percent of the limit (default [`SENDER_SHARE_FROM_PERCENT`]).
+    pub fn soft_percent(&self) -> usize {
+        self.state.soft_percent
     }
 
-    /// Bytes to free for memory relief: past the soft limit, the use above
-    /// [`MEMORY_RELIEF_TARGET_PERCENT`] % of the limit; 0 below the soft limit.
+    /// The use above which the per-sender share applies and memory relief starts: the soft
+    /// percentage of the limit.
+    pub fn soft_limit(&self) -> usize {
+        self.percent_of_limit(self.state.soft_percent)
+    }
+
+    /// Bytes to free for memory relief: past the soft limit, the use above the relief target
+    /// (default [`MEMORY_RELIEF_TARGET_PERCENT`] % of the limit); 0 below the soft limit.
     pub fn relief_excess(&self) -> usize {
         let used = self.used();
         if used < self.soft_limit() {
             return 0;
         }
-        used.saturating_sub(self.limit() / 100 * MEMORY_RELIEF_TARGET_PERCENT)
+        used.saturating_sub(self.percent_of_limit(self.state.target_percent))
+    }
+
+    fn percent_of_limit(&self, percent: usize) -> usize {
+        let part = self.limit() as u128 * percent as u128 / 100;
+        usize::try_from(part).unwrap_or(usize::MAX)
     }
 
     /// Bytes `sender`'s requests hold now.
@@ -356,6 +383,26 @@ impl MemoryReservation {
         })
     }
 
+    /// Moves `bytes` of this reservation into a new one that keeps counting them for the same
+    /// sender (for memory that outlives the request but is still held on its sender's behalf,
+    /// such as a body waiting in the forward queue); `None` if this reservation holds fewer.
+    pub fn split_off(&mut self, bytes: usize) -> Option<MemoryReservation> {
+        (bytes <= self.bytes).then(|| {
+            self.bytes -= bytes;
+            MemoryReservation {
+                limiter: self.limiter.clone(),
+                bytes,
+                sender: self.sender,
+                refused: None,
+            }
+        })
+    }
+
+    /// The sender these bytes count for (`None` for a reservation without one).
+    pub fn sender(&self) -> Option<Sender> {
+        self.sender
+    }
+
     /// Takes `other`'s bytes into this reservation (and into this one's sender's count, if
     /// any). Fails, giving `other` back unchanged, when it comes from a different limiter.
     pub fn merge(&mut self, mut other: MemoryReservation) -> Result<(), MemoryReservation> {
@@ -448,6 +495,13 @@ mod tests {
         assert_eq!(limiter.relief_excess(), 300, "800 in use, down to 500");
         drop((held, more));
         assert_eq!(limiter.relief_excess(), 0);
+        // Configured thresholds (`limits.soft_limit_percent`, `relief_target_percent`).
+        let limiter = MemoryLimiter::with_thresholds(1000, 90, 20);
+        let held = limiter.try_reserve(850).unwrap();
+        assert_eq!((limiter.soft_limit(), limiter.relief_excess()), (900, 0));
+        let more = limiter.try_reserve(100).unwrap();
+        assert_eq!(limiter.relief_excess(), 750, "950 in use, down to 200");
+        drop((held, more));
     }
 
     #[test]
@@ -536,7 +590,13 @@ mod tests {
         assert_eq!(limiter.sender_used(heavy), 625);
         big.merge(part).unwrap();
         assert_eq!(limiter.sender_used(heavy), 825);
-        drop((big, held, seventh));
+        // `split_off` keeps the bytes counting for the sender until the part is dropped.
+        let queued = big.split_off(300).unwrap();
+        assert_eq!((queued.sender(), queued.bytes()), (Some(heavy), 300));
+        assert!(big.split_off(526).is_none());
+        drop(big);
+        assert_eq!(limiter.sender_used(heavy), 300 + 125);
+        drop((queued, held, seventh));
         assert_eq!((limiter.used(), limiter.active_senders()), (0, 0));
     }
 

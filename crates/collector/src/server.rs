@@ -419,7 +419,12 @@ fn build_core(
     let events = &checked.events;
     let metrics = PromMetrics::default();
     let registry = Arc::new(build_registry(&metrics, events));
-    let limiter = MemoryLimiter::new(config.limits.memory_limit_bytes);
+    let limits = &config.limits;
+    let limiter = MemoryLimiter::with_thresholds(
+        limits.memory_limit_bytes,
+        limits.soft_limit_percent,
+        limits.relief_target_percent,
+    );
     let (forward_handle, forward) = match &config.forward.endpoint {
         Some(_) => {
             let (h, t) = forward::spawn(&config.forward, events.clone(), Some(limiter.clone()))?;

@@ -5,6 +5,8 @@
 //! - outage (nothing listening): once the forward queue is full, clients get a retryable refusal
 //!   (HTTP 429), never OK then drop; every span answered OK is pending until the downstream comes
 //!   back, and then exported;
+//! - a heavy sender filling the queue while the downstream is down is refused at its share
+//!   (`sender_share`), and a light sender's requests are still taken and analysed;
 //! - blackhole (a listener that accepts and never answers): each attempt ends at
 //!   `forward.timeout`, attempts and failures are counted as they happen, and the spans are
 //!   given up once older than `retry.max_elapsed`, counted from their arrival.
@@ -13,12 +15,14 @@
 
 mod support;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use infertrace_collector::config::{CollectorConfig, ForwardProtocol};
-use infertrace_collector::internal_events::{ExportLabels, InternalEvents, ReceiverLabels};
+use infertrace_collector::internal_events::{
+    ExportLabels, InternalEvents, ReceiverLabels, RefusalLabels,
+};
 use infertrace_collector::server;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -31,6 +35,7 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, KeyValueList, a
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -266,14 +271,14 @@ async fn outage_refuses_when_the_queue_is_full_and_drains_on_recovery() {
     let started = Instant::now();
     let (ok, refused) = send(http, 0, 60).await;
     // At most: 8 queued + 2 batches of up to 8 spans in flight + 1 being formed.
+    // One sender alone is refused at its share, 6 of the 8 places (see `forward::share`).
     assert!(refused > 0, "a queue of 8 must fill up");
-    assert!(ok >= 8, "{ok} accepted");
+    assert!(ok >= 6, "{ok} accepted");
     let accepted = received(&events, "accepted");
     assert_eq!(accepted, u64::from(ok) * 4);
-    assert_eq!(
-        events.dropped("forward_backpressure"),
-        u64::from(refused) * 4
-    );
+    let queue_refused =
+        |e: &InternalEvents| e.dropped("forward_backpressure") + e.dropped("sender_share");
+    assert_eq!(queue_refused(&events), u64::from(refused) * 4);
     assert_eq!(received(&events, "refused"), u64::from(refused) * 4);
     // Nothing answered OK was dropped: all of it is pending.
     assert_eq!(exported(&events, "ok") + exported(&events, "failed"), 0);
@@ -290,22 +295,19 @@ async fn outage_refuses_when_the_queue_is_full_and_drains_on_recovery() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable);
     assert!(
-        status.message().contains("forward queue is full"),
+        status.message().contains("forward queue is nearly full"),
         "{}",
         status.message()
     );
-    assert_eq!(
-        events.dropped("forward_backpressure"),
-        u64::from(refused) * 4 + 4
-    );
+    assert_eq!(queue_refused(&events), u64::from(refused) * 4 + 4);
     let attempts_down = events.forward_attempts("retryable");
     assert!(attempts_down > 0);
     eprintln!(
         "outage: 60 requests of 4 spans in {:?}: {ok} accepted ({accepted} spans, all pending), \
          {refused} refused with 429 and 1 gRPC export with UNAVAILABLE ({} spans counted \
-         forward_backpressure); {attempts_down} failed attempts so far",
+         sender_share or forward_backpressure); {attempts_down} failed attempts so far",
         started.elapsed(),
-        events.dropped("forward_backpressure"),
+        queue_refused(&events),
     );
 
     // Recovery: the downstream comes up on that port; the queue drains, new data is taken.
@@ -401,4 +403,88 @@ async fn blackhole_attempts_time_out_and_spans_are_given_up_by_age() {
         c.stop().await.unwrap();
         acceptor.abort();
     }
+}
+
+/// POSTs one protobuf request of trace `k` from the loopback address `from` (HTTP/1.1 on a raw
+/// socket bound to it: the collector tells senders apart by peer address); returns the status.
+async fn post_from(from: IpAddr, to: SocketAddr, k: u32) -> u16 {
+    let body = request("llm", infertrace_spans(&Req::new(k, "m", 1, 1, 1), t0())).encode_to_vec();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    let mut s = socket.connect(to).await.unwrap();
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_filling_the_queue_is_refused_its_share_and_another_still_gets_in() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut config = fault_config(dead, ForwardProtocol::Grpc);
+    config.forward.retry.max_elapsed = Duration::from_secs(600);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let events = c.events().clone();
+    let refused = |reason: &'static str| {
+        events
+            .requests_refused
+            .get_or_create(&RefusalLabels {
+                receiver: "otlp_http",
+                reason,
+            })
+            .get()
+    };
+
+    // The heavy sender (127.0.0.2) sends until it is refused: two batches of two requests are
+    // stuck in flight, then the queue takes six of its eight places before the share stops it.
+    let heavy: IpAddr = [127, 0, 0, 2].into();
+    let mut heavy_ok = 0;
+    let mut heavy_status = 0;
+    for k in 1..=40 {
+        heavy_status = post_from(heavy, http, k).await;
+        if heavy_status != 200 {
+            break;
+        }
+        heavy_ok += 1;
+    }
+    assert_eq!(heavy_status, 429, "the heavy sender is refused at last");
+    assert_eq!(refused("sender_share"), 1);
+    assert_eq!(refused("forward_backpressure"), 0, "the queue is not full");
+    // The light sender (127.0.0.1) still gets in: the places the heavy one left, then the queue
+    // is full and everyone is refused alike.
+    let mut light_ok = 0;
+    for k in 1001..1005 {
+        match post_from([127, 0, 0, 1].into(), http, k).await {
+            200 => light_ok += 1,
+            429 => break,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(light_ok, 2, "the two places the heavy sender left");
+    assert_eq!(refused("forward_backpressure"), 1, "then the queue is full");
+    // The light sender's requests were analysed as well as queued.
+    eventually(WAIT, "every accepted trace analysed", || {
+        c.pipeline().requests_recorded() == (heavy_ok + light_ok) as u64
+    })
+    .await;
+    eprintln!(
+        "forward share: the heavy sender got {heavy_ok} requests in before its share stopped it; \
+         the light sender then got {light_ok} in (without the share rule: 0)"
+    );
+    c.stop().await.unwrap();
 }

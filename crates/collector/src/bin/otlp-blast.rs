@@ -11,7 +11,7 @@
 //! ```text
 //! otlp-blast [--protocol grpc|http] [--addr HOST:PORT] [--connections 16] [--duration 10]
 //!            [--batch 1000] [--rate SPANS_PER_SEC] [--interleave] [--pd] [--decode-only]
-//!            [--pipeline-only]
+//!            [--pipeline-only [--default-limits]]
 //! ```
 //!
 //! `--interleave` orders each request's spans as an SDK's batch span processor exports them
@@ -42,6 +42,9 @@
 //! attached here; on by default in `infertrace collect`). Counted in: copying each body to give
 //! it fresh trace ids (~275 bytes a span, as a receiver copies a body off its socket). Analysed
 //! spans are the requests recorded × the spans of a generated trace (4, or 17 with `--pd`).
+//! Its limits are raised (16 GiB, 10M traces in flight) so that nothing is closed early;
+//! `--default-limits` runs it at the collector's default limits instead (traces closed early
+//! to make room, memory relief), to compare the two.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -88,6 +91,8 @@ struct Args {
     pd: bool,
     decode_only: bool,
     pipeline_only: bool,
+    /// `--pipeline-only` at the collector's default limits instead of raised ones.
+    default_limits: bool,
 }
 
 impl Args {
@@ -105,6 +110,7 @@ fn parse_args() -> Result<Args, String> {
     let mut batch = 1000usize;
     let mut decode_only = false;
     let mut pipeline_only = false;
+    let mut default_limits = false;
     let mut interleave = false;
     let mut pd = false;
     let mut rate: Option<f64> = None;
@@ -148,6 +154,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--decode-only" => decode_only = true,
             "--pipeline-only" => pipeline_only = true,
+            "--default-limits" => default_limits = true,
             "--interleave" => interleave = true,
             "--pd" => pd = true,
             "-h" | "--help" => {
@@ -155,7 +162,7 @@ fn parse_args() -> Result<Args, String> {
                     "usage: otlp-blast [--protocol grpc|http] [--addr HOST:PORT] \
                             [--connections 16] [--duration 10] [--batch 1000] \
                             [--rate SPANS_PER_SEC] [--interleave] [--pd] [--decode-only] \
-                            [--pipeline-only]"
+                            [--pipeline-only [--default-limits]]"
                         .into(),
                 );
             }
@@ -184,6 +191,7 @@ fn parse_args() -> Result<Args, String> {
         pd,
         decode_only,
         pipeline_only,
+        default_limits,
     })
 }
 
@@ -814,9 +822,14 @@ fn process_cpu_secs() -> f64 {
 }
 
 /// Runs the pipeline in process (see the module docs) and prints CPU ns per analysed span.
-fn pipeline_benchmark(bodies: &[Body], duration: Duration, spans_per_trace: usize) {
+fn pipeline_benchmark(
+    bodies: &[Body],
+    duration: Duration,
+    spans_per_trace: usize,
+    default_limits: bool,
+) {
     use infertrace_collector::config::CollectorConfig;
-    use infertrace_collector::ingest::IngestBatch;
+    use infertrace_collector::ingest::{IngestBatch, IngestError};
     use infertrace_collector::internal_events::InternalEvents;
     use infertrace_collector::limiter::MemoryLimiter;
     use infertrace_collector::otlp_decode::take_fresh_text_bytes;
@@ -824,12 +837,19 @@ fn pipeline_benchmark(bodies: &[Body], duration: Duration, spans_per_trace: usiz
     use infertrace_collector::prom_export::PromMetrics;
 
     let mut config = CollectorConfig::default();
-    config.limits.max_traces_in_flight = 10_000_000;
+    if !default_limits {
+        config.limits.max_traces_in_flight = 10_000_000;
+        config.limits.memory_limit_bytes = 16 << 30;
+    }
     let pipeline = Pipeline::new(
         &config,
         InternalEvents::default(),
         PromMetrics::default(),
-        MemoryLimiter::new(16 << 30),
+        MemoryLimiter::with_thresholds(
+            config.limits.memory_limit_bytes,
+            config.limits.soft_limit_percent,
+            config.limits.relief_target_percent,
+        ),
         None,
     );
     let (start, start_unix) = (Instant::now(), unix_nanos_now());
@@ -837,7 +857,7 @@ fn pipeline_benchmark(bodies: &[Body], duration: Duration, spans_per_trace: usiz
     let tick_every = Duration::from_millis(100);
     let cpu0 = process_cpu_secs();
     let (mut sim, mut next_tick) = (Duration::ZERO, tick_every);
-    let (mut sent, mut requests, mut i) = (0u64, 0usize, 0usize);
+    let (mut sent, mut requests, mut i, mut refused) = (0u64, 0usize, 0usize, 0u64);
     while start.elapsed() < duration {
         let body = bodies[i % bodies.len()].send(0xabc, i);
         i += 1;
@@ -857,11 +877,25 @@ fn pipeline_benchmark(bodies: &[Body], duration: Duration, spans_per_trace: usiz
             text_bytes: take_fresh_text_bytes(),
             rejected: decoded.rejected,
             rejected_ranges: decoded.rejected_ranges,
+            hold: None,
         };
         let (now, _) = at(sim);
-        if let Err(e) = pipeline.ingest_at(batch, now) {
-            eprintln!("otlp-blast: the pipeline refused a batch: {e}");
-            return;
+        match pipeline.ingest_at(batch, now) {
+            Ok(()) => {}
+            // Memory full (default limits): a tick's time passes and the tick releases what was
+            // closed early, as the collector's own would before the sender retries.
+            Err(IngestError::Overloaded { .. }) => {
+                refused += 1;
+                sim += tick_every;
+                let (now, unix) = at(sim);
+                requests += pipeline.tick_at(now, unix).requests;
+                next_tick = sim + tick_every;
+                continue;
+            }
+            Err(e) => {
+                eprintln!("otlp-blast: the pipeline refused a batch: {e}");
+                return;
+            }
         }
         sent += spans;
         sim += Duration::from_secs_f64(spans as f64 / PIPELINE_SIMULATED_RATE);
@@ -877,8 +911,8 @@ fn pipeline_benchmark(bodies: &[Body], duration: Duration, spans_per_trace: usiz
     let cpu = process_cpu_secs() - cpu0;
     let analysed = (requests * spans_per_trace) as u64;
     println!(
-        "pipeline sent_spans={sent} analysed_spans={analysed} cpu_s={cpu:.2} \
-         cpu_ns_per_span={:.0} simulated_s={:.1}",
+        "pipeline sent_spans={sent} analysed_spans={analysed} refused_requests={refused} \
+         cpu_s={cpu:.2} cpu_ns_per_span={:.0} simulated_s={:.1}",
         cpu * 1e9 / analysed.max(1) as f64,
         sim.as_secs_f64()
     );
@@ -945,7 +979,7 @@ async fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
-        pipeline_benchmark(&bodies, args.duration, per_trace);
+        pipeline_benchmark(&bodies, args.duration, per_trace, args.default_limits);
         return ExitCode::SUCCESS;
     }
     let errors = Arc::new(AtomicU64::new(0));

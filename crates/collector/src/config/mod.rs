@@ -133,6 +133,19 @@ mod tests {
 
         let e = CollectorConfig::from_yaml_str("alerts:\n  window: 2m\n").unwrap_err();
         assert!(e.message.contains("kpi.windows"), "{e}");
+
+        let e = CollectorConfig::from_yaml_str("limits:\n  soft_limit_percent: 101\n").unwrap_err();
+        assert!(e.message.starts_with("limits.soft_limit_percent"), "{e}");
+        let e = CollectorConfig::from_yaml_str(
+            "limits:\n  soft_limit_percent: 60\n  relief_target_percent: 60\n",
+        )
+        .unwrap_err();
+        assert!(e.message.starts_with("limits.relief_target_percent"), "{e}");
+        assert!(e.message.contains("below soft_limit_percent (60)"), "{e}");
+        CollectorConfig::from_yaml_str(
+            "limits:\n  soft_limit_percent: 90\n  relief_target_percent: 80\n",
+        )
+        .unwrap();
     }
 
     #[test]

@@ -195,10 +195,17 @@ impl Default for ApiConfig {
 pub struct LimitsConfig {
     /// Memory that requests being read and decoded, buffered spans and the forward queue may
     /// hold, bytes; over it receivers answer "retry later" (HTTP 429, gRPC UNAVAILABLE), and
-    /// past 75 % of it a sender over its share is refused so (`crate::limiter`) and the oldest
-    /// buffered traces are closed early, releasing their memory
-    /// (`traces_closed_early_total{reason="memory"}`). Default 512 MiB.
+    /// past `soft_limit_percent` of it a sender over its share is refused so
+    /// (`crate::limiter`) and the oldest buffered traces are closed early, releasing their
+    /// memory (`traces_closed_early_total{reason="memory"}`). Default 512 MiB.
     pub memory_limit_bytes: usize,
+    /// The soft limit, percent of `memory_limit_bytes`: past it a sender over its fair share
+    /// is refused (also the forward queue's share threshold, percent of its places), and
+    /// buffered data gives way (memory relief). Default 75.
+    pub soft_limit_percent: usize,
+    /// Memory relief frees what it can until the use would be down to this percent of
+    /// `memory_limit_bytes`; below `soft_limit_percent`. Default 50.
+    pub relief_target_percent: usize,
     /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`).
     /// Default 10000.
     pub max_spans_per_trace: usize,
@@ -221,6 +228,8 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             memory_limit_bytes: 512 * 1024 * 1024,
+            soft_limit_percent: crate::limiter::SENDER_SHARE_FROM_PERCENT,
+            relief_target_percent: crate::limiter::MEMORY_RELIEF_TARGET_PERCENT,
             max_spans_per_trace: 10_000,
             max_traces_in_flight: 100_000,
             max_series: 1000,

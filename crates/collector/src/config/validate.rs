@@ -60,6 +60,21 @@ impl CollectorConfig {
                 return Err(Invalid::new(&["limits", key], "must be > 0"));
             }
         }
+        if !(1..=100).contains(&l.soft_limit_percent) {
+            return Err(Invalid::new(
+                &["limits", "soft_limit_percent"],
+                "must be a percentage from 1 to 100",
+            ));
+        }
+        if l.relief_target_percent >= l.soft_limit_percent {
+            return Err(Invalid::new(
+                &["limits", "relief_target_percent"],
+                format!(
+                    "must be below soft_limit_percent ({}): relief frees memory down to it",
+                    l.soft_limit_percent
+                ),
+            ));
+        }
         if self.receivers.body_read_timeout.is_zero() {
             return Err(Invalid::new(
                 &["receivers", "body_read_timeout"],

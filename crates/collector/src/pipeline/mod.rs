@@ -324,7 +324,7 @@ impl Pipeline {
         // A place in the forward queue (and memory for the body) first: a request the
         // forwarder cannot take is refused, never accepted and then dropped.
         let forward = match &self.forward {
-            Some(f) => Some(f.reserve(&batch)?),
+            Some(f) => Some(f.reserve(&mut batch)?),
             None => None,
         };
         let bytes = batch.spans.iter().map(span_footprint).sum::<usize>() + batch.text_bytes;

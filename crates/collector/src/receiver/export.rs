@@ -255,6 +255,7 @@ impl Receiver {
                 text_bytes,
                 rejected,
                 rejected_ranges,
+                hold,
             }) {
                 Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
                 Err(IngestError::Overloaded { retry_after_secs }) => {
@@ -273,6 +274,15 @@ impl Receiver {
                         retry_after_secs,
                         why: "the collector's forward queue is full (its downstream is slow or \
                               down); retry later",
+                    };
+                }
+                Err(IngestError::ForwardShare { retry_after_secs }) => {
+                    self.events.request_refused(self.name, "sender_share");
+                    self.refuse_spans("sender_share", accepted);
+                    return Outcome::Overloaded {
+                        retry_after_secs,
+                        why: "the collector's forward queue is nearly full and this sender's \
+                              requests hold more than its share of it; retry later",
                     };
                 }
                 Err(IngestError::ShuttingDown) => {

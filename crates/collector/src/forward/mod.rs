@@ -32,6 +32,13 @@
 //! span answered OK is then either exported, still pending (`infertrace_forward_pending_spans`,
 //! `_bytes`: queued, being batched or being sent), or counted failed below.
 //!
+//! **Each sender's share.** The body of a queued request stays reserved in the memory limiter
+//! for the sender that sent it (its bearer token, else its peer address) until it is sent, so
+//! the limiter's per-sender share covers what waits here; and once the queue is more than three
+//! quarters full, a sender whose requests already hold their fair share of its places is
+//! refused (`requests_refused_total{reason="sender_share"}`) while others' requests are still
+//! taken ([`share`]).
+//!
 //! **Sending.** Up to `max_in_flight` batches are sent at a time; each attempt (connecting
 //! included) is bounded by `timeout`, so a downstream that accepts connections and never answers
 //! costs one timeout per attempt. Retryable failures (timeouts, connection errors, gRPC
@@ -74,8 +81,12 @@ use crate::client_tls;
 use crate::config::{ForwardConfig, ForwardProtocol, RetryConfig, TlsClientConfig};
 use crate::ingest::{IngestBatch, IngestError};
 use crate::internal_events::{InternalEvents, warn_allowed};
-use crate::limiter::{MemoryLimiter, MemoryReservation};
+use crate::limiter::{MemoryLimiter, MemoryReservation, SENDER_SHARE_FROM_PERCENT};
 use crate::otlp_decode::{SpanRange, retain_accepted, without_spans};
+
+mod share;
+
+use share::{QueueShares, QueueSlot};
 
 /// `exporter` label of the forwarder's counters.
 pub const EXPORTER: &str = "otlp_forward";
@@ -104,6 +115,8 @@ struct Item {
     bytes: u64,
     arrived: Instant,
     hold: Option<MemoryReservation>,
+    /// Its place in its sender's share of the queue, given back when it leaves the queue.
+    slot: Option<QueueSlot>,
 }
 
 /// The cheap handle the pipeline forwards batches through.
@@ -112,6 +125,7 @@ pub struct ForwardHandle {
     tx: mpsc::Sender<Item>,
     events: InternalEvents,
     limiter: Option<MemoryLimiter>,
+    shares: Arc<QueueShares>,
     retry_after_secs: u32,
 }
 
@@ -155,10 +169,13 @@ impl ForwardPermit<'_> {
 
 impl ForwardHandle {
     /// Reserves a place in the queue and the memory for `batch`'s body, before the batch is
-    /// accepted. Refuses with [`IngestError::ForwardBackpressure`] when the queue is full and
-    /// [`IngestError::Overloaded`] when the body does not fit the memory limit; the receivers
-    /// answer both with a retryable refusal and count them.
-    pub fn reserve(&self, batch: &IngestBatch) -> Result<ForwardPermit<'_>, IngestError> {
+    /// accepted: the body's part of the receiver's reservation (`batch.hold`), which keeps
+    /// counting for its sender, else a new reservation. Refuses with
+    /// [`IngestError::ForwardBackpressure`] when the queue is full,
+    /// [`IngestError::ForwardShare`] when it is nearly full and the sender holds its share of
+    /// it, and [`IngestError::Overloaded`] when the body does not fit the memory limit; the
+    /// receivers answer each with a retryable refusal and count it.
+    pub fn reserve(&self, batch: &mut IngestBatch) -> Result<ForwardPermit<'_>, IngestError> {
         let spans = batch.spans.len() as u64;
         let body = match (&batch.raw_protobuf, &batch.raw_json) {
             (Some(p), _) => Body::Protobuf(p.clone(), batch.rejected_ranges.clone()),
@@ -174,6 +191,17 @@ impl ForwardHandle {
         let len = match &body {
             Body::Protobuf(b, _) | Body::Json(b, _) => b.len(),
         };
+        let slot = match batch.hold.as_ref().and_then(MemoryReservation::sender) {
+            Some(sender) => match self.shares.take(sender, self.tx.capacity()) {
+                Some(slot) => Some(slot),
+                None => {
+                    return Err(IngestError::ForwardShare {
+                        retry_after_secs: self.retry_after_secs,
+                    });
+                }
+            },
+            None => None,
+        };
         let Ok(permit) = self.tx.try_reserve() else {
             if warn_allowed("forward_backpressure") {
                 tracing::warn!(
@@ -185,8 +213,10 @@ impl ForwardHandle {
                 retry_after_secs: self.retry_after_secs,
             });
         };
-        let hold = match &self.limiter {
-            Some(l) => match l.try_reserve(len) {
+        let from_request = batch.hold.as_mut().and_then(|h| h.split_off(len));
+        let hold = match (from_request, &self.limiter) {
+            (Some(r), _) => Some(r),
+            (None, Some(l)) => match l.try_reserve(len) {
                 Some(r) => Some(r),
                 None => {
                     return Err(IngestError::Overloaded {
@@ -194,7 +224,7 @@ impl ForwardHandle {
                     });
                 }
             },
-            None => None,
+            (None, None) => None,
         };
         let item = Item {
             body,
@@ -202,6 +232,7 @@ impl ForwardHandle {
             bytes: len as u64,
             arrived: Instant::now(),
             hold,
+            slot,
         };
         Ok(ForwardPermit {
             reserved: Some((permit, item)),
@@ -264,6 +295,12 @@ pub fn spawn(
         max_batch_delay: config.max_batch_delay,
     };
     let join = tokio::spawn(worker.run());
+    let shares = QueueShares::new(
+        config.queue_size,
+        limiter
+            .as_ref()
+            .map_or(SENDER_SHARE_FROM_PERCENT, MemoryLimiter::soft_percent),
+    );
     // A full queue means the downstream is slow or down: suggest the longest backoff.
     let retry_after_secs = config
         .retry
@@ -276,6 +313,7 @@ pub fn spawn(
             tx,
             events,
             limiter,
+            shares,
             retry_after_secs,
         },
         ForwardTask {
@@ -363,7 +401,10 @@ impl Worker {
             bytes,
             arrived,
             hold,
+            slot,
         } = item;
+        // Out of the queue: the place no longer counts in its sender's share.
+        drop(slot);
         // The queued bytes stay reserved until the batch holding them is sent.
         batch.holds.extend(hold);
         let encoded = match body {
