@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use infertrace_analysis::alert::{AlertRuleConfig, AnomalyConfig};
 use infertrace_analysis::diagnosis::DiagnosisConfig;
-use infertrace_analysis::kpi::{Dimension, SloConfig};
+use infertrace_analysis::kpi::{Dimension, KpiConfig, SloConfig};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{AuthConfig, default_allowed_hosts};
@@ -232,8 +232,8 @@ impl Default for LimitsConfig {
             relief_target_percent: crate::limiter::MEMORY_RELIEF_TARGET_PERCENT,
             max_spans_per_trace: 10_000,
             max_traces_in_flight: 100_000,
-            max_series: 1000,
-            series_reclaim_after: Duration::from_secs(60),
+            max_series: KpiConfig::default().max_series,
+            series_reclaim_after: KpiConfig::default().series_reclaim_after,
         }
     }
 }
@@ -284,15 +284,18 @@ pub struct KpiSection {
 }
 
 impl Default for KpiSection {
+    /// The analysis crate's defaults ([`KpiConfig`]), and a goodput target of 0.9.
     fn default() -> Self {
+        let KpiConfig {
+            windows,
+            dimensions,
+            slo,
+            ..
+        } = KpiConfig::default();
         Self {
-            windows: vec![
-                Duration::from_secs(60),
-                Duration::from_secs(300),
-                Duration::from_secs(3600),
-            ],
-            dimensions: vec![Dimension::Service, Dimension::Model, Dimension::Operation],
-            slo: SloConfig::default(),
+            windows,
+            dimensions,
+            slo,
             goodput_target: 0.9,
         }
     }
