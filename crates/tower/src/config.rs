@@ -11,7 +11,7 @@ use opentelemetry::{InstrumentationScope, StringValue};
 use crate::admission::AdmissionQueue;
 use crate::counters::Counters;
 use crate::metrics::LayerMetrics;
-use crate::request_facts::{RequestDescription, RequestFacts, RequestHead};
+use crate::request_facts::{ArrivalHeaders, RequestDescription, RequestFacts, RequestHead};
 
 /// Where the queue / prefill / decode boundaries come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,7 +75,11 @@ impl Shared {
 
     /// Operation, model and protocol of a request: the `describe` function's answer first,
     /// then the request head, then this layer's defaults.
-    pub(crate) fn request_facts(&self, head: &RequestHead<'_>) -> RequestFacts {
+    pub(crate) fn request_facts(
+        &self,
+        head: &RequestHead<'_>,
+        headers: &ArrivalHeaders<'_>,
+    ) -> RequestFacts {
         let described = self
             .describe
             .as_ref()
@@ -83,6 +87,7 @@ impl Shared {
             .unwrap_or_default();
         RequestFacts::read(
             head,
+            headers,
             described,
             &self.default_operation,
             self.default_model.as_ref(),

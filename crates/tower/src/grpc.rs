@@ -8,23 +8,31 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 pub(crate) const RESOURCE_EXHAUSTED: i32 = 8;
 
 /// Whether the request (or response) headers say `application/grpc…`.
+#[cfg(test)]
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .is_some_and(is_grpc_content_type)
 }
 
-static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// Whether a `content-type` value is `application/grpc…`.
+pub(crate) fn is_grpc_content_type(value: &HeaderValue) -> bool {
+    value.as_bytes().starts_with(b"application/grpc")
+}
+
+pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// `grpc-status` from headers or trailers; unparsable values count as UNKNOWN (2).
 pub(crate) fn status(headers: &HeaderMap) -> Option<i32> {
-    let v = headers.get(&GRPC_STATUS)?;
-    Some(
-        std::str::from_utf8(v.as_bytes())
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .unwrap_or(2),
-    )
+    headers.get(&GRPC_STATUS).map(status_code)
+}
+
+/// A `grpc-status` value as a code; unparsable values count as UNKNOWN (2).
+pub(crate) fn status_code(value: &HeaderValue) -> i32 {
+    std::str::from_utf8(value.as_bytes())
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .unwrap_or(2)
 }
 
 /// The canonical name of a gRPC status code (used as `error.type`).

@@ -6,9 +6,11 @@ use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 
-static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+use crate::request_facts::ArrivalHeaders;
+
+pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
-static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
+pub(crate) static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
 
 struct HeaderExtractor<'a>(&'a HeaderMap);
 
@@ -30,10 +32,10 @@ impl Extractor for HeaderExtractor<'_> {
 }
 
 /// The parent context of a request: the current context plus whatever W3C trace context and
-/// baggage the headers carry. Without those headers this is just `Context::current()`.
-pub(crate) fn extract(headers: &HeaderMap) -> Context {
-    let has_parent = headers.contains_key(&TRACEPARENT);
-    let has_baggage = headers.contains_key(&BAGGAGE);
+/// baggage the headers carry (`found`: which of them are there, from one scan of `headers`).
+/// Without those headers this is just `Context::current()`.
+pub(crate) fn extract(headers: &HeaderMap, found: &ArrivalHeaders<'_>) -> Context {
+    let (has_parent, has_baggage) = (found.traceparent, found.baggage);
     let mut cx = if has_parent {
         // Extract onto an empty context so a malformed header can never silently continue
         // whatever span happens to be current; baggage already current is kept below.
@@ -72,7 +74,7 @@ mod tests {
         );
         h.insert("tracestate", HeaderValue::from_static("vendor=value"));
         h.insert("baggage", HeaderValue::from_static("tenant=acme"));
-        let cx = extract(&h);
+        let cx = extract(&h, &ArrivalHeaders::scan(&h));
         let sc = cx.span().span_context().clone();
         assert!(sc.is_remote());
         assert_eq!(
@@ -98,10 +100,13 @@ mod tests {
         ] {
             let mut h = HeaderMap::new();
             h.insert("traceparent", HeaderValue::from_static(bad));
-            assert!(!extract(&h).has_active_span(), "{bad}");
+            assert!(
+                !extract(&h, &ArrivalHeaders::scan(&h)).has_active_span(),
+                "{bad}"
+            );
         }
         let mut h = HeaderMap::new();
         h.insert("traceparent", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
-        assert!(!extract(&h).has_active_span());
+        assert!(!extract(&h, &ArrivalHeaders::scan(&h)).has_active_span());
     }
 }

@@ -27,7 +27,7 @@ use crate::grpc::{self, MessageCounter};
 use crate::metrics::{MetricKey, RequestMeasurements};
 use crate::phases::{Marks, Phases};
 use crate::recorder::RequestRecorder;
-use crate::request_facts::{RequestFacts, StartAttributes};
+use crate::request_facts::{ArrivalHeaders, RequestFacts, RequestHead, StartAttributes};
 use crate::tick_clock::{self, TickSpan};
 
 /// What every request of a layer uses: its settings and the sink its spans go to.
@@ -98,18 +98,25 @@ fn secs(d: Duration) -> f64 {
 }
 
 impl RequestRecord {
-    /// Starts tracing `req`: extracts the parent context, starts the request span at `arrival`,
-    /// and puts a [`RequestRecorder`] in the request extensions.
+    /// Starts tracing `req`: reads what it is (operation, model, protocol), extracts the parent
+    /// context, starts the request span at `arrival`, and puts a [`RequestRecorder`] in the
+    /// request extensions.
     pub(crate) fn start<B>(
         state: Arc<LayerState>,
         arrival: Instant,
         arrival_tick: u64,
-        facts: RequestFacts,
         req: &mut Request<B>,
     ) -> Box<Self> {
         let wall_arrival = SystemTime::now();
-        let parent = crate::propagation::extract(req.headers());
-        let attributes = StartAttributes::read(req, &facts);
+        let headers = ArrivalHeaders::scan(req.headers());
+        let head = RequestHead {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+        };
+        let facts = state.shared.request_facts(&head, &headers);
+        let parent = crate::propagation::extract(req.headers(), &headers);
+        let attributes = StartAttributes::read(req, &headers, &facts);
         let span = state
             .sink
             .start(facts.span_name(), wall_arrival, attributes, &parent);
@@ -147,6 +154,11 @@ impl RequestRecord {
         })
     }
 
+    /// Whether the request is a gRPC call.
+    pub(crate) fn grpc(&self) -> bool {
+        self.facts.grpc
+    }
+
     /// The context the inner service runs under.
     pub(crate) fn context(&self) -> &Context {
         &self.cx
@@ -176,17 +188,24 @@ impl RequestRecord {
     /// Reads the response head: status, trailers-only `grpc-status`, stream content types.
     pub(crate) fn on_response<B>(&mut self, response: &Response<B>) {
         self.http_status = Some(response.status().as_u16());
-        let headers = response.headers();
-        if let Some(code) = grpc::status(headers) {
-            self.grpc_status = Some(code);
+        // One pass over the headers for the two the layer reads.
+        let (mut content_type, mut grpc_status) = (None, None);
+        for (name, value) in response.headers() {
+            if name == header::CONTENT_TYPE {
+                content_type.get_or_insert(value);
+            } else if name == grpc::GRPC_STATUS {
+                grpc_status.get_or_insert(value);
+            }
         }
-        if self.facts.grpc || grpc::is_grpc(headers) {
+        if let Some(code) = grpc_status {
+            self.grpc_status = Some(grpc::status_code(code));
+        }
+        if self.facts.grpc || content_type.is_some_and(grpc::is_grpc_content_type) {
             self.facts.grpc = true;
             self.messages = Some(MessageCounter::default());
         } else {
-            self.event_stream = headers
-                .get(header::CONTENT_TYPE)
-                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            self.event_stream =
+                content_type.is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         }
     }
 

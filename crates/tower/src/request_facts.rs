@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName, Method, Request, Uri, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use opentelemetry::{KeyValue, StringValue};
 
 use infertrace_semconv::{gen_ai, net};
@@ -72,12 +72,60 @@ static MODEL: HeaderName = HeaderName::from_static(MODEL_HEADER);
 /// [`OPERATION_HEADER`] as a pre-parsed name.
 static OPERATION: HeaderName = HeaderName::from_static(OPERATION_HEADER);
 
-fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
-    headers
-        .get(name)
+/// A header value as trimmed, non-empty text.
+fn header_text(value: Option<&HeaderValue>) -> Option<&str> {
+    value
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|s| !s.is_empty())
+}
+
+/// The request headers the layer reads at arrival, found in one pass over the header map: a
+/// `HeaderMap::get` hashes the name (byte by byte for the non-standard ones), and the layer
+/// would look up seven names for a request that carries a handful of headers. Each holds the
+/// first value of its name, as `HeaderMap::get` gives it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ArrivalHeaders<'a> {
+    pub(crate) content_type: Option<&'a HeaderValue>,
+    pub(crate) host: Option<&'a HeaderValue>,
+    pub(crate) user_agent: Option<&'a HeaderValue>,
+    pub(crate) operation: Option<&'a HeaderValue>,
+    pub(crate) model: Option<&'a HeaderValue>,
+    /// A `traceparent` header is there (W3C trace context to continue).
+    pub(crate) traceparent: bool,
+    /// A `baggage` header is there.
+    pub(crate) baggage: bool,
+}
+
+impl<'a> ArrivalHeaders<'a> {
+    /// Reads `headers` once.
+    pub(crate) fn scan(headers: &'a HeaderMap) -> Self {
+        let mut found = Self::default();
+        for (name, value) in headers {
+            let slot = if name == header::CONTENT_TYPE {
+                &mut found.content_type
+            } else if name == header::HOST {
+                &mut found.host
+            } else if name == header::USER_AGENT {
+                &mut found.user_agent
+            } else if name == OPERATION {
+                &mut found.operation
+            } else if name == MODEL {
+                &mut found.model
+            } else {
+                found.traceparent |= name == crate::propagation::TRACEPARENT;
+                found.baggage |= name == crate::propagation::BAGGAGE;
+                continue;
+            };
+            slot.get_or_insert(value);
+        }
+        found
+    }
+
+    /// Whether the request says `application/grpc…`.
+    pub(crate) fn grpc(&self) -> bool {
+        self.content_type.is_some_and(grpc::is_grpc_content_type)
+    }
 }
 
 /// The route template axum matched (`http.route`), from its `MatchedPath` extension. Other
@@ -116,15 +164,16 @@ impl RequestFacts {
     )]
     pub(crate) fn read(
         head: &RequestHead<'_>,
+        headers: &ArrivalHeaders<'_>,
         described: RequestDescription,
         default_operation: &Cow<'static, str>,
         default_model: Option<&StringValue>,
         provider: &StringValue,
     ) -> Self {
-        let grpc = grpc::is_grpc(head.headers);
+        let grpc = headers.grpc();
         let operation = described
             .operation
-            .or_else(|| header_str(head.headers, &OPERATION).map(known_operation))
+            .or_else(|| header_text(headers.operation).map(known_operation))
             .or_else(|| {
                 if grpc {
                     Some(Cow::Borrowed(gen_ai::operation::GENERATE_CONTENT))
@@ -136,9 +185,7 @@ impl RequestFacts {
         let request_model = described
             .model
             .map(|m| StringValue::from(Arc::<str>::from(m)))
-            .or_else(|| {
-                header_str(head.headers, &MODEL).map(|m| interning::shared_value(Kind::Model, m))
-            })
+            .or_else(|| header_text(headers.model).map(|m| interning::shared_value(Kind::Model, m)))
             .or_else(|| default_model.cloned());
         Self {
             operation,
@@ -182,18 +229,24 @@ fn split_host_port(s: &str) -> (&str, Option<u16>) {
             None => (s, None),
         };
     }
-    match s.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => (host, port.parse().ok()),
+    // Byte searches: `rsplit_once(':')` and `contains(':')` go through the generic char
+    // pattern searcher, several times the work for a short `host:port`.
+    let bytes = s.as_bytes();
+    match bytes.iter().rposition(|&b| b == b':') {
+        Some(i) if !bytes[..i].contains(&b':') => (&s[..i], s[i + 1..].parse().ok()),
         _ => (s, None),
     }
 }
 
 /// Host and port the request was addressed to: `:authority` (HTTP/2) or `Host` (HTTP/1.1).
-fn server_address<B>(req: &Request<B>) -> Option<(&str, Option<i64>)> {
+fn server_address<'a, B>(
+    req: &'a Request<B>,
+    headers: &ArrivalHeaders<'a>,
+) -> Option<(&'a str, Option<i64>)> {
     if let Some(a) = req.uri().authority() {
         return Some((a.host(), a.port_u16().map(i64::from)));
     }
-    let (host, port) = split_host_port(header_str(req.headers(), &header::HOST)?);
+    let (host, port) = split_host_port(header_text(headers.host)?);
     (!host.is_empty()).then(|| (host, port.map(i64::from)))
 }
 
@@ -230,8 +283,12 @@ pub(crate) const START_ATTRIBUTES: usize = 9;
 pub(crate) const REQUEST_ATTRIBUTE_ROOM: usize = 28;
 
 impl StartAttributes {
-    /// Reads them from the request head.
-    pub(crate) fn read<B>(req: &Request<B>, facts: &RequestFacts) -> Self {
+    /// Reads them from the request head (`headers`: its headers, read once).
+    pub(crate) fn read<B>(
+        req: &Request<B>,
+        headers: &ArrivalHeaders<'_>,
+        facts: &RequestFacts,
+    ) -> Self {
         let path = req.uri().path();
         let protocol = if facts.grpc {
             Protocol::Grpc {
@@ -247,7 +304,7 @@ impl StartAttributes {
                 method: method_value(req.method()),
                 path: interning::shared_value(Kind::Path, path),
                 route: matched_route(req).map(|route| interning::shared_value(Kind::Route, route)),
-                user_agent: header_str(req.headers(), &header::USER_AGENT)
+                user_agent: header_text(headers.user_agent)
                     .map(|ua| interning::shared_value(Kind::UserAgent, ua)),
             }
         };
@@ -256,9 +313,15 @@ impl StartAttributes {
             provider: facts.provider.clone(),
             request_model: facts.request_model.clone(),
             protocol,
-            server: server_address(req)
+            server: server_address(req, headers)
                 .map(|(host, port)| (interning::shared_value(Kind::Host, host), port)),
         }
+    }
+
+    /// [`read`](Self::read), scanning the request's headers itself.
+    #[cfg(test)]
+    pub(crate) fn of_request<B>(req: &Request<B>, facts: &RequestFacts) -> Self {
+        Self::read(req, &ArrivalHeaders::scan(req.headers()), facts)
     }
 
     /// Passes every attribute to `push`, in a fixed order.
@@ -390,18 +453,38 @@ mod tests {
     }
 
     #[test]
+    fn host_and_port_split() {
+        assert_eq!(
+            split_host_port("example.com:8080"),
+            ("example.com", Some(8080))
+        );
+        assert_eq!(split_host_port("example.com"), ("example.com", None));
+        assert_eq!(split_host_port("example.com:"), ("example.com", None));
+        assert_eq!(split_host_port("example.com:http"), ("example.com", None));
+        assert_eq!(split_host_port("[::1]:443"), ("::1", Some(443)));
+        assert_eq!(split_host_port("::1"), ("::1", None));
+        assert_eq!(split_host_port("ä.example:80"), ("ä.example", Some(80)));
+    }
+
+    #[test]
     fn server_address_from_host_header() {
         let req = Request::builder()
             .uri("/v1/completions")
             .header("host", "example.com:8080")
             .body(())
             .unwrap();
-        assert_eq!(server_address(&req), Some(("example.com", Some(8080))));
+        assert_eq!(
+            server_address(&req, &ArrivalHeaders::scan(req.headers())),
+            Some(("example.com", Some(8080)))
+        );
         let req = Request::builder()
             .uri("http://h2.local/x")
             .body(())
             .unwrap();
-        assert_eq!(server_address(&req), Some(("h2.local", None)));
+        assert_eq!(
+            server_address(&req, &ArrivalHeaders::scan(req.headers())),
+            Some(("h2.local", None))
+        );
     }
 
     #[test]
@@ -422,21 +505,21 @@ mod tests {
                 .unwrap()
         };
         // Interned strings: the same values twice are the same strings.
-        let a = StartAttributes::read(&request("ua/1"), &facts);
-        let b = StartAttributes::read(&request("ua/1"), &facts);
+        let a = StartAttributes::of_request(&request("ua/1"), &facts);
+        let b = StartAttributes::of_request(&request("ua/1"), &facts);
         assert!(a.same_values(&b) && b.same_values(&a));
-        let c = StartAttributes::read(&request("ua/2"), &facts);
+        let c = StartAttributes::of_request(&request("ua/2"), &facts);
         assert!(!a.same_values(&c));
         // Equal text held elsewhere is not the same (the test may say no, never wrongly yes).
         let other_model = RequestFacts {
             request_model: Some(StringValue::from(String::from("m"))),
             ..facts.clone()
         };
-        assert!(!a.same_values(&StartAttributes::read(&request("ua/1"), &other_model)));
+        assert!(!a.same_values(&StartAttributes::of_request(&request("ua/1"), &other_model)));
         let grpc = RequestFacts {
             grpc: true,
             ..facts
         };
-        assert!(!a.same_values(&StartAttributes::read(&request("ua/1"), &grpc)));
+        assert!(!a.same_values(&StartAttributes::of_request(&request("ua/1"), &grpc)));
     }
 }

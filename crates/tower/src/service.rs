@@ -80,15 +80,8 @@ where
                 record: None,
             };
         }
-        let facts = shared.request_facts(&head);
-        let grpc = facts.grpc;
-        let mut record = RequestRecord::start(
-            Arc::clone(&self.state),
-            arrival,
-            arrival_tick,
-            facts,
-            &mut req,
-        );
+        let mut record =
+            RequestRecord::start(Arc::clone(&self.state), arrival, arrival_tick, &mut req);
         let state = match &self.state.shared.admission {
             None => State::Calling {
                 future: self.inner.call(req).with_context(record.context().clone()),
@@ -114,7 +107,9 @@ where
                     }
                     Admission::Full => {
                         record.reject();
-                        State::Rejected { grpc }
+                        State::Rejected {
+                            grpc: record.grpc(),
+                        }
                     }
                 }
             }

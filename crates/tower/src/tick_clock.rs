@@ -53,16 +53,21 @@ fn monotonic_nanos() -> u64 {
 pub(crate) struct TickSpan {
     start_ticks: u64,
     span_ticks: u64,
-    span: Duration,
+    /// The span in nanoseconds, and `span_ticks`, as floats: converted once per span, not per
+    /// mark (`u128` to `f64` is a software routine).
+    span_nanos: f64,
+    span_ticks_f64: f64,
 }
 
 impl TickSpan {
     /// The anchors `(start, start_ticks)` and `(end, end_ticks)`.
     pub(crate) fn new(start: Instant, start_ticks: u64, end: Instant, end_ticks: u64) -> Self {
+        let span_ticks = end_ticks.saturating_sub(start_ticks);
         Self {
             start_ticks,
-            span_ticks: end_ticks.saturating_sub(start_ticks),
-            span: end.saturating_duration_since(start),
+            span_ticks,
+            span_nanos: end.saturating_duration_since(start).as_nanos() as f64,
+            span_ticks_f64: span_ticks as f64,
         }
     }
 
@@ -71,8 +76,8 @@ impl TickSpan {
         if self.span_ticks == 0 {
             return Duration::ZERO;
         }
-        let ns = (ticks as f64) * (self.span.as_nanos() as f64) / (self.span_ticks as f64);
-        Duration::from_nanos(ns.min(self.span.as_nanos() as f64) as u64)
+        let ns = (ticks as f64) * self.span_nanos / self.span_ticks_f64;
+        Duration::from_nanos(ns.min(self.span_nanos) as u64)
     }
 
     /// Time from the start anchor to the instant read as `at` ticks, within the span.

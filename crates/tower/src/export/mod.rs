@@ -249,7 +249,7 @@ mod tests {
             request_model: Some("m".into()),
             grpc: false,
         };
-        let attributes = StartAttributes::read(&request, &facts);
+        let attributes = StartAttributes::of_request(&request, &facts);
         let span = sink.start(Cow::Borrowed("chat m"), at(0), attributes, parent);
         let cx = parent.with_remote_span_context(span.span_context().clone());
         let context = span.span_context().clone();

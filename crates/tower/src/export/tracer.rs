@@ -116,7 +116,7 @@ mod tests {
         let span = sink.start(
             Cow::Borrowed("chat"),
             at(0),
-            StartAttributes::read(&request, &facts),
+            StartAttributes::of_request(&request, &facts),
             &parent,
         );
         let cx = parent.with_remote_span_context(span.span_context().clone());

@@ -111,7 +111,7 @@ mod tests {
             request_model: None,
             grpc: false,
         };
-        StartAttributes::read(&request, &facts)
+        StartAttributes::of_request(&request, &facts)
     }
 
     fn finished() -> FinishedRequest {

@@ -181,7 +181,7 @@ mod tests {
                 parent_span_is_remote,
                 name: facts.span_name(),
                 start: at(0),
-                start_attributes: Some(StartAttributes::read(&request, &facts)),
+                start_attributes: Some(StartAttributes::of_request(&request, &facts)),
                 attributes: self.sampler_attributes.clone(),
                 recording: true,
             };

@@ -1,0 +1,347 @@
+//! A deterministic measure of the layer's cost: serves `N` requests through one variant of
+//! `layer_overhead` (the same request, engine and exporters), for `valgrind --tool=callgrind
+//! --separate-threads=yes`, whose instruction counts do not depend on the machine's load.
+//!
+//! ```sh
+//! cargo bench -p infertrace-tower --bench layer_callgrind --no-run
+//! scripts/layer-callgrind.sh            # every variant, instructions per request
+//! ```
+//!
+//! Run directly: `layer_callgrind VARIANT N`. Variants (as in `layer_overhead`):
+//! `bare`; `infertrace_handover` (infertrace's batch processor, dropping exporter) and
+//! `otel_instrumentation_tower` (the peer, the SDK's batch processor, dropping exporter), both
+//! flushed after every batch's worth (4,096 spans); `infertrace_otlp` (`otlp::init` +
+//! `with_otlp`: the layer's own OTLP encoding) and `otel_instrumentation_tower_otlp` (the peer
+//! through opentelemetry-otlp), both to a local receiver in a child process, flushed after
+//! every batch's worth (512 spans) as the bench paces them. The script runs each variant with
+//! two counts and divides the difference by the difference of the counts: set-up, warm-up and
+//! shutdown cancel out, what is left is the cost per request, on the request thread (the main
+//! thread) and in the whole process (every thread).
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::hint::black_box;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use infertrace_tower::{BatchSettings, InferenceTraceLayer, RequestRecorder, SharedSpanProcessor};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor as _};
+use tower::{Layer, Service};
+
+#[derive(Debug)]
+struct DropExporter;
+
+impl SpanExporter for DropExporter {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        drop(batch);
+        ready(Ok(()))
+    }
+}
+
+/// A response body of `n` chunks, each its own frame.
+struct Chunks {
+    left: usize,
+}
+
+static CHUNK: Bytes =
+    Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n");
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        self.left -= 1;
+        Poll::Ready(Some(Ok(Frame::data(CHUNK.clone()))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// `layer_overhead`'s engine: marks every phase when a recorder is there, one SSE chunk.
+#[derive(Clone, Copy)]
+struct Engine;
+
+impl<B> Service<Request<B>> for Engine {
+    type Response = Response<Chunks>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Chunks>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if let Some(rec) = req.extensions().get::<RequestRecorder>() {
+            rec.scheduled();
+            rec.tokens(1);
+            rec.tokens(1);
+            rec.usage(128, 2);
+            rec.finish("stop");
+        }
+        let mut r = Response::new(Chunks { left: 1 });
+        r.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        ready(Ok(r))
+    }
+}
+
+fn request() -> Request<Full<Bytes>> {
+    Request::builder()
+        .method("POST")
+        .uri("/v1/chat/completions")
+        .header("host", "localhost:8080")
+        .header("user-agent", "bench/1.0")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap_or_default()
+}
+
+/// One request through `svc`, body drained.
+fn one<S, B>(svc: &mut S)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    B: Body,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    let _ = svc.poll_ready(&mut cx);
+    let mut call = pin!(svc.call(request()));
+    let response = loop {
+        if let Poll::Ready(r) = call.as_mut().poll(&mut cx) {
+            break r;
+        }
+    };
+    let Ok(response) = response else {
+        return;
+    };
+    let mut body = pin!(response.into_body());
+    while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
+        black_box(&frame);
+    }
+}
+
+/// Serves `n` requests, flushing `processor` after every `every` of them and at the end.
+fn serve<S, B>(mut svc: S, n: u64, processor: Option<(&SharedSpanProcessor, u64)>)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    B: Body,
+{
+    for i in 1..=n {
+        one(&mut svc);
+        if let Some((processor, every)) = processor
+            && (i % every == 0 || i == n)
+        {
+            let _ = processor.force_flush();
+        }
+    }
+}
+
+/// Set in the child process that plays the local OTLP/HTTP receiver.
+const RECEIVER_ENV: &str = "INFERTRACE_BENCH_RECEIVER";
+
+/// The receiver: answers every request with `200 OK`, reading (not decoding) what it is sent.
+fn run_receiver() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let Ok(listener) = std::net::TcpListener::bind("127.0.0.1:0") else {
+        return;
+    };
+    let Ok(address) = listener.local_addr() else {
+        return;
+    };
+    println!("{address}");
+    let _ = std::io::stdout().flush();
+    for stream in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            let Ok(mut writer) = stream.try_clone() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream);
+            loop {
+                let mut length = 0usize;
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                if reader.read_exact(&mut body).is_err() {
+                    return;
+                }
+                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                if writer.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Starts the receiver in a child process (this binary again; callgrind does not follow it).
+fn start_receiver() -> Option<(std::process::Child, String)> {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(std::env::current_exe().ok()?)
+        .env(RECEIVER_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take()?)
+        .read_line(&mut line)
+        .ok()?;
+    Some((child, format!("http://{}", line.trim())))
+}
+
+fn resource() -> opentelemetry_sdk::Resource {
+    opentelemetry_sdk::Resource::builder()
+        .with_service_name("bench")
+        .build()
+}
+
+/// The peer (opentelemetry-instrumentation-tower 0.19, tracing only) over the global provider.
+fn peer(
+    provider: SdkTracerProvider,
+    processor: &SharedSpanProcessor,
+    n: u64,
+    every: u64,
+) -> Result<(), String> {
+    opentelemetry::global::set_tracer_provider(provider);
+    let layer = opentelemetry_instrumentation_tower::http::server::LayerBuilder::builder()
+        .with_metrics(false)
+        .build()
+        .map_err(|e| format!("peer layer: {e}"))?;
+    serve(layer.layer(Engine), n, Some((processor, every)));
+    Ok(())
+}
+
+fn run(variant: &str, n: u64) -> Result<(), String> {
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    match variant {
+        "bare" => serve(Engine, n, None),
+        "infertrace_handover" => {
+            let own = SharedSpanProcessor::batch_with(
+                DropExporter,
+                &resource(),
+                BatchSettings {
+                    max_queue_size: 1 << 14,
+                    scheduled_delay: Duration::from_secs(5),
+                    max_export_batch_size: 4096,
+                },
+            )
+            .map_err(|e| format!("export thread: {e}"))?;
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(own.clone())
+                .build();
+            let layer = InferenceTraceLayer::new()
+                .with_tracer_provider(&provider)
+                .with_span_processor(own.clone())
+                .default_model("llama-3.1-8b");
+            serve(layer.layer(Engine), n, Some((&own, 1024)));
+        }
+        "otel_instrumentation_tower" => {
+            let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+                .with_max_queue_size(1 << 16)
+                .with_max_export_batch_size(4096)
+                .build();
+            let sdk = opentelemetry_sdk::trace::BatchSpanProcessor::builder(DropExporter)
+                .with_batch_config(config)
+                .build();
+            let sdk = SharedSpanProcessor::new(sdk, &resource());
+            let provider = SdkTracerProvider::builder()
+                .with_span_processor(sdk.clone())
+                .build();
+            peer(provider, &sdk, n, 4096)?;
+        }
+        "infertrace_otlp" | "otel_instrumentation_tower_otlp" => {
+            let (mut child, base) = start_receiver().ok_or("no receiver")?;
+            let result = if variant == "infertrace_otlp" {
+                let config = infertrace_tower::otlp::OtlpConfig::http(&base)
+                    .service_name("bench")
+                    .metrics(false);
+                let providers =
+                    infertrace_tower::otlp::init(config).map_err(|e| format!("otlp: {e}"))?;
+                let own = providers.span_processor.clone();
+                let layer = InferenceTraceLayer::new()
+                    .with_otlp(&providers)
+                    .default_model("llama-3.1-8b");
+                serve(layer.layer(Engine), n, Some((&own, 128)));
+                Ok(())
+            } else {
+                use opentelemetry_otlp::WithExportConfig as _;
+                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(format!("{base}/v1/traces"))
+                    .build()
+                    .map_err(|e| format!("exporter: {e}"))?;
+                let sdk = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter).build();
+                let sdk = SharedSpanProcessor::new(sdk, &resource());
+                let provider = SdkTracerProvider::builder()
+                    .with_span_processor(sdk.clone())
+                    .with_resource(resource())
+                    .build();
+                peer(provider, &sdk, n, 512)
+            };
+            let _ = child.kill();
+            let _ = child.wait();
+            result?;
+        }
+        other => return Err(format!("unknown variant {other}")),
+    }
+    Ok(())
+}
+
+fn main() {
+    if std::env::var_os(RECEIVER_ENV).is_some() {
+        run_receiver();
+        return;
+    }
+    // `cargo bench` and `cargo test --benches` pass flags (`--bench`, filters): nothing to do
+    // then; this binary runs only when named a variant and a count.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (Some(variant), Some(n)) = (
+        args.first().filter(|a| !a.starts_with('-')),
+        args.get(1).and_then(|n| n.parse::<u64>().ok()),
+    ) else {
+        eprintln!(
+            "layer_callgrind: run as `layer_callgrind VARIANT N` (scripts/layer-callgrind.sh)"
+        );
+        return;
+    };
+    if let Err(e) = run(variant, n) {
+        eprintln!("layer_callgrind: {e}");
+        std::process::exit(1);
+    }
+}
