@@ -57,9 +57,9 @@ pub enum IngestError {
         /// Suggested wait before retrying, seconds.
         retry_after_secs: u32,
     },
-    /// The forward queue is nearly full and this request's sender already holds more than its
-    /// share of it (see [`crate::forward`]): the client should retry later, while other
-    /// senders' requests are still taken.
+    /// The forward queue is nearly full (past `limits.soft_limit_percent` of
+    /// `forward.queue_size`) and this request's sender already holds its share of it: the
+    /// client should retry later, while other senders' requests are still taken.
     #[error(
         "the forward queue is nearly full and this sender's requests hold more than its share \
          of it; retry later"

@@ -6,11 +6,9 @@ use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 
-use crate::request_facts::ArrivalHeaders;
-
-pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
-pub(crate) static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
+static BAGGAGE: HeaderName = HeaderName::from_static("baggage");
 
 struct HeaderExtractor<'a>(&'a HeaderMap);
 
@@ -31,10 +29,27 @@ impl Extractor for HeaderExtractor<'_> {
     }
 }
 
+/// Which context headers a request carries (found in the layer's one scan of its headers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ContextHeaders {
+    /// A `traceparent` header is there (W3C trace context to continue).
+    pub(crate) traceparent: bool,
+    /// A `baggage` header is there.
+    pub(crate) baggage: bool,
+}
+
+impl ContextHeaders {
+    /// Notes `name` if it is one of the context headers.
+    pub(crate) fn note(&mut self, name: &HeaderName) {
+        self.traceparent |= name == TRACEPARENT;
+        self.baggage |= name == BAGGAGE;
+    }
+}
+
 /// The parent context of a request: the current context plus whatever W3C trace context and
-/// baggage the headers carry (`found`: which of them are there, from one scan of `headers`).
-/// Without those headers this is just `Context::current()`.
-pub(crate) fn extract(headers: &HeaderMap, found: &ArrivalHeaders<'_>) -> Context {
+/// baggage the headers carry (`found`: which of them are there). Without those headers this is
+/// just `Context::current()`.
+pub(crate) fn extract(headers: &HeaderMap, found: ContextHeaders) -> Context {
     let (has_parent, has_baggage) = (found.traceparent, found.baggage);
     let mut cx = if has_parent {
         // Extract onto an empty context so a malformed header can never silently continue
@@ -61,6 +76,13 @@ pub(crate) fn extract(headers: &HeaderMap, found: &ArrivalHeaders<'_>) -> Contex
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The context headers of `h`, as the layer's scan finds them.
+    fn found(h: &HeaderMap) -> ContextHeaders {
+        let mut found = ContextHeaders::default();
+        h.keys().for_each(|name| found.note(name));
+        found
+    }
     use http::HeaderValue;
     use opentelemetry::baggage::BaggageExt;
     use opentelemetry::trace::TraceContextExt;
@@ -74,7 +96,7 @@ mod tests {
         );
         h.insert("tracestate", HeaderValue::from_static("vendor=value"));
         h.insert("baggage", HeaderValue::from_static("tenant=acme"));
-        let cx = extract(&h, &ArrivalHeaders::scan(&h));
+        let cx = extract(&h, found(&h));
         let sc = cx.span().span_context().clone();
         assert!(sc.is_remote());
         assert_eq!(
@@ -100,13 +122,10 @@ mod tests {
         ] {
             let mut h = HeaderMap::new();
             h.insert("traceparent", HeaderValue::from_static(bad));
-            assert!(
-                !extract(&h, &ArrivalHeaders::scan(&h)).has_active_span(),
-                "{bad}"
-            );
+            assert!(!extract(&h, found(&h)).has_active_span(), "{bad}");
         }
         let mut h = HeaderMap::new();
         h.insert("traceparent", HeaderValue::from_bytes(b"\xff\xfe").unwrap());
-        assert!(!extract(&h, &ArrivalHeaders::scan(&h)).has_active_span());
+        assert!(!extract(&h, found(&h)).has_active_span());
     }
 }

@@ -115,7 +115,7 @@ impl RequestRecord {
             headers: req.headers(),
         };
         let facts = state.shared.request_facts(&head, &headers);
-        let parent = crate::propagation::extract(req.headers(), &headers);
+        let parent = crate::propagation::extract(req.headers(), headers.context);
         let attributes = StartAttributes::read(req, &headers, &facts);
         let span = state
             .sink

@@ -12,6 +12,7 @@ use infertrace_semconv::{gen_ai, net};
 use crate::attribute_writer::{AttributeWriter, KeyValues};
 use crate::grpc;
 use crate::interning::{self, Kind};
+use crate::propagation::ContextHeaders;
 
 /// Request header naming the model the client asked for (`gen_ai.request.model`).
 pub const MODEL_HEADER: &str = "x-infertrace-model";
@@ -91,10 +92,8 @@ pub(crate) struct ArrivalHeaders<'a> {
     pub(crate) user_agent: Option<&'a HeaderValue>,
     pub(crate) operation: Option<&'a HeaderValue>,
     pub(crate) model: Option<&'a HeaderValue>,
-    /// A `traceparent` header is there (W3C trace context to continue).
-    pub(crate) traceparent: bool,
-    /// A `baggage` header is there.
-    pub(crate) baggage: bool,
+    /// Whether `traceparent` and `baggage` are there.
+    pub(crate) context: ContextHeaders,
 }
 
 impl<'a> ArrivalHeaders<'a> {
@@ -113,8 +112,7 @@ impl<'a> ArrivalHeaders<'a> {
             } else if name == MODEL {
                 &mut found.model
             } else {
-                found.traceparent |= name == crate::propagation::TRACEPARENT;
-                found.baggage |= name == crate::propagation::BAGGAGE;
+                found.context.note(name);
                 continue;
             };
             slot.get_or_insert(value);
