@@ -56,7 +56,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
 use std::hint::black_box;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::Criterion;
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use http_body_util::Full;
 use infertrace_tower::{BatchSettings, InferenceTraceLayer, RequestRecorder, SharedSpanProcessor};
 use opentelemetry::trace::TracerProvider as _;
@@ -74,6 +74,10 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor};
 use tower::{Layer, Service};
 use tracing_subscriber::layer::SubscriberExt as _;
+
+mod support;
+
+use support::{Chunks, RECEIVER_ENV, request, run_receiver, start_receiver};
 
 /// A span processor that drops every span where it ends (`floor/infertrace_no_handoff`).
 #[derive(Debug)]
@@ -109,38 +113,6 @@ impl SpanExporter for DropExporter {
     }
 }
 
-/// A response body of `n` chunks, each its own frame.
-struct Chunks {
-    left: usize,
-}
-
-static CHUNK: Bytes =
-    Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n");
-
-impl Body for Chunks {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        self.left -= 1;
-        Poll::Ready(Some(Ok(Frame::data(CHUNK.clone()))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.left == 0
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
-}
-
 /// The inner service: marks the engine phases when a recorder is there, answers at once with
 /// `chunks` SSE chunks.
 #[derive(Clone, Copy)]
@@ -172,17 +144,6 @@ impl<B> Service<Request<B>> for Engine {
         );
         ready(Ok(r))
     }
-}
-
-fn request() -> Request<Full<Bytes>> {
-    Request::builder()
-        .method("POST")
-        .uri("/v1/chat/completions")
-        .header("host", "localhost:8080")
-        .header("user-agent", "bench/1.0")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(b"{}")))
-        .unwrap_or_default()
 }
 
 fn poll_now<F: Future>(f: F) -> F::Output {
@@ -433,74 +394,6 @@ impl<E: SpanExporter> SpanExporter for Counting<E> {
     fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
         self.0.set_resource(resource);
     }
-}
-
-/// Set in the child process that plays the local OTLP/HTTP receiver.
-const RECEIVER_ENV: &str = "INFERTRACE_BENCH_RECEIVER";
-
-/// The receiver: answers every request with `200 OK` and an empty body, reading (not decoding)
-/// what it is sent. Prints its address, then serves until killed.
-fn run_receiver() {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let Ok(listener) = std::net::TcpListener::bind("127.0.0.1:0") else {
-        return;
-    };
-    let Ok(address) = listener.local_addr() else {
-        return;
-    };
-    println!("{address}");
-    let _ = std::io::stdout().flush();
-    for stream in listener.incoming().flatten() {
-        std::thread::spawn(move || {
-            let Ok(mut writer) = stream.try_clone() else {
-                return;
-            };
-            let mut reader = BufReader::new(stream);
-            loop {
-                let mut length = 0usize;
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    match reader.read_line(&mut line) {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                    if let Some((name, value)) = line.split_once(':')
-                        && name.eq_ignore_ascii_case("content-length")
-                    {
-                        length = value.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0; length];
-                if reader.read_exact(&mut body).is_err() {
-                    return;
-                }
-                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                if writer.write_all(answer.as_bytes()).is_err() {
-                    return;
-                }
-            }
-        });
-    }
-}
-
-/// Starts the receiver in a child process (this binary again), before any pinning, so its
-/// CPU time is not the benchmark's. Returns the child and its base URL.
-fn start_receiver() -> Option<(std::process::Child, String)> {
-    use std::io::{BufRead, BufReader};
-    let mut child = std::process::Command::new(std::env::current_exe().ok()?)
-        .env(RECEIVER_ENV, "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .ok()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take()?)
-        .read_line(&mut line)
-        .ok()?;
-    Some((child, format!("http://{}", line.trim())))
 }
 
 /// An OTLP/HTTP protobuf span exporter to the receiver at `base`, counting what it exports.
