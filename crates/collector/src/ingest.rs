@@ -59,9 +59,10 @@ pub enum IngestError {
     },
     /// The forward queue is nearly full (past `limits.soft_limit_percent` of
     /// `forward.queue_size`) and this request's sender already holds its share of it: the
-    /// client should retry later, while other senders' requests are still taken.
+    /// client should retry later, while other senders' requests are still taken (counted as
+    /// `forward_share`).
     #[error(
-        "the forward queue is nearly full and this sender's requests hold more than its share \
+        "the forward queue is nearly full and this sender's requests already hold their share \
          of it; retry later"
     )]
     ForwardShare {
@@ -76,5 +77,8 @@ pub enum IngestError {
 /// Takes decoded batches from the receivers. Implemented by the pipeline; tests use their own.
 pub trait Ingest: Send + Sync + 'static {
     /// Hands a batch to the pipeline. Must not block for long: receivers call it on tokio workers.
+    /// The batch's [`hold`](IngestBatch::hold) keeps the request's memory reserved for as long
+    /// as it lives: an implementation that keeps batches should drop it (or keep only what it
+    /// still holds, as the forwarder does).
     fn ingest(&self, batch: IngestBatch) -> Result<(), IngestError>;
 }

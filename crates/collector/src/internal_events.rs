@@ -30,7 +30,8 @@ pub struct ReceiverLabels {
 pub struct DropLabels {
     /// Why: e.g. `invalid_span`, `decode_error`, `too_large`, `memory_limit`, `sender_share`,
     /// `max_spans_per_trace`, `max_traces_in_flight`, `forward_backpressure` (refused: the
-    /// forward queue was full), `forward_failed`, `forward_rejected`.
+    /// forward queue was full), `forward_share` (refused: the sender held its share of a nearly
+    /// full forward queue), `forward_failed`, `forward_rejected`.
     pub reason: &'static str,
 }
 

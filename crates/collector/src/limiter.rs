@@ -11,16 +11,18 @@
 //! **Per-sender share.** The receivers reserve a request's memory — its body as it is read, the
 //! inflated body, the decode bound — in a reservation attributed to its [`Sender`] (the bearer
 //! token when authentication is on, else the peer's IP address:
-//! [`MemoryLimiter::sender_reservation`]). Once more than [`SENDER_SHARE_FROM_PERCENT`] % of the
-//! limit is in use, a request may grow only while its sender's *other* requests in progress
-//! hold no more than the sender's fair share: the limit ÷ the number of senders with requests
-//! in progress (counted as at least 2, so a sender alone keeps the rest of the limit free for
-//! the next one). A request refused so gets the usual retryable answer and is counted with
-//! reason `sender_share`. One request is never refused for the share alone (only for the
-//! limit), so a large request still fits whenever the limit has room for it. What is shared
-//! out this way is the memory of requests being read and decoded; the spans buffered by the
-//! assembler and the forward queue are reserved without a sender and only count towards the
-//! total (see `docs/RELIABILITY.md`).
+//! [`MemoryLimiter::sender_reservation`]); a body that then waits in the forward queue stays
+//! reserved for that sender until it is sent ([`MemoryReservation::split_off`]). Once more than
+//! the soft limit (`limits.soft_limit_percent`, default [`SENDER_SHARE_FROM_PERCENT`] %) of the
+//! limit is in use, a request may grow only while what its sender *otherwise* holds — its other
+//! requests in progress and its bodies in the forward queue — is no more than the sender's fair
+//! share: the limit ÷ the number of senders holding memory (counted as at least 2, so a sender
+//! alone keeps the rest of the limit free for the next one). A request refused so gets the
+//! usual retryable answer and is counted with reason `sender_share`. A sender's only request,
+//! with nothing of its sender queued, is never refused for the share alone (only for the
+//! limit), so a large request still fits whenever the limit has room for it. The spans
+//! buffered by the assembler are reserved without a sender and only count towards the total
+//! (see `docs/RELIABILITY.md`).
 //!
 //! ```
 //! use infertrace_collector::limiter::MemoryLimiter;

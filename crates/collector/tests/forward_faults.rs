@@ -6,7 +6,7 @@
 //!   (HTTP 429), never OK then drop; every span answered OK is pending until the downstream comes
 //!   back, and then exported;
 //! - a heavy sender filling the queue while the downstream is down is refused at its share
-//!   (`sender_share`), and a light sender's requests are still taken and analysed;
+//!   (`forward_share`), and a light sender's requests are still taken and analysed;
 //! - blackhole (a listener that accepts and never answers): each attempt ends at
 //!   `forward.timeout`, attempts and failures are counted as they happen, and the spans are
 //!   given up once older than `retry.max_elapsed`, counted from their arrival.
@@ -277,7 +277,7 @@ async fn outage_refuses_when_the_queue_is_full_and_drains_on_recovery() {
     let accepted = received(&events, "accepted");
     assert_eq!(accepted, u64::from(ok) * 4);
     let queue_refused =
-        |e: &InternalEvents| e.dropped("forward_backpressure") + e.dropped("sender_share");
+        |e: &InternalEvents| e.dropped("forward_backpressure") + e.dropped("forward_share");
     assert_eq!(queue_refused(&events), u64::from(refused) * 4);
     assert_eq!(received(&events, "refused"), u64::from(refused) * 4);
     // Nothing answered OK was dropped: all of it is pending.
@@ -305,7 +305,7 @@ async fn outage_refuses_when_the_queue_is_full_and_drains_on_recovery() {
     eprintln!(
         "outage: 60 requests of 4 spans in {:?}: {ok} accepted ({accepted} spans, all pending), \
          {refused} refused with 429 and 1 gRPC export with UNAVAILABLE ({} spans counted \
-         sender_share or forward_backpressure); {attempts_down} failed attempts so far",
+         forward_share or forward_backpressure); {attempts_down} failed attempts so far",
         started.elapsed(),
         queue_refused(&events),
     );
@@ -463,7 +463,8 @@ async fn a_sender_filling_the_queue_is_refused_its_share_and_another_still_gets_
         heavy_ok += 1;
     }
     assert_eq!(heavy_status, 429, "the heavy sender is refused at last");
-    assert_eq!(refused("sender_share"), 1);
+    assert_eq!(refused("forward_share"), 1);
+    assert_eq!(refused("sender_share"), 0, "memory is not short");
     assert_eq!(refused("forward_backpressure"), 0, "the queue is not full");
     // The light sender (127.0.0.1) still gets in: the places the heavy one left, then the queue
     // is full and everyone is refused alike.

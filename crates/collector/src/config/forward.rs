@@ -28,7 +28,9 @@ pub struct ForwardConfig {
     pub protocol: ForwardProtocol,
     /// Export requests waiting to be sent. When full, new requests are refused with a
     /// retryable answer (HTTP 429, gRPC `UNAVAILABLE`; counted as
-    /// `dropped_spans_total{reason="forward_backpressure"}`), never accepted and then dropped.
+    /// `dropped_spans_total{reason="forward_backpressure"}`; past `limits.soft_limit_percent` of it
+    /// a sender holding its share of the places is refused as `forward_share`), never accepted
+    /// and then dropped.
     /// Default 1024.
     pub queue_size: usize,
     /// Most spans per forwarded request (received requests are merged up to this). Default 8192.

@@ -35,9 +35,11 @@
 //! **Each sender's share.** The body of a queued request stays reserved in the memory limiter
 //! for the sender that sent it (its bearer token, else its peer address) until it is sent, so
 //! the limiter's per-sender share covers what waits here; and once the queue is more than three
-//! quarters full, a sender whose requests already hold their fair share of its places is
-//! refused (`requests_refused_total{reason="sender_share"}`) while others' requests are still
-//! taken ([`share`]).
+//! quarters full (`limits.soft_limit_percent`), a sender whose requests already hold their fair
+//! share of its places is refused with the same retryable answer
+//! (`requests_refused_total{reason="forward_share"}`) while others' requests are still taken
+//! ([`share`]). A sender alone is stopped there too, so during an outage the refusals of a
+//! single sender read `forward_share`, those of a full queue `forward_backpressure`.
 //!
 //! **Sending.** Up to `max_in_flight` batches are sent at a time; each attempt (connecting
 //! included) is bounded by `timeout`, so a downstream that accepts connections and never answers

@@ -277,12 +277,13 @@ impl Receiver {
                     };
                 }
                 Err(IngestError::ForwardShare { retry_after_secs }) => {
-                    self.events.request_refused(self.name, "sender_share");
-                    self.refuse_spans("sender_share", accepted);
+                    self.events.request_refused(self.name, "forward_share");
+                    self.refuse_spans("forward_share", accepted);
                     return Outcome::Overloaded {
                         retry_after_secs,
-                        why: "the collector's forward queue is nearly full and this sender's \
-                              requests hold more than its share of it; retry later",
+                        why: "the collector's forward queue is nearly full (its downstream is \
+                              slow or down) and this sender's requests already hold their share \
+                              of it; retry later",
                     };
                 }
                 Err(IngestError::ShuttingDown) => {

@@ -11,8 +11,8 @@
 //! | body over `max_body_bytes`, before or after gunzip | 413 | `RESOURCE_EXHAUSTED` | `too_large` × 1 (request) |
 //! | decoding could need more than the whole memory limit | 413 | `RESOURCE_EXHAUSTED` | `too_large_for_memory` × 1 (request) |
 //! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans (× 1 when refused while reading the body) |
-//! | over 75 % of the memory limit in use and this sender's other requests in progress hold more than its share (see [`crate::limiter`]) | 429 + `Retry-After` | `UNAVAILABLE` | `sender_share` × spans (× 1 when refused while reading the body) |
-//! | forward queue more than 75 % full and this sender's requests already hold their share of its places (see `forward`) | 429 + `Retry-After` | `UNAVAILABLE` | `sender_share` × spans |
+//! | over `limits.soft_limit_percent` (75 %) of the memory limit in use and this sender's other requests in progress and bodies waiting in the forward queue hold more than its share (see [`crate::limiter`]) | 429 + `Retry-After` | `UNAVAILABLE` | `sender_share` × spans (× 1 when refused while reading the body) |
+//! | forward queue more than `limits.soft_limit_percent` (75 %) full and this sender's requests already hold their share of its places (see `forward`) | 429 + `Retry-After` | `UNAVAILABLE` | `forward_share` × spans |
 //! | forward queue full (downstream slow or down; see `forward`) | 429 + `Retry-After` | `UNAVAILABLE` | `forward_backpressure` × spans |
 //! | body not received within `body_read_timeout` | 408 | `DEADLINE_EXCEEDED` | `body_timeout` × 1 (request) |
 //! | no known bearer token / token without the `ingest` scope (when tokens are configured; see [`crate::auth`]) | 401 + `WWW-Authenticate` / 403 | `UNAUTHENTICATED` / `PERMISSION_DENIED` | `auth_failures_total{listener,reason}` |
