@@ -233,6 +233,19 @@ fn fault_config(endpoint: SocketAddr, protocol: ForwardProtocol) -> CollectorCon
     config
 }
 
+/// A downstream that is down (a port with nothing listening, returned for a later recovery)
+/// and [`fault_config`] for it over gRPC, with an age budget long enough that nothing is given
+/// up during a test.
+fn outage_config() -> (SocketAddr, CollectorConfig) {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut config = fault_config(dead, ForwardProtocol::Grpc);
+    config.forward.retry.max_elapsed = Duration::from_secs(600);
+    (dead, config)
+}
+
 /// Sends `requests` requests of 4 spans one after another; returns (accepted, refused with 429)
 /// requests.
 async fn send(http: SocketAddr, first: u32, requests: u32) -> (u32, u32) {
@@ -257,13 +270,7 @@ async fn send(http: SocketAddr, first: u32, requests: u32) -> (u32, u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outage_refuses_when_the_queue_is_full_and_drains_on_recovery() {
     // A port with nothing listening (it is listened on again for the recovery).
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let mut config = fault_config(dead, ForwardProtocol::Grpc);
-    // Long enough that nothing is given up during the test.
-    config.forward.retry.max_elapsed = Duration::from_secs(600);
+    let (dead, config) = outage_config();
     let c = server::run(config, std::future::pending()).await.unwrap();
     let http = c.http_addr.unwrap();
     let events = c.events().clone();
@@ -431,12 +438,7 @@ async fn post_from(from: IpAddr, to: SocketAddr, k: u32) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_filling_the_queue_is_refused_its_share_and_another_still_gets_in() {
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let mut config = fault_config(dead, ForwardProtocol::Grpc);
-    config.forward.retry.max_elapsed = Duration::from_secs(600);
+    let (_dead, config) = outage_config();
     let c = server::run(config, std::future::pending()).await.unwrap();
     let http = c.http_addr.unwrap();
     let events = c.events().clone();

@@ -7,14 +7,6 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 #[cfg(test)]
 pub(crate) const RESOURCE_EXHAUSTED: i32 = 8;
 
-/// Whether the request (or response) headers say `application/grpc…`.
-#[cfg(test)]
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(is_grpc_content_type)
-}
-
 /// Whether a `content-type` value is `application/grpc…`.
 pub(crate) fn is_grpc_content_type(value: &HeaderValue) -> bool {
     value.as_bytes().starts_with(b"application/grpc")
@@ -180,6 +172,10 @@ mod tests {
         let g = rejection(true, ());
         assert_eq!(g.status(), StatusCode::OK);
         assert_eq!(status(g.headers()), Some(RESOURCE_EXHAUSTED));
-        assert!(is_grpc(g.headers()));
+        assert!(
+            g.headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(is_grpc_content_type)
+        );
     }
 }

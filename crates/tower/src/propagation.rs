@@ -76,6 +76,9 @@ pub(crate) fn extract(headers: &HeaderMap, found: ContextHeaders) -> Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
+    use opentelemetry::baggage::BaggageExt;
+    use opentelemetry::trace::TraceContextExt;
 
     /// The context headers of `h`, as the layer's scan finds them.
     fn found(h: &HeaderMap) -> ContextHeaders {
@@ -83,9 +86,6 @@ mod tests {
         h.keys().for_each(|name| found.note(name));
         found
     }
-    use http::HeaderValue;
-    use opentelemetry::baggage::BaggageExt;
-    use opentelemetry::trace::TraceContextExt;
 
     #[test]
     fn valid_traceparent_is_continued() {

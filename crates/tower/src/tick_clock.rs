@@ -52,31 +52,27 @@ fn monotonic_nanos() -> u64 {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TickSpan {
     start_ticks: u64,
-    span_ticks: u64,
-    /// The span in nanoseconds, and `span_ticks`, as floats: converted once per span, not per
-    /// mark (`u128` to `f64` is a software routine).
+    /// The span in ticks and in nanoseconds, as floats: converted once per span, not per mark.
+    span_ticks: f64,
     span_nanos: f64,
-    span_ticks_f64: f64,
 }
 
 impl TickSpan {
     /// The anchors `(start, start_ticks)` and `(end, end_ticks)`.
     pub(crate) fn new(start: Instant, start_ticks: u64, end: Instant, end_ticks: u64) -> Self {
-        let span_ticks = end_ticks.saturating_sub(start_ticks);
         Self {
             start_ticks,
-            span_ticks,
+            span_ticks: end_ticks.saturating_sub(start_ticks) as f64,
             span_nanos: end.saturating_duration_since(start).as_nanos() as f64,
-            span_ticks_f64: span_ticks as f64,
         }
     }
 
     /// A tick count (a gap) as a duration.
     pub(crate) fn duration(&self, ticks: u64) -> Duration {
-        if self.span_ticks == 0 {
+        if self.span_ticks == 0.0 {
             return Duration::ZERO;
         }
-        let ns = (ticks as f64) * self.span_nanos / self.span_ticks_f64;
+        let ns = (ticks as f64) * self.span_nanos / self.span_ticks;
         Duration::from_nanos(ns.min(self.span_nanos) as u64)
     }
 
