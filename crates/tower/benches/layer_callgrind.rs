@@ -10,10 +10,11 @@
 //! Run directly: `layer_callgrind VARIANT N`. Variants (as in `layer_overhead`):
 //! `bare`; `infertrace_handover` (infertrace's batch processor, dropping exporter) and
 //! `otel_instrumentation_tower` (the peer, the SDK's batch processor, dropping exporter), both
-//! flushed after every batch's worth (4,096 spans); `infertrace_otlp` (`otlp::init` +
-//! `with_otlp`: the layer's own OTLP encoding) and `otel_instrumentation_tower_otlp` (the peer
-//! through opentelemetry-otlp), both to a local receiver in a child process, flushed after
-//! every batch's worth (512 spans) as the bench paces them. The script runs each variant with
+//! flushed after every batch's worth (4,096 entries: requests for infertrace, spans for the
+//! peer); `infertrace_otlp` (`otlp::init` + `with_otlp`: the layer's own OTLP encoding) and
+//! `otel_instrumentation_tower_otlp` (the peer through opentelemetry-otlp), both to a local
+//! receiver in a child process, flushed after every batch's worth (512 entries) as the bench
+//! paces them. The script runs each variant with
 //! two counts and divides the difference by the difference of the counts: set-up, warm-up and
 //! shutdown cancel out, what is left is the cost per request, on the request thread (the main
 //! thread) and in the whole process (every thread).
@@ -163,7 +164,7 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
                 .with_tracer_provider(&provider)
                 .with_span_processor(own.clone())
                 .default_model("llama-3.1-8b");
-            serve(layer.layer(Engine), n, Some((&own, 1024)));
+            serve(layer.layer(Engine), n, Some((&own, 4096)));
         }
         "otel_instrumentation_tower" => {
             let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
@@ -191,7 +192,7 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
                 let layer = InferenceTraceLayer::new()
                     .with_otlp(&providers)
                     .default_model("llama-3.1-8b");
-                serve(layer.layer(Engine), n, Some((&own, 128)));
+                serve(layer.layer(Engine), n, Some((&own, 512)));
                 Ok(())
             } else {
                 use opentelemetry_otlp::WithExportConfig as _;

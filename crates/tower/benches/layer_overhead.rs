@@ -441,7 +441,7 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
     bench_service(c, "request", "infertrace_fast", fast.layer(engine), 4);
     // The direct path into infertrace's batch processor (what `with_otlp` wires): each request
     // handed over as one queue entry, its spans built on the export thread. Same exporter, the
-    // same queue depth in spans (16,384 requests of 4 spans) and export batch size.
+    // same export calls per request (4,096 entries a batch, one a request) as the peer.
     let own = SharedSpanProcessor::batch_with(
         DropExporter,
         &opentelemetry_sdk::Resource::builder().build(),
@@ -580,14 +580,14 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
                 .with_tracer_provider(&provider)
                 .with_span_processor(own.clone())
                 .default_model("llama-3.1-8b");
-            // A batch's worth: 512 spans, 128 requests of 4.
+            // A batch's worth: 512 entries, one a request (as the peer's 512 spans).
             bench_paced(
                 c,
                 "request",
                 "infertrace_handover_otlp",
                 layer.layer(engine),
                 4,
-                Some((&own, 128)),
+                Some((&own, 512)),
             );
         }
         // What `otlp::init` + `with_otlp` wire: the layer's requests encoded straight to OTLP.
@@ -614,7 +614,7 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
                 "infertrace_otlp",
                 layer.layer(engine),
                 4,
-                Some((&own, 128)),
+                Some((&own, 512)),
             );
             // Its exporter is not wrapped in `Counting`: what the processor did not drop.
             let dropped = own.dropped_spans().unwrap_or(0) - dropped;

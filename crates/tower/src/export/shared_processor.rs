@@ -62,7 +62,9 @@ impl SharedSpanProcessor {
     /// one export thread. Other spans pass through it unchanged; a layer using it
     /// ([`with_span_processor`](crate::InferenceTraceLayer::with_span_processor),
     /// `with_otlp`) hands each finished request over
-    /// as one queue entry, and its four spans are built on the export thread. A full queue drops
+    /// as one queue entry, and its four spans are built on the export thread. The queue and
+    /// batch sizes count entries (for the layer's requests: requests, not spans; see
+    /// [`BatchSettings`]). A full queue drops
     /// (and counts, see [`dropped_spans`](Self::dropped_spans)) rather than block a request.
     /// `OTEL_BSP_EXPORT_TIMEOUT` is not applied: an export call takes as long as the exporter's
     /// own timeout allows (as with the SDK's thread-based processor). Like the SDK's batch

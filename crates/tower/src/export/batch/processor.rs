@@ -3,8 +3,14 @@
 //!
 //! Batching as the SDK's: a bounded data queue that never blocks the caller (a full queue drops
 //! and counts), a control channel the export thread sleeps on, an export when a batch's worth of
-//! spans is queued or the schedule delay has passed, and flush / shutdown that export everything
+//! entries is queued or the schedule delay has passed, and flush / shutdown that export everything
 //! queued first. Spans of a tracer provider go through it unchanged ([`SpanProcessor::on_end`]).
+//!
+//! The queue and the batch both count **entries**: a span, or a whole request of the layer.
+//! For spans alone that is the SDK's meaning of `OTEL_BSP_MAX_QUEUE_SIZE` and
+//! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`; for the layer it means a request's four spans take one
+//! place in the queue and one in the batch, so they cost as many export calls as one span a
+//! request would (an export call — an HTTP round trip — costs far more than a span).
 //!
 //! [`BatchProcessor::submit_request`] takes a finished request (its request span and what it
 //! ended with) as **one** queue entry, and the export thread builds its spans. The request's
@@ -55,8 +61,6 @@ impl Item {
 pub(crate) trait RequestExport: Send + fmt::Debug {
     /// Takes a finished request (its spans are the ones `span_data::request_spans` builds).
     fn push(&mut self, span: DirectSpan, request: FinishedRequest, ids: &RandomIdGenerator);
-    /// Spans taken since the last [`stage`](Self::stage).
-    fn span_count(&self) -> usize;
     /// Makes what was taken go with the next export call; `with_other_spans`: that call gets
     /// spans of its own too. Returns the number of spans staged.
     fn stage(&mut self, with_other_spans: bool) -> usize;
@@ -66,7 +70,7 @@ pub(crate) trait RequestExport: Send + fmt::Debug {
 
 /// What travels on the control channel.
 enum Control {
-    /// A batch's worth of spans is queued.
+    /// A batch's worth of entries is queued.
     Export,
     Flush(SyncSender<OTelSdkResult>),
     Shutdown(SyncSender<OTelSdkResult>),
@@ -76,8 +80,8 @@ enum Control {
 pub(crate) struct BatchProcessor {
     items: SyncSender<Item>,
     control: SyncSender<Control>,
-    /// Spans queued and not yet taken by the export thread.
-    queued_spans: Arc<AtomicUsize>,
+    /// Entries queued and not yet taken by the export thread.
+    queued: Arc<AtomicUsize>,
     /// An `Export` message is on its way (cleared by the export thread).
     export_signalled: Arc<AtomicBool>,
     max_export_batch_size: usize,
@@ -131,7 +135,7 @@ impl BatchProcessor {
         let settings = settings.normalized();
         let (items, item_rx) = sync_channel(settings.max_queue_size);
         let (control, control_rx) = sync_channel(64);
-        let queued_spans = Arc::new(AtomicUsize::new(0));
+        let queued = Arc::new(AtomicUsize::new(0));
         let export_signalled = Arc::new(AtomicBool::new(false));
         let dropped_spans = Arc::new(AtomicU64::new(0));
         let request_export = requests.is_some();
@@ -140,10 +144,11 @@ impl BatchProcessor {
             exporter,
             items: item_rx,
             control: control_rx,
-            queued_spans: Arc::clone(&queued_spans),
+            queued: Arc::clone(&queued),
             export_signalled: Arc::clone(&export_signalled),
             settings,
-            batch: Vec::with_capacity(settings.max_export_batch_size + 4),
+            batch: Vec::with_capacity(settings.max_export_batch_size),
+            pending: 0,
             ids: RandomIdGenerator::default(),
             requests,
         };
@@ -157,7 +162,7 @@ impl BatchProcessor {
         Ok(Self {
             items,
             control,
-            queued_spans,
+            queued,
             export_signalled,
             max_export_batch_size: settings.max_export_batch_size,
             dropped_spans,
@@ -181,16 +186,15 @@ impl BatchProcessor {
 
     #[inline]
     fn enqueue(&self, item: Item) {
-        let spans = item.span_count();
         if self.shut_down.load(Ordering::Acquire) {
-            self.dropped(spans);
+            self.dropped(item.span_count());
             return;
         }
-        // Counted before it is queued, so a concurrent flush never misses a queued span.
-        let before = self.queued_spans.fetch_add(spans, Ordering::AcqRel);
+        // Counted before it is queued, so a concurrent flush never misses a queued entry.
+        let before = self.queued.fetch_add(1, Ordering::AcqRel);
         match self.items.try_send(item) {
             Ok(()) => {
-                if before + spans >= self.max_export_batch_size
+                if before + 1 >= self.max_export_batch_size
                     && !self.export_signalled.load(Ordering::Relaxed)
                     && !self.export_signalled.swap(true, Ordering::Relaxed)
                     && self.control.try_send(Control::Export).is_err()
@@ -198,9 +202,9 @@ impl BatchProcessor {
                     self.export_signalled.store(false, Ordering::Relaxed);
                 }
             }
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.queued_spans.fetch_sub(spans, Ordering::AcqRel);
-                self.dropped(spans);
+            Err(TrySendError::Full(item) | TrySendError::Disconnected(item)) => {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                self.dropped(item.span_count());
             }
         }
     }
@@ -286,11 +290,14 @@ struct Worker<E> {
     exporter: E,
     items: Receiver<Item>,
     control: Receiver<Control>,
-    queued_spans: Arc<AtomicUsize>,
+    queued: Arc<AtomicUsize>,
     export_signalled: Arc<AtomicBool>,
     dropped_spans: Arc<AtomicU64>,
     settings: BatchSettings,
+    /// `SpanData` waiting for the next export call.
     batch: Vec<SpanData>,
+    /// Entries taken since the last export call (in `batch` or in `requests`).
+    pending: usize,
     ids: RandomIdGenerator,
     /// Where the layer's requests go instead of `batch`, if anywhere.
     requests: Option<Box<dyn RequestExport>>,
@@ -338,80 +345,59 @@ impl<E: SpanExporter> Worker<E> {
         }
     }
 
-    /// Exports every span queued when called, in batches of at most the batch size.
+    /// Exports every entry queued when called, in export calls of at most the batch size
+    /// (in entries: a request's spans are never split between calls).
     ///
-    /// The shared count of queued spans is lowered once per export, not per entry: the
+    /// The shared count of queued entries is lowered once per export, not per entry: the
     /// request threads increment it with every entry, and a decrement per entry would bounce
     /// its cache line between them and this thread all the time.
     fn drain(&mut self) -> OTelSdkResult {
         let max = self.settings.max_export_batch_size;
         let mut result = Ok(());
-        let target = self.queued_spans.load(Ordering::Acquire);
-        let mut taken = 0;
+        let target = self.queued.load(Ordering::Acquire);
         let mut uncounted = 0;
-        while taken < target {
+        for _ in 0..target {
             let Ok(item) = self.items.try_recv() else {
                 break;
             };
-            let n = item.span_count();
             match item {
                 Item::Span(span) => self.batch.push(span),
                 Item::Request(span, request) => match &mut self.requests {
-                    Some(requests) => {
-                        // A request's spans are not split between exports: export first what
-                        // would overflow the batch with them.
-                        if requests.span_count() > 0
-                            && self.batch.len() + requests.span_count() + n > max
-                        {
-                            self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
-                            uncounted = 0;
-                            result = result.and(self.export_pending());
-                        }
-                        if let Some(requests) = &mut self.requests {
-                            requests.push(span, request, &self.ids);
-                        }
-                    }
+                    Some(requests) => requests.push(span, request, &self.ids),
                     None => {
                         let batch = &mut self.batch;
                         span_data::request_spans(span, request, &self.ids, |data| batch.push(data));
                     }
                 },
             }
-            taken += n;
-            uncounted += n;
-            while self.pending_spans() >= max {
-                self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
+            uncounted += 1;
+            self.pending += 1;
+            if self.pending >= max {
+                self.queued.fetch_sub(uncounted, Ordering::AcqRel);
                 uncounted = 0;
-                if self.requests.as_ref().is_some_and(|r| r.span_count() > 0) {
-                    result = result.and(self.export_pending());
-                } else {
-                    // The spans past the batch size start the next batch, which keeps its
-                    // full capacity (`split_off` would leave it to grow again span by span).
-                    let capacity = self.batch.capacity();
-                    let mut full = std::mem::replace(&mut self.batch, Vec::with_capacity(capacity));
-                    self.batch.extend(full.drain(max..));
-                    result = result.and(self.export(full));
-                }
+                result = result.and(self.export_pending());
             }
         }
         if uncounted > 0 {
-            self.queued_spans.fetch_sub(uncounted, Ordering::AcqRel);
+            self.queued.fetch_sub(uncounted, Ordering::AcqRel);
         }
-        if self.pending_spans() > 0 {
+        if self.pending > 0 {
             result = result.and(self.export_pending());
         }
         result
     }
 
-    /// Spans waiting for an export: `SpanData` in the batch and requests taken by `requests`.
-    fn pending_spans(&self) -> usize {
-        self.batch.len() + self.requests.as_ref().map_or(0, |r| r.span_count())
-    }
-
     /// Exports the batch and whatever `requests` holds, in one export call.
     fn export_pending(&mut self) -> OTelSdkResult {
-        let capacity = self.settings.max_export_batch_size + 4;
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(capacity));
+        self.pending = 0;
+        // The next batch keeps this one's capacity (growing it span by span would reallocate
+        // and fault in fresh pages); an empty batch — the layer's requests alone — stays.
+        let batch = if self.batch.is_empty() {
+            Vec::new()
+        } else {
+            let capacity = self.batch.capacity();
+            std::mem::replace(&mut self.batch, Vec::with_capacity(capacity))
+        };
         let with_other_spans = !batch.is_empty();
         let Some(requests) = &mut self.requests else {
             return self.export(batch);
@@ -599,28 +585,29 @@ mod tests {
     }
 
     #[test]
-    fn exports_in_batches_of_the_batch_size_when_a_batch_is_queued() {
+    fn exports_in_batches_of_the_batch_size_in_entries_when_a_batch_is_queued() {
         let exporter = Batches::default();
-        let p = BatchProcessor::new(exporter.clone(), &resource(), settings(1000, 3_600_000, 10))
+        let p = BatchProcessor::new(exporter.clone(), &resource(), settings(1000, 3_600_000, 2))
             .expect("thread");
         for _ in 0..5 {
-            submit(&p, sampled_context()); // 4 spans each
+            submit(&p, sampled_context()); // one entry, 4 spans
         }
-        // A batch's worth queued wakes the export thread: no flush, and the timer is an hour.
+        // A batch's worth of entries queued wakes the export thread: no flush, and the timer
+        // is an hour.
         let deadline = Instant::now() + Duration::from_secs(10);
         while exporter.sizes().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(
-            exporter.sizes().iter().sum::<usize>() >= 10,
-            "{:?}",
-            exporter.sizes()
-        );
-        p.on_end(sdk_span("one"));
+        assert!(!exporter.sizes().is_empty(), "exported without a flush");
+        for _ in 0..3 {
+            p.on_end(sdk_span("one")); // one entry, 1 span
+        }
         assert!(p.force_flush().is_ok());
         let sizes = exporter.sizes();
-        assert_eq!(sizes.iter().sum::<usize>(), 21, "{sizes:?}");
-        assert!(sizes.iter().all(|n| *n <= 10), "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), 23, "{sizes:?}");
+        // Two entries a call: two requests (8 spans), a request and a span (5), two spans.
+        assert!(sizes.iter().all(|n| *n <= 8), "{sizes:?}");
+        assert!(sizes.len() >= 4, "{sizes:?}");
     }
 
     #[test]
@@ -687,7 +674,7 @@ mod tests {
 #[cfg(test)]
 mod request_export_tests {
     //! The processor with a [`RequestExport`]: requests go to it, whole, and every export call
-    //! carries at most a batch's worth of spans, theirs and the exporter's together.
+    //! carries at most a batch's worth of entries, theirs and the exporter's together.
 
     use std::sync::Mutex as StdMutex;
     use std::time::SystemTime;
@@ -709,9 +696,6 @@ mod request_export_tests {
     impl RequestExport for Fake {
         fn push(&mut self, span: DirectSpan, request: FinishedRequest, _: &RandomIdGenerator) {
             self.spans += span_data::span_count(&span, &request);
-        }
-        fn span_count(&self) -> usize {
-            self.spans
         }
         fn stage(&mut self, with_other_spans: bool) -> usize {
             let n = std::mem::take(&mut self.spans);
@@ -753,7 +737,7 @@ mod request_export_tests {
         let settings = BatchSettings {
             max_queue_size: 1000,
             scheduled_delay: Duration::from_secs(3600),
-            max_export_batch_size: 10,
+            max_export_batch_size: 2,
         };
         let p = BatchProcessor::with_requests(
             exporter.clone(),
@@ -766,14 +750,9 @@ mod request_export_tests {
             submit(&p);
         }
         assert!(p.force_flush().is_ok());
-        // 20 spans, never split: 8 + 8 + 4.
+        // 20 spans in calls of two entries: 8 + 8 + 4.
         let got = staged.lock().map(|s| s.clone()).unwrap_or_default();
-        assert_eq!(got.iter().map(|(n, _)| n).sum::<usize>(), 20, "{got:?}");
-        assert!(
-            got.iter()
-                .all(|(n, other)| *n % 4 == 0 && *n <= 10 && !other),
-            "{got:?}"
-        );
+        assert_eq!(got, [(8, false), (8, false), (4, false)]);
         assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
 
         // An SDK span and a request in one export: the request rides along with it.

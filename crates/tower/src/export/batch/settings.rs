@@ -19,7 +19,9 @@ pub struct BatchSettings {
     pub max_queue_size: usize,
     /// Longest time a queued span waits for its batch to be exported (default 5 s; at least 1 ms).
     pub scheduled_delay: Duration,
-    /// Spans per export call (default 512; at most `max_queue_size`).
+    /// Queue entries per export call (default 512; at most `max_queue_size`): spans, or whole
+    /// requests of the layer, whose spans are never split between calls (512 of them are
+    /// about 2,048 spans, some 700 KB of OTLP protobuf).
     pub max_export_batch_size: usize,
 }
 

@@ -46,10 +46,6 @@ impl RequestExport for OtlpRequests {
         self.encoder.push(span, request, ids);
     }
 
-    fn span_count(&self) -> usize {
-        self.encoder.span_count()
-    }
-
     fn stage(&mut self, with_other_spans: bool) -> usize {
         let spans = self.encoder.span_count();
         if spans > 0 {
