@@ -160,9 +160,11 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
             let provider = SdkTracerProvider::builder()
                 .with_span_processor(own.clone())
                 .build();
+            // Tracing only, as the peer (`with_metrics(false)`).
             let layer = InferenceTraceLayer::new()
                 .with_tracer_provider(&provider)
                 .with_span_processor(own.clone())
+                .without_metrics()
                 .default_model("llama-3.1-8b");
             serve(layer.layer(Engine), n, Some((&own, 4096)));
         }

@@ -455,9 +455,11 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
     if let Ok(mut processors) = PROCESSORS.lock() {
         processors.push(own.clone());
     }
+    // Tracing only, as the peer's variant (`with_metrics(false)`).
     let handover = InferenceTraceLayer::new()
         .with_tracer_provider(&tracer_provider)
         .with_span_processor(own.clone())
+        .without_metrics()
         .default_model("llama-3.1-8b");
     bench_service(
         c,

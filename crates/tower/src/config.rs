@@ -55,6 +55,11 @@ pub(crate) fn scope() -> InstrumentationScope {
 /// The settings and instruments every service of one layer shares.
 pub(crate) struct Shared {
     pub(crate) metrics: LayerMetrics,
+    /// Whether requests are recorded in `metrics` ([`InferenceTraceLayer::without_metrics`]
+    /// turns it off; the admission queue's gauge still goes through `metrics`, a no-op then).
+    ///
+    /// [`InferenceTraceLayer::without_metrics`]: crate::InferenceTraceLayer::without_metrics
+    pub(crate) record_metrics: bool,
     pub(crate) phase_source: PhaseSource,
     pub(crate) admission: Option<Arc<AdmissionQueue>>,
     pub(crate) default_model: Option<StringValue>,

@@ -53,6 +53,8 @@ pub struct InferenceTraceLayer {
     sampler: Option<(Box<dyn ShouldSample>, bool)>,
     metrics: Option<LayerMetrics>,
     meter: Option<Meter>,
+    /// Whether requests are recorded as metrics (see [`without_metrics`](Self::without_metrics)).
+    record_metrics: bool,
     phase_source: PhaseSource,
     gpu: Option<Counters>,
     admission: Option<Arc<AdmissionQueue>>,
@@ -95,6 +97,7 @@ impl InferenceTraceLayer {
             sampler: None,
             metrics: None,
             meter: None,
+            record_metrics: true,
             phase_source: PhaseSource::Engine,
             gpu: None,
             admission: None,
@@ -136,7 +139,8 @@ impl InferenceTraceLayer {
     /// Exports through what [`otlp::init`](crate::otlp::init) built: the layer's spans go
     /// straight to [`OtlpProviders::span_processor`] (the direct path of
     /// [`with_span_processor`](Self::with_span_processor)), sampled by the tracer provider's
-    /// sampler; the layer's metrics go to the meter provider, if metrics are on. The handler's
+    /// sampler; the layer's metrics go to the meter provider if metrics are on, and none are
+    /// recorded if they are off (as [`without_metrics`](Self::without_metrics)). The handler's
     /// own spans reach the same batch processor through the tracer provider (install it
     /// globally, or give it to `tracing-opentelemetry`).
     ///
@@ -160,7 +164,7 @@ impl InferenceTraceLayer {
         ));
         match &providers.meter_provider {
             Some(meters) => layer.with_meter_provider(meters),
-            None => layer.changed(),
+            None => layer.without_metrics(),
         }
     }
 
@@ -221,6 +225,20 @@ impl InferenceTraceLayer {
         let meter = provider.meter_with_scope(scope());
         self.metrics = Some(LayerMetrics::new(&meter));
         self.meter = Some(meter);
+        self.record_metrics = true;
+        self.changed()
+    }
+
+    /// Records no metrics, spans only: for a deployment whose GenAI metrics come from the
+    /// spans (the collector derives the same latency and token figures from them), or to save
+    /// the metrics' cost per request. GPU and host metrics are not registered either.
+    /// [`with_meter_provider`](Self::with_meter_provider) afterwards turns them back on.
+    pub fn without_metrics(mut self) -> Self {
+        let noop = opentelemetry::metrics::noop::NoopMeterProvider::new();
+        let meter = noop.meter_with_scope(scope());
+        self.metrics = Some(LayerMetrics::new(&meter));
+        self.meter = Some(meter);
+        self.record_metrics = false;
         self.changed()
     }
 
@@ -327,6 +345,7 @@ impl InferenceTraceLayer {
                 }
                 let shared = Shared {
                     metrics,
+                    record_metrics: self.record_metrics,
                     phase_source: self.phase_source,
                     admission: self.admission.clone(),
                     default_model: self.default_model.clone(),

@@ -126,7 +126,9 @@ impl RequestRecord {
         let recorder =
             RequestRecorder::with_anchor_and_energy(arrival, arrival, arrival_tick, energy.clone());
         req.extensions_mut().insert(recorder.clone());
-        shared.metrics.active_requests.add(1, &[]);
+        if shared.record_metrics {
+            shared.metrics.active_requests.add(1, &[]);
+        }
         Box::new(Self {
             state,
             arrival,
@@ -436,15 +438,17 @@ impl RequestRecord {
             energy.end();
         }
 
-        let key = MetricKey {
-            operation: self.facts.operation.clone(),
-            outcome,
-            model: model_for_name,
-            error_type,
-        };
-        let metrics = &self.state.shared.metrics;
-        metrics.record(&measurements, key);
-        metrics.active_requests.add(-1, &[]);
+        if self.state.shared.record_metrics {
+            let key = MetricKey {
+                operation: self.facts.operation.clone(),
+                outcome,
+                model: model_for_name,
+                error_type,
+            };
+            let metrics = &self.state.shared.metrics;
+            metrics.record(&measurements, key);
+            metrics.active_requests.add(-1, &[]);
+        }
         // Free the admission slot only now: the engine is busy until the stream ends.
         self.permit = None;
     }

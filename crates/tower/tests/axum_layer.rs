@@ -777,6 +777,36 @@ async fn tracing_spans_nest_with(tel: Telemetry) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_metrics_records_spans_and_no_metrics() {
+    let tel = Telemetry::new();
+    let truths = Truths::default();
+    let layer = tel.layer().default_model("test-model").without_metrics();
+    let addr = serve_axum(app(&truths).layer(layer)).await;
+    send(addr, "/v1/chat/completions", &[], "{}").await;
+    let spans = tel.wait_for_requests(1).await;
+    assert_eq!(requests(&spans).len(), 1, "the spans are there");
+    let metrics = tel.finished_metrics();
+    assert!(
+        f64_histogram(&metrics, "gen_ai.server.request.duration").is_empty(),
+        "no request metrics"
+    );
+    assert!(token_usage(&metrics).is_empty(), "no token metrics");
+    assert_eq!(i64_sum(&metrics, "infer.server.active_requests"), None);
+
+    // The meter provider given again afterwards turns them back on.
+    let layer = tel
+        .layer()
+        .default_model("test-model")
+        .without_metrics()
+        .with_meter_provider(&tel.meter_provider);
+    let addr = serve_axum(app(&truths).layer(layer)).await;
+    send(addr, "/v1/chat/completions", &[], "{}").await;
+    tel.wait_for_requests(2).await;
+    let duration = f64_histogram(&tel.finished_metrics(), "gen_ai.server.request.duration");
+    assert_eq!(duration.iter().map(|p| p.1).sum::<u64>(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_recorded_with_the_recommended_buckets() {
     let tel = Telemetry::new();
     let truths = Truths::default();
