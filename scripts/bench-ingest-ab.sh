@@ -5,12 +5,18 @@
 # spans per request) and the collector's CPU are counted for `window` seconds. Prints CPU ns per
 # analysed span per variant and round: variants alternate, so machine drift hits them alike.
 #
-#   scripts/bench-ingest-ab.sh PROTO ROUNDS WARM WINDOW 'label|collector binary|blast flags|spans per request' ...
+#   scripts/bench-ingest-ab.sh PROTO ROUNDS WARM WINDOW 'label|collector binary|blast flags|spans per request[|config]' ...
+#
+# The optional fifth field is YAML appended to the collector's config for that variant (one
+# line, e.g. `limits: { max_traces_in_flight: 5000000 }`); without it the defaults.
 #
 # e.g. this commit against another build, HTTP whole traces:
 #   scripts/bench-ingest-ab.sh http 3 15 8 'old|/tmp/old/infertrace||4' 'new|target/release/infertrace||4'
 # plain against disaggregated traces (docs/PERFORMANCE.md):
 #   scripts/bench-ingest-ab.sh grpc 3 15 8 'plain|target/release/infertrace||4' 'pd|target/release/infertrace|--pd|17'
+# the defaults against raised limits:
+#   scripts/bench-ingest-ab.sh http 3 15 8 'default|target/release/infertrace||4' \
+#     'raised|target/release/infertrace||4|limits: { memory_limit_bytes: 8589934592, max_traces_in_flight: 5000000 }'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 5 ]; then sed -n '2,14p' "$0" >&2; exit 2; fi
@@ -36,9 +42,10 @@ sample() {
 }
 for round in $(seq "$rounds"); do
   for spec in "$@"; do
-    IFS='|' read -r label bin flags per <<< "$spec"
+    IFS='|' read -r label bin flags per extra <<< "$spec"
     rm -rf "$tmp/data"
-    taskset -c 1 "$bin" collect --data-dir "$tmp/data" --config "$tmp/c.yaml" >/dev/null 2>&1 &
+    { cat "$tmp/c.yaml"; printf '%s\n' "${extra:-}"; } > "$tmp/v.yaml"
+    taskset -c 1 "$bin" collect --data-dir "$tmp/data" --config "$tmp/v.yaml" >/dev/null 2>&1 &
     pid=$!
     for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/29464) 2>/dev/null && break; sleep 0.1; done
     # shellcheck disable=SC2086 # the flags are words
