@@ -19,7 +19,7 @@
 #     'raised|target/release/infertrace||4|limits: { memory_limit_bytes: 8589934592, max_traces_in_flight: 5000000 }'
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -lt 5 ]; then sed -n '2,14p' "$0" >&2; exit 2; fi
+if [ $# -lt 5 ]; then sed -n '2,19p' "$0" >&2; exit 2; fi
 proto=$1 rounds=$2 warm=$3 window=$4
 shift 4
 cargo build --release -q -p infertrace-collector --bin otlp-blast

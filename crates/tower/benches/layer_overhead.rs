@@ -13,8 +13,8 @@
 //!   (`with_span_processor`: finished `SpanData`, no tracer);
 //! - `infertrace_handover`: the same with infertrace's own batch processor
 //!   (`SharedSpanProcessor::batch_with`, what `with_otlp` wires): one queue entry per request,
-//!   the four spans built on the export thread (`_metrics`: plus every metric into an SDK
-//!   meter provider);
+//!   the four spans built on the export thread, tracing only (`without_metrics`, as the peer's
+//!   `with_metrics(false)`; `_metrics`: plus every metric into an SDK meter provider);
 //! - `infertrace_global`: the same through the global (boxed) tracer;
 //! - `infertrace_metrics`: the same plus every metric recorded into an SDK meter provider;
 //! - `otel_instrumentation_tower`: `opentelemetry-instrumentation-tower` 0.19, one span, tracing

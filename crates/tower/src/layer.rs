@@ -139,8 +139,10 @@ impl InferenceTraceLayer {
     /// Exports through what [`otlp::init`](crate::otlp::init) built: the layer's spans go
     /// straight to [`OtlpProviders::span_processor`] (the direct path of
     /// [`with_span_processor`](Self::with_span_processor)), sampled by the tracer provider's
-    /// sampler; the layer's metrics go to the meter provider if metrics are on, and none are
-    /// recorded if they are off (as [`without_metrics`](Self::without_metrics)). The handler's
+    /// sampler; the layer's metrics go to the meter provider if metrics are on. If they are off,
+    /// a meter provider given to the layer before ([`with_meter_provider`](Self::with_meter_provider))
+    /// keeps them; otherwise none are recorded (as [`without_metrics`](Self::without_metrics)).
+    /// The handler's
     /// own spans reach the same batch processor through the tracer provider (install it
     /// globally, or give it to `tracing-opentelemetry`).
     ///
@@ -164,6 +166,8 @@ impl InferenceTraceLayer {
         ));
         match &providers.meter_provider {
             Some(meters) => layer.with_meter_provider(meters),
+            // A meter provider given before (or `without_metrics`) stays as it was.
+            None if layer.meter.is_some() => layer.changed(),
             None => layer.without_metrics(),
         }
     }
@@ -366,5 +370,40 @@ impl<S> Layer<S> for InferenceTraceLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         InferenceTraceService::new(inner, self.state())
+    }
+}
+
+#[cfg(all(test, feature = "otlp"))]
+mod tests {
+    use super::*;
+    use crate::otlp::{self, OtlpConfig};
+
+    fn records_metrics(layer: &InferenceTraceLayer) -> bool {
+        layer.state().shared.record_metrics
+    }
+
+    #[test]
+    fn with_otlp_records_metrics_only_where_some_meter_wants_them() {
+        let config = |metrics| {
+            OtlpConfig::http("http://127.0.0.1:9")
+                .service_name("layer-test")
+                .metrics(metrics)
+        };
+        let off = otlp::init(config(false)).expect("providers");
+        let on = otlp::init(config(true)).expect("providers");
+        assert!(!records_metrics(
+            &InferenceTraceLayer::new().with_otlp(&off)
+        ));
+        assert!(records_metrics(&InferenceTraceLayer::new().with_otlp(&on)));
+        // A meter provider given before is kept when the config turns metrics off.
+        let meters = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
+        let kept = InferenceTraceLayer::new()
+            .with_meter_provider(&meters)
+            .with_otlp(&off);
+        assert!(records_metrics(&kept));
+        assert!(!records_metrics(
+            &InferenceTraceLayer::new().without_metrics().with_otlp(&off)
+        ));
+        assert!(records_metrics(&InferenceTraceLayer::new()));
     }
 }

@@ -605,9 +605,11 @@ mod tests {
         assert!(p.force_flush().is_ok());
         let sizes = exporter.sizes();
         assert_eq!(sizes.iter().sum::<usize>(), 23, "{sizes:?}");
-        // Two entries a call: two requests (8 spans), a request and a span (5), two spans.
+        // At most two entries a call: two requests (8 spans), a request and a span (5), two
+        // spans; a request is never split (counting spans, calls would hold at most 2).
         assert!(sizes.iter().all(|n| *n <= 8), "{sizes:?}");
-        assert!(sizes.len() >= 4, "{sizes:?}");
+        assert!(sizes.iter().any(|n| *n >= 4), "{sizes:?}");
+        assert!((4..=8).contains(&sizes.len()), "{sizes:?}");
     }
 
     #[test]
@@ -750,9 +752,15 @@ mod request_export_tests {
             submit(&p);
         }
         assert!(p.force_flush().is_ok());
-        // 20 spans in calls of two entries: 8 + 8 + 4.
+        // 20 spans in calls of at most two entries (8 + 8 + 4, or a lone request exported
+        // early when the export thread wakes mid-way); counting spans, every call would be 4.
         let got = staged.lock().map(|s| s.clone()).unwrap_or_default();
-        assert_eq!(got, [(8, false), (8, false), (4, false)]);
+        assert_eq!(got.iter().map(|(n, _)| n).sum::<usize>(), 20, "{got:?}");
+        assert!(
+            got.iter().all(|(n, other)| (*n == 4 || *n == 8) && !other),
+            "{got:?}"
+        );
+        assert!(got.contains(&(8, false)), "{got:?}");
         assert!(exporter.get_finished_spans().unwrap_or_default().is_empty());
 
         // An SDK span and a request in one export: the request rides along with it.

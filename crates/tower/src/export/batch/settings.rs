@@ -15,13 +15,15 @@ pub const MAX_QUEUE_ENTRIES: usize = 65_536;
 pub struct BatchSettings {
     /// Queue entries held before new ones are dropped (default 2,048; at most
     /// [`MAX_QUEUE_ENTRIES`], as the queue is allocated up front). An entry is one span, or one
-    /// whole request from the layer (its request span and up to four phase spans).
+    /// whole request from the layer (its request span and up to three phase spans).
     pub max_queue_size: usize,
     /// Longest time a queued span waits for its batch to be exported (default 5 s; at least 1 ms).
     pub scheduled_delay: Duration,
     /// Queue entries per export call (default 512; at most `max_queue_size`): spans, or whole
     /// requests of the layer, whose spans are never split between calls (512 of them are
-    /// about 2,048 spans, some 700 KB of OTLP protobuf).
+    /// about 2,048 spans, some 700 KB of OTLP protobuf; more with GPU attributes). It counted
+    /// spans before 2026-12: a value raised then to fit four spans a request (2,048) now means
+    /// four times as many spans per call — go back to the default.
     pub max_export_batch_size: usize,
 }
 
