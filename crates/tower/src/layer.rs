@@ -373,10 +373,11 @@ impl<S> Layer<S> for InferenceTraceLayer {
     }
 }
 
-#[cfg(all(test, feature = "otlp"))]
+#[cfg(feature = "otlp")]
+#[cfg(test)]
 mod tests {
     use super::*;
-    use crate::otlp::{self, OtlpConfig};
+    use crate::otlp::{OtlpConfig, init};
 
     fn records_metrics(layer: &InferenceTraceLayer) -> bool {
         layer.state().shared.record_metrics
@@ -389,8 +390,8 @@ mod tests {
                 .service_name("layer-test")
                 .metrics(metrics)
         };
-        let off = otlp::init(config(false)).expect("providers");
-        let on = otlp::init(config(true)).expect("providers");
+        let off = init(config(false)).expect("providers");
+        let on = init(config(true)).expect("providers");
         assert!(!records_metrics(
             &InferenceTraceLayer::new().with_otlp(&off)
         ));
