@@ -10,8 +10,8 @@
 //! Run directly: `layer_callgrind VARIANT N`. Variants (as in `layer_overhead`):
 //! `bare`; `infertrace_handover` (infertrace's batch processor, dropping exporter) and
 //! `otel_instrumentation_tower` (the peer, the SDK's batch processor, dropping exporter), both
-//! flushed after every batch's worth (4,096 entries: requests for infertrace, spans for the
-//! peer); `infertrace_otlp` (`otlp::init` + `with_otlp`: the layer's own OTLP encoding) and
+//! flushed after every batch's worth (infertrace: its default 512 entries, 512 requests;
+//! the peer: 4,096 spans); `infertrace_otlp` (`otlp::init` + `with_otlp`: the layer's own OTLP encoding) and
 //! `otel_instrumentation_tower_otlp` (the peer through opentelemetry-otlp), both to a local
 //! receiver in a child process, flushed after every batch's worth (512 entries) as the bench
 //! paces them. The script runs each variant with
@@ -153,7 +153,7 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
                 BatchSettings {
                     max_queue_size: 1 << 14,
                     scheduled_delay: Duration::from_secs(5),
-                    max_export_batch_size: 4096,
+                    max_export_batch_size: 512,
                 },
             )
             .map_err(|e| format!("export thread: {e}"))?;
@@ -166,7 +166,7 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
                 .with_span_processor(own.clone())
                 .without_metrics()
                 .default_model("llama-3.1-8b");
-            serve(layer.layer(Engine), n, Some((&own, 4096)));
+            serve(layer.layer(Engine), n, Some((&own, 512)));
         }
         "otel_instrumentation_tower" => {
             let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()

@@ -440,15 +440,17 @@ fn benches(c: &mut Criterion, receiver: Option<&str>) {
         .default_model("llama-3.1-8b");
     bench_service(c, "request", "infertrace_fast", fast.layer(engine), 4);
     // The direct path into infertrace's batch processor (what `with_otlp` wires): each request
-    // handed over as one queue entry, its spans built on the export thread. Same exporter, the
-    // same export calls per request (4,096 entries a batch, one a request) as the peer.
+    // handed over as one queue entry, its spans built on the export thread. Same exporter; the
+    // default batch of 512 entries (requests: 2,048 spans a call — larger batches cost the
+    // export thread more, see docs/PERFORMANCE.md), a queue of 16,384 requests so that the
+    // export thread's building never fills it.
     let own = SharedSpanProcessor::batch_with(
         DropExporter,
         &opentelemetry_sdk::Resource::builder().build(),
         BatchSettings {
             max_queue_size: 1 << 14,
             scheduled_delay: Duration::from_secs(5),
-            max_export_batch_size: 4096,
+            max_export_batch_size: 512,
         },
     )
     .expect("export thread");
