@@ -802,8 +802,17 @@ async fn without_metrics_records_spans_and_no_metrics() {
     let addr = serve_axum(app(&truths).layer(layer)).await;
     send(addr, "/v1/chat/completions", &[], "{}").await;
     tel.wait_for_requests(2).await;
-    let duration = f64_histogram(&tel.finished_metrics(), "gen_ai.server.request.duration");
-    assert_eq!(duration.iter().map(|p| p.1).sum::<u64>(), 1);
+    // The metrics are recorded right after the span ends: wait for them.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let duration = f64_histogram(&tel.finished_metrics(), "gen_ai.server.request.duration");
+        let recorded = duration.iter().map(|p| p.1).sum::<u64>();
+        if recorded == 1 || tokio::time::Instant::now() >= deadline {
+            assert_eq!(recorded, 1, "one request recorded, by the second layer");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
