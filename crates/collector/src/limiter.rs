@@ -74,6 +74,47 @@ pub enum Sender {
     Peer(IpAddr),
 }
 
+/// How much of one shared budget each sender holds — bytes of request memory here, places in
+/// the forward queue there (`forward::share`) — and the fair share both rules compare it with.
+#[derive(Debug, Default)]
+pub(crate) struct SenderCounts(HashMap<Sender, usize>);
+
+impl SenderCounts {
+    /// What `sender` holds now.
+    pub(crate) fn held(&self, sender: Sender) -> usize {
+        self.0.get(&sender).copied().unwrap_or(0)
+    }
+
+    /// How many senders hold some now (a sender is counted exactly while it holds some).
+    pub(crate) fn senders(&self) -> usize {
+        self.0.len()
+    }
+
+    /// `sender`'s fair share of `budget`: the budget ÷ the senders holding some, `sender`
+    /// included, counted as at least 2 (so that a sender alone leaves room for the next).
+    pub(crate) fn fair_share(&self, sender: Sender, budget: usize) -> usize {
+        let senders = self.0.len() + usize::from(!self.0.contains_key(&sender));
+        budget / senders.max(2)
+    }
+
+    /// `sender` holds `amount` more.
+    pub(crate) fn add(&mut self, sender: Sender, amount: usize) {
+        if amount > 0 {
+            *self.0.entry(sender).or_insert(0) += amount;
+        }
+    }
+
+    /// `sender` holds `amount` less (never below nothing).
+    pub(crate) fn remove(&mut self, sender: Sender, amount: usize) {
+        if let Some(held) = self.0.get_mut(&sender) {
+            *held = held.saturating_sub(amount);
+            if *held == 0 {
+                self.0.remove(&sender);
+            }
+        }
+    }
+}
+
 /// Heap bookkeeping counted per allocation in [`span_footprint`] (allocator header and rounding).
 const ALLOCATION_OVERHEAD: usize = 16;
 
@@ -91,8 +132,8 @@ struct LimiterState {
     target_percent: usize,
     used: AtomicUsize,
     refusals: AtomicU64,
-    /// Bytes each sender's requests hold now; a sender is here exactly while it holds some.
-    senders: Mutex<HashMap<Sender, usize>>,
+    /// Bytes each sender's requests hold now.
+    senders: Mutex<SenderCounts>,
 }
 
 /// Why a reservation could not grow.
@@ -222,25 +263,23 @@ impl MemoryLimiter {
 
     /// Bytes `sender`'s requests hold now.
     pub fn sender_used(&self, sender: Sender) -> usize {
-        self.senders().get(&sender).copied().unwrap_or(0)
+        self.senders().held(sender)
     }
 
     /// How many senders hold request memory now.
     pub fn active_senders(&self) -> usize {
-        self.senders().len()
+        self.senders().senders()
     }
 
-    fn senders(&self) -> std::sync::MutexGuard<'_, HashMap<Sender, usize>> {
+    fn senders(&self) -> std::sync::MutexGuard<'_, SenderCounts> {
         self.state.senders.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Grows a request of `sender` that holds `own` bytes by `bytes`, applying the share rule.
     fn grow_for(&self, sender: Sender, own: usize, bytes: usize) -> Result<(), Refused> {
         let mut senders = self.senders();
-        let held = senders.get(&sender).copied().unwrap_or(0);
-        let others = held.saturating_sub(own);
-        let active = senders.len() + usize::from(held == 0);
-        let fair = self.limit() / active.max(2);
+        let others = senders.held(sender).saturating_sub(own);
+        let fair = senders.fair_share(sender, self.limit());
         let soft = self.soft_limit();
         if self.used().saturating_add(bytes) > soft && others > fair {
             self.state.refusals.fetch_add(1, Ordering::Relaxed);
@@ -249,28 +288,21 @@ impl MemoryLimiter {
         if !self.grow_used(bytes) {
             return Err(Refused::Limit);
         }
-        *senders.entry(sender).or_insert(0) += bytes;
+        senders.add(sender, bytes);
         Ok(())
     }
 
     /// Takes `bytes` off `sender`'s count (the bytes themselves are released by the caller).
     fn unattribute(&self, sender: Sender, bytes: usize) {
-        if bytes == 0 {
-            return;
-        }
-        let mut senders = self.senders();
-        if let Some(held) = senders.get_mut(&sender) {
-            *held = held.saturating_sub(bytes);
-            if *held == 0 {
-                senders.remove(&sender);
-            }
+        if bytes > 0 {
+            self.senders().remove(sender, bytes);
         }
     }
 
     /// Adds `bytes` (already reserved) to `sender`'s count.
     fn attribute(&self, sender: Sender, bytes: usize) {
         if bytes > 0 {
-            *self.senders().entry(sender).or_insert(0) += bytes;
+            self.senders().add(sender, bytes);
         }
     }
 
@@ -550,6 +582,27 @@ mod tests {
         assert!(empty.try_grow(10));
         drop(empty);
         assert_eq!(limiter.used(), 0);
+    }
+
+    #[test]
+    fn sender_counts_share_a_budget_among_the_senders_holding_some() {
+        let a = Sender::Peer(IpAddr::from([127, 0, 0, 1]));
+        let b = Sender::Peer(IpAddr::from([127, 0, 0, 2]));
+        let mut counts = SenderCounts::default();
+        // Alone, a sender's share is half: room is left for the next.
+        assert_eq!(counts.fair_share(a, 100), 50);
+        counts.add(a, 30);
+        assert_eq!(counts.fair_share(a, 100), 50);
+        assert_eq!(counts.fair_share(b, 100), 50, "b would be the second");
+        counts.add(b, 0);
+        assert_eq!(counts.senders(), 1, "holding nothing is not holding");
+        counts.add(b, 5);
+        counts.add(Sender::Token(7), 1);
+        assert_eq!(counts.fair_share(a, 99), 33);
+        counts.remove(a, 40);
+        assert_eq!((counts.held(a), counts.senders()), (0, 2), "gone at zero");
+        counts.remove(b, 2);
+        assert_eq!(counts.held(b), 3);
     }
 
     #[test]

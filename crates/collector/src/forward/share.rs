@@ -8,10 +8,9 @@
 //! (counted as at least 2, so that a sender alone leaves room for the next). The rule and its threshold are the memory limiter's (see
 //! [`crate::limiter`]); senders are told apart the same way (bearer token, else peer address).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::limiter::Sender;
+use crate::limiter::{Sender, SenderCounts};
 
 /// The places each sender's requests hold in the forward queue.
 #[derive(Debug)]
@@ -19,8 +18,8 @@ pub(super) struct QueueShares {
     capacity: usize,
     /// The share applies past this percentage of `capacity`.
     threshold_percent: usize,
-    /// Requests waiting per sender; a sender is here exactly while it has one waiting.
-    waiting: Mutex<HashMap<Sender, usize>>,
+    /// Requests waiting per sender.
+    waiting: Mutex<SenderCounts>,
 }
 
 impl QueueShares {
@@ -33,7 +32,7 @@ impl QueueShares {
         })
     }
 
-    fn waiting(&self) -> MutexGuard<'_, HashMap<Sender, usize>> {
+    fn waiting(&self) -> MutexGuard<'_, SenderCounts> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -42,16 +41,14 @@ impl QueueShares {
     /// counts for the sender until the returned slot is dropped.
     pub(super) fn take(self: &Arc<Self>, sender: Sender, free: usize) -> Option<QueueSlot> {
         let mut waiting = self.waiting();
-        let held = waiting.get(&sender).copied().unwrap_or(0);
         // As the memory rule: whether the queue would be past the threshold with this one.
         let after = self.capacity.saturating_sub(free) + 1;
         let nearly_full = after * 100 > self.capacity * self.threshold_percent;
-        let senders = waiting.len() + usize::from(held == 0);
-        let fair = (self.capacity / senders.max(2)).max(1);
-        if nearly_full && held >= fair {
+        let fair = waiting.fair_share(sender, self.capacity).max(1);
+        if nearly_full && waiting.held(sender) >= fair {
             return None;
         }
-        *waiting.entry(sender).or_insert(0) += 1;
+        waiting.add(sender, 1);
         Some(QueueSlot {
             shares: Arc::clone(self),
             sender,
@@ -61,7 +58,7 @@ impl QueueShares {
     /// Requests of `sender` waiting now.
     #[cfg(test)]
     fn held(&self, sender: Sender) -> usize {
-        self.waiting().get(&sender).copied().unwrap_or(0)
+        self.waiting().held(sender)
     }
 }
 
@@ -75,13 +72,7 @@ pub(super) struct QueueSlot {
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
-        let mut waiting = self.shares.waiting();
-        if let Some(held) = waiting.get_mut(&self.sender) {
-            *held -= 1;
-            if *held == 0 {
-                waiting.remove(&self.sender);
-            }
-        }
+        self.shares.waiting().remove(self.sender, 1);
     }
 }
 
@@ -113,7 +104,7 @@ mod tests {
             "the slot above was given back"
         );
         drop((slots, light_slot));
-        assert!(shares.waiting().is_empty());
+        assert_eq!(shares.waiting().senders(), 0);
     }
 
     #[test]
