@@ -606,6 +606,23 @@ mod tests {
     }
 
     #[test]
+    fn a_request_growing_by_nothing_leaves_its_sender_uncounted() {
+        // An empty HTTP body grows its reservation by 0 bytes: its sender holds nothing and must
+        // not count among the senders that divide the limit (it stayed counted, with 0 bytes,
+        // before the counts had one home).
+        let limiter = MemoryLimiter::new(1_000);
+        let sender = Sender::Peer([10, 0, 0, 3].into());
+        let mut r = limiter.sender_reservation(sender);
+        assert!(r.try_grow(0));
+        assert_eq!(
+            (limiter.active_senders(), limiter.sender_used(sender)),
+            (0, 0)
+        );
+        drop(r);
+        assert_eq!(limiter.active_senders(), 0);
+    }
+
+    #[test]
     fn past_the_soft_limit_a_sender_over_its_share_is_refused_and_others_are_not() {
         let limiter = MemoryLimiter::new(1_000);
         let heavy = Sender::Peer([10, 0, 0, 1].into());

@@ -5,7 +5,8 @@
 //! the queue would be fuller than the soft limit's percentage (`limits.soft_limit_percent`,
 //! default 75 %), a sender may add a request only while its requests already waiting hold
 //! fewer places than its fair share: the queue's size ÷ the senders with requests waiting
-//! (counted as at least 2, so that a sender alone leaves room for the next). The rule and its threshold are the memory limiter's (see
+//! (counted as at least 2, so that a sender alone leaves room for the next). The rule, its
+//! threshold and its counts ([`SenderCounts`]) are the memory limiter's (see
 //! [`crate::limiter`]); senders are told apart the same way (bearer token, else peer address).
 
 use std::sync::{Arc, Mutex, MutexGuard};
