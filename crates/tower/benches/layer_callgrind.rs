@@ -11,33 +11,32 @@
 //! `bare`; `infertrace_handover` (infertrace's batch processor, dropping exporter) and
 //! `otel_instrumentation_tower` (the peer, the SDK's batch processor, dropping exporter), both
 //! flushed after every batch's worth (infertrace: its default 512 entries, 512 requests;
-//! the peer: 4,096 spans); `infertrace_otlp` (`otlp::init` + `with_otlp`: the layer's own OTLP encoding) and
-//! `otel_instrumentation_tower_otlp` (the peer through opentelemetry-otlp), both to a local
-//! receiver in a child process, flushed after every batch's worth (512 entries) as the bench
-//! paces them. The script runs each variant with
+//! the peer: 4,096 spans); `infertrace_otlp` (`otlp::init` + `with_otlp`: the layer's own
+//! OTLP encoding) and `otel_instrumentation_tower_otlp` (the peer through opentelemetry-otlp),
+//! both to a local receiver in a child process, flushed after every batch's worth (512
+//! entries) as the bench paces them. The script runs each variant with
 //! two counts and divides the difference by the difference of the counts: set-up, warm-up and
 //! shutdown cancel out, what is left is the cost per request, on the request thread (the main
 //! thread) and in the whole process (every thread).
 
-use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
-use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::future::{Future, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
-use infertrace_tower::{BatchSettings, InferenceTraceLayer, RequestRecorder, SharedSpanProcessor};
+use infertrace_tower::{BatchSettings, InferenceTraceLayer, SharedSpanProcessor};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter, SpanProcessor as _};
 use tower::{Layer, Service};
 
 mod support;
 
-use support::{Chunks, RECEIVER_ENV, request, run_receiver, start_receiver};
+use support::{Engine, RECEIVER_ENV, one, run_receiver, start_receiver};
+
+/// `layer_overhead`'s engine with one SSE chunk.
+const ENGINE: Engine = Engine { chunks: 1 };
 
 #[derive(Debug)]
 struct DropExporter;
@@ -46,59 +45,6 @@ impl SpanExporter for DropExporter {
     fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
         drop(batch);
         ready(Ok(()))
-    }
-}
-
-/// `layer_overhead`'s engine: marks every phase when a recorder is there, one SSE chunk.
-#[derive(Clone, Copy)]
-struct Engine;
-
-impl<B> Service<Request<B>> for Engine {
-    type Response = Response<Chunks>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<Chunks>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        if let Some(rec) = req.extensions().get::<RequestRecorder>() {
-            rec.scheduled();
-            rec.tokens(1);
-            rec.tokens(1);
-            rec.usage(128, 2);
-            rec.finish("stop");
-        }
-        let mut r = Response::new(Chunks { left: 1 });
-        r.headers_mut().insert(
-            "content-type",
-            http::HeaderValue::from_static("text/event-stream"),
-        );
-        ready(Ok(r))
-    }
-}
-
-/// One request through `svc`, body drained.
-fn one<S, B>(svc: &mut S)
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
-    B: Body,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    let _ = svc.poll_ready(&mut cx);
-    let mut call = pin!(svc.call(request()));
-    let response = loop {
-        if let Poll::Ready(r) = call.as_mut().poll(&mut cx) {
-            break r;
-        }
-    };
-    let Ok(response) = response else {
-        return;
-    };
-    let mut body = pin!(response.into_body());
-    while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
-        black_box(&frame);
     }
 }
 
@@ -136,7 +82,7 @@ fn peer(
         .with_metrics(false)
         .build()
         .map_err(|e| format!("peer layer: {e}"))?;
-    serve(layer.layer(Engine), n, Some((processor, every)));
+    serve(layer.layer(ENGINE), n, Some((processor, every)));
     Ok(())
 }
 
@@ -145,7 +91,7 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
         opentelemetry_sdk::propagation::TraceContextPropagator::new(),
     );
     match variant {
-        "bare" => serve(Engine, n, None),
+        "bare" => serve(ENGINE, n, None),
         "infertrace_handover" => {
             let own = SharedSpanProcessor::batch_with(
                 DropExporter,
@@ -166,7 +112,7 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
                 .with_span_processor(own.clone())
                 .without_metrics()
                 .default_model("llama-3.1-8b");
-            serve(layer.layer(Engine), n, Some((&own, 512)));
+            serve(layer.layer(ENGINE), n, Some((&own, 512)));
         }
         "otel_instrumentation_tower" => {
             let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
@@ -194,7 +140,7 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
                 let layer = InferenceTraceLayer::new()
                     .with_otlp(&providers)
                     .default_model("llama-3.1-8b");
-                serve(layer.layer(Engine), n, Some((&own, 512)));
+                serve(layer.layer(ENGINE), n, Some((&own, 512)));
                 Ok(())
             } else {
                 use opentelemetry_otlp::WithExportConfig as _;

@@ -53,13 +53,10 @@
 //! a summary table prints the medians and the differences the targets are about.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::future::{Future, Ready, ready};
+use std::future::{Future, ready};
 use std::hint::black_box;
-use std::pin::pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -77,7 +74,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 
 mod support;
 
-use support::{Chunks, RECEIVER_ENV, request, run_receiver, start_receiver};
+use support::{Engine, RECEIVER_ENV, one, run_receiver, start_receiver};
 
 /// A span processor that drops every span where it ends (`floor/infertrace_no_handoff`).
 #[derive(Debug)]
@@ -110,67 +107,6 @@ impl SpanExporter for DropExporter {
         EXPORTED.fetch_add(batch.len() as u64, Ordering::Relaxed);
         drop(batch);
         ready(Ok(()))
-    }
-}
-
-/// The inner service: marks the engine phases when a recorder is there, answers at once with
-/// `chunks` SSE chunks.
-#[derive(Clone, Copy)]
-struct Engine {
-    chunks: usize,
-}
-
-impl<B> Service<Request<B>> for Engine {
-    type Response = Response<Chunks>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<Chunks>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        if let Some(rec) = req.extensions().get::<RequestRecorder>() {
-            rec.scheduled();
-            rec.tokens(1);
-            rec.tokens(self.chunks.max(2) as u64 - 1);
-            rec.usage(128, self.chunks.max(2) as u64);
-            rec.finish("stop");
-        }
-        let mut r = Response::new(Chunks { left: self.chunks });
-        r.headers_mut().insert(
-            "content-type",
-            http::HeaderValue::from_static("text/event-stream"),
-        );
-        ready(Ok(r))
-    }
-}
-
-fn poll_now<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
-
-/// One request through `svc`, body drained.
-fn one<S, B>(svc: &mut S)
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
-    S::Error: std::fmt::Debug,
-    B: Body,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    let _ = svc.poll_ready(&mut cx);
-    let Ok(response) = poll_now(svc.call(request())) else {
-        return;
-    };
-    let mut body = pin!(response.into_body());
-    while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
-        black_box(&frame);
     }
 }
 

@@ -1,15 +1,19 @@
 //! What the layer's benchmarks share (`layer_overhead`, `layer_callgrind`): the request they
-//! serve, the streamed response body, and the local OTLP/HTTP receiver they export to, run in a
-//! child process.
+//! serve, the engine that answers it, the streamed response body, one request served and
+//! drained, and the local OTLP/HTTP receiver they export to, run in a child process.
 
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::future::{Future, Ready, ready};
+use std::hint::black_box;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::Request;
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
+use infertrace_tower::RequestRecorder;
+use tower::Service;
 
 /// A response body of `n` chunks, each its own frame.
 pub struct Chunks {
@@ -55,6 +59,63 @@ pub fn request() -> Request<Full<Bytes>> {
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(b"{}")))
         .unwrap_or_default()
+}
+
+/// The inner service: marks the engine phases when a recorder is there, answers at once with
+/// `chunks` SSE chunks.
+#[derive(Clone, Copy)]
+pub struct Engine {
+    /// Chunks in each response.
+    pub chunks: usize,
+}
+
+impl<B> Service<Request<B>> for Engine {
+    type Response = Response<Chunks>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Chunks>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if let Some(rec) = req.extensions().get::<RequestRecorder>() {
+            rec.scheduled();
+            rec.tokens(1);
+            rec.tokens(self.chunks.max(2) as u64 - 1);
+            rec.usage(128, self.chunks.max(2) as u64);
+            rec.finish("stop");
+        }
+        let mut r = Response::new(Chunks { left: self.chunks });
+        r.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        ready(Ok(r))
+    }
+}
+
+/// One request through `svc`, polled to completion on this thread, body drained.
+pub fn one<S, B>(svc: &mut S)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    B: Body,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    let _ = svc.poll_ready(&mut cx);
+    let mut call = pin!(svc.call(request()));
+    let response = loop {
+        if let Poll::Ready(r) = call.as_mut().poll(&mut cx) {
+            break r;
+        }
+    };
+    let Ok(response) = response else {
+        return;
+    };
+    let mut body = pin!(response.into_body());
+    while let Poll::Ready(Some(frame)) = body.as_mut().poll_frame(&mut cx) {
+        black_box(&frame);
+    }
 }
 
 /// Set in the child process that plays the local OTLP/HTTP receiver.

@@ -21,9 +21,7 @@ pub struct BatchSettings {
     pub scheduled_delay: Duration,
     /// Queue entries per export call (default 512; at most `max_queue_size`): spans, or whole
     /// requests of the layer, whose spans are never split between calls (512 of them are
-    /// about 2,048 spans, some 700 KB of OTLP protobuf; more with GPU attributes). It counted
-    /// spans before 2026-12: a value raised then to fit four spans a request (2,048) now means
-    /// four times as many spans per call — go back to the default.
+    /// about 2,048 spans, some 700 KB of OTLP protobuf; more with GPU attributes).
     pub max_export_batch_size: usize,
 }
 
