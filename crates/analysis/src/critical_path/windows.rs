@@ -204,6 +204,12 @@ impl<T: Copy + Default + PartialEq> BucketValues<T> {
         )
     }
 
+    /// Bytes on the heap: the array, and the map's table (its capacity, each slot with its
+    /// control byte).
+    fn heap_bytes(&self) -> usize {
+        self.dense.heap_bytes() + map_table_bytes(self.far.capacity(), size_of::<(i32, T)>())
+    }
+
     /// Forgets every value, keeping the allocations (the slot is reused every retention
     /// period, with values like these).
     fn clear(&mut self) {
@@ -460,6 +466,43 @@ impl CriticalPathWindows {
         self.late_records
     }
 
+    /// Approximate bytes held — every slot's bucket values (arrays and maps, kept while the
+    /// slot is reused), the keys and their index — for the collector's memory accounting. At
+    /// the defaults (361 slots, up to 257 keys) it walks up to ~93,000 rows: call it seldom
+    /// (the collector does once a second), not per record.
+    pub fn approx_memory_bytes(&self) -> usize {
+        let slots: usize = self
+            .slots
+            .iter()
+            .map(|s| {
+                s.requests.heap_bytes()
+                    + s.seconds.capacity() * size_of::<BucketValues<f64>>()
+                    + s.seconds
+                        .iter()
+                        .map(BucketValues::heap_bytes)
+                        .sum::<usize>()
+            })
+            .sum();
+        let names: usize = self
+            .keys
+            .iter()
+            .map(|(service, span, _)| 2 * ARC_HEADER_BYTES + service.len() + span.len())
+            .sum();
+        let index_entry = size_of::<(Arc<str>, HashMap<Arc<str>, u32>)>();
+        let index: usize = map_table_bytes(self.index.capacity(), index_entry)
+            + self
+                .index
+                .values()
+                .map(|m| map_table_bytes(m.capacity(), size_of::<(Arc<str>, u32)>()))
+                .sum::<usize>();
+        size_of::<Self>()
+            + self.slots.capacity() * size_of::<Slot>()
+            + slots
+            + self.keys.capacity() * size_of::<(Arc<str>, Arc<str>, f64)>()
+            + names
+            + index
+    }
+
     fn slot_index(&self, epoch: u64) -> usize {
         (epoch % self.slots.len() as u64) as usize
     }
@@ -506,6 +549,24 @@ impl CriticalPathWindows {
         self.keys.push((service, span, 0.0));
         k
     }
+}
+
+/// The strong and weak counts in front of an `Arc`'s value.
+const ARC_HEADER_BYTES: usize = 2 * size_of::<usize>();
+
+/// Bytes of a hash table (hashbrown's layout) whose `capacity()` is `capacity`, of entries of
+/// `entry` bytes: a power-of-two number of buckets (at most 7/8 used from eight on, all but one
+/// below), each with its entry and a control byte, and a group of 16 trailing control bytes.
+fn map_table_bytes(capacity: usize, entry: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = if capacity < 8 {
+        (capacity + 1).next_power_of_two()
+    } else {
+        (capacity * 8 / 7).next_power_of_two()
+    };
+    buckets * (entry + 1) + 16
 }
 
 /// The bucket holding the request of rank ⌈q·n⌉ (1-based).

@@ -256,20 +256,33 @@ impl KpiWindows {
     }
 
     /// Approximate bytes held by every series' slots (sketch bins, tail buckets, slot and
-    /// series overhead), for the collector's memory accounting. Walks every slot: call it
-    /// seldom (e.g. once per scrape), not per record.
+    /// series overhead), their label strings and the index of them, for the collector's memory
+    /// accounting. Walks every slot: call it seldom (e.g. once per scrape), not per record.
     pub fn approx_memory_bytes(&self) -> usize {
-        self.series
+        /// The strong and weak counts in front of each label's `Arc<str>`.
+        const ARC_HEADER_BYTES: usize = 2 * std::mem::size_of::<usize>();
+        let series: usize = self
+            .series
             .iter()
             .chain(self.overflow.as_ref())
             .map(|s| {
-                std::mem::size_of::<Series>()
+                3 * ARC_HEADER_BYTES
                     + s.key.service.len()
                     + s.key.model.len()
                     + s.key.operation.len()
                     + s.rings.iter().map(Ring::heap_bytes).sum::<usize>()
             })
-            .sum()
+            .sum();
+        // The index's table at two buckets an entry (it is 7/16 to 7/8 full) and its lists.
+        let index: usize = self
+            .index
+            .values()
+            .map(|list| {
+                2 * (std::mem::size_of::<(u64, Vec<usize>)>() + 1)
+                    + list.capacity() * std::mem::size_of::<usize>()
+            })
+            .sum();
+        (self.series.capacity() + 1) * std::mem::size_of::<Series>() + series + index
     }
 
     /// Series kept, the overflow series not counted.
