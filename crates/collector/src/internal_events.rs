@@ -135,6 +135,13 @@ pub struct ListenerLabels {
     pub listener: &'static str,
 }
 
+/// Labels of `memory_reserved_bytes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemoryPartLabels {
+    /// `data`, `aggregates` or `recent_traces`.
+    pub part: &'static str,
+}
+
 /// Labels of `connections_closed_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConnectionCloseLabels {
@@ -206,6 +213,10 @@ pub struct InternalEvents {
     pub forward_pending_spans: Gauge,
     /// `infertrace_forward_pending_bytes`: their request-body bytes.
     pub forward_pending_bytes: Gauge,
+    /// `infertrace_memory_reserved_bytes{part}`: what the memory limiter holds, by part.
+    pub memory_reserved: Family<MemoryPartLabels, Gauge>,
+    /// `infertrace_memory_limit_bytes`: the memory limit.
+    pub memory_limit: Gauge,
 }
 
 impl InternalEvents {
@@ -316,6 +327,16 @@ impl InternalEvents {
             prom::FORWARD_PENDING_BYTES,
             "Request-body bytes of the spans pending forwarding",
             self.forward_pending_bytes.clone(),
+        );
+        r.register(
+            prom::MEMORY_RESERVED_BYTES,
+            "Bytes held in the memory limiter, by part (data, aggregates, recent_traces)",
+            self.memory_reserved.clone(),
+        );
+        r.register(
+            prom::MEMORY_LIMIT_BYTES,
+            "The memory limit (limits.memory_limit_bytes)",
+            self.memory_limit.clone(),
         );
     }
 

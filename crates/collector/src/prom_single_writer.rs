@@ -76,6 +76,14 @@ impl<N> Clone for SingleWriterCounter<N> {
     }
 }
 
+impl<N> SingleWriterCounter<N> {
+    /// Bytes a counter's value takes on the heap (one shared `AtomicU64`).
+    pub(crate) const HEAP_BYTES: usize = ARC_HEADER_BYTES + std::mem::size_of::<AtomicU64>();
+}
+
+/// The strong and weak counts in front of every `Arc`'s value.
+pub(crate) const ARC_HEADER_BYTES: usize = 2 * std::mem::size_of::<usize>();
+
 impl SingleWriterCounter<u64> {
     /// Adds one.
     pub(crate) fn inc(&self, writer: &Writer) {
@@ -162,6 +170,14 @@ impl ClassicHistogram {
                 sum: AtomicU64::new(0f64.to_bits()),
             }),
         }
+    }
+
+    /// Bytes this histogram's values take on the heap (its shared block: counts, bounds, sum).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        ARC_HEADER_BYTES
+            + std::mem::size_of::<Inner>()
+            + self.inner.bounds.len()
+                * (std::mem::size_of::<f64>() + std::mem::size_of::<AtomicU64>())
     }
 
     /// Records `v`: in the first bucket whose bound is at least `v` (`+Inf` for NaN), and in

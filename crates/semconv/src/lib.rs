@@ -551,4 +551,12 @@ pub mod prom {
     pub const FORWARD_PENDING_SPANS: &str = "forward_pending_spans";
     /// Self-metric: request-body bytes of the spans of [`FORWARD_PENDING_SPANS`].
     pub const FORWARD_PENDING_BYTES: &str = "forward_pending_bytes";
+    /// Self-metric (gauge): bytes held in the memory limiter, by `part`: `data` (requests
+    /// being read and decoded, spans and traces buffered, the forward queue), `aggregates` (KPI
+    /// series, critical-path windows, Prometheus label sets) and `recent_traces` (the ring
+    /// behind `/api/traces/{id}`); set at every assembly tick.
+    pub const MEMORY_RESERVED_BYTES: &str = "memory_reserved_bytes";
+    /// Self-metric (gauge): `limits.memory_limit_bytes`, for ratios against
+    /// [`MEMORY_RESERVED_BYTES`].
+    pub const MEMORY_LIMIT_BYTES: &str = "memory_limit_bytes";
 }

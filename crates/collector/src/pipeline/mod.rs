@@ -58,7 +58,7 @@ use crate::config::CollectorConfig;
 use crate::forward::ForwardHandle;
 use crate::held::{Analysed, HeldSpans, compact_copy, hold_the_body, holds_a_body};
 use crate::ingest::{Ingest, IngestBatch, IngestError};
-use crate::internal_events::InternalEvents;
+use crate::internal_events::{InternalEvents, MemoryPartLabels};
 use crate::limiter::{MemoryLimiter, MemoryReservation, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
@@ -105,25 +105,26 @@ struct Analysis {
     recent: RecentTraces,
     /// The history store's feed, when the store is on.
     store: Option<StoreFeed>,
-    /// The KPI series' memory, as last measured ([`SERIES_MEASURE_INTERVAL`]), held in the
-    /// limiter.
-    series_memory: MemoryReservation,
+    /// The aggregates' memory — KPI series, critical-path windows, Prometheus label sets — as
+    /// last measured ([`AGGREGATES_MEASURE_INTERVAL`]), held in the limiter.
+    aggregates_memory: MemoryReservation,
     /// The recent-trace ring's memory ([`RecentTraces::approx_memory_bytes`]), held in the
     /// limiter and updated at every tick.
     ring_memory: MemoryReservation,
-    /// When the series were last measured, Unix nanoseconds (0: never).
-    series_measured_unix_nano: u64,
+    /// When the aggregates were last measured, Unix nanoseconds (0: never).
+    aggregates_measured_unix_nano: u64,
 }
 
-/// How often the KPI series' memory is measured (a walk over every series' slots, under the
-/// analysis lock; its cost grows with series × slots and was not measured at scale) and set as a
-/// reservation in the memory limiter, so that requests are refused when series and requests
-/// together reach `limits.memory_limit_bytes`. The series themselves are never refused for it:
-/// they are bounded by `limits.max_series`.
-pub const SERIES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the aggregates' memory is measured — the KPI series, the critical-path windows
+/// and the Prometheus label sets, each walked under the analysis lock (the windows' walk, up to
+/// ~93,000 rows at the defaults, is the longest) — and set as a reservation in the memory
+/// limiter, so that requests are refused when the aggregates and the data together reach
+/// `limits.memory_limit_bytes`. The aggregates themselves are never refused for it: they are
+/// bounded by their caps (`limits.max_series`, the critical-path keys, the workers a series).
+pub const AGGREGATES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Holds the recent-trace ring's memory in the limiter, and measures the KPI series' memory
-/// into it when [`SERIES_MEASURE_INTERVAL`] has passed since the last measurement (or there
+/// Holds the recent-trace ring's memory in the limiter, and measures the aggregates' memory
+/// into it when [`AGGREGATES_MEASURE_INTERVAL`] has passed since the last measurement (or there
 /// was none); returns what the limiter holds for both. Under memory relief
 /// ([`MemoryLimiter::relief_excess`]) the ring gives way first: it is a convenience for
 /// `/api/traces/{id}`, new data is not.
@@ -134,15 +135,17 @@ fn account_analysis_memory(a: &mut Analysis, limiter: &MemoryLimiter, now_unix_n
         a.recent.shrink_to(ring.saturating_sub(excess));
     }
     a.ring_memory.set_unchecked(a.recent.approx_memory_bytes());
-    let interval = SERIES_MEASURE_INTERVAL.as_nanos() as u64;
-    if a.series_measured_unix_nano == 0
-        || now_unix_nano.saturating_sub(a.series_measured_unix_nano) >= interval
+    let interval = AGGREGATES_MEASURE_INTERVAL.as_nanos() as u64;
+    if a.aggregates_measured_unix_nano == 0
+        || now_unix_nano.saturating_sub(a.aggregates_measured_unix_nano) >= interval
     {
-        a.series_measured_unix_nano = now_unix_nano.max(1);
-        let bytes = a.kpis.approx_memory_bytes();
-        a.series_memory.set_unchecked(bytes);
+        a.aggregates_measured_unix_nano = now_unix_nano.max(1);
+        let bytes = a.kpis.approx_memory_bytes()
+            + a.critical.approx_memory_bytes()
+            + a.prom.approx_memory_bytes();
+        a.aggregates_memory.set_unchecked(bytes);
     }
-    a.series_memory.bytes() + a.ring_memory.bytes()
+    a.aggregates_memory.bytes() + a.ring_memory.bytes()
 }
 
 /// The pipeline: an [`Ingest`] for the receivers and the source of every KPI the API serves.
@@ -157,7 +160,7 @@ pub struct Pipeline {
     diagnosis: DiagnosisConfig,
     windows: Vec<Duration>,
     requests_recorded: AtomicU64,
-    /// The KPI series' and the recent-trace ring's bytes held in the limiter, as last measured
+    /// The aggregates' and the recent-trace ring's bytes held in the limiter, as last measured
     /// (read by ingest without the analysis lock).
     analysis_bytes: AtomicUsize,
     /// Wakes the tick early: traces were closed for memory relief.
@@ -211,10 +214,13 @@ impl Pipeline {
             prom,
             recent: RecentTraces::new(config.api.recent_traces, config.api.recent_trace_spans),
             store: None,
-            series_memory: limiter.empty_reservation(),
+            aggregates_memory: limiter.empty_reservation(),
             ring_memory: limiter.empty_reservation(),
-            series_measured_unix_nano: 0,
+            aggregates_measured_unix_nano: 0,
         };
+        events
+            .memory_limit
+            .set(i64::try_from(limiter.limit()).unwrap_or(i64::MAX));
         Self {
             assembler: Mutex::new(assembler),
             analysis: Mutex::new(analysis),
@@ -283,15 +289,15 @@ impl Pipeline {
         &self.limiter
     }
 
-    /// What the limiter holds for everything but the KPI series and the recent-trace ring
+    /// What the limiter holds for everything but the aggregates and the recent-trace ring
     /// (requests being read, spans and traces buffered, the forward queue):
-    /// [`MemoryLimiter::used`] less [`series_memory_bytes`](Self::series_memory_bytes) and
+    /// [`MemoryLimiter::used`] less [`aggregates_memory_bytes`](Self::aggregates_memory_bytes) and
     /// [`ring_memory_bytes`](Self::ring_memory_bytes), read together.
     pub fn data_memory_bytes(&self) -> usize {
         let a = lock(&self.analysis);
         self.limiter
             .used()
-            .saturating_sub(a.series_memory.bytes() + a.ring_memory.bytes())
+            .saturating_sub(a.aggregates_memory.bytes() + a.ring_memory.bytes())
     }
 
     /// The recent-trace ring's memory as held in the limiter at the last tick (part of
@@ -300,10 +306,22 @@ impl Pipeline {
         lock(&self.analysis).ring_memory.bytes()
     }
 
-    /// The KPI series' memory as last measured and held in the limiter (part of
-    /// [`MemoryLimiter::used`]; see [`SERIES_MEASURE_INTERVAL`]).
-    pub fn series_memory_bytes(&self) -> usize {
-        lock(&self.analysis).series_memory.bytes()
+    /// The aggregates' memory (KPI series, critical-path windows, Prometheus label sets) as
+    /// last measured and held in the limiter (part of [`MemoryLimiter::used`]; see
+    /// [`AGGREGATES_MEASURE_INTERVAL`]).
+    pub fn aggregates_memory_bytes(&self) -> usize {
+        lock(&self.analysis).aggregates_memory.bytes()
+    }
+
+    /// The aggregates' memory now, by part: KPI series, critical-path windows, Prometheus.
+    #[cfg(test)]
+    fn aggregates_memory_parts(&self) -> (usize, usize, usize) {
+        let a = lock(&self.analysis);
+        (
+            a.kpis.approx_memory_bytes(),
+            a.critical.approx_memory_bytes(),
+            a.prom.approx_memory_bytes(),
+        )
     }
 
     /// Request records added to the KPIs since start.
@@ -422,7 +440,7 @@ impl Pipeline {
     /// Under memory relief ([`MemoryLimiter::relief_excess`]), closes early the oldest traces
     /// in flight in proportion to the memory to free and wakes the tick, which releases them:
     /// buffered traces give way to new data before any request is refused. The memory the
-    /// assembler holds is estimated as what the limiter holds less the KPI series, the
+    /// assembler holds is estimated as what the limiter holds less the aggregates, the
     /// recent-trace ring and the forward queue (requests being read count in too: the estimate
     /// errs towards closing more, never fewer).
     fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
@@ -492,6 +510,22 @@ impl Pipeline {
         self.analyse(ready, unix_nanos_now())
     }
 
+    /// Holds the analysis' memory in the limiter ([`account_analysis_memory`]), publishes it to
+    /// ingest, and sets `infertrace_memory_reserved_bytes` by part.
+    fn hold_analysis_memory(&self, a: &mut Analysis, now_unix_nano: u64) {
+        let held = account_analysis_memory(a, &self.limiter, now_unix_nano);
+        self.analysis_bytes.store(held, Ordering::Relaxed);
+        let gauge = |part: &'static str, bytes: usize| {
+            self.events
+                .memory_reserved
+                .get_or_create(&MemoryPartLabels { part })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        };
+        gauge("data", self.limiter.used().saturating_sub(held));
+        gauge("aggregates", a.aggregates_memory.bytes());
+        gauge("recent_traces", a.ring_memory.bytes());
+    }
+
     fn analyse(&self, ready: Ready, now_unix_nano: u64) -> TickStats {
         let Ready { completed, late } = ready;
         let mut stats = TickStats {
@@ -502,8 +536,7 @@ impl Pipeline {
             // Minutes reach the store without traffic too.
             let mut a = lock(&self.analysis);
             feed_store(&mut a, now_unix_nano);
-            let held = account_analysis_memory(&mut a, &self.limiter, now_unix_nano);
-            self.analysis_bytes.store(held, Ordering::Relaxed);
+            self.hold_analysis_memory(&mut a, now_unix_nano);
             return stats;
         }
         let mut overflowed = 0u64;
@@ -583,8 +616,7 @@ impl Pipeline {
         if !late.is_empty() {
             stats.late_merged = a.recent.merge_late(late, &self.cp_options);
         }
-        let held = account_analysis_memory(&mut a, &self.limiter, now_unix_nano);
-        self.analysis_bytes.store(held, Ordering::Relaxed);
+        self.hold_analysis_memory(&mut a, now_unix_nano);
         drop(a);
         if overflowed > 0 {
             self.events.series_overflow.inc_by(overflowed);

@@ -185,7 +185,7 @@ fn buffered_traces_give_way_to_new_ones_under_memory_pressure() {
         .iter()
         .map(span_footprint)
         .sum();
-    // Room for the KPI series of one model, a ring of one trace and about 20 traces.
+    // Room for the aggregates of one model, a ring of one trace and about 20 traces.
     let probe = Pipeline::new(
         &config,
         InternalEvents::default(),
@@ -198,7 +198,7 @@ fn buffered_traces_give_way_to_new_ones_under_memory_pressure() {
         .ingest_at(batch(request_trace(1, "m", 1, 1, 1, 2)), t0)
         .unwrap();
     probe.flush();
-    let series = probe.series_memory_bytes() + probe.ring_memory_bytes();
+    let series = probe.aggregates_memory_bytes() + probe.ring_memory_bytes();
     let limit = series + 20 * trace_bytes;
     let events = InternalEvents::default();
     let p = Pipeline::new(
@@ -241,11 +241,12 @@ fn buffered_traces_give_way_to_new_ones_under_memory_pressure() {
 }
 
 #[test]
-fn kpi_series_memory_is_held_in_the_limiter() {
+fn aggregates_memory_is_held_in_the_limiter() {
     let limit = 1 << 30;
+    let events = InternalEvents::default();
     let p = Pipeline::new(
         &CollectorConfig::default(),
-        InternalEvents::default(),
+        events.clone(),
         PromMetrics::default(),
         MemoryLimiter::new(limit),
         None,
@@ -260,10 +261,14 @@ fn kpi_series_memory_is_held_in_the_limiter() {
     }
     p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
     assert_eq!(p.requests_recorded(), 20);
-    // The spans are released, the 20 series' memory is held.
-    let series = p.series_memory_bytes();
-    eprintln!("20 KPI series hold {series} bytes in the limiter");
-    assert!(series > 20 * 1024, "{series} bytes for 20 series");
+    // The spans are released; the 20 series' memory is held: KPI windows, critical-path
+    // windows (their slots' rows) and Prometheus label sets together.
+    let aggregates = p.aggregates_memory_bytes();
+    eprintln!("20 series' aggregates hold {aggregates} bytes in the limiter");
+    let (kpis, critical, prom) = p.aggregates_memory_parts();
+    assert_eq!(kpis + critical + prom, aggregates);
+    assert!(kpis > 20 * 1024, "{kpis} bytes for 20 KPI series");
+    assert!(critical > 0 && prom > 20 * 1024, "{critical} B, {prom} B");
     // The recent-trace ring keeps the 20 traces: its memory is held too.
     let ring = p.ring_memory_bytes();
     let spans: usize = request_trace(1, "m", 1, 1, 1, 2)
@@ -273,21 +278,42 @@ fn kpi_series_memory_is_held_in_the_limiter() {
     assert!(ring > 20 * spans, "{ring} B for 20 × {spans} B of spans");
     assert_eq!(
         (p.limiter().used(), p.data_memory_bytes()),
-        (series + ring, 0)
+        (aggregates + ring, 0)
     );
-    // With the rest of the limit taken, the series leave no room for a request.
-    let rest = p.limiter().try_reserve(limit - series - ring).unwrap();
+    // /metrics shows what is held, by part, and the limit.
+    let part = |part| {
+        events
+            .memory_reserved
+            .get_or_create(&crate::internal_events::MemoryPartLabels { part })
+            .get()
+    };
+    assert_eq!(
+        (part("data"), part("aggregates"), part("recent_traces")),
+        (0, aggregates as i64, ring as i64)
+    );
+    assert_eq!(events.memory_limit.get(), limit as i64);
+    // With the rest of the limit taken, the aggregates leave no room for a request.
+    let rest = p.limiter().try_reserve(limit - aggregates - ring).unwrap();
     let refused = p.ingest_at(batch(request_trace(99, "m", 1, 1, 1, 2)), t0);
     assert!(matches!(refused, Err(IngestError::Overloaded { .. })));
     drop(rest);
-    // The next measurement follows the windows (here: nothing changed, the same bytes).
+    // The next measurement follows the aggregates: 20 more models grow all three.
+    for i in 20..40u8 {
+        p.ingest_at(
+            batch(request_trace(i + 1, &format!("model-{i}"), 1, 1, 1, 2)),
+            t0 + Duration::from_secs(3),
+        )
+        .unwrap();
+    }
     p.tick_at(
-        t0 + Duration::from_secs(5),
-        unix_nanos_now() + 2 * SERIES_MEASURE_INTERVAL.as_nanos() as u64,
+        t0 + Duration::from_secs(6),
+        unix_nanos_now() + 2 * AGGREGATES_MEASURE_INTERVAL.as_nanos() as u64,
     );
+    let (kpis2, critical2, prom2) = p.aggregates_memory_parts();
+    assert!(kpis2 > kpis && prom2 > prom && critical2 >= critical);
     assert_eq!(
         p.limiter().used(),
-        p.series_memory_bytes() + p.ring_memory_bytes()
+        p.aggregates_memory_bytes() + p.ring_memory_bytes()
     );
 }
 

@@ -45,6 +45,8 @@ use prometheus_client::registry::Registry;
 use crate::internal_events::InternalEvents;
 use crate::prom_single_writer::{ClassicHistogram, SingleWriterCounter, Writer};
 
+mod memory;
+
 /// Most distinct (service, span) keys of `critical_path_seconds_total`.
 pub const MAX_CRITICAL_PATH_KEYS: usize = 256;
 
