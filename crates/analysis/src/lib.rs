@@ -11,6 +11,7 @@ pub mod critical_path;
 mod dense_buckets;
 pub mod diagnosis;
 pub mod dialect;
+pub mod heap_size;
 pub mod kpi;
 pub mod record;
 mod rounding;

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use super::path::CriticalPath;
 use crate::dense_buckets::DenseBuckets;
+use crate::heap_size::{arc_str_bytes, map_table_bytes};
 use crate::rounding::ceil_to_i32;
 use infertrace_intern::PairCache;
 
@@ -486,7 +487,7 @@ impl CriticalPathWindows {
         let names: usize = self
             .keys
             .iter()
-            .map(|(service, span, _)| 2 * ARC_HEADER_BYTES + service.len() + span.len())
+            .map(|(service, span, _)| arc_str_bytes(service.len()) + arc_str_bytes(span.len()))
             .sum();
         let index_entry = size_of::<(Arc<str>, HashMap<Arc<str>, u32>)>();
         let index: usize = map_table_bytes(self.index.capacity(), index_entry)
@@ -549,24 +550,6 @@ impl CriticalPathWindows {
         self.keys.push((service, span, 0.0));
         k
     }
-}
-
-/// The strong and weak counts in front of an `Arc`'s value.
-const ARC_HEADER_BYTES: usize = 2 * size_of::<usize>();
-
-/// Bytes of a hash table (hashbrown's layout) whose `capacity()` is `capacity`, of entries of
-/// `entry` bytes: a power-of-two number of buckets (at most 7/8 used from eight on, all but one
-/// below), each with its entry and a control byte, and a group of 16 trailing control bytes.
-fn map_table_bytes(capacity: usize, entry: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = if capacity < 8 {
-        (capacity + 1).next_power_of_two()
-    } else {
-        (capacity * 8 / 7).next_power_of_two()
-    };
-    buckets * (entry + 1) + 16
 }
 
 /// The bucket holding the request of rank ⌈q·n⌉ (1-based).

@@ -308,10 +308,11 @@ impl DisaggAccumulator {
             .chain(self.workers.iter().flat_map(|w| &w.phases))
             .map(Distribution::heap_bytes)
             .sum::<usize>()
+            + self.workers.capacity() * std::mem::size_of::<WorkerAcc>()
             + self
                 .workers
                 .iter()
-                .map(|w| std::mem::size_of::<WorkerAcc>() + w.name.len())
+                .map(|w| crate::heap_size::arc_str_bytes(w.name.len()))
                 .sum::<usize>()
     }
 

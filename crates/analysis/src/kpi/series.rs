@@ -16,6 +16,7 @@ use super::config::KpiConfig;
 use super::distribution::sketch_config;
 use super::labelling::Labelling;
 use super::ring::{Ring, RingSpec};
+use crate::heap_size::{arc_str_bytes, map_table_bytes};
 use crate::record::RequestRecord;
 use infertrace_intern::RecentTriple;
 
@@ -257,31 +258,28 @@ impl KpiWindows {
 
     /// Approximate bytes held by every series' slots (sketch bins, tail buckets, slot and
     /// series overhead), their label strings and the index of them, for the collector's memory
-    /// accounting. Walks every slot: call it seldom (e.g. once per scrape), not per record.
+    /// accounting. Walks every series' slots: call it seldom (the collector does once a
+    /// second), not per record.
     pub fn approx_memory_bytes(&self) -> usize {
-        /// The strong and weak counts in front of each label's `Arc<str>`.
-        const ARC_HEADER_BYTES: usize = 2 * std::mem::size_of::<usize>();
         let series: usize = self
             .series
             .iter()
             .chain(self.overflow.as_ref())
             .map(|s| {
-                3 * ARC_HEADER_BYTES
-                    + s.key.service.len()
-                    + s.key.model.len()
-                    + s.key.operation.len()
+                arc_str_bytes(s.key.service.len())
+                    + arc_str_bytes(s.key.model.len())
+                    + arc_str_bytes(s.key.operation.len())
                     + s.rings.iter().map(Ring::heap_bytes).sum::<usize>()
             })
             .sum();
-        // The index's table at two buckets an entry (it is 7/16 to 7/8 full) and its lists.
-        let index: usize = self
+        let index = map_table_bytes(
+            self.index.capacity(),
+            std::mem::size_of::<(u64, Vec<usize>)>(),
+        ) + self
             .index
             .values()
-            .map(|list| {
-                2 * (std::mem::size_of::<(u64, Vec<usize>)>() + 1)
-                    + list.capacity() * std::mem::size_of::<usize>()
-            })
-            .sum();
+            .map(|list| list.capacity() * std::mem::size_of::<usize>())
+            .sum::<usize>();
         (self.series.capacity() + 1) * std::mem::size_of::<Series>() + series + index
     }
 
