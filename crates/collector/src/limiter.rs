@@ -16,13 +16,22 @@
 //! the soft limit (`limits.soft_limit_percent`, default [`SENDER_SHARE_FROM_PERCENT`] %) of the
 //! limit is in use, a request may grow only while what its sender *otherwise* holds — its other
 //! requests in progress and its bodies in the forward queue — is no more than the sender's fair
-//! share: the limit ÷ the number of senders holding memory (counted as at least 2, so a sender
-//! alone keeps the rest of the limit free for the next one). A request refused so gets the
+//! share: the limit (less the fixed memory, below) ÷ the number of senders holding memory
+//! (counted as at least 2, so a sender alone keeps the rest of the limit free for the next
+//! one). A request refused so gets the
 //! usual retryable answer and is counted with reason `sender_share`. A sender's only request,
 //! with nothing of its sender queued, is never refused for the share alone (only for the
 //! limit), so a large request still fits whenever the limit has room for it. The spans
 //! buffered by the assembler are reserved without a sender and only count towards the total
 //! (see `docs/RELIABILITY.md`).
+//!
+//! **Fixed memory.** What the collector keeps whatever the load — its aggregates: KPI series,
+//! critical-path windows, Prometheus label sets — is measured after it was allocated and held as
+//! [`FixedMemory`]: counted in the total like any reservation, never refused, and never freed
+//! by relief. The soft limit, the relief target and the senders' fair shares apply to the
+//! *room* above it (the limit less the fixed memory), so relief only ever asks for what it can
+//! free: were the thresholds fractions of the whole limit, aggregates above the relief target
+//! would make every relief pass close every buffered trace.
 //!
 //! ```
 //! use infertrace_collector::limiter::MemoryLimiter;
@@ -54,12 +63,14 @@ pub const DEFAULT_MEMORY_LIMIT_BYTES: usize = 512 * 1024 * 1024;
 /// measures [`span_footprint`] of decoded spans ÷ wire bytes; `otlp-blast` prints it too).
 pub const DECODED_BYTES_PER_WIRE_BYTE: usize = 3;
 
-/// Default soft limit (percent of the limit, `limits.soft_limit_percent`): above it a sender's
+/// Default soft limit (percent of the limit — of the room above the [`FixedMemory`] —,
+/// `limits.soft_limit_percent`): above it a sender's
 /// request may grow only while the sender's other requests hold no more than its fair share
 /// (module documentation), and memory relief starts.
 pub const SENDER_SHARE_FROM_PERCENT: usize = 75;
 
-/// Default relief target (percent of the limit, `limits.relief_target_percent`): past the soft
+/// Default relief target (percent of the limit — of the room above the [`FixedMemory`] —,
+/// `limits.relief_target_percent`): past the soft
 /// limit ([`MemoryLimiter::soft_limit`]) the pipeline frees what it can give up — the
 /// recent-trace ring's oldest traces, buffered traces closed early — until the use would be
 /// down to this share of the limit ([`MemoryLimiter::relief_excess`]).
@@ -131,6 +142,8 @@ struct LimiterState {
     soft_percent: usize,
     target_percent: usize,
     used: AtomicUsize,
+    /// Bytes of `used` held as [`FixedMemory`].
+    fixed: AtomicUsize,
     refusals: AtomicU64,
     /// Bytes each sender's requests hold now.
     senders: Mutex<SenderCounts>,
@@ -173,6 +186,7 @@ impl MemoryLimiter {
                 soft_percent: soft_percent.min(100),
                 target_percent: target_percent.min(100),
                 used: AtomicUsize::new(0),
+                fixed: AtomicUsize::new(0),
                 refusals: AtomicU64::new(0),
                 senders: Mutex::default(),
             }),
@@ -240,25 +254,46 @@ impl MemoryLimiter {
         self.state.soft_percent
     }
 
-    /// The use above which the per-sender share applies and memory relief starts: the soft
-    /// percentage of the limit.
+    /// The use above which the per-sender share applies and memory relief starts: the fixed
+    /// memory plus the soft percentage of the room above it (of the limit when none is held).
     pub fn soft_limit(&self) -> usize {
-        self.percent_of_limit(self.state.soft_percent)
+        self.fixed_plus_percent_of_room(self.state.soft_percent)
     }
 
     /// Bytes to free for memory relief: past the soft limit, the use above the relief target
-    /// (default [`MEMORY_RELIEF_TARGET_PERCENT`] % of the limit); 0 below the soft limit.
+    /// (the fixed memory plus [`MEMORY_RELIEF_TARGET_PERCENT`] % of the room above it, by
+    /// default); 0 below the soft limit.
     pub fn relief_excess(&self) -> usize {
         let used = self.used();
         if used < self.soft_limit() {
             return 0;
         }
-        used.saturating_sub(self.percent_of_limit(self.state.target_percent))
+        used.saturating_sub(self.fixed_plus_percent_of_room(self.state.target_percent))
     }
 
-    fn percent_of_limit(&self, percent: usize) -> usize {
-        let part = self.limit() as u128 * percent as u128 / 100;
-        usize::try_from(part).unwrap_or(usize::MAX)
+    /// Bytes held as [`FixedMemory`] now.
+    pub fn fixed(&self) -> usize {
+        self.state.fixed.load(Ordering::Relaxed)
+    }
+
+    /// The room the thresholds and shares apply to: the limit less the fixed memory.
+    fn room(&self) -> usize {
+        self.limit().saturating_sub(self.fixed())
+    }
+
+    fn fixed_plus_percent_of_room(&self, percent: usize) -> usize {
+        let part = self.room() as u128 * percent as u128 / 100;
+        usize::try_from(part)
+            .unwrap_or(usize::MAX)
+            .saturating_add(self.fixed())
+    }
+
+    /// A [`FixedMemory`] of zero bytes, to set later.
+    pub fn fixed_memory(&self) -> FixedMemory {
+        FixedMemory {
+            limiter: self.clone(),
+            bytes: 0,
+        }
     }
 
     /// Bytes `sender`'s requests hold now.
@@ -279,7 +314,7 @@ impl MemoryLimiter {
     fn grow_for(&self, sender: Sender, own: usize, bytes: usize) -> Result<(), Refused> {
         let mut senders = self.senders();
         let others = senders.held(sender).saturating_sub(own);
-        let fair = senders.fair_share(sender, self.limit());
+        let fair = senders.fair_share(sender, self.room());
         let soft = self.soft_limit();
         if self.used().saturating_add(bytes) > soft && others > fair {
             self.state.refusals.fetch_add(1, Ordering::Relaxed);
@@ -369,7 +404,7 @@ impl MemoryReservation {
     }
 
     /// Sets this reservation to `bytes` without checking the limit: for memory already
-    /// allocated that the limiter must count (the KPI series, measured after the fact). Past
+    /// allocated that the limiter must count (the recent-trace ring, after a merge). Past
     /// the limit, every later reservation is refused until it shrinks again.
     pub fn set_unchecked(&mut self, bytes: usize) {
         if bytes <= self.bytes {
@@ -466,6 +501,44 @@ impl Drop for MemoryReservation {
     }
 }
 
+/// Memory held in a [`MemoryLimiter`] that nothing can give back on demand: the aggregates,
+/// measured after they were allocated (module documentation). Never refused; the thresholds
+/// and shares apply to the room above it. Given back when dropped.
+#[derive(Debug)]
+pub struct FixedMemory {
+    limiter: MemoryLimiter,
+    bytes: usize,
+}
+
+impl FixedMemory {
+    /// Sets what this holds to `bytes` (without checking the limit: the memory is already
+    /// allocated). Past the limit, every reservation is refused until it shrinks again.
+    pub fn set(&mut self, bytes: usize) {
+        let state = &self.limiter.state;
+        if bytes >= self.bytes {
+            let more = bytes - self.bytes;
+            state.fixed.fetch_add(more, Ordering::AcqRel);
+            state.used.fetch_add(more, Ordering::AcqRel);
+        } else {
+            let less = self.bytes - bytes;
+            state.used.fetch_sub(less, Ordering::AcqRel);
+            state.fixed.fetch_sub(less, Ordering::AcqRel);
+        }
+        self.bytes = bytes;
+    }
+
+    /// Bytes this holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for FixedMemory {
+    fn drop(&mut self) {
+        self.set(0);
+    }
+}
+
 /// Bytes that decoding an OTLP/JSON body may allocate at most, as a bound for the memory
 /// limiter: [`JSON_BYTES_PER_OBJECT`] for every `{` (each span, attribute, value, resource... is
 /// an object, and the generated types it becomes plus the spans made from them stay under that)
@@ -536,6 +609,29 @@ mod tests {
         let more = limiter.try_reserve(100).unwrap();
         assert_eq!(limiter.relief_excess(), 750, "950 in use, down to 200");
         drop((held, more));
+    }
+
+    #[test]
+    fn thresholds_apply_to_the_room_above_the_fixed_memory() {
+        let limiter = MemoryLimiter::new(1000);
+        let mut fixed = limiter.fixed_memory();
+        fixed.set(600);
+        assert_eq!((limiter.used(), limiter.fixed()), (600, 600));
+        // 400 of room: soft limit at 600 + 300, relief target at 600 + 200.
+        assert_eq!(limiter.soft_limit(), 900);
+        let data = limiter.try_reserve(250).unwrap();
+        assert_eq!(limiter.relief_excess(), 0, "850 in use");
+        let more = limiter.try_reserve(100).unwrap();
+        // Fractions of the whole limit would ask for 450 (down to 500) of 350 freeable bytes.
+        assert_eq!(limiter.relief_excess(), 150, "950 in use, down to 800");
+        // Fixed memory is never refused; past the limit it leaves no room at all.
+        fixed.set(1100);
+        assert!(limiter.try_reserve(1).is_none());
+        assert_eq!(limiter.relief_excess(), 350, "every freeable byte");
+        fixed.set(100);
+        assert_eq!((limiter.used(), limiter.soft_limit()), (450, 775));
+        drop((data, more, fixed));
+        assert_eq!((limiter.used(), limiter.fixed()), (0, 0));
     }
 
     #[test]

@@ -193,18 +193,21 @@ impl Default for ApiConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// Memory that requests being read and decoded, buffered spans and the forward queue may
-    /// hold, bytes; over it receivers answer "retry later" (HTTP 429, gRPC UNAVAILABLE), and
-    /// past `soft_limit_percent` of it a sender over its share is refused so
+    /// Memory that requests being read and decoded, buffered spans, the forward queue, the
+    /// recent-trace ring and the aggregates (KPI series, critical-path windows, Prometheus
+    /// label sets) may hold, bytes; over it receivers answer "retry later" (HTTP 429, gRPC
+    /// UNAVAILABLE), and past `soft_limit_percent` of it a sender over its share is refused so
     /// (`crate::limiter`) and the oldest buffered traces are closed early, releasing their
     /// memory (`traces_closed_early_total{reason="memory"}`). Default 512 MiB.
     pub memory_limit_bytes: usize,
-    /// The soft limit, percent of `memory_limit_bytes`: past it a sender over its fair share
-    /// is refused (also the forward queue's share threshold, percent of its places), and
-    /// buffered data gives way (memory relief). Default 75.
+    /// The soft limit, percent of `memory_limit_bytes` — of what the aggregates leave of it,
+    /// as they are never freed for data: past it a sender over its fair share is refused (also
+    /// the forward queue's share threshold, percent of its places), and buffered data gives
+    /// way (memory relief). Default 75.
     pub soft_limit_percent: usize,
     /// Memory relief frees what it can until the use would be down to this percent of
-    /// `memory_limit_bytes`; below `soft_limit_percent`. Default 50.
+    /// `memory_limit_bytes` (of what the aggregates leave of it, as for `soft_limit_percent`);
+    /// below `soft_limit_percent`. Default 50.
     pub relief_target_percent: usize,
     /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`).
     /// Default 10000.
