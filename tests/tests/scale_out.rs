@@ -555,6 +555,8 @@ fn dashboard_and_shards_are_well_formed() {
         "series_overflow",
         "late_spans",
         "store_",
+        "memory_reserved",
+        "memory_limit",
     ];
     for q in queries
         .iter()

@@ -100,6 +100,7 @@ struct Logs {
     connections_refused: RateLimitedLog,
     connections_closed: RateLimitedLog,
     auth_refused: RateLimitedLog,
+    aggregates: RateLimitedLog,
 }
 
 /// Labels of `forward_attempts_total`.
@@ -507,8 +508,9 @@ impl InternalEvents {
                 reason,
                 "traces in flight closed before their grace period ended, the oldest first \
                  (late children of those traces are counted as late spans): at \
-                 limits.max_traces_in_flight (reason max_traces_in_flight) or past 3/4 of \
-                 limits.memory_limit_bytes (reason memory); raise the limit if this persists"
+                 limits.max_traces_in_flight (reason max_traces_in_flight) or past \
+                 limits.soft_limit_percent of the memory limit left above the aggregates \
+                 (reason memory); raise the limit if this persists"
             );
         }
     }
@@ -518,6 +520,32 @@ impl InternalEvents {
         self.traces_closed_early
             .get_or_create(&CloseEarlyLabels { reason })
             .get()
+    }
+
+    /// Sets `memory_reserved_bytes` by part — `data`, `aggregates` (the KPI series,
+    /// critical-path windows and Prometheus label sets), `recent_traces` — and warns
+    /// (rate-limited) while the aggregates hold more than half of `limit`: they are never freed
+    /// for data, so past that the buffered traces and requests share what is left, and memory
+    /// relief closes traces early sooner.
+    pub fn memory_held(&self, data: usize, aggregates: usize, recent_traces: usize, limit: usize) {
+        for (part, bytes) in [
+            ("data", data),
+            ("aggregates", aggregates),
+            ("recent_traces", recent_traces),
+        ] {
+            self.memory_reserved
+                .get_or_create(&MemoryPartLabels { part })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        if aggregates > limit / 2 && self.logs.aggregates.note(1).is_some() {
+            tracing::warn!(
+                aggregates_bytes = aggregates,
+                limit_bytes = limit,
+                "the aggregates (KPI series, critical-path windows, Prometheus label sets) hold \
+                 more than half of limits.memory_limit_bytes, leaving less for traces in flight: \
+                 raise the limit, or lower limits.max_series or the longest kpi.windows"
+            );
+        }
     }
 
     /// Counts `n` strings cut to the longest text kept, and logs it (warn, rate-limited).

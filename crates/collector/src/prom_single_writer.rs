@@ -27,6 +27,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use infertrace_analysis::heap_size::ARC_HEADER_BYTES;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
@@ -80,9 +81,6 @@ impl<N> SingleWriterCounter<N> {
     /// Bytes a counter's value takes on the heap (one shared `AtomicU64`).
     pub(crate) const HEAP_BYTES: usize = ARC_HEADER_BYTES + std::mem::size_of::<AtomicU64>();
 }
-
-/// The strong and weak counts in front of every `Arc`'s value.
-pub(crate) const ARC_HEADER_BYTES: usize = 2 * std::mem::size_of::<usize>();
 
 impl SingleWriterCounter<u64> {
     /// Adds one.

@@ -17,8 +17,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 const MIB: usize = 1024 * 1024;
-/// Small enough that ten 1 MiB bodies overfill it: the share rule starts at 6 MiB in use.
+/// Small enough that ten heavy bodies overfill it: the share rule starts at 6 MiB in use (75 %
+/// of what the aggregates leave, plus the aggregates: a little over 6 MiB).
 const LIMIT: usize = 8 * MIB;
+/// A heavy body: six fit under the soft limit with the aggregates' few dozen KiB, seven do not.
+const BODY: usize = MIB - 64 * 1024;
 const WAIT: Duration = Duration::from_secs(20);
 const HEAVY_TOKEN: &str = "heavy-sender-0123456789abcdef";
 const LIGHT_TOKEN: &str = "light-sender-fedcba9876543210";
@@ -81,14 +84,14 @@ async fn scenario(with_tokens: bool) {
         false => ([127, 0, 0, 2].into(), None, None),
     };
 
-    // The heavy sender: ten bodies declaring 1 MiB each (reserved as soon as their head is
+    // The heavy sender: ten bodies declaring 960 KiB each (reserved as soon as their head is
     // read), 1 KiB sent, never finished.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..10 {
         let tx = tx.clone();
         tokio::spawn(async move {
             let mut s = connect_from(heavy_ip, addr).await;
-            s.write_all(head(heavy_token, MIB).as_bytes())
+            s.write_all(head(heavy_token, BODY).as_bytes())
                 .await
                 .unwrap();
             s.write_all(&[0u8; 1024]).await.unwrap();
@@ -107,7 +110,7 @@ async fn scenario(with_tokens: bool) {
             })
             .get()
     };
-    // Six bodies fit under the 6 MiB where the share rule starts; the others are refused.
+    // Six bodies fit under the soft limit where the share rule starts; the others are refused.
     eventually(
         WAIT,
         "the heavy sender's bodies past its share refused",
@@ -116,7 +119,7 @@ async fn scenario(with_tokens: bool) {
     .await;
     assert_eq!(
         c.pipeline().data_memory_bytes(),
-        6 * MIB,
+        6 * BODY,
         "six heavy bodies held"
     );
     for _ in 0..4 {

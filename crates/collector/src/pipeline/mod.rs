@@ -58,8 +58,8 @@ use crate::config::CollectorConfig;
 use crate::forward::ForwardHandle;
 use crate::held::{Analysed, HeldSpans, compact_copy, hold_the_body, holds_a_body};
 use crate::ingest::{Ingest, IngestBatch, IngestError};
-use crate::internal_events::{InternalEvents, MemoryPartLabels};
-use crate::limiter::{MemoryLimiter, MemoryReservation, span_footprint};
+use crate::internal_events::InternalEvents;
+use crate::limiter::{FixedMemory, MemoryLimiter, MemoryReservation, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
 use arrival::prepare_runs;
@@ -106,21 +106,23 @@ struct Analysis {
     /// The history store's feed, when the store is on.
     store: Option<StoreFeed>,
     /// The aggregates' memory — KPI series, critical-path windows, Prometheus label sets — as
-    /// last measured ([`AGGREGATES_MEASURE_INTERVAL`]), held in the limiter.
-    aggregates_memory: MemoryReservation,
+    /// last measured ([`AGGREGATES_MEASURE_INTERVAL`]), held in the limiter as fixed memory
+    /// (relief cannot free it; the thresholds apply to the room above it).
+    aggregates_memory: FixedMemory,
     /// The recent-trace ring's memory ([`RecentTraces::approx_memory_bytes`]), held in the
     /// limiter and updated at every tick.
     ring_memory: MemoryReservation,
-    /// When the aggregates were last measured, Unix nanoseconds (0: never).
-    aggregates_measured_unix_nano: u64,
+    /// When the aggregates were last measured (`None`: never).
+    aggregates_measured_at: Option<Instant>,
 }
 
 /// How often the aggregates' memory is measured — the KPI series, the critical-path windows
-/// and the Prometheus label sets, each walked under the analysis lock (the windows' walk, up to
-/// ~93,000 rows at the defaults, is the longest) — and set as a reservation in the memory
-/// limiter, so that requests are refused when the aggregates and the data together reach
-/// `limits.memory_limit_bytes`. The aggregates themselves are never refused for it: they are
-/// bounded by their caps (`limits.max_series`, the critical-path keys, the workers a series).
+/// and the Prometheus label sets, each walked under the analysis lock (the KPI series' slots
+/// are the longest walk; `benches/aggregates_memory.rs` times each at the default bounds) —
+/// and held in the memory limiter as fixed memory, so that requests are refused when the
+/// aggregates and the data together reach `limits.memory_limit_bytes`. The aggregates
+/// themselves are never refused for it: they are bounded by their caps (`limits.max_series`,
+/// the windows, the critical-path keys, the workers a series).
 pub const AGGREGATES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Holds the recent-trace ring's memory in the limiter, and measures the aggregates' memory
@@ -128,22 +130,22 @@ pub const AGGREGATES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 /// was none); returns what the limiter holds for both. Under memory relief
 /// ([`MemoryLimiter::relief_excess`]) the ring gives way first: it is a convenience for
 /// `/api/traces/{id}`, new data is not.
-fn account_analysis_memory(a: &mut Analysis, limiter: &MemoryLimiter, now_unix_nano: u64) -> usize {
+fn account_analysis_memory(a: &mut Analysis, limiter: &MemoryLimiter, now: Instant) -> usize {
     let excess = limiter.relief_excess();
     if excess > 0 {
         let ring = a.recent.approx_memory_bytes();
         a.recent.shrink_to(ring.saturating_sub(excess));
     }
     a.ring_memory.set_unchecked(a.recent.approx_memory_bytes());
-    let interval = AGGREGATES_MEASURE_INTERVAL.as_nanos() as u64;
-    if a.aggregates_measured_unix_nano == 0
-        || now_unix_nano.saturating_sub(a.aggregates_measured_unix_nano) >= interval
-    {
-        a.aggregates_measured_unix_nano = now_unix_nano.max(1);
+    let due = a
+        .aggregates_measured_at
+        .is_none_or(|at| now.saturating_duration_since(at) >= AGGREGATES_MEASURE_INTERVAL);
+    if due {
+        a.aggregates_measured_at = Some(now);
         let bytes = a.kpis.approx_memory_bytes()
             + a.critical.approx_memory_bytes()
             + a.prom.approx_memory_bytes();
-        a.aggregates_memory.set_unchecked(bytes);
+        a.aggregates_memory.set(bytes);
     }
     a.aggregates_memory.bytes() + a.ring_memory.bytes()
 }
@@ -214,9 +216,9 @@ impl Pipeline {
             prom,
             recent: RecentTraces::new(config.api.recent_traces, config.api.recent_trace_spans),
             store: None,
-            aggregates_memory: limiter.empty_reservation(),
+            aggregates_memory: limiter.fixed_memory(),
             ring_memory: limiter.empty_reservation(),
-            aggregates_measured_unix_nano: 0,
+            aggregates_measured_at: None,
         };
         events
             .memory_limit
@@ -484,7 +486,7 @@ impl Pipeline {
         loop {
             let ready = lock(&self.assembler).poll_some(now, POLL_ROUND);
             let full = ready.completed.len() >= POLL_ROUND;
-            let round = self.analyse(ready, now_unix_nano);
+            let round = self.analyse(ready, now, now_unix_nano);
             stats.traces += round.traces;
             stats.requests += round.requests;
             stats.late_merged += round.late_merged;
@@ -506,27 +508,25 @@ impl Pipeline {
 
     /// Closes every trace in flight, whatever its grace, and records it (shutdown).
     pub fn flush(&self) -> TickStats {
-        let ready = lock(&self.assembler).flush(Instant::now());
-        self.analyse(ready, unix_nanos_now())
+        let now = Instant::now();
+        let ready = lock(&self.assembler).flush(now);
+        self.analyse(ready, now, unix_nanos_now())
     }
 
     /// Holds the analysis' memory in the limiter ([`account_analysis_memory`]), publishes it to
-    /// ingest, and sets `infertrace_memory_reserved_bytes` by part.
-    fn hold_analysis_memory(&self, a: &mut Analysis, now_unix_nano: u64) {
-        let held = account_analysis_memory(a, &self.limiter, now_unix_nano);
+    /// ingest, and reports it ([`InternalEvents::memory_held`]).
+    fn hold_analysis_memory(&self, a: &mut Analysis, now: Instant) {
+        let held = account_analysis_memory(a, &self.limiter, now);
         self.analysis_bytes.store(held, Ordering::Relaxed);
-        let gauge = |part: &'static str, bytes: usize| {
-            self.events
-                .memory_reserved
-                .get_or_create(&MemoryPartLabels { part })
-                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        };
-        gauge("data", self.limiter.used().saturating_sub(held));
-        gauge("aggregates", a.aggregates_memory.bytes());
-        gauge("recent_traces", a.ring_memory.bytes());
+        self.events.memory_held(
+            self.limiter.used().saturating_sub(held),
+            a.aggregates_memory.bytes(),
+            a.ring_memory.bytes(),
+            self.limiter.limit(),
+        );
     }
 
-    fn analyse(&self, ready: Ready, now_unix_nano: u64) -> TickStats {
+    fn analyse(&self, ready: Ready, now: Instant, now_unix_nano: u64) -> TickStats {
         let Ready { completed, late } = ready;
         let mut stats = TickStats {
             traces: completed.len(),
@@ -536,7 +536,7 @@ impl Pipeline {
             // Minutes reach the store without traffic too.
             let mut a = lock(&self.analysis);
             feed_store(&mut a, now_unix_nano);
-            self.hold_analysis_memory(&mut a, now_unix_nano);
+            self.hold_analysis_memory(&mut a, now);
             return stats;
         }
         let mut overflowed = 0u64;
@@ -616,7 +616,7 @@ impl Pipeline {
         if !late.is_empty() {
             stats.late_merged = a.recent.merge_late(late, &self.cp_options);
         }
-        self.hold_analysis_memory(&mut a, now_unix_nano);
+        self.hold_analysis_memory(&mut a, now);
         drop(a);
         if overflowed > 0 {
             self.events.series_overflow.inc_by(overflowed);

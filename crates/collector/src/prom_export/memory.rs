@@ -3,7 +3,7 @@
 //! the KPI series and the critical-path windows. Label sets are bounded by their caps
 //! (`max_series`, [`MAX_CRITICAL_PATH_KEYS`](super::MAX_CRITICAL_PATH_KEYS),
 //! [`MAX_DISAGG_WORKERS`](super::MAX_DISAGG_WORKERS) a series), but at those caps they can take
-//! hundreds of megabytes (a thousand series of disaggregated requests, each with 64 workers'
+//! over a hundred megabytes (a thousand series of disaggregated requests, each with 64 workers'
 //! sub-phase histograms): the limit must see them.
 
 use std::mem::size_of;
@@ -13,19 +13,20 @@ use super::{
     Counter, CriticalPathKey, CriticalPathLabels, DisaggPhaseLabels, FloatCounter, Histogram,
     PromRecorder, RequestLabels, SeriesHandles, SeriesLabels, TokenLabels,
 };
-use crate::prom_single_writer::ARC_HEADER_BYTES;
+use infertrace_analysis::heap_size::{ARC_HEADER_BYTES, arc_str_bytes, map_table_bytes};
 
-/// Bytes of one entry of `(K, V)` in a family's hash map: the pair and its control byte, at two
-/// buckets an entry (a table is between 7/16 and 7/8 full, 1/1.58 on average as it grows, and
-/// does not shrink when label sets are removed; the hash maps are the families' own, whose
-/// capacity is not visible, so this errs high rather than low).
+/// Bytes of one entry of `(K, V)` in a Prometheus family's hash map: the pair and its control
+/// byte, at two buckets an entry (a table is between 7/16 and 7/8 full, 1/1.58 on average as it
+/// grows, and does not shrink when label sets are removed; those maps are `prometheus-client`'s,
+/// whose capacity is not visible, so this errs high rather than low). The recorder's own maps are
+/// sized from their capacity ([`map_table_bytes`]).
 fn family_entry<K, V>() -> usize {
     (size_of::<(K, V)>() + 1) * 2
 }
 
 /// Bytes of a string label's own allocation.
 fn arc_str(s: &str) -> usize {
-    ARC_HEADER_BYTES + s.len()
+    arc_str_bytes(s.len())
 }
 
 impl PromRecorder {
@@ -41,14 +42,14 @@ impl PromRecorder {
             .chain(self.overflow.as_ref())
             .map(|s| series_bytes(s))
             .sum();
-        let series_index: usize = self
+        let series_index: usize = map_table_bytes(
+            self.series.capacity(),
+            size_of::<(u64, Vec<Arc<SeriesHandles>>)>(),
+        ) + self
             .series
             .values()
-            .map(|list| {
-                family_entry::<u64, Vec<Arc<SeriesHandles>>>()
-                    + list.capacity() * size_of::<Arc<SeriesHandles>>()
-            })
-            .sum();
+            .map(|list| list.capacity() * size_of::<Arc<SeriesHandles>>())
+            .sum::<usize>();
         let disagg: usize = self.disagg.capacity()
             * size_of::<(SeriesLabels, Vec<(DisaggPhaseLabels, Histogram)>)>()
             + self
@@ -65,12 +66,14 @@ impl PromRecorder {
                         .chain(std::iter::once(list))
                 })
                 .sum::<usize>();
-        let critical_path: usize = self
+        let critical_path: usize = map_table_bytes(
+            self.cp_keys.capacity(),
+            size_of::<(u64, Vec<CriticalPathKey>)>(),
+        ) + self
             .cp_keys
             .values()
             .map(|list| {
-                family_entry::<u64, Vec<CriticalPathKey>>()
-                    + list.capacity() * size_of::<CriticalPathKey>()
+                list.capacity() * size_of::<CriticalPathKey>()
                     + list
                         .iter()
                         .map(|(service, span, _)| {
@@ -81,7 +84,7 @@ impl PromRecorder {
                         })
                         .sum::<usize>()
             })
-            .sum();
+            .sum::<usize>();
         series + series_index + disagg + critical_path
     }
 }
