@@ -306,10 +306,7 @@ impl KpiWindows {
         if self.started_unix_nano.is_none() {
             self.started_unix_nano = Some(now_unix_nano);
         }
-        if now_unix_nano.saturating_sub(self.last_sweep_unix_nano) >= self.sweep_interval() {
-            self.expire(now_unix_nano);
-            self.last_sweep_unix_nano = now_unix_nano;
-        }
+        self.sweep(now_unix_nano);
         let (service, model, operation) = self.labelling.labels(record);
         let recent = self
             .recent
@@ -565,6 +562,17 @@ impl KpiWindows {
             .first()
             .map_or(1_000_000_000, |s| s.slot_nanos)
             .max(1_000_000_000)
+    }
+
+    /// [`Self::expire`] when a sweep is due (once per finest slot, at most once a second):
+    /// every record sweeps, and so should an idle caller's clock, or idle series outlive a
+    /// collector that stopped receiving. Returns how many series it removed.
+    pub fn sweep(&mut self, now_unix_nano: u64) -> usize {
+        if now_unix_nano.saturating_sub(self.last_sweep_unix_nano) < self.sweep_interval() {
+            return 0;
+        }
+        self.last_sweep_unix_nano = now_unix_nano;
+        self.expire(now_unix_nano)
     }
 
     /// Drops series with no record within the longest window; returns how many.

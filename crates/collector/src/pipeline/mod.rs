@@ -536,6 +536,7 @@ impl Pipeline {
             // Minutes reach the store without traffic too.
             let mut a = lock(&self.analysis);
             feed_store(&mut a, now_unix_nano);
+            expire_idle_series(&mut a, now_unix_nano);
             self.hold_analysis_memory(&mut a, now);
             return stats;
         }
@@ -668,6 +669,17 @@ impl Pipeline {
     /// A recently completed trace, if still held.
     pub fn trace(&self, id: &TraceId) -> Option<StoredTrace> {
         lock(&self.analysis).recent.get(id).cloned()
+    }
+}
+
+/// Expires the KPI series idle past the longest window, and their label sets in the exporter,
+/// when a sweep is due. Recording sweeps too; this is for the ticks without traffic, so that a
+/// collector that stopped receiving gives the series' memory back.
+fn expire_idle_series(a: &mut Analysis, now_unix_nano: u64) {
+    if a.kpis.sweep(now_unix_nano) > 0 {
+        for key in a.kpis.take_removed_series() {
+            a.prom.forget(&key);
+        }
     }
 }
 

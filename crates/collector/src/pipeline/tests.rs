@@ -1078,3 +1078,43 @@ fn a_body_mostly_turned_down_gives_its_taken_traces_a_compact_copy() {
         assert_eq!(source.spans(), b.spans[run.start..run.start + run.len]);
     }
 }
+
+#[test]
+fn idle_ticks_expire_series_and_give_their_memory_back() {
+    let p = Pipeline::new(
+        &CollectorConfig::default(),
+        InternalEvents::default(),
+        PromMetrics::default(),
+        MemoryLimiter::new(1 << 30),
+        None,
+    );
+    let empty = p.aggregates_memory_parts();
+    let (t0, unix0) = (Instant::now(), unix_nanos_now());
+    for i in 0..20u8 {
+        p.ingest_at(
+            batch(request_trace(i + 1, &format!("model-{i}"), 1, 1, 1, 2)),
+            t0,
+        )
+        .unwrap();
+    }
+    p.tick_at(t0 + Duration::from_secs(3), unix0);
+    assert_eq!(p.requests_recorded(), 20);
+    let (kpis, _, prom) = p.aggregates_memory_parts();
+    assert!(kpis > empty.0 && prom > empty.2, "{kpis} B, {prom} B");
+    // No traffic for half an hour: the series stay (the 1h window still holds them).
+    p.tick_at(t0 + Duration::from_secs(5), unix0 + 1_800 * 1_000 * MS);
+    assert_eq!(p.aggregates_memory_parts().2, prom, "label sets kept");
+    // No traffic past the longest window: an idle tick expires them, in the KPI windows and the
+    // exporter alike, and the next measurement gives their memory back.
+    p.tick_at(t0 + Duration::from_secs(7), unix0 + 3_700 * 1_000 * MS);
+    let (kpis_after, critical_after, prom_after) = p.aggregates_memory_parts();
+    // What stays: the critical-path counters (model-less, capped) and the tables' capacity.
+    assert!(
+        kpis_after < kpis / 4 && prom_after < prom / 4,
+        "KPI windows {kpis_after} B left of {kpis} B, label sets {prom_after} B of {prom} B"
+    );
+    assert_eq!(
+        p.aggregates_memory_bytes(),
+        kpis_after + critical_after + prom_after
+    );
+}
