@@ -14,7 +14,8 @@
 //!   trace in flight is **closed early** to make room (its grace period shortened; counted in
 //!   `traces_closed_early_total`) — first the oldest that has its request span (it is complete
 //!   but for late children), else the oldest without one of the service holding the most of
-//!   the oldest such traces (a sender flooding the table with traces that never complete gives
+//!   the oldest such traces — by number when the table is full, by memory when the limiter asks
+//!   for relief (a sender flooding the table or the memory with traces that never complete gives
 //!   up its own, not a light sender's). Early-closed traces are handed out by
 //!   the next [`TraceAssembler::poll_some`], like any other.
 //! - Memory: the caller reserves memory for a batch (the [`MemoryLimiter`]) and hands the
@@ -62,11 +63,21 @@ use infertrace_analysis::trace::{Span, TraceId};
 
 use crate::held::{HeldSpans, PreparedRun, PreparedTrace};
 use crate::internal_events::InternalEvents;
+use crate::limiter::span_footprint;
 use index::{Known, TraceIndex};
 
 /// How many of the oldest traces without a request span a full table looks at to find the
 /// sender holding the most (the one that gives up a trace).
 const FAIRNESS_WINDOW: usize = 64;
+
+/// What a sender's share of the traces in flight is measured in when one of its traces must
+/// close early: their number when the table is full (`max_traces_in_flight`), their memory when
+/// the limiter asks for relief.
+#[derive(Clone, Copy, Debug)]
+enum ShareOf {
+    Traces,
+    Memory,
+}
 
 /// Memory held for buffered spans (a limiter reservation): released when the last clone drops.
 pub type MemoryHold = Arc<dyn Any + Send + Sync>;
@@ -331,7 +342,7 @@ impl TraceAssembler {
                         continue;
                     }
                     if self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight
-                        && !self.make_room(now)
+                        && !self.make_room(ShareOf::Traces, now)
                     {
                         over_traces += 1;
                         continue;
@@ -526,7 +537,9 @@ impl TraceAssembler {
         if !self.would_take(&id, len) {
             return false;
         }
-        if self.traces_in_flight() >= self.config.max_traces_in_flight && !self.make_room(now) {
+        if self.traces_in_flight() >= self.config.max_traces_in_flight
+            && !self.make_room(ShareOf::Traces, now)
+        {
             return false;
         }
         let seq = self.prepared_base + self.prepared.len() as u64;
@@ -689,9 +702,10 @@ impl TraceAssembler {
     }
 
     /// Closes the oldest trace in flight early ([`CloseReason::Early`]) so that a new one fits:
-    /// the oldest with its request span (prepared or not) if any, else the oldest without one.
-    /// The trace waits in `early` for the next poll. `false` when nothing was in flight.
-    fn make_room(&mut self, now: Instant) -> bool {
+    /// the oldest with its request span (prepared or not) if any, else the oldest without one
+    /// of the sender holding the largest `share` of such traces. The trace waits in `early` for
+    /// the next poll. `false` when nothing was in flight.
+    fn make_room(&mut self, share: ShareOf, now: Instant) -> bool {
         // Traces with their request span, in request-arrival order: two queues, each in order.
         loop {
             let prepared_at = self.prepared.front().map(|s| s.at);
@@ -722,7 +736,7 @@ impl TraceAssembler {
         }
         // Only traces without a request span are left: the oldest of the sender holding the
         // most of them (see `FAIRNESS_WINDOW`).
-        match self.oldest_of_the_largest_sender() {
+        match self.oldest_of_the_largest_sender(share) {
             Some(id) => match self.close(id, CloseReason::Early, now) {
                 Some(t) => self.closed_early(t),
                 None => false,
@@ -732,17 +746,17 @@ impl TraceAssembler {
     }
 
     /// Among the oldest [`FAIRNESS_WINDOW`] traces without a request span, the oldest one of
-    /// the service that holds the most of them: a sender flooding the table with traces that
-    /// never complete gives up its own, not a light sender's. Stale queue entries (traces
-    /// already closed) are dropped on the way.
-    fn oldest_of_the_largest_sender(&mut self) -> Option<TraceId> {
+    /// the service that holds the largest `share` of them: a sender flooding the table (or the
+    /// memory) with traces that never complete gives up its own, not a light sender's. Stale
+    /// queue entries (traces already closed) are dropped on the way.
+    fn oldest_of_the_largest_sender(&mut self, share: ShareOf) -> Option<TraceId> {
         while let Some(&(id, first)) = self.by_age.front() {
             if self.traces.get(&id).is_some_and(|t| t.first_seen == first) {
                 break;
             }
             self.by_age.pop_front();
         }
-        // (service, traces in the window, its oldest), in order of first appearance.
+        // (service, its share of the window, its oldest), in order of first appearance.
         let mut senders: Vec<(&Text, usize, TraceId)> = Vec::new();
         for &(id, first) in self.by_age.iter().take(FAIRNESS_WINDOW) {
             let Some(trace) = self.traces.get(&id).filter(|t| t.first_seen == first) else {
@@ -751,9 +765,13 @@ impl TraceAssembler {
             let Some(service) = trace.spans.first().map(|s| &s.service) else {
                 continue;
             };
+            let weight = match share {
+                ShareOf::Traces => 1,
+                ShareOf::Memory => trace.spans.iter().map(span_footprint).sum(),
+            };
             match senders.iter_mut().find(|(s, _, _)| *s == service) {
-                Some(sender) => sender.1 += 1,
-                None => senders.push((service, 1, id)),
+                Some(sender) => sender.1 += weight,
+                None => senders.push((service, weight, id)),
             }
         }
         // The largest; among equals the one seen first, whose oldest trace is the oldest.
@@ -776,7 +794,7 @@ impl TraceAssembler {
             return 0;
         }
         let mut closed = 0;
-        while closed < n && self.make_room(now) {
+        while closed < n && self.make_room(ShareOf::Memory, now) {
             closed += 1;
         }
         self.memory_relief_pending = closed > 0;
@@ -1212,6 +1230,52 @@ mod tests {
             0,
             "nothing left"
         );
+    }
+
+    #[test]
+    fn memory_relief_takes_from_the_sender_holding_the_most_memory() {
+        // "wide": two traces of 40 spans each; "many": ten traces of one span. None has its
+        // request span. By number "many" holds the most, by memory "wide" does.
+        let setup = |max_traces_in_flight| {
+            let (mut a, events) = assembler(AssemblerConfig {
+                max_traces_in_flight,
+                ..Default::default()
+            });
+            let t0 = Instant::now();
+            let from = |service: &str, trace: u8, id: u8| {
+                let mut s = span(trace, id, "x");
+                s.service = Text::from(service);
+                s
+            };
+            a.push((1..=40).map(|i| from("wide", 1, i)).collect(), None, t0);
+            for trace in 2..=11 {
+                a.push(vec![from("many", trace, 1)], None, t0 + secs(0.01));
+            }
+            a.push(
+                (1..=40).map(|i| from("wide", 12, i)).collect(),
+                None,
+                t0 + secs(0.02),
+            );
+            (a, events, t0)
+        };
+        let services = |done: Vec<CompletedTrace>| -> Vec<Text> {
+            done.into_iter()
+                .map(|t| t.held.into_spans()[0].service.clone())
+                .collect()
+        };
+        // Memory relief: the wide sender's oldest trace, though the many-trace sender's is
+        // just as old and it holds five times the traces.
+        let (mut a, events, t0) = setup(100);
+        assert_eq!(a.close_oldest_for_memory(1, t0 + secs(0.1)), 1);
+        let done = a.poll(t0 + secs(0.2)).completed;
+        assert_eq!(services(done), ["wide"]);
+        assert_eq!(events.closed_early("memory"), 1);
+        // A full table: the many-trace sender's oldest (the table's share is by number).
+        let (mut a, events, t0) = setup(12);
+        a.push(vec![span(13, 1, "x")], None, t0 + secs(0.1));
+        let done = a.poll(t0 + secs(0.2)).completed;
+        assert_eq!(services(done), ["many"]);
+        assert_eq!(events.closed_early("max_traces_in_flight"), 1);
     }
 
     #[test]
