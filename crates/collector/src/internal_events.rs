@@ -541,7 +541,8 @@ impl InternalEvents {
             tracing::warn!(
                 aggregates_bytes = aggregates,
                 limit_bytes = limit,
-                "the aggregates (KPI series, critical-path windows, Prometheus label sets) hold \
+                "the aggregates (KPI series, critical-path windows, Prometheus label sets, \
+                 history store queue) hold \
                  more than half of limits.memory_limit_bytes, leaving less for traces in flight: \
                  raise the limit, or lower limits.max_series or the longest kpi.windows"
             );

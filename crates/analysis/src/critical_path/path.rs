@@ -62,6 +62,12 @@ pub struct CriticalPath {
 }
 
 impl CriticalPath {
+    /// Heap bytes of its pieces (segments and adjustments; spare capacity ignored), for memory
+    /// accounting.
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of_val(&self.segments[..]) + std::mem::size_of_val(&self.adjustments[..])
+    }
+
     /// Total nanoseconds covered (the analysed span's duration).
     pub fn total_nanos(&self) -> u64 {
         self.segments.iter().map(Segment::duration_nanos).sum()

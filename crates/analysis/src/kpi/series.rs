@@ -34,6 +34,14 @@ pub struct SeriesKey {
 }
 
 impl SeriesKey {
+    /// Heap bytes of its three label strings, for memory accounting (each counted whole, as if
+    /// not shared).
+    pub fn heap_bytes(&self) -> usize {
+        arc_str_bytes(self.service.len())
+            + arc_str_bytes(self.model.len())
+            + arc_str_bytes(self.operation.len())
+    }
+
     pub(super) fn matches(&self, service: &str, model: &str, operation: &str) -> bool {
         &*self.service == service && &*self.model == model && &*self.operation == operation
     }
@@ -265,12 +273,7 @@ impl KpiWindows {
             .series
             .iter()
             .chain(self.overflow.as_ref())
-            .map(|s| {
-                arc_str_bytes(s.key.service.len())
-                    + arc_str_bytes(s.key.model.len())
-                    + arc_str_bytes(s.key.operation.len())
-                    + s.rings.iter().map(Ring::heap_bytes).sum::<usize>()
-            })
+            .map(|s| s.key.heap_bytes() + s.rings.iter().map(Ring::heap_bytes).sum::<usize>())
             .sum();
         let index = map_table_bytes(
             self.index.capacity(),

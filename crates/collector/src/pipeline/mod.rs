@@ -116,14 +116,20 @@ struct Analysis {
     aggregates_measured_at: Option<Instant>,
 }
 
-/// How often the aggregates' memory is measured — the KPI series, the critical-path windows
-/// and the Prometheus label sets, each walked under the analysis lock (the KPI series' slots
-/// are the longest walk; `benches/aggregates_memory.rs` times each at the default bounds) —
-/// and held in the memory limiter as fixed memory, so that requests are refused when the
-/// aggregates and the data together reach `limits.memory_limit_bytes`. The aggregates
-/// themselves are never refused for it: they are bounded by their caps (`limits.max_series`,
-/// the windows, the critical-path keys, the workers a series).
+/// How often the aggregates' memory is measured — the KPI series, the critical-path windows,
+/// the Prometheus label sets and the history store's feed and writer, each walked under the
+/// analysis lock (the KPI series' slots are the longest walk; `benches/aggregates_memory.rs`
+/// times each at the default bounds) — and held in the memory limiter as fixed memory, so that
+/// requests are refused when the aggregates and the data together reach
+/// `limits.memory_limit_bytes`. The aggregates themselves are never refused for it: they are
+/// bounded by their caps (`limits.max_series`, the windows, the critical-path keys, the workers
+/// a series, [`HISTORY_WRITER_SHARE`]).
 pub const AGGREGATES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The history store's writer may hold at most this fraction (1/n) of
+/// `limits.memory_limit_bytes` in items not yet written: a stalled disk then drops history
+/// items (counted as `store_dropped_total{reason="memory_cap"}`), not new data.
+pub const HISTORY_WRITER_SHARE: usize = 8;
 
 /// Holds the recent-trace ring's memory in the limiter, and measures the aggregates' memory
 /// into it when [`AGGREGATES_MEASURE_INTERVAL`] has passed since the last measurement (or there
@@ -142,9 +148,13 @@ fn account_analysis_memory(a: &mut Analysis, limiter: &MemoryLimiter, now: Insta
         .is_none_or(|at| now.saturating_duration_since(at) >= AGGREGATES_MEASURE_INTERVAL);
     if due {
         a.aggregates_measured_at = Some(now);
+        let history = a.store.as_ref().map_or(0, |feed| {
+            feed.approx_memory_bytes() + feed.writer().memory_bytes()
+        });
         let bytes = a.kpis.approx_memory_bytes()
             + a.critical.approx_memory_bytes()
-            + a.prom.approx_memory_bytes();
+            + a.prom.approx_memory_bytes()
+            + history;
         a.aggregates_memory.set(bytes);
     }
     a.aggregates_memory.bytes() + a.ring_memory.bytes()
@@ -248,6 +258,8 @@ impl Pipeline {
         let mut a = lock(&self.analysis);
         let restored = store.restore_kpis(&mut a.kpis, unix_nanos_now(), longest)?;
         let mut feed = feed;
+        feed.writer()
+            .set_memory_cap(self.limiter.limit() / HISTORY_WRITER_SHARE);
         // Minutes from the windows' completed seconds rather than a second sketch per record.
         if a.kpis.enable_slot_tap() {
             feed.use_tapped_slots();
@@ -308,8 +320,8 @@ impl Pipeline {
         lock(&self.analysis).ring_memory.bytes()
     }
 
-    /// The aggregates' memory (KPI series, critical-path windows, Prometheus label sets) as
-    /// last measured and held in the limiter (part of [`MemoryLimiter::used`]; see
+    /// The aggregates' memory (KPI series, critical-path windows, Prometheus label sets, the
+    /// history store's feed and writer) as last measured and held in the limiter (part of [`MemoryLimiter::used`]; see
     /// [`AGGREGATES_MEASURE_INTERVAL`]).
     pub fn aggregates_memory_bytes(&self) -> usize {
         lock(&self.analysis).aggregates_memory.bytes()

@@ -238,10 +238,7 @@ fn requests_footprint(requests: &[StoredRequest]) -> usize {
     requests
         .iter()
         .map(|r| {
-            size_of::<StoredRequest>()
-                + r.critical_path.as_ref().map_or(0, |p| {
-                    size_of_val(&p.segments[..]) + size_of_val(&p.adjustments[..])
-                })
+            size_of::<StoredRequest>() + r.critical_path.as_ref().map_or(0, |p| p.heap_bytes())
         })
         .sum()
 }

@@ -474,6 +474,9 @@ fn an_idle_tick_hands_the_ended_minute_to_the_store() {
             .unwrap();
     }
     assert_eq!(p.tick_at(t0 + Duration::from_secs(2), unix).requests, 3);
+    // The feed's minute is held with the aggregates.
+    let (kpis, critical, prom) = p.aggregates_memory_parts();
+    assert!(p.aggregates_memory_bytes() > kpis + critical + prom);
     let count = |store: &Store| {
         store
             .history(

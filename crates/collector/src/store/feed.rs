@@ -11,6 +11,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use std::hash::BuildHasher;
+use std::mem::size_of;
 
 use foldhash::fast::RandomState;
 use foldhash::{HashMap, HashMapExt};
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use infertrace_analysis::critical_path::CriticalPath;
+use infertrace_analysis::heap_size::map_table_bytes;
 use infertrace_analysis::kpi::{
     Accumulator, Dimension, KpiConfig, OVERFLOW_LABEL, SeriesKey, SloConfig, TappedSlot,
     sketch_config,
@@ -321,6 +323,33 @@ impl StoreFeed {
             .retain(|c| c.reason == CaptureReason::Failed || c.record.e2e >= threshold);
     }
 
+    /// Estimated bytes the feed holds: the current minute's accumulators not yet handed over,
+    /// their keys and index, and the captured requests (the collector holds them in its memory
+    /// limiter with the aggregates; [`StoreWriter::memory_bytes`] counts what it handed over).
+    pub fn approx_memory_bytes(&self) -> usize {
+        let series = self.series.capacity() * size_of::<(SeriesKey, Accumulator)>()
+            + self
+                .series
+                .iter()
+                .chain(self.overflow.as_ref())
+                .map(|(k, a)| k.heap_bytes() + a.heap_bytes())
+                .sum::<usize>();
+        let index = map_table_bytes(self.index.capacity(), size_of::<(u64, Vec<usize>)>())
+            + self
+                .index
+                .values()
+                .map(|list| list.capacity() * size_of::<usize>())
+                .sum::<usize>();
+        let captured = self.captured.capacity() * size_of::<CapturedRequest>()
+            + self
+                .captured
+                .iter()
+                .filter_map(|c| c.critical_path.as_ref())
+                .map(CriticalPath::heap_bytes)
+                .sum::<usize>();
+        series + index + captured + self.slowest.capacity() * size_of::<Reverse<E2e>>()
+    }
+
     /// Hands what was collected to the writer when a minute ended or a hand-over step passed.
     /// Call it on every pipeline tick (records call it too).
     pub fn tick(&mut self, now_unix_nano: u64) {
@@ -552,5 +581,64 @@ mod tests {
         assert_eq!(models, ["__overflow__", "a", "b"]);
         let total: u64 = rollups.iter().map(|r| r.accumulator.counts.requests).sum();
         assert_eq!(total, 505);
+    }
+
+    #[test]
+    fn the_feed_and_the_writer_count_what_they_hold_and_the_writer_is_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let events = InternalEvents::default();
+        let writer = store.start_writer(events.clone()).unwrap();
+        let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+        let minute = minute_of(crate::store::unix_nanos_now()) - 5 * MINUTE_NANOS;
+        let empty = feed.approx_memory_bytes();
+        for k in 0..300u64 {
+            let model = format!("m{}", k % 30);
+            feed.record(
+                &rec(&model, k as f64 / 100.0, Outcome::Ok),
+                None,
+                minute + k,
+            );
+        }
+        let collected = feed.approx_memory_bytes();
+        assert!(
+            collected > empty + 30 * 1024,
+            "30 series' minute: {collected} B"
+        );
+        // Handed over: the accumulators move to the writer (queued, or received by its thread:
+        // counted either way until written).
+        feed.hand_over(minute + 400);
+        let handed = writer.memory_bytes();
+        assert!(feed.approx_memory_bytes() < collected);
+        assert!(
+            feed.approx_memory_bytes() + handed >= collected && handed > 30 * 1024,
+            "feed {} B, writer {handed} B of {collected} B",
+            feed.approx_memory_bytes()
+        );
+        // Past the cap, an item is dropped and counted, not queued.
+        writer.set_memory_cap(handed + 1024);
+        for k in 0..300u64 {
+            let model = format!("m{}", k % 30);
+            feed.record(&rec(&model, 1.0, Outcome::Ok), None, minute + 500 + k);
+        }
+        feed.hand_over(minute + 900);
+        let dropped = |reason| {
+            events
+                .store_dropped
+                .get_or_create(&crate::internal_events::DropLabels { reason })
+                .get()
+        };
+        assert_eq!(dropped("memory_cap"), 30, "30 series' rollups dropped");
+        assert_eq!(writer.memory_bytes(), handed);
+        // Written: the writer keeps the merged minute only.
+        writer.flush().unwrap();
+        let kept = writer.memory_bytes();
+        assert!(kept > 0 && kept <= handed, "{kept} B after the flush");
+        let rollups = store.rollups(minute, minute + MINUTE_NANOS).unwrap();
+        let total: u64 = rollups.iter().map(|r| r.accumulator.counts.requests).sum();
+        assert_eq!(
+            total, 300,
+            "the first hand-over written, the capped one not"
+        );
     }
 }

@@ -7,8 +7,10 @@
 //! last two minutes' merged accumulators in memory so a flush rarely reads back.
 
 use std::collections::HashMap;
+use std::mem::size_of;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,11 @@ use super::options::StoreOptions;
 use super::schema::{enforce_retention, prune_series};
 use super::time::{MINUTE_NANOS, sql_time, unix_nanos_now};
 use crate::internal_events::InternalEvents;
+
+/// Estimated bytes of one finding with its texts (evidence and recommendation strings).
+const FINDING_BYTES: usize = 2048;
+/// Estimated bytes of one alert transition with its texts.
+const ALERT_EVENT_BYTES: usize = 1024;
 
 /// How long [`StoreWriter::flush`] waits for the writer.
 const FLUSH_WAIT: Duration = Duration::from_secs(60);
@@ -90,6 +97,28 @@ enum WriteOp {
 }
 
 impl WriteOp {
+    /// Estimated bytes it holds (the series keys' strings are shared with the feed and not
+    /// counted), for the writer's memory accounting. The same op gives the same figure on both
+    /// sides of the queue.
+    fn approx_bytes(&self) -> usize {
+        match self {
+            Self::Rollups { series, .. } => {
+                series.capacity() * size_of::<(SeriesKey, Accumulator)>()
+                    + series.iter().map(|(_, a)| a.heap_bytes()).sum::<usize>()
+            }
+            Self::Requests(r) => {
+                r.capacity() * size_of::<CapturedRequest>()
+                    + r.iter()
+                        .filter_map(|c| c.critical_path.as_ref())
+                        .map(CriticalPath::heap_bytes)
+                        .sum::<usize>()
+            }
+            Self::Findings { findings, .. } => findings.capacity() * FINDING_BYTES,
+            Self::Alerts { events, .. } => events.capacity() * ALERT_EVENT_BYTES,
+            Self::Flush(_) => 0,
+        }
+    }
+
     /// Items it carries, for drop counts.
     fn items(&self) -> u64 {
         match self {
@@ -102,12 +131,24 @@ impl WriteOp {
     }
 }
 
+/// What the writer holds, estimated: items in its queue, and what its thread keeps between
+/// flushes (items received and not yet written, the last two minutes' merged accumulators).
+/// A write that stalls (a slow or hung disk) fills the queue; `cap` bounds it in bytes as the
+/// queue's capacity bounds it in items.
+#[derive(Debug)]
+struct WriterMemory {
+    queued: AtomicUsize,
+    thread: AtomicUsize,
+    cap: AtomicUsize,
+}
+
 /// The writer thread's handle: cheap to clone, never blocks (except [`Self::flush`]).
 #[derive(Clone, Debug)]
 pub struct StoreWriter {
     tx: SyncSender<WriteOp>,
     events: InternalEvents,
     path: Arc<PathBuf>,
+    memory: Arc<WriterMemory>,
 }
 
 impl StoreWriter {
@@ -116,17 +157,35 @@ impl StoreWriter {
         if n == 0 {
             return true;
         }
-        match self.tx.try_send(op) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) => {
-                self.events.store_items_dropped("queue_full", n);
-                false
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                self.events.store_items_dropped("writer_stopped", n);
-                false
-            }
+        let bytes = op.approx_bytes();
+        let m = &self.memory;
+        if self.memory_bytes().saturating_add(bytes) > m.cap.load(Ordering::Relaxed) {
+            self.events.store_items_dropped("memory_cap", n);
+            return false;
         }
+        m.queued.fetch_add(bytes, Ordering::Relaxed);
+        let reason = match self.tx.try_send(op) {
+            Ok(()) => return true,
+            Err(TrySendError::Full(_)) => "queue_full",
+            Err(TrySendError::Disconnected(_)) => "writer_stopped",
+        };
+        m.queued.fetch_sub(bytes, Ordering::Relaxed);
+        self.events.store_items_dropped(reason, n);
+        false
+    }
+
+    /// Bounds what the writer may hold, estimated (see [`Self::memory_bytes`]): an item that
+    /// would take it past `bytes` is dropped (`store_dropped_total{reason="memory_cap"}`).
+    /// Unbounded until set.
+    pub fn set_memory_cap(&self, bytes: usize) {
+        self.memory.cap.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Estimated bytes the writer holds: its queued items and what its thread keeps between
+    /// flushes (the collector holds them in its memory limiter with the aggregates).
+    pub fn memory_bytes(&self) -> usize {
+        let m = &self.memory;
+        m.queued.load(Ordering::Relaxed) + m.thread.load(Ordering::Relaxed)
     }
 
     /// Adds `series` accumulators to minute `minute_unix_nano` (merged with what the minute
@@ -192,7 +251,13 @@ pub(super) fn start(
 ) -> Result<StoreWriter, StoreError> {
     let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1));
     let path = Arc::new(path);
+    let memory = Arc::new(WriterMemory {
+        queued: AtomicUsize::new(0),
+        thread: AtomicUsize::new(0),
+        cap: AtomicUsize::new(usize::MAX),
+    });
     let mut state = WriterState {
+        memory: Arc::clone(&memory),
         conn,
         options,
         events: events.clone(),
@@ -213,6 +278,7 @@ pub(super) fn start(
         tx,
         events,
         path: Arc::clone(&path),
+        memory,
     })
 }
 
@@ -231,6 +297,7 @@ impl Pending {
 }
 
 struct WriterState {
+    memory: Arc<WriterMemory>,
     conn: Connection,
     options: StoreOptions,
     events: InternalEvents,
@@ -268,6 +335,10 @@ impl WriterState {
     }
 
     fn receive(&mut self, op: WriteOp) {
+        // From the queue's count to the thread's (an upper bound: rollups merge).
+        let bytes = op.approx_bytes();
+        self.memory.queued.fetch_sub(bytes, Ordering::Relaxed);
+        self.memory.thread.fetch_add(bytes, Ordering::Relaxed);
         let p = &mut self.pending;
         match op {
             WriteOp::Rollups { minute, series } => {
@@ -293,6 +364,18 @@ impl WriterState {
 
     /// Writes everything pending in one transaction, then enforces retention.
     fn flush(&mut self, now_unix_nano: u64) -> Result<(), StoreError> {
+        let result = self.write_pending(now_unix_nano);
+        // Pending is written (or dropped); what stays is the recent minutes' state.
+        let recent: usize = self
+            .recent
+            .values()
+            .map(|a| size_of::<((i64, u64), Accumulator)>() + a.heap_bytes())
+            .sum();
+        self.memory.thread.store(recent, Ordering::Relaxed);
+        result
+    }
+
+    fn write_pending(&mut self, now_unix_nano: u64) -> Result<(), StoreError> {
         let pending = std::mem::take(&mut self.pending);
         let items = pending.items();
         let prune = self.last_prune.elapsed() >= SERIES_PRUNE_INTERVAL;
