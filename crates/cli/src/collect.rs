@@ -47,6 +47,9 @@ pub struct CollectArgs {
 pub struct CheckConfigArgs {
     /// The YAML config file to validate.
     pub file: PathBuf,
+    /// The tokens file `collect` would be given (overrides auth.tokens_file, as there).
+    #[arg(long, value_name = "PATH", env = "INFERTRACE_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
 }
 
 /// Loads the config file (or the defaults) and applies the command-line overrides.
@@ -182,13 +185,16 @@ async fn reload_on_hangup(
 /// Runs `infertrace check-config FILE`: parses and validates the file, and reads and parses
 /// every TLS certificate, key and CA file it names.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
-    let config = match CollectorConfig::from_file(&args.file) {
+    let mut config = match CollectorConfig::from_file(&args.file) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("{e}");
             return Ok(ExitCode::FAILURE);
         }
     };
+    if let Some(file) = &args.tokens_file {
+        config.auth.tokens_file = Some(file.clone());
+    }
     // The TLS files are read and parsed as the collector would at start.
     if let Err(e) = config.tls_server_configs() {
         eprintln!("{}: TLS: {e}", args.file.display());

@@ -222,6 +222,7 @@ fn check_config_reads_the_tokens_and_refuses_what_collect_refuses() {
             .arg("check-config")
             .arg(&file)
             .env_remove("INFERTRACE_TOKENS")
+            .env_remove("INFERTRACE_TOKENS_FILE")
             .output()
             .unwrap();
         (
@@ -257,4 +258,51 @@ fn check_config_reads_the_tokens_and_refuses_what_collect_refuses() {
     ));
     assert!(ok, "{err}");
     assert!(!err.contains(TOKEN_A), "a token is never printed");
+
+    // The tokens file `collect` takes from its flag or INFERTRACE_TOKENS_FILE counts here too.
+    let file = dir.path().join("exposed.yaml");
+    std::fs::write(&file, exposed).unwrap();
+    let out = bin()
+        .arg("check-config")
+        .arg(&file)
+        .env_remove("INFERTRACE_TOKENS")
+        .env("INFERTRACE_TOKENS_FILE", &tokens)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bin()
+        .arg("check-config")
+        .arg(&file)
+        .arg("--tokens-file")
+        .arg(&tokens)
+        .env_remove("INFERTRACE_TOKENS")
+        .env_remove("INFERTRACE_TOKENS_FILE")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+
+    // The compose files' configs, with the tokens file they mount given on a host.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for config in [
+        "docker/infertrace.compose.yaml",
+        "docker/infertrace.scale.yaml",
+    ] {
+        let out = bin()
+            .current_dir(&root)
+            .args(["check-config", config, "--tokens-file"])
+            .arg("otel-config/infertrace-tokens")
+            .env_remove("INFERTRACE_TOKENS")
+            .env_remove("INFERTRACE_TOKENS_FILE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{config}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -225,6 +225,9 @@ fn is_b64token(t: &str) -> bool {
         })
 }
 
+/// The longest unknown scope name an error message quotes: anything longer may be a token.
+const MAX_QUOTED_SCOPE_LEN: usize = 12;
+
 impl TokenSet {
     /// Parses entries `scopes token` from `text`, one per line (and, when `semicolons`, also
     /// separated by `;`), `#` starting a comment. `origin` (a file name or `$VAR`) names the
@@ -257,8 +260,14 @@ impl TokenSet {
             let mut bits = 0u8;
             for name in scopes.split(',') {
                 bits |= Scope::parse(name).ok_or_else(|| {
+                    // A long "scope" is most likely a token written first: never echo it.
+                    let what = if name.len() <= MAX_QUOTED_SCOPE_LEN {
+                        format!("unknown scope {name:?}")
+                    } else {
+                        "the first field is not a scope (is the token first?)".to_owned()
+                    };
                     AuthError(format!(
-                        "{at}: unknown scope {name:?}: use ingest, read, metrics or all, comma-separated"
+                        "{at}: {what}: write `scope[,scope...] token`, scopes ingest, read, metrics or all"
                     ))
                 })?;
             }
@@ -542,7 +551,7 @@ pub fn check_exposure(config: &CollectorConfig, authenticated: bool) -> Result<(
             );
         } else {
             return Err(format!(
-                "refusing to listen on {addr} ({key}) without authentication: configure tokens (auth.tokens_file, or the INFERTRACE_TOKENS variable; see docs/deploy.md, Security), listen on 127.0.0.1, or set auth.insecure: true to accept anyone"
+                "refusing to listen on {addr} ({key}) without authentication: configure tokens (auth.tokens_file, --tokens-file or INFERTRACE_TOKENS_FILE, or the INFERTRACE_TOKENS variable; see docs/deploy.md, Security), listen on 127.0.0.1, or set auth.insecure: true to accept anyone"
             ));
         }
     }
@@ -713,6 +722,11 @@ mod tests {
         let cases = [
             (format!("ingest {A}\nread\n"), "f:2:", "two fields"),
             (format!("ingest {A}\nwrite {B}\n"), "f:2:", "unknown scope"),
+            (
+                format!("ingest {A}\n{B} ingest\n"),
+                "f:2:",
+                "is the token first?",
+            ),
             ("ingest short-token\n".to_owned(), "f:1:", "shorter than 16"),
             (format!("ingest {A}\"x\n"), "f:1:", "characters"),
             (format!("ingest {A}\nread {A}\n"), "f:2:", "already listed"),
