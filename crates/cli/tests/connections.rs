@@ -49,6 +49,10 @@ fn sigterm_with_half_open_requests_exits_within_the_deadline() {
             .unwrap()
             .success()
     );
+    // While the requests drain, /health says the collector is going away.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = http(c.api, "GET", "/health", "text/plain", b"");
+    assert_eq!(status, 503, "{body}");
     // Deadline 2 s plus a generous margin for a busy machine.
     let bound = Duration::from_secs(32);
     let status = loop {

@@ -5,6 +5,7 @@
 //! for port 0 and read the bound addresses from [`RunningCollector`]. Shutdown, when the given
 //! future resolves or [`RunningCollector::shutdown`] is called, runs against one deadline,
 //! `shutdown_timeout` (config key, default 15 s) after the signal:
+//! 0. `/health` answers 503 from the signal on (load balancers stop sending);
 //! 1. the receivers stop accepting and let in-flight requests finish until the deadline, then
 //!    cut every connection still open;
 //! 2. the pipeline refuses anything later, closes every trace in flight (without waiting for
@@ -655,6 +656,7 @@ async fn shut_down(
     tasks: Tasks,
 ) -> Result<ShutdownReport, ServerError> {
     let _ = stop_rx.wait_for(|v| *v).await;
+    pipeline.begin_stopping();
     let deadline = Instant::now() + shutdown_timeout;
     tracing::info!(
         ?shutdown_timeout,

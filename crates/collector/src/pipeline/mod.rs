@@ -168,6 +168,8 @@ pub struct Pipeline {
     events: InternalEvents,
     forward: Option<ForwardHandle>,
     shutting_down: AtomicBool,
+    /// The stop signal came: draining (see [`Pipeline::begin_stopping`]).
+    stopping: AtomicBool,
     cp_options: CriticalPathOptions,
     diagnosis: DiagnosisConfig,
     windows: Vec<Duration>,
@@ -240,6 +242,7 @@ impl Pipeline {
             events,
             forward,
             shutting_down: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             cp_options: config.critical_path_options(),
             diagnosis: config.diagnosis_config(),
             windows: config.kpi.windows.clone(),
@@ -508,14 +511,22 @@ impl Pipeline {
         }
     }
 
-    /// Refuses every later batch with [`IngestError::ShuttingDown`].
+    /// Marks the collector as stopping: requests being drained are still taken in, but
+    /// `/health` answers 503 from now on, so that load balancers send new work elsewhere.
+    pub fn begin_stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    /// Refuses every later batch with [`IngestError::ShuttingDown`] (after the drain).
     pub fn begin_shutdown(&self) {
+        self.stopping.store(true, Ordering::Release);
         self.shutting_down.store(true, Ordering::Release);
     }
 
-    /// Whether [`begin_shutdown`](Self::begin_shutdown) was called.
+    /// Whether [`begin_stopping`](Self::begin_stopping) or
+    /// [`begin_shutdown`](Self::begin_shutdown) was called.
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Acquire)
+        self.stopping.load(Ordering::Acquire)
     }
 
     /// Closes every trace in flight, whatever its grace, and records it (shutdown).
