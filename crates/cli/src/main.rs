@@ -35,10 +35,11 @@ enum Command {
     Report(report::ReportArgs),
     /// Analyse exported trace files (OTLP JSON or Jaeger JSON) offline.
     Analyze(analyze::AnalyzeArgs),
-    /// Validate a collector config file; prints each problem with its line number.
+    /// Validate a collector config file; prints the first problem found, with its line number.
     ///
     /// Checks what `collect` would need as `collect` would: the TLS files of the listeners and
-    /// of https:// forward and Alertmanager URLs are read and parsed, and ${NAME} in
+    /// of https:// forward and Alertmanager URLs are read and parsed, the tokens (auth.tokens_file,
+    /// --tokens-file or INFERTRACE_TOKENS_FILE, INFERTRACE_TOKENS) are read, and ${NAME} in
     /// forward.headers is looked up in this command's environment.
     CheckConfig(collect::CheckConfigArgs),
 }
@@ -77,13 +78,20 @@ where
     result
 }
 
+/// Logs to standard error: level from `INFERTRACE_LOG` (default `warn`), one JSON object a
+/// line with `INFERTRACE_LOG_FORMAT=json`, colours only on a terminal (not in `docker logs`).
 fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("INFERTRACE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if std::env::var("INFERTRACE_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        logs.json().try_init()
+    } else {
+        logs.with_ansi(std::io::stderr().is_terminal()).try_init()
+    };
 }
 
 /// mimalloc: the decoder and the pipeline allocate many small strings and vectors, which glibc's

@@ -1,0 +1,50 @@
+//! The real `infertrace collect` process's logs: plain text without colour codes when standard
+//! error is a file (as under `docker logs` or journald), one JSON object a line with
+//! `INFERTRACE_LOG_FORMAT=json`, the level from `INFERTRACE_LOG`.
+
+mod common;
+
+use common::*;
+
+fn collect(dir: &std::path::Path, format: Option<&str>) -> Process {
+    let mut cmd = bin();
+    cmd.args(["collect", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--otlp-grpc", &format!("127.0.0.1:{}", free_port())])
+        .args(["--otlp-http", &format!("127.0.0.1:{}", free_port())])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("INFERTRACE_LOG", "info")
+        .env_remove("INFERTRACE_CONFIG")
+        .env_remove("INFERTRACE_TOKENS")
+        .env_remove("INFERTRACE_TOKENS_FILE");
+    match format {
+        Some(f) => cmd.env("INFERTRACE_LOG_FORMAT", f),
+        None => cmd.env_remove("INFERTRACE_LOG_FORMAT"),
+    };
+    Process::spawn(cmd, dir.join(format!("{}.log", format.unwrap_or("text"))))
+}
+
+#[test]
+fn logs_are_plain_text_in_a_file_and_json_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = collect(dir.path(), None);
+    let log = text.wait_log("history store open");
+    assert!(!log.contains('\x1b'), "colour codes in a file:\n{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("history store open"))
+        .unwrap();
+    assert!(line.contains("INFO"), "{line}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut json = collect(dir.path(), Some("json"));
+    let log = json.wait_log("history store open");
+    let line = log
+        .lines()
+        .find(|l| l.contains("history store open"))
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    assert_eq!(v["level"], "INFO", "{v}");
+    assert_eq!(v["fields"]["message"], "history store open", "{v}");
+}
