@@ -221,8 +221,54 @@ pub struct InternalEvents {
 }
 
 impl InternalEvents {
-    /// Registers every self-metric under the `infertrace_` prefix.
+    /// Creates at 0 the label sets that alerts and dashboards watch, so that the first event
+    /// shows as a step from 0 (`increase()` and `rate()` see nothing in a series born at 1) and
+    /// panels read 0 rather than "No data".
+    fn zero_known_series(&self) {
+        for reason in [
+            "memory_limit",
+            "sender_share",
+            "max_spans_per_trace",
+            "max_traces_in_flight",
+            "late_span_buffer_full",
+            "forward_backpressure",
+            "forward_share",
+            "forward_failed",
+            "invalid_span",
+            "decode_error",
+        ] {
+            let _ = self.dropped_spans.get_or_create(&DropLabels { reason });
+        }
+        for reason in ["queue_full", "writer_stopped", "write_failed", "memory_cap"] {
+            let _ = self.store_dropped.get_or_create(&DropLabels { reason });
+        }
+        for reason in ["max_traces_in_flight", "memory"] {
+            let _ = self
+                .traces_closed_early
+                .get_or_create(&CloseEarlyLabels { reason });
+        }
+        for listener in ["otlp_grpc", "otlp_http", "api"] {
+            for reason in [
+                "missing_token",
+                "unknown_token",
+                "insufficient_scope",
+                "host_not_allowed",
+            ] {
+                let _ = self
+                    .auth_failures
+                    .get_or_create(&AuthFailureLabels { listener, reason });
+            }
+        }
+        for what in ["tokens", "tls_otlp_grpc", "tls_otlp_http", "tls_api"] {
+            for outcome in ["ok", "failed"] {
+                let _ = self.reloads.get_or_create(&ReloadLabels { what, outcome });
+            }
+        }
+    }
+
+    /// Registers every self-metric under the `infertrace_` prefix (the watched label sets at 0).
     pub fn register(&self, registry: &mut Registry) {
+        self.zero_known_series();
         let r = registry.sub_registry_with_prefix(prom::PREFIX);
         r.register(
             prom::RECEIVER_SPANS,
@@ -606,4 +652,27 @@ pub fn warn_allowed(reason: &'static str) -> bool {
         .entry(reason)
         .or_insert_with(|| Box::leak(Box::default()));
     log.note(1).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watched_series_exist_at_zero_before_their_first_event() {
+        let events = InternalEvents::default();
+        let mut registry = Registry::default();
+        events.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"infertrace_reloads_total{what="tokens",outcome="failed"} 0"#,
+            r#"infertrace_dropped_spans_total{reason="memory_limit"} 0"#,
+            r#"infertrace_traces_closed_early_total{reason="memory"} 0"#,
+            r#"infertrace_auth_failures_total{listener="api",reason="unknown_token"} 0"#,
+            r#"infertrace_store_dropped_total{reason="memory_cap"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+    }
 }
