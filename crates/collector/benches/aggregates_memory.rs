@@ -1,7 +1,9 @@
 //! Cost of measuring the aggregates' memory, which the pipeline does once a second under the
 //! analysis lock: each `approx_memory_bytes` walk at the default configuration's bounds —
 //! 1,000 KPI series with every slot of the 1m, 5m and 1h windows filled, 361 critical-path
-//! slots × 256 keys, and the Prometheus recorder's 1,000 label sets with four outcomes each.
+//! slots × 256 keys, the Prometheus recorder's 1,000 label sets with four outcomes each, and
+//! the history store's feed (a minute of 1,000 series) and writer (that minute written and
+//! kept merged).
 //!
 //! `cargo bench -p infertrace-collector --bench aggregates_memory`
 
@@ -14,7 +16,9 @@ use infertrace_analysis::record::{Dialect, Outcome, RequestRecord};
 use infertrace_analysis::text::Text;
 use infertrace_analysis::trace::{SpanId, TraceId};
 use infertrace_collector::config::CollectorConfig;
+use infertrace_collector::internal_events::InternalEvents;
 use infertrace_collector::prom_export::{PromMetrics, PromRecorder};
+use infertrace_collector::store::{Store, StoreOptions, minute_of, unix_nanos_now};
 
 const SEC: u64 = 1_000_000_000;
 const T0: u64 = 1_790_000_000 * SEC;
@@ -89,7 +93,28 @@ fn bench(c: &mut Criterion) {
         }
     }
 
+    // A minute of every series in the history feed; then handed over and written, the writer
+    // keeps it merged.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = Store::open(dir.path(), StoreOptions::default()).expect("the store opens");
+    let writer = store
+        .start_writer(InternalEvents::default())
+        .expect("the writer starts");
+    let mut feed = store.feed(writer.clone(), &config.kpi_config());
+    let minute = minute_of(unix_nanos_now()) - 5 * 60 * SEC;
+    for step in 0..10u64 {
+        for s in 0..series {
+            feed.record(&record(s, Outcome::Ok, minute), None, minute + step * SEC);
+        }
+    }
+    let feed_minute = feed.approx_memory_bytes();
+    feed.hand_over(minute + 30 * SEC);
+    writer.flush().expect("the minute is written");
+
     let mut g = c.benchmark_group("aggregates_memory");
+    g.bench_function("history_feed_1000_series", |b| {
+        b.iter(|| black_box(&feed).approx_memory_bytes() + black_box(&writer).memory_bytes())
+    });
     g.bench_function("kpi_windows_1000_series", |b| {
         b.iter(|| black_box(&kpis).approx_memory_bytes())
     });
@@ -101,10 +126,12 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
     eprintln!(
-        "bytes at these bounds: KPI windows {}, critical-path windows {}, Prometheus {}",
+        "bytes at these bounds: KPI windows {}, critical-path windows {}, Prometheus {}, \
+         history feed's minute {feed_minute}, history writer's merged minute {}",
         kpis.approx_memory_bytes(),
         critical.approx_memory_bytes(),
-        prom.approx_memory_bytes()
+        prom.approx_memory_bytes(),
+        writer.memory_bytes()
     );
 }
 
