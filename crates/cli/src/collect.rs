@@ -19,16 +19,18 @@ pub struct CollectArgs {
     /// YAML config file (see otel-config/infertrace.yaml for every key and its default).
     #[arg(long, short = 'c', env = "INFERTRACE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// OTLP/gRPC listen address [default: 127.0.0.1:4317].
+    /// OTLP/gRPC listen address; overrides receivers.otlp_grpc.endpoint (default 127.0.0.1:4317).
     #[arg(long, value_name = "ADDR")]
     pub otlp_grpc: Option<SocketAddr>,
-    /// OTLP/HTTP listen address [default: 127.0.0.1:4318].
+    /// OTLP/HTTP listen address; overrides receivers.otlp_http.endpoint (default 127.0.0.1:4318).
     #[arg(long, value_name = "ADDR")]
     pub otlp_http: Option<SocketAddr>,
-    /// API, dashboard and Prometheus /metrics listen address [default: 127.0.0.1:9464].
+    /// API, dashboard and Prometheus /metrics listen address; overrides api.listen (default
+    /// 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// Directory of the history store (infertrace.db) [default: ./infertrace-data].
+    /// Directory of the history store (infertrace.db); overrides store.data_dir (default
+    /// ./infertrace-data).
     #[arg(long, value_name = "PATH", conflicts_with = "no_store")]
     pub data_dir: Option<PathBuf>,
     /// Keep no history: everything stays in memory (no /api/history, no report --since).

@@ -18,7 +18,15 @@ use clap::{Parser, Subcommand};
 
 /// infertrace: LLM inference tracing — queue, prefill and decode, critical paths, diagnoses.
 #[derive(Parser, Debug)]
-#[command(name = "infertrace", version, about, long_about = None)]
+#[command(
+    name = "infertrace",
+    version,
+    about,
+    long_about = None,
+    after_help = "Logs go to standard error. INFERTRACE_LOG sets the level (default warn; e.g. \
+                  info, or warn,infertrace_collector=debug); INFERTRACE_LOG_FORMAT=json writes \
+                  one JSON object a line."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

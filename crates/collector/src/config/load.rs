@@ -55,13 +55,16 @@ impl CollectorConfig {
         let config: Self = if text.trim().is_empty() {
             Self::default()
         } else {
-            serde_yaml_ng::from_str(text).map_err(|e| {
+            let yaml = serde_yaml_ng::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(yaml).map_err(|e| {
+                let path = e.path().to_string();
+                let e = e.into_inner();
                 let loc = e.location();
                 ConfigError {
                     file: file.to_owned(),
                     line: loc.as_ref().map(|l| l.line()),
                     column: loc.as_ref().map(|l| l.column()),
-                    message: strip_location(&e.to_string()),
+                    message: with_key_path(&path, &strip_location(&e.to_string())),
                 }
             })?
         };
@@ -76,4 +79,17 @@ impl CollectorConfig {
         })?;
         Ok(config)
     }
+}
+
+/// `message` led by the whole key path of what failed (`assembly.grace: invalid duration …`):
+/// the YAML parser names only the enclosing map (`assembly: …`), which it leads with.
+fn with_key_path(path: &str, message: &str) -> String {
+    if path.is_empty() || path == "." {
+        return message.to_owned();
+    }
+    let rest = match message.split_once(": ") {
+        Some((lead, rest)) if path.starts_with(lead) => rest,
+        _ => message,
+    };
+    format!("{path}: {rest}")
 }

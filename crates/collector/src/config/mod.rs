@@ -195,4 +195,34 @@ mod tests {
         );
         assert_eq!(strip_location("plain"), "plain");
     }
+
+    #[test]
+    fn parse_errors_name_the_whole_key_path() {
+        for (yaml, at, lead) in [
+            (
+                "assembly:\n  grace: \"2\"\n",
+                (2, 3),
+                "assembly.grace: invalid duration",
+            ),
+            (
+                "limits:\n  max_series: x\n",
+                (2, 15),
+                "limits.max_series: invalid type",
+            ),
+            (
+                "receivers:\n  otlp_grpc:\n    endpont: 1.2.3.4:5\n",
+                (3, 5),
+                "receivers.otlp_grpc.endpont: unknown field `endpont`",
+            ),
+            (
+                "alerts:\n  rules:\n    - name: x\n",
+                (3, 7),
+                "alerts.rules[0]: missing field `expr`",
+            ),
+        ] {
+            let e = CollectorConfig::from_yaml_str(yaml).unwrap_err();
+            assert_eq!((e.line, e.column), (Some(at.0), Some(at.1)), "{yaml}");
+            assert!(e.message.starts_with(lead), "{yaml}: {}", e.message);
+        }
+    }
 }
