@@ -3,16 +3,87 @@
 //! keys, unknown keys ignored). `opentelemetry-proto`'s `with-serde` derives implement exactly
 //! that mapping, so a body is read into its types and converted with [`from_proto`].
 
+//!
+//! One span must not cost the others: a span the parser cannot read — an attribute value nested
+//! past its recursion limit (128 levels, ~30 levels of key-value lists), an id that is not hex —
+//! is cut out of the body ([`json_spans`](super::json_spans)) and rejected, and the rest is
+//! decoded. Only an error outside every span (the envelope, a resource or scope) refuses the
+//! whole body.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
 use super::decoded::{DecodeError, Decoded};
+use super::json_spans::{byte_offset, json_spans, with_spans_emptied};
 use super::reference::from_proto;
+
+/// A span whose JSON nests deeper than this (from the body's root, the span itself at 7) is cut
+/// out when the parser hits its recursion limit: below `serde_json`'s 128, and above what the
+/// deepest accepted value reaches (16 levels of key-value lists: 10 + 4 × 16 = 74).
+const CUT_DEPTH: usize = 120;
+
+/// Parses after cutting out a span are tried at most this often (each parses the whole body);
+/// past it the body is refused as before. Every span nested too deep goes in one cut.
+const MAX_CUT_ROUNDS: usize = 16;
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
-    let req: ExportTraceServiceRequest =
-        serde_json::from_slice(buf).map_err(|e| DecodeError::Json(e.to_string()))?;
-    Ok(from_proto(&req))
+    decode_json_cutting(buf).map(|(decoded, _)| decoded)
+}
+
+/// [`decode_json`], also giving the body as decoded when spans had to be cut out of it (each
+/// replaced by `{}`, which is rejected like any span without ids): the body to forward, which a
+/// downstream's parser can read. `None` when the body was decoded as it came.
+pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), DecodeError> {
+    let mut body = Cow::Borrowed(buf);
+    let mut first_cut: Option<String> = None;
+    for _ in 0..=MAX_CUT_ROUNDS {
+        let error = match serde_json::from_slice::<ExportTraceServiceRequest>(&body) {
+            Ok(req) => {
+                let mut decoded = from_proto(&req);
+                if first_cut.is_some() {
+                    decoded.first_error = first_cut;
+                }
+                let cut = matches!(body, Cow::Owned(_)).then(|| body.into_owned());
+                return Ok((decoded, cut));
+            }
+            Err(e) => e,
+        };
+        let cuts = spans_to_cut(&body, &error);
+        if cuts.is_empty() {
+            return Err(DecodeError::Json(error.to_string()));
+        }
+        first_cut.get_or_insert_with(|| format!("the span could not be read: {error}"));
+        body = Cow::Owned(with_spans_emptied(&body, &cuts));
+    }
+    Err(DecodeError::Json(format!(
+        "more than {MAX_CUT_ROUNDS} spans could not be read"
+    )))
+}
+
+/// The spans to cut for `error`: every span nested past [`CUT_DEPTH`] when the parser ran out
+/// of recursion, else the span holding the error's position. Empty when the error lies outside
+/// every span.
+fn spans_to_cut(body: &[u8], error: &serde_json::Error) -> Vec<Range<usize>> {
+    let spans = json_spans(body);
+    if error.to_string().starts_with("recursion limit exceeded") {
+        let deep: Vec<Range<usize>> = spans
+            .iter()
+            .filter(|s| s.depth > CUT_DEPTH)
+            .map(|s| s.range.clone())
+            .collect();
+        if !deep.is_empty() {
+            return deep;
+        }
+    }
+    let at = byte_offset(body, error.line(), error.column());
+    spans
+        .into_iter()
+        .find(|s| s.range.contains(&at))
+        .map(|s| vec![s.range])
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -100,10 +171,85 @@ mod tests {
             decode_json(b"{\"resourceSpans\": ["),
             Err(DecodeError::Json(_))
         ));
+        // A span the parser cannot read is cut out and rejected, not the body.
+        let d =
+            decode_json(br#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"}]}]}]}"#)
+                .unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (0, 1));
+        assert_eq!(decode_json(b"{}").unwrap(), Decoded::default());
+    }
+
+    /// A body of `good` valid spans and, after every tenth, one made of `poison` (its JSON).
+    fn body_with(good: usize, poison: &str) -> String {
+        let mut spans = Vec::new();
+        for k in 0..good {
+            spans.push(format!(
+                r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"s","startTimeUnixNano":"1","endTimeUnixNano":"2"}}"#,
+                k + 1,
+                k + 1
+            ));
+            if k % 10 == 9 {
+                spans.push(poison.to_owned());
+            }
+        }
+        format!(
+            r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"svc"}}}}]}},"scopeSpans":[{{"spans":[{}]}}]}}]}}"#,
+            spans.join(",")
+        )
+    }
+
+    fn nested(levels: usize) -> String {
+        let open = r#"{"kvlistValue":{"values":[{"key":"k","value":"#.repeat(levels);
+        format!(r#"{open}{{"stringValue":"x"}}{}"#, "}]}}".repeat(levels))
+    }
+
+    #[test]
+    fn spans_nested_past_the_parser_limit_are_cut_not_the_request() {
+        for levels in [29, 30, 200, 100_000] {
+            let deep = format!(
+                r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"deep","startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{{"key":"d","value":{}}}]}}"#,
+                999,
+                999,
+                nested(levels)
+            );
+            let body = body_with(100, &deep);
+            let (d, cut) = decode_json_cutting(body.as_bytes()).unwrap();
+            assert_eq!((d.spans.len(), d.rejected), (100, 10), "{levels} levels");
+            assert!(d.spans.iter().all(|s| &*s.name == "s"));
+            // Under the parser's limit the spans are rejected for their nesting, as read;
+            // past it they are cut out, and the body to forward parses.
+            match cut {
+                None => assert!(levels < 30, "{levels}"),
+                Some(cut) => {
+                    let again = decode_json(&cut).unwrap();
+                    assert_eq!((again.spans.len(), again.rejected), (100, 10));
+                    assert!(
+                        d.first_error.unwrap().contains("recursion limit"),
+                        "{levels}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_span_the_parser_cannot_read_is_cut_and_the_others_kept() {
+        let bad_id = r#"{"traceId":"not-hex","spanId":"0000000000000001","startTimeUnixNano":"1","endTimeUnixNano":"2"}"#;
+        let (d, cut) = decode_json_cutting(body_with(30, bad_id).as_bytes()).unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (30, 3));
+        assert!(cut.is_some());
+        // More such spans than the rounds allowed: the body is refused, as before.
+        let many = body_with(10 * (MAX_CUT_ROUNDS + 1), bad_id);
         assert!(matches!(
-            decode_json(br#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"}]}]}]}"#),
+            decode_json(many.as_bytes()),
             Err(DecodeError::Json(_))
         ));
-        assert_eq!(decode_json(b"{}").unwrap(), Decoded::default());
+        // An error outside every span still refuses the body.
+        let envelope =
+            body_with(10, "{}").replace(r#""resourceSpans":["#, r#""resourceSpans":[7,"#);
+        assert!(matches!(
+            decode_json(envelope.as_bytes()),
+            Err(DecodeError::Json(_))
+        ));
     }
 }

@@ -41,7 +41,10 @@
 //!   when every element is a string (an empty array included); any other value (key-value lists,
 //!   bytes, mixed arrays, a missing value) drops the attribute. Attributes keep their order,
 //!   duplicates included.
-//! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is refused.
+//! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is
+//!   refused. One exception, for JSON, whose parser stops at 128 levels of nesting where the
+//!   protobuf reader follows any depth: a span the parser cannot read (nested that deep, an id
+//!   that is not hex) is cut out and rejected, and the rest decoded ([`decode_json_cutting`]).
 //! - Span names, service names and string values longer than
 //!   [`MAX_TEXT_LEN`](infertrace_analysis::text::MAX_TEXT_LEN) (256 bytes) are cut at a character
 //!   boundary and counted ([`take_truncated_texts`]): they become labels and dimensions.
@@ -57,6 +60,7 @@
 mod decoded;
 mod interner;
 mod json;
+mod json_spans;
 mod protobuf;
 mod reference;
 mod validation;
@@ -64,7 +68,7 @@ mod validation;
 pub use decoded::{DecodeError, Decoded, SpanRange};
 pub(crate) use interner::with_text_interner;
 pub use interner::{take_fresh_text_bytes, take_truncated_texts};
-pub use json::decode_json;
+pub use json::{decode_json, decode_json_cutting};
 pub use protobuf::{count_spans, decode_protobuf, decode_span, without_spans};
 pub use reference::{from_proto, retain_accepted};
 pub use validation::MAX_VALUE_NESTING;

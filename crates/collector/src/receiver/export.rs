@@ -214,7 +214,12 @@ impl Receiver {
         }
         let (decoded, raw_protobuf, raw_json) = match payload {
             Payload::Protobuf(bytes) => (otlp_decode::decode_protobuf(&bytes), Some(bytes), None),
-            Payload::Json(bytes) => (otlp_decode::decode_json(&bytes), None, Some(bytes)),
+            // A body with spans cut out (unreadable on their own) is forwarded as decoded.
+            Payload::Json(bytes) => match otlp_decode::decode_json_cutting(&bytes) {
+                Ok((decoded, Some(cut))) => (Ok(decoded), None, Some(Bytes::from(cut))),
+                Ok((decoded, None)) => (Ok(decoded), None, Some(bytes)),
+                Err(e) => (Err(e), None, None),
+            },
         };
         // Same thread, right after decoding (nothing awaited in between).
         let text_bytes = otlp_decode::take_fresh_text_bytes();

@@ -1,0 +1,218 @@
+//! Where each span lies in an OTLP/JSON body, found without parsing it: a byte scan that tracks
+//! nesting (iteratively, so no depth is too deep for it) and the keys of the three levels above
+//! the spans (`resourceSpans` → `scopeSpans` → `spans`, lowerCamelCase or snake_case). The JSON
+//! decoder uses it to cut out the one span that makes a whole body undecodable — nested past the
+//! parser's recursion limit, or with a field it cannot read — instead of refusing every span
+//! with it.
+
+use std::ops::Range;
+
+/// One span object of a body: its bytes, and the deepest nesting inside it (the body's root
+/// object is depth 1, the span object itself depth 7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct JsonSpan {
+    /// The span object, `{` to `}` inclusive.
+    pub range: Range<usize>,
+    /// The deepest object or array inside it, counted from the body's root.
+    pub depth: usize,
+}
+
+/// The keys on the way to the spans, by the depth of the object that holds them.
+fn expected_key(depth: usize, key: &[u8]) -> bool {
+    match depth {
+        1 => key == b"resourceSpans" || key == b"resource_spans",
+        3 => key == b"scopeSpans" || key == b"scope_spans",
+        5 => key == b"spans",
+        _ => false,
+    }
+}
+
+/// One open object or array.
+struct Frame {
+    object: bool,
+    /// Whether this container lies on the way to the spans (an array of spans, at depth 6, when
+    /// it and every container above it do).
+    on_path: bool,
+    /// In an object: the next string is a key.
+    awaiting_key: bool,
+    /// In an object on the way: the current key is the expected one.
+    key_matches: bool,
+}
+
+/// Every span object of `body`, in body order. Best effort on malformed JSON (it never fails:
+/// what it cannot follow yields no span).
+pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
+    let mut spans = Vec::new();
+    let mut stack: Vec<Frame> = Vec::new();
+    // The span being scanned: its start and the deepest depth inside it.
+    let mut open: Option<(usize, usize)> = None;
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                let start = i + 1;
+                i = string_end(body, start);
+                if let Some(f) = stack.last_mut()
+                    && f.object
+                    && f.awaiting_key
+                {
+                    f.awaiting_key = false;
+                    let depth = stack.len();
+                    let key = body.get(start..i).unwrap_or_default();
+                    if let Some(f) = stack.last_mut() {
+                        f.key_matches = f.on_path && expected_key(depth, key);
+                    }
+                }
+            }
+            c @ (b'{' | b'[') => {
+                let parent_on_path = match stack.last() {
+                    None => true,
+                    Some(p) if p.object => p.on_path && p.key_matches,
+                    Some(p) => p.on_path,
+                };
+                stack.push(Frame {
+                    object: c == b'{',
+                    on_path: parent_on_path && stack.len() < 6,
+                    awaiting_key: c == b'{',
+                    key_matches: false,
+                });
+                let depth = stack.len();
+                if depth == 7 && parent_on_path && c == b'{' {
+                    open = Some((i, depth));
+                }
+                if let Some((_, deepest)) = &mut open {
+                    *deepest = (*deepest).max(depth);
+                }
+            }
+            b'}' | b']' => {
+                if stack.len() == 7
+                    && let Some((start, depth)) = open.take()
+                {
+                    spans.push(JsonSpan {
+                        range: start..i + 1,
+                        depth,
+                    });
+                }
+                stack.pop();
+            }
+            b',' => {
+                if let Some(f) = stack.last_mut()
+                    && f.object
+                {
+                    f.awaiting_key = true;
+                    f.key_matches = false;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    spans
+}
+
+/// The index of the closing quote of the string whose content starts at `start` (or the end of
+/// the body).
+fn string_end(body: &[u8], start: usize) -> usize {
+    let mut i = start;
+    while i < body.len() {
+        match body[i] {
+            b'\\' => i += 2,
+            b'"' => return i,
+            _ => i += 1,
+        }
+    }
+    body.len()
+}
+
+/// The byte offset of a 1-based `line` and `column` as `serde_json` reports an error position
+/// (its column counts bytes; 0 on an empty line or at the end).
+pub(super) fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        body.iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .nth(line - 2)
+            .map_or(body.len(), |(at, _)| at + 1)
+    };
+    (line_start + column.saturating_sub(1)).min(body.len())
+}
+
+/// `body` with each of `cuts` (span objects, in body order, not overlapping) replaced by `{}`:
+/// an empty span, which the decoder then rejects like any span without ids.
+pub(super) fn with_spans_emptied(body: &[u8], cuts: &[Range<usize>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut at = 0;
+    for cut in cuts {
+        out.extend_from_slice(&body[at..cut.start]);
+        out.extend_from_slice(b"{}");
+        at = cut.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `AnyValue` of key-value lists nested `levels` deep (four JSON levels each).
+    fn deep(levels: usize) -> String {
+        let open = r#"{"kvlistValue":{"values":[{"key":"k","value":"#.repeat(levels);
+        let close = "}]}}".repeat(levels);
+        format!(r#"{open}{{"stringValue":"x"}}{close}"#)
+    }
+
+    #[test]
+    fn finds_every_span_with_its_depth_in_both_key_styles() {
+        let body = format!(
+            r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"spans","value":{{"arrayValue":{{"values":[{{"stringValue":"[{{"}}]}}}}}}]}},
+              "scopeSpans":[{{"scope":{{"name":"s"}},"spans":[{{"name":"a \"}}{{\" b"}},{{"name":"b","attributes":[{{"key":"d","value":{}}}]}}]}}]}},
+              {{"scope_spans":[{{"spans":[{{"name":"c"}}]}}]}}]}}"#,
+            deep(3)
+        );
+        let spans = json_spans(body.as_bytes());
+        let names: Vec<&str> = spans
+            .iter()
+            .map(|s| &body[s.range.clone()][..14.min(s.range.len())])
+            .collect();
+        assert_eq!(
+            names,
+            [r#"{"name":"a \"}"#, r#"{"name":"b","a"#, r#"{"name":"c"}"#]
+        );
+        assert_eq!(
+            spans.iter().map(|s| s.depth).collect::<Vec<_>>(),
+            [7, 10 + 4 * 3, 7]
+        );
+        for s in &spans {
+            let span: serde_json::Value = serde_json::from_str(&body[s.range.clone()]).unwrap();
+            assert!(span.is_object());
+        }
+    }
+
+    #[test]
+    fn any_depth_is_scanned() {
+        let body = format!(
+            r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"attributes":[{{"key":"d","value":{}}}]}},{{"name":"ok"}}]}}]}}]}}"#,
+            deep(100_000)
+        );
+        let spans = json_spans(body.as_bytes());
+        assert_eq!(spans.len(), 2);
+        assert_eq!(spans[0].depth, 10 + 4 * 100_000);
+        assert_eq!(&body[spans[1].range.clone()], r#"{"name":"ok"}"#);
+    }
+
+    #[test]
+    fn offsets_and_cuts() {
+        let body = b"{\n  \"a\": 1,\n  \"b\": [{\"x\":1},{\"y\":2}]\n}";
+        assert_eq!(byte_offset(body, 1, 1), 0);
+        assert_eq!(body[byte_offset(body, 3, 3)], b'"');
+        let x = 20..27;
+        assert_eq!(&body[x.clone()], b"{\"x\":1}");
+        assert_eq!(
+            with_spans_emptied(body, &[x]),
+            b"{\n  \"a\": 1,\n  \"b\": [{},{\"y\":2}]\n}"
+        );
+    }
+}
