@@ -79,6 +79,8 @@ pub trait Ingest: Send + Sync + 'static {
     /// Hands a batch to the pipeline. Must not block for long: receivers call it on tokio workers.
     /// The batch's [`hold`](IngestBatch::hold) keeps the request's memory reserved for as long
     /// as it lives: an implementation that keeps batches should drop it (or keep only what it
-    /// still holds, as the forwarder does).
-    fn ingest(&self, batch: IngestBatch) -> Result<(), IngestError>;
+    /// still holds, as the forwarder does). Returns how many of the batch's spans it did not
+    /// keep because of a bound (e.g. `max_spans_per_trace`): the receiver reports them as
+    /// rejected in the answer, so that no span is answered OK and then dropped.
+    fn ingest(&self, batch: IngestBatch) -> Result<u64, IngestError>;
 }

@@ -280,3 +280,49 @@ async fn a_giant_name_is_cut_and_metrics_stay_small() {
     );
     c.stop().await.unwrap();
 }
+
+/// A trace past `max_spans_per_trace`: the spans it cannot keep are reported rejected in the
+/// answer (partial success), not answered OK and dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_past_the_per_trace_bound_are_rejected_in_the_answer() {
+    let mut config = test_config();
+    config.limits.max_spans_per_trace = 10;
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let spans: Vec<String> = (1..=15)
+        .map(|k| {
+            format!(
+                r#"{{"traceId":"{:032x}","spanId":"{k:016x}","name":"s{k}","startTimeUnixNano":"1","endTimeUnixNano":"2"}}"#,
+                7
+            )
+        })
+        .collect();
+    let body = format!(
+        r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{}]}}]}}]}}"#,
+        spans.join(",")
+    );
+    let (status, answer) = post(http, "application/json", body.into_bytes()).await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(v["partialSuccess"]["rejectedSpans"], 5, "{v}");
+    let message = v["partialSuccess"]["errorMessage"].as_str().unwrap();
+    assert!(
+        message.starts_with("5 of 15 spans rejected") && message.contains("max_spans_per_trace"),
+        "{message}"
+    );
+    let (_, text) = get(c.api_addr, "/metrics").await;
+    let count = |line: &str| metric(&text, line).unwrap_or(0.0);
+    assert_eq!(
+        count(r#"infertrace_dropped_spans_total{reason="max_spans_per_trace"}"#),
+        5.0
+    );
+    assert_eq!(
+        count(r#"infertrace_receiver_spans_total{receiver="otlp_http",outcome="rejected"}"#),
+        5.0
+    );
+    assert_eq!(
+        count(r#"infertrace_receiver_spans_total{receiver="otlp_http",outcome="accepted"}"#),
+        10.0
+    );
+    c.stop().await.unwrap();
+}

@@ -37,7 +37,7 @@ struct CollectingIngest {
 }
 
 impl Ingest for CollectingIngest {
-    fn ingest(&self, mut batch: IngestBatch) -> Result<(), IngestError> {
+    fn ingest(&self, mut batch: IngestBatch) -> Result<u64, IngestError> {
         if self.overloaded.load(Ordering::SeqCst) {
             return Err(IngestError::Overloaded {
                 retry_after_secs: 7,
@@ -47,7 +47,7 @@ impl Ingest for CollectingIngest {
         // it is ingested; the spans are kept.
         batch.hold = None;
         self.batches.lock().unwrap().push(batch);
-        Ok(())
+        Ok(0)
     }
 }
 

@@ -301,9 +301,11 @@ impl TraceAssembler {
     }
 
     /// Adds spans received at `now`. `hold` is the memory reservation covering them (kept until
-    /// every trace holding one of the spans completes). Overflowing spans are dropped and
-    /// counted; late spans are kept for the next [`poll`](Self::poll).
-    pub fn push(&mut self, spans: Vec<Span>, hold: Option<MemoryHold>, now: Instant) {
+    /// every trace holding one of the spans completes). Late spans are kept for the next
+    /// [`poll`](Self::poll). Spans past a bound (`max_spans_per_trace`, a table that cannot make
+    /// room, a full late-span buffer) are not kept and counted; returns how many, for the
+    /// receiver to report them rejected (never answered OK and then dropped).
+    pub fn push(&mut self, spans: Vec<Span>, hold: Option<MemoryHold>, now: Instant) -> u64 {
         let mut over_traces = 0u64;
         let early_before = self.early.len();
         let mut over_spans = 0u64;
@@ -405,6 +407,7 @@ impl TraceAssembler {
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
         self.compact();
+        over_traces + over_spans + late_overflow
     }
 
     /// Moves the prepared trace `seq` (of `id`) to the map of span traces, with its spans

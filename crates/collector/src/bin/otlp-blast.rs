@@ -881,7 +881,7 @@ fn pipeline_benchmark(
         };
         let (now, _) = at(sim);
         match pipeline.ingest_at(batch, now) {
-            Ok(()) => {}
+            Ok(_) => {}
             // Memory full (default limits): a tick's time passes and the tick releases what was
             // closed early, as the collector's own would before the sender retries.
             Err(IngestError::Overloaded { .. }) => {

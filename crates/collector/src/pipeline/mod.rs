@@ -352,7 +352,8 @@ impl Pipeline {
     }
 
     /// Adds a batch received at `now` (the [`Ingest`] implementation uses the current time).
-    pub fn ingest_at(&self, mut batch: IngestBatch, now: Instant) -> Result<(), IngestError> {
+    /// Returns how many of its spans a bound kept out ([`TraceAssembler::push`]).
+    pub fn ingest_at(&self, mut batch: IngestBatch, now: Instant) -> Result<u64, IngestError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(IngestError::ShuttingDown);
         }
@@ -448,10 +449,10 @@ impl Pipeline {
                 !taken[i - 1]
             });
         }
-        if !spans.is_empty() {
-            lock(&self.assembler).push(spans, Some(hold), now);
+        if spans.is_empty() {
+            return Ok(0);
         }
-        Ok(())
+        Ok(lock(&self.assembler).push(spans, Some(hold), now))
     }
 
     /// Under memory relief ([`MemoryLimiter::relief_excess`]), closes early the oldest traces
@@ -716,7 +717,7 @@ fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
 }
 
 impl Ingest for Pipeline {
-    fn ingest(&self, batch: IngestBatch) -> Result<(), IngestError> {
+    fn ingest(&self, batch: IngestBatch) -> Result<u64, IngestError> {
         self.ingest_at(batch, Instant::now())
     }
 }

@@ -27,6 +27,9 @@ pub(crate) enum Payload {
 }
 
 const OVER_MEMORY: &str = "collector is over its memory limit; retry later";
+/// Why spans an ingest bound kept out were rejected (partial success).
+const NOT_KEPT: &str = "not kept: the trace holds limits.max_spans_per_trace spans already \
+                        (or the collector's table of traces or of late spans is full)";
 const OVER_SHARE: &str = "collector is nearly at its memory limit and this sender's requests in \
                           progress hold more than its share; retry later";
 
@@ -239,12 +242,7 @@ impl Receiver {
             }
         };
         let accepted = spans.len() as u64;
-        let message = first_error.map(|first| {
-            format!(
-                "{rejected} of {} spans rejected; first: {first}",
-                accepted + u64::from(rejected)
-            )
-        });
+        let total = accepted + u64::from(rejected);
         if rejected > 0 {
             self.events
                 .spans_received(self.name, "rejected", u64::from(rejected));
@@ -262,7 +260,22 @@ impl Receiver {
                 rejected_ranges,
                 hold,
             }) {
-                Ok(()) => self.events.spans_received(self.name, "accepted", accepted),
+                Ok(0) => self.events.spans_received(self.name, "accepted", accepted),
+                Ok(not_kept) => {
+                    // Kept out by a bound (counted under its reason where it happened):
+                    // reported rejected, never answered OK and dropped.
+                    self.events
+                        .spans_received(self.name, "accepted", accepted - not_kept);
+                    self.events.spans_received(self.name, "rejected", not_kept);
+                    let rejected = u64::from(rejected) + not_kept;
+                    let first = first_error.unwrap_or_else(|| NOT_KEPT.to_owned());
+                    return Outcome::Accepted {
+                        rejected: u32::try_from(rejected).unwrap_or(u32::MAX),
+                        message: Some(format!(
+                            "{rejected} of {total} spans rejected; first: {first}"
+                        )),
+                    };
+                }
                 Err(IngestError::Overloaded { retry_after_secs }) => {
                     self.events.request_refused(self.name, "memory_limit");
                     self.refuse_spans("memory_limit", accepted);
@@ -298,6 +311,8 @@ impl Receiver {
                 }
             }
         }
+        let message = first_error
+            .map(|first| format!("{rejected} of {total} spans rejected; first: {first}"));
         Outcome::Accepted { rejected, message }
     }
 
