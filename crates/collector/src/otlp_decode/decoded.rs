@@ -21,9 +21,11 @@ pub struct Decoded {
     /// [`decode_protobuf`]: super::decode_protobuf
     /// [`decode_span`]: super::decode_span
     pub span_ranges: Vec<SpanRange>,
-    /// From [`decode_protobuf`]: where each rejected span lies in the body, in body order, so
-    /// that the forwarder can send the body without them ([`without_spans`]). Empty from the
-    /// other decoders.
+    /// From [`decode_protobuf`]: where the rejected spans lie in the body, in body order, so
+    /// that the forwarder can send the body without them ([`without_spans`]). Consecutive
+    /// rejected spans with no accepted span between them share one range (from the first's
+    /// start to the last's end), so that a body of millions of tiny invalid spans does not
+    /// cost a range each. Empty from the other decoders.
     ///
     /// [`decode_protobuf`]: super::decode_protobuf
     /// [`without_spans`]: super::without_spans
@@ -48,7 +50,35 @@ impl SpanRange {
     }
 }
 
+/// The most bytes between two rejected spans that one range bridges: the key and length of
+/// the next span (at most 1 + 10 bytes), or the end of a scope and the start of the next.
+const BRIDGED_GAP: u32 = 64;
+
 impl Decoded {
+    /// Records where a rejected span lies: extends the last range when no accepted span came
+    /// since and the gap is small, else adds one.
+    pub(super) fn reject_range(&mut self, range: SpanRange) {
+        let accepted_since = |last: &SpanRange| {
+            self.span_ranges
+                .last()
+                .is_some_and(|a| a.offset > last.offset)
+        };
+        // In u64: offsets wrap past 4 GiB (such a body's ranges are dropped as a whole).
+        let end = |r: &SpanRange| u64::from(r.offset) + u64::from(r.len);
+        if let Some(last) = self.rejected_ranges.last()
+            && !accepted_since(last)
+            && u64::from(range.offset) >= end(last)
+            && u64::from(range.offset) - end(last) <= u64::from(BRIDGED_GAP)
+            && let Ok(len) = u32::try_from(end(&range) - u64::from(last.offset))
+        {
+            if let Some(last) = self.rejected_ranges.last_mut() {
+                last.len = len;
+            }
+            return;
+        }
+        self.rejected_ranges.push(range);
+    }
+
     pub(super) fn reject(&mut self, why: InvalidSpan) {
         self.rejected = self.rejected.saturating_add(1);
         if self.first_error.is_none() {

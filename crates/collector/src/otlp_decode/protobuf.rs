@@ -259,7 +259,7 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
             Ok(ids) => ids,
             Err(why) => {
                 self.out.reject(why);
-                self.out.rejected_ranges.push(range);
+                self.out.reject_range(range);
                 return Ok(());
             }
         };
@@ -616,11 +616,16 @@ pub fn without_spans(body: &[u8], rejected: &[SpanRange]) -> Option<Vec<u8>> {
         out.extend_from_slice(payload);
     }
     let base = body.as_ptr() as usize;
+    // A range may cover several consecutive rejected spans (see `Decoded::rejected_ranges`);
+    // its end counts as in it, for an empty last span (whose bytes start where they end): no
+    // other span starts there, the next one's key and length come first.
     let is_rejected = |span: &[u8]| {
         let offset = span.as_ptr() as usize - base;
-        rejected
-            .binary_search_by_key(&offset, |r| r.offset as usize)
-            .is_ok()
+        let after = rejected.partition_point(|r| r.offset as usize <= offset);
+        after > 0 && {
+            let r = rejected[after - 1];
+            offset <= r.offset as usize + r.len as usize
+        }
     };
     let mut out = Vec::with_capacity(body.len());
     let mut r = Reader::new(body);
@@ -981,7 +986,12 @@ mod tests {
                     if rejected { 3 } else { 0 },
                     "{levels} {arrays}"
                 );
-                assert_eq!(lean.rejected_ranges.len(), lean.rejected as usize);
+                // The event's and the link's spans are consecutive: one range.
+                assert_eq!(
+                    lean.rejected_ranges.len(),
+                    if rejected { 2 } else { 0 },
+                    "{levels} {arrays}"
+                );
                 if rejected {
                     assert!(lean.first_error.unwrap().contains("16 levels"));
                     assert_eq!(lean.spans.len(), 1);
@@ -989,6 +999,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_run_of_tiny_invalid_spans_costs_one_range() {
+        // 100,000 empty spans (two bytes each on the wire) around two valid ones.
+        let mut spans = vec![PSpan::default(); 100_000];
+        spans.insert(50_000, span(1));
+        spans.push(span(2));
+        let body = request(spans, Some("svc")).encode_to_vec();
+        let lean = decode_protobuf(&body).unwrap();
+        assert_eq!((lean.spans.len(), lean.rejected), (2, 100_000));
+        assert_eq!(
+            lean.rejected_ranges.len(),
+            2,
+            "one range each side of span 1"
+        );
+        let cut = without_spans(&body, &lean.rejected_ranges).unwrap();
+        let kept = ExportTraceServiceRequest::decode(&cut[..]).unwrap();
+        let ids: Vec<_> = kept.resource_spans[0].scope_spans[0]
+            .spans
+            .iter()
+            .map(|s| s.span_id.clone())
+            .collect();
+        assert_eq!(ids, [vec![1; 8], vec![2; 8]]);
     }
 
     #[test]
