@@ -100,9 +100,10 @@ pub enum ServerError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// A listener's TLS certificate, key or client CA file is unreadable or invalid.
+    /// A listener's TLS certificate, key or client CA file is unreadable or invalid. (Not a
+    /// `source`: the message already holds it, and a chain would print it twice.)
     #[error("TLS: {0}")]
-    Tls(#[from] TlsError),
+    Tls(TlsError),
     /// The tokens cannot be loaded, or a non-loopback listener would be open to anyone
     /// (the message says which and what to do).
     #[error("{0}")]
@@ -121,6 +122,12 @@ pub enum ServerError {
         /// The error.
         error: std::io::Error,
     },
+}
+
+impl From<TlsError> for ServerError {
+    fn from(e: TlsError) -> Self {
+        Self::Tls(e)
+    }
 }
 
 /// What shutdown did.
