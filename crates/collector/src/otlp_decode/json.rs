@@ -7,8 +7,9 @@
 //! One span must not cost the others: a span the parser cannot read — an attribute value nested
 //! past its recursion limit (128 levels, ~30 levels of key-value lists), an id that is not hex —
 //! is cut out of the body ([`json_spans`](super::json_spans)) and rejected, and the rest is
-//! decoded. Only an error outside every span (the envelope, a resource or scope) refuses the
-//! whole body.
+//! decoded. An error in a scope or a resource (outside its spans) cuts that scope or resource,
+//! its spans rejected, as the protobuf decoder rejects the spans of a resource nested too deep;
+//! only an error outside every resource refuses the whole body.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -16,7 +17,7 @@ use std::ops::Range;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
 use super::decoded::{DecodeError, Decoded};
-use super::json_spans::{byte_offset, json_spans, with_spans_emptied};
+use super::json_spans::{JsonSpan, Level, byte_offset, json_spans, with_spans_emptied};
 use super::reference::from_proto;
 
 /// A span whose JSON nests deeper than this (from the body's root, the span itself at 7) is cut
@@ -39,6 +40,8 @@ pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
 pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), DecodeError> {
     let mut body = Cow::Borrowed(buf);
     let mut first_cut: Option<String> = None;
+    // Spans of the scopes and resources cut out (a cut span is rejected by the decoder).
+    let mut cut_with_their_scope = 0u64;
     for _ in 0..=MAX_CUT_ROUNDS {
         let error = match serde_json::from_slice::<ExportTraceServiceRequest>(&body) {
             Ok(req) => {
@@ -46,44 +49,62 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
                 if first_cut.is_some() {
                     decoded.first_error = first_cut;
                 }
+                decoded.rejected = decoded
+                    .rejected
+                    .saturating_add(u32::try_from(cut_with_their_scope).unwrap_or(u32::MAX));
                 let cut = matches!(body, Cow::Owned(_)).then(|| body.into_owned());
                 return Ok((decoded, cut));
             }
             Err(e) => e,
         };
-        let cuts = spans_to_cut(&body, &error);
-        if cuts.is_empty() {
+        let cuts = elements_to_cut(&body, &error);
+        let Some(first) = cuts.first() else {
             return Err(DecodeError::Json(error.to_string()));
-        }
-        first_cut.get_or_insert_with(|| format!("the span could not be read: {error}"));
-        body = Cow::Owned(with_spans_emptied(&body, &cuts));
+        };
+        let what = match first.level {
+            Level::Span => "the span",
+            Level::Scope => "the spans' scope",
+            Level::Resource => "the spans' resource",
+        };
+        first_cut.get_or_insert_with(|| format!("{what} could not be read: {error}"));
+        cut_with_their_scope += cuts
+            .iter()
+            .filter(|c| c.level != Level::Span)
+            .map(|c| c.spans)
+            .sum::<u64>();
+        let ranges: Vec<Range<usize>> = cuts.into_iter().map(|c| c.range).collect();
+        body = Cow::Owned(with_spans_emptied(&body, &ranges));
     }
     Err(DecodeError::Json(format!(
         "more than {MAX_CUT_ROUNDS} spans could not be read"
     )))
 }
 
-/// The spans to cut for `error`: every span nested past [`CUT_DEPTH`] when the parser ran out
-/// of recursion, else the span holding the error's position. Empty when the error lies outside
-/// every span.
-fn spans_to_cut(body: &[u8], error: &serde_json::Error) -> Vec<Range<usize>> {
-    let spans = json_spans(body);
+/// What to cut for `error`: every span nested past [`CUT_DEPTH`] when the parser ran out of
+/// recursion (else every such scope, else every such resource: nested too deep in their own
+/// attributes), otherwise the innermost span, scope or resource holding the error's position.
+/// Empty when the error lies outside every resource.
+fn elements_to_cut(body: &[u8], error: &serde_json::Error) -> Vec<JsonSpan> {
+    let elements = json_spans(body);
     if error.to_string().starts_with("recursion limit exceeded") {
-        let deep: Vec<Range<usize>> = spans
-            .iter()
-            .filter(|s| s.depth > CUT_DEPTH)
-            .map(|s| s.range.clone())
-            .collect();
-        if !deep.is_empty() {
-            return deep;
+        for level in [Level::Span, Level::Scope, Level::Resource] {
+            let deep: Vec<JsonSpan> = elements
+                .iter()
+                .filter(|e| e.level == level && e.depth > CUT_DEPTH)
+                .cloned()
+                .collect();
+            if !deep.is_empty() {
+                return deep;
+            }
         }
     }
     let at = byte_offset(body, error.line(), error.column());
-    spans
+    elements
         .into_iter()
-        .find(|s| s.range.contains(&at))
-        .map(|s| vec![s.range])
-        .unwrap_or_default()
+        .filter(|e| e.range.contains(&at))
+        .min_by_key(|e| e.range.len())
+        .into_iter()
+        .collect()
 }
 
 #[cfg(test)]
@@ -244,12 +265,48 @@ mod tests {
             decode_json(many.as_bytes()),
             Err(DecodeError::Json(_))
         ));
-        // An error outside every span still refuses the body.
+        // An error outside every resource still refuses the body.
         let envelope =
             body_with(10, "{}").replace(r#""resourceSpans":["#, r#""resourceSpans":[7,"#);
         assert!(matches!(
             decode_json(envelope.as_bytes()),
             Err(DecodeError::Json(_))
         ));
+    }
+
+    #[test]
+    fn a_resource_the_parser_cannot_read_rejects_its_spans_and_keeps_the_others() {
+        let good = body_with(20, "{}");
+        let service = r#"{"key":"service.name","value":{"stringValue":"svc"}}"#;
+        let deep = good.replace(
+            service,
+            &format!(r#"{{"key":"d","value":{}}}"#, nested(200)),
+        );
+        // Two resources: the first nested too deep (its 22 spans rejected), the second fine.
+        let resources = |body: &str| {
+            let start = body.find('[').unwrap() + 1;
+            body[start..body.len() - 2].to_owned()
+        };
+        let two = format!(
+            r#"{{"resourceSpans":[{},{}]}}"#,
+            resources(&deep),
+            resources(&good)
+        );
+        let (d, cut) = decode_json_cutting(two.as_bytes()).unwrap();
+        // The good resource's two `{}` spans are rejected as usual.
+        assert_eq!(
+            (d.spans.len(), d.rejected),
+            (20, 22 + 2),
+            "{:?}",
+            d.first_error
+        );
+        assert!(
+            d.first_error
+                .unwrap()
+                .contains("resource could not be read"),
+            "first error"
+        );
+        let again = decode_json(&cut.unwrap()).unwrap();
+        assert_eq!(again.spans.len(), 20);
     }
 }

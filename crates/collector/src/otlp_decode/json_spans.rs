@@ -7,14 +7,41 @@
 
 use std::ops::Range;
 
-/// One span object of a body: its bytes, and the deepest nesting inside it (the body's root
-/// object is depth 1, the span object itself depth 7).
+/// What an element of a body is: a `ResourceSpans`, a `ScopeSpans` or a `Span` object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Level {
+    /// An element of `resourceSpans` (depth 3).
+    Resource,
+    /// An element of a `scopeSpans` (depth 5).
+    Scope,
+    /// An element of a `spans` (depth 7).
+    Span,
+}
+
+impl Level {
+    /// The level whose objects sit at `depth`, if any.
+    fn at(depth: usize) -> Option<Self> {
+        match depth {
+            3 => Some(Self::Resource),
+            5 => Some(Self::Scope),
+            7 => Some(Self::Span),
+            _ => None,
+        }
+    }
+}
+
+/// One resource, scope or span object of a body: its bytes, the deepest nesting inside it (the
+/// body's root object is depth 1, a span object depth 7) and the spans it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct JsonSpan {
-    /// The span object, `{` to `}` inclusive.
+    /// Resource, scope or span.
+    pub level: Level,
+    /// The object, `{` to `}` inclusive.
     pub range: Range<usize>,
     /// The deepest object or array inside it, counted from the body's root.
     pub depth: usize,
+    /// The span objects in it (1 for a span).
+    pub spans: u64,
 }
 
 /// The keys on the way to the spans, by the depth of the object that holds them.
@@ -39,13 +66,21 @@ struct Frame {
     key_matches: bool,
 }
 
-/// Every span object of `body`, in body order. Best effort on malformed JSON (it never fails:
-/// what it cannot follow yields no span).
+/// A resource, scope or span object being scanned.
+struct Open {
+    start: usize,
+    depth: usize,
+    spans: u64,
+}
+
+/// Every resource, scope and span object of `body`, each after what it holds (a span before
+/// its scope, a scope before its resource). Best effort on malformed JSON (it never fails: what
+/// it cannot follow yields nothing).
 pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
-    let mut spans = Vec::new();
+    let mut found = Vec::new();
     let mut stack: Vec<Frame> = Vec::new();
-    // The span being scanned: its start and the deepest depth inside it.
-    let mut open: Option<(usize, usize)> = None;
+    // The resource, scope and span being scanned.
+    let mut open: [Option<Open>; 3] = [None, None, None];
     let mut i = 0;
     while i < body.len() {
         match body[i] {
@@ -77,20 +112,35 @@ pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
                     key_matches: false,
                 });
                 let depth = stack.len();
-                if depth == 7 && parent_on_path && c == b'{' {
-                    open = Some((i, depth));
+                if let Some(level) = Level::at(depth)
+                    && parent_on_path
+                    && c == b'{'
+                {
+                    open[level as usize] = Some(Open {
+                        start: i,
+                        depth,
+                        spans: 0,
+                    });
                 }
-                if let Some((_, deepest)) = &mut open {
-                    *deepest = (*deepest).max(depth);
+                for o in open.iter_mut().flatten() {
+                    o.depth = o.depth.max(depth);
                 }
             }
             b'}' | b']' => {
-                if stack.len() == 7
-                    && let Some((start, depth)) = open.take()
+                if let Some(level) = Level::at(stack.len())
+                    && let Some(o) = open[level as usize].take()
                 {
-                    spans.push(JsonSpan {
-                        range: start..i + 1,
-                        depth,
+                    let spans = if level == Level::Span { 1 } else { o.spans };
+                    if level == Level::Span {
+                        for outer in open.iter_mut().flatten() {
+                            outer.spans += 1;
+                        }
+                    }
+                    found.push(JsonSpan {
+                        level,
+                        range: o.start..i + 1,
+                        depth: o.depth,
+                        spans,
                     });
                 }
                 stack.pop();
@@ -107,7 +157,7 @@ pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
         }
         i += 1;
     }
-    spans
+    found
 }
 
 /// The index of the closing quote of the string whose content starts at `start` (or the end of
@@ -172,7 +222,8 @@ mod tests {
               {{"scope_spans":[{{"spans":[{{"name":"c"}}]}}]}}]}}"#,
             deep(3)
         );
-        let spans = json_spans(body.as_bytes());
+        let all = json_spans(body.as_bytes());
+        let spans: Vec<&JsonSpan> = all.iter().filter(|e| e.level == Level::Span).collect();
         let names: Vec<&str> = spans
             .iter()
             .map(|s| &body[s.range.clone()][..14.min(s.range.len())])
@@ -185,10 +236,25 @@ mod tests {
             spans.iter().map(|s| s.depth).collect::<Vec<_>>(),
             [7, 10 + 4 * 3, 7]
         );
-        for s in &spans {
-            let span: serde_json::Value = serde_json::from_str(&body[s.range.clone()]).unwrap();
-            assert!(span.is_object());
+        for s in &all {
+            let v: serde_json::Value = serde_json::from_str(&body[s.range.clone()]).unwrap();
+            assert!(v.is_object());
         }
+        // Resources and scopes hold their spans' count, after them.
+        let outer: Vec<(Level, u64)> = all
+            .iter()
+            .filter(|e| e.level != Level::Span)
+            .map(|e| (e.level, e.spans))
+            .collect();
+        assert_eq!(
+            outer,
+            [
+                (Level::Scope, 2),
+                (Level::Resource, 2),
+                (Level::Scope, 1),
+                (Level::Resource, 1)
+            ]
+        );
     }
 
     #[test]
@@ -197,7 +263,10 @@ mod tests {
             r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"attributes":[{{"key":"d","value":{}}}]}},{{"name":"ok"}}]}}]}}]}}"#,
             deep(100_000)
         );
-        let spans = json_spans(body.as_bytes());
+        let spans: Vec<JsonSpan> = json_spans(body.as_bytes())
+            .into_iter()
+            .filter(|e| e.level == Level::Span)
+            .collect();
         assert_eq!(spans.len(), 2);
         assert_eq!(spans[0].depth, 10 + 4 * 100_000);
         assert_eq!(&body[spans[1].range.clone()], r#"{"name":"ok"}"#);

@@ -44,7 +44,8 @@
 //! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is
 //!   refused. One exception, for JSON, whose parser stops at 128 levels of nesting where the
 //!   protobuf reader follows any depth: a span the parser cannot read (nested that deep, an id
-//!   that is not hex) is cut out and rejected, and the rest decoded ([`decode_json_cutting`]).
+//!   that is not hex) is cut out and rejected, and the rest decoded ([`decode_json_cutting`]);
+//!   so is a scope or resource, with all its spans.
 //! - Span names, service names and string values longer than
 //!   [`MAX_TEXT_LEN`](infertrace_analysis::text::MAX_TEXT_LEN) (256 bytes) are cut at a character
 //!   boundary and counted ([`take_truncated_texts`]): they become labels and dimensions.
