@@ -63,7 +63,6 @@ use infertrace_analysis::trace::{Span, TraceId};
 
 use crate::held::{HeldSpans, PreparedRun, PreparedTrace};
 use crate::internal_events::InternalEvents;
-use crate::limiter::span_footprint;
 use index::{Known, TraceIndex};
 
 /// How many of the oldest traces without a request span a full table looks at to find the
@@ -71,8 +70,8 @@ use index::{Known, TraceIndex};
 const FAIRNESS_WINDOW: usize = 64;
 
 /// What a sender's share of the traces in flight is measured in when one of its traces must
-/// close early: their number when the table is full (`max_traces_in_flight`), their memory when
-/// the limiter asks for relief.
+/// close early: their number when the table is full (`max_traces_in_flight`), their memory (the
+/// spans they hold) when the limiter asks for relief.
 #[derive(Clone, Copy, Debug)]
 enum ShareOf {
     Traces,
@@ -770,7 +769,9 @@ impl TraceAssembler {
             };
             let weight = match share {
                 ShareOf::Traces => 1,
-                ShareOf::Memory => trace.spans.iter().map(span_footprint).sum(),
+                // Spans held, for their memory: O(1) under the lock, where summing each span's
+                // footprint would walk up to 64 × `max_spans_per_trace` spans per close.
+                ShareOf::Memory => trace.spans.len(),
             };
             match senders.iter_mut().find(|(s, _, _)| *s == service) {
                 Some(sender) => sender.1 += weight,

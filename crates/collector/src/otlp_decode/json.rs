@@ -12,7 +12,6 @@
 //! only an error outside every resource refuses the whole body.
 
 use std::borrow::Cow;
-use std::ops::Range;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
@@ -20,13 +19,8 @@ use super::decoded::{DecodeError, Decoded};
 use super::json_spans::{JsonSpan, Level, byte_offset, json_spans, with_spans_emptied};
 use super::reference::from_proto;
 
-/// A span whose JSON nests deeper than this (from the body's root, the span itself at 7) is cut
-/// out when the parser hits its recursion limit: below `serde_json`'s 128, and above what the
-/// deepest accepted value reaches (16 levels of key-value lists: 10 + 4 × 16 = 74).
-const CUT_DEPTH: usize = 120;
-
-/// Parses after cutting out a span are tried at most this often (each parses the whole body);
-/// past it the body is refused as before. Every span nested too deep goes in one cut.
+/// Parses after cutting out a span are tried at most this often (each parses the whole body, one
+/// cut each); past it the body is refused as before.
 const MAX_CUT_ROUNDS: usize = 16;
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest` into spans (see the [module rules](super)).
@@ -57,54 +51,40 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
             }
             Err(e) => e,
         };
-        let cuts = elements_to_cut(&body, &error);
-        let Some(first) = cuts.first() else {
+        let Some(cut) = elements_to_cut(&body, &error) else {
             return Err(DecodeError::Json(error.to_string()));
         };
-        let what = match first.level {
+        let what = match cut.level {
             Level::Span => "the span",
             Level::Scope => "the spans' scope",
             Level::Resource => "the spans' resource",
         };
         first_cut.get_or_insert_with(|| format!("{what} could not be read: {error}"));
-        cut_with_their_scope += cuts
-            .iter()
-            .filter(|c| c.level != Level::Span)
-            .map(|c| c.spans)
-            .sum::<u64>();
-        let ranges: Vec<Range<usize>> = cuts.into_iter().map(|c| c.range).collect();
-        body = Cow::Owned(with_spans_emptied(&body, &ranges));
+        if cut.level != Level::Span {
+            cut_with_their_scope += cut.spans;
+        }
+        body = Cow::Owned(with_spans_emptied(&body, &[cut.range]));
     }
     Err(DecodeError::Json(format!(
         "more than {MAX_CUT_ROUNDS} spans could not be read"
     )))
 }
 
-/// What to cut for `error`: every span nested past [`CUT_DEPTH`] when the parser ran out of
-/// recursion (else every such scope, else every such resource: nested too deep in their own
-/// attributes), otherwise the innermost span, scope or resource holding the error's position.
-/// Empty when the error lies outside every resource.
-fn elements_to_cut(body: &[u8], error: &serde_json::Error) -> Vec<JsonSpan> {
-    let elements = json_spans(body);
-    if error.to_string().starts_with("recursion limit exceeded") {
-        for level in [Level::Span, Level::Scope, Level::Resource] {
-            let deep: Vec<JsonSpan> = elements
-                .iter()
-                .filter(|e| e.level == level && e.depth > CUT_DEPTH)
-                .cloned()
-                .collect();
-            if !deep.is_empty() {
-                return deep;
-            }
-        }
+/// What to cut for `error`: the innermost span, scope or resource holding its position, when
+/// the parser ran out of recursion (it stops at the container past its limit, inside the
+/// element that nests too deep) or could not read a value (a data error: an id that is not hex,
+/// a number out of range). Nothing for any other syntax error — the scan could not be trusted to
+/// see the body's structure as the parser does — nor outside every resource.
+fn elements_to_cut(body: &[u8], error: &serde_json::Error) -> Option<JsonSpan> {
+    let recursion = error.to_string().starts_with("recursion limit exceeded");
+    if !recursion && error.classify() != serde_json::error::Category::Data {
+        return None;
     }
     let at = byte_offset(body, error.line(), error.column());
-    elements
+    json_spans(body)
         .into_iter()
         .filter(|e| e.range.contains(&at))
         .min_by_key(|e| e.range.len())
-        .into_iter()
-        .collect()
 }
 
 #[cfg(test)]
@@ -308,5 +288,35 @@ mod tests {
         );
         let again = decode_json(&cut.unwrap()).unwrap();
         assert_eq!(again.spans.len(), 20);
+    }
+
+    #[test]
+    fn only_the_span_the_parser_stopped_in_is_cut() {
+        // Span 1 carries an unknown field nested 130 deep, which the parser skips without a
+        // depth limit: valid. Span 2 nests a value past the limit: the one cut.
+        let unknown = format!(
+            r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"s","startTimeUnixNano":"1","endTimeUnixNano":"2","x":{}{}}}"#,
+            1,
+            1,
+            "[".repeat(130),
+            "]".repeat(130)
+        );
+        let deep = format!(
+            r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"deep","startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{{"key":"d","value":{}}}]}}"#,
+            2,
+            2,
+            nested(30)
+        );
+        let body =
+            format!(r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{unknown},{deep}]}}]}}]}}"#);
+        let d = decode_json(body.as_bytes()).unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (1, 1), "{:?}", d.first_error);
+        assert_eq!(&*d.spans[0].name, "s");
+        // A syntax error is not repaired: the scan cannot be trusted to see the structure.
+        let broken = body_with(20, "{}").replacen(r#""name":"s""#, r#""name":"s"""#, 1);
+        assert!(matches!(
+            decode_json(broken.as_bytes()),
+            Err(DecodeError::Json(_))
+        ));
     }
 }

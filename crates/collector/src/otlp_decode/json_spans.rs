@@ -1,6 +1,6 @@
 //! Where each span lies in an OTLP/JSON body, found without parsing it: a byte scan that tracks
 //! nesting (iteratively, so no depth is too deep for it) and the keys of the three levels above
-//! the spans (`resourceSpans` → `scopeSpans` → `spans`, lowerCamelCase or snake_case). The JSON
+//! the spans (`resourceSpans` → `scopeSpans` → `spans`, as the parser reads them). The JSON
 //! decoder uses it to cut out the one span that makes a whole body undecodable — nested past the
 //! parser's recursion limit, or with a field it cannot read — instead of refusing every span
 //! with it.
@@ -30,16 +30,13 @@ impl Level {
     }
 }
 
-/// One resource, scope or span object of a body: its bytes, the deepest nesting inside it (the
-/// body's root object is depth 1, a span object depth 7) and the spans it holds.
+/// One resource, scope or span object of a body: its bytes and the spans it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct JsonSpan {
     /// Resource, scope or span.
     pub level: Level,
     /// The object, `{` to `}` inclusive.
     pub range: Range<usize>,
-    /// The deepest object or array inside it, counted from the body's root.
-    pub depth: usize,
     /// The span objects in it (1 for a span).
     pub spans: u64,
 }
@@ -47,8 +44,8 @@ pub(super) struct JsonSpan {
 /// The keys on the way to the spans, by the depth of the object that holds them.
 fn expected_key(depth: usize, key: &[u8]) -> bool {
     match depth {
-        1 => key == b"resourceSpans" || key == b"resource_spans",
-        3 => key == b"scopeSpans" || key == b"scope_spans",
+        1 => key == b"resourceSpans",
+        3 => key == b"scopeSpans",
         5 => key == b"spans",
         _ => false,
     }
@@ -69,7 +66,6 @@ struct Frame {
 /// A resource, scope or span object being scanned.
 struct Open {
     start: usize,
-    depth: usize,
     spans: u64,
 }
 
@@ -116,14 +112,7 @@ pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
                     && parent_on_path
                     && c == b'{'
                 {
-                    open[level as usize] = Some(Open {
-                        start: i,
-                        depth,
-                        spans: 0,
-                    });
-                }
-                for o in open.iter_mut().flatten() {
-                    o.depth = o.depth.max(depth);
+                    open[level as usize] = Some(Open { start: i, spans: 0 });
                 }
             }
             b'}' | b']' => {
@@ -139,7 +128,6 @@ pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
                     found.push(JsonSpan {
                         level,
                         range: o.start..i + 1,
-                        depth: o.depth,
                         spans,
                     });
                 }
@@ -215,11 +203,11 @@ mod tests {
     }
 
     #[test]
-    fn finds_every_span_with_its_depth_in_both_key_styles() {
+    fn finds_every_resource_scope_and_span() {
         let body = format!(
             r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"spans","value":{{"arrayValue":{{"values":[{{"stringValue":"[{{"}}]}}}}}}]}},
               "scopeSpans":[{{"scope":{{"name":"s"}},"spans":[{{"name":"a \"}}{{\" b"}},{{"name":"b","attributes":[{{"key":"d","value":{}}}]}}]}}]}},
-              {{"scope_spans":[{{"spans":[{{"name":"c"}}]}}]}}]}}"#,
+              {{"scopeSpans":[{{"spans":[{{"name":"c"}}]}}]}}]}}"#,
             deep(3)
         );
         let all = json_spans(body.as_bytes());
@@ -231,10 +219,6 @@ mod tests {
         assert_eq!(
             names,
             [r#"{"name":"a \"}"#, r#"{"name":"b","a"#, r#"{"name":"c"}"#]
-        );
-        assert_eq!(
-            spans.iter().map(|s| s.depth).collect::<Vec<_>>(),
-            [7, 10 + 4 * 3, 7]
         );
         for s in &all {
             let v: serde_json::Value = serde_json::from_str(&body[s.range.clone()]).unwrap();
@@ -268,8 +252,16 @@ mod tests {
             .filter(|e| e.level == Level::Span)
             .collect();
         assert_eq!(spans.len(), 2);
-        assert_eq!(spans[0].depth, 10 + 4 * 100_000);
+        let first = &body[spans[0].range.clone()];
+        assert!(first.starts_with(r#"{"attributes""#) && first.ends_with("}]}}}]}"));
         assert_eq!(&body[spans[1].range.clone()], r#"{"name":"ok"}"#);
+    }
+
+    #[test]
+    fn only_the_keys_the_parser_reads_lead_to_spans() {
+        // snake_case keys are ignored by the parser: no span there.
+        let body = r#"{"resource_spans":[{"scopeSpans":[{"spans":[{"name":"x"}]}]}]}"#;
+        assert!(json_spans(body.as_bytes()).is_empty());
     }
 
     #[test]

@@ -126,9 +126,9 @@ struct Analysis {
 /// a series, [`HISTORY_WRITER_SHARE`]).
 pub const AGGREGATES_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The history store's writer may hold at most this fraction (1/n) of
-/// `limits.memory_limit_bytes` in items not yet written: a stalled disk then drops history
-/// items (counted as `store_dropped_total{reason="memory_cap"}`), not new data.
+/// The history store's writer queue may hold at most this fraction (1/n) of
+/// `limits.memory_limit_bytes` in items waiting for the writer: a stalled disk then drops
+/// history items (counted as `store_dropped_total{reason="memory_cap"}`), not new data.
 pub const HISTORY_WRITER_SHARE: usize = 8;
 
 /// Holds the recent-trace ring's memory in the limiter, and measures the aggregates' memory

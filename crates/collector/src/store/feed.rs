@@ -615,8 +615,9 @@ mod tests {
             "feed {} B, writer {handed} B of {collected} B",
             feed.approx_memory_bytes()
         );
-        // Past the cap, an item is dropped and counted, not queued.
-        writer.set_memory_cap(handed + 1024);
+        // An item that would take the queue past its cap is dropped and counted, not queued
+        // (the cap bounds the queue: the first minute, received, does not count against it).
+        writer.set_memory_cap(handed / 2);
         for k in 0..300u64 {
             let model = format!("m{}", k % 30);
             feed.record(&rec(&model, 1.0, Outcome::Ok), None, minute + 500 + k);

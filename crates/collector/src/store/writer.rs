@@ -159,7 +159,9 @@ impl StoreWriter {
         }
         let bytes = op.approx_bytes();
         let m = &self.memory;
-        if self.memory_bytes().saturating_add(bytes) > m.cap.load(Ordering::Relaxed) {
+        // The queue is what a stalled disk grows; the thread's recent minutes are a cache that
+        // only newer items prune, so they must not hold the gate shut.
+        if m.queued.load(Ordering::Relaxed).saturating_add(bytes) > m.cap.load(Ordering::Relaxed) {
             self.events.store_items_dropped("memory_cap", n);
             return false;
         }
@@ -174,8 +176,8 @@ impl StoreWriter {
         false
     }
 
-    /// Bounds what the writer may hold, estimated (see [`Self::memory_bytes`]): an item that
-    /// would take it past `bytes` is dropped (`store_dropped_total{reason="memory_cap"}`).
+    /// Bounds what the writer's queue may hold, estimated: an item that would take the items
+    /// waiting in it past `bytes` is dropped (`store_dropped_total{reason="memory_cap"}`).
     /// Unbounded until set.
     pub fn set_memory_cap(&self, bytes: usize) {
         self.memory.cap.store(bytes, Ordering::Relaxed);
