@@ -352,7 +352,8 @@ impl Pipeline {
     }
 
     /// Adds a batch received at `now` (the [`Ingest`] implementation uses the current time).
-    /// Returns how many of its spans a bound kept out ([`TraceAssembler::push`]).
+    /// Returns how many of its spans a bound kept out (`max_spans_per_trace`, a full table of
+    /// traces or of late spans), which the receiver reports rejected.
     pub fn ingest_at(&self, mut batch: IngestBatch, now: Instant) -> Result<u64, IngestError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(IngestError::ShuttingDown);
