@@ -2,6 +2,7 @@
 //! accounting: the `approx_memory_bytes` estimates of the KPI windows, the critical-path windows
 //! and the collector's Prometheus recorder are built from these.
 
+use std::collections::HashMap;
 use std::mem::size_of;
 
 /// The strong and weak counts in front of every `Arc`'s value.
@@ -28,6 +29,16 @@ pub fn map_table_bytes(capacity: usize, entry: usize) -> usize {
     buckets * (entry + 1) + 16
 }
 
+/// Bytes of an index of lists (a `HashMap` of `Vec`s): its table ([`map_table_bytes`]) and
+/// each list's buffer, from its capacity.
+pub fn list_map_bytes<K, V, S>(map: &HashMap<K, Vec<V>, S>) -> usize {
+    map_table_bytes(map.capacity(), size_of::<(K, Vec<V>)>())
+        + map
+            .values()
+            .map(|list| list.capacity() * size_of::<V>())
+            .sum::<usize>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +58,21 @@ mod tests {
             );
         }
         assert_eq!(map_table_bytes(0, 16), 0);
+    }
+
+    #[test]
+    fn an_index_of_lists_adds_each_list_buffer() {
+        let mut map: HashMap<u64, Vec<usize>> = HashMap::new();
+        map.insert(1, Vec::with_capacity(3));
+        map.insert(2, vec![7]);
+        let lists: usize = map
+            .values()
+            .map(|l| l.capacity() * size_of::<usize>())
+            .sum();
+        assert_eq!(
+            list_map_bytes(&map),
+            map_table_bytes(map.capacity(), size_of::<(u64, Vec<usize>)>()) + lists
+        );
     }
 
     #[test]

@@ -214,21 +214,31 @@ fn non_loopback_listener_needs_tokens_or_insecure() {
 
 #[test]
 fn check_config_reads_the_tokens_and_refuses_what_collect_refuses() {
+    use std::ffi::OsStr;
     let dir = tempfile::tempdir().unwrap();
-    let check = |yaml: &str| {
-        let file = dir.path().join("config.yaml");
-        std::fs::write(&file, yaml).unwrap();
-        let out = bin()
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // `check-config args…` from the repository root, with INFERTRACE_TOKENS_FILE set to
+    // `tokens_variable` and no other token variable: whether it passed, and its stderr.
+    let check_config = |args: &[&OsStr], tokens_variable: Option<&std::path::Path>| {
+        let mut cmd = bin();
+        cmd.current_dir(&root)
             .arg("check-config")
-            .arg(&file)
+            .args(args)
             .env_remove("INFERTRACE_TOKENS")
-            .env_remove("INFERTRACE_TOKENS_FILE")
-            .output()
-            .unwrap();
+            .env_remove("INFERTRACE_TOKENS_FILE");
+        if let Some(file) = tokens_variable {
+            cmd.env("INFERTRACE_TOKENS_FILE", file);
+        }
+        let out = cmd.output().unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    };
+    let check = |yaml: &str| {
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        check_config(&[file.as_os_str()], None)
     };
     let exposed = "api:\n  listen: 0.0.0.0:9464\n";
 
@@ -262,47 +272,23 @@ fn check_config_reads_the_tokens_and_refuses_what_collect_refuses() {
     // The tokens file `collect` takes from its flag or INFERTRACE_TOKENS_FILE counts here too.
     let file = dir.path().join("exposed.yaml");
     std::fs::write(&file, exposed).unwrap();
-    let out = bin()
-        .arg("check-config")
-        .arg(&file)
-        .env_remove("INFERTRACE_TOKENS")
-        .env("INFERTRACE_TOKENS_FILE", &tokens)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = bin()
-        .arg("check-config")
-        .arg(&file)
-        .arg("--tokens-file")
-        .arg(&tokens)
-        .env_remove("INFERTRACE_TOKENS")
-        .env_remove("INFERTRACE_TOKENS_FILE")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    let (ok, err) = check_config(&[file.as_os_str()], Some(&tokens));
+    assert!(ok, "{err}");
+    let flag = [
+        file.as_os_str(),
+        OsStr::new("--tokens-file"),
+        tokens.as_os_str(),
+    ];
+    let (ok, err) = check_config(&flag, None);
+    assert!(ok, "{err}");
 
     // The compose files' configs, with the tokens file they mount given on a host.
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     for config in [
         "docker/infertrace.compose.yaml",
         "docker/infertrace.scale.yaml",
     ] {
-        let out = bin()
-            .current_dir(&root)
-            .args(["check-config", config, "--tokens-file"])
-            .arg("otel-config/infertrace-tokens")
-            .env_remove("INFERTRACE_TOKENS")
-            .env_remove("INFERTRACE_TOKENS_FILE")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{config}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let args = [config, "--tokens-file", "otel-config/infertrace-tokens"].map(OsStr::new);
+        let (ok, err) = check_config(&args, None);
+        assert!(ok, "{config}: {err}");
     }
 }

@@ -16,7 +16,7 @@ use super::config::KpiConfig;
 use super::distribution::sketch_config;
 use super::labelling::Labelling;
 use super::ring::{Ring, RingSpec};
-use crate::heap_size::{arc_str_bytes, map_table_bytes};
+use crate::heap_size::{arc_str_bytes, list_map_bytes};
 use crate::record::RequestRecord;
 use infertrace_intern::RecentTriple;
 
@@ -275,15 +275,9 @@ impl KpiWindows {
             .chain(self.overflow.as_ref())
             .map(|s| s.key.heap_bytes() + s.rings.iter().map(Ring::heap_bytes).sum::<usize>())
             .sum();
-        let index = map_table_bytes(
-            self.index.capacity(),
-            std::mem::size_of::<(u64, Vec<usize>)>(),
-        ) + self
-            .index
-            .values()
-            .map(|list| list.capacity() * std::mem::size_of::<usize>())
-            .sum::<usize>();
-        (self.series.capacity() + 1) * std::mem::size_of::<Series>() + series + index
+        (self.series.capacity() + 1) * std::mem::size_of::<Series>()
+            + series
+            + list_map_bytes(&self.index)
     }
 
     /// Series kept, the overflow series not counted.

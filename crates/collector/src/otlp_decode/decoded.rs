@@ -50,26 +50,23 @@ impl SpanRange {
     }
 }
 
-/// The most bytes between two rejected spans that one range bridges: the key and length of
-/// the next span (at most 1 + 10 bytes), or the end of a scope and the start of the next.
-const BRIDGED_GAP: u32 = 64;
-
 impl Decoded {
-    /// Records where a rejected span lies: extends the last range when no accepted span came
-    /// since and the gap is small, else adds one.
+    /// Records where a rejected span lies (spans come in body order): extends the last range
+    /// to it when no accepted span came since, else adds one. A range is only ever asked
+    /// whether a span starts in it ([`without_spans`](super::without_spans)), so whatever
+    /// else lies between two rejected spans may be inside it.
     pub(super) fn reject_range(&mut self, range: SpanRange) {
         let accepted_since = |last: &SpanRange| {
             self.span_ranges
                 .last()
                 .is_some_and(|a| a.offset > last.offset)
         };
-        // In u64: offsets wrap past 4 GiB (such a body's ranges are dropped as a whole).
-        let end = |r: &SpanRange| u64::from(r.offset) + u64::from(r.len);
         if let Some(last) = self.rejected_ranges.last()
             && !accepted_since(last)
-            && u64::from(range.offset) >= end(last)
-            && u64::from(range.offset) - end(last) <= u64::from(BRIDGED_GAP)
-            && let Ok(len) = u32::try_from(end(&range) - u64::from(last.offset))
+            // In u64: offsets wrap past 4 GiB (such a body's ranges are dropped as a whole).
+            && let Some(len) = (u64::from(range.offset) + u64::from(range.len))
+                .checked_sub(u64::from(last.offset))
+                .and_then(|len| u32::try_from(len).ok())
         {
             if let Some(last) = self.rejected_ranges.last_mut() {
                 last.len = len;

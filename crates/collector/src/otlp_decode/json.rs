@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
 use super::decoded::{DecodeError, Decoded};
-use super::json_spans::{JsonSpan, Level, byte_offset, json_spans, with_spans_emptied};
+use super::json_spans::{JsonElement, Level, byte_offset, json_elements, with_emptied};
 use super::reference::from_proto;
 
 /// Parses after cutting out a span are tried at most this often (each parses the whole body, one
@@ -63,7 +63,7 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
         if cut.level != Level::Span {
             cut_with_their_scope += cut.spans;
         }
-        body = Cow::Owned(with_spans_emptied(&body, &[cut.range]));
+        body = Cow::Owned(with_emptied(&body, cut.range));
     }
     Err(DecodeError::Json(format!(
         "more than {MAX_CUT_ROUNDS} spans could not be read"
@@ -75,13 +75,13 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
 /// element that nests too deep) or could not read a value (a data error: an id that is not hex,
 /// a number out of range). Nothing for any other syntax error — the scan could not be trusted to
 /// see the body's structure as the parser does — nor outside every resource.
-fn elements_to_cut(body: &[u8], error: &serde_json::Error) -> Option<JsonSpan> {
+fn elements_to_cut(body: &[u8], error: &serde_json::Error) -> Option<JsonElement> {
     let recursion = error.to_string().starts_with("recursion limit exceeded");
     if !recursion && error.classify() != serde_json::error::Category::Data {
         return None;
     }
     let at = byte_offset(body, error.line(), error.column());
-    json_spans(body)
+    json_elements(body)
         .into_iter()
         .filter(|e| e.range.contains(&at))
         .min_by_key(|e| e.range.len())

@@ -1,9 +1,9 @@
-//! Where each span lies in an OTLP/JSON body, found without parsing it: a byte scan that tracks
-//! nesting (iteratively, so no depth is too deep for it) and the keys of the three levels above
-//! the spans (`resourceSpans` → `scopeSpans` → `spans`, as the parser reads them). The JSON
-//! decoder uses it to cut out the one span that makes a whole body undecodable — nested past the
-//! parser's recursion limit, or with a field it cannot read — instead of refusing every span
-//! with it.
+//! Where each span, scope and resource lies in an OTLP/JSON body, found without parsing it: a
+//! byte scan that tracks nesting (iteratively, so no depth is too deep for it) and the keys of
+//! the three levels above the spans (`resourceSpans` → `scopeSpans` → `spans`, as the parser
+//! reads them). The JSON decoder uses it to cut out the one element that makes a whole body
+//! undecodable — nested past the parser's recursion limit, or with a field it cannot read —
+//! instead of refusing every span with it.
 
 use std::ops::Range;
 
@@ -32,7 +32,7 @@ impl Level {
 
 /// One resource, scope or span object of a body: its bytes and the spans it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct JsonSpan {
+pub(super) struct JsonElement {
     /// Resource, scope or span.
     pub level: Level,
     /// The object, `{` to `}` inclusive.
@@ -72,7 +72,7 @@ struct Open {
 /// Every resource, scope and span object of `body`, each after what it holds (a span before
 /// its scope, a scope before its resource). Best effort on malformed JSON (it never fails: what
 /// it cannot follow yields nothing).
-pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
+pub(super) fn json_elements(body: &[u8]) -> Vec<JsonElement> {
     let mut found = Vec::new();
     let mut stack: Vec<Frame> = Vec::new();
     // The resource, scope and span being scanned.
@@ -125,7 +125,7 @@ pub(super) fn json_spans(body: &[u8]) -> Vec<JsonSpan> {
                             outer.spans += 1;
                         }
                     }
-                    found.push(JsonSpan {
+                    found.push(JsonElement {
                         level,
                         range: o.start..i + 1,
                         spans,
@@ -177,18 +177,10 @@ pub(super) fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
     (line_start + column.saturating_sub(1)).min(body.len())
 }
 
-/// `body` with each of `cuts` (span objects, in body order, not overlapping) replaced by `{}`:
-/// an empty span, which the decoder then rejects like any span without ids.
-pub(super) fn with_spans_emptied(body: &[u8], cuts: &[Range<usize>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len());
-    let mut at = 0;
-    for cut in cuts {
-        out.extend_from_slice(&body[at..cut.start]);
-        out.extend_from_slice(b"{}");
-        at = cut.end;
-    }
-    out.extend_from_slice(&body[at..]);
-    out
+/// `body` with the object at `cut` replaced by `{}`: an empty span (which the decoder then
+/// rejects like any span without ids), scope or resource.
+pub(super) fn with_emptied(body: &[u8], cut: Range<usize>) -> Vec<u8> {
+    [&body[..cut.start], b"{}", &body[cut.end..]].concat()
 }
 
 #[cfg(test)]
@@ -210,8 +202,8 @@ mod tests {
               {{"scopeSpans":[{{"spans":[{{"name":"c"}}]}}]}}]}}"#,
             deep(3)
         );
-        let all = json_spans(body.as_bytes());
-        let spans: Vec<&JsonSpan> = all.iter().filter(|e| e.level == Level::Span).collect();
+        let all = json_elements(body.as_bytes());
+        let spans: Vec<&JsonElement> = all.iter().filter(|e| e.level == Level::Span).collect();
         let names: Vec<&str> = spans
             .iter()
             .map(|s| &body[s.range.clone()][..14.min(s.range.len())])
@@ -247,7 +239,7 @@ mod tests {
             r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{{"attributes":[{{"key":"d","value":{}}}]}},{{"name":"ok"}}]}}]}}]}}"#,
             deep(100_000)
         );
-        let spans: Vec<JsonSpan> = json_spans(body.as_bytes())
+        let spans: Vec<JsonElement> = json_elements(body.as_bytes())
             .into_iter()
             .filter(|e| e.level == Level::Span)
             .collect();
@@ -261,7 +253,7 @@ mod tests {
     fn only_the_keys_the_parser_reads_lead_to_spans() {
         // snake_case keys are ignored by the parser: no span there.
         let body = r#"{"resource_spans":[{"scopeSpans":[{"spans":[{"name":"x"}]}]}]}"#;
-        assert!(json_spans(body.as_bytes()).is_empty());
+        assert!(json_elements(body.as_bytes()).is_empty());
     }
 
     #[test]
@@ -272,7 +264,7 @@ mod tests {
         let x = 20..27;
         assert_eq!(&body[x.clone()], b"{\"x\":1}");
         assert_eq!(
-            with_spans_emptied(body, &[x]),
+            with_emptied(body, x),
             b"{\n  \"a\": 1,\n  \"b\": [{},{\"y\":2}]\n}"
         );
     }

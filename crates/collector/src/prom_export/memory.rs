@@ -7,13 +7,14 @@
 //! sub-phase histograms): the limit must see them.
 
 use std::mem::size_of;
-use std::sync::Arc;
 
 use super::{
     Counter, CriticalPathKey, CriticalPathLabels, DisaggPhaseLabels, FloatCounter, Histogram,
     PromRecorder, RequestLabels, SeriesHandles, SeriesLabels, TokenLabels,
 };
-use infertrace_analysis::heap_size::{ARC_HEADER_BYTES, arc_str_bytes, map_table_bytes};
+use infertrace_analysis::heap_size::{
+    ARC_HEADER_BYTES, arc_str_bytes, list_map_bytes, map_table_bytes,
+};
 
 /// Bytes of one entry of `(K, V)` in a Prometheus family's hash map: the pair and its control
 /// byte, at two buckets an entry (a table is between 7/16 and 7/8 full, 1/1.58 on average as it
@@ -42,14 +43,7 @@ impl PromRecorder {
             .chain(self.overflow.as_ref())
             .map(|s| series_bytes(s))
             .sum();
-        let series_index: usize = map_table_bytes(
-            self.series.capacity(),
-            size_of::<(u64, Vec<Arc<SeriesHandles>>)>(),
-        ) + self
-            .series
-            .values()
-            .map(|list| list.capacity() * size_of::<Arc<SeriesHandles>>())
-            .sum::<usize>();
+        let series_index = list_map_bytes(&self.series);
         let disagg: usize = self.disagg.capacity()
             * size_of::<(SeriesLabels, Vec<(DisaggPhaseLabels, Histogram)>)>()
             + self

@@ -249,6 +249,9 @@ impl Receiver {
             self.events
                 .spans_dropped("invalid_span", u64::from(rejected));
         }
+        // Spans a bound kept out after decoding (counted under its reason where it happened):
+        // reported rejected with the invalid ones, never answered OK and dropped.
+        let mut not_kept = 0;
         if accepted > 0 {
             match self.ingest.ingest(IngestBatch {
                 spans,
@@ -260,21 +263,13 @@ impl Receiver {
                 rejected_ranges,
                 hold,
             }) {
-                Ok(0) => self.events.spans_received(self.name, "accepted", accepted),
-                Ok(not_kept) => {
-                    // Kept out by a bound (counted under its reason where it happened):
-                    // reported rejected, never answered OK and dropped.
+                Ok(kept_out) => {
+                    not_kept = kept_out;
                     self.events
                         .spans_received(self.name, "accepted", accepted - not_kept);
-                    self.events.spans_received(self.name, "rejected", not_kept);
-                    let rejected = u64::from(rejected) + not_kept;
-                    let first = first_error.unwrap_or_else(|| NOT_KEPT.to_owned());
-                    return Outcome::Accepted {
-                        rejected: u32::try_from(rejected).unwrap_or(u32::MAX),
-                        message: Some(format!(
-                            "{rejected} of {total} spans rejected; first: {first}"
-                        )),
-                    };
+                    if not_kept > 0 {
+                        self.events.spans_received(self.name, "rejected", not_kept);
+                    }
                 }
                 Err(IngestError::Overloaded { retry_after_secs }) => {
                     self.events.request_refused(self.name, "memory_limit");
@@ -311,9 +306,13 @@ impl Receiver {
                 }
             }
         }
-        let message = first_error
-            .map(|first| format!("{rejected} of {total} spans rejected; first: {first}"));
-        Outcome::Accepted { rejected, message }
+        let rejected = u64::from(rejected) + not_kept;
+        let first = first_error.or_else(|| (not_kept > 0).then(|| NOT_KEPT.to_owned()));
+        Outcome::Accepted {
+            rejected: u32::try_from(rejected).unwrap_or(u32::MAX),
+            message: first
+                .map(|first| format!("{rejected} of {total} spans rejected; first: {first}")),
+        }
     }
 
     fn refuse_spans(&self, reason: &'static str, spans: u64) {

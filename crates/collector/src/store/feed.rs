@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use infertrace_analysis::critical_path::CriticalPath;
-use infertrace_analysis::heap_size::map_table_bytes;
+use infertrace_analysis::heap_size::list_map_bytes;
 use infertrace_analysis::kpi::{
     Accumulator, Dimension, KpiConfig, OVERFLOW_LABEL, SeriesKey, SloConfig, TappedSlot,
     sketch_config,
@@ -334,12 +334,7 @@ impl StoreFeed {
                 .chain(self.overflow.as_ref())
                 .map(|(k, a)| k.heap_bytes() + a.heap_bytes())
                 .sum::<usize>();
-        let index = map_table_bytes(self.index.capacity(), size_of::<(u64, Vec<usize>)>())
-            + self
-                .index
-                .values()
-                .map(|list| list.capacity() * size_of::<usize>())
-                .sum::<usize>();
+        let index = list_map_bytes(&self.index);
         let captured = self.captured.capacity() * size_of::<CapturedRequest>()
             + self
                 .captured

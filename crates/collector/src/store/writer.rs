@@ -98,8 +98,7 @@ enum WriteOp {
 
 impl WriteOp {
     /// Estimated bytes it holds (the series keys' strings are shared with the feed and not
-    /// counted), for the writer's memory accounting. The same op gives the same figure on both
-    /// sides of the queue.
+    /// counted), for the writer's memory accounting; sent with it through the queue.
     fn approx_bytes(&self) -> usize {
         match self {
             Self::Rollups { series, .. } => {
@@ -145,7 +144,8 @@ struct WriterMemory {
 /// The writer thread's handle: cheap to clone, never blocks (except [`Self::flush`]).
 #[derive(Clone, Debug)]
 pub struct StoreWriter {
-    tx: SyncSender<WriteOp>,
+    /// Items with their [`WriteOp::approx_bytes`].
+    tx: SyncSender<(WriteOp, usize)>,
     events: InternalEvents,
     path: Arc<PathBuf>,
     memory: Arc<WriterMemory>,
@@ -166,7 +166,7 @@ impl StoreWriter {
             return false;
         }
         m.queued.fetch_add(bytes, Ordering::Relaxed);
-        let reason = match self.tx.try_send(op) {
+        let reason = match self.tx.try_send((op, bytes)) {
             Ok(()) => return true,
             Err(TrySendError::Full(_)) => "queue_full",
             Err(TrySendError::Disconnected(_)) => "writer_stopped",
@@ -232,7 +232,9 @@ impl StoreWriter {
             path: self.path.to_path_buf(),
         };
         let (ack, done) = mpsc::sync_channel(1);
-        self.tx.send(WriteOp::Flush(ack)).map_err(|_| stopped())?;
+        self.tx
+            .send((WriteOp::Flush(ack), 0))
+            .map_err(|_| stopped())?;
         match done.recv_timeout(FLUSH_WAIT) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(message)) => Err(StoreError::FlushFailed {
@@ -312,18 +314,18 @@ struct WriterState {
 }
 
 impl WriterState {
-    fn run(&mut self, rx: Receiver<WriteOp>) {
+    fn run(&mut self, rx: Receiver<(WriteOp, usize)>) {
         let interval = self.options.flush_interval.max(Duration::from_millis(1));
         let mut deadline = Instant::now() + interval;
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
-                Ok(WriteOp::Flush(ack)) => {
+                Ok((WriteOp::Flush(ack), _)) => {
                     let result = self.flush(unix_nanos_now());
                     // The caller may have given up waiting; nothing to do then.
                     let _ = ack.send(result.map_err(|e| e.to_string()));
                 }
-                Ok(op) => self.receive(op),
+                Ok((op, bytes)) => self.receive(op, bytes),
                 Err(RecvTimeoutError::Timeout) => {
                     let _ = self.flush(unix_nanos_now());
                     deadline = Instant::now() + interval;
@@ -336,9 +338,9 @@ impl WriterState {
         }
     }
 
-    fn receive(&mut self, op: WriteOp) {
+    /// Takes `op` (of `bytes`) into what the next flush writes.
+    fn receive(&mut self, op: WriteOp, bytes: usize) {
         // From the queue's count to the thread's (an upper bound: rollups merge).
-        let bytes = op.approx_bytes();
         self.memory.queued.fetch_sub(bytes, Ordering::Relaxed);
         self.memory.thread.fetch_add(bytes, Ordering::Relaxed);
         let p = &mut self.pending;
