@@ -81,6 +81,7 @@ pub trait Ingest: Send + Sync + 'static {
     /// as it lives: an implementation that keeps batches should drop it (or keep only what it
     /// still holds, as the forwarder does). Returns how many of the batch's spans it did not
     /// keep because of a bound (e.g. `max_spans_per_trace`): the receiver reports them as
-    /// rejected in the answer, so that no span is answered OK and then dropped.
+    /// rejected in the answer, so that no span is answered OK and then dropped (and the
+    /// pipeline does not forward them).
     fn ingest(&self, batch: IngestBatch) -> Result<u64, IngestError>;
 }

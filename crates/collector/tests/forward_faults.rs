@@ -2,6 +2,8 @@
 //! - poison spans (an attribute nested deeper than any prost-based downstream decodes) are
 //!   rejected at ingest and cut out of what is forwarded, so the innocent spans around them
 //!   arrive;
+//! - spans past a bound (`max_spans_per_trace`), reported rejected to the client, are not
+//!   forwarded either;
 //! - outage (nothing listening): once the forward queue is full, clients get a retryable refusal
 //!   (HTTP 429), never OK then drop; every span answered OK is pending until the downstream comes
 //!   back, and then exported;
@@ -139,8 +141,8 @@ fn ids(spans: &[Span]) -> Vec<Vec<u8>> {
     ids
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
+/// A [`Sink`] listening on loopback, and a test config forwarding to it over gRPC.
+async fn sink_and_config() -> (Sink, CollectorConfig) {
     let sink = Sink::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sink_addr = listener.local_addr().unwrap();
@@ -148,6 +150,39 @@ async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
     let mut config = test_config();
     config.forward.endpoint = Some(format!("http://{sink_addr}"));
     config.forward.max_batch_delay = Duration::from_millis(50);
+    (sink, config)
+}
+
+/// Posts `req` over OTLP/HTTP (JSON or protobuf), expects 200 and returns the partial
+/// success's rejected spans and message.
+async fn export(http: SocketAddr, req: &ExportTraceServiceRequest, json: bool) -> (i64, String) {
+    let (status, body) = if json {
+        post(http, "application/json", serde_json::to_vec(req).unwrap()).await
+    } else {
+        post(http, "application/x-protobuf", req.encode_to_vec()).await
+    };
+    assert_eq!(status, 200);
+    if json {
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (
+            v["partialSuccess"]["rejectedSpans"].as_i64().unwrap_or(0),
+            v["partialSuccess"]["errorMessage"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        )
+    } else {
+        let p = ExportTraceServiceResponse::decode(body)
+            .unwrap()
+            .partial_success
+            .unwrap_or_default();
+        (p.rejected_spans, p.error_message)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
+    let (sink, config) = sink_and_config().await;
     let c = server::run(config, std::future::pending()).await.unwrap();
     let http = c.http_addr.unwrap();
 
@@ -168,26 +203,7 @@ async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
             // What a prost-based downstream makes of this request as it is: nothing.
             assert!(ExportTraceServiceRequest::decode(&req.encode_to_vec()[..]).is_err());
         }
-        let (status, body) = if json {
-            post(http, "application/json", serde_json::to_vec(&req).unwrap()).await
-        } else {
-            post(http, "application/x-protobuf", req.encode_to_vec()).await
-        };
-        assert_eq!(status, 200);
-        let partial = if json {
-            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            (
-                v["partialSuccess"]["rejectedSpans"].as_i64().unwrap_or(0),
-                v["partialSuccess"]["errorMessage"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_owned(),
-            )
-        } else {
-            let r = ExportTraceServiceResponse::decode(body).unwrap();
-            let p = r.partial_success.unwrap_or_default();
-            (p.rejected_spans, p.error_message)
-        };
+        let partial = export(http, &req, json).await;
         assert_eq!(
             partial.0, 1,
             "request {k}: the poison span is reported rejected"
@@ -222,6 +238,50 @@ async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
         sink.0.lock().unwrap().len(),
         events.dropped("invalid_span"),
     );
+    c.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_rejected_for_a_bound_are_not_forwarded() {
+    let (sink, mut config) = sink_and_config().await;
+    config.limits.max_spans_per_trace = 10;
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+
+    // Per request: a whole trace (analysed on arrival, dropped from the batch before the rest
+    // is pushed), a trace of 15 spans (the last 5 past the bound) and another whole trace.
+    let mut expected = Vec::new();
+    for (k, json) in [(0u32, false), (1, true)] {
+        let big = Req::new(100 + k, "m", 1, 1, 1);
+        let mut big_spans = infertrace_spans(&big, t0());
+        for n in 0..11u8 {
+            let mut extra = big_spans[0].clone();
+            extra.span_id[4..].copy_from_slice(&[0xe0 + n; 4]);
+            extra.name = format!("extra {n}");
+            big_spans.push(extra);
+        }
+        let first = infertrace_spans(&Req::new(10 * k + 1, "m", 1, 1, 1), t0());
+        let last = infertrace_spans(&Req::new(10 * k + 2, "m", 1, 1, 1), t0());
+        expected.extend(first.iter().cloned());
+        expected.extend(big_spans[..10].iter().cloned());
+        expected.extend(last.iter().cloned());
+        let spans: Vec<Span> = first.into_iter().chain(big_spans).chain(last).collect();
+        let req = request("llm", spans);
+        let (rejected, _) = export(http, &req, json).await;
+        assert_eq!(rejected, 5, "json: {json}");
+    }
+    let events = c.events().clone();
+    eventually(WAIT, "36 spans counted as exported", || {
+        exported(&events, "ok") == 36
+    })
+    .await;
+    assert_eq!(
+        ids(&sink.spans()),
+        ids(&expected),
+        "exactly the spans the collector kept"
+    );
+    assert_eq!(events.dropped("max_spans_per_trace"), 10);
+    assert_eq!(pending(&events), 0);
     c.stop().await.unwrap();
 }
 

@@ -302,9 +302,11 @@ impl TraceAssembler {
     /// Adds spans received at `now`. `hold` is the memory reservation covering them (kept until
     /// every trace holding one of the spans completes). Late spans are kept for the next
     /// [`poll`](Self::poll). Spans past a bound (`max_spans_per_trace`, a table that cannot make
-    /// room, a full late-span buffer) are not kept and counted; returns how many, for the
-    /// receiver to report them rejected (never answered OK and then dropped).
-    pub fn push(&mut self, spans: Vec<Span>, hold: Option<MemoryHold>, now: Instant) -> u64 {
+    /// room, a full late-span buffer) are not kept and counted; returns their positions in
+    /// `spans` (ascending), for the receiver to report them rejected and the forwarder to leave
+    /// them out (never answered OK and then dropped, never reported rejected and then sent on).
+    pub fn push(&mut self, spans: Vec<Span>, hold: Option<MemoryHold>, now: Instant) -> Vec<usize> {
+        let mut kept_out = Vec::new();
         let mut over_traces = 0u64;
         let early_before = self.early.len();
         let mut over_spans = 0u64;
@@ -312,8 +314,8 @@ impl TraceAssembler {
         let mut late_overflow = 0u64;
         let is_request_span = self.is_request;
         let max_spans = self.config.max_spans_per_trace;
-        let mut spans = spans.into_iter().peekable();
-        while let Some(span) = spans.next() {
+        let mut spans = spans.into_iter().enumerate().peekable();
+        while let Some((position, span)) = spans.next() {
             let id = span.trace_id;
             let is_request = is_request_span(&span);
             let known = self.index.get(&id);
@@ -339,6 +341,7 @@ impl TraceAssembler {
                             self.late.push(span);
                         } else {
                             late_overflow += 1;
+                            kept_out.push(position);
                         }
                         continue;
                     }
@@ -346,6 +349,7 @@ impl TraceAssembler {
                         && !self.make_room(ShareOf::Traces, now)
                     {
                         over_traces += 1;
+                        kept_out.push(position);
                         continue;
                     }
                     self.index.set_spans(&id);
@@ -361,9 +365,10 @@ impl TraceAssembler {
                     })
                 }
             };
-            let mut add = |trace: &mut PendingTrace, span: Span, is_request: bool| {
+            let mut add = |trace: &mut PendingTrace, position: usize, span: Span, is_request| {
                 if trace.spans.len() >= max_spans {
                     over_spans += 1;
+                    kept_out.push(position);
                     return;
                 }
                 trace.last_seen = now;
@@ -384,12 +389,12 @@ impl TraceAssembler {
                 }
                 trace.spans.push(span);
             };
-            add(trace, span, is_request);
+            add(trace, position, span, is_request);
             // The spans of one trace usually arrive together: those that follow go to the same
             // entry without another lookup in a map of (at full rate) a million traces.
-            while let Some(next) = spans.next_if(|s| s.trace_id == id) {
+            while let Some((position, next)) = spans.next_if(|(_, s)| s.trace_id == id) {
                 let is_request = is_request_span(&next);
-                add(trace, next, is_request);
+                add(trace, position, next, is_request);
             }
         }
         self.events
@@ -406,7 +411,7 @@ impl TraceAssembler {
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
         self.compact();
-        over_traces + over_spans + late_overflow
+        kept_out
     }
 
     /// Moves the prepared trace `seq` (of `id`) to the map of span traces, with its spans

@@ -14,8 +14,10 @@
 //! in), the forwarder sends the request without exactly those spans: a protobuf body is
 //! rewritten on the wire ([`without_spans`]: the rejected `Span` messages are cut out, every
 //! other byte is kept; a poisoned value need not be decodable by prost), a JSON one is filtered
-//! after transcoding ([`retain_accepted`]). Off the receive path, and only for requests with a
-//! rejected span.
+//! after transcoding ([`retain_accepted`]). Spans the pipeline accepted but did not keep (past
+//! a bound such as `max_spans_per_trace`; the client is told they were rejected) are left out
+//! the same way ([`ForwardPermit::leave_out`]). Off the receive path, and only for requests
+//! with such a span.
 //!
 //! **Batching.** Protobuf messages concatenate: two encoded `ExportTraceServiceRequest`s back to
 //! back are one request holding both `resource_spans` lists. Queued requests are merged this way
@@ -84,7 +86,7 @@ use crate::config::{ForwardConfig, ForwardProtocol, RetryConfig, TlsClientConfig
 use crate::ingest::{IngestBatch, IngestError};
 use crate::internal_events::{InternalEvents, warn_allowed};
 use crate::limiter::{MemoryLimiter, MemoryReservation, SENDER_SHARE_FROM_PERCENT};
-use crate::otlp_decode::{SpanRange, retain_accepted, without_spans};
+use crate::otlp_decode::{SpanRange, leave_out_spans, retain_accepted, without_spans};
 
 mod share;
 
@@ -105,10 +107,11 @@ pub enum ForwardError {
 }
 
 enum Body {
-    /// A protobuf body and where its rejected spans lie (to be cut out).
+    /// A protobuf body and where its rejected spans lie (to be cut out), in body order.
     Protobuf(Bytes, Vec<SpanRange>),
-    /// An OTLP/JSON body; `true` when some of its spans were rejected (to be filtered out).
-    Json(Bytes, bool),
+    /// An OTLP/JSON body; `true` when some of its spans were rejected (to be filtered out);
+    /// then the positions, among its accepted spans, of those the pipeline kept out.
+    Json(Bytes, bool, Vec<usize>),
 }
 
 struct Item {
@@ -155,6 +158,29 @@ impl std::fmt::Debug for ForwardPermit<'_> {
 }
 
 impl ForwardPermit<'_> {
+    /// Leaves out of the forwarded request the spans the pipeline did not keep (a bound such
+    /// as `max_spans_per_trace`; the client is told they were rejected): `positions` in the
+    /// batch's spans as handed to the pipeline, `ranges` where those spans lie in a protobuf
+    /// body (the batch's [`span_ranges`](IngestBatch::span_ranges), in the same order as the
+    /// spans). A JSON body's spans are in decode order, so a position is the span's place among
+    /// the body's accepted spans.
+    pub fn leave_out(&mut self, positions: &[usize], ranges: &[SpanRange]) {
+        let Some((_, item)) = &mut self.reserved else {
+            return;
+        };
+        if positions.is_empty() {
+            return;
+        }
+        match &mut item.body {
+            Body::Protobuf(_, rejected) => {
+                rejected.extend(positions.iter().filter_map(|&p| ranges.get(p).copied()));
+                rejected.sort_unstable_by_key(|r| r.offset);
+            }
+            Body::Json(_, _, kept_out) => kept_out.extend_from_slice(positions),
+        }
+        item.spans = item.spans.saturating_sub(positions.len() as u64);
+    }
+
     /// Queues the request (never blocks, never drops: its place is reserved).
     pub fn send(self) {
         match self.reserved {
@@ -181,7 +207,7 @@ impl ForwardHandle {
         let spans = batch.spans.len() as u64;
         let body = match (&batch.raw_protobuf, &batch.raw_json) {
             (Some(p), _) => Body::Protobuf(p.clone(), batch.rejected_ranges.clone()),
-            (None, Some(j)) => Body::Json(j.clone(), batch.rejected > 0),
+            (None, Some(j)) => Body::Json(j.clone(), batch.rejected > 0, Vec::new()),
             (None, None) => {
                 return Ok(ForwardPermit {
                     reserved: None,
@@ -191,7 +217,7 @@ impl ForwardHandle {
             }
         };
         let len = match &body {
-            Body::Protobuf(b, _) | Body::Json(b, _) => b.len(),
+            Body::Protobuf(b, _) | Body::Json(b, _, _) => b.len(),
         };
         let slot = match batch.hold.as_ref().and_then(MemoryReservation::sender) {
             Some(sender) => match self.shares.take(sender, self.tx.capacity()) {
@@ -421,11 +447,14 @@ impl Worker {
                 }
                 None => Err("cannot cut the rejected spans out of a request".to_owned()),
             },
-            Body::Json(j, filter) => {
+            Body::Json(j, filter, kept_out) => {
                 match serde_json::from_slice::<ExportTraceServiceRequest>(&j) {
                     Ok(mut req) => {
                         if filter {
                             retain_accepted(&mut req);
+                        }
+                        if !kept_out.is_empty() {
+                            leave_out_spans(&mut req, &kept_out);
                         }
                         batch.body.reserve(req.encoded_len());
                         // Cannot fail: the buffer has room for the whole message.

@@ -71,5 +71,5 @@ pub(crate) use interner::with_text_interner;
 pub use interner::{take_fresh_text_bytes, take_truncated_texts};
 pub use json::{decode_json, decode_json_cutting};
 pub use protobuf::{count_spans, decode_protobuf, decode_span, without_spans};
-pub use reference::{from_proto, retain_accepted};
+pub use reference::{from_proto, leave_out_spans, retain_accepted};
 pub use validation::MAX_VALUE_NESTING;

@@ -142,6 +142,32 @@ pub fn retain_accepted(req: &mut ExportTraceServiceRequest) -> usize {
     left_out
 }
 
+/// Leaves out of `req` the spans at `positions` (ascending places in the request's span order:
+/// resource by resource, scope by scope), and any `ScopeSpans` (then `ResourceSpans`) all of
+/// whose spans were left out, as [`retain_accepted`] does: what the forwarder sends for an
+/// OTLP/JSON request some accepted spans of which the pipeline did not keep (after
+/// `retain_accepted`, if some were rejected, so that places count accepted spans). Returns how
+/// many spans were left out.
+pub fn leave_out_spans(req: &mut ExportTraceServiceRequest, positions: &[usize]) -> usize {
+    let mut positions = positions.iter().copied().peekable();
+    let mut place = 0usize;
+    let mut left_out = 0;
+    req.resource_spans.retain_mut(|rs| {
+        let had_spans = rs.scope_spans.iter().any(|s| !s.spans.is_empty());
+        rs.scope_spans.retain_mut(|ss| {
+            let before = ss.spans.len();
+            ss.spans.retain(|_| {
+                place += 1;
+                positions.next_if_eq(&(place - 1)).is_none()
+            });
+            left_out += before - ss.spans.len();
+            before == 0 || !ss.spans.is_empty()
+        });
+        !had_spans || rs.scope_spans.iter().any(|s| !s.spans.is_empty())
+    });
+    left_out
+}
+
 /// A span's trace id, span id and parent, or why it is rejected; checked in the order ids,
 /// times, nesting (the first failing rule names the rejection).
 fn span_ids(
@@ -349,6 +375,35 @@ mod tests {
             span_ids(&span(&t, &s, &[], 1, 2), true),
             Err(Reject::TooDeep)
         );
+    }
+
+    #[test]
+    fn spans_left_out_by_place_take_an_emptied_scope_and_resource_with_them() {
+        use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+        let sp = |n: u8| span(&[1; 16], &[n; 8], &[], 1, 2);
+        let resource = |scopes: Vec<Vec<ProtoSpan>>| ResourceSpans {
+            scope_spans: scopes
+                .into_iter()
+                .map(|spans| ScopeSpans {
+                    spans,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut req = ExportTraceServiceRequest {
+            resource_spans: vec![
+                resource(vec![vec![sp(1), sp(2)], vec![sp(3)]]),
+                resource(vec![vec![sp(4)]]),
+                resource(vec![vec![sp(5), sp(6)]]),
+            ],
+        };
+        // Places 1 (span 2), 2 (span 3: its scope goes), 3 (span 4: its resource goes), 5.
+        assert_eq!(leave_out_spans(&mut req, &[1, 2, 3, 5]), 4);
+        let expected = ExportTraceServiceRequest {
+            resource_spans: vec![resource(vec![vec![sp(1)]]), resource(vec![vec![sp(5)]])],
+        };
+        assert_eq!(req, expected);
     }
 
     #[test]

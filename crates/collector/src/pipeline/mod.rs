@@ -437,23 +437,30 @@ impl Pipeline {
             assembler.insert_prepared(runs, &mut taken, &hold, now);
         }
         drop(assembler);
-        if let Some(permit) = forward {
-            permit.send();
-        }
         let mut spans = batch.spans;
+        // Where the spans lie in the body, for the forwarder to leave out those not kept.
+        let mut ranges = match forward {
+            Some(_) if batch.span_ranges.len() == spans.len() => batch.span_ranges,
+            _ => Vec::new(),
+        };
         if prepared {
             // The spans of the traces taken as prepared are dropped here, outside the lock, in
             // place; the others are pushed as spans.
-            let mut i = 0;
-            spans.retain(|_| {
-                i += 1;
-                !taken[i - 1]
-            });
+            spans.retain(not_taken(&taken));
+            if !ranges.is_empty() {
+                ranges.retain(not_taken(&taken));
+            }
         }
-        if spans.is_empty() {
-            return Ok(0);
+        let kept_out = if spans.is_empty() {
+            Vec::new()
+        } else {
+            lock(&self.assembler).push(spans, Some(hold), now)
+        };
+        if let Some(mut permit) = forward {
+            permit.leave_out(&kept_out, &ranges);
+            permit.send();
         }
-        Ok(lock(&self.assembler).push(spans, Some(hold), now))
+        Ok(kept_out.len() as u64)
     }
 
     /// Under memory relief ([`MemoryLimiter::relief_excess`]), closes early the oldest traces
@@ -720,6 +727,15 @@ fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
 impl Ingest for Pipeline {
     fn ingest(&self, batch: IngestBatch) -> Result<u64, IngestError> {
         self.ingest_at(batch, Instant::now())
+    }
+}
+
+/// A `retain` predicate keeping the items whose place in `taken` is `false`.
+fn not_taken<T>(taken: &[bool]) -> impl FnMut(&T) -> bool + '_ {
+    let mut i = 0;
+    move |_| {
+        i += 1;
+        !taken[i - 1]
     }
 }
 
