@@ -1,7 +1,8 @@
 //! The memory limiter reserves `json_decode_bound(body)` before an OTLP/JSON body is decoded:
 //! this binary counts every allocation (one test only, so nothing else allocates meanwhile) and
 //! checks that decoding bodies of every shape stays under that bound — empty spans, spans full of
-//! attributes, deep key-value lists, long strings, and the decoded spans kept at the end.
+//! attributes, deep key-value lists (past the parser's limit: cut out), spans with ids that
+//! are not hex (cut out), long strings, and the decoded spans kept at the end.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -101,6 +102,20 @@ fn json_decode_stays_under_its_bound() {
             spans_body(
                 &(0..500)
                     .map(|k| span(k, &attr("deep", &deep)))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "spans cut out: every tenth with an id that is not hex",
+            spans_body(
+                &(0..5_000)
+                    .map(|k| {
+                        if k % 10 == 9 {
+                            span(k, "").replacen(r#""traceId":""#, r#""traceId":"zz"#, 1)
+                        } else {
+                            span(k, "")
+                        }
+                    })
                     .collect::<Vec<_>>(),
             ),
         ),

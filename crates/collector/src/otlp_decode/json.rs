@@ -2,26 +2,35 @@
 //! strings, enums as integers, 64-bit integers as decimal strings or numbers, lowerCamelCase
 //! keys, unknown keys ignored). `opentelemetry-proto`'s `with-serde` derives implement exactly
 //! that mapping, so a body is read into its types and converted with [`from_proto`].
-
 //!
 //! One span must not cost the others: a span the parser cannot read — an attribute value nested
 //! past its recursion limit (128 levels, ~30 levels of key-value lists), an id that is not hex —
 //! is cut out of the body ([`json_spans`](super::json_spans)) and rejected, and the rest is
-//! decoded. An error in a scope or a resource (outside its spans) cuts that scope or resource,
-//! its spans rejected, as the protobuf decoder rejects the spans of a resource nested too deep;
-//! only an error outside every resource refuses the whole body.
+//! decoded. When a body does not parse whole, every span is parsed on its own and all that fail
+//! are cut at once: a hostile body costs about three parses, however many bad spans it holds.
+//! An error in a scope or a resource (outside its spans) cuts that scope or resource, its spans
+//! rejected, as the protobuf decoder rejects the spans of a resource nested too deep (one per
+//! parse, at most 16); only an error outside every resource refuses the whole
+//! body.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
 use super::decoded::{DecodeError, Decoded};
-use super::json_spans::{JsonElement, Level, byte_offset, json_elements, with_emptied};
+use super::json_spans::{JsonElement, Level, byte_offset, scan_elements, with_emptied};
 use super::reference::from_proto;
 
-/// Parses after cutting out a span are tried at most this often (each parses the whole body, one
-/// cut each); past it the body is refused as before.
+/// After the spans the parser cannot read are cut out (all at once), parses that cut a scope or
+/// a resource are tried at most this often (each parses the whole body, one cut each); past it
+/// the body is refused as before.
 const MAX_CUT_ROUNDS: usize = 16;
+
+/// What a span is parsed in on its own: the envelope down to `spans`, so that it sits at the
+/// depth it has in a body (the parser's recursion limit counts from the top).
+const SPAN_PREFIX: &[u8] = br#"{"resourceSpans":[{"scopeSpans":[{"spans":["#;
+const SPAN_SUFFIX: &[u8] = b"]}]}]}";
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
@@ -32,12 +41,31 @@ pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
 /// replaced by `{}`, which is rejected like any span without ids): the body to forward, which a
 /// downstream's parser can read. `None` when the body was decoded as it came.
 pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), DecodeError> {
-    let mut body = Cow::Borrowed(buf);
-    let mut first_cut: Option<String> = None;
+    let error = match parse(buf) {
+        Ok(req) => return Ok((from_proto(&req), None)),
+        Err(e) => e,
+    };
+    if !cuttable(&error) {
+        return Err(DecodeError::Json(error.to_string()));
+    }
+    // Every span the parser cannot read is cut at once: a body of many such spans costs about
+    // two more parses, not one per span.
+    let spans = unreadable_spans(buf);
+    let at = byte_offset(buf, error.line(), error.column());
+    let mut first_cut = spans
+        .iter()
+        .any(|r| r.contains(&at))
+        .then(|| format!("the span could not be read: {error}"));
+    let (mut body, mut pending) = if spans.is_empty() {
+        (Cow::Borrowed(buf), Some(error))
+    } else {
+        (Cow::Owned(with_emptied(buf, &spans)), None)
+    };
+    // Then a scope or resource the parser cannot read outside its spans, one per parse.
     // Spans of the scopes and resources cut out (a cut span is rejected by the decoder).
     let mut cut_with_their_scope = 0u64;
     for _ in 0..=MAX_CUT_ROUNDS {
-        let error = match serde_json::from_slice::<ExportTraceServiceRequest>(&body) {
+        let error = match pending.take().map_or_else(|| parse(&body), Err) {
             Ok(req) => {
                 let mut decoded = from_proto(&req);
                 if first_cut.is_some() {
@@ -51,7 +79,7 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
             }
             Err(e) => e,
         };
-        let Some(cut) = elements_to_cut(&body, &error) else {
+        let Some(cut) = element_to_cut(&body, &error) else {
             return Err(DecodeError::Json(error.to_string()));
         };
         let what = match cut.level {
@@ -63,28 +91,64 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
         if cut.level != Level::Span {
             cut_with_their_scope += cut.spans;
         }
-        body = Cow::Owned(with_emptied(&body, cut.range));
+        body = Cow::Owned(with_emptied(&body, &[cut.range]));
     }
     Err(DecodeError::Json(format!(
-        "more than {MAX_CUT_ROUNDS} spans could not be read"
+        "more than {MAX_CUT_ROUNDS} scopes or resources could not be read"
     )))
 }
 
-/// What to cut for `error`: the innermost span, scope or resource holding its position, when
-/// the parser ran out of recursion (it stops at the container past its limit, inside the
-/// element that nests too deep) or could not read a value (a data error: an id that is not hex,
-/// a number out of range). Nothing for any other syntax error — the scan could not be trusted to
-/// see the body's structure as the parser does — nor outside every resource.
-fn elements_to_cut(body: &[u8], error: &serde_json::Error) -> Option<JsonElement> {
-    let recursion = error.to_string().starts_with("recursion limit exceeded");
-    if !recursion && error.classify() != serde_json::error::Category::Data {
+fn parse(body: &[u8]) -> Result<ExportTraceServiceRequest, serde_json::Error> {
+    serde_json::from_slice(body)
+}
+
+/// Whether an error is one a cut can remove: the parser ran out of recursion (it stops at the
+/// container past its limit, inside the element that nests too deep) or could not read a value
+/// (a data error: an id that is not hex, a number out of range). Not any other syntax error —
+/// the scan could not be trusted to see the body's structure as the parser does.
+fn cuttable(error: &serde_json::Error) -> bool {
+    error.to_string().starts_with("recursion limit exceeded")
+        || error.classify() == serde_json::error::Category::Data
+}
+
+/// Where the spans of `body` lie that the parser cannot read, each parsed on its own at the
+/// depth it has in the body, in body order.
+fn unreadable_spans(body: &[u8]) -> Vec<Range<usize>> {
+    let mut unreadable = Vec::new();
+    let mut alone = Vec::new();
+    scan_elements(body, |e| {
+        if e.level != Level::Span {
+            return;
+        }
+        alone.clear();
+        alone.extend_from_slice(SPAN_PREFIX);
+        alone.extend_from_slice(&body[e.range.clone()]);
+        alone.extend_from_slice(SPAN_SUFFIX);
+        if parse(&alone).is_err_and(|error| cuttable(&error)) {
+            unreadable.push(e.range);
+        }
+    });
+    unreadable
+}
+
+/// What to cut for a [`cuttable`] `error`: the innermost span, scope or resource holding its
+/// position; nothing outside every resource.
+fn element_to_cut(body: &[u8], error: &serde_json::Error) -> Option<JsonElement> {
+    if !cuttable(error) {
         return None;
     }
     let at = byte_offset(body, error.line(), error.column());
-    json_elements(body)
-        .into_iter()
-        .filter(|e| e.range.contains(&at))
-        .min_by_key(|e| e.range.len())
+    let mut innermost: Option<JsonElement> = None;
+    scan_elements(body, |e| {
+        if e.range.contains(&at)
+            && innermost
+                .as_ref()
+                .is_none_or(|i| e.range.len() < i.range.len())
+        {
+            innermost = Some(e);
+        }
+    });
+    innermost
 }
 
 #[cfg(test)]
@@ -213,9 +277,16 @@ mod tests {
                 999,
                 nested(levels)
             );
-            let body = body_with(100, &deep);
+            // More deep spans than the rounds that cut a scope or a resource, but for the
+            // largest body.
+            let good = if levels > 1000 { 100 } else { 300 };
+            let body = body_with(good, &deep);
             let (d, cut) = decode_json_cutting(body.as_bytes()).unwrap();
-            assert_eq!((d.spans.len(), d.rejected), (100, 10), "{levels} levels");
+            assert_eq!(
+                (d.spans.len(), d.rejected as usize),
+                (good, good / 10),
+                "{levels} levels"
+            );
             assert!(d.spans.iter().all(|s| &*s.name == "s"));
             // Under the parser's limit the spans are rejected for their nesting, as read;
             // past it they are cut out, and the body to forward parses.
@@ -223,7 +294,10 @@ mod tests {
                 None => assert!(levels < 30, "{levels}"),
                 Some(cut) => {
                     let again = decode_json(&cut).unwrap();
-                    assert_eq!((again.spans.len(), again.rejected), (100, 10));
+                    assert_eq!(
+                        (again.spans.len(), again.rejected as usize),
+                        (good, good / 10)
+                    );
                     assert!(
                         d.first_error.unwrap().contains("recursion limit"),
                         "{levels}"
@@ -238,13 +312,17 @@ mod tests {
         let bad_id = r#"{"traceId":"not-hex","spanId":"0000000000000001","startTimeUnixNano":"1","endTimeUnixNano":"2"}"#;
         let (d, cut) = decode_json_cutting(body_with(30, bad_id).as_bytes()).unwrap();
         assert_eq!((d.spans.len(), d.rejected), (30, 3));
-        assert!(cut.is_some());
-        // More such spans than the rounds allowed: the body is refused, as before.
-        let many = body_with(10 * (MAX_CUT_ROUNDS + 1), bad_id);
-        assert!(matches!(
-            decode_json(many.as_bytes()),
-            Err(DecodeError::Json(_))
-        ));
+        assert!(
+            d.first_error
+                .unwrap()
+                .starts_with("the span could not be read")
+        );
+        assert_eq!(decode_json(&cut.unwrap()).unwrap().spans.len(), 30);
+        // Any number of such spans: all are cut at once.
+        let many = body_with(10_000, bad_id);
+        let (d, cut) = decode_json_cutting(many.as_bytes()).unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (10_000, 1_000));
+        assert_eq!(decode_json(&cut.unwrap()).unwrap().rejected, 1_000);
         // An error outside every resource still refuses the body.
         let envelope =
             body_with(10, "{}").replace(r#""resourceSpans":["#, r#""resourceSpans":[7,"#);
@@ -288,6 +366,52 @@ mod tests {
         );
         let again = decode_json(&cut.unwrap()).unwrap();
         assert_eq!(again.spans.len(), 20);
+        // More such resources than the rounds allowed: the body is refused, as before.
+        let many = format!(
+            r#"{{"resourceSpans":[{}]}}"#,
+            vec![resources(&deep); MAX_CUT_ROUNDS + 2].join(",")
+        );
+        assert!(matches!(
+            decode_json(many.as_bytes()),
+            Err(DecodeError::Json(e)) if e.contains("more than 16 scopes or resources")
+        ));
+    }
+
+    #[test]
+    fn a_span_read_on_its_own_is_judged_at_its_depth_in_the_body() {
+        // The parser's limit counts from the top of the body: the deepest value a span can
+        // hold there is found by the parser itself, and one level more is cut.
+        let span = |levels: usize| {
+            format!(
+                r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"deep","startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{{"key":"d","value":{}}}]}}"#,
+                1,
+                1,
+                nested(levels)
+            )
+        };
+        let readable = (1..40)
+            .take_while(|&l| {
+                decode_json_cutting(
+                    body_with(0, "")
+                        .replace("[]", &format!("[{}]", span(l)))
+                        .as_bytes(),
+                )
+                .is_ok_and(|(_, cut)| cut.is_none())
+            })
+            .last()
+            .unwrap();
+        assert!((25..35).contains(&readable), "{readable}");
+        // Beside a span the whole-body parse stops at (not hex), the deepest readable one is
+        // read (and rejected for its nesting, as always) and the next deeper one cut.
+        let bad_id = r#"{"traceId":"not-hex","spanId":"0000000000000001","startTimeUnixNano":"1","endTimeUnixNano":"2"}"#;
+        for (levels, read) in [(readable, true), (readable + 1, false)] {
+            let body =
+                body_with(10, bad_id).replacen(bad_id, &format!("{bad_id},{}", span(levels)), 1);
+            let (d, cut) = decode_json_cutting(body.as_bytes()).unwrap();
+            assert_eq!((d.spans.len(), d.rejected), (10, 2), "{levels} levels");
+            let cut = String::from_utf8(cut.unwrap()).unwrap();
+            assert_eq!(cut.contains(r#""name":"deep""#), read, "{levels} levels");
+        }
     }
 
     #[test]

@@ -69,11 +69,19 @@ struct Open {
     spans: u64,
 }
 
-/// Every resource, scope and span object of `body`, each after what it holds (a span before
-/// its scope, a scope before its resource). Best effort on malformed JSON (it never fails: what
-/// it cannot follow yields nothing).
+/// Every resource, scope and span object of `body` (collected; the decoder visits them with
+/// [`scan_elements`] instead, so that a body of millions of spans costs no list of them).
+#[cfg(test)]
 pub(super) fn json_elements(body: &[u8]) -> Vec<JsonElement> {
     let mut found = Vec::new();
+    scan_elements(body, |e| found.push(e));
+    found
+}
+
+/// Calls `visit` with every resource, scope and span object of `body`, each after what it
+/// holds (a span before its scope, a scope before its resource; spans in body order). Best
+/// effort on malformed JSON (it never fails: what it cannot follow yields nothing).
+pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
     let mut stack: Vec<Frame> = Vec::new();
     // The resource, scope and span being scanned.
     let mut open: [Option<Open>; 3] = [None, None, None];
@@ -125,7 +133,7 @@ pub(super) fn json_elements(body: &[u8]) -> Vec<JsonElement> {
                             outer.spans += 1;
                         }
                     }
-                    found.push(JsonElement {
+                    visit(JsonElement {
                         level,
                         range: o.start..i + 1,
                         spans,
@@ -145,7 +153,6 @@ pub(super) fn json_elements(body: &[u8]) -> Vec<JsonElement> {
         }
         i += 1;
     }
-    found
 }
 
 /// The index of the closing quote of the string whose content starts at `start` (or the end of
@@ -177,10 +184,18 @@ pub(super) fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
     (line_start + column.saturating_sub(1)).min(body.len())
 }
 
-/// `body` with the object at `cut` replaced by `{}`: an empty span (which the decoder then
-/// rejects like any span without ids), scope or resource.
-pub(super) fn with_emptied(body: &[u8], cut: Range<usize>) -> Vec<u8> {
-    [&body[..cut.start], b"{}", &body[cut.end..]].concat()
+/// `body` with the objects at `cuts` (in body order, not overlapping) each replaced by `{}`: an
+/// empty span (which the decoder then rejects like any span without ids), scope or resource.
+pub(super) fn with_emptied(body: &[u8], cuts: &[Range<usize>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut from = 0;
+    for cut in cuts {
+        out.extend_from_slice(&body[from..cut.start]);
+        out.extend_from_slice(b"{}");
+        from = cut.end;
+    }
+    out.extend_from_slice(&body[from..]);
+    out
 }
 
 #[cfg(test)]
@@ -264,8 +279,12 @@ mod tests {
         let x = 20..27;
         assert_eq!(&body[x.clone()], b"{\"x\":1}");
         assert_eq!(
-            with_emptied(body, x),
+            with_emptied(body, std::slice::from_ref(&x)),
             b"{\n  \"a\": 1,\n  \"b\": [{},{\"y\":2}]\n}"
+        );
+        assert_eq!(
+            with_emptied(body, &[x, 28..35]),
+            b"{\n  \"a\": 1,\n  \"b\": [{},{}]\n}"
         );
     }
 }
