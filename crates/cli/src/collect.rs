@@ -187,34 +187,51 @@ async fn reload_on_hangup(
 /// Runs `infertrace check-config FILE`: parses and validates the file, and reads and parses
 /// every TLS certificate, key and CA file it names.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
-    let mut config = match CollectorConfig::from_file(&args.file) {
-        Ok(config) => config,
+    let file = args.file.display();
+    // Every problem is printed, not only the first: a file that parses is checked in full.
+    let (mut config, problems) = match CollectorConfig::check_file(&args.file) {
+        Ok(checked) => checked,
         Err(e) => {
             eprintln!("{e}");
             return Ok(ExitCode::FAILURE);
         }
     };
-    if let Some(file) = &args.tokens_file {
-        config.auth.tokens_file = Some(file.clone());
+    for e in &problems {
+        eprintln!("{e}");
+    }
+    let mut failed = !problems.is_empty();
+    // The tokens are not read when `auth:` itself is wrong (the same problem, said twice).
+    let auth_invalid = config
+        .problems()
+        .iter()
+        .any(|p| p.path.first() == Some(&"auth"));
+    if let Some(tokens_file) = &args.tokens_file {
+        config.auth.tokens_file = Some(tokens_file.clone());
     }
     // The TLS files are read and parsed as the collector would at start.
     if let Err(e) = config.tls_server_configs() {
-        eprintln!("{}: TLS: {e}", args.file.display());
-        return Ok(ExitCode::FAILURE);
+        eprintln!("{file}: TLS: {e}");
+        failed = true;
     }
     // So are the tokens (file and variable), and a listener beyond loopback without any is
     // refused as `collect` refuses it.
-    let tokens = match Authenticator::from_config(&config.auth, InternalEvents::default()) {
-        Ok(tokens) => tokens,
-        Err(e) => {
-            eprintln!("{}: auth: {e}", args.file.display());
-            return Ok(ExitCode::FAILURE);
+    if !auth_invalid {
+        match Authenticator::from_config(&config.auth, InternalEvents::default()) {
+            Ok(tokens) => {
+                if let Err(e) = auth::check_exposure(&config, tokens.is_some()) {
+                    eprintln!("{file}: {e}");
+                    failed = true;
+                }
+            }
+            Err(e) => {
+                eprintln!("{file}: auth: {e}");
+                failed = true;
+            }
         }
-    };
-    if let Err(e) = auth::check_exposure(&config, tokens.is_some()) {
-        eprintln!("{}: {e}", args.file.display());
+    }
+    if failed {
         return Ok(ExitCode::FAILURE);
     }
-    println!("{}: OK", args.file.display());
+    println!("{file}: OK");
     Ok(ExitCode::SUCCESS)
 }

@@ -145,7 +145,7 @@ fn sigterm_flushes_traces_in_flight() {
 }
 
 #[test]
-fn check_config_reports_the_line() {
+fn check_config_reports_every_problem_with_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.yaml");
     std::fs::write(&good, "assembly:\n  grace: 1s\n").unwrap();
@@ -162,6 +162,28 @@ fn check_config_reports_the_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml:3:"), "names file and line: {err}");
     assert!(err.contains("graec"), "{err}");
+    // A file that parses is checked in full: a problem in each of three sections, each named
+    // with its line.
+    let many = dir.path().join("many.yaml");
+    std::fs::write(
+        &many,
+        "limits:\n  max_series: 0\nassembly:\n  tick: 0s\nkpi:\n  goodput_target: 2\n",
+    )
+    .unwrap();
+    let out = bin().args(["check-config"]).arg(&many).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (line, key) in [
+        (2, "limits.max_series"),
+        (4, "assembly.tick"),
+        (6, "kpi.goodput_target"),
+    ] {
+        assert!(
+            err.contains(&format!("many.yaml:{line}:")) && err.contains(key),
+            "{key}: {err}"
+        );
+    }
+    assert!(!err.contains("OK"), "{err}");
     // The shipped, documented config is valid.
     let shipped = concat!(
         env!("CARGO_MANIFEST_DIR"),

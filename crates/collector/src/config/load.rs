@@ -3,6 +3,7 @@
 use std::fmt;
 use std::path::Path;
 
+use super::check::Invalid;
 use super::location::{locate, strip_location};
 use super::schema::CollectorConfig;
 
@@ -41,17 +42,32 @@ impl CollectorConfig {
 
     /// Reads, parses and validates a YAML file; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: name.clone(),
-            line: None,
-            column: None,
-            message: format!("cannot read the config file: {e}"),
-        })?;
+        let (text, name) = read(path)?;
         Self::parse_named(&text, &name)
     }
 
+    /// Reads and parses a YAML file (an error when it cannot), and gives every problem
+    /// validation finds in it (the first of each section, see [`problems`](Self::problems))
+    /// rather than the first, as [`from_file`](Self::from_file) does: what `check-config`
+    /// shows. The configuration is valid when the list is empty.
+    pub fn check_file(path: &Path) -> Result<(Self, Vec<ConfigError>), ConfigError> {
+        let (text, name) = read(path)?;
+        let config = Self::parse_unvalidated(&text, &name)?;
+        let problems = config
+            .problems()
+            .into_iter()
+            .map(|v| located(&text, &name, v))
+            .collect();
+        Ok((config, problems))
+    }
+
     fn parse_named(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let config = Self::parse_unvalidated(text, file)?;
+        config.validate().map_err(|v| located(text, file, v))?;
+        Ok(config)
+    }
+
+    fn parse_unvalidated(text: &str, file: &str) -> Result<Self, ConfigError> {
         let config: Self = if text.trim().is_empty() {
             Self::default()
         } else {
@@ -68,16 +84,32 @@ impl CollectorConfig {
                 }
             })?
         };
-        config.validate().map_err(|v| {
-            let pos = locate(text, &v.path);
-            ConfigError {
-                file: file.to_owned(),
-                line: pos.map(|p| p.0),
-                column: pos.map(|p| p.1),
-                message: format!("{}: {}", v.path.join("."), v.message),
-            }
-        })?;
         Ok(config)
+    }
+}
+
+/// The text of the config file at `path`, and its name for errors.
+fn read(path: &Path) -> Result<(String, String), ConfigError> {
+    let name = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((text, name)),
+        Err(e) => Err(ConfigError {
+            file: name,
+            line: None,
+            column: None,
+            message: format!("cannot read the config file: {e}"),
+        }),
+    }
+}
+
+/// A validation problem placed at its key in `text`, when the file sets it.
+fn located(text: &str, file: &str, v: Invalid) -> ConfigError {
+    let pos = locate(text, &v.path);
+    ConfigError {
+        file: file.to_owned(),
+        line: pos.map(|p| p.0),
+        column: pos.map(|p| p.1),
+        message: format!("{}: {}", v.path.join("."), v.message),
     }
 }
 

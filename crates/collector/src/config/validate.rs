@@ -9,9 +9,43 @@ use infertrace_analysis::alert::{AlertRule, AnomalyDetector};
 use super::check::{Invalid, check_http_url};
 use super::schema::CollectorConfig;
 
+/// The check of one section of the configuration: its first problem.
+type Section = fn(&CollectorConfig) -> Result<(), Invalid>;
+
 impl CollectorConfig {
-    /// Checks what the types cannot: positive durations, sorted windows, distinct addresses….
+    /// Checks what the types cannot: positive durations, sorted windows, distinct addresses…;
+    /// the first problem found (see [`problems`](Self::problems) for all of them).
     pub fn validate(&self) -> Result<(), Invalid> {
+        match self.problems().into_iter().next() {
+            Some(problem) => Err(problem),
+            None => Ok(()),
+        }
+    }
+
+    /// Every problem [`validate`](Self::validate) would report, the first of each section of
+    /// the file (so that one run of `check-config` shows what to fix everywhere); empty when
+    /// the configuration is valid.
+    pub fn problems(&self) -> Vec<Invalid> {
+        let sections: [Section; 11] = [
+            Self::validate_receivers_and_api,
+            Self::validate_limits,
+            Self::validate_assembly,
+            Self::validate_kpi,
+            Self::validate_network,
+            Self::validate_diagnosis,
+            Self::validate_alerts,
+            Self::validate_forward,
+            Self::validate_store,
+            |c| super::auth::validate_allowed_hosts(&c.api.allowed_hosts),
+            |c| c.auth.validate(),
+        ];
+        sections
+            .iter()
+            .filter_map(|check| check(self).err())
+            .collect()
+    }
+
+    fn validate_receivers_and_api(&self) -> Result<(), Invalid> {
         let r = &self.receivers;
         if r.max_body_bytes == 0 {
             return Err(Invalid::new(
@@ -49,6 +83,16 @@ impl CollectorConfig {
         if self.api.recent_trace_spans == 0 {
             return Err(Invalid::new(&["api", "recent_trace_spans"], "must be > 0"));
         }
+        if r.body_read_timeout.is_zero() {
+            return Err(Invalid::new(
+                &["receivers", "body_read_timeout"],
+                "must be a positive duration",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_limits(&self) -> Result<(), Invalid> {
         let l = &self.limits;
         for (key, v) in [
             ("memory_limit_bytes", l.memory_limit_bytes),
@@ -75,12 +119,10 @@ impl CollectorConfig {
                 ),
             ));
         }
-        if self.receivers.body_read_timeout.is_zero() {
-            return Err(Invalid::new(
-                &["receivers", "body_read_timeout"],
-                "must be a positive duration",
-            ));
-        }
+        Ok(())
+    }
+
+    fn validate_assembly(&self) -> Result<(), Invalid> {
         let a = &self.assembly;
         for (key, d) in [
             ("idle_timeout", a.idle_timeout),
@@ -100,6 +142,10 @@ impl CollectorConfig {
                 "must be at least assembly.idle_timeout",
             ));
         }
+        Ok(())
+    }
+
+    fn validate_kpi(&self) -> Result<(), Invalid> {
         let k = &self.kpi;
         if k.windows.is_empty() {
             return Err(Invalid::new(
@@ -148,13 +194,6 @@ impl CollectorConfig {
                 "must be in (0, 1]",
             ));
         }
-        self.validate_network()?;
-        self.validate_diagnosis()?;
-        self.validate_alerts()?;
-        self.validate_forward()?;
-        self.validate_store()?;
-        super::auth::validate_allowed_hosts(&self.api.allowed_hosts)?;
-        self.auth.validate()?;
         Ok(())
     }
 
