@@ -188,7 +188,8 @@ async fn reload_on_hangup(
 /// every TLS certificate, key and CA file it names.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     let file = args.file.display();
-    // Every problem is printed, not only the first: a file that parses is checked in full.
+    // Every group of keys is checked and its first problem printed, not only the file's first
+    // problem: one run shows what to fix everywhere.
     let (mut config, problems) = match CollectorConfig::check_file(&args.file) {
         Ok(checked) => checked,
         Err(e) => {
@@ -201,10 +202,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     }
     let mut failed = !problems.is_empty();
     // The tokens are not read when `auth:` itself is wrong (the same problem, said twice).
-    let auth_invalid = config
-        .problems()
-        .iter()
-        .any(|p| p.path.first() == Some(&"auth"));
+    let auth_invalid = problems.iter().any(|e| e.message.starts_with("auth."));
     if let Some(tokens_file) = &args.tokens_file {
         config.auth.tokens_file = Some(tokens_file.clone());
     }

@@ -48,8 +48,9 @@ enum Command {
     /// Checks what `collect` would need as `collect` would: the TLS files of the listeners and
     /// of https:// forward and Alertmanager URLs are read and parsed, the tokens (auth.tokens_file,
     /// --tokens-file or INFERTRACE_TOKENS_FILE, INFERTRACE_TOKENS) are read, and ${NAME} in
-    /// forward.headers is looked up in this command's environment. Every problem found is
-    /// printed (the first of each section), each with its file:line:column; exit status 1 if any.
+    /// forward.headers is looked up in this command's environment. Every top-level section is
+    /// checked and its first problem printed (with file:line:column where the file sets the
+    /// key); exit status 1 if any.
     CheckConfig(collect::CheckConfigArgs),
 }
 

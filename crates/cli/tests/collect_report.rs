@@ -184,6 +184,15 @@ fn check_config_reports_every_problem_with_its_line() {
         );
     }
     assert!(!err.contains("OK"), "{err}");
+    // A problem is not said twice: no windows is not also a wrong alerts.window.
+    let windows = dir.path().join("windows.yaml");
+    std::fs::write(&windows, "kpi:\n  windows: []\n").unwrap();
+    let out = bin().args(["check-config"]).arg(&windows).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kpi.windows") && !err.contains("alerts.window"),
+        "{err}"
+    );
     // The shipped, documented config is valid.
     let shipped = concat!(
         env!("CARGO_MANIFEST_DIR"),

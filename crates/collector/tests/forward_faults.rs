@@ -245,11 +245,16 @@ async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
 async fn spans_rejected_for_a_bound_are_not_forwarded() {
     let (sink, mut config) = sink_and_config().await;
     config.limits.max_spans_per_trace = 10;
+    // The 15-span traces stay in flight for the whole test.
+    config.assembly.grace = Duration::from_secs(60);
     let c = server::run(config, std::future::pending()).await.unwrap();
     let http = c.http_addr.unwrap();
 
     // Per request: a whole trace (analysed on arrival, dropped from the batch before the rest
-    // is pushed), a trace of 15 spans (the last 5 past the bound) and another whole trace.
+    // is pushed), a trace of 15 spans (the last 5 past the bound) and another whole trace;
+    // once forwarded, a request of one more span of the 15-span trace: nothing in it to
+    // forward, and nothing left pending.
+    let events = c.events().clone();
     let mut expected = Vec::new();
     for (k, json) in [(0u32, false), (1, true)] {
         let big = Req::new(100 + k, "m", 1, 1, 1);
@@ -265,22 +270,30 @@ async fn spans_rejected_for_a_bound_are_not_forwarded() {
         expected.extend(first.iter().cloned());
         expected.extend(big_spans[..10].iter().cloned());
         expected.extend(last.iter().cloned());
+        let mut one_more = big_spans[4].clone();
+        one_more.span_id[4..].copy_from_slice(&[0xee; 4]);
         let spans: Vec<Span> = first.into_iter().chain(big_spans).chain(last).collect();
         let req = request("llm", spans);
         let (rejected, _) = export(http, &req, json).await;
         assert_eq!(rejected, 5, "json: {json}");
+        eventually(WAIT, "the kept spans exported", || {
+            exported(&events, "ok") == expected.len() as u64
+        })
+        .await;
+        let (rejected, _) = export(http, &request("llm", vec![one_more]), json).await;
+        assert_eq!(rejected, 1, "json: {json}");
+        eventually(WAIT, "nothing pending", || {
+            events.forward_pending_bytes.get() == 0
+        })
+        .await;
     }
-    let events = c.events().clone();
-    eventually(WAIT, "36 spans counted as exported", || {
-        exported(&events, "ok") == 36
-    })
-    .await;
     assert_eq!(
         ids(&sink.spans()),
         ids(&expected),
         "exactly the spans the collector kept"
     );
-    assert_eq!(events.dropped("max_spans_per_trace"), 10);
+    assert_eq!(events.dropped("max_spans_per_trace"), 12);
+    assert_eq!(exported(&events, "ok"), 36);
     assert_eq!(pending(&events), 0);
     c.stop().await.unwrap();
 }

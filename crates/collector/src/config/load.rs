@@ -47,9 +47,10 @@ impl CollectorConfig {
     }
 
     /// Reads and parses a YAML file (an error when it cannot), and gives every problem
-    /// validation finds in it (the first of each section, see [`problems`](Self::problems))
-    /// rather than the first, as [`from_file`](Self::from_file) does: what `check-config`
-    /// shows. The configuration is valid when the list is empty.
+    /// validation finds in it (the first of each group of checks, see
+    /// [`problems`](Self::problems)) rather than only the first, as
+    /// [`from_file`](Self::from_file) does: what `check-config` shows. The configuration is
+    /// valid when the list is empty.
     pub fn check_file(path: &Path) -> Result<(Self, Vec<ConfigError>), ConfigError> {
         let (text, name) = read(path)?;
         let config = Self::parse_unvalidated(&text, &name)?;

@@ -9,43 +9,43 @@ use infertrace_analysis::alert::{AlertRule, AnomalyDetector};
 use super::check::{Invalid, check_http_url};
 use super::schema::CollectorConfig;
 
-/// The check of one section of the configuration: its first problem.
+/// The check of one group of keys of the configuration: its first problem.
 type Section = fn(&CollectorConfig) -> Result<(), Invalid>;
+
+/// The groups of checks, in the order of the file's sections.
+const SECTIONS: [Section; 12] = [
+    CollectorConfig::validate_receivers,
+    CollectorConfig::validate_api,
+    CollectorConfig::validate_limits,
+    CollectorConfig::validate_assembly,
+    CollectorConfig::validate_kpi,
+    CollectorConfig::validate_network,
+    CollectorConfig::validate_diagnosis,
+    CollectorConfig::validate_alerts,
+    CollectorConfig::validate_forward,
+    CollectorConfig::validate_store,
+    |c| super::auth::validate_allowed_hosts(&c.api.allowed_hosts),
+    |c| c.auth.validate(),
+];
 
 impl CollectorConfig {
     /// Checks what the types cannot: positive durations, sorted windows, distinct addresses…;
     /// the first problem found (see [`problems`](Self::problems) for all of them).
     pub fn validate(&self) -> Result<(), Invalid> {
-        match self.problems().into_iter().next() {
-            Some(problem) => Err(problem),
-            None => Ok(()),
-        }
+        SECTIONS.iter().try_for_each(|check| check(self))
     }
 
-    /// Every problem [`validate`](Self::validate) would report, the first of each section of
-    /// the file (so that one run of `check-config` shows what to fix everywhere); empty when
-    /// the configuration is valid.
+    /// Every problem [`validate`](Self::validate) would report: the first of each group of
+    /// checks (about one group per top-level key of the file), so that one run of
+    /// `check-config` shows what to fix everywhere; empty when the configuration is valid.
     pub fn problems(&self) -> Vec<Invalid> {
-        let sections: [Section; 11] = [
-            Self::validate_receivers_and_api,
-            Self::validate_limits,
-            Self::validate_assembly,
-            Self::validate_kpi,
-            Self::validate_network,
-            Self::validate_diagnosis,
-            Self::validate_alerts,
-            Self::validate_forward,
-            Self::validate_store,
-            |c| super::auth::validate_allowed_hosts(&c.api.allowed_hosts),
-            |c| c.auth.validate(),
-        ];
-        sections
+        SECTIONS
             .iter()
             .filter_map(|check| check(self).err())
             .collect()
     }
 
-    fn validate_receivers_and_api(&self) -> Result<(), Invalid> {
+    fn validate_receivers(&self) -> Result<(), Invalid> {
         let r = &self.receivers;
         if r.max_body_bytes == 0 {
             return Err(Invalid::new(
@@ -77,17 +77,21 @@ impl CollectorConfig {
                 ));
             }
         }
-        if self.api.recent_traces == 0 {
-            return Err(Invalid::new(&["api", "recent_traces"], "must be > 0"));
-        }
-        if self.api.recent_trace_spans == 0 {
-            return Err(Invalid::new(&["api", "recent_trace_spans"], "must be > 0"));
-        }
         if r.body_read_timeout.is_zero() {
             return Err(Invalid::new(
                 &["receivers", "body_read_timeout"],
                 "must be a positive duration",
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_api(&self) -> Result<(), Invalid> {
+        if self.api.recent_traces == 0 {
+            return Err(Invalid::new(&["api", "recent_traces"], "must be > 0"));
+        }
+        if self.api.recent_trace_spans == 0 {
+            return Err(Invalid::new(&["api", "recent_trace_spans"], "must be > 0"));
         }
         Ok(())
     }
@@ -311,7 +315,8 @@ impl CollectorConfig {
                 "must be a positive duration",
             ));
         }
-        if !self.kpi.windows.contains(&a.window) {
+        // Judged only against valid windows (else the windows' own problem says it all).
+        if self.validate_kpi().is_ok() && !self.kpi.windows.contains(&a.window) {
             return Err(Invalid::new(
                 &["alerts", "window"],
                 format!(

@@ -165,25 +165,34 @@ impl ForwardPermit<'_> {
     /// spans). A JSON body's spans are in decode order, so a position is the span's place among
     /// the body's accepted spans.
     pub fn leave_out(&mut self, positions: &[usize], ranges: &[SpanRange]) {
-        let Some((_, item)) = &mut self.reserved else {
-            return;
+        let left_out = match &mut self.reserved {
+            _ if positions.is_empty() => return,
+            None => positions.len(),
+            Some((_, item)) => match &mut item.body {
+                Body::Protobuf(_, rejected) => {
+                    // Without ranges (a body past 4 GiB) nothing can be cut: all is forwarded.
+                    let before = rejected.len();
+                    rejected.extend(positions.iter().filter_map(|&p| ranges.get(p).copied()));
+                    rejected.sort_unstable_by_key(|r| r.offset);
+                    rejected.len() - before
+                }
+                Body::Json(_, _, kept_out) => {
+                    kept_out.extend_from_slice(positions);
+                    positions.len()
+                }
+            },
         };
-        if positions.is_empty() {
-            return;
+        self.spans = self.spans.saturating_sub(left_out as u64);
+        if let Some((_, item)) = &mut self.reserved {
+            item.spans = item.spans.saturating_sub(left_out as u64);
         }
-        match &mut item.body {
-            Body::Protobuf(_, rejected) => {
-                rejected.extend(positions.iter().filter_map(|&p| ranges.get(p).copied()));
-                rejected.sort_unstable_by_key(|r| r.offset);
-            }
-            Body::Json(_, _, kept_out) => kept_out.extend_from_slice(positions),
-        }
-        item.spans = item.spans.saturating_sub(positions.len() as u64);
     }
 
-    /// Queues the request (never blocks, never drops: its place is reserved).
+    /// Queues the request (never blocks, never drops: its place is reserved). A request with
+    /// no span left to forward is not queued: its place and memory are given back.
     pub fn send(self) {
         match self.reserved {
+            Some((_, item)) if item.spans == 0 => {}
             Some((permit, item)) => {
                 self.events.forward_pending_spans.inc_by(item.spans as i64);
                 self.events.forward_pending_bytes.inc_by(item.bytes as i64);
@@ -519,6 +528,7 @@ impl Sender {
             holds,
         } = batch;
         if spans == 0 && body.is_empty() {
+            self.done(0, bytes);
             return;
         }
         let body = body.freeze();

@@ -378,6 +378,19 @@ mod tests {
     }
 
     #[test]
+    fn spans_under_an_escaped_key_are_cut_like_any() {
+        let deep = format!(
+            r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"deep","startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{{"key":"d","value":{}}}]}}"#,
+            1,
+            1,
+            nested(40)
+        );
+        let body = body_with(20, &deep).replace(r#""spans":"#, r#""spa\u006es":"#);
+        let d = decode_json(body.as_bytes()).unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (20, 2), "{:?}", d.first_error);
+    }
+
+    #[test]
     fn a_span_read_on_its_own_is_judged_at_its_depth_in_the_body() {
         // The parser's limit counts from the top of the body: the deepest value a span can
         // hold there is found by the parser itself, and one level more is cut.

@@ -99,7 +99,7 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
                     let depth = stack.len();
                     let key = body.get(start..i).unwrap_or_default();
                     if let Some(f) = stack.last_mut() {
-                        f.key_matches = f.on_path && expected_key(depth, key);
+                        f.key_matches = f.on_path && expected_key(depth, &unescaped(key));
                     }
                 }
             }
@@ -123,7 +123,12 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
                     open[level as usize] = Some(Open { start: i, spans: 0 });
                 }
             }
-            b'}' | b']' => {
+            c @ (b'}' | b']') => {
+                // A bracket that does not close what is open: the parser refuses the body (a
+                // syntax error), and nothing past it can be followed.
+                if stack.last().is_none_or(|f| f.object != (c == b'}')) {
+                    return;
+                }
                 if let Some(level) = Level::at(stack.len())
                     && let Some(o) = open[level as usize].take()
                 {
@@ -152,6 +157,18 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
             _ => {}
         }
         i += 1;
+    }
+}
+
+/// A key's bytes as the parser reads them: escapes (`spa\u006es`) decoded.
+fn unescaped(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !key.contains(&b'\\') {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let quoted = [b"\"", key, b"\""].concat();
+    match serde_json::from_slice::<String>(&quoted) {
+        Ok(k) => std::borrow::Cow::Owned(k.into_bytes()),
+        Err(_) => std::borrow::Cow::Borrowed(key),
     }
 }
 
@@ -269,6 +286,23 @@ mod tests {
         // snake_case keys are ignored by the parser: no span there.
         let body = r#"{"resource_spans":[{"scopeSpans":[{"spans":[{"name":"x"}]}]}]}"#;
         assert!(json_elements(body.as_bytes()).is_empty());
+        // An escaped key is the key it spells.
+        let body = r#"{"resourceSpans":[{"scopeSpans":[{"spa\u006es":[{"name":"x"}]}]}]}"#;
+        let spans = json_elements(body.as_bytes())
+            .into_iter()
+            .filter(|e| e.level == Level::Span)
+            .count();
+        assert_eq!(spans, 1);
+    }
+
+    #[test]
+    fn a_bracket_that_closes_nothing_open_stops_the_scan() {
+        let body = r#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz"]]}]}]}"#;
+        assert!(
+            json_elements(body.as_bytes())
+                .iter()
+                .all(|e| e.level != Level::Span)
+        );
     }
 
     #[test]
