@@ -141,11 +141,36 @@ struct WriterMemory {
     cap: AtomicUsize,
 }
 
+/// The bytes of one item in the queue, counted in [`WriterMemory::queued`] for as long as the
+/// item lives: given back when the writer takes it, and when the queue drops it (the writer's
+/// thread gone, a panic included), so the count never outlives what it counts.
+#[derive(Debug)]
+struct Queued {
+    memory: Arc<WriterMemory>,
+    bytes: usize,
+}
+
+impl Queued {
+    fn new(memory: &Arc<WriterMemory>, bytes: usize) -> Self {
+        memory.queued.fetch_add(bytes, Ordering::Relaxed);
+        Self {
+            memory: Arc::clone(memory),
+            bytes,
+        }
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.memory.queued.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 /// The writer thread's handle: cheap to clone, never blocks (except [`Self::flush`]).
 #[derive(Clone, Debug)]
 pub struct StoreWriter {
     /// Items with their [`WriteOp::approx_bytes`].
-    tx: SyncSender<(WriteOp, usize)>,
+    tx: SyncSender<(WriteOp, Queued)>,
     events: InternalEvents,
     path: Arc<PathBuf>,
     memory: Arc<WriterMemory>,
@@ -165,13 +190,12 @@ impl StoreWriter {
             self.events.store_items_dropped("memory_cap", n);
             return false;
         }
-        m.queued.fetch_add(bytes, Ordering::Relaxed);
-        let reason = match self.tx.try_send((op, bytes)) {
+        // An item refused here is dropped with its count.
+        let reason = match self.tx.try_send((op, Queued::new(m, bytes))) {
             Ok(()) => return true,
             Err(TrySendError::Full(_)) => "queue_full",
             Err(TrySendError::Disconnected(_)) => "writer_stopped",
         };
-        m.queued.fetch_sub(bytes, Ordering::Relaxed);
         self.events.store_items_dropped(reason, n);
         false
     }
@@ -233,7 +257,7 @@ impl StoreWriter {
         };
         let (ack, done) = mpsc::sync_channel(1);
         self.tx
-            .send((WriteOp::Flush(ack), 0))
+            .send((WriteOp::Flush(ack), Queued::new(&self.memory, 0)))
             .map_err(|_| stopped())?;
         match done.recv_timeout(FLUSH_WAIT) {
             Ok(Ok(())) => Ok(()),
@@ -313,8 +337,15 @@ struct WriterState {
     last_prune: Instant,
 }
 
+/// What the thread held is freed with it (a panic included): its count goes too.
+impl Drop for WriterState {
+    fn drop(&mut self) {
+        self.memory.thread.store(0, Ordering::Relaxed);
+    }
+}
+
 impl WriterState {
-    fn run(&mut self, rx: Receiver<(WriteOp, usize)>) {
+    fn run(&mut self, rx: Receiver<(WriteOp, Queued)>) {
         let interval = self.options.flush_interval.max(Duration::from_millis(1));
         let mut deadline = Instant::now() + interval;
         loop {
@@ -325,7 +356,7 @@ impl WriterState {
                     // The caller may have given up waiting; nothing to do then.
                     let _ = ack.send(result.map_err(|e| e.to_string()));
                 }
-                Ok((op, bytes)) => self.receive(op, bytes),
+                Ok((op, queued)) => self.receive(op, queued),
                 Err(RecvTimeoutError::Timeout) => {
                     let _ = self.flush(unix_nanos_now());
                     deadline = Instant::now() + interval;
@@ -339,10 +370,12 @@ impl WriterState {
     }
 
     /// Takes `op` (of `bytes`) into what the next flush writes.
-    fn receive(&mut self, op: WriteOp, bytes: usize) {
+    fn receive(&mut self, op: WriteOp, queued: Queued) {
         // From the queue's count to the thread's (an upper bound: rollups merge).
-        self.memory.queued.fetch_sub(bytes, Ordering::Relaxed);
-        self.memory.thread.fetch_add(bytes, Ordering::Relaxed);
+        self.memory
+            .thread
+            .fetch_add(queued.bytes, Ordering::Relaxed);
+        drop(queued);
         let p = &mut self.pending;
         match op {
             WriteOp::Rollups { minute, series } => {
@@ -579,4 +612,58 @@ fn insert_request(tx: &Transaction<'_>, r: &CapturedRequest) -> rusqlite::Result
         critical_path
     ])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory() -> Arc<WriterMemory> {
+        Arc::new(WriterMemory {
+            queued: AtomicUsize::new(0),
+            thread: AtomicUsize::new(0),
+            cap: AtomicUsize::new(usize::MAX),
+        })
+    }
+
+    #[test]
+    fn queued_bytes_go_with_the_queue_when_the_writer_is_gone() {
+        let m = memory();
+        let (tx, rx) = mpsc::sync_channel::<(WriteOp, Queued)>(4);
+        for _ in 0..3 {
+            tx.send((WriteOp::Requests(Vec::new()), Queued::new(&m, 100)))
+                .unwrap();
+        }
+        assert_eq!(m.queued.load(Ordering::Relaxed), 300);
+        // One taken by the writer, then the writer's end dropped (its thread gone).
+        drop(rx.recv().unwrap());
+        assert_eq!(m.queued.load(Ordering::Relaxed), 200);
+        drop(rx);
+        assert_eq!(m.queued.load(Ordering::Relaxed), 0);
+        // And one refused afterwards gives its bytes back at once.
+        assert!(
+            tx.try_send((WriteOp::Requests(Vec::new()), Queued::new(&m, 50)))
+                .is_err()
+        );
+        assert_eq!(m.queued.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_thread_count_goes_with_the_thread() {
+        let m = memory();
+        let state = WriterState {
+            memory: Arc::clone(&m),
+            conn: Connection::open_in_memory().unwrap(),
+            options: StoreOptions::default(),
+            events: InternalEvents::default(),
+            path: Arc::new(PathBuf::new()),
+            series_ids: HashMap::new(),
+            recent: HashMap::new(),
+            pending: Pending::default(),
+            last_prune: Instant::now(),
+        };
+        m.thread.store(4096, Ordering::Relaxed);
+        drop(state);
+        assert_eq!(m.thread.load(Ordering::Relaxed), 0);
+    }
 }
