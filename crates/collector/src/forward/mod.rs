@@ -166,26 +166,26 @@ impl ForwardPermit<'_> {
     /// the body's accepted spans.
     pub fn leave_out(&mut self, positions: &[usize], ranges: &[SpanRange]) {
         let left_out = match &mut self.reserved {
-            _ if positions.is_empty() => return,
             None => positions.len(),
-            Some((_, item)) => match &mut item.body {
-                Body::Protobuf(_, rejected) => {
-                    // Without ranges (a body past 4 GiB) nothing can be cut: all is forwarded.
-                    let before = rejected.len();
-                    rejected.extend(positions.iter().filter_map(|&p| ranges.get(p).copied()));
-                    rejected.sort_unstable_by_key(|r| r.offset);
-                    rejected.len() - before
-                }
-                Body::Json(_, _, kept_out) => {
-                    kept_out.extend_from_slice(positions);
-                    positions.len()
-                }
-            },
+            Some((_, item)) => {
+                let left_out = match &mut item.body {
+                    Body::Protobuf(_, rejected) => {
+                        // Without ranges (a body past 4 GiB) nothing can be cut: all is sent.
+                        let before = rejected.len();
+                        rejected.extend(positions.iter().filter_map(|&p| ranges.get(p).copied()));
+                        rejected.sort_unstable_by_key(|r| r.offset);
+                        rejected.len() - before
+                    }
+                    Body::Json(_, _, kept_out) => {
+                        kept_out.extend_from_slice(positions);
+                        positions.len()
+                    }
+                };
+                item.spans = item.spans.saturating_sub(left_out as u64);
+                left_out
+            }
         };
         self.spans = self.spans.saturating_sub(left_out as u64);
-        if let Some((_, item)) = &mut self.reserved {
-            item.spans = item.spans.saturating_sub(left_out as u64);
-        }
     }
 
     /// Queues the request (never blocks, never drops: its place is reserved). A request with

@@ -10,8 +10,7 @@
 //! are cut at once: a hostile body costs about three parses, however many bad spans it holds.
 //! An error in a scope or a resource (outside its spans) cuts that scope or resource, its spans
 //! rejected, as the protobuf decoder rejects the spans of a resource nested too deep (one per
-//! parse, at most 16); only an error outside every resource refuses the whole
-//! body.
+//! parse, at most 16); only an error outside every resource refuses the whole body.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -41,7 +40,7 @@ pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
 /// replaced by `{}`, which is rejected like any span without ids): the body to forward, which a
 /// downstream's parser can read. `None` when the body was decoded as it came.
 pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), DecodeError> {
-    let error = match parse(buf) {
+    let mut error = match parse(buf) {
         Ok(req) => return Ok((from_proto(&req), None)),
         Err(e) => e,
     };
@@ -52,33 +51,23 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
     // two more parses, not one per span.
     let spans = unreadable_spans(buf);
     let at = byte_offset(buf, error.line(), error.column());
-    let mut first_cut = spans
-        .iter()
-        .any(|r| r.contains(&at))
-        .then(|| format!("the span could not be read: {error}"));
-    let (mut body, mut pending) = if spans.is_empty() {
-        (Cow::Borrowed(buf), Some(error))
-    } else {
-        (Cow::Owned(with_emptied(buf, &spans)), None)
+    let mut cuts = Cuts {
+        first: spans
+            .iter()
+            .any(|r| r.contains(&at))
+            .then(|| format!("the span could not be read: {error}")),
+        with_their_scope: 0,
     };
+    let mut body = Cow::Borrowed(buf);
+    if !spans.is_empty() {
+        body = Cow::Owned(with_emptied(buf, &spans));
+        match parse(&body) {
+            Ok(req) => return Ok(cuts.decoded(&req, body.into_owned())),
+            Err(e) => error = e,
+        }
+    }
     // Then a scope or resource the parser cannot read outside its spans, one per parse.
-    // Spans of the scopes and resources cut out (a cut span is rejected by the decoder).
-    let mut cut_with_their_scope = 0u64;
-    for _ in 0..=MAX_CUT_ROUNDS {
-        let error = match pending.take().map_or_else(|| parse(&body), Err) {
-            Ok(req) => {
-                let mut decoded = from_proto(&req);
-                if first_cut.is_some() {
-                    decoded.first_error = first_cut;
-                }
-                decoded.rejected = decoded
-                    .rejected
-                    .saturating_add(u32::try_from(cut_with_their_scope).unwrap_or(u32::MAX));
-                let cut = matches!(body, Cow::Owned(_)).then(|| body.into_owned());
-                return Ok((decoded, cut));
-            }
-            Err(e) => e,
-        };
+    for _ in 0..MAX_CUT_ROUNDS {
         let Some(cut) = element_to_cut(&body, &error) else {
             return Err(DecodeError::Json(error.to_string()));
         };
@@ -87,15 +76,42 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
             Level::Scope => "the spans' scope",
             Level::Resource => "the spans' resource",
         };
-        first_cut.get_or_insert_with(|| format!("{what} could not be read: {error}"));
+        cuts.first
+            .get_or_insert_with(|| format!("{what} could not be read: {error}"));
         if cut.level != Level::Span {
-            cut_with_their_scope += cut.spans;
+            cuts.with_their_scope += cut.spans;
         }
-        body = Cow::Owned(with_emptied(&body, &[cut.range]));
+        let cut_body = with_emptied(&body, &[cut.range]);
+        match parse(&cut_body) {
+            Ok(req) => return Ok(cuts.decoded(&req, cut_body)),
+            Err(e) => (body, error) = (Cow::Owned(cut_body), e),
+        }
     }
     Err(DecodeError::Json(format!(
         "more than {MAX_CUT_ROUNDS} scopes or resources could not be read"
     )))
+}
+
+/// What cutting a body took out, for the decoded result.
+struct Cuts {
+    /// The first cut's reason, for the answer.
+    first: Option<String>,
+    /// Spans of the scopes and resources cut out (a cut span is rejected by the decoder).
+    with_their_scope: u64,
+}
+
+impl Cuts {
+    /// `req` (parsed from `body`, the body as cut) decoded, its cut spans rejected.
+    fn decoded(self, req: &ExportTraceServiceRequest, body: Vec<u8>) -> (Decoded, Option<Vec<u8>>) {
+        let mut decoded = from_proto(req);
+        if self.first.is_some() {
+            decoded.first_error = self.first;
+        }
+        decoded.rejected = decoded
+            .rejected
+            .saturating_add(u32::try_from(self.with_their_scope).unwrap_or(u32::MAX));
+        (decoded, Some(body))
+    }
 }
 
 fn parse(body: &[u8]) -> Result<ExportTraceServiceRequest, serde_json::Error> {

@@ -1,10 +1,11 @@
 //! Where each span, scope and resource lies in an OTLP/JSON body, found without parsing it: a
 //! byte scan that tracks nesting (iteratively, so no depth is too deep for it) and the keys of
 //! the three levels above the spans (`resourceSpans` → `scopeSpans` → `spans`, as the parser
-//! reads them). The JSON decoder uses it to cut out the one element that makes a whole body
+//! reads them). The JSON decoder uses it to cut out the elements that make a whole body
 //! undecodable — nested past the parser's recursion limit, or with a field it cannot read —
-//! instead of refusing every span with it.
+//! instead of refusing every span with them.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// What an element of a body is: a `ResourceSpans`, a `ScopeSpans` or a `Span` object.
@@ -132,12 +133,14 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
                 if let Some(level) = Level::at(stack.len())
                     && let Some(o) = open[level as usize].take()
                 {
-                    let spans = if level == Level::Span { 1 } else { o.spans };
-                    if level == Level::Span {
+                    let spans = if level == Level::Span {
                         for outer in open.iter_mut().flatten() {
                             outer.spans += 1;
                         }
-                    }
+                        1
+                    } else {
+                        o.spans
+                    };
                     visit(JsonElement {
                         level,
                         range: o.start..i + 1,
@@ -161,14 +164,14 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
 }
 
 /// A key's bytes as the parser reads them: escapes (`spa\u006es`) decoded.
-fn unescaped(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+fn unescaped(key: &[u8]) -> Cow<'_, [u8]> {
     if !key.contains(&b'\\') {
-        return std::borrow::Cow::Borrowed(key);
+        return Cow::Borrowed(key);
     }
     let quoted = [b"\"", key, b"\""].concat();
     match serde_json::from_slice::<String>(&quoted) {
-        Ok(k) => std::borrow::Cow::Owned(k.into_bytes()),
-        Err(_) => std::borrow::Cow::Borrowed(key),
+        Ok(k) => Cow::Owned(k.into_bytes()),
+        Err(_) => Cow::Borrowed(key),
     }
 }
 

@@ -122,24 +122,9 @@ fn convert(req: &ExportTraceServiceRequest, interner: &mut Interner) -> Decoded 
 /// protobuf counterpart is [`without_spans`](super::without_spans)). Returns how many spans
 /// were left out.
 pub fn retain_accepted(req: &mut ExportTraceServiceRequest) -> usize {
-    let mut left_out = 0;
-    req.resource_spans.retain_mut(|rs| {
-        let resource_too_deep = rs
-            .resource
-            .as_ref()
-            .is_some_and(|r| too_deep(&r.attributes));
-        let had_spans = rs.scope_spans.iter().any(|s| !s.spans.is_empty());
-        rs.scope_spans.retain_mut(|ss| {
-            let outer =
-                resource_too_deep || ss.scope.as_ref().is_some_and(|s| too_deep(&s.attributes));
-            let before = ss.spans.len();
-            ss.spans.retain(|span| span_ids(span, outer).is_ok());
-            left_out += before - ss.spans.len();
-            before == 0 || !ss.spans.is_empty()
-        });
-        !had_spans || rs.scope_spans.iter().any(|s| !s.spans.is_empty())
-    });
-    left_out
+    retain_spans(req, |span, outer_too_deep| {
+        span_ids(span, outer_too_deep).is_ok()
+    })
 }
 
 /// Leaves out of `req` the spans at `positions` (ascending places in the request's span order:
@@ -151,15 +136,31 @@ pub fn retain_accepted(req: &mut ExportTraceServiceRequest) -> usize {
 pub fn leave_out_spans(req: &mut ExportTraceServiceRequest, positions: &[usize]) -> usize {
     let mut positions = positions.iter().copied().peekable();
     let mut place = 0usize;
+    retain_spans(req, |_, _| {
+        place += 1;
+        positions.next_if_eq(&(place - 1)).is_none()
+    })
+}
+
+/// Keeps the spans of `req` for which `keep(span, its resource or scope nests too deep)`, in
+/// order, and leaves out any `ScopeSpans` (then `ResourceSpans`) that had spans and has none
+/// left (its scope or resource may be why they went). Returns how many spans were left out.
+fn retain_spans(
+    req: &mut ExportTraceServiceRequest,
+    mut keep: impl FnMut(&ProtoSpan, bool) -> bool,
+) -> usize {
     let mut left_out = 0;
     req.resource_spans.retain_mut(|rs| {
+        let resource_too_deep = rs
+            .resource
+            .as_ref()
+            .is_some_and(|r| too_deep(&r.attributes));
         let had_spans = rs.scope_spans.iter().any(|s| !s.spans.is_empty());
         rs.scope_spans.retain_mut(|ss| {
+            let outer =
+                resource_too_deep || ss.scope.as_ref().is_some_and(|s| too_deep(&s.attributes));
             let before = ss.spans.len();
-            ss.spans.retain(|_| {
-                place += 1;
-                positions.next_if_eq(&(place - 1)).is_none()
-            });
+            ss.spans.retain(|span| keep(span, outer));
             left_out += before - ss.spans.len();
             before == 0 || !ss.spans.is_empty()
         });

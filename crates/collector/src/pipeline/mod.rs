@@ -438,18 +438,14 @@ impl Pipeline {
         }
         drop(assembler);
         let mut spans = batch.spans;
-        // Where the spans lie in the body, for the forwarder to leave out those not kept.
-        let mut ranges = match forward {
-            Some(_) if batch.span_ranges.len() == spans.len() => batch.span_ranges,
-            _ => Vec::new(),
-        };
         if prepared {
             // The spans of the traces taken as prepared are dropped here, outside the lock, in
             // place; the others are pushed as spans.
-            spans.retain(not_taken(&taken));
-            if !ranges.is_empty() {
-                ranges.retain(not_taken(&taken));
-            }
+            let mut i = 0;
+            spans.retain(|_| {
+                i += 1;
+                !taken[i - 1]
+            });
         }
         let kept_out = if spans.is_empty() {
             Vec::new()
@@ -457,7 +453,15 @@ impl Pipeline {
             lock(&self.assembler).push(spans, Some(hold), now)
         };
         if let Some(mut permit) = forward {
-            permit.leave_out(&kept_out, &ranges);
+            if !kept_out.is_empty() {
+                // Back to places in the batch as decoded, where `span_ranges` are.
+                let places = if prepared {
+                    places_among_not_taken(&taken, &kept_out)
+                } else {
+                    kept_out.clone()
+                };
+                permit.leave_out(&places, &batch.span_ranges);
+            }
             permit.send();
         }
         Ok(kept_out.len() as u64)
@@ -730,13 +734,16 @@ impl Ingest for Pipeline {
     }
 }
 
-/// A `retain` predicate keeping the items whose place in `taken` is `false`.
-fn not_taken<T>(taken: &[bool]) -> impl FnMut(&T) -> bool + '_ {
-    let mut i = 0;
-    move |_| {
-        i += 1;
-        !taken[i - 1]
-    }
+/// The places in the whole batch of `positions` (ascending) among the spans not `taken`.
+fn places_among_not_taken(taken: &[bool], positions: &[usize]) -> Vec<usize> {
+    let mut positions = positions.iter().copied().peekable();
+    taken
+        .iter()
+        .enumerate()
+        .filter(|(_, taken)| !**taken)
+        .enumerate()
+        .filter_map(|(position, (place, _))| positions.next_if_eq(&position).map(|_| place))
+        .collect()
 }
 
 #[cfg(test)]

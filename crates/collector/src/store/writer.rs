@@ -169,7 +169,7 @@ impl Drop for Queued {
 /// The writer thread's handle: cheap to clone, never blocks (except [`Self::flush`]).
 #[derive(Clone, Debug)]
 pub struct StoreWriter {
-    /// Items with their [`WriteOp::approx_bytes`].
+    /// Items, each with its [`WriteOp::approx_bytes`] counted while it waits.
     tx: SyncSender<(WriteOp, Queued)>,
     events: InternalEvents,
     path: Arc<PathBuf>,
@@ -369,9 +369,10 @@ impl WriterState {
         }
     }
 
-    /// Takes `op` (of `bytes`) into what the next flush writes.
+    /// Takes `op` into what the next flush writes, its bytes moved from the queue's count to
+    /// the thread's.
     fn receive(&mut self, op: WriteOp, queued: Queued) {
-        // From the queue's count to the thread's (an upper bound: rollups merge).
+        // An upper bound: rollups merge.
         self.memory
             .thread
             .fetch_add(queued.bytes, Ordering::Relaxed);
