@@ -43,7 +43,7 @@ enum Command {
     Report(report::ReportArgs),
     /// Analyse exported trace files (OTLP JSON or Jaeger JSON) offline.
     Analyze(analyze::AnalyzeArgs),
-    /// Validate a collector config file; prints the first problem found, with its line number.
+    /// Validate a collector config file; prints the first problem of each section, with its line.
     ///
     /// Checks what `collect` would need as `collect` would: the TLS files of the listeners and
     /// of https:// forward and Alertmanager URLs are read and parsed, the tokens (auth.tokens_file,

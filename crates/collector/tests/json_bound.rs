@@ -2,7 +2,7 @@
 //! this binary counts every allocation (one test only, so nothing else allocates meanwhile) and
 //! checks that decoding bodies of every shape stays under that bound — empty spans, spans full of
 //! attributes, deep key-value lists (past the parser's limit: cut out), spans with ids that
-//! are not hex (cut out), long strings, and the decoded spans kept at the end.
+//! are not hex (cut out), scopes and resources that cannot be read (cut out), long strings, and the decoded spans kept at the end.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -118,6 +118,30 @@ fn json_decode_stays_under_its_bound() {
                     })
                     .collect::<Vec<_>>(),
             ),
+        ),
+        (
+            "scopes and resources cut out: a bad attribute after their spans",
+            {
+                let spans = |from: usize| {
+                    (from..from + 2_500)
+                        .map(|k| {
+                            if k % 10 == 9 {
+                                span(k, "").replacen(r#""traceId":""#, r#""traceId":"zz"#, 1)
+                            } else {
+                                span(k, "")
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                let bad = r#"{"key":"n","value":{"intValue":"seven"}}"#;
+                format!(
+                    r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{}]}},{{"spans":[{}],"scope":{{"attributes":[{bad}]}}}}],"resource":{{"attributes":[{bad}]}}}},{{"scopeSpans":[{{"spans":[{}]}}]}}]}}"#,
+                    spans(0),
+                    spans(2_500),
+                    spans(5_000)
+                )
+            },
         ),
         (
             "long strings",

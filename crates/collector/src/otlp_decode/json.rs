@@ -9,8 +9,10 @@
 //! decoded. When a body does not parse whole, every span is parsed on its own and all that fail
 //! are cut at once: a hostile body costs about three parses, however many bad spans it holds.
 //! An error in a scope or a resource (outside its spans) cuts that scope or resource, its spans
-//! rejected, as the protobuf decoder rejects the spans of a resource nested too deep (one per
-//! parse, at most 16); only an error outside every resource refuses the whole body.
+//! rejected, as the protobuf decoder rejects the spans of a resource nested too deep; scopes,
+//! then resources, are found the same way (each parsed on its own, all that fail cut at once),
+//! so a body costs at most seven parses. Only an error outside every resource refuses the
+//! whole body.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -21,15 +23,25 @@ use super::decoded::{DecodeError, Decoded};
 use super::json_spans::{JsonElement, Level, byte_offset, scan_elements, with_emptied};
 use super::reference::from_proto;
 
-/// After the spans the parser cannot read are cut out (all at once), parses that cut a scope or
-/// a resource are tried at most this often (each parses the whole body, one cut each); past it
-/// the body is refused as before.
-const MAX_CUT_ROUNDS: usize = 16;
+impl Level {
+    /// What an element of this level is parsed in on its own: the envelope down to it.
+    fn envelope(self) -> (&'static [u8], &'static [u8]) {
+        match self {
+            Level::Resource => (br#"{"resourceSpans":["#, b"]}"),
+            Level::Scope => (br#"{"resourceSpans":[{"scopeSpans":["#, b"]}]}"),
+            Level::Span => (br#"{"resourceSpans":[{"scopeSpans":[{"spans":["#, b"]}]}]}"),
+        }
+    }
 
-/// What a span is parsed in on its own: the envelope down to `spans`, so that it sits at the
-/// depth it has in a body (the parser's recursion limit counts from the top).
-const SPAN_PREFIX: &[u8] = br#"{"resourceSpans":[{"scopeSpans":[{"spans":["#;
-const SPAN_SUFFIX: &[u8] = b"]}]}]}";
+    /// The element in words, for the answer.
+    fn what(self) -> &'static str {
+        match self {
+            Level::Span => "the span",
+            Level::Scope => "the spans' scope",
+            Level::Resource => "the spans' resource",
+        }
+    }
+}
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
@@ -44,52 +56,38 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
         Ok(req) => return Ok((from_proto(&req), None)),
         Err(e) => e,
     };
-    if !cuttable(&error) {
-        return Err(DecodeError::Json(error.to_string()));
-    }
-    // Every span the parser cannot read is cut at once: a body of many such spans costs about
-    // two more parses, not one per span.
-    let spans = unreadable_spans(buf);
-    let at = byte_offset(buf, error.line(), error.column());
     let mut cuts = Cuts {
-        first: spans
-            .iter()
-            .any(|r| r.contains(&at))
-            .then(|| format!("the span could not be read: {error}")),
+        first: None,
         with_their_scope: 0,
     };
     let mut body = Cow::Borrowed(buf);
-    if !spans.is_empty() {
-        body = Cow::Owned(with_emptied(buf, &spans));
-        match parse(&body) {
-            Ok(req) => return Ok(cuts.decoded(&req, body.into_owned())),
-            Err(e) => error = e,
+    // Innermost first: a scope is judged with its unreadable spans already cut, a resource with
+    // its unreadable scopes cut. Each level costs one parse of its elements, each on its own,
+    // and one of the body as cut: however many elements are cut, a body costs at most seven
+    // parses.
+    for level in [Level::Span, Level::Scope, Level::Resource] {
+        if !cuttable(&error) {
+            break;
         }
-    }
-    // Then a scope or resource the parser cannot read outside its spans, one per parse.
-    for _ in 0..MAX_CUT_ROUNDS {
-        let Some(cut) = element_to_cut(&body, &error) else {
-            return Err(DecodeError::Json(error.to_string()));
-        };
-        let what = match cut.level {
-            Level::Span => "the span",
-            Level::Scope => "the spans' scope",
-            Level::Resource => "the spans' resource",
-        };
-        cuts.first
-            .get_or_insert_with(|| format!("{what} could not be read: {error}"));
-        if cut.level != Level::Span {
-            cuts.with_their_scope += cut.spans;
+        let unreadable = unreadable_elements(&body, level);
+        if unreadable.is_empty() {
+            continue;
         }
-        let cut_body = with_emptied(&body, &[cut.range]);
+        let at = byte_offset(&body, error.line(), error.column());
+        if cuts.first.is_none() && unreadable.iter().any(|e| e.range.contains(&at)) {
+            cuts.first = Some(format!("{} could not be read: {error}", level.what()));
+        }
+        if level != Level::Span {
+            cuts.with_their_scope += unreadable.iter().map(|e| e.spans).sum::<u64>();
+        }
+        let ranges: Vec<Range<usize>> = unreadable.into_iter().map(|e| e.range).collect();
+        let cut_body = with_emptied(&body, &ranges);
         match parse(&cut_body) {
             Ok(req) => return Ok(cuts.decoded(&req, cut_body)),
             Err(e) => (body, error) = (Cow::Owned(cut_body), e),
         }
     }
-    Err(DecodeError::Json(format!(
-        "more than {MAX_CUT_ROUNDS} scopes or resources could not be read"
-    )))
+    Err(DecodeError::Json(error.to_string()))
 }
 
 /// What cutting a body took out, for the decoded result.
@@ -127,44 +125,26 @@ fn cuttable(error: &serde_json::Error) -> bool {
         || error.classify() == serde_json::error::Category::Data
 }
 
-/// Where the spans of `body` lie that the parser cannot read, each parsed on its own at the
-/// depth it has in the body, in body order.
-fn unreadable_spans(body: &[u8]) -> Vec<Range<usize>> {
+/// The elements of `level` in `body` that the parser cannot read, each parsed on its own inside
+/// the envelope down to its level, so that it sits at the depth it has in the body (the
+/// parser's recursion limit counts from the top); in body order.
+fn unreadable_elements(body: &[u8], level: Level) -> Vec<JsonElement> {
+    let (prefix, suffix) = level.envelope();
     let mut unreadable = Vec::new();
     let mut alone = Vec::new();
     scan_elements(body, |e| {
-        if e.level != Level::Span {
+        if e.level != level {
             return;
         }
         alone.clear();
-        alone.extend_from_slice(SPAN_PREFIX);
+        alone.extend_from_slice(prefix);
         alone.extend_from_slice(&body[e.range.clone()]);
-        alone.extend_from_slice(SPAN_SUFFIX);
+        alone.extend_from_slice(suffix);
         if parse(&alone).is_err_and(|error| cuttable(&error)) {
-            unreadable.push(e.range);
+            unreadable.push(e);
         }
     });
     unreadable
-}
-
-/// What to cut for a [`cuttable`] `error`: the innermost span, scope or resource holding its
-/// position; nothing outside every resource.
-fn element_to_cut(body: &[u8], error: &serde_json::Error) -> Option<JsonElement> {
-    if !cuttable(error) {
-        return None;
-    }
-    let at = byte_offset(body, error.line(), error.column());
-    let mut innermost: Option<JsonElement> = None;
-    scan_elements(body, |e| {
-        if e.range.contains(&at)
-            && innermost
-                .as_ref()
-                .is_none_or(|i| e.range.len() < i.range.len())
-        {
-            innermost = Some(e);
-        }
-    });
-    innermost
 }
 
 #[cfg(test)]
@@ -293,8 +273,7 @@ mod tests {
                 999,
                 nested(levels)
             );
-            // More deep spans than the rounds that cut a scope or a resource, but for the
-            // largest body.
+            // Many deep spans, but for the largest body.
             let good = if levels > 1000 { 100 } else { 300 };
             let body = body_with(good, &deep);
             let (d, cut) = decode_json_cutting(body.as_bytes()).unwrap();
@@ -382,15 +361,55 @@ mod tests {
         );
         let again = decode_json(&cut.unwrap()).unwrap();
         assert_eq!(again.spans.len(), 20);
-        // More such resources than the rounds allowed: the body is refused, as before.
-        let many = format!(
-            r#"{{"resourceSpans":[{}]}}"#,
-            vec![resources(&deep); MAX_CUT_ROUNDS + 2].join(",")
+        // Any number of such resources: all are cut at once, the good ones kept.
+        let mut many = vec![resources(&deep); 40];
+        many.insert(17, resources(&good));
+        let many = format!(r#"{{"resourceSpans":[{}]}}"#, many.join(","));
+        let (d, cut) = decode_json_cutting(many.as_bytes()).unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (20, 40 * 22 + 2));
+        let again = decode_json(&cut.unwrap()).unwrap();
+        assert_eq!((again.spans.len(), again.rejected), (20, 2));
+    }
+
+    #[test]
+    fn spans_scopes_and_resources_that_cannot_be_read_are_all_cut_in_one_body() {
+        let bad_id = r#"{"traceId":"not-hex","spanId":"0000000000000001","startTimeUnixNano":"1","endTimeUnixNano":"2"}"#;
+        let span = |k: usize| {
+            format!(
+                r#"{{"traceId":"{k:032x}","spanId":"{k:016x}","name":"s","startTimeUnixNano":"1","endTimeUnixNano":"2"}}"#
+            )
+        };
+        // A scope whose own attributes cannot be read (a non-numeric int), a scope with one
+        // bad span among good ones, and a resource with a bad attribute, 30 times over.
+        let bad_scope = format!(
+            r#"{{"scope":{{"name":"x","attributes":[{{"key":"n","value":{{"intValue":"seven"}}}}]}},"spans":[{},{}]}}"#,
+            span(1),
+            span(2)
         );
-        assert!(matches!(
-            decode_json(many.as_bytes()),
-            Err(DecodeError::Json(e)) if e.contains("more than 16 scopes or resources")
-        ));
+        let mixed_scope = format!(r#"{{"spans":[{},{bad_id},{}]}}"#, span(3), span(4));
+        let good_resource =
+            format!(r#"{{"scopeSpans":[{bad_scope},{mixed_scope},{mixed_scope}]}}"#);
+        let bad_resource = format!(
+            r#"{{"resource":{{"attributes":[{{"key":"n","value":{{"doubleValue":"x"}}}}]}},"scopeSpans":[{mixed_scope}]}}"#
+        );
+        let mut resources = Vec::new();
+        for _ in 0..30 {
+            resources.push(good_resource.clone());
+            resources.push(bad_resource.clone());
+        }
+        let body = format!(r#"{{"resourceSpans":[{}]}}"#, resources.join(","));
+        let (d, cut) = decode_json_cutting(body.as_bytes()).unwrap();
+        // Per round: 4 good spans kept; 2 bad spans (cut, then rejected as empty), the bad
+        // scope's 2 and the bad resource's 3 rejected.
+        assert_eq!((d.spans.len(), d.rejected), (30 * 4, 30 * (2 + 2 + 3)));
+        assert!(
+            d.first_error
+                .unwrap()
+                .starts_with("the spans' scope could not be read"),
+            "the first error in the body is the first scope's"
+        );
+        let again = decode_json(&cut.unwrap()).unwrap();
+        assert_eq!((again.spans.len(), again.rejected), (30 * 4, 30 * 2));
     }
 
     #[test]
