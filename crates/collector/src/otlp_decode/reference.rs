@@ -32,6 +32,7 @@ enum Reject {
     TraceId(usize),
     SpanId(usize),
     ParentSpanId(usize),
+    NoStart,
     EndBeforeStart(u64, u64),
     TooDeep,
 }
@@ -48,6 +49,7 @@ impl Reject {
             Self::ParentSpanId(len) => {
                 format!("parent span id must be empty or 8 bytes (got {len} bytes)")
             }
+            Self::NoStart => super::validation::NO_START.to_owned(),
             Self::EndBeforeStart(start, end) => {
                 format!("span ends before it starts (start {start} ns, end {end} ns)")
             }
@@ -184,6 +186,9 @@ fn span_ids(
         len => return Err(Reject::ParentSpanId(len)),
     };
     let (start, end) = (span.start_time_unix_nano, span.end_time_unix_nano);
+    if start == 0 {
+        return Err(Reject::NoStart);
+    }
     if start > end {
         return Err(Reject::EndBeforeStart(start, end));
     }
@@ -363,6 +368,7 @@ mod tests {
             check(span(&t, &s, &[3; 4], 1, 2)),
             Err(Reject::ParentSpanId(4))
         );
+        assert_eq!(check(span(&t, &s, &[], 0, 2)), Err(Reject::NoStart));
         assert_eq!(
             check(span(&t, &s, &[], 3, 2)),
             Err(Reject::EndBeforeStart(3, 2))

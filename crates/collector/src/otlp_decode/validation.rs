@@ -1,5 +1,6 @@
-//! The span rules every decoder applies alike: valid ids, an end not before the start, attribute
-//! values nested at most [`MAX_VALUE_NESTING`] deep, valid links.
+//! The span rules every decoder applies alike: valid ids, a start time set (OTLP: 0 means
+//! unset) and an end not before it, attribute values nested at most [`MAX_VALUE_NESTING`]
+//! deep, valid links.
 
 use infertrace_analysis::trace::{SpanId, TraceId};
 
@@ -7,12 +8,17 @@ use infertrace_analysis::trace::{SpanId, TraceId};
 /// [module rules](super)); a span with a deeper one is rejected.
 pub const MAX_VALUE_NESTING: u32 = 16;
 
+/// The answer for a span without a start time: one whose start is 0 (unset, in OTLP) would
+/// otherwise count as lasting since 1970 in every latency it feeds.
+pub(crate) const NO_START: &str = "span has no start time (start_time_unix_nano is 0)";
+
 /// Why a span was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InvalidSpan {
     TraceId { len: usize },
     SpanId { len: usize },
     ParentSpanId { len: usize },
+    NoStart,
     EndBeforeStart { start: u64, end: u64 },
     TooDeep,
 }
@@ -32,6 +38,7 @@ impl std::fmt::Display for InvalidSpan {
                 f,
                 "parent span id must be empty or 8 bytes (got {len} bytes)"
             ),
+            Self::NoStart => write!(f, "{NO_START}"),
             Self::EndBeforeStart { start, end } => write!(
                 f,
                 "span ends before it starts (start {start} ns, end {end} ns)"
@@ -70,6 +77,9 @@ pub(crate) fn validate_span(
         8 => SpanId::from_bytes(parent_span_id),
         len => return Err(InvalidSpan::ParentSpanId { len }),
     };
+    if start == 0 {
+        return Err(InvalidSpan::NoStart);
+    }
     if end < start {
         return Err(InvalidSpan::EndBeforeStart { start, end });
     }
@@ -115,6 +125,10 @@ mod tests {
         assert_eq!(
             validate_span(&t, &s, &[3; 4], 1, 2).err(),
             Some(InvalidSpan::ParentSpanId { len: 4 })
+        );
+        assert_eq!(
+            validate_span(&t, &s, &[], 0, 2).err(),
+            Some(InvalidSpan::NoStart)
         );
         assert_eq!(
             validate_span(&t, &s, &[], 3, 2).err(),
