@@ -4,7 +4,7 @@
 //!
 //! Accounting is by estimate, not by asking the allocator: receivers reserve the body they hold
 //! as it reads it, then an estimate of what decoding allocates ([`DECODED_BYTES_PER_WIRE_BYTE`]
-//! for protobuf, [`json_decode_bound`] for JSON), the assembler reserves
+//! for protobuf, [`json_decode_bound`](crate::otlp_decode::json_decode_bound) for JSON), the assembler reserves
 //! [`span_footprint`] for every span it buffers. A [`MemoryReservation`] gives its bytes back when
 //! dropped, so a refused, failed or finished piece of work can never leak budget.
 //!
@@ -538,24 +538,6 @@ impl Drop for FixedMemory {
         self.set(0);
     }
 }
-
-/// Bytes that decoding an OTLP/JSON body may allocate at most, as a bound for the memory
-/// limiter: [`JSON_BYTES_PER_OBJECT`] for every `{` (each span, attribute, value, resource... is
-/// an object, and the generated types it becomes plus the spans made from them stay under that)
-/// plus twice the body for the strings copied out of it. Counting braces is one pass over
-/// the body; it over-counts braces inside strings, which only makes the bound safer.
-pub fn json_decode_bound(body: &[u8]) -> usize {
-    let objects = body.iter().filter(|&&b| b == b'{').count();
-    objects
-        .saturating_mul(JSON_BYTES_PER_OBJECT)
-        .saturating_add(body.len().saturating_mul(2))
-}
-
-/// Bytes [`json_decode_bound`] counts per JSON object: an upper bound of what one object of an
-/// OTLP/JSON request becomes once decoded (the largest generated type, the span, is ~250 bytes;
-/// vectors grow by doubling; the analysis spans made from them are counted too). The
-/// `json_decode_stays_under_its_bound` test measures the real peak against it.
-pub const JSON_BYTES_PER_OBJECT: usize = 1024;
 
 /// Estimated heap + inline bytes one decoded [`Span`] occupies, for the assembler's reservations.
 ///

@@ -441,7 +441,7 @@ proptest! {
                 _ => bytes.truncate(i),
             }
         }
-        let bound = infertrace_collector::limiter::json_decode_bound(&bytes);
+        let bound = infertrace_collector::otlp_decode::json_decode_bound(&bytes);
         prop_assert!(bound >= 2 * bytes.len());
         let decoded = infertrace_collector::otlp_decode::decode_json_cutting(&bytes);
         if let Ok(reference) = serde_json::from_slice::<ExportTraceServiceRequest>(&bytes) {

@@ -7,8 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use infertrace_collector::limiter::json_decode_bound;
-use infertrace_collector::otlp_decode::decode_json;
+use infertrace_collector::otlp_decode::{decode_json, json_decode_bound};
 
 /// The system allocator, counting the bytes held now and the most held since the last reset.
 struct Counting;
@@ -62,6 +61,22 @@ fn span(k: usize, attributes: &str) -> String {
     )
 }
 
+/// 1,000 spans, each with `n` empty objects in its `field` (links or events).
+fn spans_with_empty(field: &str, n: usize) -> String {
+    let empties = vec!["{}"; n].join(",");
+    spans_body(
+        &(0..1_000)
+            .map(|k| {
+                span(k, "").replacen(
+                    r#","attributes""#,
+                    &format!(r#","{field}":[{empties}],"attributes""#),
+                    1,
+                )
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
 #[test]
 fn json_decode_stays_under_its_bound() {
     let attr = |key: &str, value: &str| format!(r#"{{"key":"{key}","value":{value}}}"#);
@@ -82,6 +97,14 @@ fn json_decode_stays_under_its_bound() {
     for _ in 0..30 {
         deep = format!(r#"{{"kvlistValue":{{"values":[{{"key":"k","value":{deep}}}]}}}}"#);
     }
+    let mut deep25 = r#"{"stringValue":"x"}"#.to_owned();
+    for _ in 0..25 {
+        deep25 = format!(r#"{{"kvlistValue":{{"values":[{{"key":"k","value":{deep25}}}]}}}}"#);
+    }
+    let array = format!(
+        r#"{{"arrayValue":{{"values":[{}]}}}}"#,
+        vec![r#"{"stringValue":"x"}"#; 100].join(",")
+    );
     let long = format!(r#"{{"stringValue":"{}"}}"#, "y".repeat(100_000));
     let cases: Vec<(&str, String)> = vec![
         ("empty spans", spans_body(&vec!["{}".to_owned(); 20_000])),
@@ -144,6 +167,51 @@ fn json_decode_stays_under_its_bound() {
             },
         ),
         (
+            "20 integer attributes each",
+            spans_body(
+                &(0..3_000)
+                    .map(|k| {
+                        let ints = (0..20)
+                            .map(|i| attr(&format!("n{i}"), r#"{"intValue":"7"}"#))
+                            .collect::<Vec<_>>()
+                            .join(",");
+                        span(k, &ints)
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "25-deep key-value lists (read whole)",
+            spans_body(
+                &(0..500)
+                    .map(|k| span(k, &attr("deep", &deep25)))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "arrays of 100 values",
+            spans_body(
+                &(0..500)
+                    .map(|k| span(k, &attr("a", &array)))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "33 empty links each (a vector at its most wasted)",
+            spans_with_empty("links", 33),
+        ),
+        ("50 empty events each", spans_with_empty("events", 50)),
+        (
+            "a string of braces",
+            spans_body(&[span(
+                0,
+                &attr(
+                    "prompt",
+                    &format!(r#"{{"stringValue":"{}"}}"#, "{".repeat(500_000)),
+                ),
+            )]),
+        ),
+        (
             "long strings",
             spans_body(
                 &(0..20)
@@ -162,8 +230,10 @@ fn json_decode_stays_under_its_bound() {
     for (what, body) in cases {
         let peak = decode_peak(body.as_bytes());
         let bound = json_decode_bound(body.as_bytes());
+        let braces = body.bytes().filter(|&b| b == b'{').count();
         eprintln!(
-            "{what}: body {} B, decode peak {peak} B, bound {bound} B ({:.0}%)",
+            "{what}: {:.0} B per `{{`; body {} B, decode peak {peak} B, bound {bound} B ({:.0}%)",
+            peak as f64 / braces as f64,
             body.len(),
             100.0 * peak as f64 / bound as f64
         );

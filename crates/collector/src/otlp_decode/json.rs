@@ -43,6 +43,34 @@ impl Level {
     }
 }
 
+/// Bytes [`json_decode_bound`] counts per resource, scope or span object: what one becomes
+/// once decoded, at most (the generated span is 264 bytes, its vector grows by doubling, and the
+/// analysis span made from it is counted too).
+pub const JSON_BYTES_PER_ELEMENT: usize = 1024;
+
+/// Bytes [`json_decode_bound`] counts per other object (an attribute, a value, an event, a
+/// link...): the largest, a link, is 104 bytes in a vector that grows by doubling; a value is
+/// held inside its attribute.
+pub const JSON_BYTES_PER_OBJECT: usize = 256;
+
+/// Bytes that decoding an OTLP/JSON body may allocate at most, as a bound for the memory
+/// limiter to reserve before decoding: [`JSON_BYTES_PER_ELEMENT`] per resource, scope and span,
+/// [`JSON_BYTES_PER_OBJECT`] per other object (braces inside strings are text, not objects),
+/// plus twice the body for the strings copied out of it and a cut copy. One scan of the body;
+/// the `json_decode_stays_under_its_bound` test measures the real peak against it.
+pub fn json_decode_bound(body: &[u8]) -> usize {
+    let mut elements = 0usize;
+    let objects = scan_elements(body, |_| elements += 1);
+    elements
+        .saturating_mul(JSON_BYTES_PER_ELEMENT)
+        .saturating_add(
+            objects
+                .saturating_sub(elements)
+                .saturating_mul(JSON_BYTES_PER_OBJECT),
+        )
+        .saturating_add(body.len().saturating_mul(2))
+}
+
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
     decode_json_cutting(buf).map(|(decoded, _)| decoded)
@@ -117,12 +145,25 @@ fn parse(body: &[u8]) -> Result<ExportTraceServiceRequest, serde_json::Error> {
 }
 
 /// Whether an error is one a cut can remove: the parser ran out of recursion (it stops at the
-/// container past its limit, inside the element that nests too deep) or could not read a value
-/// (a data error: an id that is not hex, a number out of range). Not any other syntax error —
-/// the scan could not be trusted to see the body's structure as the parser does.
+/// container past its limit, inside the element that nests too deep), could not read a value
+/// (a data error: an id that is not hex, a number out of range) or a string's content (bytes
+/// that are not UTF-8, a control character, a bad escape such as the half of an emoji that
+/// `JSON.stringify` leaves at a cut: the string still ends where the scan sees it end). Not any
+/// other syntax error — the scan could not be trusted to see the body's structure as the
+/// parser does.
 fn cuttable(error: &serde_json::Error) -> bool {
-    error.to_string().starts_with("recursion limit exceeded")
+    /// serde_json's messages for a string whose content it cannot read.
+    const IN_A_STRING: [&str; 5] = [
+        "control character",
+        "invalid escape",
+        "invalid unicode code point",
+        "lone leading surrogate",
+        "unexpected end of hex escape",
+    ];
+    let message = error.to_string();
+    message.starts_with("recursion limit exceeded")
         || error.classify() == serde_json::error::Category::Data
+        || IN_A_STRING.iter().any(|m| message.starts_with(m))
 }
 
 /// The elements of `level` in `body` that the parser cannot read, each parsed on its own inside
@@ -410,6 +451,52 @@ mod tests {
         );
         let again = decode_json(&cut.unwrap()).unwrap();
         assert_eq!((again.spans.len(), again.rejected), (30 * 4, 30 * 2));
+    }
+
+    #[test]
+    fn a_span_with_a_string_the_parser_cannot_read_is_cut() {
+        let span = |k: usize, model: &[u8]| -> Vec<u8> {
+            [
+                format!(
+                    r#"{{"traceId":"{k:032x}","spanId":"{k:016x}","name":"s","startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{{"key":"gen_ai.request.model","value":{{"stringValue":""#
+                )
+                .as_bytes(),
+                model,
+                br#""}}]}"#,
+            ]
+            .concat()
+        };
+        for bad in [
+            &br"cut emoji \ud83d"[..],
+            br"half \ud83dX",
+            br"escape \q",
+            b"tab\tinside",
+            b"not utf-8 \xc3\x28",
+        ] {
+            let spans = [span(1, b"m"), span(2, bad), span(3, b"m"), span(4, b"m")].join(&b","[..]);
+            let body = [
+                &br#"{"resourceSpans":[{"scopeSpans":[{"spans":["#[..],
+                &spans,
+                b"]}]}]}",
+            ]
+            .concat();
+            let label = String::from_utf8_lossy(bad);
+            let (d, cut) = decode_json_cutting(&body).unwrap();
+            assert_eq!((d.spans.len(), d.rejected), (3, 1), "{label}");
+            assert!(
+                d.first_error
+                    .unwrap()
+                    .starts_with("the span could not be read"),
+                "{label}"
+            );
+            assert_eq!(
+                decode_json(&cut.unwrap()).unwrap().spans.len(),
+                3,
+                "{label}"
+            );
+        }
+        // A string error outside every resource still refuses the body.
+        assert!(decode_json(br#"{"resourceSpans":[],"x\q":1}"#).is_err());
     }
 
     #[test]

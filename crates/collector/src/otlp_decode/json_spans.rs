@@ -81,8 +81,11 @@ pub(super) fn json_elements(body: &[u8]) -> Vec<JsonElement> {
 
 /// Calls `visit` with every resource, scope and span object of `body`, each after what it
 /// holds (a span before its scope, a scope before its resource; spans in body order). Best
-/// effort on malformed JSON (it never fails: what it cannot follow yields nothing).
-pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
+/// effort on malformed JSON (it never fails: what it cannot follow yields nothing). Returns how
+/// many objects it passed, elements or not (`{` outside strings, up to where it stopped: the
+/// parser stops there too).
+pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) -> usize {
+    let mut objects = 0;
     let mut stack: Vec<Frame> = Vec::new();
     // The resource, scope and span being scanned.
     let mut open: [Option<Open>; 3] = [None, None, None];
@@ -105,6 +108,7 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
                 }
             }
             c @ (b'{' | b'[') => {
+                objects += usize::from(c == b'{');
                 let parent_on_path = match stack.last() {
                     None => true,
                     Some(p) if p.object => p.on_path && p.key_matches,
@@ -128,7 +132,7 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
                 // A bracket that does not close what is open: the parser refuses the body (a
                 // syntax error), and nothing past it can be followed.
                 if stack.last().is_none_or(|f| f.object != (c == b'}')) {
-                    return;
+                    return objects;
                 }
                 if let Some(level) = Level::at(stack.len())
                     && let Some(o) = open[level as usize].take()
@@ -161,6 +165,7 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) {
         }
         i += 1;
     }
+    objects
 }
 
 /// A key's bytes as the parser reads them: escapes (`spa\u006es`) decoded.
@@ -179,12 +184,15 @@ fn unescaped(key: &[u8]) -> Cow<'_, [u8]> {
 /// the body).
 fn string_end(body: &[u8], start: usize) -> usize {
     let mut i = start;
-    while i < body.len() {
-        match body[i] {
-            b'\\' => i += 2,
-            b'"' => return i,
-            _ => i += 1,
+    while let Some(found) = body
+        .get(i..)
+        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+    {
+        let at = i + found;
+        if body[at] == b'"' {
+            return at;
         }
+        i = at + 2;
     }
     body.len()
 }

@@ -42,10 +42,13 @@
 //!   bytes, mixed arrays, a missing value) drops the attribute. Attributes keep their order,
 //!   duplicates included.
 //! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is
-//!   refused. One exception, for JSON, whose parser stops at 128 levels of nesting where the
-//!   protobuf reader follows any depth: a span the parser cannot read (nested that deep, an id
-//!   that is not hex) is cut out and rejected, and the rest decoded ([`decode_json_cutting`]);
-//!   so is a scope or resource, with all its spans.
+//!   refused. Exceptions, so that one span does not cost the others: a string the collector
+//!   reads (a span or service name, a kept attribute value) that is not UTF-8 rejects its span
+//!   (a service name: its resource's spans); for JSON, whose parser stops at 128 levels of
+//!   nesting where the protobuf reader follows any depth, a span the parser cannot read (nested
+//!   that deep, an id that is not hex, a string that is not UTF-8 or holds a bad escape) is cut
+//!   out and rejected, and the rest decoded ([`decode_json_cutting`]); so is a scope or
+//!   resource, with all its spans.
 //! - Span names, service names and string values longer than
 //!   [`MAX_TEXT_LEN`](infertrace_analysis::text::MAX_TEXT_LEN) (256 bytes) are cut at a character
 //!   boundary and counted ([`take_truncated_texts`]): they become labels and dimensions.
@@ -69,7 +72,10 @@ mod validation;
 pub use decoded::{DecodeError, Decoded, SpanRange};
 pub(crate) use interner::with_text_interner;
 pub use interner::{take_fresh_text_bytes, take_truncated_texts};
-pub use json::{decode_json, decode_json_cutting};
+pub use json::{
+    JSON_BYTES_PER_ELEMENT, JSON_BYTES_PER_OBJECT, decode_json, decode_json_cutting,
+    json_decode_bound,
+};
 pub use protobuf::{count_spans, decode_protobuf, decode_span, without_spans};
 pub use reference::{from_proto, leave_out_spans, retain_accepted};
 pub use validation::MAX_VALUE_NESTING;

@@ -105,6 +105,9 @@ struct RequestDecoder<'a, 'i> {
     /// them is rejected).
     resource_too_deep: bool,
     scope_too_deep: bool,
+    /// Whether the current resource's service name is not valid UTF-8 (every span under it is
+    /// rejected).
+    resource_bad_text: bool,
 }
 
 impl<'a, 'i> RequestDecoder<'a, 'i> {
@@ -122,6 +125,7 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
             last_service: None,
             resource_too_deep: false,
             scope_too_deep: false,
+            resource_bad_text: false,
             interner,
         }
     }
@@ -142,7 +146,13 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
                 r.skip(field, wire)?;
             }
         }
-        let service = self.service(service_name.unwrap_or(UNKNOWN_SERVICE.as_bytes()))?;
+        let service_name = service_name.unwrap_or(UNKNOWN_SERVICE.as_bytes());
+        let service = self.service(service_name);
+        self.resource_bad_text = service.is_none();
+        let service = match service {
+            Some(service) => service,
+            None => Text::from(UNKNOWN_SERVICE),
+        };
         // Pass 2: the spans.
         let mut r = Reader::new(buf);
         while let Some((field, wire)) = r.key()? {
@@ -176,19 +186,16 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
 
     /// The interned text of a service name (reused while consecutive resources agree): the same
     /// allocation batch after batch, static once common (see [`Interner`]), so that spans and
-    /// records clone it without touching a shared counter.
-    fn service(&mut self, name: &'a [u8]) -> Result<Text, DecodeError> {
+    /// records clone it without touching a shared counter. `None` when it is not valid UTF-8.
+    fn service(&mut self, name: &'a [u8]) -> Option<Text> {
         if let Some((last, arc)) = &self.last_service
             && *last == name
         {
-            return Ok(arc.clone());
+            return Some(arc.clone());
         }
-        let text = self
-            .interner
-            .intern_utf8(name)
-            .map_err(|_| DecodeError::InvalidUtf8)?;
+        let text = self.interner.intern_utf8(name).ok()?;
         self.last_service = Some((name, text.clone()));
-        Ok(text)
+        Some(text)
     }
 
     fn span(&mut self, buf: &[u8], service: &Text) -> Result<(), DecodeError> {
@@ -201,6 +208,8 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
         let mut end = 0u64;
         let mut status = 0i32;
         let mut too_deep = self.resource_too_deep || self.scope_too_deep;
+        // A string the collector reads that is not UTF-8 rejects its span, not the request.
+        let mut bad_text = self.resource_bad_text;
         self.attributes.clear();
         self.links.clear();
         let mut r = Reader::new(buf);
@@ -215,7 +224,11 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
                 8 => end = r.fixed64_field(wire)?,
                 9 => {
                     let kv = r.len_field(wire)?;
-                    too_deep |= key_value(kv, self.interner, &mut self.attributes)?;
+                    match key_value(kv, self.interner, &mut self.attributes) {
+                        Ok(deep) => too_deep |= deep,
+                        Err(DecodeError::InvalidUtf8) => bad_text = true,
+                        Err(e) => return Err(e),
+                    }
                 }
                 // Events: only their attributes' nesting is read.
                 11 if wire == LEN => {
@@ -242,16 +255,17 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
                 _ => r.skip(field, wire)?,
             }
         }
-        let name = self
-            .interner
-            .intern_utf8(name)
-            .map_err(|_| DecodeError::InvalidUtf8)?;
+        let name = self.interner.intern_utf8(name).unwrap_or_else(|_| {
+            bad_text = true;
+            Text::from("")
+        });
         // Offsets past 4 GiB wrap; such a body's ranges are dropped as a whole.
         let range = SpanRange {
             offset: (buf.as_ptr() as usize - self.body_address) as u32,
             len: buf.len() as u32,
         };
         let ids = match validate_span(trace_id, span_id, parent, start, end) {
+            Ok(_) if bad_text => Err(InvalidSpan::NotUtf8),
             Ok(_) if too_deep => Err(InvalidSpan::TooDeep),
             other => other,
         };
@@ -301,7 +315,6 @@ fn resource_service_name(buf: &[u8]) -> Result<Option<&[u8]>, DecodeError> {
             if last_key(kv)? == SERVICE_NAME.as_bytes()
                 && let AnyValueState::Str(name) = value_state(kv)?
             {
-                utf8(name)?;
                 return Ok(Some(name));
             }
         } else {
@@ -704,10 +717,6 @@ fn link(buf: &[u8]) -> Result<Option<SpanLink>, DecodeError> {
         }
     }
     Ok(valid_link(trace_id, span_id))
-}
-
-fn utf8(b: &[u8]) -> Result<&str, DecodeError> {
-    std::str::from_utf8(b).map_err(|_| DecodeError::InvalidUtf8)
 }
 
 /// Same answer as [`infertrace_analysis::trace::known_key`], faster.
@@ -1309,12 +1318,47 @@ mod tests {
     }
 
     #[test]
-    fn invalid_utf8_in_a_kept_string_is_an_error() {
-        let mut s = span(1);
-        s.name = "ok".into();
-        let mut bytes = request(vec![s], None).encode_to_vec();
-        let at = bytes.windows(2).position(|w| w == b"ok").unwrap();
-        bytes[at] = 0xff;
-        assert_eq!(decode_protobuf(&bytes), Err(DecodeError::InvalidUtf8));
+    fn invalid_utf8_in_a_kept_string_rejects_its_span_only() {
+        // `bytes` with the first occurrence of `marker` made invalid UTF-8.
+        let spoil = |bytes: &mut Vec<u8>, marker: &[u8]| {
+            let at = bytes
+                .windows(marker.len())
+                .position(|w| w == marker)
+                .unwrap();
+            bytes[at] = 0xff;
+        };
+        let model = |value: &str| {
+            kv(
+                infertrace_semconv::gen_ai::REQUEST_MODEL,
+                any_value::Value::StringValue(value.into()),
+            )
+        };
+        let mut named = span(2);
+        named.name = "NAME".into();
+        let mut attributed = span(3);
+        attributed.attributes = vec![model("MODEL")];
+        let mut bytes =
+            request(vec![span(1), named, attributed, span(4)], Some("svc")).encode_to_vec();
+        spoil(&mut bytes, b"NAME");
+        spoil(&mut bytes, b"MODEL");
+        let d = decode_protobuf(&bytes).unwrap();
+        let ids: Vec<u8> = d.spans.iter().map(|s| s.span_id.0[0]).collect();
+        assert_eq!((ids, d.rejected), (vec![1, 4], 2));
+        assert!(d.first_error.unwrap().contains("not valid UTF-8"));
+        // Cut out of what is forwarded, as any rejected span.
+        let cut = without_spans(&bytes, &d.rejected_ranges).unwrap();
+        let forwarded = ExportTraceServiceRequest::decode(&cut[..]).unwrap();
+        assert_eq!(forwarded.resource_spans[0].scope_spans[0].spans.len(), 2);
+        // A service name that is not UTF-8 rejects its resource's spans; the next resource's
+        // spans are kept.
+        let mut two = request(vec![span(5), span(6)], Some("SERVICE"));
+        two.resource_spans
+            .extend(request(vec![span(7)], Some("svc")).resource_spans);
+        let mut bytes = two.encode_to_vec();
+        spoil(&mut bytes, b"SERVICE");
+        let d = decode_protobuf(&bytes).unwrap();
+        let ids: Vec<u8> = d.spans.iter().map(|s| s.span_id.0[0]).collect();
+        assert_eq!((ids, d.rejected), (vec![7], 2));
+        assert_eq!(&*d.spans[0].service, "svc");
     }
 }

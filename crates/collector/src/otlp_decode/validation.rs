@@ -20,6 +20,7 @@ pub(crate) enum InvalidSpan {
     ParentSpanId { len: usize },
     NoStart,
     EndBeforeStart { start: u64, end: u64 },
+    NotUtf8,
     TooDeep,
 }
 
@@ -42,6 +43,11 @@ impl std::fmt::Display for InvalidSpan {
             Self::EndBeforeStart { start, end } => write!(
                 f,
                 "span ends before it starts (start {start} ns, end {end} ns)"
+            ),
+            Self::NotUtf8 => write!(
+                f,
+                "a string the collector reads (the span's name, its service name or one of its \
+                 attributes) is not valid UTF-8"
             ),
             Self::TooDeep => write!(
                 f,

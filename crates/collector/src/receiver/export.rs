@@ -9,9 +9,7 @@ use hyper::body::Incoming;
 
 use crate::ingest::{Ingest, IngestBatch, IngestError};
 use crate::internal_events::InternalEvents;
-use crate::limiter::{
-    DECODED_BYTES_PER_WIRE_BYTE, MemoryReservation, Refused, Sender, json_decode_bound,
-};
+use crate::limiter::{DECODED_BYTES_PER_WIRE_BYTE, MemoryReservation, Refused, Sender};
 use crate::listener::PeerAddr;
 use crate::otlp_decode::{self, Decoded};
 
@@ -195,7 +193,7 @@ impl Receiver {
         if let Some(h) = &mut hold {
             let decoded = match &payload {
                 Payload::Protobuf(b) => b.len().saturating_mul(DECODED_BYTES_PER_WIRE_BYTE),
-                Payload::Json(b) => json_decode_bound(b),
+                Payload::Json(b) => otlp_decode::json_decode_bound(b),
             };
             let total = h.bytes().saturating_add(decoded);
             if total > h.limit() {
