@@ -52,6 +52,10 @@ pub struct CheckConfigArgs {
     /// The tokens file `collect` would be given (overrides auth.tokens_file, as there).
     #[arg(long, value_name = "PATH", env = "INFERTRACE_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
+    /// Check the config as `collect --no-store` would run it: store.data_dir is not looked at
+    /// (e.g. a container's config, whose data directory is the container's, checked on a host).
+    #[arg(long)]
+    pub no_store: bool,
 }
 
 /// Loads the config file (or the defaults) and applies the command-line overrides.
@@ -184,13 +188,19 @@ async fn reload_on_hangup(
     }
 }
 
-/// Runs `infertrace check-config FILE`: parses and validates the file, and reads and parses
+/// Runs `infertrace check-config FILE`: parses and validates the file, finds whether the
+/// history store could be opened at `store.data_dir` (creating nothing), and reads and parses
 /// every TLS certificate, key and CA file it names.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     let file = args.file.display();
     // Every group of keys is checked and its first problem printed, not only the file's first
     // problem: one run shows what to fix everywhere.
-    let (mut config, problems) = match CollectorConfig::check_file(&args.file) {
+    let no_store = |c: &mut CollectorConfig| {
+        if args.no_store {
+            c.store.enabled = false;
+        }
+    };
+    let (mut config, problems) = match CollectorConfig::check_file(&args.file, no_store) {
         Ok(checked) => checked,
         Err(e) => {
             eprintln!("{e}");

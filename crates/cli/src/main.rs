@@ -47,8 +47,11 @@ enum Command {
     ///
     /// Checks what `collect` would need as `collect` would: the TLS files of the listeners and
     /// of https:// forward and Alertmanager URLs are read and parsed, the tokens (auth.tokens_file,
-    /// --tokens-file or INFERTRACE_TOKENS_FILE, INFERTRACE_TOKENS) are read, and ${NAME} in
-    /// forward.headers is looked up in this command's environment. Every top-level section is
+    /// --tokens-file or INFERTRACE_TOKENS_FILE, INFERTRACE_TOKENS) are read, ${NAME} in
+    /// forward.headers is looked up in this command's environment, and store.data_dir must be a
+    /// directory that exists or can be created, its infertrace.db (if any) a history store this
+    /// build opens (read-only here: nothing is created or changed; --no-store skips this).
+    /// Every top-level section is
     /// checked and its first problem printed (with file:line:column where the file sets the
     /// key); exit status 1 if any.
     CheckConfig(collect::CheckConfigArgs),

@@ -206,6 +206,83 @@ fn check_config_reports_every_problem_with_its_line() {
     );
 }
 
+/// `check-config` refuses a `store.data_dir` that `collect` could not open — a file in the way,
+/// a directory that cannot be created, a file that is not a database — in the store's section,
+/// and creates nothing to find out.
+#[test]
+fn check_config_refuses_a_data_dir_collect_could_not_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let not_a_db = dir.path().join("not-a-db");
+    std::fs::create_dir(&not_a_db).unwrap();
+    std::fs::write(
+        not_a_db.join("infertrace.db"),
+        "not a database, just some text",
+    )
+    .unwrap();
+    let mut cases = vec![
+        (file.clone(), "exists and is not a directory"),
+        (file.join("x"), "is not a directory"),
+        (not_a_db.clone(), "is not an SQLite database"),
+    ];
+    if cfg!(target_os = "linux") {
+        cases.push(("/proc/nonexistent/x".into(), "cannot be created in /proc"));
+    }
+    // `check-config` of `yaml`, written to `name`, with `flags`: whether it passed, and stderr.
+    let check = |name: &str, yaml: &str, flags: &[&str]| {
+        let config = dir.path().join(name);
+        std::fs::write(&config, yaml).unwrap();
+        let out = bin()
+            .arg("check-config")
+            .arg(&config)
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), err)
+    };
+    let before = std::fs::read_dir(dir.path()).unwrap().count();
+    for (i, (data_dir, why)) in cases.iter().enumerate() {
+        let yaml = format!("kpi:\n  goodput_target: 0.9\nstore:\n  data_dir: {data_dir:?}\n");
+        let name = format!("store{i}.yaml");
+        let (ok, err) = check(&name, &yaml, &[]);
+        assert!(!ok, "{}: {err}", data_dir.display());
+        assert!(
+            err.contains(&format!("{name}:4:"))
+                && err.contains("store.data_dir: ")
+                && err.contains(why),
+            "{why}: {err}"
+        );
+        // The same with the store off passes: in the file, or as `collect --no-store` runs it.
+        let off = format!("store:\n  enabled: false\n  data_dir: {data_dir:?}\n");
+        let (ok, err) = check(&format!("off{i}.yaml"), &off, &[]);
+        assert!(ok, "{}: {err}", data_dir.display());
+        let (ok, err) = check(&name, &yaml, &["--no-store"]);
+        assert!(ok, "{}: {err}", data_dir.display());
+    }
+    // A data directory that can be created passes, and is not created.
+    let new = dir.path().join("new/data");
+    let (ok, err) = check("new.yaml", &format!("store:\n  data_dir: {new:?}\n"), &[]);
+    assert!(ok, "{err}");
+    assert!(!dir.path().join("new").exists());
+    // Nothing but the configs written here appeared; the file that is not a database is as it was.
+    let configs = 2 * cases.len() + 1;
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        before + configs
+    );
+    assert_eq!(
+        std::fs::read_dir(&not_a_db).unwrap().count(),
+        1,
+        "SQLite left a file beside it"
+    );
+    assert_eq!(
+        std::fs::read_to_string(not_a_db.join("infertrace.db")).unwrap(),
+        "not a database, just some text"
+    );
+}
+
 /// `infertrace` turns transparent huge pages off for itself (main.rs `tune_allocator`; the
 /// `THP_enabled` field of /proc/PID/status exists since Linux 5.0).
 #[cfg(target_os = "linux")]

@@ -49,11 +49,17 @@ impl CollectorConfig {
     /// Reads and parses a YAML file (an error when it cannot), and gives every problem
     /// validation finds in it (the first of each group of checks, see
     /// [`problems`](Self::problems)) rather than only the first, as
-    /// [`from_file`](Self::from_file) does: what `check-config` shows. The configuration is
-    /// valid when the list is empty.
-    pub fn check_file(path: &Path) -> Result<(Self, Vec<ConfigError>), ConfigError> {
+    /// [`from_file`](Self::from_file) does, and whether the history store could be opened at
+    /// its `store.data_dir`: what `check-config` shows. `adjust` changes the configuration
+    /// before it is checked, as `collect`'s flags do (`--no-store`). The configuration is valid
+    /// when the list is empty.
+    pub fn check_file(
+        path: &Path,
+        adjust: impl FnOnce(&mut Self),
+    ) -> Result<(Self, Vec<ConfigError>), ConfigError> {
         let (text, name) = read(path)?;
-        let config = Self::parse_unvalidated(&text, &name)?;
+        let mut config = Self::parse_unvalidated(&text, &name)?;
+        adjust(&mut config);
         let problems = config
             .problems()
             .into_iter()

@@ -1,5 +1,6 @@
 //! Checks on a parsed configuration that its types cannot express (positive durations, sorted
-//! windows, distinct addresses, loadable TLS files…), each failure naming its key path.
+//! windows, distinct addresses, loadable TLS files…), each failure naming its key path; for
+//! `check-config`, also whether the history store could be opened where `store.data_dir` says.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,40 +9,59 @@ use infertrace_analysis::alert::{AlertRule, AnomalyDetector};
 
 use super::check::{Invalid, check_http_url};
 use super::schema::CollectorConfig;
+use crate::store::Store;
+
+/// How far the checks go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// The values alone: what [`CollectorConfig::validate`] checks (`collect` checks them again
+    /// once its `--data-dir` and `--no-store` have changed them, then opens the store itself).
+    Values,
+    /// Also whether the history store could be opened where the values say
+    /// ([`Store::check`], which creates nothing): what `check-config` checks, for which the
+    /// file is all there is.
+    Disk,
+}
 
 /// The check of one group of keys of the configuration: its first problem.
-type Section = fn(&CollectorConfig) -> Result<(), Invalid>;
+type Section = fn(&CollectorConfig, Reach) -> Result<(), Invalid>;
 
 /// The groups of checks, in the order of the file's sections.
 const SECTIONS: [Section; 12] = [
-    CollectorConfig::validate_receivers,
-    CollectorConfig::validate_api,
-    CollectorConfig::validate_limits,
-    CollectorConfig::validate_assembly,
-    CollectorConfig::validate_kpi,
-    CollectorConfig::validate_network,
-    CollectorConfig::validate_diagnosis,
-    CollectorConfig::validate_alerts,
-    CollectorConfig::validate_forward,
+    |c, _| c.validate_receivers(),
+    |c, _| c.validate_api(),
+    |c, _| c.validate_limits(),
+    |c, _| c.validate_assembly(),
+    |c, _| c.validate_kpi(),
+    |c, _| c.validate_network(),
+    |c, _| c.validate_diagnosis(),
+    |c, _| c.validate_alerts(),
+    |c, _| c.validate_forward(),
     CollectorConfig::validate_store,
-    |c| super::auth::validate_allowed_hosts(&c.api.allowed_hosts),
-    |c| c.auth.validate(),
+    |c, _| super::auth::validate_allowed_hosts(&c.api.allowed_hosts),
+    |c, _| c.auth.validate(),
 ];
 
 impl CollectorConfig {
     /// Checks what the types cannot: positive durations, sorted windows, distinct addresses…;
     /// the first problem found (see [`problems`](Self::problems) for all of them).
     pub fn validate(&self) -> Result<(), Invalid> {
-        SECTIONS.iter().try_for_each(|check| check(self))
+        SECTIONS
+            .iter()
+            .try_for_each(|check| check(self, Reach::Values))
     }
 
-    /// Every problem [`validate`](Self::validate) would report: the first of each group of
-    /// checks (about one group per top-level key of the file), so that one run of
-    /// `check-config` shows what to fix everywhere; empty when the configuration is valid.
+    /// Every problem [`validate`](Self::validate) would report — the first of each group of
+    /// checks (about one group per top-level key of the file) — and, in the store's group,
+    /// whether the history store could be opened at `store.data_dir` when it is enabled (a
+    /// directory `collect` could not create, a database it would refuse; found without
+    /// creating anything), which `validate` leaves to `collect`'s start. What `check-config`
+    /// shows, so that one run says what to fix everywhere; empty when the configuration is
+    /// valid.
     pub fn problems(&self) -> Vec<Invalid> {
         SECTIONS
             .iter()
-            .filter_map(|check| check(self).err())
+            .filter_map(|check| check(self, Reach::Disk).err())
             .collect()
     }
 
@@ -227,7 +247,16 @@ impl CollectorConfig {
         Ok(())
     }
 
-    fn validate_store(&self) -> Result<(), Invalid> {
+    fn validate_store(&self, reach: Reach) -> Result<(), Invalid> {
+        self.validate_store_values()?;
+        if reach == Reach::Disk && self.store.enabled {
+            Store::check(&self.store.data_dir)
+                .map_err(|e| Invalid::new(&["store", "data_dir"], e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn validate_store_values(&self) -> Result<(), Invalid> {
         let s = &self.store;
         if !s.enabled {
             return Ok(());

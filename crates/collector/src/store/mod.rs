@@ -35,6 +35,7 @@ mod error;
 mod feed;
 mod history;
 mod options;
+mod preflight;
 mod schema;
 mod time;
 mod writer;

@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::{Connection, ErrorCode, params};
+use rusqlite::{Connection, ErrorCode, OpenFlags, params};
 
 use super::error::StoreError;
 use super::time::{MINUTE_NANOS, sql_time};
@@ -108,11 +108,10 @@ fn check_header(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-/// Opens the store's database at `path`, creating the schema in a new or empty file, and
-/// refusing (untouched) anything else that is not an infertrace store of a supported version.
-pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
-    check_header(path)?;
-    let sql = |source: rusqlite::Error| {
+/// What SQLite's `source` error on the database at `path` means for the store: a file that is
+/// not a database, or another failure.
+fn sql_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + Copy + '_ {
+    move |source| {
         if source.sqlite_error_code() == Some(ErrorCode::NotADatabase) {
             StoreError::NotADatabase {
                 path: path.to_path_buf(),
@@ -123,9 +122,78 @@ pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
                 source,
             }
         }
-    };
+    }
+}
+
+/// Opens the store's database at `path`, creating the schema in a new or empty file, and
+/// refusing (untouched) anything else that is not an infertrace store of a supported version.
+pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
+    check_header(path)?;
+    let sql = sql_error(path);
     let mut conn = Connection::open(path).map_err(sql)?;
     conn.busy_timeout(Duration::from_secs(5)).map_err(sql)?;
+    let fresh = recognise(&conn, path)?;
+    if fresh {
+        // Before anything is written: a stored minute is a few kB, and 16 KiB pages hold
+        // several of them where 4 KiB pages hold one (measured: 4.2 kB → 3.3 kB a row).
+        conn.pragma_update(None, "page_size", PAGE_SIZE)
+            .map_err(sql)?;
+    }
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql)?;
+    // In WAL mode NORMAL keeps every commit across a process crash (kill -9); only a power
+    // loss may lose the last commits.
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sql)?;
+    if fresh {
+        let tx = conn.transaction().map_err(sql)?;
+        tx.execute_batch(SCHEMA).map_err(sql)?;
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(sql)?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(sql)?;
+        tx.commit().map_err(sql)?;
+    }
+    Ok(conn)
+}
+
+/// Whether [`open`] would accept the existing file at `path`, found without writing anything:
+/// the file is opened read-only and immutable, so that SQLite creates no `-wal` or `-shm` file
+/// beside it and takes no lock. What was committed only to a `-wal` goes unseen then: a store
+/// whose creation was never checkpointed looks fresh, which `open` accepts as well.
+pub(super) fn check_existing(path: &Path) -> Result<(), StoreError> {
+    check_header(path)?;
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(immutable_uri(path), flags).map_err(sql_error(path))?;
+    recognise(&conn, path).map(drop)
+}
+
+/// The SQLite URI of `path` opened read-only and immutable, every byte but unreserved ones and
+/// `/` percent-encoded (so that `?`, `#` and `%` in a name stay part of it).
+fn immutable_uri(path: &Path) -> String {
+    let mut uri = String::from(if path.is_absolute() {
+        "file://"
+    } else {
+        "file:"
+    });
+    for &b in path.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            uri.push(char::from(b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?mode=ro&immutable=1");
+    uri
+}
+
+/// What the database open on `conn` is: `true` when fresh (no table, no application id, no
+/// version), `false` when an infertrace store of a version this build reads; another
+/// application's database or a newer schema is refused.
+fn recognise(conn: &Connection, path: &Path) -> Result<bool, StoreError> {
+    let sql = sql_error(path);
     let application_id: i64 = conn
         .pragma_query_value(None, "application_id", |r| r.get(0))
         .map_err(sql)?;
@@ -154,28 +222,7 @@ pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
             supported: SCHEMA_VERSION,
         });
     }
-    if fresh {
-        // Before anything is written: a stored minute is a few kB, and 16 KiB pages hold
-        // several of them where 4 KiB pages hold one (measured: 4.2 kB → 3.3 kB a row).
-        conn.pragma_update(None, "page_size", PAGE_SIZE)
-            .map_err(sql)?;
-    }
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(sql)?;
-    // In WAL mode NORMAL keeps every commit across a process crash (kill -9); only a power
-    // loss may lose the last commits.
-    conn.pragma_update(None, "synchronous", "NORMAL")
-        .map_err(sql)?;
-    if fresh {
-        let tx = conn.transaction().map_err(sql)?;
-        tx.execute_batch(SCHEMA).map_err(sql)?;
-        tx.pragma_update(None, "application_id", APPLICATION_ID)
-            .map_err(sql)?;
-        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-            .map_err(sql)?;
-        tx.commit().map_err(sql)?;
-    }
-    Ok(conn)
+    Ok(fresh)
 }
 
 /// Deletes rows older than `now − retention`: minutes that ended before it, requests of those
