@@ -210,9 +210,9 @@ fn per_trace_table(report: &Value) -> String {
     {
         out.push_str(&format!(
             "  trace {} span {} ({}, e2e {})\n",
-            t["trace_id"].as_str().unwrap_or("-"),
-            t["span_id"].as_str().unwrap_or("-"),
-            t["model"].as_str().unwrap_or("-"),
+            render::text(t, "trace_id"),
+            render::text(t, "span_id"),
+            render::text(t, "model"),
             render::secs(t["e2e"].as_f64())
         ));
         for s in t["segments"].as_array().into_iter().flatten() {
@@ -220,8 +220,8 @@ fn per_trace_table(report: &Value) -> String {
             let end = s["end_unix_nano"].as_u64().unwrap_or(0);
             out.push_str(&format!(
                 "      {:<24} {:<20} {:>10}\n",
-                s["name"].as_str().unwrap_or("-"),
-                s["service"].as_str().unwrap_or("-"),
+                render::text(s, "name"),
+                render::text(s, "service"),
                 render::secs(Some(end.saturating_sub(start) as f64 / 1e9))
             ));
         }
@@ -235,8 +235,9 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     for f in &args.files {
         read_file(f, &mut inputs);
     }
+    // Problems may quote the files' texts (span names, attributes).
     for p in &inputs.problems {
-        eprintln!("infertrace: {p}");
+        eprintln!("infertrace: {}", render::terminal_safe(p));
     }
     if inputs.spans.is_empty() {
         eprintln!("infertrace: error: no spans could be read from the given files");

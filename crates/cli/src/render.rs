@@ -4,7 +4,13 @@
 //! "alerts"}` whose members have exactly the shapes of `/api/kpis`, `/api/critical-path`,
 //! `/api/findings` and `/api/alerts`. Working on JSON keeps `report` (remote), `demo` and `analyze`
 //! (local) on one renderer, and lets `--format json` print the same object.
+//!
+//! Every text taken from the report (service, model, operation and span names, findings,
+//! alerts) is printed through [`terminal_safe`]: those come from traces, which anyone with the
+//! ingest scope writes, and a control character in them could move the cursor, clear the screen
+//! or set the terminal's title, or break a table with a newline.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -39,8 +45,31 @@ fn f(v: &Value, path: &[&str]) -> Option<f64> {
     cur.as_f64()
 }
 
-fn s<'a>(v: &'a Value, key: &str) -> &'a str {
-    v.get(key).and_then(Value::as_str).unwrap_or("-")
+/// The text at `key` of `v`, made [`terminal_safe`] for printing; `-` when absent.
+pub fn text<'a>(v: &'a Value, key: &str) -> Cow<'a, str> {
+    terminal_safe(v.get(key).and_then(Value::as_str).unwrap_or("-"))
+}
+
+/// `text` with every control character (C0 including ESC, DEL, and C1 U+0080–U+009F: what
+/// [`char::is_control`] says) written as Rust writes it in a string literal: `\n`, `\r`, `\t`,
+/// `\0`, else `\u{1b}`, `\u{7f}`, `\u{9b}`. Texts from traces pass through it before they reach
+/// the terminal, so that none can send it escape sequences or break a table's lines; the result
+/// is one line of printable characters, and column widths are counted on it. Backslashes are
+/// left as they are: the form is for reading, not for parsing back. Borrowed when there is
+/// nothing to escape.
+pub fn terminal_safe(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut safe = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            safe.extend(c.escape_debug());
+        } else {
+            safe.push(c);
+        }
+    }
+    Cow::Owned(safe)
 }
 
 /// A simple left/right aligned text table.
@@ -113,7 +142,7 @@ pub fn report_table(report: &Value) -> String {
     let _ = writeln!(
         out,
         "infertrace report — window {window} — source {}",
-        s(report, "source")
+        text(report, "source")
     );
     let empty = Vec::new();
     let series = report
@@ -157,9 +186,9 @@ fn render_breakdown(series: &[Value], out: &mut String) {
     ]);
     for x in series {
         t.row(vec![
-            s(x, "service").into(),
-            s(x, "model").into(),
-            s(x, "operation").into(),
+            text(x, "service").into(),
+            text(x, "model").into(),
+            text(x, "operation").into(),
             num(f(x, &["requests"]), 0),
             num(f(x, &["errors"]), 0),
             num(f(x, &["cancelled"]), 0),
@@ -184,7 +213,7 @@ fn render_percentiles(series: &[Value], out: &mut String) {
         "model", "metric", "", "p50", "p90", "p95", "p99", "max", "mean",
     ]);
     for x in series {
-        let model = format!("{}/{}", s(x, "service"), s(x, "model"));
+        let model = format!("{}/{}", text(x, "service"), text(x, "model"));
         for (key, label) in [
             ("e2e", "e2e"),
             ("ttft", "TTFT"),
@@ -232,8 +261,8 @@ fn render_gpu(series: &[Value], out: &mut String) {
     for x in with_gpu {
         let g = &x["gpu"];
         t.row(vec![
-            s(x, "service").into(),
-            s(x, "model").into(),
+            text(x, "service").into(),
+            text(x, "model").into(),
             String::new(),
             pct(f(g, &["utilization_mean", "queue"])),
             pct(f(g, &["utilization_mean", "prefill"])),
@@ -282,8 +311,8 @@ fn render_critical_path(cp: Option<&Value>, out: &mut String) {
     });
     for e in sorted.into_iter().take(12) {
         t.row(vec![
-            s(e, "service").into(),
-            s(e, "span").into(),
+            text(e, "service").into(),
+            text(e, "span").into(),
             String::new(),
             pct(f(e, &["share", "all"])),
             pct(f(e, &["share", "p90"])),
@@ -317,11 +346,11 @@ fn render_findings(v: Option<&Value>, out: &mut String) {
         let _ = writeln!(
             out,
             "  [{}] {} — {} ({}/{})",
-            s(x, "severity").to_uppercase(),
-            s(x, "rule_id"),
-            s(x, "title"),
-            s(x, "service"),
-            s(x, "model")
+            text(x, "severity").to_uppercase(),
+            text(x, "rule_id"),
+            text(x, "title"),
+            text(x, "service"),
+            text(x, "model")
         );
         if let Some(ev) = x.get("evidence").and_then(Value::as_array) {
             let parts: Vec<String> = ev
@@ -336,14 +365,14 @@ fn render_findings(v: Option<&Value>, out: &mut String) {
                     let th = f(e, &["threshold"])
                         .map(|t| format!(" (threshold {})", fmt(Some(t))))
                         .unwrap_or_default();
-                    format!("{} = {}{}", s(e, "metric"), fmt(f(e, &["value"])), th)
+                    format!("{} = {}{}", text(e, "metric"), fmt(f(e, &["value"])), th)
                 })
                 .collect();
             if !parts.is_empty() {
                 let _ = writeln!(out, "      evidence: {}", parts.join("; "));
             }
         }
-        let _ = writeln!(out, "      what to change: {}", s(x, "recommendation"));
+        let _ = writeln!(out, "      what to change: {}", text(x, "recommendation"));
     }
 }
 
@@ -367,11 +396,14 @@ fn render_alerts(v: Option<&Value>, out: &mut String) {
             .or(a.get("alert"))
             .and_then(Value::as_str)
             .unwrap_or("-");
+        // JSON escapes C0 controls in the labels but writes C1 ones (U+0080–U+009F) as they are.
+        let labels = a.get("labels").map(Value::to_string).unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {name}: {} {}",
-            s(a, "state"),
-            a.get("labels").map(Value::to_string).unwrap_or_default()
+            "  {}: {} {}",
+            terminal_safe(name),
+            text(a, "state"),
+            terminal_safe(&labels)
         );
     }
 }
@@ -411,10 +443,10 @@ pub fn history_table(report: &Value) -> String {
     let _ = write!(out, "infertrace report — last {since} of history");
     for key in ["service", "model"] {
         if let Some(v) = report.get(key).and_then(Value::as_str) {
-            let _ = write!(out, " — {key} {v}");
+            let _ = write!(out, " — {key} {}", terminal_safe(v));
         }
     }
-    let _ = writeln!(out, " — source {}", s(report, "source"));
+    let _ = writeln!(out, " — source {}", text(report, "source"));
     let empty = Vec::new();
     let rows = report
         .get("kpis")
@@ -435,9 +467,9 @@ pub fn history_table(report: &Value) -> String {
     }
     let mut t = Table::new(&header).left_columns(1);
     for r in rows {
-        let unit = s(r, "unit");
+        let unit: &str = &text(r, "unit");
         let mut cells = vec![
-            s(r, "kpi").to_owned(),
+            text(r, "kpi").into_owned(),
             history_value(unit, f(r, &["value"])),
         ];
         if compare.is_some() {
@@ -497,6 +529,76 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("decode"), "{text}");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_for_the_terminal() {
+        assert!(matches!(terminal_safe("llama-3.1 8b/ü"), Cow::Borrowed(_)));
+        assert_eq!(
+            terminal_safe("esc\x1b[2J\x1b]0;PWNED\x07x"),
+            "esc\\u{1b}[2J\\u{1b}]0;PWNED\\u{7}x"
+        );
+        assert_eq!(terminal_safe("a\nb\tc\rd\0"), "a\\nb\\tc\\rd\\0");
+        assert_eq!(
+            terminal_safe("del\x7f c1\u{9b}\u{80}\u{9f}"),
+            "del\\u{7f} c1\\u{9b}\\u{80}\\u{9f}"
+        );
+        // Printable text around them, backslashes and U+00A0 (not a control) are kept.
+        assert_eq!(terminal_safe("\\n\u{a0}é"), "\\n\u{a0}é");
+    }
+
+    #[test]
+    fn names_from_traces_reach_the_terminal_escaped_and_aligned() {
+        let hostile = "esc\x1b[2J\x1b]0;PWNED\x07x";
+        let report = serde_json::json!({
+            "source": "test", "window_seconds": 60,
+            "kpis": {"series": [
+                {"service": "svc\u{9b}31m", "model": hostile, "operation": "chat\nfake row",
+                 "requests": 3, "e2e": {"p50": 1.0, "p90": 1.0, "p95": 1.0, "p99": 1.0, "max": 1.0, "mean": 1.0}},
+                {"service": "svc", "model": "m", "operation": "chat", "requests": 12345}
+            ]},
+            "critical_path": {"requests": 3, "entries": [{"service": "svc", "span": "tab\there",
+                "seconds": {"all": 1.0}, "share": {"all": 1.0}}]},
+            "findings": [{"rule_id": "r", "severity": "warning", "service": "svc", "model": hostile,
+                "title": "t\x1b[1m", "recommendation": "r\x07"}],
+            "alerts": [{"name": "a\x1bc", "state": "firing", "labels": {"model": "m\u{9b}2J"}}]
+        });
+        let text = report_table(&report);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "a control character reached the terminal: {text:?}"
+        );
+        assert!(
+            text.contains("esc\\u{1b}[2J\\u{1b}]0;PWNED\\u{7}x"),
+            "{text}"
+        );
+        assert!(
+            text.contains("chat\\nfake row") && text.contains("tab\\there"),
+            "{text}"
+        );
+        assert!(text.contains("\\u{9b}2J"), "{text}");
+        // One line per series, and the right-aligned last column ends at the same place on the
+        // header and on both rows (widths are counted on the escaped text).
+        let table: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Latency breakdown"))
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert_eq!(table.len(), 3, "{text}");
+        let widths: Vec<usize> = table.iter().map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|w| *w == widths[0]), "{widths:?}\n{text}");
+        // The right-aligned `requests` column: 3 and 12345 end where its header does.
+        let chars: Vec<Vec<char>> = table.iter().map(|l| l.chars().collect()).collect();
+        let end = chars[0]
+            .windows(8)
+            .position(|w| w.iter().collect::<String>() == "requests")
+            .map(|i| i + 7);
+        assert_eq!(
+            end.map(|i| (chars[1][i], chars[2][i])),
+            Some(('3', '5')),
+            "{text}"
+        );
     }
 
     #[test]
