@@ -17,8 +17,12 @@
 //! (`infertrace_connections_refused_total{listener}`); a connection with no request in flight
 //! for `idle_timeout` is closed; a connection that has not sent a complete request head within
 //! `header_read_timeout` (HTTP/1 headers, or the HTTP/2 preface and first request, or the TLS
-//! handshake) is closed. HTTP/2 connections are pinged every `http2_keepalive_interval`, and
-//! closed when a ping is not answered within `http2_keepalive_timeout`.
+//! handshake) is closed. An idle HTTP/1 keep-alive connection is therefore closed after
+//! `min(idle_timeout, header_read_timeout)`: hyper starts its header read timeout as soon as such
+//! a connection waits for its next request (counted with reason `header_timeout`); HTTP/2
+//! connections use `idle_timeout`. HTTP/2 connections are pinged every
+//! `http2_keepalive_interval`, and closed when a ping is not answered within
+//! `http2_keepalive_timeout`.
 //!
 //! With `tls:` the listener speaks TLS only (rustls, TLS 1.2 and 1.3, ring provider), offering
 //! ALPN `h2` (and `http/1.1` except on the gRPC receiver). With `client_ca_file` it asks every
@@ -59,8 +63,11 @@ pub struct ConnectionsConfig {
     /// Most connections open at once; a further one is closed as soon as it is accepted and
     /// counted in `infertrace_connections_refused_total{listener}`. Default 1024.
     pub max: usize,
-    /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
-    /// HTTP/2 alike; HTTP/2 keep-alive pings do not count as activity). Default 60s.
+    /// A connection with no request in flight for this long is closed (HTTP/2 keep-alive pings
+    /// do not count as activity). An idle HTTP/1 keep-alive connection is closed sooner when
+    /// `header_read_timeout` is shorter, after `min(idle_timeout, header_read_timeout)`: hyper
+    /// starts its header read timeout as soon as such a connection waits for its next request
+    /// (reason `header_timeout`); HTTP/2 connections use `idle_timeout`. Default 60s.
     #[serde(with = "human_duration")]
     pub idle_timeout: Duration,
     /// Time a client has to complete the TLS handshake and send a complete request head: HTTP/1
