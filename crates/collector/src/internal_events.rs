@@ -172,6 +172,8 @@ pub struct InternalEvents {
     pub traces_in_flight: Gauge,
     /// `infertrace_late_spans_total`.
     pub late_spans: Counter,
+    /// `infertrace_duplicate_spans_total`.
+    pub duplicate_spans: Counter,
     /// `infertrace_exported_spans_total{exporter,outcome}`.
     pub exported_spans: Family<ExportLabels, Counter>,
     /// `infertrace_series_overflow_total`.
@@ -289,6 +291,11 @@ impl InternalEvents {
             prom::LATE_SPANS,
             "Spans that arrived after their trace was completed",
             self.late_spans.clone(),
+        );
+        r.register(
+            prom::DUPLICATE_SPANS,
+            "Spans received again while their trace was assembled (a client's retry); kept once",
+            self.duplicate_spans.clone(),
         );
         r.register(
             prom::EXPORTED_SPANS,

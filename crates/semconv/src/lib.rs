@@ -506,6 +506,8 @@ pub mod prom {
     pub const TRACES_IN_FLIGHT: &str = "traces_in_flight";
     /// Self-metric: spans arriving after their trace completed.
     pub const LATE_SPANS: &str = "late_spans";
+    /// Self-metric: spans received again while their trace was assembled (kept once).
+    pub const DUPLICATE_SPANS: &str = "duplicate_spans";
     /// Self-metric: spans exported by exporter and outcome.
     pub const EXPORTED_SPANS: &str = "exported_spans";
     /// Self-metric: series refused by the cardinality cap.

@@ -858,7 +858,11 @@ impl TraceAssembler {
     }
 
     fn close(&mut self, id: TraceId, reason: CloseReason, now: Instant) -> Option<CompletedTrace> {
-        let t = self.traces.remove(&id)?;
+        let mut t = self.traces.remove(&id)?;
+        let duplicates = drop_duplicate_spans(&mut t.spans);
+        if duplicates > 0 {
+            self.events.duplicate_spans.inc_by(duplicates as u64);
+        }
         let has_request = t.request_at.is_some();
         self.waiting -= usize::from(!has_request);
         self.index.set_completed(&id, has_request, now);
@@ -890,6 +894,42 @@ impl TraceAssembler {
                 .retain(|(id, at)| traces.get(id).is_some_and(|t| t.request_at == Some(*at)));
         }
     }
+}
+
+/// Traces of at most this many spans are checked for duplicate span ids pair by pair.
+const PAIRWISE: usize = 16;
+
+/// Whether two of `spans` share a span id (see [`drop_duplicate_spans`]): the pipeline leaves
+/// such a trace to be assembled as spans rather than analysed on arrival.
+pub(crate) fn has_duplicate_span_ids(spans: &[Span]) -> bool {
+    if spans.len() <= PAIRWISE {
+        return (1..spans.len()).any(|i| spans[..i].iter().any(|s| s.span_id == spans[i].span_id));
+    }
+    let mut seen = foldhash::HashSet::with_capacity_and_hasher(spans.len(), Default::default());
+    !spans.iter().all(|s| seen.insert(s.span_id))
+}
+
+/// Drops the spans whose span id an earlier span of the trace has (OTLP: a span id is unique
+/// in its trace), keeping the first and the order; returns how many it dropped. A client that
+/// sends a batch again (a retry after a timeout) would otherwise count its requests twice
+/// while the trace is assembled. Pairwise for the usual few spans, hashed past that.
+fn drop_duplicate_spans(spans: &mut Vec<Span>) -> usize {
+    let before = spans.len();
+    if before <= PAIRWISE {
+        let mut kept = 0;
+        for i in 0..before {
+            let id = spans[i].span_id;
+            if !spans[..kept].iter().any(|s| s.span_id == id) {
+                spans.swap(kept, i);
+                kept += 1;
+            }
+        }
+        spans.truncate(kept);
+    } else {
+        let mut seen = foldhash::HashSet::with_capacity_and_hasher(before, Default::default());
+        spans.retain(|s| seen.insert(s.span_id));
+    }
+    before - spans.len()
 }
 
 #[cfg(test)]
@@ -931,6 +971,29 @@ mod tests {
 
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn duplicate_spans_are_dropped_keeping_the_first_and_the_order() {
+        for n in [5usize, 40] {
+            // Spans 0..n, then every third again (with another name), then span 1 again.
+            let mut spans: Vec<Span> = (0..n)
+                .map(|i| {
+                    let mut s = span(1, i as u8 + 1, "first");
+                    s.start_unix_nano = i as u64;
+                    s
+                })
+                .collect();
+            for i in (0..n).step_by(3) {
+                spans.push(span(1, i as u8 + 1, "again"));
+            }
+            spans.push(span(1, 2, "again"));
+            let dropped = drop_duplicate_spans(&mut spans);
+            assert_eq!(dropped, n.div_ceil(3) + 1, "{n} spans");
+            let starts: Vec<u64> = spans.iter().map(|s| s.start_unix_nano).collect();
+            assert_eq!(starts, (0..n as u64).collect::<Vec<_>>(), "{n} spans");
+            assert!(spans.iter().all(|s| &*s.name == "first"), "{n} spans");
+        }
     }
 
     #[test]

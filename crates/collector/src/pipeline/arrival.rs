@@ -15,6 +15,7 @@ use infertrace_analysis::critical_path::CriticalPathOptions;
 use infertrace_analysis::dialect;
 use infertrace_analysis::trace::{Span, TraceId};
 
+use crate::assembler::has_duplicate_span_ids;
 use crate::held::{Analysed, PreparedRun, PreparedTrace, SpanSource, compact_copy, hold_the_body};
 use crate::ingest::IngestBatch;
 use crate::limiter::span_footprint;
@@ -48,7 +49,9 @@ pub fn prepare_runs(
     for r in runs {
         let run = &spans[r.clone()];
         let service = &run[0].service;
-        if !run.iter().all(|s| s.service == *service) {
+        // A run with a span twice (a batch holding a retry) is assembled as spans, where the
+        // copies are dropped.
+        if !run.iter().all(|s| s.service == *service) || has_duplicate_span_ids(run) {
             continue;
         }
         // The analysis is written straight into the box the assembler will hold (a record and

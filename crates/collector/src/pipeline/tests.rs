@@ -132,6 +132,54 @@ fn completed_trace_feeds_kpis_metrics_and_the_trace_index() {
 }
 
 #[test]
+fn a_batch_sent_again_within_the_grace_period_counts_once() {
+    // Analysed on arrival (protobuf body) and as plain spans, the retry within the grace
+    // period and a retry of part of the trace.
+    for (what, first, again) in [
+        (
+            "prepared",
+            proto_batch(&request_trace(1, "m", 20, 80, 900, 11)),
+            proto_batch(&request_trace(1, "m", 20, 80, 900, 11)),
+        ),
+        (
+            "spans",
+            batch(request_trace(1, "m", 20, 80, 900, 11)),
+            batch(request_trace(1, "m", 20, 80, 900, 11)[2..].to_vec()),
+        ),
+        (
+            "twice in one batch",
+            proto_batch(
+                &[
+                    request_trace(1, "m", 20, 80, 900, 11),
+                    request_trace(1, "m", 20, 80, 900, 11),
+                ]
+                .concat(),
+            ),
+            proto_batch(&[]),
+        ),
+    ] {
+        let (p, registry) = pipeline(&CollectorConfig::default());
+        let t0 = Instant::now();
+        let unix = unix_nanos_now();
+        p.ingest_at(first, t0).unwrap();
+        p.ingest_at(again, t0 + Duration::from_millis(500)).unwrap();
+        let stats = p.tick_at(t0 + Duration::from_secs(3), unix);
+        assert_eq!((stats.traces, stats.requests), (1, 1), "{what}");
+        assert_eq!(
+            p.kpis(Duration::from_secs(60)).series[0].requests,
+            1,
+            "{what}"
+        );
+        assert_eq!(p.trace(&TraceId([1; 16])).unwrap().spans.len(), 4, "{what}");
+        let duplicates = if what == "spans" { 2 } else { 4 };
+        assert!(
+            encode(&registry).contains(&format!("infertrace_duplicate_spans_total {duplicates}")),
+            "{what}"
+        );
+    }
+}
+
+#[test]
 fn traces_past_the_ring_admission_rate_are_analysed_but_not_kept() {
     let mut config = CollectorConfig::default();
     config.api.recent_traces = 2;
