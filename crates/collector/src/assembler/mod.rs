@@ -1191,16 +1191,16 @@ mod tests {
         };
         let (mut a, events) = assembler(cfg);
         let t0 = Instant::now();
-        let from = |service: &str, trace: u8| {
-            let mut s = span(trace, 1, "x");
+        let from = |service: &str, trace: u8, id: u8| {
+            let mut s = span(trace, id, "x");
             s.service = Text::from(service);
             s
         };
         // The light sender's trace is the oldest; none of these has its request span yet.
-        a.push(vec![from("light", 1)], None, t0);
+        a.push(vec![from("light", 1, 1)], None, t0);
         for trace in 2..=20 {
             a.push(
-                vec![from("heavy", trace)],
+                vec![from("heavy", trace, 1)],
                 None,
                 t0 + secs(0.01 * f64::from(trace)),
             );
@@ -1215,7 +1215,7 @@ mod tests {
         assert_eq!(events.dropped("max_traces_in_flight"), 0);
         // The light sender's trace is still assembling and completes as usual.
         a.push(
-            vec![from("light", 1), span(1, 2, "request")],
+            vec![from("light", 1, 3), span(1, 2, "request")],
             None,
             t0 + secs(0.6),
         );

@@ -80,6 +80,13 @@ pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
 /// replaced by `{}`, which is rejected like any span without ids): the body to forward, which a
 /// downstream's parser can read. `None` when the body was decoded as it came.
 pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), DecodeError> {
+    // The parser would also read a message from an array of its fields' values; OTLP/JSON
+    // is an object.
+    if buf.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(DecodeError::Json(
+            "an OTLP/JSON request must be a JSON object".to_owned(),
+        ));
+    }
     let mut error = match parse(buf) {
         Ok(req) => return Ok((from_proto(&req), None)),
         Err(e) => e,
@@ -497,6 +504,27 @@ mod tests {
         }
         // A string error outside every resource still refuses the body.
         assert!(decode_json(br#"{"resourceSpans":[],"x\q":1}"#).is_err());
+    }
+
+    #[test]
+    fn only_an_object_is_a_request() {
+        let body = body_with(3, "");
+        assert_eq!(
+            decode_json(format!(" \n{body}").as_bytes())
+                .unwrap()
+                .spans
+                .len(),
+            3
+        );
+        let fields = body
+            .trim_start_matches(r#"{"resourceSpans":"#)
+            .trim_end_matches('}');
+        for not_an_object in [format!("[{fields}]"), String::new(), "  ".to_owned()] {
+            assert!(matches!(
+                decode_json(not_an_object.as_bytes()),
+                Err(DecodeError::Json(_))
+            ));
+        }
     }
 
     #[test]

@@ -140,7 +140,8 @@ impl Receiver {
     }
 
     /// Reads a request body of at most `limit` bytes within the body read timeout, reserving
-    /// its bytes in `hold` before they are allocated.
+    /// its bytes in `hold` before they are allocated. (gRPC's `limit` includes its 5-byte frame
+    /// header; a refusal names `max_body_bytes`, the limit the user set.)
     pub(crate) async fn read(
         &self,
         body: Incoming,
@@ -150,10 +151,10 @@ impl Receiver {
         let read = read_body(body, limit, hold.as_mut());
         match tokio::time::timeout(self.limits.body_read_timeout, read).await {
             Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(BodyError::TooLarge)) => Err(self.too_large(limit)),
+            Ok(Err(BodyError::TooLarge)) => Err(self.too_large(self.limits.max_body_bytes)),
             Ok(Err(BodyError::OverMemory)) => Err(self.over_memory(hold, None)),
             Ok(Err(BodyError::Broken(error))) => {
-                self.refuse_request("decode_error");
+                self.refuse_request("body_broken");
                 Err(Outcome::Unreadable(format!(
                     "could not read the request body: {error}"
                 )))

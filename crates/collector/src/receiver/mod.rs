@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | accepted, some spans invalid (ids, times, attribute values nested over 16 levels: see [`crate::otlp_decode`]) | 200 + `partial_success` | OK + `partial_success` | `invalid_span` × spans |
 //! | body not decodable (or bad gzip) | 400 | `INVALID_ARGUMENT` | `decode_error` × 1 (request) |
+//! | connection failed or client gone mid-body (nobody reads the answer) | 400 | `INVALID_ARGUMENT` | `body_broken` × 1 (request) |
 //! | body over `max_body_bytes`, before or after gunzip | 413 | `RESOURCE_EXHAUSTED` | `too_large` × 1 (request) |
 //! | decoding could need more than the whole memory limit | 413 | `RESOURCE_EXHAUSTED` | `too_large_for_memory` × 1 (request) |
 //! | memory limiter or pipeline overloaded | 429 + `Retry-After` | `UNAVAILABLE` | `memory_limit` × spans (× 1 when refused while reading the body) |
