@@ -10,7 +10,8 @@ use hyper_util::rt::TokioExecutor;
 pub const TOKEN_ENV: &str = "INFERTRACE_TOKEN";
 
 /// GETs `url` and parses the body as JSON, with `Authorization: Bearer $INFERTRACE_TOKEN` when
-/// that variable is set. Non-2xx answers are errors carrying the body.
+/// that variable is set. Non-2xx answers are errors carrying the body (terminal-safe: it may be
+/// a proxy's, or echo what a trace held).
 pub async fn get_json(url: &str) -> anyhow::Result<serde_json::Value> {
     let uri: hyper::Uri = url
         .parse()
@@ -46,13 +47,13 @@ pub async fn get_json(url: &str) -> anyhow::Result<serde_json::Value> {
         bail!(
             "GET {url} answered {status}: the collector requires a token with the `read` scope: \
              set {TOKEN_ENV} ({})",
-            String::from_utf8_lossy(&body).trim()
+            crate::render::terminal_safe(String::from_utf8_lossy(&body).trim())
         );
     }
     if !status.is_success() {
         bail!(
             "GET {url} answered {status}: {}",
-            String::from_utf8_lossy(&body).trim()
+            crate::render::terminal_safe(String::from_utf8_lossy(&body).trim())
         );
     }
     serde_json::from_slice(&body).with_context(|| format!("GET {url} did not return JSON"))
