@@ -163,6 +163,21 @@ fn infertrace_prefers_child_span_timings() {
 }
 
 #[test]
+fn a_prefill_child_clocked_outside_its_request_keeps_ttft_within_it() {
+    // The prefill child's service runs 10 s ahead, then 10 s behind.
+    for (shift, ttft) in [(10_000i64, 1.3), (-10_000, 0.0)] {
+        let mut spans = infertrace_trace();
+        let prefill = &mut spans[1];
+        let moved = |t: u64| t.checked_add_signed(shift * 1_000_000).unwrap_or(0);
+        prefill.start_unix_nano = moved(prefill.start_unix_nano);
+        prefill.end_unix_nano = moved(prefill.end_unix_nano);
+        let r = one(&spans);
+        assert!(close(r.ttft, ttft), "{shift} ms: {:?}", r.ttft);
+        assert!(r.ttft.unwrap() <= r.e2e);
+    }
+}
+
+#[test]
 fn infertrace_without_gpu_attributes_has_no_gpu_record() {
     let mut spans = infertrace_trace();
     for sp in &mut spans {

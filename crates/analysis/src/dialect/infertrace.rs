@@ -116,7 +116,13 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     r.inference = phase(inference_span, sc::latency::TIME_IN_MODEL_INFERENCE);
 
     if let Some(p) = prefill_span {
-        r.ttft = Some(p.end_unix_nano.saturating_sub(span.start_unix_nano) as f64 / 1e9);
+        // Within the request span: a child clocked after its end (skew between services)
+        // would give a first token after the last.
+        let first_token = p
+            .end_unix_nano
+            .min(span.end_unix_nano)
+            .max(span.start_unix_nano);
+        r.ttft = Some((first_token - span.start_unix_nano) as f64 / 1e9);
         r.origins.ttft = Some(engine_origin);
     } else if let Some(t) = seconds_attr(span, sc::latency::TIME_TO_FIRST_TOKEN) {
         r.ttft = Some(t);

@@ -145,7 +145,12 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if let Some((step, origin)) = prefill_step {
         r.prefill = Some(step.duration_secs());
         r.origins.prefill = Some(origin);
-        r.ttft = Some(step.end_unix_nano.saturating_sub(span.start_unix_nano) as f64 / 1e9);
+        // Within the request span, as for infertrace's prefill child (clock skew).
+        let first_token = step
+            .end_unix_nano
+            .min(span.end_unix_nano)
+            .max(span.start_unix_nano);
+        r.ttft = Some((first_token - span.start_unix_nano) as f64 / 1e9);
         r.origins.ttft = Some(origin);
     }
 
