@@ -212,7 +212,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     }
     let mut failed = !problems.is_empty();
     // The tokens are not read when `auth:` itself is wrong (the same problem, said twice).
-    let auth_invalid = problems.iter().any(|e| e.message.starts_with("auth."));
+    let auth_invalid = config.auth.validate().is_err();
     if let Some(tokens_file) = &args.tokens_file {
         config.auth.tokens_file = Some(tokens_file.clone());
     }

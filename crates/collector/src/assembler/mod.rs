@@ -896,12 +896,11 @@ impl TraceAssembler {
     }
 }
 
-/// Traces of at most this many spans are checked for duplicate span ids pair by pair.
-const PAIRWISE: usize = 16;
-
 /// Whether two of `spans` share a span id (see [`drop_duplicate_spans`]): the pipeline leaves
-/// such a trace to be assembled as spans rather than analysed on arrival.
+/// such a trace to be assembled as spans rather than analysed on arrival. Pairwise for the
+/// usual few spans, hashed past that.
 pub(crate) fn has_duplicate_span_ids(spans: &[Span]) -> bool {
+    const PAIRWISE: usize = 16;
     if spans.len() <= PAIRWISE {
         return (1..spans.len()).any(|i| spans[..i].iter().any(|s| s.span_id == spans[i].span_id));
     }
@@ -912,23 +911,14 @@ pub(crate) fn has_duplicate_span_ids(spans: &[Span]) -> bool {
 /// Drops the spans whose span id an earlier span of the trace has (OTLP: a span id is unique
 /// in its trace), keeping the first and the order; returns how many it dropped. A client that
 /// sends a batch again (a retry after a timeout) would otherwise count its requests twice
-/// while the trace is assembled. Pairwise for the usual few spans, hashed past that.
+/// while the trace is assembled. Costs one [`has_duplicate_span_ids`] when there are none.
 fn drop_duplicate_spans(spans: &mut Vec<Span>) -> usize {
-    let before = spans.len();
-    if before <= PAIRWISE {
-        let mut kept = 0;
-        for i in 0..before {
-            let id = spans[i].span_id;
-            if !spans[..kept].iter().any(|s| s.span_id == id) {
-                spans.swap(kept, i);
-                kept += 1;
-            }
-        }
-        spans.truncate(kept);
-    } else {
-        let mut seen = foldhash::HashSet::with_capacity_and_hasher(before, Default::default());
-        spans.retain(|s| seen.insert(s.span_id));
+    if !has_duplicate_span_ids(spans) {
+        return 0;
     }
+    let before = spans.len();
+    let mut seen = foldhash::HashSet::with_capacity_and_hasher(before, Default::default());
+    spans.retain(|s| seen.insert(s.span_id));
     before - spans.len()
 }
 

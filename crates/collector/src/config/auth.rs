@@ -53,7 +53,7 @@ pub fn default_allowed_hosts() -> Vec<String> {
 
 impl AuthConfig {
     /// Checks the keys of `auth:`.
-    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(file) = &self.tokens_file
             && file.as_os_str().is_empty()
         {

@@ -96,7 +96,9 @@ pub enum DecodeError {
         /// What was wrong.
         what: &'static str,
     },
-    /// A kept string field is not UTF-8.
+    /// A kept string field is not UTF-8. The protobuf decoder uses it between its readers
+    /// and rejects the span that holds the string (`invalid_span`), so a whole request is not
+    /// refused for it.
     #[error("invalid protobuf: a string field is not valid UTF-8")]
     InvalidUtf8,
     /// Malformed OTLP/JSON.

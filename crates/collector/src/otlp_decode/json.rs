@@ -481,12 +481,8 @@ mod tests {
             b"not utf-8 \xc3\x28",
         ] {
             let spans = [span(1, b"m"), span(2, bad), span(3, b"m"), span(4, b"m")].join(&b","[..]);
-            let body = [
-                &br#"{"resourceSpans":[{"scopeSpans":[{"spans":["#[..],
-                &spans,
-                b"]}]}]}",
-            ]
-            .concat();
+            let (prefix, suffix) = Level::Span.envelope();
+            let body = [prefix, &spans, suffix].concat();
             let label = String::from_utf8_lossy(bad);
             let (d, cut) = decode_json_cutting(&body).unwrap();
             assert_eq!((d.spans.len(), d.rejected), (3, 1), "{label}");

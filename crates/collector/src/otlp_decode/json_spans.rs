@@ -184,15 +184,12 @@ fn unescaped(key: &[u8]) -> Cow<'_, [u8]> {
 /// the body).
 fn string_end(body: &[u8], start: usize) -> usize {
     let mut i = start;
-    while let Some(found) = body
-        .get(i..)
-        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
-    {
-        let at = i + found;
-        if body[at] == b'"' {
-            return at;
+    while i < body.len() {
+        match body[i] {
+            b'\\' => i += 2,
+            b'"' => return i,
+            _ => i += 1,
         }
-        i = at + 2;
     }
     body.len()
 }

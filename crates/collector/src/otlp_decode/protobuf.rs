@@ -146,13 +146,9 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
                 r.skip(field, wire)?;
             }
         }
-        let service_name = service_name.unwrap_or(UNKNOWN_SERVICE.as_bytes());
-        let service = self.service(service_name);
+        let service = self.service(service_name.unwrap_or(UNKNOWN_SERVICE.as_bytes()));
         self.resource_bad_text = service.is_none();
-        let service = match service {
-            Some(service) => service,
-            None => Text::from(UNKNOWN_SERVICE),
-        };
+        let service = service.unwrap_or_else(|| Text::from(UNKNOWN_SERVICE));
         // Pass 2: the spans.
         let mut r = Reader::new(buf);
         while let Some((field, wire)) = r.key()? {
