@@ -469,6 +469,89 @@ proptest! {
     }
 }
 
+/// `value` (a request in the strict OTLP/JSON form) spelled as the protobuf JSON mapping also
+/// allows, meaning the same: defaults as `null` (but in a oneof) or left out, enums by name, integers and doubles as strings,
+/// each where `pick` says so.
+fn lenient_spelling(value: &mut serde_json::Value, pick: &mut impl FnMut() -> bool) {
+    use serde_json::Value;
+    const KINDS: [&str; 6] = [
+        "SPAN_KIND_UNSPECIFIED",
+        "SPAN_KIND_INTERNAL",
+        "SPAN_KIND_SERVER",
+        "SPAN_KIND_CLIENT",
+        "SPAN_KIND_PRODUCER",
+        "SPAN_KIND_CONSUMER",
+    ];
+    const CODES: [&str; 3] = ["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR"];
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(|v| lenient_spelling(v, pick)),
+        Value::Object(members) => {
+            for (key, v) in members.iter_mut() {
+                // A member of a oneof (an `AnyValue`'s) set to its default is still set: only
+                // fields outside a oneof mean the same as `null`.
+                let in_oneof = key.ends_with("Value");
+                let default = !in_oneof
+                    && match v {
+                        Value::String(s) => s.is_empty(),
+                        Value::Number(n) => n.as_f64() == Some(0.0) && key != "doubleValue",
+                        Value::Array(a) => a.is_empty(),
+                        _ => false,
+                    };
+                let n = v.as_u64().and_then(|n| usize::try_from(n).ok());
+                if default && pick() {
+                    *v = Value::Null;
+                } else if key == "kind"
+                    && pick()
+                    && let Some(name) = n.and_then(|n| KINDS.get(n))
+                {
+                    *v = Value::from(*name);
+                } else if key == "code"
+                    && pick()
+                    && let Some(name) = n.and_then(|n| CODES.get(n))
+                {
+                    *v = Value::from(*name);
+                } else if matches!(key.as_str(), "droppedAttributesCount" | "doubleValue")
+                    && v.is_number()
+                    && pick()
+                {
+                    *v = Value::from(v.to_string());
+                } else {
+                    lenient_spelling(v, pick);
+                }
+            }
+            // Defaults left out, as Go's encoder leaves them (the required `values` and `key`
+            // included).
+            members.retain(|_, v| !(v.is_null() && pick()));
+        }
+        _ => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// What the protobuf JSON mapping allows but the generated types refuse (`null` defaults,
+    /// enum names, numbers as strings) decodes exactly as the strict spelling of the same
+    /// request, and the body forwarded parses as it is.
+    #[test]
+    fn the_lenient_json_spelling_decodes_as_the_strict_one(req in request(), seed in any::<u64>()) {
+        let strict = serde_json::to_vec(&req).unwrap();
+        let mut value: serde_json::Value = serde_json::from_slice(&strict).unwrap();
+        let mut noise = Noise(seed | 1);
+        lenient_spelling(&mut value, &mut || noise.chance(2));
+        let lenient = serde_json::to_vec(&value).unwrap();
+        let strict = infertrace_collector::otlp_decode::decode_json(&strict).unwrap();
+        let (decoded, fixed) = infertrace_collector::otlp_decode::decode_json_cutting(&lenient).unwrap();
+        prop_assert_eq!(
+            format!("{:?}", (&decoded.spans, decoded.rejected)),
+            format!("{:?}", (&strict.spans, strict.rejected))
+        );
+        if let Some(fixed) = fixed {
+            prop_assert!(serde_json::from_slice::<ExportTraceServiceRequest>(&fixed).is_ok());
+        }
+    }
+}
+
 /// A value `shape.len()` levels deep: each level an array (`true`) or a key-value list.
 fn nested_value(shape: &[bool]) -> AnyValue {
     let mut v = AnyValue {

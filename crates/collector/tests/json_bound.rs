@@ -2,7 +2,8 @@
 //! this binary counts every allocation (one test only, so nothing else allocates meanwhile) and
 //! checks that decoding bodies of every shape stays under that bound — empty spans, spans full of
 //! attributes, deep key-value lists (past the parser's limit: cut out), spans with ids that
-//! are not hex (cut out), scopes and resources that cannot be read (cut out), long strings, and the decoded spans kept at the end.
+//! are not hex (cut out), scopes and resources that cannot be read (cut out), spans rewritten to
+//! be read (nulls, enum names, NaN), long strings, and the decoded spans kept at the end.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -218,6 +219,38 @@ fn json_decode_stays_under_its_bound() {
                     .map(|k| span(k, &attr("gen_ai.request.model", &long)))
                     .collect::<Vec<_>>(),
             ),
+        ),
+        (
+            "spans rewritten (nulls, enum names)",
+            spans_body(
+                &(0..5_000)
+                    .map(|k| {
+                        span(k, &attr("gen_ai.request.model", r#"{"stringValue":null}"#)).replacen(
+                            r#""kind":2"#,
+                            r#""kind":"SPAN_KIND_SERVER","parentSpanId":null"#,
+                            1,
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "empty arrays and keys left out, as Go writes them (rewritten, growing)",
+            spans_body(
+                &(0..1_000)
+                    .map(|k| span(k, &vec![r#"{"value":{"kvlistValue":{}}}"#; 20].join(",")))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        (
+            "one span rewritten, holding the whole body",
+            spans_body(&[span(
+                0,
+                &(0..20_000)
+                    .map(|i| attr(&format!("n{i}"), r#"{"doubleValue":"NaN"}"#))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )]),
         ),
         (
             "empty arrays",

@@ -10,17 +10,19 @@
 //! are cut at once: a hostile body costs about three parses, however many bad spans it holds.
 //! An error in a scope or a resource (outside its spans) cuts that scope or resource, its spans
 //! rejected, as the protobuf decoder rejects the spans of a resource nested too deep; scopes,
-//! then resources, are found the same way (each parsed on its own, all that fail cut at once),
-//! so a body costs at most seven parses. Only an error outside every resource refuses the
-//! whole body.
+//! then resources, are found the same way (each parsed on its own, all that fail cut at once).
+//! Before an element is cut it is rewritten as the [lenient reading](super::json_lenient) allows
+//! (`null` fields, enum names, numbers as strings — all valid in the protobuf JSON mapping, all
+//! refused by the generated types), and kept when the rewrite reads; so is the envelope. A body
+//! costs at most eleven parses. Only an error outside every resource refuses the whole body.
 
 use std::borrow::Cow;
-use std::ops::Range;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
 use super::decoded::{DecodeError, Decoded};
-use super::json_spans::{JsonElement, Level, byte_offset, scan_elements, with_emptied};
+use super::json_lenient::{Count, rewrite_lenient};
+use super::json_spans::{JsonElement, Level, byte_offset, scan_elements};
 use super::reference::from_proto;
 
 impl Level {
@@ -98,28 +100,49 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
     let mut body = Cow::Borrowed(buf);
     // Innermost first: a scope is judged with its unreadable spans already cut, a resource with
     // its unreadable scopes cut. Each level costs one parse of its elements, each on its own,
-    // and one of the body as cut: however many elements are cut, a body costs at most seven
-    // parses.
+    // one of the rewrites that might read, and one of the body as fixed (and the envelope's
+    // rewrite, last): however many elements are fixed, a body costs at most eleven parses.
     for level in [Level::Span, Level::Scope, Level::Resource] {
         if !cuttable(&error) {
             break;
         }
-        let unreadable = unreadable_elements(&body, level);
+        let (unreadable, first_cut_error) = unreadable_elements(&body, level);
         if unreadable.is_empty() {
             continue;
         }
         let at = byte_offset(&body, error.line(), error.column());
-        if cuts.first.is_none() && unreadable.iter().any(|e| e.range.contains(&at)) {
-            cuts.first = Some(format!("{} could not be read: {error}", level.what()));
+        let mut error_rewritten = false;
+        for (element, fix) in &unreadable {
+            if *fix == Fix::Rewrite {
+                error_rewritten |= element.range.contains(&at);
+                continue;
+            }
+            if cuts.first.is_none() && element.range.contains(&at) {
+                cuts.first = Some(format!("{} could not be read: {error}", level.what()));
+            }
+            if level != Level::Span {
+                cuts.with_their_scope += element.spans;
+            }
         }
-        if level != Level::Span {
-            cuts.with_their_scope += unreadable.iter().map(|e| e.spans).sum::<u64>();
+        // The body's error was in an element the rewrite read: the first cut's own error.
+        if let (None, true, Some(e)) = (&cuts.first, error_rewritten, first_cut_error) {
+            cuts.first = Some(format!("{} could not be read: {e}", level.what()));
         }
-        let ranges: Vec<Range<usize>> = unreadable.into_iter().map(|e| e.range).collect();
-        let cut_body = with_emptied(&body, &ranges);
-        match parse(&cut_body) {
-            Ok(req) => return Ok(cuts.decoded(&req, cut_body)),
-            Err(e) => (body, error) = (Cow::Owned(cut_body), e),
+        let fixed_body = with_fixed(&body, &unreadable);
+        drop(unreadable);
+        match parse(&fixed_body) {
+            Ok(req) => return Ok(cuts.decoded(&req, fixed_body)),
+            Err(e) => (body, error) = (Cow::Owned(fixed_body), e),
+        }
+    }
+    // An error outside every resource (`"resourceSpans": null`): the whole body rewritten.
+    let mut size = Count::default();
+    if cuttable(&error) && rewrite_lenient(&body, &mut size) {
+        let mut fixed_body = Vec::with_capacity(size.0);
+        if rewrite_lenient(&body, &mut fixed_body)
+            && let Ok(req) = parse(&fixed_body)
+        {
+            return Ok(cuts.decoded(&req, fixed_body));
         }
     }
     Err(DecodeError::Json(error.to_string()))
@@ -173,26 +196,85 @@ fn cuttable(error: &serde_json::Error) -> bool {
         || IN_A_STRING.iter().any(|m| message.starts_with(m))
 }
 
+/// What becomes of an element the parser cannot read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fix {
+    /// Its [lenient rewrite](super::json_lenient) reads: it replaces the element.
+    Rewrite,
+    /// Nothing reads: it is cut (replaced by `{}`, which is rejected like any span without ids,
+    /// or an empty scope or resource).
+    Cut,
+}
+
 /// The elements of `level` in `body` that the parser cannot read, each parsed on its own inside
 /// the envelope down to its level, so that it sits at the depth it has in the body (the
-/// parser's recursion limit counts from the top); in body order.
-fn unreadable_elements(body: &[u8], level: Level) -> Vec<JsonElement> {
+/// parser's recursion limit counts from the top), with what to do with each; in body order.
+/// Only the decision is kept, not the rewrite: [`with_fixed`] writes it again, so that no more
+/// than one element's copy is held at a time. Also the parser's error in the first element cut
+/// (its position left out: it would count from the envelope, not the body).
+fn unreadable_elements(body: &[u8], level: Level) -> (Vec<(JsonElement, Fix)>, Option<String>) {
     let (prefix, suffix) = level.envelope();
     let mut unreadable = Vec::new();
+    let mut first_cut_error = None;
     let mut alone = Vec::new();
     scan_elements(body, |e| {
         if e.level != level {
             return;
         }
+        let element = &body[e.range.clone()];
         alone.clear();
         alone.extend_from_slice(prefix);
-        alone.extend_from_slice(&body[e.range.clone()]);
+        alone.extend_from_slice(element);
         alone.extend_from_slice(suffix);
-        if parse(&alone).is_err_and(|error| cuttable(&error)) {
-            unreadable.push(e);
-        }
+        let error = match parse(&alone) {
+            Err(error) if cuttable(&error) => error,
+            _ => return,
+        };
+        alone.truncate(prefix.len());
+        let fix = if rewrite_lenient(element, &mut alone) && {
+            alone.extend_from_slice(suffix);
+            parse(&alone).is_ok()
+        } {
+            Fix::Rewrite
+        } else {
+            if first_cut_error.is_none() {
+                let message = error.to_string();
+                let without_position = message.rsplit_once(" at line ").map_or(&*message, |m| m.0);
+                first_cut_error = Some(without_position.to_owned());
+            }
+            Fix::Cut
+        };
+        unreadable.push((e, fix));
     });
-    unreadable
+    (unreadable, first_cut_error)
+}
+
+/// `body` with each element of `fixes` (in body order, not overlapping) rewritten or cut, in a
+/// buffer of exactly its size (a rewrite may add a little; a vector that grew by doubling
+/// could take twice the body).
+fn with_fixed(body: &[u8], fixes: &[(JsonElement, Fix)]) -> Vec<u8> {
+    let size = fixes.iter().fold(body.len(), |size, (element, fix)| {
+        let mut count = Count::default();
+        let written = match fix {
+            Fix::Rewrite if rewrite_lenient(&body[element.range.clone()], &mut count) => count.0,
+            _ => 2,
+        };
+        size - element.range.len() + written
+    });
+    let mut out = Vec::with_capacity(size);
+    let mut from = 0;
+    for (element, fix) in fixes {
+        let range = element.range.clone();
+        out.extend_from_slice(&body[from..range.start]);
+        let before = out.len();
+        if *fix == Fix::Cut || !rewrite_lenient(&body[range.clone()], &mut out) {
+            out.truncate(before);
+            out.extend_from_slice(b"{}");
+        }
+        from = range.end;
+    }
+    out.extend_from_slice(&body[from..]);
+    out
 }
 
 #[cfg(test)]
@@ -601,5 +683,65 @@ mod tests {
             decode_json(broken.as_bytes()),
             Err(DecodeError::Json(_))
         ));
+    }
+
+    #[test]
+    fn what_the_json_mapping_allows_is_read_not_cut() {
+        // As hand-written encoders and other languages' SDKs write it: nulls for unset fields,
+        // enum names, integers and doubles as strings, a NaN.
+        let lenient = r#"{"traceId":"00000000000000000000000000000abc","spanId":"0000000000000abc",
+            "parentSpanId":null,"traceState":null,"name":"lenient","kind":"SPAN_KIND_SERVER",
+            "startTimeUnixNano":"1","endTimeUnixNano":"2","droppedAttributesCount":"0",
+            "attributes":[{"key":"gen_ai.latency.time_in_queue","value":{"doubleValue":"0.5"}},
+                          {"key":"gen_ai.latency.time_to_first_token","value":{"doubleValue":"NaN"}},
+                          {"key":"gen_ai.request.model","value":{"stringValue":null}}],
+            "events":null,"links":null,"status":{"code":"STATUS_CODE_ERROR","message":null}}"#;
+        let body = body_with(30, lenient);
+        let (d, fixed) = decode_json_cutting(body.as_bytes()).unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (33, 0), "{:?}", d.first_error);
+        assert_eq!(d.first_error, None);
+        let s = d.spans.iter().find(|s| &*s.name == "lenient").unwrap();
+        assert_eq!((s.kind, s.status), (SpanKind::Server, StatusCode::Error));
+        assert_eq!(s.parent_span_id, None);
+        assert_eq!(s.attr_f64(sc::latency::TIME_IN_QUEUE), Some(0.5));
+        // The NaN and the null string leave their attributes without a value: dropped.
+        assert_eq!(s.attributes.len(), 1);
+        // What is forwarded is the body as read: it parses whole, as it is.
+        let fixed = fixed.unwrap();
+        assert!(parse(&fixed).is_ok());
+        assert_eq!(decode_json(&fixed).unwrap(), d);
+        // A scope or resource written the same way is read too.
+        let scope_and_resource = body_with(10, "{}")
+            .replace(
+                r#""scopeSpans":[{"#,
+                r#""scopeSpans":[{"scope":{"name":"s","droppedAttributesCount":null},"#,
+            )
+            .replace(
+                r#""resource":{"#,
+                r#""resource":{"droppedAttributesCount":"1","#,
+            );
+        let (d, fixed) = decode_json_cutting(scope_and_resource.as_bytes()).unwrap();
+        // The `{}` span is rejected for its missing ids, as it always is.
+        assert_eq!((d.spans.len(), d.rejected), (10, 1), "{:?}", d.first_error);
+        assert!(parse(&fixed.unwrap()).is_ok());
+    }
+
+    #[test]
+    fn a_span_both_lenient_and_unreadable_is_cut() {
+        // The rewrite reads the null, but the id is still not hex: cut, and the error is the
+        // parser's.
+        let bad = r#"{"traceId":"not-hex","spanId":"0000000000000001","parentSpanId":null,"startTimeUnixNano":"1","endTimeUnixNano":"2"}"#;
+        let lenient = r#"{"traceId":"00000000000000000000000000000abc","spanId":"0000000000000abc","parentSpanId":null,"startTimeUnixNano":"1","endTimeUnixNano":"2"}"#;
+        let body = body_with(20, &format!("{lenient},{bad}"));
+        let (d, fixed) = decode_json_cutting(body.as_bytes()).unwrap();
+        assert_eq!((d.spans.len(), d.rejected), (22, 2));
+        let first = d.first_error.unwrap();
+        assert!(
+            first.starts_with("the span could not be read") && !first.contains("null"),
+            "the null was read; the error is the id's: {first}"
+        );
+        assert!(!first.contains(" at line "), "{first}");
+        let again = decode_json(&fixed.unwrap()).unwrap();
+        assert_eq!((again.spans.len(), again.rejected), (22, 2));
     }
 }

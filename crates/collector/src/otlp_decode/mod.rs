@@ -10,7 +10,8 @@
 //! - [`from_proto`]: the reference conversion from `opentelemetry-proto`'s generated (prost) types.
 //!   The lean decoder is proven equal to "prost decode, then `from_proto`" by a property test
 //!   (`tests/decode_equivalence.rs`) and a fuzz target (`fuzz/`).
-//! - [`decode_json`]: OTLP/JSON (hex ids, integer enums, lowerCamelCase keys), through
+//! - [`decode_json`]: OTLP/JSON (hex ids, integer enums, lowerCamelCase keys; also `null`
+//!   fields, enum names and numbers as strings, as the protobuf JSON mapping allows), through
 //!   `opentelemetry-proto`'s serde support, then [`from_proto`].
 //!
 //! # Rules
@@ -64,6 +65,7 @@
 mod decoded;
 mod interner;
 mod json;
+mod json_lenient;
 mod json_spans;
 mod protobuf;
 mod reference;

@@ -1,0 +1,504 @@
+//! OTLP/JSON as the protobuf JSON mapping allows it but `opentelemetry-proto`'s serde types do
+//! not read it: `null` for a field (its default value), a field left out that those types
+//! require (`values` of an array or key-value list, as Go's encoder leaves out an empty one;
+//! `key` of a key-value pair), an enum by its name (`"SPAN_KIND_SERVER"`), an integer or a double
+//! written as a string (`"17"`, `"0.5"`), and the non-finite doubles `"NaN"`, `"Infinity"` and
+//! `"-Infinity"`. The JSON decoder rewrites a span, scope or resource that does not parse into
+//! the form those types read, and keeps it when the rewrite parses, instead of cutting it out.
+//!
+//! A non-finite double is left out (its attribute keeps an empty value): infertrace reads no
+//! such number (the analysis ignores them), and a downstream's parser may not read one either.
+//! The rewrite removes bytes (whitespace, members, quotes) except where it writes a required
+//! member that was missing: at most 12 bytes an object (a comma and `"values":[]`).
+
+use super::json_spans::{string_end, unescaped};
+
+/// An enum's names and their numbers.
+type EnumNames = &'static [(&'static [u8], u8)];
+
+/// Fields whose value is an integer the generated types read only as a JSON number, and the
+/// enum names each accepts.
+const INTEGER_FIELDS: &[(&[u8], EnumNames)] = &[
+    (
+        b"kind",
+        &[
+            (b"SPAN_KIND_UNSPECIFIED", 0),
+            (b"SPAN_KIND_INTERNAL", 1),
+            (b"SPAN_KIND_SERVER", 2),
+            (b"SPAN_KIND_CLIENT", 3),
+            (b"SPAN_KIND_PRODUCER", 4),
+            (b"SPAN_KIND_CONSUMER", 5),
+        ],
+    ),
+    (
+        b"code",
+        &[
+            (b"STATUS_CODE_UNSET", 0),
+            (b"STATUS_CODE_OK", 1),
+            (b"STATUS_CODE_ERROR", 2),
+        ],
+    ),
+    (b"droppedAttributesCount", &[]),
+    (b"droppedEventsCount", &[]),
+    (b"droppedLinksCount", &[]),
+    (b"flags", &[]),
+];
+
+/// Members the generated types require (every field is optional in the mapping), with the
+/// default written when one is missing or `null`.
+const VALUES: Required = Required {
+    name: b"values",
+    default: b"[]",
+};
+const KEY: Required = Required {
+    name: b"key",
+    default: b"\"\"",
+};
+
+/// The field holding a double.
+const DOUBLE_FIELD: &[u8] = b"doubleValue";
+
+/// The strings the mapping uses for the non-finite doubles.
+const NON_FINITE: [&[u8]; 3] = [b"NaN", b"Infinity", b"-Infinity"];
+
+/// What comes next in the container being read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// A value, or (at an array's start) its end.
+    ValueOrClose,
+    /// A value (after a comma in an array, after a colon in an object).
+    Value,
+    /// A key, or (at an object's start) its end.
+    KeyOrClose,
+    /// A key (after a comma in an object).
+    Key,
+    /// The colon after a key.
+    Colon,
+    /// A comma or the container's end.
+    CommaOrClose,
+}
+
+/// A member an object must hold for the generated types.
+#[derive(Clone, Copy)]
+struct Required {
+    name: &'static [u8],
+    default: &'static [u8],
+}
+
+/// One open object or array.
+struct Frame {
+    object: bool,
+    /// Whether a member or element has been written in it (the next one needs a comma).
+    written: bool,
+    /// An object's required member, and whether it has been written.
+    required: Option<(Required, bool)>,
+    /// An array of `KeyValue`s (each requires its key).
+    key_values: bool,
+    /// A `KeyValueList` (its `values` are `KeyValue`s).
+    kvlist: bool,
+}
+
+impl Frame {
+    fn new(object: bool) -> Self {
+        Self {
+            object,
+            written: false,
+            required: None,
+            key_values: false,
+            kvlist: false,
+        }
+    }
+
+    /// The frame of a container that is the value of `field` in `self` (or an element of it).
+    fn child(&self, object: bool, field: &[u8]) -> Self {
+        let mut child = Self::new(object);
+        if object && self.object && matches!(field, b"arrayValue" | b"kvlistValue") {
+            child.required = Some((VALUES, false));
+            child.kvlist = field == b"kvlistValue";
+        } else if object && !self.object && self.key_values {
+            child.required = Some((KEY, false));
+        } else if !object && self.object {
+            child.key_values = field == b"attributes" || (field == b"values" && self.kvlist);
+        }
+        child
+    }
+}
+
+/// Where the rewrite goes: the bytes, or only their count (to size a buffer exactly first).
+pub(super) trait Sink {
+    /// Appends `bytes`.
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// Counts what would be written.
+#[derive(Default)]
+pub(super) struct Count(pub usize);
+
+impl Sink for Count {
+    fn put(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+}
+
+/// Appends `element`, one JSON object, to `out` rewritten (see the [module](self)): members
+/// whose value is `null` left out (a required one written with its default), required members
+/// that are missing written, enum names and numeric strings written as numbers where the field
+/// is a number, non-finite doubles left out, whitespace dropped. Returns whether anything was
+/// rewritten; `false` too when the element is not a well-formed object (what was appended is
+/// then unspecified: the caller truncates it).
+pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
+    let mut rewritten = false;
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut expect = Expect::Value;
+    // The key of the member whose value comes next (its bytes with the quotes).
+    let mut key: &[u8] = &[];
+    let mut i = 0;
+    loop {
+        while element.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        let Some(&c) = element.get(i) else {
+            return false;
+        };
+        match (c, expect) {
+            (b',', Expect::CommaOrClose) => {
+                let object = stack.last().is_some_and(|f| f.object);
+                expect = if object { Expect::Key } else { Expect::Value };
+                i += 1;
+            }
+            (b':', Expect::Colon) => {
+                expect = Expect::Value;
+                i += 1;
+            }
+            (b'}' | b']', Expect::CommaOrClose | Expect::KeyOrClose | Expect::ValueOrClose) => {
+                let object = c == b'}';
+                let closes_its_kind = match expect {
+                    Expect::KeyOrClose => object,
+                    Expect::ValueOrClose => !object,
+                    _ => stack.last().is_some_and(|f| f.object == object),
+                };
+                let Some(frame) = stack.pop().filter(|_| closes_its_kind) else {
+                    return false;
+                };
+                if let Some((required, false)) = frame.required {
+                    if frame.written {
+                        out.put(b",");
+                    }
+                    write_member(out, required.name, required.default);
+                    rewritten = true;
+                }
+                out.put(&[c]);
+                i += 1;
+                if stack.is_empty() {
+                    // The element ends here; nothing may follow it.
+                    return rewritten && element[i..].iter().all(u8::is_ascii_whitespace);
+                }
+                expect = Expect::CommaOrClose;
+            }
+            (b'"', Expect::KeyOrClose | Expect::Key) => {
+                let end = string_end(element, i + 1);
+                if end >= element.len() {
+                    return false;
+                }
+                key = &element[i..=end];
+                expect = Expect::Colon;
+                i = end + 1;
+            }
+            (_, Expect::Value | Expect::ValueOrClose) => {
+                let (value, next) = match value_token(element, i) {
+                    Some(v) => v,
+                    None => return false,
+                };
+                i = next;
+                let Some(frame) = stack.last_mut() else {
+                    // The element itself: an object.
+                    if c != b'{' {
+                        return false;
+                    }
+                    out.put(b"{");
+                    stack.push(Frame::new(true));
+                    expect = Expect::KeyOrClose;
+                    continue;
+                };
+                let field = if frame.object {
+                    unescaped(&key[1..key.len() - 1])
+                } else {
+                    Default::default()
+                };
+                let required = match &mut frame.required {
+                    Some((r, written)) if frame.object && *field == *r.name => {
+                        *written = true;
+                        Some(*r)
+                    }
+                    _ => None,
+                };
+                let write = match (frame.object, required) {
+                    (false, _) => Some(value),
+                    (true, Some(r)) if value == b"null" => Some(r.default),
+                    (true, _) => member_value(&field, value),
+                };
+                let Some(write) = write else {
+                    rewritten = true;
+                    expect = Expect::CommaOrClose;
+                    continue;
+                };
+                rewritten |= write != value;
+                if std::mem::replace(&mut frame.written, true) {
+                    out.put(b",");
+                }
+                if frame.object {
+                    write_member(out, key, write);
+                } else {
+                    out.put(write);
+                }
+                expect = match c {
+                    b'{' | b'[' => {
+                        let child = frame.child(c == b'{', &field);
+                        stack.push(child);
+                        if c == b'{' {
+                            Expect::KeyOrClose
+                        } else {
+                            Expect::ValueOrClose
+                        }
+                    }
+                    _ => Expect::CommaOrClose,
+                };
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// Writes `"key":value` (`key` with its quotes).
+fn write_member(out: &mut impl Sink, key: &[u8], value: &[u8]) {
+    if key.first() == Some(&b'"') {
+        out.put(key);
+    } else {
+        out.put(b"\"");
+        out.put(key);
+        out.put(b"\"");
+    }
+    out.put(b":");
+    out.put(value);
+}
+
+/// The value token at `i` — a string with its quotes, an opening bracket, or a literal (number,
+/// `true`, `false`, `null`) — and where it ends. `None` when there is none.
+fn value_token(element: &[u8], i: usize) -> Option<(&[u8], usize)> {
+    match element[i] {
+        b'"' => {
+            let end = string_end(element, i + 1);
+            (end < element.len()).then(|| (&element[i..=end], end + 1))
+        }
+        b'{' | b'[' => Some((&element[i..=i], i + 1)),
+        _ => {
+            let len = element[i..]
+                .iter()
+                .position(|b| {
+                    b.is_ascii_whitespace() || matches!(b, b',' | b':' | b']' | b'}' | b'"')
+                })
+                .unwrap_or(element.len() - i);
+            (len > 0).then(|| (&element[i..i + len], i + len))
+        }
+    }
+}
+
+/// What to write for the value of the member `field`: `None` to leave the member out (a
+/// `null`, a non-finite double), else the value as the generated types read it.
+fn member_value<'v>(field: &[u8], value: &'v [u8]) -> Option<&'v [u8]> {
+    if value == b"null" {
+        return None;
+    }
+    let Some(text) = value
+        .strip_prefix(b"\"")
+        .and_then(|v| v.strip_suffix(b"\""))
+    else {
+        return Some(value);
+    };
+    if field == DOUBLE_FIELD {
+        if NON_FINITE.contains(&text) {
+            return None;
+        }
+        return Some(if is_json_number(text) { text } else { value });
+    }
+    let Some((_, names)) = INTEGER_FIELDS.iter().find(|(f, _)| *f == field) else {
+        return Some(value);
+    };
+    if let Some((_, number)) = names.iter().find(|(name, _)| *name == text) {
+        return Some(DIGITS[usize::from(*number)]);
+    }
+    Some(if is_json_integer(text) { text } else { value })
+}
+
+/// The enum numbers as JSON text.
+const DIGITS: [&[u8]; 6] = [b"0", b"1", b"2", b"3", b"4", b"5"];
+
+/// Whether `s` is a JSON integer: `-?(0|[1-9][0-9]*)`.
+fn is_json_integer(s: &[u8]) -> bool {
+    let digits = s.strip_prefix(b"-").unwrap_or(s);
+    match digits {
+        [b'0'] => true,
+        [b'1'..=b'9', rest @ ..] => rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
+}
+
+/// Whether `s` is a JSON number: an integer, then an optional fraction and exponent.
+fn is_json_number(s: &[u8]) -> bool {
+    let end_of_integer = s
+        .iter()
+        .position(|b| matches!(b, b'.' | b'e' | b'E'))
+        .unwrap_or(s.len());
+    let (integer, mut rest) = s.split_at(end_of_integer);
+    if !is_json_integer(integer) {
+        return false;
+    }
+    if let Some(fraction) = rest.strip_prefix(b".") {
+        let digits = fraction.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return false;
+        }
+        rest = &fraction[digits..];
+    }
+    if let Some(exponent) = rest.strip_prefix(b"e").or_else(|| rest.strip_prefix(b"E")) {
+        let digits = exponent
+            .strip_prefix(b"+")
+            .or_else(|| exponent.strip_prefix(b"-"))
+            .unwrap_or(exponent);
+        return !digits.is_empty() && digits.iter().all(u8::is_ascii_digit);
+    }
+    rest.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The most bytes the rewrite adds to an object: a comma and `"values":[]`.
+    const MAX_GROWTH_PER_OBJECT: usize = 12;
+
+    fn rewrite(s: &str) -> Option<String> {
+        let mut out = Vec::new();
+        rewrite_lenient(s.as_bytes(), &mut out).then(|| String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn nulls_enum_names_and_numeric_strings_are_rewritten() {
+        assert_eq!(
+            rewrite(
+                r#"{ "traceId": "01", "parentSpanId": null, "kind": "SPAN_KIND_SERVER",
+                "droppedAttributesCount": "3", "status": {"code": "STATUS_CODE_ERROR", "message": null},
+                "attributes": [{"key": "a", "value": {"doubleValue": "NaN"}},
+                               {"key": "b", "value": {"doubleValue": "-2.5e-3"}},
+                               {"key": "c", "value": null}], "events": null }"#
+            )
+            .as_deref(),
+            Some(
+                r#"{"traceId":"01","kind":2,"droppedAttributesCount":3,"status":{"code":2},"attributes":[{"key":"a","value":{}},{"key":"b","value":{"doubleValue":-2.5e-3}},{"key":"c"}]}"#
+            )
+        );
+    }
+
+    #[test]
+    fn what_is_not_the_mappings_is_left_as_it_is() {
+        // Nothing to rewrite: no rewrite (whitespace alone does not count).
+        assert_eq!(rewrite(r#"{ "kind": 2, "a": [1, null, "x"] }"#), None);
+        // Strings that are not a number or a known name stay strings (and still fail).
+        assert_eq!(
+            rewrite(r#"{"kind":"SERVER","code":"01","flags":"+1","doubleValue":"1.","x":null}"#)
+                .as_deref(),
+            Some(r#"{"kind":"SERVER","code":"01","flags":"+1","doubleValue":"1."}"#)
+        );
+        // An attribute whose key is "kind" is not the span's kind.
+        assert_eq!(
+            rewrite(r#"{"key":"kind","value":{"stringValue":"SPAN_KIND_SERVER"},"n":null}"#)
+                .as_deref(),
+            Some(r#"{"key":"kind","value":{"stringValue":"SPAN_KIND_SERVER"}}"#)
+        );
+        // An escaped key is read as the parser reads it.
+        assert_eq!(
+            rewrite(r#"{"\u006bind":"SPAN_KIND_CLIENT"}"#).as_deref(),
+            Some(r#"{"\u006bind":3}"#)
+        );
+    }
+
+    #[test]
+    fn malformed_elements_are_not_rewritten() {
+        for bad in [
+            r#"{"a" null}"#,
+            r#"{"a":null"#,
+            r#"{"a":null]"#,
+            r#"["a",null]"#,
+            r#"{"a":null}}"#,
+            r#"{"a":null} x"#,
+            r#"{"a":[null}"#,
+            r#"{"a":null,}"#,
+            r#"{"a":null,,"b":1}"#,
+            r#"{"a":"unterminated"#,
+            r#"{"a"#,
+            r#"{null:1,"a":null}"#,
+            "",
+        ] {
+            assert_eq!(rewrite(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn required_members_are_written_where_missing_or_null() {
+        // As Go's encoder writes an empty array, list and key: left out.
+        assert_eq!(
+            rewrite(
+                r#"{"attributes":[{"key":"a","value":{"arrayValue":{}}},{"value":{"intValue":"1"}},
+                {"key":null,"value":{"kvlistValue":{"values":[{"value":{"arrayValue":{"values":null}}}]}}}]}"#
+            )
+            .as_deref(),
+            Some(
+                r#"{"attributes":[{"key":"a","value":{"arrayValue":{"values":[]}}},{"value":{"intValue":"1"},"key":""},{"key":"","value":{"kvlistValue":{"values":[{"value":{"arrayValue":{"values":[]}},"key":""}]}}}]}"#
+            )
+        );
+        // An array value's elements are values, not key-value pairs; other arrays are left.
+        assert_eq!(
+            rewrite(
+                r#"{"arrayValue":{"values":[{"intValue":"1"}]},"events":[{"name":"e"}],"x":null}"#
+            )
+            .as_deref(),
+            Some(r#"{"arrayValue":{"values":[{"intValue":"1"}]},"events":[{"name":"e"}]}"#)
+        );
+    }
+
+    #[test]
+    fn the_rewrite_grows_only_by_required_members() {
+        let e = r#"{"kind":"SPAN_KIND_CONSUMER","flags":"4294967295","doubleValue":"1E+300"}"#;
+        let out = rewrite(e).unwrap();
+        assert!(out.len() < e.len(), "{out}");
+        assert_eq!(out, r#"{"kind":5,"flags":4294967295,"doubleValue":1E+300}"#);
+        // The most an object grows: a comma and an empty `values`.
+        let e = r#"{"kvlistValue":{"x":1}}"#;
+        let out = rewrite(e).unwrap();
+        assert_eq!(out, r#"{"kvlistValue":{"x":1,"values":[]}}"#);
+        assert_eq!(out.len() - e.len(), MAX_GROWTH_PER_OBJECT);
+        // The count agrees with what is written.
+        let mut count = Count::default();
+        assert!(rewrite_lenient(e.as_bytes(), &mut count));
+        assert_eq!(count.0, out.len());
+    }
+
+    #[test]
+    fn json_numbers_are_recognised() {
+        for yes in ["0", "-0", "12", "1.5", "-0.25e10", "1E-3", "7e+2"] {
+            assert!(is_json_number(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            "", "-", "01", "1.", ".5", "+1", "1e", "1e+", "0x10", "1.5.2", " 1",
+        ] {
+            assert!(!is_json_number(no.as_bytes()), "{no}");
+        }
+        assert!(is_json_integer(b"-17") && !is_json_integer(b"1.0"));
+    }
+}
