@@ -193,8 +193,8 @@ async fn reload_on_hangup(
 /// every TLS certificate, key and CA file it names.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     let file = args.file.display();
-    // Every group of keys is checked and its first problem printed, not only the file's first
-    // problem: one run shows what to fix everywhere.
+    // Every problem is printed, not only the file's first: one run shows what to fix
+    // everywhere.
     let no_store = |c: &mut CollectorConfig| {
         if args.no_store {
             c.store.enabled = false;

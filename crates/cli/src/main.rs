@@ -43,7 +43,7 @@ enum Command {
     Report(report::ReportArgs),
     /// Analyse exported trace files (OTLP JSON or Jaeger JSON) offline.
     Analyze(analyze::AnalyzeArgs),
-    /// Validate a collector config file; prints the first problem of each section, with its line.
+    /// Validate a collector config file; prints every problem, each with its line.
     ///
     /// Checks what `collect` would need as `collect` would: the TLS files of the listeners and
     /// of https:// forward and Alertmanager URLs are read and parsed, the tokens (auth.tokens_file,
@@ -51,9 +51,9 @@ enum Command {
     /// forward.headers is looked up in this command's environment, and store.data_dir must be a
     /// directory that exists or can be created, its infertrace.db (if any) a history store this
     /// build opens (read-only here: nothing is created or changed; --no-store skips this).
-    /// Every top-level section is
-    /// checked and its first problem printed (with file:line:column where the file sets the
-    /// key); exit status 1 if any.
+    /// Every problem is
+    /// printed, not only the first (with file:line:column where the file sets the key); exit
+    /// status 1 if any.
     CheckConfig(collect::CheckConfigArgs),
 }
 

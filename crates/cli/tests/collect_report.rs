@@ -162,12 +162,13 @@ fn check_config_reports_every_problem_with_its_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad.yaml:3:"), "names file and line: {err}");
     assert!(err.contains("graec"), "{err}");
-    // A file that parses is checked in full: a problem in each of three sections, each named
-    // with its line.
+    // A file that parses is checked in full: every problem of three sections (two in one),
+    // each named with its line.
     let many = dir.path().join("many.yaml");
     std::fs::write(
         &many,
-        "limits:\n  max_series: 0\nassembly:\n  tick: 0s\nkpi:\n  goodput_target: 2\n",
+        "limits:\n  max_series: 0\nassembly:\n  tick: 0s\nkpi:\n  goodput_target: 2\n\
+         forward:\n  endpoint: http://127.0.0.1:4318\n  queue_size: 0\n  timeout: 0s\n",
     )
     .unwrap();
     let out = bin().args(["check-config"]).arg(&many).output().unwrap();
@@ -177,6 +178,8 @@ fn check_config_reports_every_problem_with_its_line() {
         (2, "limits.max_series"),
         (4, "assembly.tick"),
         (6, "kpi.goodput_target"),
+        (9, "forward.queue_size"),
+        (10, "forward.timeout"),
     ] {
         assert!(
             err.contains(&format!("many.yaml:{line}:")) && err.contains(key),

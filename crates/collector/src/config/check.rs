@@ -27,6 +27,29 @@ impl fmt::Display for Invalid {
     }
 }
 
+/// The problems the checks find: every one, so that `check-config` says what to fix everywhere
+/// in one run (`collect` stops at the first).
+#[derive(Debug, Default)]
+pub(super) struct Problems(pub(super) Vec<Invalid>);
+
+impl Problems {
+    /// Adds a problem at `path`.
+    pub(super) fn add(&mut self, path: &[&'static str], message: impl Into<String>) {
+        self.0.push(Invalid::new(path, message));
+    }
+
+    /// Adds `result`'s problem, if it has one; whether it had none.
+    pub(super) fn check(&mut self, result: Result<(), Invalid>) -> bool {
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                self.0.push(e);
+                false
+            }
+        }
+    }
+}
+
 /// Checks that `url` is an `http://` or `https://` URL with a host.
 pub(super) fn check_http_url(url: &str) -> Result<(), String> {
     let uri: http::Uri = url

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::check::{Invalid, check_http_url};
+use super::check::{Invalid, Problems, check_http_url};
 use crate::client_tls::TlsClientConfig;
 use crate::duration::human_duration;
 
@@ -122,53 +122,54 @@ impl Default for RetryConfig {
 }
 
 impl ForwardConfig {
-    /// Checks the section (called by [`CollectorConfig::validate`](super::CollectorConfig::validate)).
-    pub(super) fn validate(&self) -> Result<(), Invalid> {
+    /// Checks the section, adding every problem (called by
+    /// [`CollectorConfig::validate`](super::CollectorConfig::validate)).
+    pub(super) fn check(&self, p: &mut Problems) {
         if let Some(url) = &self.endpoint {
-            check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))?;
-            check_tls(&self.tls, url, &["forward", "tls"])?;
+            if p.check(check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))) {
+                p.check(check_tls(&self.tls, url, &["forward", "tls"]));
+            }
         } else if crate::client_tls::is_set(&self.tls) {
-            return Err(Invalid::new(
+            p.add(
                 &["forward", "tls"],
                 "set without forward.endpoint: set the endpoint or remove forward.tls",
-            ));
+            );
         }
-        crate::client_tls::header_map(&self.headers)
-            .map_err(|m| Invalid::new(&["forward", "headers"], m))?;
-        if self.queue_size == 0 {
-            return Err(Invalid::new(&["forward", "queue_size"], "must be > 0"));
-        }
-        if self.max_batch_spans == 0 {
-            return Err(Invalid::new(&["forward", "max_batch_spans"], "must be > 0"));
-        }
-        if self.max_in_flight == 0 {
-            return Err(Invalid::new(&["forward", "max_in_flight"], "must be > 0"));
+        p.check(
+            crate::client_tls::header_map(&self.headers)
+                .map(|_| ())
+                .map_err(|m| Invalid::new(&["forward", "headers"], m)),
+        );
+        for (key, n) in [
+            ("queue_size", self.queue_size),
+            ("max_batch_spans", self.max_batch_spans),
+            ("max_in_flight", self.max_in_flight),
+        ] {
+            if n == 0 {
+                p.add(&["forward", key], "must be > 0");
+            }
         }
         if self.timeout.is_zero() {
-            return Err(Invalid::new(
-                &["forward", "timeout"],
-                "must be a positive duration",
-            ));
+            p.add(&["forward", "timeout"], "must be a positive duration");
         }
         let r = &self.retry;
         if r.initial_backoff.is_zero() {
-            return Err(Invalid::new(
+            p.add(
                 &["forward", "retry", "initial_backoff"],
                 "must be a positive duration",
-            ));
+            );
         }
         if r.max_backoff < r.initial_backoff {
-            return Err(Invalid::new(
+            p.add(
                 &["forward", "retry", "max_backoff"],
                 "must be at least forward.retry.initial_backoff",
-            ));
+            );
         }
         if r.max_elapsed.is_zero() {
-            return Err(Invalid::new(
+            p.add(
                 &["forward", "retry", "max_elapsed"],
                 "must be a positive duration",
-            ));
+            );
         }
-        Ok(())
     }
 }

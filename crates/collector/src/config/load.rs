@@ -47,8 +47,7 @@ impl CollectorConfig {
     }
 
     /// Reads and parses a YAML file (an error when it cannot), and gives every problem
-    /// validation finds in it (the first of each group of checks, see
-    /// [`problems`](Self::problems)) rather than only the first, as
+    /// validation finds in it (see [`problems`](Self::problems)) rather than only the first, as
     /// [`from_file`](Self::from_file) does, and whether the history store could be opened at
     /// its `store.data_dir`: what `check-config` shows. `adjust` changes the configuration
     /// before it is checked, as `collect`'s flags do (`--no-store`). The configuration is valid

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use infertrace_analysis::alert::{AlertRule, AnomalyDetector};
 
-use super::check::{Invalid, check_http_url};
+use super::check::{Invalid, Problems, check_http_url};
 use super::schema::CollectorConfig;
 use crate::store::Store;
 
@@ -23,55 +23,61 @@ enum Reach {
     Disk,
 }
 
-/// The check of one group of keys of the configuration: its first problem.
-type Section = fn(&CollectorConfig, Reach) -> Result<(), Invalid>;
+/// The checks of one group of keys of the configuration, adding every problem they find.
+type Section = fn(&CollectorConfig, Reach, &mut Problems);
 
 /// The groups of checks, in the order of the file's sections.
 const SECTIONS: [Section; 12] = [
-    |c, _| c.validate_receivers(),
-    |c, _| c.validate_api(),
-    |c, _| c.validate_limits(),
-    |c, _| c.validate_assembly(),
-    |c, _| c.validate_kpi(),
-    |c, _| c.validate_network(),
-    |c, _| c.validate_diagnosis(),
-    |c, _| c.validate_alerts(),
-    |c, _| c.validate_forward(),
-    CollectorConfig::validate_store,
-    |c, _| super::auth::validate_allowed_hosts(&c.api.allowed_hosts),
-    |c, _| c.auth.validate(),
+    |c, _, p| c.check_receivers(p),
+    |c, _, p| c.check_api(p),
+    |c, _, p| c.check_limits(p),
+    |c, _, p| c.check_assembly(p),
+    |c, _, p| c.check_kpi(p),
+    |c, _, p| c.check_network(p),
+    |c, _, p| c.check_diagnosis(p),
+    |c, _, p| c.check_alerts(p),
+    |c, _, p| c.forward.check(p),
+    CollectorConfig::check_store,
+    |c, _, p| {
+        p.check(super::auth::validate_allowed_hosts(&c.api.allowed_hosts));
+    },
+    |c, _, p| {
+        p.check(c.auth.validate());
+    },
 ];
 
 impl CollectorConfig {
     /// Checks what the types cannot: positive durations, sorted windows, distinct addresses…;
     /// the first problem found (see [`problems`](Self::problems) for all of them).
     pub fn validate(&self) -> Result<(), Invalid> {
-        SECTIONS
-            .iter()
-            .try_for_each(|check| check(self, Reach::Values))
+        match self.found(Reach::Values).into_iter().next() {
+            Some(first) => Err(first),
+            None => Ok(()),
+        }
     }
 
-    /// Every problem [`validate`](Self::validate) would report — the first of each group of
-    /// checks (about one group per top-level key of the file) — and, in the store's group,
-    /// whether the history store could be opened at `store.data_dir` when it is enabled (a
-    /// directory `collect` could not create, a database it would refuse; found without
-    /// creating anything), which `validate` leaves to `collect`'s start. What `check-config`
-    /// shows, so that one run says what to fix everywhere; empty when the configuration is
-    /// valid.
+    /// Every problem [`validate`](Self::validate) would report, in the order of the file's
+    /// sections, and whether the history store could be opened at `store.data_dir` when it is
+    /// enabled (a directory `collect` could not create, a database it would refuse; found
+    /// without creating anything), which `validate` leaves to `collect`'s start. What
+    /// `check-config` shows, so that one run says what to fix everywhere; empty when the
+    /// configuration is valid.
     pub fn problems(&self) -> Vec<Invalid> {
-        SECTIONS
-            .iter()
-            .filter_map(|check| check(self, Reach::Disk).err())
-            .collect()
+        self.found(Reach::Disk)
     }
 
-    fn validate_receivers(&self) -> Result<(), Invalid> {
+    fn found(&self, reach: Reach) -> Vec<Invalid> {
+        let mut problems = Problems::default();
+        for check in SECTIONS {
+            check(self, reach, &mut problems);
+        }
+        problems.0
+    }
+
+    fn check_receivers(&self, p: &mut Problems) {
         let r = &self.receivers;
         if r.max_body_bytes == 0 {
-            return Err(Invalid::new(
-                &["receivers", "max_body_bytes"],
-                "must be > 0",
-            ));
+            p.add(&["receivers", "max_body_bytes"], "must be > 0");
         }
         let mut addrs: Vec<(&[&str], SocketAddr)> = vec![(&["api", "listen"], self.api.listen)];
         if r.otlp_grpc.enabled {
@@ -91,32 +97,30 @@ impl CollectorConfig {
                 continue;
             }
             if let Some((_, b)) = addrs[..i].iter().find(|(_, b)| b == a) {
-                return Err(Invalid::new(
+                p.add(
                     path,
                     format!("{b} is already used by another listener; pick another port"),
-                ));
+                );
             }
         }
         if r.body_read_timeout.is_zero() {
-            return Err(Invalid::new(
+            p.add(
                 &["receivers", "body_read_timeout"],
                 "must be a positive duration",
-            ));
+            );
         }
-        Ok(())
     }
 
-    fn validate_api(&self) -> Result<(), Invalid> {
+    fn check_api(&self, p: &mut Problems) {
         if self.api.recent_traces == 0 {
-            return Err(Invalid::new(&["api", "recent_traces"], "must be > 0"));
+            p.add(&["api", "recent_traces"], "must be > 0");
         }
         if self.api.recent_trace_spans == 0 {
-            return Err(Invalid::new(&["api", "recent_trace_spans"], "must be > 0"));
+            p.add(&["api", "recent_trace_spans"], "must be > 0");
         }
-        Ok(())
     }
 
-    fn validate_limits(&self) -> Result<(), Invalid> {
+    fn check_limits(&self, p: &mut Problems) {
         let l = &self.limits;
         for (key, v) in [
             ("memory_limit_bytes", l.memory_limit_bytes),
@@ -125,28 +129,27 @@ impl CollectorConfig {
             ("max_series", l.max_series),
         ] {
             if v == 0 {
-                return Err(Invalid::new(&["limits", key], "must be > 0"));
+                p.add(&["limits", key], "must be > 0");
             }
         }
         if !(1..=100).contains(&l.soft_limit_percent) {
-            return Err(Invalid::new(
+            p.add(
                 &["limits", "soft_limit_percent"],
                 "must be a percentage from 1 to 100",
-            ));
+            );
         }
         if l.relief_target_percent >= l.soft_limit_percent {
-            return Err(Invalid::new(
+            p.add(
                 &["limits", "relief_target_percent"],
                 format!(
                     "must be below soft_limit_percent ({}): relief frees memory down to it",
                     l.soft_limit_percent
                 ),
-            ));
+            );
         }
-        Ok(())
     }
 
-    fn validate_assembly(&self) -> Result<(), Invalid> {
+    fn check_assembly(&self, p: &mut Problems) {
         let a = &self.assembly;
         for (key, d) in [
             ("idle_timeout", a.idle_timeout),
@@ -154,50 +157,34 @@ impl CollectorConfig {
             ("tick", a.tick),
         ] {
             if d.is_zero() {
-                return Err(Invalid::new(
-                    &["assembly", key],
-                    "must be a positive duration",
-                ));
+                p.add(&["assembly", key], "must be a positive duration");
             }
         }
         if a.max_age < a.idle_timeout {
-            return Err(Invalid::new(
+            p.add(
                 &["assembly", "max_age"],
                 "must be at least assembly.idle_timeout",
-            ));
+            );
         }
-        Ok(())
     }
 
-    fn validate_kpi(&self) -> Result<(), Invalid> {
+    fn check_kpi(&self, p: &mut Problems) {
         let k = &self.kpi;
         if k.windows.is_empty() {
-            return Err(Invalid::new(
-                &["kpi", "windows"],
-                "needs at least one window",
-            ));
+            p.add(&["kpi", "windows"], "needs at least one window");
         }
-        for w in &k.windows {
-            if *w < Duration::from_secs(1) {
-                return Err(Invalid::new(
-                    &["kpi", "windows"],
-                    "each window must be ≥ 1s",
-                ));
-            }
+        if k.windows.iter().any(|w| *w < Duration::from_secs(1)) {
+            p.add(&["kpi", "windows"], "each window must be ≥ 1s");
         }
-        if k.windows.windows(2).any(|p| p[0] >= p[1]) {
-            return Err(Invalid::new(
+        if k.windows.windows(2).any(|pair| pair[0] >= pair[1]) {
+            p.add(
                 &["kpi", "windows"],
                 "windows must be strictly ascending, e.g. [1m, 5m, 1h]",
-            ));
+            );
         }
-        for (i, d) in k.dimensions.iter().enumerate() {
-            if k.dimensions[..i].contains(d) {
-                return Err(Invalid::new(
-                    &["kpi", "dimensions"],
-                    "a dimension is listed twice",
-                ));
-            }
+        let twice = |(i, d)| k.dimensions[..i].contains(d);
+        if k.dimensions.iter().enumerate().any(twice) {
+            p.add(&["kpi", "dimensions"], "a dimension is listed twice");
         }
         for (key, seconds) in [
             ("ttft", k.slo.ttft_seconds),
@@ -206,22 +193,15 @@ impl CollectorConfig {
         ] {
             // `None` (an objective disabled in code) is allowed; a file always sets all three.
             if seconds.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
-                return Err(Invalid::new(
-                    &["kpi", "slo", key],
-                    "must be a positive duration",
-                ));
+                p.add(&["kpi", "slo", key], "must be a positive duration");
             }
         }
         if !(k.goodput_target > 0.0 && k.goodput_target <= 1.0) {
-            return Err(Invalid::new(
-                &["kpi", "goodput_target"],
-                "must be in (0, 1]",
-            ));
+            p.add(&["kpi", "goodput_target"], "must be in (0, 1]");
         }
-        Ok(())
     }
 
-    fn validate_network(&self) -> Result<(), Invalid> {
+    fn check_network(&self, p: &mut Problems) {
         let r = &self.receivers;
         for (path, c) in [
             (
@@ -236,52 +216,53 @@ impl CollectorConfig {
         ] {
             if let Err((field, message)) = c.validate() {
                 let mut path: Vec<&'static str> =
-                    path.into_iter().filter(|p| !p.is_empty()).collect();
+                    path.into_iter().filter(|part| !part.is_empty()).collect();
                 path.push(field);
-                return Err(Invalid::new(&path, message));
+                p.add(&path, message);
             }
         }
         if self.shutdown_timeout.is_zero() {
-            return Err(Invalid::new(&["shutdown_timeout"], "must be more than 0"));
+            p.add(&["shutdown_timeout"], "must be more than 0");
         }
-        Ok(())
     }
 
-    fn validate_store(&self, reach: Reach) -> Result<(), Invalid> {
-        self.validate_store_values()?;
-        if reach == Reach::Disk && self.store.enabled {
-            Store::check(&self.store.data_dir)
-                .map_err(|e| Invalid::new(&["store", "data_dir"], e.to_string()))?;
+    fn check_store(&self, reach: Reach, p: &mut Problems) {
+        let before = p.0.len();
+        self.check_store_values(p);
+        // Where the values are wrong, the disk would say the same again.
+        if reach == Reach::Disk && self.store.enabled && p.0.len() == before {
+            p.check(
+                Store::check(&self.store.data_dir)
+                    .map_err(|e| Invalid::new(&["store", "data_dir"], e.to_string())),
+            );
         }
-        Ok(())
     }
 
-    fn validate_store_values(&self) -> Result<(), Invalid> {
+    fn check_store_values(&self, p: &mut Problems) {
         let s = &self.store;
         if !s.enabled {
-            return Ok(());
+            return;
         }
         if s.data_dir.as_os_str().is_empty() {
-            return Err(Invalid::new(
+            p.add(
                 &["store", "data_dir"],
                 "must name a directory (or set store.enabled: false)",
-            ));
+            );
         }
         for (key, d) in [
             ("flush_interval", s.flush_interval),
             ("retention", s.retention),
         ] {
             if d.is_zero() {
-                return Err(Invalid::new(&["store", key], "must be a positive duration"));
+                p.add(&["store", key], "must be a positive duration");
             }
         }
         if s.queue_capacity == 0 {
-            return Err(Invalid::new(&["store", "queue_capacity"], "must be > 0"));
+            p.add(&["store", "queue_capacity"], "must be > 0");
         }
-        Ok(())
     }
 
-    fn validate_diagnosis(&self) -> Result<(), Invalid> {
+    fn check_diagnosis(&self, p: &mut Problems) {
         let d = &self.diagnosis;
         for (key, v) in [
             ("queue_share_max", d.queue_share_max),
@@ -301,17 +282,14 @@ impl CollectorConfig {
             ),
         ] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(Invalid::new(
-                    &["diagnosis", key],
-                    "must be a fraction in [0, 1]",
-                ));
+                p.add(&["diagnosis", key], "must be a fraction in [0, 1]");
             }
         }
         if d.gpu_idle_max >= d.gpu_saturated_min {
-            return Err(Invalid::new(
+            p.add(
                 &["diagnosis", "gpu_idle_max"],
                 "must be below diagnosis.gpu_saturated_min",
-            ));
+            );
         }
         for (key, v) in [
             ("ttft_p90_max_seconds", Some(d.ttft_p90_max_seconds)),
@@ -324,29 +302,27 @@ impl CollectorConfig {
             if let Some(v) = v
                 && !(v > 0.0 && v.is_finite())
             {
-                return Err(Invalid::new(&["diagnosis", key], "must be > 0"));
+                p.add(&["diagnosis", key], "must be > 0");
             }
         }
         if d.itl_p99_p50_ratio_max.is_nan() || d.itl_p99_p50_ratio_max <= 1.0 {
-            return Err(Invalid::new(
-                &["diagnosis", "itl_p99_p50_ratio_max"],
-                "must be > 1",
-            ));
+            p.add(&["diagnosis", "itl_p99_p50_ratio_max"], "must be > 1");
         }
-        Ok(())
     }
 
-    fn validate_alerts(&self) -> Result<(), Invalid> {
+    fn check_alerts(&self, p: &mut Problems) {
         let a = &self.alerts;
         if a.evaluation_interval.is_zero() {
-            return Err(Invalid::new(
+            p.add(
                 &["alerts", "evaluation_interval"],
                 "must be a positive duration",
-            ));
+            );
         }
         // Judged only against valid windows (else the windows' own problem says it all).
-        if self.validate_kpi().is_ok() && !self.kpi.windows.contains(&a.window) {
-            return Err(Invalid::new(
+        let mut kpi = Problems::default();
+        self.check_kpi(&mut kpi);
+        if kpi.0.is_empty() && !self.kpi.windows.contains(&a.window) {
+            p.add(
                 &["alerts", "window"],
                 format!(
                     "must be one of kpi.windows ({})",
@@ -357,30 +333,32 @@ impl CollectorConfig {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
-            ));
+            );
         }
         for (i, rule) in a.rules.iter().enumerate() {
             if a.rules[..i].iter().any(|r| r.name == rule.name) {
-                return Err(Invalid::new(
+                p.add(
                     &["alerts", "rules", "name"],
                     format!("rule name {:?} is used twice", rule.name),
-                ));
+                );
             }
             if let Err(e) = AlertRule::compile(rule) {
-                return Err(Invalid::new(&["alerts", "rules", e.field], e.to_string()));
+                p.add(&["alerts", "rules", e.field], e.to_string());
             }
         }
         if let Err(e) = AnomalyDetector::new(a.anomaly.clone()) {
-            return Err(Invalid::new(&["alerts", "anomaly", "kpis"], e.to_string()));
+            p.add(&["alerts", "anomaly", "kpis"], e.to_string());
         }
-        if let Some(url) = &a.alertmanager_url {
-            check_http_url(url).map_err(|m| Invalid::new(&["alerts", "alertmanager_url"], m))?;
-            super::forward::check_tls(&a.alertmanager_tls, url, &["alerts", "alertmanager_tls"])?;
+        if let Some(url) = &a.alertmanager_url
+            && p.check(
+                check_http_url(url).map_err(|m| Invalid::new(&["alerts", "alertmanager_url"], m)),
+            )
+        {
+            p.check(super::forward::check_tls(
+                &a.alertmanager_tls,
+                url,
+                &["alerts", "alertmanager_tls"],
+            ));
         }
-        Ok(())
-    }
-
-    fn validate_forward(&self) -> Result<(), Invalid> {
-        self.forward.validate()
     }
 }
