@@ -470,7 +470,7 @@ proptest! {
 }
 
 /// `value` (a request in the strict OTLP/JSON form) spelled as the protobuf JSON mapping also
-/// allows, meaning the same: defaults as `null` (but in a oneof) or left out, enums by name, integers and doubles as strings,
+/// allows, meaning the same: defaults as `null` (except in a oneof) or left out, enums by name, integers and doubles as strings,
 /// each where `pick` says so.
 fn lenient_spelling(value: &mut serde_json::Value, pick: &mut impl FnMut() -> bool) {
     use serde_json::Value;

@@ -253,6 +253,26 @@ fn json_decode_stays_under_its_bound() {
             )]),
         ),
         (
+            "a span with a bad id and an unknown field of 1M nested arrays (scanned, rewritten)",
+            spans_body(&[span(0, "").replacen(
+                r#""attributes":[]"#,
+                &format!(
+                    r#""traceId":7,"x":{}{}"#,
+                    "[".repeat(1_000_000),
+                    "]".repeat(1_000_000)
+                ),
+                1,
+            )]),
+        ),
+        (
+            "1M nested arrays beside a null envelope (the whole body rewritten)",
+            format!(
+                r#"{{"resourceSpans":null,"x":{}{}}}"#,
+                "[".repeat(1_000_000),
+                "]".repeat(1_000_000)
+            ),
+        ),
+        (
             "empty arrays",
             format!(
                 r#"{{"resourceSpans":[{}]}}"#,

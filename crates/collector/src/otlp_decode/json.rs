@@ -55,21 +55,30 @@ pub const JSON_BYTES_PER_ELEMENT: usize = 1024;
 /// held inside its attribute.
 pub const JSON_BYTES_PER_OBJECT: usize = 256;
 
+/// Bytes [`json_decode_bound`] counts per array: what the scans that follow nesting (the
+/// element scan, the lenient rewrite, the parser skipping an unknown field) hold per open
+/// container, for a body nested a million levels deep (an array's values are counted as
+/// objects).
+pub const JSON_BYTES_PER_ARRAY: usize = 16;
+
 /// Bytes that decoding an OTLP/JSON body may allocate at most, as a bound for the memory
 /// limiter to reserve before decoding: [`JSON_BYTES_PER_ELEMENT`] per resource, scope and span,
-/// [`JSON_BYTES_PER_OBJECT`] per other object (braces inside strings are text, not objects),
-/// plus twice the body for the strings copied out of it and a cut copy. One scan of the body;
-/// the `json_decode_stays_under_its_bound` test measures the real peak against it.
+/// [`JSON_BYTES_PER_OBJECT`] per other object, [`JSON_BYTES_PER_ARRAY`] per array (brackets
+/// inside strings are text, not containers), plus twice the body for the strings copied out of
+/// it and a cut copy. One scan of the body; the `json_decode_stays_under_its_bound` test
+/// measures the real peak against it.
 pub fn json_decode_bound(body: &[u8]) -> usize {
     let mut elements = 0usize;
-    let objects = scan_elements(body, |_| elements += 1);
+    let passed = scan_elements(body, |_| elements += 1);
     elements
         .saturating_mul(JSON_BYTES_PER_ELEMENT)
         .saturating_add(
-            objects
+            passed
+                .objects
                 .saturating_sub(elements)
                 .saturating_mul(JSON_BYTES_PER_OBJECT),
         )
+        .saturating_add(passed.arrays.saturating_mul(JSON_BYTES_PER_ARRAY))
         .saturating_add(body.len().saturating_mul(2))
 }
 
@@ -78,9 +87,10 @@ pub fn decode_json(buf: &[u8]) -> Result<Decoded, DecodeError> {
     decode_json_cutting(buf).map(|(decoded, _)| decoded)
 }
 
-/// [`decode_json`], also giving the body as decoded when spans had to be cut out of it (each
-/// replaced by `{}`, which is rejected like any span without ids): the body to forward, which a
-/// downstream's parser can read. `None` when the body was decoded as it came.
+/// [`decode_json`], also giving the body as decoded when spans, scopes or resources had to be
+/// rewritten or cut out of it (each cut one replaced by `{}`, which is rejected like any span
+/// without ids): the body to forward, which a downstream's parser can read. `None` when the
+/// body was decoded as it came.
 pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), DecodeError> {
     // The parser would also read a message from an array of its fields' values; OTLP/JSON
     // is an object.
@@ -177,8 +187,8 @@ fn parse(body: &[u8]) -> Result<ExportTraceServiceRequest, serde_json::Error> {
 /// Whether an error is one a cut can remove: the parser ran out of recursion (it stops at the
 /// container past its limit, inside the element that nests too deep), could not read a value
 /// (a data error: an id that is not hex, a number out of range) or a string's content (bytes
-/// that are not UTF-8, a control character, a bad escape such as the half of an emoji that
-/// `JSON.stringify` leaves at a cut: the string still ends where the scan sees it end). Not any
+/// that are not UTF-8, a control character, a bad escape, a lone surrogate (which the lenient
+/// rewrite reads): the string still ends where the scan sees it end). Not any
 /// other syntax error — the scan could not be trusted to see the body's structure as the
 /// parser does.
 fn cuttable(error: &serde_json::Error) -> bool {
@@ -543,7 +553,7 @@ mod tests {
     }
 
     #[test]
-    fn a_span_with_a_string_the_parser_cannot_read_is_cut() {
+    fn a_span_with_a_string_the_parser_cannot_read_is_cut_and_a_lone_surrogate_read() {
         let span = |k: usize, model: &[u8]| -> Vec<u8> {
             [
                 format!(
@@ -556,9 +566,8 @@ mod tests {
             .concat()
         };
         for bad in [
-            &br"cut emoji \ud83d"[..],
-            br"half \ud83dX",
-            br"escape \q",
+            &br"escape \q"[..],
+            br"bad hex \ud8x3",
             b"tab\tinside",
             b"not utf-8 \xc3\x28",
         ] {
@@ -579,6 +588,22 @@ mod tests {
                 3,
                 "{label}"
             );
+        }
+        // A lone surrogate (half an emoji, as `JSON.stringify` cuts one) is read as the
+        // replacement character, and the span kept.
+        for (half, read) in [
+            (&br"cut emoji \ud83d"[..], "cut emoji \u{fffd}"),
+            (br"half \ud83dX", "half \u{fffd}X"),
+        ] {
+            let spans = [span(1, b"m"), span(2, half)].join(&b","[..]);
+            let (prefix, suffix) = Level::Span.envelope();
+            let (d, fixed) = decode_json_cutting(&[prefix, &spans, suffix].concat()).unwrap();
+            assert_eq!((d.spans.len(), d.rejected), (2, 0), "{read}");
+            assert_eq!(
+                d.spans[1].attr(sc::gen_ai::REQUEST_MODEL),
+                Some(&AttrValue::Str(read.into())),
+            );
+            assert_eq!(decode_json(&fixed.unwrap()).unwrap(), d);
         }
         // A string error outside every resource still refuses the body.
         assert!(decode_json(br#"{"resourceSpans":[],"x\q":1}"#).is_err());

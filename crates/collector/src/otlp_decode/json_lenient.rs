@@ -2,12 +2,18 @@
 //! not read it: `null` for a field (its default value), a field left out that those types
 //! require (`values` of an array or key-value list, as Go's encoder leaves out an empty one;
 //! `key` of a key-value pair), an enum by its name (`"SPAN_KIND_SERVER"`), an integer or a double
-//! written as a string (`"17"`, `"0.5"`), and the non-finite doubles `"NaN"`, `"Infinity"` and
-//! `"-Infinity"`. The JSON decoder rewrites a span, scope or resource that does not parse into
+//! written as a string (`"17"`, `"0.5"`), the non-finite doubles `"NaN"`, `"Infinity"` and
+//! `"-Infinity"`, and a lone UTF-16 surrogate escape (`"\ud83d"`: the half emoji
+//! `JSON.stringify` writes when a string is cut inside one), which becomes `\ufffd`, the
+//! replacement character, as Go's decoder reads it. The JSON decoder rewrites a span, scope or resource that does not parse into
 //! the form those types read, and keeps it when the rewrite parses, instead of cutting it out.
 //!
-//! A non-finite double is left out (its attribute keeps an empty value): infertrace reads no
-//! such number (the analysis ignores them), and a downstream's parser may not read one either.
+//! A non-finite double is left out, so its attribute has no value (and is dropped by the
+//! decoder): infertrace reads no such number (the analysis ignores them), and a downstream's
+//! parser may not read one either. Fields named like the ones rewritten are rewritten wherever
+//! they are, unknown fields included (which the parser then ignores). The decoder's byte scan
+//! ([`scan_elements`](super::json_spans::scan_elements)) only finds where elements lie; this one
+//! also writes, tracking what each container is.
 //! The rewrite removes bytes (whitespace, members, quotes) except where it writes a required
 //! member that was missing: at most 12 bytes an object (a comma and `"values":[]`).
 
@@ -44,14 +50,22 @@ const INTEGER_FIELDS: &[(&[u8], EnumNames)] = &[
     (b"flags", &[]),
 ];
 
-/// Members the generated types require (every field is optional in the mapping), with the
-/// default written when one is missing or `null`.
+/// A member the generated types require (every field is optional in the mapping): its key
+/// with the quotes, and the default written when it is missing or `null`.
+struct Required {
+    key: &'static [u8],
+    default: &'static [u8],
+}
+
+/// The `values` of an `ArrayValue` or a `KeyValueList`.
 const VALUES: Required = Required {
-    name: b"values",
+    key: b"\"values\"",
     default: b"[]",
 };
+
+/// The `key` of a `KeyValue`.
 const KEY: Required = Required {
-    name: b"key",
+    key: b"\"key\"",
     default: b"\"\"",
 };
 
@@ -66,7 +80,8 @@ const NON_FINITE: [&[u8]; 3] = [b"NaN", b"Infinity", b"-Infinity"];
 enum Expect {
     /// A value, or (at an array's start) its end.
     ValueOrClose,
-    /// A value (after a comma in an array, after a colon in an object).
+    /// A value (after a comma in an array, after a colon in an object; at the start, the
+    /// element itself).
     Value,
     /// A key, or (at an object's start) its end.
     KeyOrClose,
@@ -78,50 +93,68 @@ enum Expect {
     CommaOrClose,
 }
 
-/// A member an object must hold for the generated types.
+/// One open object or array, in one byte (a body nested a million levels deep holds a million
+/// of them).
 #[derive(Clone, Copy)]
-struct Required {
-    name: &'static [u8],
-    default: &'static [u8],
-}
-
-/// One open object or array.
-struct Frame {
-    object: bool,
-    /// Whether a member or element has been written in it (the next one needs a comma).
-    written: bool,
-    /// An object's required member, and whether it has been written.
-    required: Option<(Required, bool)>,
-    /// An array of `KeyValue`s (each requires its key).
-    key_values: bool,
-    /// A `KeyValueList` (its `values` are `KeyValue`s).
-    kvlist: bool,
-}
+struct Frame(u8);
 
 impl Frame {
-    fn new(object: bool) -> Self {
-        Self {
-            object,
-            written: false,
-            required: None,
-            key_values: false,
-            kvlist: false,
+    const OBJECT: u8 = 1;
+    /// A member or element has been written in it (the next one needs a comma).
+    const WRITTEN: u8 = 2;
+    /// An object that requires [`VALUES`] (an `ArrayValue` or a `KeyValueList`).
+    const NEEDS_VALUES: u8 = 4;
+    /// An object that requires [`KEY`] (a `KeyValue`).
+    const NEEDS_KEY: u8 = 8;
+    /// The required member has been written.
+    const REQUIRED_SEEN: u8 = 16;
+    /// An array of `KeyValue`s.
+    const KEY_VALUES: u8 = 32;
+    /// A `KeyValueList` (its `values` are `KeyValue`s).
+    const KVLIST: u8 = 64;
+
+    fn has(self, flag: u8) -> bool {
+        self.0 & flag != 0
+    }
+
+    fn object(self) -> bool {
+        self.has(Self::OBJECT)
+    }
+
+    /// The member this object requires, if any.
+    fn required(self) -> Option<&'static Required> {
+        if self.has(Self::NEEDS_VALUES) {
+            Some(&VALUES)
+        } else if self.has(Self::NEEDS_KEY) {
+            Some(&KEY)
+        } else {
+            None
         }
     }
 
     /// The frame of a container that is the value of `field` in `self` (or an element of it).
-    fn child(&self, object: bool, field: &[u8]) -> Self {
-        let mut child = Self::new(object);
-        if object && self.object && matches!(field, b"arrayValue" | b"kvlistValue") {
-            child.required = Some((VALUES, false));
-            child.kvlist = field == b"kvlistValue";
-        } else if object && !self.object && self.key_values {
-            child.required = Some((KEY, false));
-        } else if !object && self.object {
-            child.key_values = field == b"attributes" || (field == b"values" && self.kvlist);
+    fn child(self, object: bool, field: &[u8]) -> Self {
+        let mut child = if object { Self::OBJECT } else { 0 };
+        if object && self.object() && matches!(field, b"arrayValue" | b"kvlistValue") {
+            child |= Self::NEEDS_VALUES;
+            if field == b"kvlistValue" {
+                child |= Self::KVLIST;
+            }
+        } else if object && !self.object() && self.has(Self::KEY_VALUES) {
+            child |= Self::NEEDS_KEY;
+        } else if !object
+            && self.object()
+            && (field == b"attributes" || (field == b"values" && self.has(Self::KVLIST)))
+        {
+            child |= Self::KEY_VALUES;
         }
-        child
+        Self(child)
     }
+}
+
+/// JSON's whitespace (not the form feed Rust's ASCII whitespace also counts).
+fn is_json_space(b: &u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 /// Where the rewrite goes: the bytes, or only their count (to size a buffer exactly first).
@@ -149,9 +182,11 @@ impl Sink for Count {
 /// Appends `element`, one JSON object, to `out` rewritten (see the [module](self)): members
 /// whose value is `null` left out (a required one written with its default), required members
 /// that are missing written, enum names and numeric strings written as numbers where the field
-/// is a number, non-finite doubles left out, whitespace dropped. Returns whether anything was
-/// rewritten; `false` too when the element is not a well-formed object (what was appended is
-/// then unspecified: the caller truncates it).
+/// is a number, non-finite doubles left out, lone surrogates replaced, whitespace dropped.
+/// Returns whether anything was rewritten; `false` too when the element's structure (brackets,
+/// colons, commas) is not an object's (what was appended is then unspecified: the caller
+/// truncates it). Strings and literals are copied, not checked: the parse that follows judges
+/// them.
 pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
     let mut rewritten = false;
     let mut stack: Vec<Frame> = Vec::new();
@@ -160,7 +195,7 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
     let mut key: &[u8] = &[];
     let mut i = 0;
     loop {
-        while element.get(i).is_some_and(u8::is_ascii_whitespace) {
+        while element.get(i).is_some_and(is_json_space) {
             i += 1;
         }
         let Some(&c) = element.get(i) else {
@@ -168,7 +203,7 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
         };
         match (c, expect) {
             (b',', Expect::CommaOrClose) => {
-                let object = stack.last().is_some_and(|f| f.object);
+                let object = stack.last().is_some_and(|f| f.object());
                 expect = if object { Expect::Key } else { Expect::Value };
                 i += 1;
             }
@@ -181,23 +216,25 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
                 let closes_its_kind = match expect {
                     Expect::KeyOrClose => object,
                     Expect::ValueOrClose => !object,
-                    _ => stack.last().is_some_and(|f| f.object == object),
+                    _ => stack.last().is_some_and(|f| f.object() == object),
                 };
                 let Some(frame) = stack.pop().filter(|_| closes_its_kind) else {
                     return false;
                 };
-                if let Some((required, false)) = frame.required {
-                    if frame.written {
+                if let Some(required) = frame.required()
+                    && !frame.has(Frame::REQUIRED_SEEN)
+                {
+                    if frame.has(Frame::WRITTEN) {
                         out.put(b",");
                     }
-                    write_member(out, required.name, required.default);
+                    write_member(out, required.key, required.default);
                     rewritten = true;
                 }
                 out.put(&[c]);
                 i += 1;
                 if stack.is_empty() {
                     // The element ends here; nothing may follow it.
-                    return rewritten && element[i..].iter().all(u8::is_ascii_whitespace);
+                    return rewritten && element[i..].iter().all(is_json_space);
                 }
                 expect = Expect::CommaOrClose;
             }
@@ -222,25 +259,27 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
                         return false;
                     }
                     out.put(b"{");
-                    stack.push(Frame::new(true));
+                    stack.push(Frame(Frame::OBJECT));
                     expect = Expect::KeyOrClose;
                     continue;
                 };
-                let field = if frame.object {
+                let field = if frame.object() {
                     unescaped(&key[1..key.len() - 1])
                 } else {
                     Default::default()
                 };
-                let required = match &mut frame.required {
-                    Some((r, written)) if frame.object && *field == *r.name => {
-                        *written = true;
-                        Some(*r)
-                    }
-                    _ => None,
-                };
-                let write = match (frame.object, required) {
+                let required = frame
+                    .required()
+                    .filter(|r| *field == r.key[1..r.key.len() - 1]);
+                if required.is_some() {
+                    frame.0 |= Frame::REQUIRED_SEEN;
+                }
+                let write = match (frame.object(), required) {
                     (false, _) => Some(value),
                     (true, Some(r)) if value == b"null" => Some(r.default),
+                    // A key the parser cannot read stays, with its member, for the parse to
+                    // refuse.
+                    (true, _) if value == b"null" && !readable_key(key) => Some(value),
                     (true, _) => member_value(&field, value),
                 };
                 let Some(write) = write else {
@@ -249,14 +288,15 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
                     continue;
                 };
                 rewritten |= write != value;
-                if std::mem::replace(&mut frame.written, true) {
+                if frame.has(Frame::WRITTEN) {
                     out.put(b",");
                 }
-                if frame.object {
-                    write_member(out, key, write);
+                frame.0 |= Frame::WRITTEN;
+                rewritten |= if frame.object() {
+                    write_member(out, key, write)
                 } else {
-                    out.put(write);
-                }
+                    write_token(out, write)
+                };
                 expect = match c {
                     b'{' | b'[' => {
                         let child = frame.child(c == b'{', &field);
@@ -275,17 +315,62 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
     }
 }
 
-/// Writes `"key":value` (`key` with its quotes).
-fn write_member(out: &mut impl Sink, key: &[u8], value: &[u8]) {
-    if key.first() == Some(&b'"') {
-        out.put(key);
-    } else {
-        out.put(b"\"");
-        out.put(key);
-        out.put(b"\"");
-    }
+/// Whether the parser reads `key` (a string with its quotes): it is left out with its `null`
+/// only then, so that a member the parser would refuse still fails the parse.
+fn readable_key(key: &[u8]) -> bool {
+    serde_json::from_slice::<String>(key).is_ok()
+}
+
+/// Writes `"key":value` (`key` with its quotes), as [`write_token`] writes each; whether a lone
+/// surrogate was replaced.
+fn write_member(out: &mut impl Sink, key: &[u8], value: &[u8]) -> bool {
+    let replaced = write_token(out, key);
     out.put(b":");
-    out.put(value);
+    replaced | write_token(out, value)
+}
+
+/// Writes `token` (a value or a key: a string with its quotes, or any other token as it is),
+/// each lone UTF-16 surrogate escape in a string replaced by `\ufffd` (the same length).
+/// Returns whether it replaced any.
+fn write_token(out: &mut impl Sink, token: &[u8]) -> bool {
+    let mut replaced = false;
+    let mut from = 0;
+    let mut i = 0;
+    while token.first() == Some(&b'"') && i < token.len() {
+        if token[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let (lone, len) = match escaped_unit(token, i) {
+            Some(0xD800..=0xDBFF) => match escaped_unit(token, i + 6) {
+                // A pair, passed whole.
+                Some(0xDC00..=0xDFFF) => (false, 12),
+                _ => (true, 6),
+            },
+            Some(0xDC00..=0xDFFF) => (true, 6),
+            Some(_) => (false, 6),
+            // Another escape (`\n`, `\\`...).
+            None => (false, 2),
+        };
+        if lone {
+            out.put(&token[from..i]);
+            out.put(b"\\ufffd");
+            replaced = true;
+            from = i + 6;
+        }
+        i += len;
+    }
+    out.put(&token[from..]);
+    replaced
+}
+
+/// The UTF-16 code unit of the `\uXXXX` escape at `i`, if there is one.
+fn escaped_unit(s: &[u8], i: usize) -> Option<u16> {
+    let hex = s.get(i..i + 6)?.strip_prefix(b"\\u")?;
+    if !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
 }
 
 /// The value token at `i` — a string with its quotes, an opening bracket, or a literal (number,
@@ -487,6 +572,40 @@ mod tests {
         let mut count = Count::default();
         assert!(rewrite_lenient(e.as_bytes(), &mut count));
         assert_eq!(count.0, out.len());
+    }
+
+    #[test]
+    fn lone_surrogates_become_the_replacement_character() {
+        // Half an emoji (as `JSON.stringify` writes a string cut inside one), a low half
+        // alone, a high half before another escape; a whole pair, an escaped backslash
+        // before `u`, and other escapes stay as they are.
+        assert_eq!(
+            rewrite(r#"{"a":"cut \ud83d","b":"\uDE00x","c":"\ud83d\u0041","d":"\ud83d\ude00 \\ud83d \n\""}"#)
+                .as_deref(),
+            Some(r#"{"a":"cut \ufffd","b":"\ufffdx","c":"\ufffd\u0041","d":"\ud83d\ude00 \\ud83d \n\""}"#)
+        );
+        // In a key, and in an array; nothing else to rewrite.
+        assert_eq!(
+            rewrite(r#"{"\udc00":["\ud800"]}"#).as_deref(),
+            Some(r#"{"\ufffd":["\ufffd"]}"#)
+        );
+        assert_eq!(rewrite(r#"{"a":"\ud83d\ude00","b":"\u+d83"}"#), None);
+    }
+
+    #[test]
+    fn what_would_make_invalid_json_valid_is_left_for_the_parse_to_refuse() {
+        // A form feed is not JSON whitespace.
+        assert_eq!(rewrite("{\"a\":null,\x0c\"b\":1}"), None);
+        assert_eq!(rewrite("{\"a\":null}\x0c"), None);
+        // A null member whose key the parser cannot read is kept, so the parse still fails.
+        for key in ["a\x01b", "\\q", "\\ud8x0"] {
+            let out = rewrite(&format!(r#"{{"kind":"SPAN_KIND_SERVER","{key}":null}}"#)).unwrap();
+            assert_eq!(out, format!(r#"{{"kind":2,"{key}":null}}"#));
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&out).is_err(),
+                "{key}"
+            );
+        }
     }
 
     #[test]

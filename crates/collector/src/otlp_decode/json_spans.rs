@@ -82,10 +82,10 @@ pub(super) fn json_elements(body: &[u8]) -> Vec<JsonElement> {
 /// Calls `visit` with every resource, scope and span object of `body`, each after what it
 /// holds (a span before its scope, a scope before its resource; spans in body order). Best
 /// effort on malformed JSON (it never fails: what it cannot follow yields nothing). Returns how
-/// many objects it passed, elements or not (`{` outside strings, up to where it stopped: the
-/// parser stops there too).
-pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) -> usize {
-    let mut objects = 0;
+/// many objects and arrays it passed, elements or not (`{` and `[` outside strings, up to where
+/// it stopped: the parser stops there too).
+pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) -> Containers {
+    let mut passed = Containers::default();
     let mut stack: Vec<Frame> = Vec::new();
     // The resource, scope and span being scanned.
     let mut open: [Option<Open>; 3] = [None, None, None];
@@ -108,7 +108,11 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) -> 
                 }
             }
             c @ (b'{' | b'[') => {
-                objects += usize::from(c == b'{');
+                if c == b'{' {
+                    passed.objects += 1;
+                } else {
+                    passed.arrays += 1;
+                }
                 let parent_on_path = match stack.last() {
                     None => true,
                     Some(p) if p.object => p.on_path && p.key_matches,
@@ -132,7 +136,7 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) -> 
                 // A bracket that does not close what is open: the parser refuses the body (a
                 // syntax error), and nothing past it can be followed.
                 if stack.last().is_none_or(|f| f.object != (c == b'}')) {
-                    return objects;
+                    return passed;
                 }
                 if let Some(level) = Level::at(stack.len())
                     && let Some(o) = open[level as usize].take()
@@ -165,7 +169,14 @@ pub(super) fn scan_elements(body: &[u8], mut visit: impl FnMut(JsonElement)) -> 
         }
         i += 1;
     }
-    objects
+    passed
+}
+
+/// How many objects and arrays a scan passed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Containers {
+    pub objects: usize,
+    pub arrays: usize,
 }
 
 /// A key's bytes as the parser reads them: escapes (`spa\u006es`) decoded.

@@ -75,8 +75,8 @@ pub use decoded::{DecodeError, Decoded, SpanRange};
 pub(crate) use interner::with_text_interner;
 pub use interner::{take_fresh_text_bytes, take_truncated_texts};
 pub use json::{
-    JSON_BYTES_PER_ELEMENT, JSON_BYTES_PER_OBJECT, decode_json, decode_json_cutting,
-    json_decode_bound,
+    JSON_BYTES_PER_ARRAY, JSON_BYTES_PER_ELEMENT, JSON_BYTES_PER_OBJECT, decode_json,
+    decode_json_cutting, json_decode_bound,
 };
 pub use protobuf::{count_spans, decode_protobuf, decode_span, without_spans};
 pub use reference::{from_proto, leave_out_spans, retain_accepted};
