@@ -273,6 +273,36 @@ fn json_decode_stays_under_its_bound() {
             ),
         ),
         (
+            "a span with a 4 MB name, rewritten (a null parent)",
+            spans_body(&[span(0, "").replacen(
+                r#""name":"chat m""#,
+                &format!(r#""parentSpanId":null,"name":"{}""#, "n".repeat(4_000_000)),
+                1,
+            )]),
+        ),
+        (
+            "a span with a 4 MB name of escapes, rewritten (a null parent)",
+            spans_body(&[span(0, "").replacen(
+                r#""name":"chat m""#,
+                &format!(
+                    r#""parentSpanId":null,"name":"{}""#,
+                    "n\\n".repeat(1_000_000)
+                ),
+                1,
+            )]),
+        ),
+        (
+            "a span with a 4 MB name beside a span cut (an id that is not hex)",
+            spans_body(&[
+                span(0, "").replacen(
+                    r#""name":"chat m""#,
+                    &format!(r#""name":"{}""#, "n".repeat(4_000_000)),
+                    1,
+                ),
+                span(1, "").replacen(r#""traceId":""#, r#""traceId":"zz"#, 1),
+            ]),
+        ),
+        (
             "empty arrays",
             format!(
                 r#"{{"resourceSpans":[{}]}}"#,
