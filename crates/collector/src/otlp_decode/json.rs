@@ -125,7 +125,7 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
         let at = byte_offset(&body, error.line(), error.column());
         let mut error_rewritten = false;
         for (element, fix) in &unreadable {
-            if *fix == Fix::Rewrite {
+            if let Fix::Rewrite { .. } = fix {
                 error_rewritten |= element.range.contains(&at);
                 continue;
             }
@@ -211,8 +211,8 @@ fn cuttable(error: &serde_json::Error) -> bool {
 /// What becomes of an element the parser cannot read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fix {
-    /// Its [lenient rewrite](super::json_lenient) reads: it replaces the element.
-    Rewrite,
+    /// Its [lenient rewrite](super::json_lenient), `len` bytes, reads: it replaces the element.
+    Rewrite { len: usize },
     /// Nothing reads: it is cut (replaced by `{}`, which is rejected like any span without ids,
     /// or an empty scope or resource).
     Cut,
@@ -247,7 +247,9 @@ fn unreadable_elements(body: &[u8], level: Level) -> (Vec<(JsonElement, Fix)>, O
             alone.extend_from_slice(suffix);
             parse(&alone).is_ok()
         } {
-            Fix::Rewrite
+            Fix::Rewrite {
+                len: alone.len() - prefix.len() - suffix.len(),
+            }
         } else {
             if first_cut_error.is_none() {
                 let message = error.to_string();
@@ -266,10 +268,9 @@ fn unreadable_elements(body: &[u8], level: Level) -> (Vec<(JsonElement, Fix)>, O
 /// could take twice the body).
 fn with_fixed(body: &[u8], fixes: &[(JsonElement, Fix)]) -> Vec<u8> {
     let size = fixes.iter().fold(body.len(), |size, (element, fix)| {
-        let mut count = Count::default();
         let written = match fix {
-            Fix::Rewrite if rewrite_lenient(&body[element.range.clone()], &mut count) => count.0,
-            _ => 2,
+            Fix::Rewrite { len } => *len,
+            Fix::Cut => 2,
         };
         size - element.range.len() + written
     });
