@@ -187,7 +187,32 @@ fn check_config_reports_every_problem_with_its_line() {
         );
     }
     assert!(!err.contains("OK"), "{err}");
-    // A problem is not said twice: no windows is not also a wrong alerts.window.
+    // A problem is not said twice: an invalid value is not also compared with another key, a
+    // name used three times is said once.
+    let once = dir.path().join("once.yaml");
+    std::fs::write(
+        &once,
+        "limits:\n  soft_limit_percent: 0\nassembly:\n  max_age: 0s\ndiagnosis:\n  gpu_idle_max: 1.5\n\
+         alerts:\n  rules:\n    - { name: x, expr: \"ttft.p99 > 1\" }\n    - { name: x, expr: \"ttft.p99 > 1\" }\n\
+         \x20   - { name: x, expr: \"ttft.p99 > 2\" }\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["check-config", "--no-store"])
+        .arg(&once)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (key, times) in [
+        ("limits.soft_limit_percent", 1),
+        ("relief_target_percent", 0),
+        ("assembly.max_age", 1),
+        ("diagnosis.gpu_idle_max", 1),
+        ("used more than once", 1),
+    ] {
+        assert_eq!(err.matches(key).count(), times, "{key}: {err}");
+    }
+    // No windows is not also a wrong alerts.window.
     let windows = dir.path().join("windows.yaml");
     std::fs::write(&windows, "kpi:\n  windows: []\n").unwrap();
     let out = bin().args(["check-config"]).arg(&windows).output().unwrap();

@@ -442,7 +442,7 @@ proptest! {
             }
         }
         let bound = infertrace_collector::otlp_decode::json_decode_bound(&bytes);
-        prop_assert!(bound >= 4 * bytes.len());
+        prop_assert!(bound >= 6 * bytes.len());
         let decoded = infertrace_collector::otlp_decode::decode_json_cutting(&bytes);
         if let Ok(reference) = serde_json::from_slice::<ExportTraceServiceRequest>(&bytes) {
             let (decoded, cut) = decoded.unwrap();

@@ -106,6 +106,8 @@ fn json_decode_stays_under_its_bound() {
         r#"{{"arrayValue":{{"values":[{}]}}}}"#,
         vec![r#"{"stringValue":"x"}"#; 100].join(",")
     );
+    // Escapes spaced so that the parser's scratch buffer has just doubled (a reviewer's shape).
+    let spaced = format!("{}n", format!("{}\\n", "n".repeat(1000)).repeat(4096));
     let long = format!(r#"{{"stringValue":"{}"}}"#, "y".repeat(100_000));
     let cases: Vec<(&str, String)> = vec![
         ("empty spans", spans_body(&vec!["{}".to_owned(); 20_000])),
@@ -301,6 +303,37 @@ fn json_decode_stays_under_its_bound() {
                 ),
                 span(1, "").replacen(r#""traceId":""#, r#""traceId":"zz"#, 1),
             ]),
+        ),
+        (
+            "a 4 MB name of spaced escapes beside a span cut, in a scope rewritten",
+            spans_body(&[
+                span(0, "").replacen(r#""name":"chat m""#, &format!(r#""name":"{spaced}""#), 1),
+                span(1, "").replacen(r#""traceId":""#, r#""traceId":"zz"#, 1),
+            ])
+            .replacen(
+                r#""scopeSpans":[{"#,
+                r#""scopeSpans":[{"scope":{"name":null},"#,
+                1,
+            ),
+        ),
+        (
+            "a 4 MB key of spaced escapes in a span rewritten",
+            spans_body(&[span(0, "").replacen(
+                r#""name":"chat m""#,
+                &format!(r#""parentSpanId":null,"{spaced}":1,"name":"chat m""#),
+                1,
+            )]),
+        ),
+        (
+            "a 4 MB name of spaced escapes, the envelope rewritten (a null duplicate)",
+            {
+                let body = spans_body(&[span(0, "").replacen(
+                    r#""name":"chat m""#,
+                    &format!(r#""name":"{spaced}""#),
+                    1,
+                )]);
+                format!(r#"{},"resourceSpans":null}}"#, &body[..body.len() - 1])
+            },
         ),
         (
             "empty arrays",

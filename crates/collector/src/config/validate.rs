@@ -137,8 +137,7 @@ impl CollectorConfig {
                 &["limits", "soft_limit_percent"],
                 "must be a percentage from 1 to 100",
             );
-        }
-        if l.relief_target_percent >= l.soft_limit_percent {
+        } else if l.relief_target_percent >= l.soft_limit_percent {
             p.add(
                 &["limits", "relief_target_percent"],
                 format!(
@@ -160,7 +159,8 @@ impl CollectorConfig {
                 p.add(&["assembly", key], "must be a positive duration");
             }
         }
-        if a.max_age < a.idle_timeout {
+        // Compared only when both are valid (else the one problem would be said twice).
+        if !a.max_age.is_zero() && !a.idle_timeout.is_zero() && a.max_age < a.idle_timeout {
             p.add(
                 &["assembly", "max_age"],
                 "must be at least assembly.idle_timeout",
@@ -285,7 +285,11 @@ impl CollectorConfig {
                 p.add(&["diagnosis", key], "must be a fraction in [0, 1]");
             }
         }
-        if d.gpu_idle_max >= d.gpu_saturated_min {
+        let fraction = |v: f64| (0.0..=1.0).contains(&v);
+        if fraction(d.gpu_idle_max)
+            && fraction(d.gpu_saturated_min)
+            && d.gpu_idle_max >= d.gpu_saturated_min
+        {
             p.add(
                 &["diagnosis", "gpu_idle_max"],
                 "must be below diagnosis.gpu_saturated_min",
@@ -336,10 +340,11 @@ impl CollectorConfig {
             );
         }
         for (i, rule) in a.rules.iter().enumerate() {
-            if a.rules[..i].iter().any(|r| r.name == rule.name) {
+            // Said once per name, at its second use.
+            if a.rules[..i].iter().filter(|r| r.name == rule.name).count() == 1 {
                 p.add(
                     &["alerts", "rules", "name"],
-                    format!("rule name {:?} is used twice", rule.name),
+                    format!("rule name {:?} is used more than once", rule.name),
                 );
             }
             if let Err(e) = AlertRule::compile(rule) {

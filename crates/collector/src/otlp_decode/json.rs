@@ -64,11 +64,12 @@ pub const JSON_BYTES_PER_ARRAY: usize = 16;
 /// Bytes that decoding an OTLP/JSON body may allocate at most, as a bound for the memory
 /// limiter to reserve before decoding: [`JSON_BYTES_PER_ELEMENT`] per resource, scope and span,
 /// [`JSON_BYTES_PER_OBJECT`] per other object, [`JSON_BYTES_PER_ARRAY`] per array (brackets
-/// inside strings are text, not containers), plus four times the body: the strings the parser
-/// copies out of it (a string with escapes through a scratch buffer that grows by doubling), the
-/// decoded spans' copies, and a rewritten or cut copy of the body (a span with a 3 MB name of
-/// escapes next to a field to rewrite peaks at 3.4 times its body). One scan of the body; the
-/// `json_decode_stays_under_its_bound` test measures the real peak against it.
+/// inside strings are text, not containers), plus six times the body. At its worst, while an
+/// element of a body already rewritten or cut once is parsed alone, decoding holds the body as
+/// rebuilt, the element's copy, and a string the parser reads through a scratch buffer that
+/// grows by doubling (up to three times the string): five times the body for one 4 MB string
+/// with escapes spaced just so. One scan of the body; the `json_decode_stays_under_its_bound`
+/// test measures the real peak against it.
 pub fn json_decode_bound(body: &[u8]) -> usize {
     let mut elements = 0usize;
     let passed = scan_elements(body, |_| elements += 1);
@@ -81,7 +82,7 @@ pub fn json_decode_bound(body: &[u8]) -> usize {
                 .saturating_mul(JSON_BYTES_PER_OBJECT),
         )
         .saturating_add(passed.arrays.saturating_mul(JSON_BYTES_PER_ARRAY))
-        .saturating_add(body.len().saturating_mul(4))
+        .saturating_add(body.len().saturating_mul(6))
 }
 
 /// Decodes an OTLP/JSON `ExportTraceServiceRequest` into spans (see the [module rules](super)).
@@ -118,7 +119,14 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
         if !cuttable(&error) {
             break;
         }
-        let (unreadable, first_cut_error) = unreadable_elements(&body, level);
+        // An element whose syntax is broken is not cut: the body is refused.
+        let Some(Unreadable {
+            fixes: unreadable,
+            first_cut_error,
+        }) = unreadable_elements(&body, level)
+        else {
+            break;
+        };
         if unreadable.is_empty() {
             continue;
         }
@@ -142,9 +150,11 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
         }
         let fixed_body = with_fixed(&body, &unreadable);
         drop(unreadable);
-        match parse(&fixed_body) {
-            Ok(req) => return Ok(cuts.decoded(&req, fixed_body)),
-            Err(e) => (body, error) = (Cow::Owned(fixed_body), e),
+        // The previous copy goes before the new one is parsed.
+        body = Cow::Owned(fixed_body);
+        match parse(&body) {
+            Ok(req) => return Ok(cuts.decoded(&req, body.into_owned())),
+            Err(e) => error = e,
         }
     }
     // An error outside every resource (`"resourceSpans": null`): the whole body rewritten.
@@ -222,19 +232,23 @@ enum Fix {
 /// the envelope down to its level, so that it sits at the depth it has in the body (the
 /// parser's recursion limit counts from the top), with what to do with each; in body order.
 /// Only the decision is kept, not the rewrite: [`with_fixed`] writes it again, so that no more
-/// than one element's copy is held at a time. Also the parser's error in the first element cut
-/// (its position left out: it would count from the envelope, not the body).
-fn unreadable_elements(body: &[u8], level: Level) -> (Vec<(JsonElement, Fix)>, Option<String>) {
+/// than one element's copy is held at a time (in a buffer of its exact size). Also the parser's
+/// error in the first element cut (its position left out: it would count from the envelope,
+/// not the body). `None` when an element that cannot be read is not well-formed JSON either: a
+/// cut would hide a syntax error, so the body is refused.
+fn unreadable_elements(body: &[u8], level: Level) -> Option<Unreadable> {
     let (prefix, suffix) = level.envelope();
     let mut unreadable = Vec::new();
     let mut first_cut_error = None;
     let mut alone = Vec::new();
+    let mut well_formed = true;
     scan_elements(body, |e| {
-        if e.level != level {
+        if e.level != level || !well_formed {
             return;
         }
         let element = &body[e.range.clone()];
         alone.clear();
+        alone.reserve_exact(prefix.len() + element.len() + suffix.len());
         alone.extend_from_slice(prefix);
         alone.extend_from_slice(element);
         alone.extend_from_slice(suffix);
@@ -242,14 +256,18 @@ fn unreadable_elements(body: &[u8], level: Level) -> (Vec<(JsonElement, Fix)>, O
             Err(error) if cuttable(&error) => error,
             _ => return,
         };
-        alone.truncate(prefix.len());
-        let fix = if rewrite_lenient(element, &mut alone) && {
+        let mut len = Count::default();
+        let fix = if rewrite_lenient(element, &mut len) && {
+            alone.truncate(prefix.len());
+            alone.reserve_exact(len.0 + suffix.len());
+            rewrite_lenient(element, &mut alone);
             alone.extend_from_slice(suffix);
             parse(&alone).is_ok()
         } {
-            Fix::Rewrite {
-                len: alone.len() - prefix.len() - suffix.len(),
-            }
+            Fix::Rewrite { len: len.0 }
+        } else if !well_formed_json(element) {
+            well_formed = false;
+            return;
         } else {
             if first_cut_error.is_none() {
                 let message = error.to_string();
@@ -260,7 +278,26 @@ fn unreadable_elements(body: &[u8], level: Level) -> (Vec<(JsonElement, Fix)>, O
         };
         unreadable.push((e, fix));
     });
-    (unreadable, first_cut_error)
+    well_formed.then_some(Unreadable {
+        fixes: unreadable,
+        first_cut_error,
+    })
+}
+
+/// The elements of a level that the parser cannot read, with what becomes of each, and the
+/// parser's error in the first one cut.
+struct Unreadable {
+    fixes: Vec<(JsonElement, Fix)>,
+    first_cut_error: Option<String>,
+}
+
+/// Whether `element` is JSON whose only errors, if any, are inside strings (what a cut may
+/// remove): its syntax as the parser sees it when it reads the element into nothing.
+fn well_formed_json(element: &[u8]) -> bool {
+    match serde_json::from_slice::<serde::de::IgnoredAny>(element) {
+        Ok(_) => true,
+        Err(e) => e.classify() != serde_json::error::Category::Syntax || cuttable(&e),
+    }
 }
 
 /// `body` with each element of `fixes` (in body order, not overlapping) rewritten or cut, in a
@@ -752,6 +789,28 @@ mod tests {
         // The `{}` span is rejected for its missing ids, as it always is.
         assert_eq!((d.spans.len(), d.rejected), (10, 1), "{:?}", d.first_error);
         assert!(parse(&fixed.unwrap()).is_ok());
+    }
+
+    #[test]
+    fn a_syntax_error_behind_a_data_error_refuses_the_body_not_a_cut() {
+        // The parser stops at the bad id; the missing colon after it must not vanish with a
+        // cut span (or a cut scope).
+        for broken in [
+            r#"{"traceId":"zz","x" 1}"#,
+            r#"{"traceId":"zz","spanId":"0000000000000001","x":[1 2]}"#,
+        ] {
+            let body = body_with(20, broken);
+            assert!(
+                matches!(decode_json(body.as_bytes()), Err(DecodeError::Json(_))),
+                "{broken}"
+            );
+        }
+        let scope = body_with(5, "{}").replacen(r#""scopeSpans":[{"#, r#""scopeSpans":[null,{"#, 1);
+        let scope = scope.replacen(r#"]}]}"#, r#"]}],"x" 1}]}"#, 1);
+        assert!(decode_json(scope.as_bytes()).is_err(), "{scope}");
+        // A string error is still cut: its string ends where the scan sees it end.
+        let body = body_with(20, r#"{"traceId":"zz","name":"tab\tinside\q"}"#);
+        assert_eq!(decode_json(body.as_bytes()).unwrap().spans.len(), 20);
     }
 
     #[test]

@@ -318,7 +318,8 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
 /// Whether the parser reads `key` (a string with its quotes): it is left out with its `null`
 /// only then, so that a member the parser would refuse still fails the parse.
 fn readable_key(key: &[u8]) -> bool {
-    serde_json::from_slice::<String>(key).is_ok()
+    // Read into nothing, so that a long key is not copied.
+    std::str::from_utf8(key).is_ok() && serde_json::from_slice::<serde::de::IgnoredAny>(key).is_ok()
 }
 
 /// Writes `"key":value` (`key` with its quotes), as [`write_token`] writes each; whether a lone

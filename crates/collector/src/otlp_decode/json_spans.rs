@@ -179,9 +179,11 @@ pub(super) struct Containers {
     pub arrays: usize,
 }
 
-/// A key's bytes as the parser reads them: escapes (`spa\u006es`) decoded.
+/// A key's bytes as the parser reads them: escapes (`spa\u006es`) decoded. A key longer than
+/// [`MAX_KEY_TO_UNESCAPE`] is left as it is: it cannot be any key the decoder looks for, and
+/// decoding it would copy it.
 pub(super) fn unescaped(key: &[u8]) -> Cow<'_, [u8]> {
-    if !key.contains(&b'\\') {
+    if key.len() > MAX_KEY_TO_UNESCAPE || !key.contains(&b'\\') {
         return Cow::Borrowed(key);
     }
     let quoted = [b"\"", key, b"\""].concat();
@@ -190,6 +192,10 @@ pub(super) fn unescaped(key: &[u8]) -> Cow<'_, [u8]> {
         Err(_) => Cow::Borrowed(key),
     }
 }
+
+/// The longest key [`unescaped`] decodes: each of the keys the decoders look for
+/// (`droppedAttributesCount` the longest, 22 bytes) fully escaped, 6 bytes a character.
+const MAX_KEY_TO_UNESCAPE: usize = 6 * 22;
 
 /// The index of the closing quote of the string whose content starts at `start` (or the end of
 /// the body).
