@@ -106,7 +106,7 @@ fn json_decode_stays_under_its_bound() {
         r#"{{"arrayValue":{{"values":[{}]}}}}"#,
         vec![r#"{"stringValue":"x"}"#; 100].join(",")
     );
-    // Escapes spaced so that the parser's scratch buffer has just doubled (a reviewer's shape).
+    // Escapes spaced so that the parser's scratch buffer has just doubled when the string ends.
     let spaced = format!("{}n", format!("{}\\n", "n".repeat(1000)).repeat(4096));
     let long = format!(r#"{{"stringValue":"{}"}}"#, "y".repeat(100_000));
     let cases: Vec<(&str, String)> = vec![

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
 use super::decoded::{DecodeError, Decoded};
-use super::json_lenient::{Count, rewrite_lenient};
+use super::json_lenient::{rewrite_lenient, rewrite_lenient_sized};
 use super::json_spans::{JsonElement, Level, byte_offset, scan_elements};
 use super::reference::from_proto;
 
@@ -64,12 +64,11 @@ pub const JSON_BYTES_PER_ARRAY: usize = 16;
 /// Bytes that decoding an OTLP/JSON body may allocate at most, as a bound for the memory
 /// limiter to reserve before decoding: [`JSON_BYTES_PER_ELEMENT`] per resource, scope and span,
 /// [`JSON_BYTES_PER_OBJECT`] per other object, [`JSON_BYTES_PER_ARRAY`] per array (brackets
-/// inside strings are text, not containers), plus six times the body. At its worst, while an
+/// inside strings are text, not containers), plus six times the body: at its worst, while an
 /// element of a body already rewritten or cut once is parsed alone, decoding holds the body as
 /// rebuilt, the element's copy, and a string the parser reads through a scratch buffer that
-/// grows by doubling (up to three times the string): five times the body for one 4 MB string
-/// with escapes spaced just so. One scan of the body; the `json_decode_stays_under_its_bound`
-/// test measures the real peak against it.
+/// grows by doubling (up to three times the string). One scan of the body; the
+/// `json_decode_stays_under_its_bound` test measures the real peak against it.
 pub fn json_decode_bound(body: &[u8]) -> usize {
     let mut elements = 0usize;
     let passed = scan_elements(body, |_| elements += 1);
@@ -158,14 +157,12 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
         }
     }
     // An error outside every resource (`"resourceSpans": null`): the whole body rewritten.
-    let mut size = Count::default();
-    if cuttable(&error) && rewrite_lenient(&body, &mut size) {
-        let mut fixed_body = Vec::with_capacity(size.0);
-        if rewrite_lenient(&body, &mut fixed_body)
-            && let Ok(req) = parse(&fixed_body)
-        {
-            return Ok(cuts.decoded(&req, fixed_body));
-        }
+    let mut fixed_body = Vec::new();
+    if cuttable(&error)
+        && rewrite_lenient_sized(&body, &mut fixed_body, 0).is_some()
+        && let Ok(req) = parse(&fixed_body)
+    {
+        return Ok(cuts.decoded(&req, fixed_body));
     }
     Err(DecodeError::Json(error.to_string()))
 }
@@ -256,15 +253,13 @@ fn unreadable_elements(body: &[u8], level: Level) -> Option<Unreadable> {
             Err(error) if cuttable(&error) => error,
             _ => return,
         };
-        let mut len = Count::default();
-        let fix = if rewrite_lenient(element, &mut len) && {
-            alone.truncate(prefix.len());
-            alone.reserve_exact(len.0 + suffix.len());
-            rewrite_lenient(element, &mut alone);
-            alone.extend_from_slice(suffix);
-            parse(&alone).is_ok()
-        } {
-            Fix::Rewrite { len: len.0 }
+        alone.truncate(prefix.len());
+        let rewritten = rewrite_lenient_sized(element, &mut alone, suffix.len());
+        alone.extend_from_slice(suffix);
+        let fix = if let Some(len) = rewritten
+            && parse(&alone).is_ok()
+        {
+            Fix::Rewrite { len }
         } else if !well_formed_json(element) {
             well_formed = false;
             return;
@@ -316,10 +311,12 @@ fn with_fixed(body: &[u8], fixes: &[(JsonElement, Fix)]) -> Vec<u8> {
     for (element, fix) in fixes {
         let range = element.range.clone();
         out.extend_from_slice(&body[from..range.start]);
-        let before = out.len();
-        if *fix == Fix::Cut || !rewrite_lenient(&body[range.clone()], &mut out) {
-            out.truncate(before);
-            out.extend_from_slice(b"{}");
+        match fix {
+            // The same rewrite that was decided on, into the room counted for it.
+            Fix::Rewrite { .. } => {
+                rewrite_lenient(&body[range.clone()], &mut out);
+            }
+            Fix::Cut => out.extend_from_slice(b"{}"),
         }
         from = range.end;
     }

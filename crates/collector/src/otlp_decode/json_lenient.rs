@@ -5,8 +5,9 @@
 //! written as a string (`"17"`, `"0.5"`), the non-finite doubles `"NaN"`, `"Infinity"` and
 //! `"-Infinity"`, and a lone UTF-16 surrogate escape (`"\ud83d"`: the half emoji
 //! `JSON.stringify` writes when a string is cut inside one), which becomes `\ufffd`, the
-//! replacement character, as Go's decoder reads it. The JSON decoder rewrites a span, scope or resource that does not parse into
-//! the form those types read, and keeps it when the rewrite parses, instead of cutting it out.
+//! replacement character, as Go's decoder reads it. The JSON decoder rewrites a span, scope or
+//! resource that does not parse into the form those types read, and keeps it when the rewrite
+//! parses, instead of cutting it out.
 //!
 //! A non-finite double is left out, so its attribute has no value (and is dropped by the
 //! decoder): infertrace reads no such number (the analysis ignores them), and a downstream's
@@ -171,7 +172,7 @@ impl Sink for Vec<u8> {
 
 /// Counts what would be written.
 #[derive(Default)]
-pub(super) struct Count(pub usize);
+struct Count(usize);
 
 impl Sink for Count {
     fn put(&mut self, bytes: &[u8]) {
@@ -315,6 +316,23 @@ pub(super) fn rewrite_lenient(element: &[u8], out: &mut impl Sink) -> bool {
     }
 }
 
+/// [`rewrite_lenient`] appended to `out` after growing it by exactly the rewrite's length plus
+/// `then` bytes (what the caller appends next), so that it never doubles: the rewrite's length,
+/// or `None` when there is nothing to rewrite or the structure is broken (`out` unchanged).
+pub(super) fn rewrite_lenient_sized(
+    element: &[u8],
+    out: &mut Vec<u8>,
+    then: usize,
+) -> Option<usize> {
+    let mut count = Count::default();
+    if !rewrite_lenient(element, &mut count) {
+        return None;
+    }
+    out.reserve_exact(count.0 + then);
+    rewrite_lenient(element, out);
+    Some(count.0)
+}
+
 /// Whether the parser reads `key` (a string with its quotes): it is left out with its `null`
 /// only then, so that a member the parser would refuse still fails the parse.
 fn readable_key(key: &[u8]) -> bool {
@@ -368,10 +386,9 @@ fn write_token(out: &mut impl Sink, token: &[u8]) -> bool {
 /// The UTF-16 code unit of the `\uXXXX` escape at `i`, if there is one.
 fn escaped_unit(s: &[u8], i: usize) -> Option<u16> {
     let hex = s.get(i..i + 6)?.strip_prefix(b"\\u")?;
-    if !hex.iter().all(u8::is_ascii_hexdigit) {
-        return None;
-    }
-    u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    hex.iter().try_fold(0u16, |unit, b| {
+        Some(unit << 4 | (*b as char).to_digit(16)? as u16)
+    })
 }
 
 /// The value token at `i` — a string with its quotes, an opening bracket, or a literal (number,
@@ -386,9 +403,7 @@ fn value_token(element: &[u8], i: usize) -> Option<(&[u8], usize)> {
         _ => {
             let len = element[i..]
                 .iter()
-                .position(|b| {
-                    b.is_ascii_whitespace() || matches!(b, b',' | b':' | b']' | b'}' | b'"')
-                })
+                .position(|b| is_json_space(b) || matches!(b, b',' | b':' | b']' | b'}' | b'"'))
                 .unwrap_or(element.len() - i);
             (len > 0).then(|| (&element[i..i + len], i + len))
         }
