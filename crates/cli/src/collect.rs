@@ -13,6 +13,8 @@ use infertrace_collector::server;
 use infertrace_collector::server_tls::ListenersTls;
 use infertrace_demo::shutdown_signal;
 
+use crate::console;
+
 /// Arguments of `infertrace collect`. Flags override the config file.
 #[derive(Args, Debug)]
 pub struct CollectArgs {
@@ -95,6 +97,7 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
 /// that fails keeps the previous ones and logs an error).
 pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(&args)?;
+    check_open_files(&config);
     let (grpc_tls, http_tls, api_tls) = (
         config.receivers.otlp_grpc.tls.is_some(),
         config.receivers.otlp_http.tls.is_some(),
@@ -124,21 +127,101 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     let history = collector.store().map_or("history: off".to_owned(), |s| {
         format!("history: {}", s.path().display())
     });
-    eprintln!(
-        "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API {api_scheme}://{}  (metrics: /metrics, KPIs: /api/kpis; {history}; Ctrl-C stops)",
-        show(collector.grpc_addr, grpc_tls),
-        show(collector.http_addr, http_tls),
-        collector.api_addr
+    console::say(
+        "INFO",
+        &format!(
+            "infertrace collector: OTLP/gRPC {}  OTLP/HTTP {}  API {api_scheme}://{}  (metrics: /metrics, KPIs: /api/kpis; {history}; Ctrl-C stops)",
+            show(collector.grpc_addr, grpc_tls),
+            show(collector.http_addr, http_tls),
+            collector.api_addr
+        ),
     );
     let report = collector
         .join()
         .await
         .context("collector stopped with an error")?;
-    eprintln!(
-        "infertrace collector: stopped; {} traces in flight were closed and recorded",
-        report.flushed.traces
+    console::say(
+        "INFO",
+        &format!(
+            "infertrace collector: stopped; {} traces in flight were closed and recorded",
+            report.flushed.traces
+        ),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Files the collector may need besides its connections: listeners, the store, the forward
+/// and Alertmanager connections, the runtime's own.
+const OTHER_FILES: u64 = 64;
+
+/// Raises the open-files limit as far as allowed and warns when it is still below what the
+/// listeners' `connections.max` may take: out of descriptors, accepts fail (counted in
+/// `infertrace_accept_errors_total`) and clients wait in the kernel's backlog.
+fn check_open_files(config: &CollectorConfig) {
+    let r = &config.receivers;
+    let wanted = [
+        (r.otlp_grpc.enabled, &r.otlp_grpc.connections),
+        (r.otlp_http.enabled, &r.otlp_http.connections),
+        (true, &config.api.connections),
+    ]
+    .iter()
+    .filter(|(enabled, _)| *enabled)
+    .map(|(_, c)| c.max as u64)
+    .sum::<u64>()
+        + OTHER_FILES;
+    if let Some(limit) = raise_open_files_limit()
+        && limit < wanted
+    {
+        tracing::warn!(
+            open_files_limit = limit,
+            wanted,
+            "the open-files limit is below the listeners' connections.max (summed) plus {} \
+             other files: past it, new connections wait unaccepted; raise it (ulimit -n, \
+             systemd LimitNOFILE=, docker --ulimit nofile=) or lower connections.max",
+            OTHER_FILES
+        );
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (as Go's runtime does at start): each
+/// connection is a file, and the listeners' defaults allow 3 × 1,024 of them, more than the
+/// usual soft limit of 1,024. Returns the soft limit in force afterwards (`None` when it cannot
+/// be read).
+#[cfg(target_os = "linux")]
+fn raise_open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct passed, which lives across the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    // An unlimited hard limit cannot be the soft one: the kernel caps open files at nr_open.
+    let ceiling = match limit.rlim_max {
+        libc::RLIM_INFINITY => std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(1 << 20),
+        hard => hard,
+    };
+    if limit.rlim_cur < ceiling {
+        let raised = libc::rlimit {
+            rlim_cur: ceiling,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct passed; on failure the limit is unchanged.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Some(raised.rlim_cur);
+        }
+    }
+    Some(limit.rlim_cur)
+}
+
+/// Other systems: the limit is left as it is and not checked.
+#[cfg(not(target_os = "linux"))]
+fn raise_open_files_limit() -> Option<u64> {
+    None
 }
 
 /// Reloads the tokens and the TLS files on every SIGHUP, logging each outcome (never a token).
@@ -154,11 +237,14 @@ async fn reload_on_hangup(
     while hangups.recv().await.is_some() {
         for reload in tls.reload(&events) {
             match reload.result {
-                Ok(cert) => eprintln!(
-                    "infertrace collector: SIGHUP: TLS of {} reloaded ({}); new connections use it",
-                    reload.listener,
-                    cert.as_deref()
-                        .map_or("fixed".into(), |c| c.display().to_string())
+                Ok(cert) => console::say(
+                    "INFO",
+                    &format!(
+                        "infertrace collector: SIGHUP: TLS of {} reloaded ({}); new connections use it",
+                        reload.listener,
+                        cert.as_deref()
+                            .map_or("fixed".into(), |c| c.display().to_string())
+                    ),
                 ),
                 Err(error) => tracing::error!(
                     listener = reload.listener,
@@ -169,9 +255,10 @@ async fn reload_on_hangup(
         }
         match &auth {
             Some(auth) => match auth.reload() {
-                Ok(tokens) => {
-                    eprintln!("infertrace collector: SIGHUP: {tokens} bearer tokens reloaded")
-                }
+                Ok(tokens) => console::say(
+                    "INFO",
+                    &format!("infertrace collector: SIGHUP: {tokens} bearer tokens reloaded"),
+                ),
                 Err(error) => tracing::error!(
                     %error,
                     tokens = auth.token_count(),
@@ -202,8 +289,10 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     };
     let (mut config, problems) = match CollectorConfig::check_file(&args.file, no_store) {
         Ok(checked) => checked,
-        Err(e) => {
-            eprintln!("{e}");
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("{e}");
+            }
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -216,9 +305,11 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     if let Some(tokens_file) = &args.tokens_file {
         config.auth.tokens_file = Some(tokens_file.clone());
     }
-    // The TLS files are read and parsed as the collector would at start.
-    if let Err(e) = config.tls_server_configs() {
-        eprintln!("{file}: TLS: {e}");
+    // The TLS files are read and parsed as the collector would at start, every listener's.
+    if let Err(errors) = config.tls_server_configs() {
+        for e in errors {
+            eprintln!("{file}: TLS: {e}");
+        }
         failed = true;
     }
     // So are the tokens (file and variable), and a listener beyond loopback without any is

@@ -6,6 +6,7 @@
 
 mod analyze;
 mod collect;
+mod console;
 mod demo;
 mod http_get;
 mod jaeger_json;
@@ -71,7 +72,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("infertrace: error: {err:#}");
+            console::say("ERROR", &format!("infertrace: error: {err:#}"));
             ExitCode::FAILURE
         }
     }
@@ -100,7 +101,7 @@ fn init_logging() {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = if std::env::var("INFERTRACE_LOG_FORMAT").is_ok_and(|f| f == "json") {
+    let _ = if console::json_logs() {
         logs.json().try_init()
     } else {
         logs.with_ansi(std::io::stderr().is_terminal()).try_init()

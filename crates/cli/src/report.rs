@@ -12,7 +12,9 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 
-use crate::http_get::get_json;
+use infertrace_collector::client_tls::TlsClientConfig;
+
+use crate::http_get::ApiClient;
 use crate::render;
 
 /// Output format of `report` and `analyze`.
@@ -27,10 +29,23 @@ pub enum Format {
 /// Arguments of `infertrace report`.
 #[derive(Args, Debug)]
 pub struct ReportArgs {
-    /// Base URL of the collector's API (its --listen address). When the collector requires
-    /// tokens, set INFERTRACE_TOKEN to one with the `read` scope (sent as a bearer token).
+    /// Base URL of the collector's API (its --listen address; https:// when its api.tls is
+    /// set). When the collector requires tokens, set INFERTRACE_TOKEN to one with the `read`
+    /// scope (sent as a bearer token).
     #[arg(long, default_value = "http://127.0.0.1:9464")]
     pub url: String,
+    /// https:// only: PEM file of the CA certificate(s) to check the collector's certificate
+    /// with (a private CA). Default: the system's root certificates (SSL_CERT_FILE and
+    /// SSL_CERT_DIR are honoured).
+    #[arg(long, value_name = "PEM")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// https:// only: PEM client certificate chain, for a collector whose api.tls asks for
+    /// one (mutual TLS); with --key-file.
+    #[arg(long, value_name = "PEM", requires = "key_file")]
+    pub cert_file: Option<std::path::PathBuf>,
+    /// https:// only: PEM private key of --cert-file.
+    #[arg(long, value_name = "PEM", requires = "cert_file")]
+    pub key_file: Option<std::path::PathBuf>,
     /// Window to report on: one of the collector's KPI windows (1m, 5m, 1h by default).
     #[arg(long, default_value = "5m", conflicts_with_all = ["since", "compare"])]
     pub window: String,
@@ -185,22 +200,28 @@ pub fn history_row(
 }
 
 /// Fetches a history report from the collector at `url`.
-pub async fn fetch_history(url: &str, h: &HistoryRequest) -> anyhow::Result<Value> {
+pub async fn fetch_history(
+    api: &ApiClient,
+    url: &str,
+    h: &HistoryRequest,
+) -> anyhow::Result<Value> {
     let base = url.trim_end_matches('/');
     let mut rows = Vec::with_capacity(HISTORY_KPIS.len());
     for (kpi, unit) in HISTORY_KPIS {
-        let now = get_json(&format!(
-            "{base}/api/history?{}",
-            history_query(kpi, h.since, Duration::ZERO, h)
-        ))
-        .await?;
+        let now = api
+            .get_json(&format!(
+                "{base}/api/history?{}",
+                history_query(kpi, h.since, Duration::ZERO, h)
+            ))
+            .await?;
         let baseline = match h.compare {
             Some(ago) => {
-                let before = get_json(&format!(
-                    "{base}/api/history?{}",
-                    history_query(kpi, h.since, ago, h)
-                ))
-                .await?;
+                let before = api
+                    .get_json(&format!(
+                        "{base}/api/history?{}",
+                        history_query(kpi, h.since, ago, h)
+                    ))
+                    .await?;
                 Some(single_value(&before))
             }
             None => None,
@@ -218,17 +239,22 @@ pub async fn fetch_history(url: &str, h: &HistoryRequest) -> anyhow::Result<Valu
 }
 
 /// Fetches every part of a report from the collector at `url`.
-pub async fn fetch_report(url: &str, window: &str) -> anyhow::Result<Value> {
+pub async fn fetch_report(api: &ApiClient, url: &str, window: &str) -> anyhow::Result<Value> {
     let base = url.trim_end_matches('/');
-    let kpis = get_json(&format!("{base}/api/kpis?window={window}")).await?;
+    let kpis = api
+        .get_json(&format!("{base}/api/kpis?window={window}"))
+        .await?;
     // The other parts are optional: an older or differently configured collector may lack them.
-    let critical_path = get_json(&format!("{base}/api/critical-path?window={window}"))
+    let critical_path = api
+        .get_json(&format!("{base}/api/critical-path?window={window}"))
         .await
         .unwrap_or(Value::Null);
-    let findings = get_json(&format!("{base}/api/findings?window={window}"))
+    let findings = api
+        .get_json(&format!("{base}/api/findings?window={window}"))
         .await
         .unwrap_or(Value::Null);
-    let alerts = get_json(&format!("{base}/api/alerts"))
+    let alerts = api
+        .get_json(&format!("{base}/api/alerts"))
         .await
         .unwrap_or(Value::Null);
     Ok(json!({
@@ -252,6 +278,12 @@ pub fn print_report(report: &Value, format: Format) -> anyhow::Result<()> {
 
 /// Runs `infertrace report`.
 pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let tls = TlsClientConfig {
+        ca_file: args.ca_file.clone(),
+        cert_file: args.cert_file.clone(),
+        key_file: args.key_file.clone(),
+    };
+    let api = ApiClient::new(&args.url, &tls)?;
     if args.since.is_some() || args.compare.is_some() {
         let h = HistoryRequest {
             since: match &args.since {
@@ -266,14 +298,14 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             service: args.service,
             model: args.model,
         };
-        let report = fetch_history(&args.url, &h).await?;
+        let report = fetch_history(&api, &args.url, &h).await?;
         match args.format {
             Format::Table => print!("{}", render::history_table(&report)),
             Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let report = fetch_report(&args.url, &args.window).await?;
+    let report = fetch_report(&api, &args.url, &args.window).await?;
     print_report(&report, args.format)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -212,6 +212,44 @@ fn check_config_reports_every_problem_with_its_line() {
     ] {
         assert_eq!(err.matches(key).count(), times, "{key}: {err}");
     }
+    // Keys that cannot be read are each named, and the rest of the file is still checked:
+    // unknown keys, values of the wrong type, a value out of range, and every listener's TLS
+    // files.
+    let unreadable = dir.path().join("unreadable.yaml");
+    std::fs::write(
+        &unreadable,
+        "shutdown_timeout: 15\nreceivers:\n  otlp_grpc:\n    endpoint: localhost:4317\n    \
+         tls: { cert_file: /nonexistent/g.pem, key_file: /nonexistent/g.key }\n  otlp_http:\n    \
+         conections: { max: 10 }\n    tls: { cert_file: /nonexistent/h.pem, key_file: /nonexistent/h.key }\n\
+         limits:\n  max_body_bytes: -1\n  memory_limit_bytes: 1000\nkpi:\n  dimensions: [service, foo]\n\
+         forward:\n  protocol: zipkin\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["check-config", "--no-store"])
+        .arg(&unreadable)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (line, key) in [
+        (1, "shutdown_timeout"),
+        (4, "receivers.otlp_grpc.endpoint"),
+        (7, "receivers.otlp_http.conections"),
+        (10, "limits.max_body_bytes"),
+        (11, "limits.memory_limit_bytes: must be at least 1048576"),
+        (13, "kpi.dimensions[1]"),
+        (15, "forward.protocol"),
+    ] {
+        let place = format!("unreadable.yaml:{line}:");
+        assert!(
+            err.lines().any(|l| l.contains(&place) && l.contains(key)),
+            "{key} at line {line}: {err}"
+        );
+    }
+    for file in ["/nonexistent/g.pem", "/nonexistent/h.pem"] {
+        assert!(err.contains(file), "{file}: {err}");
+    }
     // No windows is not also a wrong alerts.window.
     let windows = dir.path().join("windows.yaml");
     std::fs::write(&windows, "kpi:\n  windows: []\n").unwrap();

@@ -121,6 +121,28 @@ fn check_config_reads_the_tls_files() {
     assert!(err.contains(&pki.ca.display().to_string()), "{err}");
     assert!(err.contains("no private key found"), "{err}");
 
+    // An encrypted key is named as such, not as a file without a key.
+    let encrypted = dir.path().join("encrypted.key");
+    std::fs::write(
+        &encrypted,
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIBvTBXBgkqhkiG9w0BBQ0wSjApBgkqhkiG9w0BBQwwHAQI\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let enc = dir.path().join("enc.yaml");
+    std::fs::write(
+        &enc,
+        format!(
+            "api:\n  tls: {{ cert_file: {}, key_file: {} }}\n",
+            pki.server_cert.display(),
+            encrypted.display()
+        ),
+    )
+    .unwrap();
+    let out = bin().arg("check-config").arg(&enc).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the private key is encrypted"), "{err}");
+
     let missing = dir.path().join("missing.yaml");
     std::fs::write(
         &missing,
@@ -134,4 +156,73 @@ fn check_config_reads_the_tls_files() {
         err.contains("api.tls.cert_file (/nonexistent/server.pem): cannot read the file"),
         "{err}"
     );
+}
+
+/// The status and body of `GET path` on `port`, or `None` while the connection fails (the
+/// collector out of file descriptors does not accept it, or closes it at once).
+fn try_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let status = resp.split(' ').nth(1)?.parse().ok()?;
+    Some((status, resp.split("\r\n\r\n").nth(1)?.to_owned()))
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn running_out_of_file_descriptors_is_warned_counted_and_logged_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let (grpc, http_port, api) = (free_port(), free_port(), free_port());
+    // A hard limit of 48 open files, which the collector cannot raise.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -n 48 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_infertrace"))
+        .args(["collect", "--no-store"])
+        .args(["--otlp-grpc", &format!("127.0.0.1:{grpc}")])
+        .args(["--otlp-http", &format!("127.0.0.1:{http_port}")])
+        .args(["--listen", &format!("127.0.0.1:{api}")])
+        .current_dir(dir.path())
+        .env_remove("INFERTRACE_TOKENS")
+        .env_remove("INFERTRACE_TOKENS_FILE")
+        .env_remove("INFERTRACE_CONFIG");
+    let mut p = Process::spawn(cmd, dir.path().join("stderr.log"));
+    let log = p.wait_log(&format!("API http://127.0.0.1:{api}"));
+    assert!(
+        log.contains("the open-files limit is below") && log.contains("open_files_limit=48"),
+        "{log}"
+    );
+
+    // More connections than descriptors: past the limit the accepts fail.
+    let held: Vec<TcpStream> = (0..80)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", http_port)).ok())
+        .collect();
+    assert!(held.len() > 48, "the kernel's backlog takes them");
+    p.wait_log("accepting connections failed");
+    std::thread::sleep(Duration::from_secs(2));
+    // Rate-limited: about 20 failures a second on this listener, one line in these 2 s.
+    let lines = p.log().matches("accepting connections failed").count();
+    assert_eq!(lines, 1, "{}", p.log());
+    drop(held);
+
+    // Once the clients are gone the descriptors come back, and the failures were counted.
+    let deadline = Instant::now() + WAIT;
+    let metrics = loop {
+        if let Some((200, body)) = try_get(api, "/metrics") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the API never answered again");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let failures: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("infertrace_accept_errors_total{listener=\"otlp_http\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(failures >= 1, "{metrics}");
 }

@@ -18,7 +18,10 @@ fn collect(dir: &std::path::Path, format: Option<&str>) -> Process {
         .env_remove("INFERTRACE_TOKENS")
         .env_remove("INFERTRACE_TOKENS_FILE");
     match format {
-        Some(f) => cmd.env("INFERTRACE_LOG_FORMAT", f),
+        // With a token, so that SIGHUP has tokens to reload and says so on its own line.
+        Some(f) => cmd
+            .env("INFERTRACE_LOG_FORMAT", f)
+            .env("INFERTRACE_TOKENS", "read logging-test-token-0123456789"),
         None => cmd.env_remove("INFERTRACE_LOG_FORMAT"),
     };
     Process::spawn(cmd, dir.join(format!("{}.log", format.unwrap_or("text"))))
@@ -47,4 +50,27 @@ fn logs_are_plain_text_in_a_file_and_json_on_request() {
         serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
     assert_eq!(v["level"], "INFO", "{v}");
     assert_eq!(v["fields"]["message"], "history store open", "{v}");
+
+    // Every line is JSON, the operator's lines too: where it listens, what SIGHUP did, that it
+    // stopped.
+    json.wait_log("infertrace collector: OTLP/gRPC");
+    json.hangup();
+    json.wait_log("SIGHUP: 1 bearer tokens reloaded");
+    let pid = json.child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = json.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let log = json.log();
+    assert!(log.contains("infertrace collector: stopped"), "{log}");
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["fields"]["message"].is_string(), "{line}");
+    }
 }

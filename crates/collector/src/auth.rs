@@ -534,28 +534,46 @@ fn listeners(config: &CollectorConfig) -> Vec<(&'static str, SocketAddr)> {
 }
 
 /// Refuses a start that would listen on a non-loopback address with no token configured
-/// (unless `auth.insecure`); with `insecure`, logs a warning per such listener instead.
+/// (unless `auth.insecure`), naming every such listener; with `insecure`, logs a warning per
+/// such listener instead.
 pub fn check_exposure(config: &CollectorConfig, authenticated: bool) -> Result<(), String> {
     if authenticated {
         return Ok(());
     }
-    for (key, addr) in listeners(config) {
-        if addr.ip().is_loopback() {
-            continue;
-        }
-        if config.auth.insecure {
+    let exposed: Vec<(&str, SocketAddr)> = listeners(config)
+        .into_iter()
+        .filter(|(_, addr)| !addr.ip().is_loopback())
+        .collect();
+    if exposed.is_empty() {
+        return Ok(());
+    }
+    if config.auth.insecure {
+        for (key, addr) in exposed {
+            let who = if key == "api.listen" {
+                "can read the API, the dashboard and /metrics"
+            } else {
+                "can send traces"
+            };
             tracing::warn!(
                 listener = key,
                 %addr,
-                "INSECURE: listening on a non-loopback address with no authentication (auth.insecure: true): anyone who can reach {addr} can send traces and read the API"
+                "INSECURE: listening on a non-loopback address with no authentication (auth.insecure: true): anyone who can reach {addr} {who}"
             );
-        } else {
-            return Err(format!(
-                "refusing to listen on {addr} ({key}) without authentication: configure tokens (auth.tokens_file, --tokens-file or INFERTRACE_TOKENS_FILE, or the INFERTRACE_TOKENS variable; see docs/deploy.md, Security), listen on 127.0.0.1, or set auth.insecure: true to accept anyone"
-            ));
         }
+        return Ok(());
     }
-    Ok(())
+    let listed: Vec<String> = exposed
+        .iter()
+        .map(|(key, addr)| format!("{addr} ({key})"))
+        .collect();
+    let variable = match &config.auth.tokens_env {
+        Some(name) => format!(", or the {name} variable"),
+        None => String::new(),
+    };
+    Err(format!(
+        "refusing to listen on {} without authentication: configure tokens (auth.tokens_file, --tokens-file or INFERTRACE_TOKENS_FILE{variable}; see docs/deploy.md, Security), listen on 127.0.0.1, or set auth.insecure: true to accept anyone",
+        listed.join(", ")
+    ))
 }
 
 /// The host names the API port answers to (`api.allowed_hosts` plus the listen address).
@@ -832,6 +850,25 @@ mod tests {
         c.auth.insecure = false;
         c.receivers.otlp_http.enabled = false;
         assert!(check_exposure(&c, false).is_ok());
+        // Every exposed listener is named at once, with the variable the config reads tokens
+        // from.
+        c.receivers.otlp_http.enabled = true;
+        c.receivers.otlp_grpc.endpoint = "0.0.0.0:4317".parse().unwrap();
+        c.api.listen = "0.0.0.0:9464".parse().unwrap();
+        c.auth.tokens_env = Some("MY_TOKENS".into());
+        let e = check_exposure(&c, false).unwrap_err();
+        assert!(
+            e.starts_with(
+                "refusing to listen on 0.0.0.0:4317 (receivers.otlp_grpc.endpoint), \
+                 0.0.0.0:4318 (receivers.otlp_http.endpoint), 0.0.0.0:9464 (api.listen) \
+                 without authentication"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains("the MY_TOKENS variable") && !e.contains("INFERTRACE_TOKENS "),
+            "{e}"
+        );
     }
 
     #[test]

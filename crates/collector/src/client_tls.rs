@@ -17,12 +17,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
+
+/// The connector of outgoing `http://` and `https://` connections ([`https_connector`]).
+pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// TLS of an outgoing `https://` connection (`forward.tls`, `alerts.alertmanager_tls`); see
 /// this module. Relative paths are relative to the working directory.
@@ -121,7 +124,7 @@ pub fn https_connector(
     mut http: HttpConnector,
     tls: &TlsClientConfig,
     https: bool,
-) -> Result<HttpsConnector<HttpConnector>, String> {
+) -> Result<HttpsConnector, String> {
     let config = if https {
         rustls_config(tls)?
     } else {

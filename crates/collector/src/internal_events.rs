@@ -53,6 +53,45 @@ pub struct RefusalLabels {
     pub reason: &'static str,
 }
 
+/// The listeners, as the `listener` label names them.
+const LISTENERS: [&str; 3] = ["otlp_grpc", "otlp_http", "api"];
+
+/// Why a whole request is refused before anything of it is accepted (`requests_refused_total`;
+/// its spans, or 1 when they are not known yet, also count in `dropped_spans_total`).
+const REFUSAL_REASONS: &[&str] = &[
+    "unsupported_content",
+    "decode_error",
+    "too_large",
+    "too_large_for_memory",
+    "body_timeout",
+    "body_broken",
+    "memory_limit",
+    "sender_share",
+    "forward_backpressure",
+    "forward_share",
+    "shutting_down",
+];
+
+/// Why spans are dropped other than with their whole request (`dropped_spans_total`).
+const DROP_REASONS: &[&str] = &[
+    "invalid_span",
+    "max_spans_per_trace",
+    "max_traces_in_flight",
+    "late_span_buffer_full",
+    "forward_no_body",
+    "forward_failed",
+    "forward_rejected",
+];
+
+/// Why the collector closes a connection (`connections_closed_total`).
+const CLOSE_REASONS: &[&str] = &[
+    "idle_timeout",
+    "header_timeout",
+    "keepalive_timeout",
+    "tls_handshake",
+    "shutdown",
+];
+
 /// Shortest time between two warn lines of one kind.
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -76,6 +115,17 @@ impl RateLimitedLog {
     /// when a line was written less than [`LOG_INTERVAL`] ago.
     pub fn note(&self, n: u64) -> Option<u64> {
         self.pending.fetch_add(n, Ordering::Relaxed);
+        self.due()
+    }
+
+    /// How many events were noted since the last line, once [`LOG_INTERVAL`] has passed since
+    /// it (`None` before, or when there were none): the end of a burst, which
+    /// [`note`](Self::note) leaves unsaid until the next event, is said by a periodic call of
+    /// this.
+    pub fn due(&self) -> Option<u64> {
+        if self.pending.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let now = log_epoch().elapsed().as_millis() as u64;
         let next = self.next_ms.load(Ordering::Relaxed);
         if now < next {
@@ -85,7 +135,8 @@ impl RateLimitedLog {
         self.next_ms
             .compare_exchange(next, until, Ordering::Relaxed, Ordering::Relaxed)
             .ok()?;
-        Some(self.pending.swap(0, Ordering::Relaxed))
+        let n = self.pending.swap(0, Ordering::Relaxed);
+        (n > 0).then_some(n)
     }
 }
 
@@ -98,6 +149,7 @@ struct Logs {
     truncated: RateLimitedLog,
     reclaimed: RateLimitedLog,
     connections_refused: RateLimitedLog,
+    accept_errors: RateLimitedLog,
     connections_closed: RateLimitedLog,
     auth_refused: RateLimitedLog,
     aggregates: RateLimitedLog,
@@ -201,6 +253,9 @@ pub struct InternalEvents {
     /// `infertrace_connections_refused_total{listener}`: connections closed at once because the
     /// listener held its `connections.max`.
     pub connections_refused: Family<ListenerLabels, Counter>,
+    /// `infertrace_accept_errors_total{listener}`: accepts that failed (out of file
+    /// descriptors, nearly always).
+    pub accept_errors: Family<ListenerLabels, Counter>,
     /// `infertrace_connections_closed_total{listener,reason}`: connections the collector closed.
     pub connections_closed: Family<ConnectionCloseLabels, Counter>,
     /// `infertrace_auth_failures_total{listener,reason}`: requests refused by authentication or
@@ -227,19 +282,33 @@ impl InternalEvents {
     /// shows as a step from 0 (`increase()` and `rate()` see nothing in a series born at 1) and
     /// panels read 0 rather than "No data".
     fn zero_known_series(&self) {
-        for reason in [
-            "memory_limit",
-            "sender_share",
-            "max_spans_per_trace",
-            "max_traces_in_flight",
-            "late_span_buffer_full",
-            "forward_backpressure",
-            "forward_share",
-            "forward_failed",
-            "invalid_span",
-            "decode_error",
-        ] {
+        for &reason in REFUSAL_REASONS.iter().chain(DROP_REASONS) {
             let _ = self.dropped_spans.get_or_create(&DropLabels { reason });
+        }
+        for receiver in ["otlp_grpc", "otlp_http"] {
+            for reason in REFUSAL_REASONS {
+                let _ = self
+                    .requests_refused
+                    .get_or_create(&RefusalLabels { receiver, reason });
+            }
+            for outcome in ["accepted", "rejected", "refused"] {
+                let _ = self
+                    .receiver_spans
+                    .get_or_create(&ReceiverLabels { receiver, outcome });
+            }
+        }
+        for listener in LISTENERS {
+            let _ = self
+                .connections_refused
+                .get_or_create(&ListenerLabels { listener });
+            let _ = self
+                .accept_errors
+                .get_or_create(&ListenerLabels { listener });
+            for reason in CLOSE_REASONS {
+                let _ = self
+                    .connections_closed
+                    .get_or_create(&ConnectionCloseLabels { listener, reason });
+            }
         }
         for reason in ["queue_full", "writer_stopped", "write_failed", "memory_cap"] {
             let _ = self.store_dropped.get_or_create(&DropLabels { reason });
@@ -249,7 +318,7 @@ impl InternalEvents {
                 .traces_closed_early
                 .get_or_create(&CloseEarlyLabels { reason });
         }
-        for listener in ["otlp_grpc", "otlp_http", "api"] {
+        for listener in LISTENERS {
             for reason in [
                 "missing_token",
                 "unknown_token",
@@ -353,6 +422,11 @@ impl InternalEvents {
             self.connections_refused.clone(),
         );
         r.register(
+            prom::ACCEPT_ERRORS,
+            "Accepts that failed, by listener (nearly always: out of file descriptors)",
+            self.accept_errors.clone(),
+        );
+        r.register(
             prom::CONNECTIONS_CLOSED,
             "Connections closed by the collector, by listener and reason",
             self.connections_closed.clone(),
@@ -449,6 +523,26 @@ impl InternalEvents {
                 connections = count,
                 "connection refused: the listener holds its connections.max open connections; \
                  raise connections.max or look for idle or stuck clients"
+            );
+        }
+    }
+
+    /// Counts an accept of `listener` that failed with `error` and logs it at warn level
+    /// (rate-limited): out of file descriptors, nearly always, while clients wait in the
+    /// kernel's backlog.
+    pub fn accept_failed(&self, listener: &'static str, error: &std::io::Error) {
+        self.accept_errors
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
+        if let Some(count) = self.logs.accept_errors.note(1) {
+            tracing::warn!(
+                listener,
+                %error,
+                failures = count,
+                "accepting connections failed (the latest error; all of them since the last \
+                 line; see infertrace_accept_errors_total): if it says too many open files, \
+                 raise the process's open-files limit (ulimit -n, LimitNOFILE=) or lower \
+                 connections.max"
             );
         }
     }
@@ -629,6 +723,55 @@ impl InternalEvents {
         }
     }
 
+    /// Says what the end of a burst left unsaid: for each kind of warning with events since its
+    /// last line, once [`LOG_INTERVAL`] has passed, one line with their count (the details of
+    /// the latest went with the line before). The pipeline calls this on every tick.
+    pub fn flush_logs(&self) {
+        let l = &self.logs;
+        for (log, what) in [
+            (
+                &l.dropped,
+                "spans dropped or refused (see infertrace_dropped_spans_total)",
+            ),
+            (
+                &l.refused,
+                "export requests refused (see infertrace_requests_refused_total)",
+            ),
+            (
+                &l.closed_early,
+                "traces closed early (see infertrace_traces_closed_early_total)",
+            ),
+            (
+                &l.truncated,
+                "texts cut (see infertrace_texts_truncated_total)",
+            ),
+            (
+                &l.reclaimed,
+                "KPI series reclaimed (see infertrace_series_reclaimed_total)",
+            ),
+            (
+                &l.connections_refused,
+                "connections refused (see infertrace_connections_refused_total)",
+            ),
+            (
+                &l.accept_errors,
+                "accepts failed (see infertrace_accept_errors_total)",
+            ),
+            (
+                &l.connections_closed,
+                "connections closed by the collector (see infertrace_connections_closed_total)",
+            ),
+            (
+                &l.auth_refused,
+                "requests refused by authentication (see infertrace_auth_failures_total)",
+            ),
+        ] {
+            if let Some(count) = log.due() {
+                tracing::warn!(count, "{what} since the last line");
+            }
+        }
+    }
+
     /// Counts `n` spans exported by `exporter` with `outcome`.
     pub fn spans_exported(&self, exporter: &'static str, outcome: &'static str, n: u64) {
         self.exported_spans
@@ -678,8 +821,39 @@ mod tests {
             r#"infertrace_traces_closed_early_total{reason="memory"} 0"#,
             r#"infertrace_auth_failures_total{listener="api",reason="unknown_token"} 0"#,
             r#"infertrace_store_dropped_total{reason="memory_cap"} 0"#,
+            r#"infertrace_dropped_spans_total{reason="too_large"} 0"#,
+            r#"infertrace_dropped_spans_total{reason="forward_rejected"} 0"#,
+            r#"infertrace_requests_refused_total{receiver="otlp_http",reason="body_timeout"} 0"#,
+            r#"infertrace_receiver_spans_total{receiver="otlp_grpc",outcome="refused"} 0"#,
+            r#"infertrace_connections_refused_total{listener="api"} 0"#,
+            r#"infertrace_accept_errors_total{listener="otlp_http"} 0"#,
+            r#"infertrace_connections_closed_total{listener="otlp_grpc",reason="header_timeout"} 0"#,
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_bursts_end_is_said_once_its_interval_has_passed() {
+        let log = RateLimitedLog::default();
+        assert_eq!(log.due(), None, "nothing noted");
+        assert_eq!(log.note(1), Some(1), "the first event is said at once");
+        assert_eq!(log.note(4), None);
+        assert_eq!(log.due(), None, "within the interval");
+        // The interval passes (moved back by hand rather than waited for).
+        log.next_ms.store(0, Ordering::Relaxed);
+        assert_eq!(
+            log.due(),
+            Some(4),
+            "the rest of the burst, without a new event"
+        );
+        assert_eq!(log.due(), None, "said once");
+        log.next_ms.store(0, Ordering::Relaxed);
+        assert_eq!(log.due(), None, "nothing since");
+        assert_eq!(
+            log.note(2),
+            Some(2),
+            "a new event after the interval is said at once"
+        );
     }
 }

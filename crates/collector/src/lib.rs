@@ -10,7 +10,7 @@
 pub mod api;
 pub(crate) mod assembler;
 pub mod auth;
-pub(crate) mod client_tls;
+pub mod client_tls;
 pub mod config;
 pub(crate) mod dashboard;
 pub(crate) mod duration;

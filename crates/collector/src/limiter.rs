@@ -386,6 +386,13 @@ impl MemoryReservation {
         self.limiter.limit()
     }
 
+    /// The most a request can ever reserve from it: the limit less the fixed memory (the
+    /// aggregates, never freed for a request). Above it a request is refused for good (413),
+    /// not told to retry.
+    pub fn room(&self) -> usize {
+        self.limiter.room()
+    }
+
     /// Reserves `bytes` more into this reservation; `false` (nothing changed) if over the limit
     /// or, for a sender's reservation, over its share ([`refused`](Self::refused) says which).
     pub fn try_grow(&mut self, bytes: usize) -> bool {

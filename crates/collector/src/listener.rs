@@ -195,7 +195,7 @@ where
             Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors and the like: wait a little rather than spin.
-                tracing::warn!(listener = shared.name, %error, "accepting a connection failed");
+                shared.events.accept_failed(shared.name, &error);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -326,8 +326,12 @@ async fn serve_io<I, S, B>(
     let mut conn = std::pin::pin!(conn);
     let c = &shared.connections;
     let mut draining = false;
+    // Set once the idle timeout closed the connection gracefully: when to cut it if the
+    // client has not let go by then.
+    let mut closing_until: Option<Instant> = None;
     loop {
-        let next_check = activity.next_check(c.header_read_timeout, c.idle_timeout);
+        let next_check = closing_until
+            .unwrap_or_else(|| activity.next_check(c.header_read_timeout, c.idle_timeout));
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(error) = result {
@@ -351,7 +355,26 @@ async fn serve_io<I, S, B>(
                 return;
             }
             () = tokio::time::sleep_until(next_check.into()) => {
+                if closing_until.take().is_some() {
+                    if activity.in_flight.load(Ordering::Acquire) == 0 {
+                        // Idle, told to go, and still open: cut.
+                        return;
+                    }
+                    // A request came in before the client saw the GOAWAY: hyper's graceful
+                    // close ends the connection once it is answered.
+                    continue;
+                }
                 match activity.expired(c.header_read_timeout, c.idle_timeout) {
+                    // Idle: closed gracefully (an HTTP/2 client gets a GOAWAY and opens a new
+                    // connection for its next export rather than meeting a reset).
+                    Some(reason @ "idle_timeout") => {
+                        if !draining {
+                            shared.events.connection_closed(shared.name, reason);
+                            draining = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                        closing_until = Some(Instant::now() + IDLE_CLOSE_GRACE);
+                    }
                     Some(reason) => {
                         shared.events.connection_closed(shared.name, reason);
                         return;
@@ -362,6 +385,10 @@ async fn serve_io<I, S, B>(
         }
     }
 }
+
+/// How long an idle connection closed gracefully (HTTP/2 GOAWAY) may take to let go before it
+/// is cut.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The close reason of a connection that hyper ended with `error`, when it was a timeout:
 /// `keepalive_timeout` (an HTTP/2 ping went unanswered) or `header_timeout` (HTTP/1 head).

@@ -295,9 +295,11 @@ pub async fn run(
     let findings = spawn_findings(&core.pipeline, &late_stop_rx);
     drop(late_stop_rx);
     let (api, api_deadline) = serve_api(&config, &checked, &core, bound.api, bound.api_addr);
+    let shown =
+        |a: Option<std::net::SocketAddr>| a.map_or("disabled".to_owned(), |a| a.to_string());
     tracing::info!(
-        grpc = ?bound.grpc_addr,
-        http = ?bound.http_addr,
+        grpc = %shown(bound.grpc_addr),
+        http = %shown(bound.http_addr),
         api = %bound.api_addr,
         "infertrace collector listening"
     );

@@ -137,6 +137,57 @@ async fn idle_flood_is_capped_refused_and_counted() {
     c.stop().await.unwrap();
 }
 
+/// Every TLS error of a failed [`CollectorConfig::tls_server_configs`], a line each.
+fn every_error<T>(result: Result<T, Vec<infertrace_collector::config::TlsError>>) -> String {
+    match result {
+        Ok(_) => panic!("the TLS files were expected to fail"),
+        Err(errors) => errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
+}
+
+/// The frame types of an HTTP/2 byte stream from the server (after the client's preface):
+/// each frame a 9-byte header — 24-bit length, type, flags, stream id — and its payload.
+fn h2_frame_types(bytes: &[u8]) -> Vec<u8> {
+    let (mut types, mut i) = (Vec::new(), 0);
+    while i + 9 <= bytes.len() {
+        let len = u32::from_be_bytes([0, bytes[i], bytes[i + 1], bytes[i + 2]]) as usize;
+        types.push(bytes[i + 3]);
+        i += 9 + len;
+    }
+    types
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_gets_a_goaway_before_it_is_closed() {
+    let mut config = test_config();
+    config.receivers.otlp_grpc.connections =
+        connections(100, Duration::from_secs(1), Duration::from_secs(60));
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let mut s = TcpStream::connect(c.grpc_addr.unwrap()).await.unwrap();
+    // The client preface and an empty SETTINGS frame, then nothing.
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(WAIT, s.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the idle connection is closed");
+    let types = h2_frame_types(&got);
+    // 4 SETTINGS, 8 WINDOW_UPDATE, 7 GOAWAY.
+    assert!(
+        types.contains(&7),
+        "a GOAWAY before the close, so the client reconnects rather than meets a reset: frame \
+         types {types:?}"
+    );
+    eventually(WAIT, "the close counted", || {
+        closed(&c, "otlp_grpc", "idle_timeout") == 1
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_http1_keepalive_and_http2() {
     let mut config = test_config();
@@ -515,7 +566,7 @@ async fn unreadable_or_invalid_tls_files_stop_the_start_naming_key_and_file() {
     let mut tls = pki.server_tls(true);
     tls.client_ca_file = Some(pki.server_key.clone()); // a key, not a certificate
     config.api.tls = Some(tls);
-    let e = config.tls_server_configs().unwrap_err().to_string();
+    let e = every_error(config.tls_server_configs());
     assert!(e.contains("api.tls.client_ca_file"), "{e}");
     assert!(e.contains("no certificate found"), "{e}");
 
@@ -523,7 +574,7 @@ async fn unreadable_or_invalid_tls_files_stop_the_start_naming_key_and_file() {
     let mut tls = pki.server_tls(false);
     tls.key_file = pki.client_key.clone(); // a key of another certificate
     config.receivers.otlp_grpc.tls = Some(tls);
-    let e = config.tls_server_configs().unwrap_err().to_string();
+    let e = every_error(config.tls_server_configs());
     assert!(e.contains("receivers.otlp_grpc.tls.key_file"), "{e}");
     assert!(e.contains("does not fit"), "{e}");
 }

@@ -247,14 +247,43 @@ async fn graceful_shutdown_flushes_in_flight_traces_into_the_kpis() {
     assert!(refused.is_err(), "receiver still accepting after shutdown");
 }
 
+/// A body larger than what the aggregates leave of the memory limit can never be read: 413
+/// (`too_large_for_memory`), not a 429 the sender would retry for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_larger_than_the_memory_room_is_refused_for_good() {
+    let mut config = test_config();
+    config.limits.memory_limit_bytes = 1 << 20;
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    // Within max_body_bytes (16 MiB), but the aggregates already hold part of the 1 MiB.
+    let (status, body) = post(
+        c.http_addr.unwrap(),
+        "application/x-protobuf",
+        vec![0u8; 1 << 20],
+    )
+    .await;
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    let (_, text) = get(c.api_addr, "/metrics").await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"infertrace_requests_refused_total{receiver="otlp_http",reason="too_large_for_memory"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    c.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipeline_memory_refusal_answers_429_and_counts_every_span() {
-    let reqs: Vec<Req> = (0..50).map(|k| Req::new(k + 1, "m", 1, 1, 1)).collect();
+    // Enough spans that 5× the body passes the smallest memory limit (1 MiB).
+    let reqs: Vec<Req> = (0..2_000).map(|k| Req::new(k + 1, "m", 1, 1, 1)).collect();
     let spans = reqs
         .iter()
         .flat_map(|r| infertrace_spans(r, t0()))
         .collect();
     let body = request("llm", spans).encode_to_vec();
+    assert!(5 * body.len() >= 1 << 20, "{} bytes", body.len());
     // The receiver reserves 4× the body while decoding, which fits; the pipeline then needs the
     // decoded spans' footprint (> 1× the body) on top, which does not: the pipeline refuses.
     let mut config = test_config();
@@ -268,7 +297,7 @@ async fn pipeline_memory_refusal_answers_429_and_counts_every_span() {
             &text,
             r#"infertrace_dropped_spans_total{reason="memory_limit"}"#
         ),
-        Some(200.0),
+        Some(4.0 * reqs.len() as f64),
         "{text}"
     );
     assert_eq!(c.pipeline().traces_in_flight(), 0);

@@ -240,7 +240,10 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {}
         () = term => {}
     }
-    tracing::info!("shutting down: finishing open requests and flushing spans");
+    tracing::info!(
+        target: "infertrace",
+        "shutting down: finishing open requests and flushing spans"
+    );
 }
 
 #[cfg(test)]

@@ -534,6 +534,9 @@ pub mod prom {
     /// Self-metric: connections closed at once because the listener held its
     /// `connections.max`, by `listener`.
     pub const CONNECTIONS_REFUSED: &str = "connections_refused";
+    /// Self-metric: failed accepts, by `listener` — nearly always the process out of file
+    /// descriptors (`ulimit -n`), while new connections wait in the kernel's backlog.
+    pub const ACCEPT_ERRORS: &str = "accept_errors";
     /// Self-metric: connections the collector closed, by `listener` and `reason`
     /// (`idle_timeout`, `header_timeout`, `keepalive_timeout`, `tls_handshake`, `shutdown`).
     pub const CONNECTIONS_CLOSED: &str = "connections_closed";

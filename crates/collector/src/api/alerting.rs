@@ -7,9 +7,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::client_tls::HttpsConnector;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -121,7 +121,7 @@ impl Alerting {
 /// Posts alerts to an Alertmanager.
 #[derive(Clone, Debug)]
 pub struct Alertmanager {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<HttpsConnector, Full<Bytes>>,
     uri: http::Uri,
 }
 

@@ -131,20 +131,31 @@ impl CollectorConfig {
     }
 
     /// Reads every listener's TLS files and builds their rustls configurations
-    /// ([`tls_sections`](Self::tls_sections)). An unreadable or invalid file is an error naming
-    /// the config key and the file. `check-config` calls this; the collector reads the same
+    /// ([`tls_sections`](Self::tls_sections)). Each unreadable or invalid file is an error naming
+    /// the config key and the file, every listener's given. `check-config` calls this; the collector reads the same
     /// sections at start and on SIGHUP.
-    pub fn tls_server_configs(&self) -> Result<ListenerTls, TlsError> {
+    pub fn tls_server_configs(&self) -> Result<ListenerTls, Vec<TlsError>> {
         let mut out = ListenerTls::default();
+        let mut errors = Vec::new();
         for (listener, key, tls, alpn) in self.tls_sections() {
             let Some(tls) = tls else { continue };
-            let config = Some(tls.server_config(key, alpn)?);
+            let config = match tls.server_config(key, alpn) {
+                Ok(config) => Some(config),
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
             match listener {
                 "otlp_grpc" => out.otlp_grpc = config,
                 "otlp_http" => out.otlp_http = config,
                 _ => out.api = config,
             }
         }
-        Ok(out)
+        if errors.is_empty() {
+            Ok(out)
+        } else {
+            Err(errors)
+        }
     }
 }

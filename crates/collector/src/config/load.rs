@@ -46,24 +46,34 @@ impl CollectorConfig {
         Self::parse_named(&text, &name)
     }
 
-    /// Reads and parses a YAML file (an error when it cannot), and gives every problem
-    /// validation finds in it (see [`problems`](Self::problems)) rather than only the first, as
+    /// Reads and parses a YAML file, and gives every problem validation finds in it (see
+    /// [`problems`](Self::problems)) rather than only the first, as
     /// [`from_file`](Self::from_file) does, and whether the history store could be opened at
     /// its `store.data_dir`: what `check-config` shows. `adjust` changes the configuration
     /// before it is checked, as `collect`'s flags do (`--no-store`). The configuration is valid
-    /// when the list is empty.
+    /// when the list is empty. Keys that cannot be read (unknown keys, values of the wrong
+    /// type) are in the list too, and the rest of the file is checked without them. The error
+    /// is a file that cannot be read, or one whose keys could not all be taken out to check
+    /// the rest (a YAML syntax error: its first), with the problems found.
     pub fn check_file(
         path: &Path,
         adjust: impl FnOnce(&mut Self),
-    ) -> Result<(Self, Vec<ConfigError>), ConfigError> {
-        let (text, name) = read(path)?;
-        let mut config = Self::parse_unvalidated(&text, &name)?;
+    ) -> Result<(Self, Vec<ConfigError>), Vec<ConfigError>> {
+        let (text, name) = read(path).map_err(|e| vec![e])?;
+        let (mut config, mut problems) = match Self::parse_unvalidated(&text, &name) {
+            Ok(config) => (config, Vec::new()),
+            Err(first) => match every_parse_error(&text, &name, first) {
+                (errors, Some(rest)) => (rest, errors),
+                (errors, None) => return Err(errors),
+            },
+        };
         adjust(&mut config);
-        let problems = config
-            .problems()
-            .into_iter()
-            .map(|v| located(&text, &name, v))
-            .collect();
+        problems.extend(
+            config
+                .problems()
+                .into_iter()
+                .map(|v| located(&text, &name, v)),
+        );
         Ok((config, problems))
     }
 
@@ -91,6 +101,186 @@ impl CollectorConfig {
             })?
         };
         Ok(config)
+    }
+}
+
+/// Most keys [`every_parse_error`] reports.
+const MAX_PARSE_ERRORS: usize = 50;
+
+/// One step of a key path: a map key or a list index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// `key` written as the messages write paths: `kpi.dimensions[1]`.
+fn path_string(key: &[Step]) -> String {
+    let mut out = String::new();
+    for step in key {
+        match step {
+            Step::Key(k) if out.is_empty() => out.push_str(k),
+            Step::Key(k) => {
+                out.push('.');
+                out.push_str(k);
+            }
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// `first` (the file's first error as the parser placed it) and every further key that cannot
+/// be read: the YAML read as a tree, the key that failed taken out of it, and the tree read
+/// again — written back as YAML and read as the file is — until it reads (each key placed at
+/// its line where the file sets it); with the configuration read without those keys. The list
+/// ends without a configuration at a YAML syntax error, at [`MAX_PARSE_ERRORS`], or where a key
+/// cannot be taken out.
+fn every_parse_error(
+    text: &str,
+    file: &str,
+    first: ConfigError,
+) -> (Vec<ConfigError>, Option<CollectorConfig>) {
+    let mut errors = vec![first];
+    let Ok(mut tree) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else {
+        return (errors, None);
+    };
+    // List items taken out, as (the list's path, the item's index in the file): later indices
+    // into that list are shifted back to the file's.
+    let mut taken: Vec<(Vec<Step>, usize)> = Vec::new();
+    let mut first_read = true;
+    loop {
+        let Ok(yaml) = serde_yaml_ng::to_string(&tree) else {
+            return (errors, None);
+        };
+        let yaml = serde_yaml_ng::Deserializer::from_str(&yaml);
+        let e = match serde_path_to_error::deserialize::<_, CollectorConfig>(yaml) {
+            Ok(rest) => return (errors, Some(rest)),
+            Err(e) => e,
+        };
+        let key = failing_key(&e);
+        let in_file = in_the_file(&key, &taken);
+        let path = path_string(&in_file);
+        if std::mem::take(&mut first_read) {
+            // The tree's first failure is the file's, already reported with its place.
+            if !errors[0].message.starts_with(&path) {
+                return (errors, None);
+            }
+        } else {
+            let steps: Vec<&str> = in_file
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Key(k) => Some(k.as_str()),
+                    Step::Index(_) => None,
+                })
+                .collect();
+            let pos = locate(text, &steps);
+            errors.push(ConfigError {
+                file: file.to_owned(),
+                line: pos.map(|p| p.0),
+                column: pos.map(|p| p.1),
+                message: in_file_message(e, &path),
+            });
+        }
+        if errors.len() >= MAX_PARSE_ERRORS || !remove_key(&mut tree, &key) {
+            return (errors, None);
+        }
+        if let Some((Step::Index(i), list)) = in_file.split_last() {
+            taken.push((list.to_vec(), *i));
+        }
+    }
+}
+
+/// The message of a failed read of the tree, led by `path`, the key's path in the file (the
+/// parser leads with the path in the tree, whose list indices may have shifted).
+fn in_file_message(e: serde_path_to_error::Error<serde_yaml_ng::Error>, path: &str) -> String {
+    let in_tree = e.path().to_string();
+    let message = with_key_path(&in_tree, &strip_location(&e.into_inner().to_string()));
+    match message.strip_prefix(&in_tree) {
+        Some(rest) if !in_tree.is_empty() => format!("{path}{rest}"),
+        _ => message,
+    }
+}
+
+/// `key` (indices into the tree) with its list indices as they are in the file, given the
+/// items `taken` out of the tree so far.
+fn in_the_file(key: &[Step], taken: &[(Vec<Step>, usize)]) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(key.len());
+    for step in key {
+        let step = match step {
+            Step::Index(i) => {
+                let mut gone: Vec<usize> = taken
+                    .iter()
+                    .filter(|(list, _)| *list == out)
+                    .map(|&(_, j)| j)
+                    .collect();
+                gone.sort_unstable();
+                let mut index = *i;
+                for j in gone {
+                    if j <= index {
+                        index += 1;
+                    }
+                }
+                Step::Index(index)
+            }
+            key => key.clone(),
+        };
+        out.push(step);
+    }
+    out
+}
+
+/// The key path of a failed read: the path serde followed, plus the unknown key an `unknown
+/// field` error names (the path stops at the map holding it).
+fn failing_key(e: &serde_path_to_error::Error<serde_yaml_ng::Error>) -> Vec<Step> {
+    use serde_path_to_error::Segment;
+    let mut key: Vec<Step> = e
+        .path()
+        .iter()
+        .map(|s| match s {
+            Segment::Map { key } => Step::Key(key.clone()),
+            Segment::Seq { index } => Step::Index(*index),
+            Segment::Enum { variant } => Step::Key(variant.clone()),
+            Segment::Unknown => Step::Key(String::new()),
+        })
+        .collect();
+    let message = e.inner().to_string();
+    if let Some(rest) = message.split("unknown field `").nth(1)
+        && let Some((unknown, _)) = rest.split_once('`')
+        && key.last() != Some(&Step::Key(unknown.to_owned()))
+    {
+        key.push(Step::Key(unknown.to_owned()));
+    }
+    key
+}
+
+/// Takes the node at `key` out of `tree`; `false` when there is none.
+fn remove_key(tree: &mut serde_yaml_ng::Value, key: &[Step]) -> bool {
+    use serde_yaml_ng::Value;
+    let Some((last, parents)) = key.split_last() else {
+        return false;
+    };
+    let mut node = tree;
+    for step in parents {
+        node = match (node, step) {
+            (Value::Mapping(m), Step::Key(k)) => match m.get_mut(k.as_str()) {
+                Some(n) => n,
+                None => return false,
+            },
+            (Value::Sequence(s), Step::Index(i)) => match s.get_mut(*i) {
+                Some(n) => n,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match (node, last) {
+        (Value::Mapping(m), Step::Key(k)) => m.remove(k.as_str()).is_some(),
+        (Value::Sequence(s), Step::Index(i)) if *i < s.len() => {
+            s.remove(*i);
+            true
+        }
+        _ => false,
     }
 }
 
@@ -130,4 +320,53 @@ fn with_key_path(path: &str, message: &str) -> String {
         _ => message,
     };
     format!("{path}: {rest}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `check_file` on `text`: the messages of the file's problems.
+    fn problems_of(text: &str) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, text).unwrap();
+        let no_store = |c: &mut CollectorConfig| c.store.enabled = false;
+        match CollectorConfig::check_file(&path, no_store) {
+            Ok((_, problems)) => problems,
+            Err(errors) => errors,
+        }
+        .iter()
+        .map(|e| format!("{}:{}", e.line.unwrap_or(0), e.message))
+        .collect()
+    }
+
+    #[test]
+    fn every_unreadable_key_is_named_at_its_place_in_the_file() {
+        let got = problems_of(
+            "kpi:\n  dimensions: [foo, service, bar]\nforward:\n  headers: { X-Scope-OrgID: 1 }\n  protocl: grpc\n",
+        );
+        // The list items keep their indices in the file though the first was taken out; a
+        // number where a header takes a string is read as the file's parser reads it (no
+        // problem).
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(
+            got[0].starts_with("2:kpi.dimensions[0]: unknown variant `foo`"),
+            "{got:?}"
+        );
+        assert!(
+            got[1].starts_with("2:kpi.dimensions[2]: unknown variant `bar`"),
+            "{got:?}"
+        );
+        assert!(
+            got[2].starts_with("5:forward.protocl: unknown field"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_yaml_syntax_error_is_the_only_problem_said() {
+        let got = problems_of("kpi:\n  dimensions: [service\nlimits: {\n");
+        assert_eq!(got.len(), 1, "{got:?}");
+    }
 }

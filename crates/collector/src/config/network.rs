@@ -173,6 +173,12 @@ impl std::error::Error for TlsError {}
 fn pem_error(key: &str, file: &Path, what: &str, error: rustls_pki_types::pem::Error) -> TlsError {
     let message = match error {
         rustls_pki_types::pem::Error::Io(e) => format!("cannot read the file: {e}"),
+        rustls_pki_types::pem::Error::NoItemsFound if encrypted_key(file) => {
+            "the private key is encrypted (-----BEGIN ENCRYPTED PRIVATE KEY-----), which is not \
+             supported: decrypt it (openssl pkey -in KEY -out PLAIN) and protect the file by its \
+             permissions"
+                .to_owned()
+        }
         rustls_pki_types::pem::Error::NoItemsFound => {
             format!("no {what} found; the file must hold PEM (-----BEGIN ...-----) {what} blocks")
         }
@@ -183,6 +189,13 @@ fn pem_error(key: &str, file: &Path, what: &str, error: rustls_pki_types::pem::E
         file: file.to_owned(),
         message,
     }
+}
+
+/// Whether `file` holds an encrypted PKCS#8 PEM private key, which rustls cannot read (and
+/// skips, finding no key).
+fn encrypted_key(file: &Path) -> bool {
+    const LABEL: &[u8] = b"-----BEGIN ENCRYPTED PRIVATE KEY-----";
+    std::fs::read(file).is_ok_and(|b| b.windows(LABEL.len()).any(|w| w == LABEL))
 }
 
 fn read_certs(key: &str, file: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

@@ -11,6 +11,9 @@ use super::check::{Invalid, Problems, check_http_url};
 use super::schema::CollectorConfig;
 use crate::store::Store;
 
+/// The smallest `limits.memory_limit_bytes` (1 MiB).
+const MIN_MEMORY_LIMIT: usize = 1 << 20;
+
 /// How far the checks go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reach {
@@ -131,6 +134,16 @@ impl CollectorConfig {
             if v == 0 {
                 p.add(&["limits", key], "must be > 0");
             }
+        }
+        if l.memory_limit_bytes > 0 && l.memory_limit_bytes < MIN_MEMORY_LIMIT {
+            p.add(
+                &["limits", "memory_limit_bytes"],
+                format!(
+                    "must be at least {MIN_MEMORY_LIMIT} (1 MiB): the collector's own aggregates \
+                     take tens of KiB before any request, and below that every request would \
+                     be refused"
+                ),
+            );
         }
         if !(1..=100).contains(&l.soft_limit_percent) {
             p.add(

@@ -64,10 +64,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::client_tls::HttpsConnector;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -657,7 +657,7 @@ struct GrpcExporter {
 
 #[derive(Clone)]
 struct HttpExporter {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<HttpsConnector, Full<Bytes>>,
     uri: http::Uri,
     /// `forward.headers`, sent with every request.
     headers: http::HeaderMap,

@@ -519,6 +519,7 @@ impl Pipeline {
             stats.requests += round.requests;
             stats.late_merged += round.late_merged;
             if !full {
+                self.events.flush_logs();
                 return stats;
             }
         }

@@ -23,6 +23,9 @@ pub(crate) enum BodyError {
     Broken(String),
     /// The memory limiter could not reserve the body's bytes: retry later.
     OverMemory,
+    /// The body is larger than the memory limiter could ever reserve (its room: the limit less
+    /// the aggregates): retrying cannot help.
+    NeverFits,
 }
 
 /// Reads a whole body, refusing it as soon as it passes `limit` bytes (or declares more).
@@ -75,6 +78,7 @@ fn grow_to(
     match reservation {
         Some(r) if r.bytes() < bytes => match r.try_grow(bytes - r.bytes()) {
             true => Ok(()),
+            false if bytes > r.room() => Err(BodyError::NeverFits),
             false => Err(BodyError::OverMemory),
         },
         _ => Ok(()),

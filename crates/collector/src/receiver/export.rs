@@ -132,6 +132,16 @@ impl Receiver {
         }
     }
 
+    /// Refuses for good (413) a request larger than the memory limiter could ever reserve.
+    fn never_fits(&self, hold: &Hold) -> Outcome {
+        self.refuse_request("too_large_for_memory");
+        let (room, limit) = hold.as_ref().map_or((0, 0), |h| (h.room(), h.limit()));
+        Outcome::TooLarge(format!(
+            "this request needs more than the {room} bytes the collector's aggregates leave of \
+             its memory limit of {limit} bytes: send smaller requests"
+        ))
+    }
+
     fn too_large(&self, limit: usize) -> Outcome {
         self.refuse_request("too_large");
         Outcome::TooLarge(format!(
@@ -153,6 +163,7 @@ impl Receiver {
             Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(BodyError::TooLarge)) => Err(self.too_large(self.limits.max_body_bytes)),
             Ok(Err(BodyError::OverMemory)) => Err(self.over_memory(hold, None)),
+            Ok(Err(BodyError::NeverFits)) => Err(self.never_fits(hold)),
             Ok(Err(BodyError::Broken(error))) => {
                 self.refuse_request("body_broken");
                 Err(Outcome::Unreadable(format!(
@@ -196,14 +207,8 @@ impl Receiver {
                 Payload::Protobuf(b) => b.len().saturating_mul(DECODED_BYTES_PER_WIRE_BYTE),
                 Payload::Json(b) => otlp_decode::json_decode_bound(b),
             };
-            let total = h.bytes().saturating_add(decoded);
-            if total > h.limit() {
-                self.refuse_request("too_large_for_memory");
-                return Outcome::TooLarge(format!(
-                    "decoding this request could take {total} bytes, more than the collector's \
-                     memory limit of {} bytes: send smaller requests",
-                    h.limit()
-                ));
+            if h.bytes().saturating_add(decoded) > h.room() {
+                return self.never_fits(&hold);
             }
             if !h.try_grow(decoded) {
                 // Count what the refused request held, cheaply, when it is protobuf.
