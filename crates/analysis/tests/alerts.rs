@@ -254,6 +254,14 @@ fn operations_are_separate_series_and_empty_labels_are_left_out() {
             ("", AlertState::Resolved)
         ]
     );
+    // Resolved because its series is gone: said so, not "is 3 s: no longer > 1 s".
+    assert!(
+        ev[1]
+            .description
+            .contains("has no data in the window any more (last"),
+        "{}",
+        ev[1].description
+    );
     assert_eq!(engine.firing_counts(), [("Slow", 2)]);
 }
 

@@ -4,7 +4,9 @@
 //! window (from its store, through `GET /api/history`): end-to-end, TTFT and TPOT p50/p99,
 //! requests, rates, goodput and phase shares. `--compare 1h` adds the same KPIs over the same
 //! length of time one hour earlier, with the deltas. Ranges are whole minutes (the store keeps
-//! minute rollups), so `--since 1h` covers the current minute and the 60 before it.
+//! minute rollups), so `--since 1h` covers the current minute and the 60 before it; the
+//! compared range ends before the first of those minutes, so that no minute counts on both
+//! sides (with `--compare` equal to `--since`: the 60 whole minutes before).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -146,13 +148,22 @@ fn encode_query(v: &str) -> String {
     out
 }
 
-/// The `/api/history` query of `kpi` over the `span` ending `ago` before now, as one step.
-pub fn history_query(kpi: &str, span: Duration, ago: Duration, h: &HistoryRequest) -> String {
+/// The `/api/history` query of `kpi` over the `span` ending `ago` before now, as one step. A
+/// range `ago` before (a baseline) ends at the latest where the current range's first minute
+/// begins, `into_minute` seconds before its start (`now - span`), so that no minute is in
+/// both.
+pub fn history_query(
+    kpi: &str,
+    span: Duration,
+    ago: Duration,
+    into_minute: u64,
+    h: &HistoryRequest,
+) -> String {
     let (span, ago) = (span.as_secs(), ago.as_secs());
     let to = if ago == 0 {
         "now".to_owned()
     } else {
-        format!("-{ago}s")
+        format!("-{}s", ago.max(span + into_minute))
     };
     // One step covering the whole range: the range starts at the minute holding `from`.
     let step = span + 60;
@@ -206,12 +217,17 @@ pub async fn fetch_history(
     h: &HistoryRequest,
 ) -> anyhow::Result<Value> {
     let base = url.trim_end_matches('/');
+    // How far into its minute the current range starts, by this machine's clock (the
+    // collector's minutes are Unix minutes too).
+    let into_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| now.saturating_sub(h.since).as_secs() % 60);
     let mut rows = Vec::with_capacity(HISTORY_KPIS.len());
     for (kpi, unit) in HISTORY_KPIS {
         let now = api
             .get_json(&format!(
                 "{base}/api/history?{}",
-                history_query(kpi, h.since, Duration::ZERO, h)
+                history_query(kpi, h.since, Duration::ZERO, into_minute, h)
             ))
             .await?;
         let baseline = match h.compare {
@@ -219,7 +235,7 @@ pub async fn fetch_history(
                 let before = api
                     .get_json(&format!(
                         "{base}/api/history?{}",
-                        history_query(kpi, h.since, ago, h)
+                        history_query(kpi, h.since, ago, into_minute, h)
                     ))
                     .await?;
                 Some(single_value(&before))
@@ -330,12 +346,19 @@ mod tests {
             ..req()
         };
         assert_eq!(
-            history_query("ttft.p99", h.since, Duration::ZERO, &h),
+            history_query("ttft.p99", h.since, Duration::ZERO, 25, &h),
             "kpi=ttft.p99&from=-3600s&to=now&step=3660&model=llama%203%2F8b"
         );
+        // The hour before ends where the current range's first minute begins (25 s before its
+        // start): that minute is not counted twice.
         assert_eq!(
-            history_query("requests", h.since, Duration::from_secs(3600), &req()),
-            "kpi=requests&from=-7200s&to=-3600s&step=3660"
+            history_query("requests", h.since, Duration::from_secs(3600), 25, &req()),
+            "kpi=requests&from=-7200s&to=-3625s&step=3660"
+        );
+        // A day before is far from it.
+        assert_eq!(
+            history_query("requests", h.since, Duration::from_secs(86_400), 25, &req()),
+            "kpi=requests&from=-90000s&to=-86400s&step=3660"
         );
     }
 

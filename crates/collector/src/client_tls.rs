@@ -157,29 +157,44 @@ const RESERVED: &[&str] = &[
 ];
 
 /// `headers` as a header map, with `${NAME}` in values replaced by the environment variable
-/// `NAME`; an error names the header and says what is wrong.
+/// `NAME`; an error names every header that is wrong and says what is wrong with it.
 pub fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
     let mut map = HeaderMap::new();
+    let mut problems = Vec::new();
     for (name, value) in headers {
-        let header = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("{name:?} is not a valid header name"))?;
-        if RESERVED.contains(&header.as_str()) || header.as_str().starts_with(':') {
-            return Err(format!(
-                "{name:?} is set by the protocol and cannot be overridden"
-            ));
+        match header(name, value) {
+            Ok((header, value)) => {
+                map.append(header, value);
+            }
+            Err(e) => problems.push(e),
         }
-        if header.as_str().ends_with("-bin") {
-            return Err(format!(
-                "{name:?}: binary (-bin) gRPC metadata is not supported"
-            ));
-        }
-        let expanded = expand_env(value).map_err(|e| format!("{name}: {e}"))?;
-        let mut value = HeaderValue::from_str(&expanded)
-            .map_err(|_| format!("{name}: the value has characters a header cannot hold"))?;
-        value.set_sensitive(true);
-        map.append(header, value);
     }
-    Ok(map)
+    if problems.is_empty() {
+        Ok(map)
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// One header of [`header_map`].
+fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let header = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a valid header name"))?;
+    if RESERVED.contains(&header.as_str()) || header.as_str().starts_with(':') {
+        return Err(format!(
+            "{name:?} is set by the protocol and cannot be overridden"
+        ));
+    }
+    if header.as_str().ends_with("-bin") {
+        return Err(format!(
+            "{name:?}: binary (-bin) gRPC metadata is not supported"
+        ));
+    }
+    let expanded = expand_env(value).map_err(|e| format!("{name}: {e}"))?;
+    let mut value = HeaderValue::from_str(&expanded)
+        .map_err(|_| format!("{name}: the value has characters a header cannot hold"))?;
+    value.set_sensitive(true);
+    Ok((header, value))
 }
 
 /// `value` with every `${NAME}` replaced by the environment variable `NAME`.
@@ -232,6 +247,15 @@ mod tests {
         assert!(bad("x", "${INFERTRACE_TEST_UNSET_VAR}").contains("is not set"));
         assert!(bad("x", "${oops").contains("closing"));
         assert!(bad("x", "${1A}").contains("not an environment variable name"));
+        // Every header that is wrong is named, not only the first.
+        let mut h = BTreeMap::new();
+        h.insert("X-A".to_owned(), "${INFERTRACE_TEST_UNSET_A}".to_owned());
+        h.insert("X-B".to_owned(), "${INFERTRACE_TEST_UNSET_B}".to_owned());
+        let e = header_map(&h).unwrap_err();
+        assert!(
+            e.contains("INFERTRACE_TEST_UNSET_A") && e.contains("INFERTRACE_TEST_UNSET_B"),
+            "{e}"
+        );
     }
 
     #[test]

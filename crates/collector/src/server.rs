@@ -342,6 +342,22 @@ struct Checked {
     auth: Option<Authenticator>,
 }
 
+/// The base of the links alerts carry back to the collector (Alertmanager's `generatorURL`):
+/// `https` with `api.tls`; the listen address, or `localhost` in its place when it is a
+/// wildcard (`0.0.0.0`, `::`), which no browser can open.
+fn generator_url(config: &CollectorConfig, api_addr: std::net::SocketAddr) -> String {
+    let scheme = if config.api.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    if api_addr.ip().is_unspecified() {
+        format!("{scheme}://localhost:{}", api_addr.port())
+    } else {
+        format!("{scheme}://{api_addr}")
+    }
+}
+
 fn check_before_binding(config: &CollectorConfig) -> Result<Checked, ServerError> {
     config
         .validate()
@@ -456,7 +472,7 @@ fn build_core(
         tracing::info!(path = %store.path().display(), restored, "history store open");
     }
     let alerting = Arc::new(Mutex::new(
-        Alerting::new(config, &format!("http://{api_addr}")).map_err(ServerError::Config)?,
+        Alerting::new(config, &generator_url(config, api_addr)).map_err(ServerError::Config)?,
     ));
     let alertmanager = config
         .alerts
@@ -721,4 +737,32 @@ async fn shut_down(
         Err(e) => result = Err(serve_error("api")(std::io::Error::other(e.to_string()))),
     }
     result.map(|()| ShutdownReport { flushed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alert_links_use_the_apis_scheme_and_an_openable_host() {
+        let mut config = CollectorConfig::default();
+        let at = |a: &str| a.parse::<std::net::SocketAddr>().unwrap();
+        assert_eq!(
+            generator_url(&config, at("127.0.0.1:9464")),
+            "http://127.0.0.1:9464"
+        );
+        assert_eq!(
+            generator_url(&config, at("0.0.0.0:9464")),
+            "http://localhost:9464"
+        );
+        config.api.tls = Some(crate::config::TlsConfig {
+            cert_file: "c.pem".into(),
+            key_file: "k.pem".into(),
+            client_ca_file: None,
+        });
+        assert_eq!(
+            generator_url(&config, at("[::]:9464")),
+            "https://localhost:9464"
+        );
+    }
 }

@@ -87,6 +87,16 @@ async fn routes_answer_and_validate() {
     assert_eq!(status, 404);
     let (status, _) = get_json(api, "/api/traces/not-a-trace").await;
     assert_eq!(status, 400);
+    // A query string that does not parse is a JSON error too.
+    for path in [
+        "/api/traces?sort=bogus",
+        "/api/traces?limit=abc",
+        "/api/history/slow-requests?limit=-1",
+    ] {
+        let (status, body) = get_json(api, path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body["error"].is_string(), "{path}: {body}");
+    }
 
     let (status, cp) = get_json(api, "/api/critical-path?window=1m").await;
     assert_eq!(status, 200);

@@ -491,6 +491,46 @@ async fn blackhole_attempts_time_out_and_spans_are_given_up_by_age() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downstream_closing_connections_is_retried_not_given_up() {
+    for protocol in [ForwardProtocol::Grpc, ForwardProtocol::Http] {
+        // Accepts each connection, reads what the client sends first and closes it, as a load
+        // balancer without a healthy backend does.
+        let closer = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = closer.local_addr().unwrap();
+        let acceptor = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = closer.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = socket.read(&mut buf).await;
+                });
+            }
+        });
+        let mut config = fault_config(addr, protocol);
+        config.forward.retry.max_elapsed = Duration::from_secs(600);
+        let c = server::run(config, std::future::pending()).await.unwrap();
+        let events = c.events().clone();
+        let (ok, _) = send(c.http_addr.unwrap(), 0, 2).await;
+        assert_eq!(ok, 2);
+        eventually(WAIT, "attempts retried", || {
+            events.forward_attempts("retryable") >= 3
+        })
+        .await;
+        assert_eq!(
+            events.forward_attempts("permanent"),
+            0,
+            "{protocol:?}: a closed connection is a transport failure, retried"
+        );
+        assert_eq!(
+            exported(&events, "failed"),
+            0,
+            "{protocol:?}: nothing given up"
+        );
+        acceptor.abort();
+        c.stop().await.unwrap();
+    }
+}
+
 /// POSTs one protobuf request of trace `k` from the loopback address `from` (HTTP/1.1 on a raw
 /// socket bound to it: the collector tells senders apart by peer address); returns the status.
 async fn post_from(from: IpAddr, to: SocketAddr, k: u32) -> u16 {

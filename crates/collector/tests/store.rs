@@ -680,3 +680,37 @@ fn a_full_queue_drops_and_counts() {
     assert_eq!(stored, 10_000 - refused);
     assert!(events.store_writes.get() >= 1);
 }
+
+/// Another SQLite client reading the store while the collector runs — the `sqlite3` shell, a
+/// backup tool — leaves the live WAL alone: the collector holds its SQLite locks on the file.
+/// (A plain read of the file's header, closed again after the first connection was open,
+/// released them: the other client then found itself the last one, checkpointed and deleted
+/// the WAL, and the commits after it went to a deleted file, lost on a crash.)
+#[test]
+fn another_sqlite_client_leaves_the_live_wal_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(Duration::from_millis(300))).unwrap();
+    let _writer = store.start_writer(InternalEvents::default()).unwrap();
+    let db = dir.path().join(DB_FILE_NAME);
+    let wal = dir.path().join(format!("{DB_FILE_NAME}-wal"));
+    assert!(wal.exists(), "the store runs in WAL mode");
+    // A process of its own: POSIX locks are per process.
+    let script = "import sqlite3, sys\n\
+                  c = sqlite3.connect(sys.argv[1])\n\
+                  print(c.execute('select count(*) from rollups').fetchone()[0])\n\
+                  c.close()\n";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(&db)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        wal.exists(),
+        "the other client took itself for the last one and deleted the live WAL"
+    );
+}

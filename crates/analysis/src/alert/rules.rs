@@ -475,6 +475,12 @@ fn event(rule: &AlertRule, key: &InstanceKey, inst: &Instance, generator_url: &s
     }
     let op = rule.expr.op.as_str();
     let description = match inst.state {
+        // The value still passes the threshold: the series has no data in the window any more
+        // (its requests stopped), and `value` is the last one seen while firing.
+        AlertState::Resolved if rule.expr.op.holds(inst.value, rule.expr.threshold) => format!(
+            "{kpi} of {who} has no data in the window any more (last {value} while firing): \
+             resolved"
+        ),
         AlertState::Resolved => format!("{kpi} of {who} is {value}: no longer {op} {threshold}"),
         _ => format!("{kpi} of {who} is {value}, {op} {threshold}{hold}"),
     };

@@ -14,7 +14,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use infertrace_analysis::alert::{
-    ActiveAlert, AlertEngine, AlertEvent, Anomaly, AnomalyDetector, to_alertmanager_json,
+    ActiveAlert, AlertEngine, AlertEvent, AlertState, Anomaly, AnomalyDetector,
+    to_alertmanager_json,
 };
 use infertrace_analysis::kpi::KpiSnapshot;
 use serde::Serialize;
@@ -200,8 +201,9 @@ fn lock(m: &Mutex<Alerting>) -> std::sync::MutexGuard<'_, Alerting> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Evaluates every `interval` until `stop` resolves; delivers to `alertmanager` when set and
-/// stores every transition in the history store when the pipeline has one.
+/// Evaluates every `interval` until `stop` resolves; delivers to `alertmanager` when set (on a
+/// task of its own, see `deliver`) and stores every transition in the history store when the
+/// pipeline has one.
 pub async fn run(
     pipeline: Arc<Pipeline>,
     alerting: Arc<Mutex<Alerting>>,
@@ -212,8 +214,11 @@ pub async fn run(
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_resend = tokio::time::Instant::now();
     let history = pipeline.store_writer();
+    let delivery = alertmanager.map(|am| {
+        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
+        (tx, tokio::spawn(deliver(am, rx, alerting.clone())))
+    });
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -221,20 +226,184 @@ pub async fn run(
             _ = &mut stop => break,
         }
         let events = evaluate_once(&pipeline, &alerting, &metrics);
-        if let Some(w) = &history
-            && !events.is_empty()
-        {
+        if events.is_empty() {
+            continue;
+        }
+        if let Some(w) = &history {
             w.write_alert_events(unix_nanos_now(), events.clone());
         }
-        if let Some(am) = &alertmanager {
-            if !events.is_empty() {
-                am.post(&events).await;
-            }
-            if last_resend.elapsed() >= RESEND_INTERVAL {
-                last_resend = tokio::time::Instant::now();
-                let firing = lock(&alerting).firing_events();
-                am.post(&firing).await;
-            }
+        if let Some((tx, _)) = &delivery
+            && tx.try_send(events).is_err()
+        {
+            tracing::warn!(
+                "Alertmanager is behind by {DELIVERY_QUEUE} rounds of alert transitions: these \
+                 are not sent (firing alerts are re-sent every {}s)",
+                RESEND_INTERVAL.as_secs()
+            );
         }
+    }
+    if let Some((_, task)) = delivery {
+        task.abort();
+    }
+}
+
+/// Rounds of transitions waiting for Alertmanager before new ones are left out.
+const DELIVERY_QUEUE: usize = 64;
+
+/// Resolved alerts kept to send again while Alertmanager cannot be reached.
+const MAX_UNSENT_RESOLVED: usize = 1_000;
+
+/// Sends alert transitions to Alertmanager, one POST at a time, so that a slow or unreachable
+/// Alertmanager (10 s per attempt) never delays evaluation; re-sends the firing alerts every
+/// [`RESEND_INTERVAL`]. A resolved alert that could not be delivered is sent again with the
+/// next POST until Alertmanager takes it (unless its alert fires again meanwhile), so that it
+/// does not stay firing there until its own timeout.
+async fn deliver(
+    am: Alertmanager,
+    mut transitions: tokio::sync::mpsc::Receiver<Vec<AlertEvent>>,
+    alerting: Arc<Mutex<Alerting>>,
+) {
+    let mut resend = tokio::time::interval(RESEND_INTERVAL);
+    resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    resend.tick().await;
+    let mut unsent_resolved: Vec<AlertEvent> = Vec::new();
+    loop {
+        let mut batch = tokio::select! {
+            events = transitions.recv() => match events {
+                Some(events) => events,
+                None => return,
+            },
+            _ = resend.tick() => lock(&alerting).firing_events(),
+        };
+        let firing_again = |r: &AlertEvent| {
+            batch.iter().any(|e| {
+                e.state != AlertState::Resolved
+                    && (&e.alert, &e.service, &e.model, &e.operation)
+                        == (&r.alert, &r.service, &r.model, &r.operation)
+            })
+        };
+        unsent_resolved.retain(|r| !firing_again(r));
+        batch.append(&mut unsent_resolved);
+        if !am.post(&batch).await {
+            unsent_resolved = batch
+                .into_iter()
+                .filter(|e| e.state == AlertState::Resolved)
+                .collect();
+            let excess = unsent_resolved.len().saturating_sub(MAX_UNSENT_RESOLVED);
+            unsent_resolved.drain(..excess);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infertrace_analysis::diagnosis::Severity;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn event(state: AlertState) -> AlertEvent {
+        AlertEvent {
+            alert: "HighTtft".into(),
+            service: "svc".into(),
+            model: "m".into(),
+            operation: "chat".into(),
+            severity: Severity::Critical,
+            state,
+            value: 1.5,
+            threshold: 1.0,
+            starts_at_unix_nano: 1,
+            ends_at_unix_nano: (state == AlertState::Resolved).then_some(2),
+            summary: "TTFT p99 above 1 s".into(),
+            description: "ttft.p99 > 1s".into(),
+            generator_url: "http://localhost/api/alerts".into(),
+        }
+    }
+
+    /// A fake Alertmanager: answers 503 to its first `refuse` POSTs, 200 after; hands every
+    /// body it accepted to the returned receiver.
+    async fn fake_alertmanager(
+        refuse: usize,
+    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut posts = 0;
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Head, then the body by its content-length.
+                let body = loop {
+                    let n = s.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        break None;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break Some(body.to_owned());
+                        }
+                    }
+                };
+                let Some(body) = body else { continue };
+                posts += 1;
+                let status = if posts <= refuse {
+                    "503 Service Unavailable"
+                } else {
+                    let _ = tx.send(body);
+                    "200 OK"
+                };
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            }
+        });
+        (url, rx)
+    }
+
+    #[tokio::test]
+    async fn a_resolve_alertmanager_missed_is_sent_again_with_the_next_post() {
+        let (url, mut accepted) = fake_alertmanager(1).await;
+        let am = Alertmanager::new(&url, &TlsClientConfig::default()).unwrap();
+        let alerting = Arc::new(Mutex::new(
+            Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
+        ));
+        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
+        let task = tokio::spawn(deliver(am, rx, alerting));
+        // The resolve is refused (503); a later transition of another alert carries it along.
+        tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
+        let mut other = event(AlertState::Firing);
+        other.alert = "ErrorsHigh".into();
+        tx.send(vec![other]).await.unwrap();
+        let body = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            body.contains("HighTtft") && body.contains("ErrorsHigh"),
+            "the missed resolve goes with the next post: {body}"
+        );
+        // Once delivered it is not sent again; an alert firing again drops its stale resolve.
+        tx.send(vec![event(AlertState::Firing)]).await.unwrap();
+        let body = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!body.contains("endsAt\":\"1970"), "{body}");
+        task.abort();
     }
 }

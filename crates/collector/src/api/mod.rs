@@ -13,7 +13,9 @@
 //! | `GET /api/history/slow-requests`, `/alerts`, `/findings` | stored requests, alert transitions, findings |
 //!
 //! `window` must be one of `kpi.windows` (humantime: `1m`, `300s`, `1h`); without it the first
-//! window is used. Errors are JSON `{"error": "..."}` with 400 (bad window, bad trace id) or 404.
+//! window is used. Errors of these routes are JSON `{"error": "..."}` — 400 (bad window, bad
+//! trace id, a query string that does not parse) or 404 — except the refusals of the layers in
+//! front of them (401 / 403 / 421 from authentication and the Host allowlist).
 
 pub mod alerting;
 pub(crate) mod history;
@@ -43,5 +45,36 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/history/slow-requests", get(history::slow_requests))
         .route("/api/history/alerts", get(history::alerts))
         .route("/api/history/findings", get(history::findings))
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(state)
+}
+
+/// Longest error text kept when an error answer is turned into JSON.
+const MAX_ERROR_TEXT: usize = 4096;
+
+/// Makes every error answer of these routes JSON `{"error": "..."}`, those of axum's own
+/// extractors too (a query string that does not parse: `?limit=abc`), which are plain text.
+pub(crate) async fn json_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), MAX_ERROR_TEXT)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body).trim().to_owned();
+    let text = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    state::error(status, text)
 }

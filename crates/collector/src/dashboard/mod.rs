@@ -99,7 +99,10 @@ pub fn routes(source: Arc<dyn RecentTraceSource>, settings: DashboardSettings) -
         .route("/index.html", get(page))
         .route("/assets/{*path}", get(asset))
         .route("/api/dashboard", get(settings_json))
-        .route("/api/traces", get(trace_list))
+        .route(
+            "/api/traces",
+            get(trace_list).layer(axum::middleware::from_fn(crate::api::json_errors)),
+        )
         .with_state(state)
 }
 

@@ -757,16 +757,23 @@ impl Exporter {
                     Ok(resp) => Ok(rejected_spans(resp.into_inner())),
                     Err(status) => {
                         use tonic::Code;
-                        let retryable = matches!(
-                            status.code(),
-                            Code::Cancelled
-                                | Code::DeadlineExceeded
-                                | Code::Aborted
-                                | Code::OutOfRange
-                                | Code::Unavailable
-                                | Code::DataLoss
-                                | Code::ResourceExhausted
-                        );
+                        // The OTLP retryable codes; and a transport failure (a connection
+                        // closed before the answer, as a load balancer without a healthy
+                        // backend does), which tonic reports as `Unknown` with its cause
+                        // attached, where a server's own `Unknown` carries none.
+                        let transport = status.code() == Code::Unknown
+                            && std::error::Error::source(&status).is_some();
+                        let retryable = transport
+                            || matches!(
+                                status.code(),
+                                Code::Cancelled
+                                    | Code::DeadlineExceeded
+                                    | Code::Aborted
+                                    | Code::OutOfRange
+                                    | Code::Unavailable
+                                    | Code::DataLoss
+                                    | Code::ResourceExhausted
+                            );
                         Err(ExportFailure {
                             outcome: if retryable { "retryable" } else { "permanent" },
                             retry_after: None,

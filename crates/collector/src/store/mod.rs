@@ -178,7 +178,7 @@ impl Store {
                 path: self.inner.path.clone(),
             });
         }
-        let conn = schema::open(&self.inner.path)?;
+        let conn = schema::open_another(&self.inner.path)?;
         writer::start(
             conn,
             self.inner.path.clone(),

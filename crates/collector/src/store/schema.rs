@@ -129,6 +129,21 @@ fn sql_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + Copy + '_ 
 /// refusing (untouched) anything else that is not an infertrace store of a supported version.
 pub(super) fn open(path: &Path) -> Result<Connection, StoreError> {
     check_header(path)?;
+    connect(path)
+}
+
+/// Another connection to the database the store has open: without [`check_header`]'s plain
+/// read of the file, whose close would release every SQLite lock this process holds on it
+/// (POSIX locks belong to the process, and closing any descriptor of the file drops them
+/// all). Another SQLite client — the `sqlite3` shell, a backup tool — would then find itself
+/// the last one, checkpoint and delete the live WAL, and the commits after it would be lost
+/// on a crash.
+pub(super) fn open_another(path: &Path) -> Result<Connection, StoreError> {
+    connect(path)
+}
+
+/// [`open`] past the header check.
+fn connect(path: &Path) -> Result<Connection, StoreError> {
     let sql = sql_error(path);
     let mut conn = Connection::open(path).map_err(sql)?;
     conn.busy_timeout(Duration::from_secs(5)).map_err(sql)?;
