@@ -266,6 +266,9 @@ pub struct InternalEvents {
     pub reloads: Family<ReloadLabels, Counter>,
     /// `infertrace_forward_attempts_total{outcome}`: export calls to the forward downstream.
     pub forward_attempts: Family<AttemptLabels, Counter>,
+    /// `infertrace_alertmanager_posts_total{outcome}`: POSTs of alerts to Alertmanager (`ok`,
+    /// `failed`).
+    pub alertmanager_posts: Family<AttemptLabels, Counter>,
     /// `infertrace_forward_pending_spans`: spans accepted for forwarding, not yet exported or
     /// given up.
     pub forward_pending_spans: Gauge,
@@ -329,6 +332,11 @@ impl InternalEvents {
                     .auth_failures
                     .get_or_create(&AuthFailureLabels { listener, reason });
             }
+        }
+        for outcome in ["ok", "failed"] {
+            let _ = self
+                .alertmanager_posts
+                .get_or_create(&AttemptLabels { outcome });
         }
         for what in ["tokens", "tls_otlp_grpc", "tls_otlp_http", "tls_api"] {
             for outcome in ["ok", "failed"] {
@@ -445,6 +453,11 @@ impl InternalEvents {
             prom::FORWARD_ATTEMPTS,
             "Export calls to the forward downstream, by outcome",
             self.forward_attempts.clone(),
+        );
+        r.register(
+            prom::ALERTMANAGER_POSTS,
+            "POSTs of alerts to Alertmanager, by outcome",
+            self.alertmanager_posts.clone(),
         );
         r.register(
             prom::FORWARD_PENDING_SPANS,
@@ -577,6 +590,14 @@ impl InternalEvents {
     /// Counts one export call to the forward downstream that ended with `outcome`.
     pub fn forward_attempt(&self, outcome: &'static str) {
         self.forward_attempts
+            .get_or_create(&AttemptLabels { outcome })
+            .inc();
+    }
+
+    /// Counts one POST of alerts to Alertmanager that Alertmanager took (`ok`) or not.
+    pub fn alerts_posted(&self, ok: bool) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.alertmanager_posts
             .get_or_create(&AttemptLabels { outcome })
             .inc();
     }
@@ -827,6 +848,7 @@ mod tests {
             r#"infertrace_receiver_spans_total{receiver="otlp_grpc",outcome="refused"} 0"#,
             r#"infertrace_connections_refused_total{listener="api"} 0"#,
             r#"infertrace_accept_errors_total{listener="otlp_http"} 0"#,
+            r#"infertrace_alertmanager_posts_total{outcome="failed"} 0"#,
             r#"infertrace_connections_closed_total{listener="otlp_grpc",reason="header_timeout"} 0"#,
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");

@@ -551,6 +551,9 @@ pub mod prom {
     /// Self-metric: forward attempts (one per export call to the downstream), by outcome
     /// (`ok`, `timeout`, `retryable`, `permanent`).
     pub const FORWARD_ATTEMPTS: &str = "forward_attempts";
+    /// Self-metric: POSTs of alerts to Alertmanager, by outcome (`ok`, or `failed`: refused,
+    /// unreachable, no answer within 10 s, or left out while Alertmanager was behind).
+    pub const ALERTMANAGER_POSTS: &str = "alertmanager_posts";
     /// Self-metric: spans accepted for forwarding and not yet exported or given up (queued,
     /// being batched, or being sent).
     pub const FORWARD_PENDING_SPANS: &str = "forward_pending_spans";

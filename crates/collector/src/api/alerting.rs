@@ -21,6 +21,7 @@ use infertrace_analysis::kpi::KpiSnapshot;
 use serde::Serialize;
 
 use crate::config::{CollectorConfig, TlsClientConfig};
+use crate::internal_events::InternalEvents;
 use crate::pipeline::{Pipeline, unix_nanos_now};
 use crate::prom_export::PromMetrics;
 
@@ -215,9 +216,11 @@ pub async fn run(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let history = pipeline.store_writer();
+    let events = pipeline.events().clone();
     let delivery = alertmanager.map(|am| {
         let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
-        (tx, tokio::spawn(deliver(am, rx, alerting.clone())))
+        let task = tokio::spawn(deliver(am, rx, alerting.clone(), events.clone()));
+        (tx, task)
     });
     tokio::pin!(stop);
     loop {
@@ -225,16 +228,17 @@ pub async fn run(
             _ = ticker.tick() => {}
             _ = &mut stop => break,
         }
-        let events = evaluate_once(&pipeline, &alerting, &metrics);
-        if events.is_empty() {
+        let transitions = evaluate_once(&pipeline, &alerting, &metrics);
+        if transitions.is_empty() {
             continue;
         }
         if let Some(w) = &history {
-            w.write_alert_events(unix_nanos_now(), events.clone());
+            w.write_alert_events(unix_nanos_now(), transitions.clone());
         }
         if let Some((tx, _)) = &delivery
-            && tx.try_send(events).is_err()
+            && tx.try_send(transitions).is_err()
         {
+            events.alerts_posted(false);
             tracing::warn!(
                 "Alertmanager is behind by {DELIVERY_QUEUE} rounds of alert transitions: these \
                  are not sent (firing alerts are re-sent every {}s)",
@@ -262,6 +266,7 @@ async fn deliver(
     am: Alertmanager,
     mut transitions: tokio::sync::mpsc::Receiver<Vec<AlertEvent>>,
     alerting: Arc<Mutex<Alerting>>,
+    events: InternalEvents,
 ) {
     let mut resend = tokio::time::interval(RESEND_INTERVAL);
     resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -284,7 +289,13 @@ async fn deliver(
         };
         unsent_resolved.retain(|r| !firing_again(r));
         batch.append(&mut unsent_resolved);
-        if !am.post(&batch).await {
+        // Pending alerts are not sent: a batch of them alone makes no POST.
+        if batch.iter().all(|e| e.state == AlertState::Pending) {
+            continue;
+        }
+        let posted = am.post(&batch).await;
+        events.alerts_posted(posted);
+        if !posted {
             unsent_resolved = batch
                 .into_iter()
                 .filter(|e| e.state == AlertState::Resolved)
@@ -383,7 +394,8 @@ mod tests {
             Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
         ));
         let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
-        let task = tokio::spawn(deliver(am, rx, alerting));
+        let events = InternalEvents::default();
+        let task = tokio::spawn(deliver(am, rx, alerting, events.clone()));
         // The resolve is refused (503); a later transition of another alert carries it along.
         tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
         let mut other = event(AlertState::Firing);
@@ -404,6 +416,18 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!body.contains("endsAt\":\"1970"), "{body}");
+        let posts = |outcome| {
+            events
+                .alertmanager_posts
+                .get_or_create(&crate::internal_events::AttemptLabels { outcome })
+                .get()
+        };
+        // Counted once the answer is read, a moment after the fake saw the body.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while posts("ok") < 2 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!((posts("failed"), posts("ok")), (1, 2), "every POST counted");
         task.abort();
     }
 }
