@@ -682,10 +682,8 @@ fn a_full_queue_drops_and_counts() {
 }
 
 /// Another SQLite client reading the store while the collector runs — the `sqlite3` shell, a
-/// backup tool — leaves the live WAL alone: the collector holds its SQLite locks on the file.
-/// (A plain read of the file's header, closed again after the first connection was open,
-/// released them: the other client then found itself the last one, checkpointed and deleted
-/// the WAL, and the commits after it went to a deleted file, lost on a crash.)
+/// backup tool — leaves the live WAL alone: the collector keeps its SQLite locks on the file,
+/// so the other client never takes itself for the last one and deletes the WAL.
 #[test]
 fn another_sqlite_client_leaves_the_live_wal_alone() {
     let dir = tempfile::tempdir().unwrap();
