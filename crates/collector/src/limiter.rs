@@ -157,6 +157,9 @@ pub enum Refused {
     /// The sender's other requests hold more than its fair share, and the limit is nearly
     /// full (module documentation).
     SenderShare,
+    /// The reservation would pass the room (the limit less the aggregates): it could not be
+    /// granted even with nothing else held, so retrying cannot help.
+    NeverFits,
 }
 
 impl Default for MemoryLimiter {
@@ -393,10 +396,15 @@ impl MemoryReservation {
         self.limiter.room()
     }
 
-    /// Reserves `bytes` more into this reservation; `false` (nothing changed) if over the limit
-    /// or, for a sender's reservation, over its share ([`refused`](Self::refused) says which).
+    /// Reserves `bytes` more into this reservation; `false` (nothing changed) if over the limit,
+    /// over the room, or, for a sender's reservation, over its share ([`refused`](Self::refused)
+    /// says which).
     pub fn try_grow(&mut self, bytes: usize) -> bool {
         let grown = match self.sender {
+            _ if self.bytes.saturating_add(bytes) > self.room() => {
+                self.limiter.state.refusals.fetch_add(1, Ordering::Relaxed);
+                Err(Refused::NeverFits)
+            }
             None => match self.limiter.grow_used(bytes) {
                 true => Ok(()),
                 false => Err(Refused::Limit),

@@ -248,7 +248,8 @@ async fn graceful_shutdown_flushes_in_flight_traces_into_the_kpis() {
 }
 
 /// A body larger than what the aggregates leave of the memory limit can never be read: 413
-/// (`too_large_for_memory`), not a 429 the sender would retry for ever.
+/// (`too_large_for_memory`), not a 429 the sender would retry for ever — plain, or gzip whose
+/// inflated size passes the room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_larger_than_the_memory_room_is_refused_for_good() {
     let mut config = test_config();
@@ -262,13 +263,25 @@ async fn a_body_larger_than_the_memory_room_is_refused_for_good() {
     )
     .await;
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gzip, &[0u8; 2 << 20]).unwrap();
+    let (status, body) = post_with(
+        c.http_addr.unwrap(),
+        &[
+            ("content-type", "application/x-protobuf"),
+            ("content-encoding", "gzip"),
+        ],
+        gzip.finish().unwrap(),
+    )
+    .await;
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
     let (_, text) = get(c.api_addr, "/metrics").await;
     assert_eq!(
         metric(
             &text,
             r#"infertrace_requests_refused_total{receiver="otlp_http",reason="too_large_for_memory"}"#
         ),
-        Some(1.0),
+        Some(2.0),
         "{text}"
     );
     c.stop().await.unwrap();

@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::limiter::MemoryReservation;
+use crate::limiter::{MemoryReservation, Refused};
 
 /// Why a body could not be read.
 #[derive(Debug)]
@@ -78,7 +78,7 @@ fn grow_to(
     match reservation {
         Some(r) if r.bytes() < bytes => match r.try_grow(bytes - r.bytes()) {
             true => Ok(()),
-            false if bytes > r.room() => Err(BodyError::NeverFits),
+            false if r.refused() == Some(Refused::NeverFits) => Err(BodyError::NeverFits),
             false => Err(BodyError::OverMemory),
         },
         _ => Ok(()),
@@ -94,20 +94,26 @@ pub(crate) enum InflateError {
     Corrupt(String),
     /// The memory limiter could not reserve the inflated bytes: retry later.
     OverMemory,
+    /// The inflated body is larger than the memory limiter could ever reserve.
+    NeverFits,
 }
 
 /// The first inflate step; later ones double the output (each reserved before it is written).
 const INFLATE_STEP: usize = 256 * 1024;
 
 /// Inflates a gzip body, stopping (without allocating further) once it passes `limit` bytes.
-/// With a `reservation`, the output is reserved step by step before it is allocated.
+/// With a `reservation`, the output is reserved step by step before it is allocated. When a
+/// step is refused, the body is inflated once more without keeping it, to learn its size: one
+/// that could never fit is [`InflateError::NeverFits`] (413, not a retry), one that fits
+/// exactly is inflated again into that reservation, and only one that does not fit now is
+/// [`InflateError::OverMemory`].
 pub(crate) fn gunzip_limited(
     data: &[u8],
     limit: usize,
     mut reservation: Option<&mut MemoryReservation>,
 ) -> Result<Bytes, InflateError> {
     let mut out: Vec<u8> = Vec::new();
-    let mut decoder = flate2::read::MultiGzDecoder::new(data).take(limit as u64 + 1);
+    let mut decoder = gunzip(data, limit);
     let base = reservation.as_ref().map_or(0, |r| r.bytes());
     loop {
         // Grows like a vector would (doubling), but reserves before allocating.
@@ -116,14 +122,14 @@ pub(crate) fn gunzip_limited(
             && r.bytes() < base + capacity
             && !r.try_grow(base + capacity - r.bytes())
         {
-            return Err(InflateError::OverMemory);
+            return inflate_exactly(data, limit, r, base);
         }
         out.reserve_exact(capacity - out.len());
         let wanted = capacity - out.len();
         let read = (&mut decoder)
             .take(wanted as u64)
             .read_to_end(&mut out)
-            .map_err(|e| InflateError::Corrupt(e.to_string()))?;
+            .map_err(corrupt)?;
         if out.len() > limit {
             return Err(InflateError::TooLarge);
         }
@@ -136,6 +142,40 @@ pub(crate) fn gunzip_limited(
     if let Some(r) = reservation {
         r.shrink(r.bytes().saturating_sub(base + out.len()));
     }
+    Ok(Bytes::from(out))
+}
+
+/// A gzip reader of at most `limit + 1` inflated bytes (one more than allowed, to tell).
+fn gunzip(data: &[u8], limit: usize) -> impl Read + '_ {
+    flate2::read::MultiGzDecoder::new(data).take(limit as u64 + 1)
+}
+
+fn corrupt(e: std::io::Error) -> InflateError {
+    InflateError::Corrupt(e.to_string())
+}
+
+/// After a refused step: measures the inflated size (kept nowhere), then reserves exactly that
+/// on top of `base` and inflates into it, or says why it cannot.
+fn inflate_exactly(
+    data: &[u8],
+    limit: usize,
+    reservation: &mut MemoryReservation,
+    base: usize,
+) -> Result<Bytes, InflateError> {
+    reservation.shrink(reservation.bytes().saturating_sub(base));
+    let size = std::io::copy(&mut gunzip(data, limit), &mut std::io::sink()).map_err(corrupt)?;
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
+    if size > limit {
+        return Err(InflateError::TooLarge);
+    }
+    if !reservation.try_grow(size) {
+        return Err(match reservation.refused() {
+            Some(Refused::NeverFits) => InflateError::NeverFits,
+            _ => InflateError::OverMemory,
+        });
+    }
+    let mut out = Vec::with_capacity(size);
+    gunzip(data, limit).read_to_end(&mut out).map_err(corrupt)?;
     Ok(Bytes::from(out))
 }
 
@@ -221,6 +261,54 @@ mod tests {
         assert!(matches!(
             gunzip_limited(b"not gzip", 100, None),
             Err(InflateError::Corrupt(_))
+        ));
+    }
+
+    /// A reservation whose limiter has `room` bytes left for requests, `held` of them taken
+    /// by another request.
+    fn reservation(room: usize, held: usize) -> (MemoryReservation, Option<MemoryReservation>) {
+        let limiter = crate::limiter::MemoryLimiter::new(room);
+        let other = (held > 0).then(|| limiter.try_reserve(held).unwrap());
+        (limiter.empty_reservation(), other)
+    }
+
+    #[test]
+    fn gunzip_that_fits_only_exactly_is_inflated_into_its_size() {
+        // 700,000 bytes fit a 1,000,000-byte room, but the doubling step after 524,288 asks
+        // for 1,048,576: the exact size is measured and reserved instead.
+        let plain = vec![b'a'; 700_000];
+        let (mut r, _) = reservation(1_000_000, 0);
+        let out = gunzip_limited(&gzip(&plain), 16 << 20, Some(&mut r)).unwrap();
+        assert_eq!(&out[..], &plain[..]);
+        assert_eq!(r.bytes(), plain.len());
+    }
+
+    #[test]
+    fn gunzip_larger_than_the_room_never_fits_and_one_that_fits_later_is_over_memory() {
+        let z = gzip(&vec![b'a'; 2_000_000]);
+        let (mut r, _) = reservation(1_000_000, 0);
+        assert!(matches!(
+            gunzip_limited(&z, 16 << 20, Some(&mut r)),
+            Err(InflateError::NeverFits)
+        ));
+        assert_eq!(r.bytes(), 0, "nothing stays reserved");
+        // 300,000 bytes fit the room, but another request holds 900,000 of it now.
+        let z = gzip(&vec![b'a'; 300_000]);
+        let (mut r, other) = reservation(1_000_000, 900_000);
+        assert!(matches!(
+            gunzip_limited(&z, 16 << 20, Some(&mut r)),
+            Err(InflateError::OverMemory)
+        ));
+        drop(other);
+        assert_eq!(
+            gunzip_limited(&z, 16 << 20, Some(&mut r)).unwrap().len(),
+            300_000
+        );
+        // Over the size limit is still TooLarge, whatever the room.
+        let (mut r, _) = reservation(1_000_000, 0);
+        assert!(matches!(
+            gunzip_limited(&z, 200_000, Some(&mut r)),
+            Err(InflateError::TooLarge)
         ));
     }
 

@@ -185,6 +185,7 @@ impl Receiver {
             Ok(inflated) => inflated,
             Err(InflateError::TooLarge) => return Err(self.too_large(limit)),
             Err(InflateError::OverMemory) => return Err(self.over_memory(hold, None)),
+            Err(InflateError::NeverFits) => return Err(self.never_fits(hold)),
             Err(InflateError::Corrupt(error)) => {
                 self.refuse_request("decode_error");
                 return Err(Outcome::Unreadable(format!("invalid gzip body: {error}")));
@@ -207,10 +208,10 @@ impl Receiver {
                 Payload::Protobuf(b) => b.len().saturating_mul(DECODED_BYTES_PER_WIRE_BYTE),
                 Payload::Json(b) => otlp_decode::json_decode_bound(b),
             };
-            if h.bytes().saturating_add(decoded) > h.room() {
-                return self.never_fits(&hold);
-            }
             if !h.try_grow(decoded) {
+                if h.refused() == Some(Refused::NeverFits) {
+                    return self.never_fits(&hold);
+                }
                 // Count what the refused request held, cheaply, when it is protobuf.
                 let spans = match &payload {
                     Payload::Protobuf(b) => otlp_decode::count_spans(b).unwrap_or(1),

@@ -209,10 +209,16 @@ pub fn client() -> Client<HttpConnector, Full<Bytes>> {
 
 /// POSTs an OTLP/HTTP body; returns the status and body.
 pub async fn post(addr: SocketAddr, content_type: &str, body: Vec<u8>) -> (u16, Bytes) {
-    let req = http::Request::post(format!("http://{addr}/v1/traces"))
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
+    post_with(addr, &[("content-type", content_type)], body).await
+}
+
+/// POSTs an OTLP/HTTP body with these headers; returns the status and body.
+pub async fn post_with(addr: SocketAddr, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Bytes) {
+    let mut req = http::Request::post(format!("http://{addr}/v1/traces"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).unwrap();
     let resp = client().request(req).await.unwrap();
     let status = resp.status().as_u16();
     (status, resp.into_body().collect().await.unwrap().to_bytes())
