@@ -150,6 +150,15 @@ async fn requests_survive_a_restart() {
         .await
         .1;
     assert_eq!(total(&h), 0.0, "another model has no data: {h:#}");
+    let note = h["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("model=other") && note.contains("/m/"),
+        "a filter that matches nothing says so and names the series with data: {h:#}"
+    );
+    let h = get_json(api, "/api/history?kpi=requests&from=-10m&model=m")
+        .await
+        .1;
+    assert!(h.get("note").is_none(), "{h:#}");
     let (_, slow) = get_json(api, "/api/history/slow-requests?from=-10m&limit=3").await;
     let rows = slow["requests"].as_array().unwrap();
     assert_eq!(rows.len(), 3, "{slow:#}");

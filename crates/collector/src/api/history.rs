@@ -14,7 +14,9 @@
 //! **Step**: seconds (`60`) or a duration (`5m`); rounded up to whole minutes (the store keeps
 //! minutes) and widened so that one answer has at most 20,000 points. Default `60`. Each point
 //! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step);
-//! `null` where the step holds no data. `kpi` is a dotted path as in `/api/kpis` and alert
+//! `null` where the step holds no data; when no stored series in the range matches the
+//! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
+//! `kpi` is a dotted path as in `/api/kpis` and alert
 //! rules (`e2e.p50`, `requests`, `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is
 //! a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
 //! on the blocking pool.
@@ -31,6 +33,8 @@ use serde_json::{Value, json};
 
 use super::state::{ApiState, error};
 use crate::duration::parse_duration;
+use infertrace_analysis::kpi::SeriesKey;
+
 use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, unix_nanos_now};
 
 /// Default range of a history query.
@@ -186,9 +190,17 @@ pub(super) async fn history(
         operation: nonempty(q.operation),
     };
     let name = kpi.clone();
+    let asked = filter.clone();
     let points = match read(store, move |st| st.history(&kpi, &filter, from, to, step)).await {
         Ok(p) => p,
         Err(r) => return r,
+    };
+    let note = match points.iter().all(|p| p.value.is_none()) && !asked.is_empty() {
+        true => match read(store, move |st| st.series(from, to)).await {
+            Ok(series) => no_match_note(&asked, &series),
+            Err(r) => return r,
+        },
+        false => None,
     };
     let asked_minutes = (step.as_nanos() as u64).div_ceil(MINUTE_NANOS).max(1);
     let step_nanos = match points.as_slice() {
@@ -199,14 +211,58 @@ pub(super) async fn history(
         .iter()
         .map(|p| json!([secs(p.t_unix_nano), p.value]))
         .collect();
-    Json(json!({
+    let mut answer = json!({
         "kpi": name,
         "from": secs(from),
         "to": secs(to),
         "step_seconds": secs(step_nanos),
         "points": points,
-    }))
-    .into_response()
+    });
+    if let Some(note) = note {
+        answer["note"] = Value::String(note);
+    }
+    Json(answer).into_response()
+}
+
+/// Most series a note lists.
+const NOTE_SERIES: usize = 20;
+
+/// When no stored series in the range matches the filter (a misspelt model, say), says so and
+/// lists the series that do have data, so an all-`null` answer is not mistaken for a quiet one.
+fn no_match_note(filter: &HistoryFilter, series: &[SeriesKey]) -> Option<String> {
+    if series.iter().any(|k| filter.matches(k)) {
+        return None;
+    }
+    let asked: Vec<String> = [
+        ("service", &filter.service),
+        ("model", &filter.model),
+        ("operation", &filter.operation),
+    ]
+    .iter()
+    .filter_map(|(label, v)| v.as_deref().map(|v| format!("{label}={v}")))
+    .collect();
+    let known: Vec<String> = series
+        .iter()
+        .take(NOTE_SERIES)
+        .map(|k| format!("{}/{}/{}", k.service, k.model, k.operation))
+        .collect();
+    let more = series.len().saturating_sub(NOTE_SERIES);
+    Some(match known.is_empty() {
+        true => format!(
+            "no series has data in this range (asked {})",
+            asked.join(", ")
+        ),
+        false => format!(
+            "no series matches {} in this range; series with data (service/model/operation): {}{}",
+            asked.join(", "),
+            known.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ),
+    })
 }
 
 /// `GET /api/history/slow-requests`.

@@ -29,6 +29,21 @@ pub struct HistoryFilter {
     pub operation: Option<String>,
 }
 
+impl HistoryFilter {
+    /// Whether no label is set (every series matches).
+    pub fn is_empty(&self) -> bool {
+        self.service.is_none() && self.model.is_none() && self.operation.is_none()
+    }
+
+    /// Whether `key` is one of the series this filter merges.
+    pub fn matches(&self, key: &SeriesKey) -> bool {
+        let ok = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        ok(&self.service, &key.service)
+            && ok(&self.model, &key.model)
+            && ok(&self.operation, &key.operation)
+    }
+}
+
 /// One point of a KPI's history.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct HistoryPoint {
