@@ -2,8 +2,8 @@
 //! (`libnvidia-ml.so.1`, loaded at run time by nvml-wrapper).
 //!
 //! Per device and tick: utilisation rates, memory info, one field-values call for instant power
-//! (`NVML_FI_DEV_POWER_INSTANT`) and total energy (`NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`), the
-//! SM clock, the die temperature and the throttle reasons; on Hopper and newer, a GPM sample every
+//! (`NVML_FI_DEV_POWER_INSTANT`) and, once an energy interval, total energy
+//! (`NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, ~5 ms of CPU a read on an H200), the SM clock, the die temperature and the throttle reasons; on Hopper and newer, a GPM sample every
 //! GPM interval whose difference from the previous one gives SM activity, SM occupancy, tensor
 //! activity and DRAM activity. `pcie_throughput` is never called (it blocks ~20 ms).
 //!
@@ -157,6 +157,13 @@ fn micros(since: Instant) -> Option<u32> {
     Some(u32::try_from(since.elapsed().as_micros()).unwrap_or(u32::MAX))
 }
 
+/// How often the reads that are not made every tick are made.
+#[derive(Clone, Copy, Debug)]
+struct Intervals {
+    gpm: Duration,
+    energy: Duration,
+}
+
 /// Per-tick state of one device.
 struct Tracked<'n> {
     info: DeviceInfo,
@@ -165,6 +172,8 @@ struct Tracked<'n> {
     lost_at: Option<Instant>,
     lost_logged: bool,
     gpm_prev: Option<(GpmSample<'n>, Instant)>,
+    /// When the energy counter was last read.
+    energy_at: Option<Instant>,
 }
 
 /// The NVML [`CounterSource`]. Borrows the [`Nvml`] handle, which the sampler thread owns.
@@ -172,6 +181,7 @@ pub struct NvmlSource<'n> {
     nvml: &'n Nvml,
     devices: Vec<Tracked<'n>>,
     gpm_interval: Duration,
+    energy_interval: Duration,
     lost_retry: Duration,
 }
 
@@ -217,11 +227,14 @@ fn gpm_reading(values: Vec<Result<GpmMetricResult, NvmlError>>) -> (GpmReading, 
 }
 
 impl<'n> NvmlSource<'n> {
-    /// Discovers the visible devices and reads their static facts.
+    /// Discovers the visible devices and reads their static facts. GPM samples and energy
+    /// counter reads are made once per their interval; a lost device is looked up again every
+    /// `lost_retry`.
     pub fn discover(
         nvml: &'n Nvml,
         visible: &VisibleDevices,
         gpm_interval: Duration,
+        energy_interval: Duration,
         lost_retry: Duration,
     ) -> Result<Self, GpuUnavailable> {
         let count = nvml
@@ -270,6 +283,7 @@ impl<'n> NvmlSource<'n> {
                 lost_at: None,
                 lost_logged: false,
                 gpm_prev: None,
+                energy_at: None,
             });
         }
         if devices.is_empty() {
@@ -279,6 +293,7 @@ impl<'n> NvmlSource<'n> {
             nvml,
             devices,
             gpm_interval,
+            energy_interval,
             lost_retry,
         })
     }
@@ -331,7 +346,7 @@ fn sample_value_u64(v: &SampleValue) -> Option<u64> {
 }
 
 impl Tracked<'_> {
-    fn read(&mut self, nvml: &Nvml, now: Instant, gpm_interval: Duration) -> DeviceSample {
+    fn read(&mut self, nvml: &Nvml, now: Instant, intervals: Intervals) -> DeviceSample {
         let mut s = DeviceSample::default();
         let Some(device) = self.device.as_ref() else {
             s.lost = true;
@@ -357,12 +372,16 @@ impl Tracked<'_> {
             r.memory_total = Some(m.total);
         }
 
-        // One field-values call for the two counters still supported.
+        // One field-values call for the two counters still supported, the energy counter only
+        // once an energy interval (it costs thirty times any other read).
         let mut ids: [Option<u32>; 2] = [None, None];
         if !u.has(Field::PowerInstant) {
             ids[0] = Some(NVML_FI_DEV_POWER_INSTANT);
         }
-        if !u.has(Field::Energy) {
+        let energy_due = self
+            .energy_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= intervals.energy);
+        if !u.has(Field::Energy) && energy_due {
             ids[1] = Some(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION);
         }
         let request: Vec<FieldId> = ids.iter().flatten().map(|id| FieldId(*id)).collect();
@@ -384,7 +403,10 @@ impl Tracked<'_> {
                                 Field::PowerInstant => {
                                     r.power_watts = Some(sample_value_f64(&v) / 1000.0)
                                 }
-                                _ => r.energy_millijoules = sample_value_u64(&v),
+                                _ => {
+                                    r.energy_millijoules = sample_value_u64(&v);
+                                    self.energy_at = Some(now);
+                                }
                             },
                             Ok(Err(e)) | Err(e) => match classify(&e) {
                                 Failure::Unsupported => u.set(field),
@@ -434,7 +456,7 @@ impl Tracked<'_> {
             let due = self
                 .gpm_prev
                 .as_ref()
-                .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= gpm_interval);
+                .is_none_or(|(_, at)| now.saturating_duration_since(*at) >= intervals.gpm);
             if due {
                 let started = Instant::now();
                 match device.gpm_sample() {
@@ -478,6 +500,7 @@ impl Tracked<'_> {
             }
             self.device = None;
             self.gpm_prev = None;
+            self.energy_at = None;
             self.lost_at = Some(now);
             s = DeviceSample {
                 lost: true,
@@ -517,7 +540,11 @@ impl CounterSource for NvmlSource<'_> {
                     }
                 }
             }
-            let mut s = d.read(self.nvml, now, self.gpm_interval);
+            let intervals = Intervals {
+                gpm: self.gpm_interval,
+                energy: self.energy_interval,
+            };
+            let mut s = d.read(self.nvml, now, intervals);
             if !s.lost && d.lost_logged {
                 d.lost_logged = false;
                 tracing::info!(uuid = %d.info.uuid, "GPU back; sampling it again");

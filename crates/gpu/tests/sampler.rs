@@ -633,3 +633,56 @@ fn back_to_back_phases_get_their_own_statistics() {
     approx(request.attributed(), total_energy);
     approx(total_attributed, total_energy);
 }
+
+/// The energy counter read once a second (ticks 0, 10 and 20 of 100 ms), 300 W of instant power
+/// throughout: between reads the total follows power × time, each read brings it back to the
+/// counter, and it never decreases — so windows keep the power's shape, long windows and the
+/// attributed energy add up to the counter.
+#[test]
+fn a_counter_read_once_a_second_is_carried_between_reads_by_instant_power() {
+    let epoch = Instant::now();
+    // The counter: +310 J over the first second, +250 J over the second (the power reads 300 W).
+    let counter_mj = |tick: u64| match tick {
+        0 => Some(1_000_000),
+        10 => Some(1_310_000),
+        20 => Some(1_560_000),
+        _ => None,
+    };
+    let source = ScriptedSource::new(
+        vec![DeviceInfo::new(0, "GPU-s", "H200")],
+        move |tick, _, out| {
+            out.push(sample(
+                0,
+                GpuReading {
+                    power_watts: Some(300.0),
+                    energy_millijoules: counter_mj(tick),
+                    ..GpuReading::default()
+                },
+            ));
+        },
+    );
+    let (sampler, mut ticker) =
+        GpuSampler::manual(GpuSamplerConfig::default(), Box::new(source), epoch);
+    let request = sampler.attribution().begin_request();
+    request.tokens(1);
+    for k in 0..=21 {
+        ticker.tick(at(epoch, 100 * k));
+    }
+    let energy = |a: u64, b: u64| {
+        sampler
+            .window(at(epoch, a), at(epoch, b))
+            .unwrap()
+            .energy_joules()
+            .unwrap()
+    };
+    // Half a second: power × time. The whole first second: the counter's 310 J.
+    approx(energy(0, 500), 150.0);
+    approx(energy(0, 1000), 310.0);
+    // The second second's power (300 J) passes its counter (250 J): the total stays at 580 J
+    // from tick 19 until the counter catches up (tick 21: 560 + 30 = 590), so over both
+    // seconds and the tick after it is the counter's 560 J + 30 J.
+    approx(energy(1000, 1900), 270.0);
+    approx(energy(1900, 2000), 0.0);
+    approx(energy(0, 2100), 590.0);
+    approx(request.attributed(), 590.0);
+}
