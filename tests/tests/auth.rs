@@ -172,7 +172,15 @@ async fn curl_sees_scopes_challenges_and_the_host_allowlist() {
         "Host: attacker.example".into(),
     ];
     args.extend(["-H".into(), bearer(READ)]);
-    assert_eq!(run(args).await.status, 421);
+    let misdirected = run(args).await;
+    assert_eq!(misdirected.status, 421);
+    assert!(
+        misdirected
+            .body
+            .contains(r#"{"error":"the Host \"attacker.example\" is not served"#),
+        "a JSON error naming the Host: {}",
+        misdirected.body
+    );
     let args = vec![
         format!("{api}/health"),
         "-H".into(),

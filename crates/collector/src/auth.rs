@@ -658,10 +658,14 @@ pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) 
         && !guard.hosts.allows(host)
     {
         guard.events.auth_refused(API_LISTENER, "host_not_allowed");
+        let message = format!(
+            "the Host {host:?} is not served here: add it to api.allowed_hosts (a guard against \
+             DNS rebinding)"
+        );
         return (
             StatusCode::MISDIRECTED_REQUEST,
-            [(CONTENT_TYPE, "text/plain; charset=utf-8")],
-            "this Host is not served here: add it to api.allowed_hosts (a guard against DNS rebinding)",
+            [(CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+            axum::Json(serde_json::json!({ "error": message })),
         )
             .into_response();
     }
