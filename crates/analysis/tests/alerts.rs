@@ -254,7 +254,8 @@ fn operations_are_separate_series_and_empty_labels_are_left_out() {
             ("", AlertState::Resolved)
         ]
     );
-    // Resolved because its series is gone: said so, not "is 3 s: no longer > 1 s".
+    // Resolved because its series is gone: said so, not "is 3 s: no longer > 1 s", and the
+    // summary does not repeat the last firing value as if it were current.
     assert!(
         ev[1]
             .description
@@ -262,6 +263,7 @@ fn operations_are_separate_series_and_empty_labels_are_left_out() {
         "{}",
         ev[1].description
     );
+    assert_eq!(ev[1].summary, "Slow: e2e.p95 has no data any more (> 1 s)");
     assert_eq!(engine.firing_counts(), [("Slow", 2)]);
 }
 

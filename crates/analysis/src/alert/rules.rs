@@ -57,7 +57,7 @@ pub struct AlertRuleConfig {
     #[serde(default = "default_severity")]
     pub severity: Severity,
     /// Summary annotation; `{service}`, `{model}`, `{operation}`, `{value}`, `{threshold}` are
-    /// replaced.
+    /// replaced (`{value}` by `no data` when the alert resolves because its series went quiet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
 }
@@ -450,13 +450,23 @@ fn event(rule: &AlertRule, key: &InstanceKey, inst: &Instance, generator_url: &s
     let kpi = rule.expr.kpi;
     let value = kpi.format_value(inst.value);
     let threshold = kpi.format_value(rule.expr.threshold);
+    // Resolved while the value still passes the threshold: the series has no data in the
+    // window any more (its requests stopped), and `value` is the last one seen while firing.
+    let quiet =
+        inst.state == AlertState::Resolved && rule.expr.op.holds(inst.value, rule.expr.threshold);
+    let now_value = if quiet { "no data" } else { value.as_str() };
     let summary = match &rule.summary {
         Some(t) => t
             .replace("{service}", service)
             .replace("{model}", model)
             .replace("{operation}", operation)
-            .replace("{value}", &value)
+            .replace("{value}", now_value)
             .replace("{threshold}", &threshold),
+        None if quiet => format!(
+            "{}: {kpi} has no data any more ({} {threshold})",
+            rule.name,
+            rule.expr.op.as_str()
+        ),
         None => format!(
             "{}: {kpi} is {value} ({} {threshold})",
             rule.name,
@@ -475,9 +485,7 @@ fn event(rule: &AlertRule, key: &InstanceKey, inst: &Instance, generator_url: &s
     }
     let op = rule.expr.op.as_str();
     let description = match inst.state {
-        // The value still passes the threshold: the series has no data in the window any more
-        // (its requests stopped), and `value` is the last one seen while firing.
-        AlertState::Resolved if rule.expr.op.holds(inst.value, rule.expr.threshold) => format!(
+        AlertState::Resolved if quiet => format!(
             "{kpi} of {who} has no data in the window any more (last {value} while firing): \
              resolved"
         ),
