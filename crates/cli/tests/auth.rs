@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Process, WAIT, bin, free_port, traces};
+use common::{Process, WAIT, bin, free_port, isolate, traces};
 
 const TOKEN_A: &str = "token-a-0123456789abcdef";
 const TOKEN_B: &str = "token-b-fedcba9876543210";
@@ -36,6 +36,7 @@ fn request(port: u16, method: &str, path: &str, token: Option<&str>, body: &[u8]
         .unwrap_or(0)
 }
 
+/// `collect --no-store` with the API on `listen_api` (a wildcard address, for some tests).
 fn collect(dir: &Path, listen_api: &str, http: u16, extra: &[&str]) -> Command {
     let mut cmd = bin();
     cmd.args(["collect", "--no-store"])
@@ -43,10 +44,8 @@ fn collect(dir: &Path, listen_api: &str, http: u16, extra: &[&str]) -> Command {
         .args(["--otlp-http", &format!("127.0.0.1:{http}")])
         .args(["--listen", listen_api])
         .args(extra)
-        .current_dir(dir)
-        .env_remove("INFERTRACE_TOKENS")
-        .env_remove("INFERTRACE_TOKENS_FILE")
-        .env_remove("INFERTRACE_CONFIG");
+        .current_dir(dir);
+    isolate(&mut cmd);
     cmd
 }
 

@@ -178,19 +178,16 @@ fn try_get(port: u16, path: &str) -> Option<(u16, String)> {
 #[cfg(target_os = "linux")]
 fn running_out_of_file_descriptors_is_warned_counted_and_logged_rate_limited() {
     let dir = tempfile::tempdir().unwrap();
-    let (grpc, http_port, api) = (free_port(), free_port(), free_port());
+    let ports = Ports::free();
+    let (http_port, api) = (ports.http, ports.api);
     // A hard limit of 48 open files, which the collector cannot raise.
     let mut cmd = Command::new("sh");
     cmd.args(["-c", "ulimit -n 48 && exec \"$0\" \"$@\""])
         .arg(env!("CARGO_BIN_EXE_infertrace"))
-        .args(["collect", "--no-store"])
-        .args(["--otlp-grpc", &format!("127.0.0.1:{grpc}")])
-        .args(["--otlp-http", &format!("127.0.0.1:{http_port}")])
-        .args(["--listen", &format!("127.0.0.1:{api}")])
-        .current_dir(dir.path())
-        .env_remove("INFERTRACE_TOKENS")
-        .env_remove("INFERTRACE_TOKENS_FILE")
-        .env_remove("INFERTRACE_CONFIG");
+        .args(ports.collect_args())
+        .arg("--no-store")
+        .current_dir(dir.path());
+    isolate(&mut cmd);
     let mut p = Process::spawn(cmd, dir.path().join("stderr.log"));
     let log = p.wait_log(&format!("API http://127.0.0.1:{api}"));
     assert!(

@@ -18,7 +18,7 @@ use infertrace_collector::InternalEvents;
 use infertrace_collector::store::{DB_FILE_NAME, Store, StoreOptions, unix_nanos_now};
 use serde_json::Value;
 
-use common::{Collector, bin, free_port, http, traces};
+use common::{Collector, Ports, bin, collect, http, traces};
 
 const MS: u64 = 1_000_000;
 
@@ -211,20 +211,10 @@ fn report_since_and_compare_read_the_store() {
 
 #[test]
 fn report_since_without_a_store_says_so() {
-    let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
-    let mut child = bin()
-        .args([
-            "collect",
-            "--no-store",
-            "--otlp-grpc",
-            &format!("127.0.0.1:{grpc}"),
-        ])
-        .args([
-            "--otlp-http",
-            &format!("127.0.0.1:{otlp_http}"),
-            "--listen",
-            &format!("127.0.0.1:{api}"),
-        ])
+    let ports = Ports::free();
+    let api = ports.api;
+    let mut child = collect(&ports)
+        .arg("--no-store")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

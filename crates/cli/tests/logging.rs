@@ -6,17 +6,11 @@ mod common;
 
 use common::*;
 
-fn collect(dir: &std::path::Path, format: Option<&str>) -> Process {
-    let mut cmd = bin();
-    cmd.args(["collect", "--data-dir"])
+fn collector(dir: &std::path::Path, format: Option<&str>) -> Process {
+    let mut cmd = collect(&Ports::free());
+    cmd.arg("--data-dir")
         .arg(dir.join("data"))
-        .args(["--otlp-grpc", &format!("127.0.0.1:{}", free_port())])
-        .args(["--otlp-http", &format!("127.0.0.1:{}", free_port())])
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .env("INFERTRACE_LOG", "info")
-        .env_remove("INFERTRACE_CONFIG")
-        .env_remove("INFERTRACE_TOKENS")
-        .env_remove("INFERTRACE_TOKENS_FILE");
+        .env("INFERTRACE_LOG", "info");
     match format {
         // With a token, so that SIGHUP has tokens to reload and says so on its own line.
         Some(f) => cmd
@@ -30,7 +24,7 @@ fn collect(dir: &std::path::Path, format: Option<&str>) -> Process {
 #[test]
 fn logs_are_plain_text_in_a_file_and_json_on_request() {
     let dir = tempfile::tempdir().unwrap();
-    let mut text = collect(dir.path(), None);
+    let mut text = collector(dir.path(), None);
     let log = text.wait_log("history store open");
     assert!(!log.contains('\x1b'), "colour codes in a file:\n{log}");
     let line = log
@@ -40,7 +34,7 @@ fn logs_are_plain_text_in_a_file_and_json_on_request() {
     assert!(line.contains("INFO"), "{line}");
 
     let dir = tempfile::tempdir().unwrap();
-    let mut json = collect(dir.path(), Some("json"));
+    let mut json = collector(dir.path(), Some("json"));
     let log = json.wait_log("history store open");
     let line = log
         .lines()

@@ -8,7 +8,7 @@ mod support_tls;
 
 use std::process::Output;
 
-use common::{Process, bin, free_port};
+use common::{Ports, Process, bin, collect};
 use support_tls::TestPki;
 
 const TOKEN: &str = "report-read-token-0123456789";
@@ -32,21 +32,12 @@ fn report_reads_an_api_served_over_mutual_tls_with_a_token() {
         ),
     )
     .unwrap();
-    let api = free_port();
-    let mut cmd = bin();
-    cmd.args([
-        "collect",
-        "--no-store",
-        "--config",
-        config.to_str().unwrap(),
-    ])
-    .args(["--otlp-grpc", &format!("127.0.0.1:{}", free_port())])
-    .args(["--otlp-http", &format!("127.0.0.1:{}", free_port())])
-    .args(["--listen", &format!("127.0.0.1:{api}")])
-    .current_dir(dir.path())
-    .env("INFERTRACE_TOKENS", format!("read {TOKEN}"))
-    .env_remove("INFERTRACE_TOKENS_FILE")
-    .env_remove("INFERTRACE_CONFIG");
+    let ports = Ports::free();
+    let api = ports.api;
+    let mut cmd = collect(&ports);
+    cmd.args(["--no-store", "--config", config.to_str().unwrap()])
+        .current_dir(dir.path())
+        .env("INFERTRACE_TOKENS", format!("read {TOKEN}"));
     let mut p = Process::spawn(cmd, dir.path().join("stderr.log"));
     p.wait_log(&format!("API https://127.0.0.1:{api}"));
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Process, bin, free_port};
+use common::{Ports, Process, collect};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -160,21 +160,11 @@ fn sighup_reloads_the_certificates_of_every_listener() {
         ),
     )
     .unwrap();
-    let (grpc, http, api) = (free_port(), free_port(), free_port());
-    let mut cmd = bin();
-    cmd.args([
-        "collect",
-        "--no-store",
-        "--config",
-        config.to_str().unwrap(),
-    ])
-    .args(["--otlp-grpc", &format!("127.0.0.1:{grpc}")])
-    .args(["--otlp-http", &format!("127.0.0.1:{http}")])
-    .args(["--listen", &format!("127.0.0.1:{api}")])
-    .current_dir(dir.path())
-    .env_remove("INFERTRACE_TOKENS")
-    .env_remove("INFERTRACE_TOKENS_FILE")
-    .env_remove("INFERTRACE_CONFIG");
+    let ports = Ports::free();
+    let (grpc, http, api) = (ports.grpc, ports.http, ports.api);
+    let mut cmd = collect(&ports);
+    cmd.args(["--no-store", "--config", config.to_str().unwrap()])
+        .current_dir(dir.path());
     let mut p = Process::spawn(cmd, dir.path().join("stderr.log"));
     p.wait_log(&format!("API https://127.0.0.1:{api}"));
 

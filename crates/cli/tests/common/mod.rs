@@ -37,6 +37,62 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// The three listen addresses of a collector under test.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    /// OTLP/gRPC.
+    pub grpc: u16,
+    /// OTLP/HTTP.
+    pub http: u16,
+    /// API, dashboard and /metrics.
+    pub api: u16,
+}
+
+impl Ports {
+    /// Three free loopback ports.
+    pub fn free() -> Self {
+        Self {
+            grpc: free_port(),
+            http: free_port(),
+            api: free_port(),
+        }
+    }
+
+    /// `collect` and its three listen flags on 127.0.0.1.
+    pub fn collect_args(&self) -> Vec<String> {
+        let addr = |port: u16| format!("127.0.0.1:{port}");
+        vec![
+            "collect".into(),
+            "--otlp-grpc".into(),
+            addr(self.grpc),
+            "--otlp-http".into(),
+            addr(self.http),
+            "--listen".into(),
+            addr(self.api),
+        ]
+    }
+}
+
+/// `infertrace collect` on `ports`, isolated from the caller's environment (no config, no
+/// tokens from `INFERTRACE_*`); add flags such as `--no-store` or `--config` to it.
+pub fn collect(ports: &Ports) -> Command {
+    let mut cmd = bin();
+    cmd.args(ports.collect_args());
+    isolate(&mut cmd);
+    cmd
+}
+
+/// Removes the `INFERTRACE_*` variables a developer's shell may set from `cmd`'s environment.
+pub fn isolate(cmd: &mut Command) {
+    for var in [
+        "INFERTRACE_CONFIG",
+        "INFERTRACE_TOKENS",
+        "INFERTRACE_TOKENS_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+}
+
 /// One HTTP/1.1 exchange with `Connection: close` (no client crate needed): status and body.
 pub fn http(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -79,11 +135,9 @@ impl Collector {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let (grpc, otlp_http, api) = (free_port(), free_port(), free_port());
-        let mut child = bin()
-            .args(["collect", "--otlp-grpc", &format!("127.0.0.1:{grpc}")])
-            .args(["--otlp-http", &format!("127.0.0.1:{otlp_http}")])
-            .args(["--listen", &format!("127.0.0.1:{api}")])
+        let ports = Ports::free();
+        let (otlp_http, api) = (ports.http, ports.api);
+        let mut child = collect(&ports)
             .args(extra)
             .stderr(Stdio::piped())
             .spawn()
