@@ -102,11 +102,11 @@ pub(crate) enum InflateError {
 const INFLATE_STEP: usize = 256 * 1024;
 
 /// Inflates a gzip body, stopping (without allocating further) once it passes `limit` bytes.
-/// With a `reservation`, the output is reserved step by step before it is allocated. When a
-/// step is refused, the body is inflated once more without keeping it, to learn its size: one
-/// that could never fit is [`InflateError::NeverFits`] (413, not a retry), one that fits
-/// exactly is inflated again into that reservation, and only one that does not fit now is
-/// [`InflateError::OverMemory`].
+/// With a `reservation`, the output is reserved step by step before it is allocated. A step
+/// refused for now is [`InflateError::OverMemory`]. A step refused because it passes the room
+/// (the doubling may ask for more than the body needs) finishes inflating without keeping the
+/// rest, to learn the size: a body that could never fit is [`InflateError::NeverFits`] (413, not
+/// a retry), one that fits is inflated once more into exactly its size.
 pub(crate) fn gunzip_limited(
     data: &[u8],
     limit: usize,
@@ -122,7 +122,18 @@ pub(crate) fn gunzip_limited(
             && r.bytes() < base + capacity
             && !r.try_grow(base + capacity - r.bytes())
         {
-            return inflate_exactly(data, limit, r, base);
+            if r.refused() != Some(Refused::NeverFits) {
+                return Err(InflateError::OverMemory);
+            }
+            // `out` stays reserved while the rest is counted, and is freed before the exact
+            // reservation is asked for.
+            let room = r.room().saturating_sub(base);
+            let cap = room.min(limit).saturating_sub(out.len()) as u64 + 1;
+            let rest = count_to_end((&mut decoder).take(cap))?;
+            let size = out.len().saturating_add(rest);
+            drop(out);
+            r.shrink(r.bytes().saturating_sub(base));
+            return inflate_exactly(data, limit, size, r);
         }
         out.reserve_exact(capacity - out.len());
         let wanted = capacity - out.len();
@@ -154,17 +165,22 @@ fn corrupt(e: std::io::Error) -> InflateError {
     InflateError::Corrupt(e.to_string())
 }
 
-/// After a refused step: measures the inflated size (kept nowhere), then reserves exactly that
-/// on top of `base` and inflates into it, or says why it cannot.
+/// Reads to the end, keeping nothing; returns how many bytes there were.
+fn count_to_end(mut reader: impl Read) -> Result<usize, InflateError> {
+    let n = std::io::copy(&mut reader, &mut std::io::sink()).map_err(corrupt)?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// After a step refused for the room: `size` is the inflated size as far as it was counted (at
+/// most one byte past the room or the limit). Refuses what could never fit, else reserves
+/// exactly `size` in `reservation` (which holds only what was there before the body) and
+/// inflates into it.
 fn inflate_exactly(
     data: &[u8],
     limit: usize,
+    size: usize,
     reservation: &mut MemoryReservation,
-    base: usize,
 ) -> Result<Bytes, InflateError> {
-    reservation.shrink(reservation.bytes().saturating_sub(base));
-    let size = std::io::copy(&mut gunzip(data, limit), &mut std::io::sink()).map_err(corrupt)?;
-    let size = usize::try_from(size).unwrap_or(usize::MAX);
     if size > limit {
         return Err(InflateError::TooLarge);
     }
