@@ -35,7 +35,7 @@ use super::state::{ApiState, error};
 use crate::duration::parse_duration;
 use infertrace_analysis::kpi::SeriesKey;
 
-use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, unix_nanos_now};
+use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, minute_of, unix_nanos_now};
 
 /// Default range of a history query.
 const DEFAULT_RANGE: Duration = Duration::from_secs(3600);
@@ -196,7 +196,8 @@ pub(super) async fn history(
         Err(r) => return r,
     };
     let note = match points.iter().all(|p| p.value.is_none()) && !asked.is_empty() {
-        true => match read(store, move |st| st.series(from, to)).await {
+        // From the minute `from` falls in, as the history query counts it.
+        true => match read(store, move |st| st.series(minute_of(from), to)).await {
             Ok(series) => no_match_note(&asked, &series),
             Err(r) => return r,
         },
