@@ -174,6 +174,8 @@ struct Tracked<'n> {
     gpm_prev: Option<(GpmSample<'n>, Instant)>,
     /// When the energy counter was last read.
     energy_at: Option<Instant>,
+    /// The last tick gave no power reading: the counter is read every tick until one comes.
+    power_missing: bool,
 }
 
 /// The NVML [`CounterSource`]. Borrows the [`Nvml`] handle, which the sampler thread owns.
@@ -284,6 +286,7 @@ impl<'n> NvmlSource<'n> {
                 lost_logged: false,
                 gpm_prev: None,
                 energy_at: None,
+                power_missing: false,
             });
         }
         if devices.is_empty() {
@@ -378,9 +381,11 @@ impl Tracked<'_> {
         if !u.has(Field::PowerInstant) {
             ids[0] = Some(NVML_FI_DEV_POWER_INSTANT);
         }
-        let energy_due = self
-            .energy_at
-            .is_none_or(|at| now.saturating_duration_since(at) >= intervals.energy);
+        // A tenth of the interval early rather than a tick late (ticks wake a little late).
+        let energy_due = self.power_missing
+            || self.energy_at.is_none_or(|at| {
+                now.saturating_duration_since(at) + intervals.energy / 10 >= intervals.energy
+            });
         if !u.has(Field::Energy) && energy_due {
             ids[1] = Some(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION);
         }
@@ -490,6 +495,7 @@ impl Tracked<'_> {
             }
         }
 
+        self.power_missing = s.reading.power_watts.is_none();
         if lost {
             if !self.lost_logged {
                 self.lost_logged = true;

@@ -394,19 +394,26 @@ struct DeviceWriters {
 }
 
 /// One device's energy total as written to its ring: the counter where it was read this tick,
-/// else the last read plus instant power × time since (the previous tick's power held for at
-/// most the hold), never below what was written before. So a window's energy keeps the shape
-/// of the power between reads, and each read (default once a second) corrects the total.
+/// else the last read plus instant power × time since (each power reading held for at most the
+/// hold), never below a total written before, also across a lost device. So between reads
+/// (default once a second) a window's energy has the shape of the power, and each read brings
+/// the total back to the counter: an estimate that ran ahead holds the total until the counter
+/// catches up, one that fell behind is made up at the read.
 #[derive(Clone, Copy, Debug, Default)]
 struct EnergyTrack {
-    /// The last counter read: (time ns, joules).
-    read: Option<(u64, f64)>,
+    /// The last counter read, joules.
+    read: Option<f64>,
     /// Joules of power × time since that read.
     since_read: f64,
-    /// The previous tick's power: (time ns, watts).
+    /// The last power reading: (time ns, watts).
     power: Option<(u64, f64)>,
-    /// The last total written.
+    /// The previous tick, ns.
+    last_t: Option<u64>,
+    /// The last total written since the device was found (`None` after a loss: no pair to
+    /// take a difference from).
     written: Option<f64>,
+    /// The highest total ever written: the ring's totals never decrease.
+    floor: f64,
 }
 
 impl EnergyTrack {
@@ -418,21 +425,34 @@ impl EnergyTrack {
         t: u64,
         hold: u64,
     ) -> Option<f64> {
-        if let Some((pt, pw)) = self.power {
-            self.since_read += pw * t.saturating_sub(pt).min(hold) as f64 / 1e9;
+        if let (Some((pt, pw)), Some(last)) = (self.power, self.last_t) {
+            let until = t.min(pt.saturating_add(hold));
+            self.since_read += pw * until.saturating_sub(last.max(pt)) as f64 / 1e9;
         }
-        self.power = watts.map(|w| (t, w));
+        self.last_t = Some(t);
+        if let Some(w) = watts {
+            self.power = Some((t, w));
+        }
         let estimate = match counter {
             Some(j) => {
-                self.read = Some((t, j));
+                self.read = Some(j);
                 self.since_read = 0.0;
                 j
             }
-            None => self.read?.1 + self.since_read,
+            None => self.read? + self.since_read,
         };
-        let total = self.written.map_or(estimate, |w| w.max(estimate));
+        let total = estimate.max(self.floor);
+        self.floor = total;
         self.written = Some(total);
         Some(total)
+    }
+
+    /// The device was lost: its readings stop counting; the floor stays.
+    fn lost(&mut self) {
+        *self = Self {
+            floor: self.floor,
+            ..Self::default()
+        };
     }
 }
 
@@ -480,7 +500,7 @@ impl<S: CounterSource> Core<S> {
             };
             series.lost.store(s.lost, Ordering::Relaxed);
             if s.lost {
-                self.energy[s.device] = EnergyTrack::default();
+                self.energy[s.device].lost();
                 continue;
             }
             let r = &s.reading;
@@ -490,10 +510,9 @@ impl<S: CounterSource> Core<S> {
             let track = &mut self.energy[s.device];
             let prev_j = track.written;
             let energy = track.update(counter, r.power_watts, t, self.shared.hold_ns);
-            let device_energy = match (energy, prev_j, r.power_watts, dt_s) {
-                (Some(now_j), Some(prev_j), _, _) => Some(now_j - prev_j),
-                (None, _, Some(w), Some(dt)) => Some(w * dt),
-                _ => None,
+            let device_energy = match (energy, prev_j) {
+                (Some(now_j), Some(prev_j)) => Some(now_j - prev_j),
+                _ => r.power_watts.zip(dt_s).map(|(w, dt)| w * dt),
             };
             if let Some(e) = device_energy {
                 *tick_energy.get_or_insert(0.0) += e;

@@ -634,6 +634,25 @@ fn back_to_back_phases_get_their_own_statistics() {
     approx(total_attributed, total_energy);
 }
 
+/// A sampler over `source`, ticked at 0, 100, …, 100 × `last` ms after `epoch`.
+fn ticked_every_100ms(source: ScriptedSource, epoch: Instant, last: u64) -> GpuSampler {
+    let (sampler, mut ticker) =
+        GpuSampler::manual(GpuSamplerConfig::default(), Box::new(source), epoch);
+    for k in 0..=last {
+        ticker.tick(at(epoch, 100 * k));
+    }
+    sampler
+}
+
+/// The energy of the window from `a` to `b` ms after `epoch`.
+fn window_energy(sampler: &GpuSampler, epoch: Instant, a: u64, b: u64) -> f64 {
+    sampler
+        .window(at(epoch, a), at(epoch, b))
+        .unwrap()
+        .energy_joules()
+        .unwrap()
+}
+
 /// The energy counter read once a second (ticks 0, 10 and 20 of 100 ms), 300 W of instant power
 /// throughout: between reads the total follows power × time, each read brings it back to the
 /// counter, and it never decreases — so windows keep the power's shape, long windows and the
@@ -668,13 +687,7 @@ fn a_counter_read_once_a_second_is_carried_between_reads_by_instant_power() {
     for k in 0..=21 {
         ticker.tick(at(epoch, 100 * k));
     }
-    let energy = |a: u64, b: u64| {
-        sampler
-            .window(at(epoch, a), at(epoch, b))
-            .unwrap()
-            .energy_joules()
-            .unwrap()
-    };
+    let energy = |a: u64, b: u64| window_energy(&sampler, epoch, a, b);
     // Half a second: power × time. The whole first second: the counter's 310 J.
     approx(energy(0, 500), 150.0);
     approx(energy(0, 1000), 310.0);
@@ -685,4 +698,67 @@ fn a_counter_read_once_a_second_is_carried_between_reads_by_instant_power() {
     approx(energy(1900, 2000), 0.0);
     approx(energy(0, 2100), 590.0);
     approx(request.attributed(), 590.0);
+}
+
+/// A tick without a power reading holds the last one (for at most the hold), so the energy
+/// between counter reads does not lose those ticks.
+#[test]
+fn a_missing_power_reading_is_held_between_counter_reads() {
+    let epoch = Instant::now();
+    let source = ScriptedSource::new(vec![DeviceInfo::new(0, "GPU-p", "H200")], |tick, _, out| {
+        out.push(sample(
+            0,
+            GpuReading {
+                power_watts: (!matches!(tick, 3 | 4)).then_some(300.0),
+                energy_millijoules: match tick {
+                    0 => Some(0),
+                    10 => Some(300_000),
+                    _ => None,
+                },
+                ..GpuReading::default()
+            },
+        ));
+    });
+    let sampler = ticked_every_100ms(source, epoch, 10);
+    let energy = |a: u64, b: u64| window_energy(&sampler, epoch, a, b);
+    approx(energy(0, 900), 270.0);
+    approx(energy(300, 600), 90.0);
+    approx(energy(0, 1000), 300.0);
+}
+
+/// A device lost after an estimate that ran ahead of its counter comes back below the total
+/// already written: the total holds there, so windows still add up and never go negative.
+#[test]
+fn a_device_lost_and_back_never_takes_its_energy_total_down() {
+    let epoch = Instant::now();
+    let source = ScriptedSource::new(vec![DeviceInfo::new(0, "GPU-l", "H200")], |tick, _, out| {
+        if tick == 11 {
+            out.push(DeviceSample {
+                device: 0,
+                lost: true,
+                ..DeviceSample::default()
+            });
+            return;
+        }
+        // 300 W of power, but the counter says 100 J in the first second and 10 J after.
+        let counter = match tick {
+            0 => Some(1_000_000),
+            10 => Some(1_100_000),
+            12 => Some(1_110_000),
+            _ => None,
+        };
+        out.push(sample(
+            0,
+            GpuReading {
+                power_watts: Some(300.0),
+                energy_millijoules: counter,
+                ..GpuReading::default()
+            },
+        ));
+    });
+    let sampler = ticked_every_100ms(source, epoch, 13);
+    let energy = |a: u64, b: u64| window_energy(&sampler, epoch, a, b);
+    approx(energy(0, 1000), 270.0);
+    approx(energy(1000, 1300), 0.0);
+    approx(energy(0, 1300), energy(0, 1000) + energy(1000, 1300));
 }
