@@ -83,11 +83,15 @@ impl PromRecorder {
     }
 }
 
-/// One (service, model, operation) series: its handles, label strings, the four families it
-/// always has a label set in (tokens ×2, goodput, energy) and, per outcome seen, the request
-/// counter and six histograms.
+/// One (service, model, operation) series: its handles, label strings, the three families it
+/// always has a label set in (tokens ×2, goodput), energy once it has any, and, per outcome
+/// seen, the request counter and six histograms.
 fn series_bytes(s: &SeriesHandles) -> usize {
     let labels = &s.labels;
+    let energy = match s.gpu_energy.get() {
+        Some(_) => family_entry::<SeriesLabels, FloatCounter>() + FloatCounter::HEAP_BYTES,
+        None => 0,
+    };
     let always = ARC_HEADER_BYTES
         + size_of::<SeriesHandles>()
         + arc_str(&labels.service)
@@ -96,8 +100,7 @@ fn series_bytes(s: &SeriesHandles) -> usize {
         + 2 * (family_entry::<TokenLabels, Counter>() + Counter::HEAP_BYTES)
         + family_entry::<SeriesLabels, Counter>()
         + Counter::HEAP_BYTES
-        + family_entry::<SeriesLabels, FloatCounter>()
-        + FloatCounter::HEAP_BYTES;
+        + energy;
     let outcomes: usize = s
         .outcomes
         .iter()

@@ -11,7 +11,7 @@
 //!   `infertrace_goodput_requests_total{service,model,operation}` (ok requests meeting every
 //!   SLO), `infertrace_gpu_energy_joules_total{service,model,operation}` (energy *attributed* to
 //!   the requests by token share — an estimate; device energy would count a batch once per
-//!   request), `infertrace_critical_path_seconds_total{service,span}`,
+//!   request; a series only once a request brought energy), `infertrace_critical_path_seconds_total{service,span}`,
 //!   `infertrace_disagg_phase_duration_seconds{service,model,operation,pool,worker,phase}` (the
 //!   disaggregated sub-phases of `ok` requests that crossed prefill and decode pools, with the
 //!   phase buckets; `worker` is the worker's `service.name`, empty for the router's `routing`;
@@ -326,7 +326,8 @@ struct SeriesHandles {
     input_tokens: Counter,
     output_tokens: Counter,
     goodput: Counter,
-    gpu_energy: FloatCounter,
+    /// Created with the series' first GPU energy: no GPU, no series (never zeros).
+    gpu_energy: OnceLock<FloatCounter>,
 }
 
 fn outcome_index(o: Outcome) -> usize {
@@ -467,7 +468,10 @@ impl PromRecorder {
             .and_then(|g| g.energy_attributed_joules)
             .filter(|j| j.is_finite() && *j >= 0.0)
         {
-            handles.gpu_energy.inc_by(w, j);
+            let energy = handles
+                .gpu_energy
+                .get_or_init(|| self.metrics.gpu_energy.get_or_create_owned(&handles.labels));
+            energy.inc_by(w, j);
         }
         if let Some(d) = r.disagg.as_deref().filter(|_| r.outcome == Outcome::Ok) {
             let labels = handles.labels.clone();
@@ -664,7 +668,7 @@ impl PromRecorder {
             input_tokens: m.tokens.get_or_create_owned(&token("input")),
             output_tokens: m.tokens.get_or_create_owned(&token("output")),
             goodput: m.goodput.get_or_create_owned(&labels),
-            gpu_energy: m.gpu_energy.get_or_create_owned(&labels),
+            gpu_energy: OnceLock::new(),
             outcomes: Default::default(),
             labels,
         }
@@ -737,7 +741,7 @@ impl PromRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use infertrace_analysis::record::Dialect;
+    use infertrace_analysis::record::{Dialect, GpuRecord};
     use infertrace_analysis::text::Text;
     use infertrace_analysis::trace::{SpanId, TraceId};
 
@@ -813,7 +817,31 @@ mod tests {
         assert!(text.contains(
             r#"infertrace_goodput_requests_total{service="svc",model="m",operation="chat"} 2"#
         ));
+        assert!(
+            !text.contains("infertrace_gpu_energy_joules_total{"),
+            "no GPU, no energy series: {text}"
+        );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn gpu_energy_is_a_series_once_a_request_brings_energy() {
+        let (mut rec, registry) = recorder(10);
+        assert!(rec.record(&record("m", 1.0)));
+        let mut r = record("m", 1.0);
+        r.gpu = Some(Box::new(GpuRecord {
+            energy_attributed_joules: Some(2.5),
+            ..GpuRecord::default()
+        }));
+        assert!(rec.record(&r));
+        assert!(rec.record(&r));
+        let text = encode(&registry);
+        assert!(
+            text.contains(
+                r#"infertrace_gpu_energy_joules_total{service="svc",model="m",operation="chat"} 5.0"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]
