@@ -6,21 +6,13 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use infertrace_collector::client_tls::{self, HttpsConnector, TlsClientConfig};
+use infertrace_collector::client_tls::{self, HttpsConnector, OptionNames, TlsClientConfig};
 
 /// The variable holding the bearer token sent to a collector that requires one (scope `read`).
 pub const TOKEN_ENV: &str = "INFERTRACE_TOKEN";
 
 /// How long one GET may take, connection and TLS handshake included.
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// `message` of the shared TLS client code with its config keys named as `report`'s flags.
-fn as_flags(message: &str) -> String {
-    message
-        .replace("tls.ca_file", "--ca-file")
-        .replace("tls.cert_file", "--cert-file")
-        .replace("tls.key_file", "--key-file")
-}
 
 /// A client of one collector's API: TLS as given for an `https://` base URL (the server checked
 /// against `tls.ca_file`, else the system's roots; a client certificate for mutual TLS), and
@@ -44,8 +36,9 @@ impl ApiClient {
                  with api.tls); '{base}' is http://"
             );
         }
-        let connector = client_tls::https_connector(HttpConnector::new(), tls, https)
-            .map_err(|e| anyhow::anyhow!(as_flags(&e)))?;
+        let connector =
+            client_tls::https_connector(HttpConnector::new(), tls, https, OptionNames::FLAGS)
+                .map_err(|e| anyhow::anyhow!(e))?;
         let token = std::env::var(TOKEN_ENV)
             .ok()
             .map(|t| t.trim().to_owned())

@@ -41,6 +41,33 @@ pub struct TlsClientConfig {
     pub key_file: Option<PathBuf>,
 }
 
+/// What the three options of a [`TlsClientConfig`] are called where the user set them, so
+/// that an error names what to fix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionNames {
+    /// The CA file's name.
+    pub ca_file: &'static str,
+    /// The client certificate's name.
+    pub cert_file: &'static str,
+    /// The client key's name.
+    pub key_file: &'static str,
+}
+
+impl OptionNames {
+    /// The config file's keys (`tls.ca_file`, …).
+    pub const CONFIG: Self = Self {
+        ca_file: "tls.ca_file",
+        cert_file: "tls.cert_file",
+        key_file: "tls.key_file",
+    };
+    /// Command-line flags (`--ca-file`, …), as `infertrace report` has them.
+    pub const FLAGS: Self = Self {
+        ca_file: "--ca-file",
+        cert_file: "--cert-file",
+        key_file: "--key-file",
+    };
+}
+
 /// Reads every PEM certificate of `path`; an error (saying what to fix) when the file cannot be
 /// read or holds none.
 pub fn read_certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -61,8 +88,14 @@ pub fn read_certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'
     Ok(certs)
 }
 
-/// The rustls client configuration of `tls` for an `https://` URL.
-pub fn rustls_config(tls: &TlsClientConfig) -> Result<ClientConfig, String> {
+/// The rustls client configuration of `tls` for an `https://` URL; errors call the options
+/// `names`.
+pub fn rustls_config(tls: &TlsClientConfig, names: OptionNames) -> Result<ClientConfig, String> {
+    let OptionNames {
+        ca_file,
+        cert_file,
+        key_file,
+    } = names;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -70,10 +103,10 @@ pub fn rustls_config(tls: &TlsClientConfig) -> Result<ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     match &tls.ca_file {
         Some(path) => {
-            for cert in read_certificates(path, "tls.ca_file")? {
+            for cert in read_certificates(path, ca_file)? {
                 roots.add(cert).map_err(|e| {
                     format!(
-                        "tls.ca_file {}: not a usable CA certificate: {e}",
+                        "{ca_file} {}: not a usable CA certificate: {e}",
                         path.display()
                     )
                 })?;
@@ -85,7 +118,7 @@ pub fn rustls_config(tls: &TlsClientConfig) -> Result<ClientConfig, String> {
             if roots.is_empty() {
                 return Err(format!(
                     "no system root certificates could be loaded ({} errors); install the \
-                     system's CA bundle (ca-certificates), set SSL_CERT_FILE, or set tls.ca_file",
+                     system's CA bundle (ca-certificates), set SSL_CERT_FILE, or set {ca_file}",
                     found.errors.len()
                 ));
             }
@@ -95,21 +128,20 @@ pub fn rustls_config(tls: &TlsClientConfig) -> Result<ClientConfig, String> {
     match (&tls.cert_file, &tls.key_file) {
         (None, None) => Ok(builder.with_no_client_auth()),
         (Some(cert), Some(key)) => {
-            let chain = read_certificates(cert, "tls.cert_file")?;
+            let chain = read_certificates(cert, cert_file)?;
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
                 format!(
-                    "tls.key_file {}: cannot read a PEM private key: {e}",
+                    "{key_file} {}: cannot read a PEM private key: {e}",
                     key.display()
                 )
             })?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| format!("tls.cert_file/key_file: unusable client certificate: {e}"))
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                format!("{cert_file} and {key_file}: unusable client certificate: {e}")
+            })
         }
-        _ => Err(
-            "tls.cert_file and tls.key_file go together (mutual TLS): set both or neither"
-                .to_owned(),
-        ),
+        _ => Err(format!(
+            "{cert_file} and {key_file} go together (mutual TLS): set both or neither"
+        )),
     }
 }
 
@@ -119,14 +151,16 @@ pub fn is_set(tls: &TlsClientConfig) -> bool {
 }
 
 /// A connector for `http://` and `https://` URLs (HTTP/1.1), wrapping `http`; TLS configured
-/// by `tls` when `https` (otherwise no certificate is loaded).
+/// by `tls` when `https` (otherwise no certificate is loaded), its errors calling the options
+/// `names`.
 pub fn https_connector(
     mut http: HttpConnector,
     tls: &TlsClientConfig,
     https: bool,
+    names: OptionNames,
 ) -> Result<HttpsConnector, String> {
     let config = if https {
-        rustls_config(tls)?
+        rustls_config(tls, names)?
     } else {
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
@@ -268,24 +302,34 @@ mod tests {
             cert_file: cert.map(Path::to_path_buf),
             key_file: key.map(Path::to_path_buf),
         };
-        let e =
-            rustls_config(&with(Some(&dir.path().join("missing.pem")), None, None)).unwrap_err();
+        let config = |tls: &TlsClientConfig| rustls_config(tls, OptionNames::CONFIG);
+        let e = config(&with(Some(&dir.path().join("missing.pem")), None, None)).unwrap_err();
         assert!(
             e.contains("tls.ca_file") && e.contains("missing.pem"),
             "{e}"
         );
-        let e = rustls_config(&with(Some(&empty), None, None)).unwrap_err();
+        let e = config(&with(Some(&empty), None, None)).unwrap_err();
         assert!(e.contains("no PEM certificate"), "{e}");
         let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         let ca_pem = dir.path().join("ca.pem");
         std::fs::write(&ca_pem, ca.cert.pem()).unwrap();
-        assert!(rustls_config(&with(Some(&ca_pem), None, None)).is_ok());
-        let e = rustls_config(&with(Some(&ca_pem), Some(&ca_pem), None)).unwrap_err();
+        assert!(config(&with(Some(&ca_pem), None, None)).is_ok());
+        let e = config(&with(Some(&ca_pem), Some(&ca_pem), None)).unwrap_err();
         assert!(e.contains("set both or neither"), "{e}");
-        let e = rustls_config(&with(Some(&ca_pem), Some(&ca_pem), Some(&empty))).unwrap_err();
+        let e = config(&with(Some(&ca_pem), Some(&ca_pem), Some(&empty))).unwrap_err();
         assert!(e.contains("tls.key_file"), "{e}");
+        // The same problems named as report's flags.
+        let e = rustls_config(
+            &with(Some(&ca_pem), Some(&ca_pem), None),
+            OptionNames::FLAGS,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "--cert-file and --key-file go together (mutual TLS): set both or neither"
+        );
         let key_pem = dir.path().join("key.pem");
         std::fs::write(&key_pem, ca.signing_key.serialize_pem()).unwrap();
-        assert!(rustls_config(&with(Some(&ca_pem), Some(&ca_pem), Some(&key_pem))).is_ok());
+        assert!(config(&with(Some(&ca_pem), Some(&ca_pem), Some(&key_pem))).is_ok());
     }
 }

@@ -137,8 +137,13 @@ impl Alertmanager {
         let https = uri.scheme_str() == Some("https");
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let connector = crate::client_tls::https_connector(connector, tls, https)
-            .map_err(|e| format!("alerts.alertmanager_tls: {e}"))?;
+        let connector = crate::client_tls::https_connector(
+            connector,
+            tls,
+            https,
+            crate::client_tls::OptionNames::CONFIG,
+        )
+        .map_err(|e| format!("alerts.alertmanager_tls: {e}"))?;
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             uri,

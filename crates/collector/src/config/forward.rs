@@ -73,7 +73,8 @@ pub(super) fn check_tls(
     path: &[&'static str],
 ) -> Result<(), Invalid> {
     if url.starts_with("https://") {
-        crate::client_tls::rustls_config(tls).map_err(|m| Invalid::new(path, m))?;
+        crate::client_tls::rustls_config(tls, crate::client_tls::OptionNames::CONFIG)
+            .map_err(|m| Invalid::new(path, m))?;
     } else if crate::client_tls::is_set(tls) {
         return Err(Invalid::new(
             path,

@@ -670,7 +670,7 @@ fn grpc_tls(tls: &TlsClientConfig) -> Result<ClientTlsConfig, String> {
         std::fs::read(p).map_err(|e| format!("{what} {}: {e}", p.display()))
     };
     // Checked here too, so that an unusable file fails at start, not at the first export.
-    client_tls::rustls_config(tls)?;
+    client_tls::rustls_config(tls, client_tls::OptionNames::CONFIG)?;
     let mut config = ClientTlsConfig::new();
     config = match &tls.ca_file {
         Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, "tls.ca_file")?)),
@@ -728,8 +728,13 @@ impl Exporter {
                 let mut connector = HttpConnector::new();
                 connector.set_nodelay(true);
                 connector.set_connect_timeout(Some(config.timeout));
-                let connector =
-                    client_tls::https_connector(connector, &config.tls, https).map_err(&bad)?;
+                let connector = client_tls::https_connector(
+                    connector,
+                    &config.tls,
+                    https,
+                    client_tls::OptionNames::CONFIG,
+                )
+                .map_err(&bad)?;
                 let client = Client::builder(TokioExecutor::new()).build(connector);
                 Ok(Self::Http(Box::new(HttpExporter {
                     client,
