@@ -54,11 +54,17 @@ pub struct OptionNames {
 }
 
 impl OptionNames {
-    /// The config file's keys (`tls.ca_file`, …).
-    pub const CONFIG: Self = Self {
-        ca_file: "tls.ca_file",
-        cert_file: "tls.cert_file",
-        key_file: "tls.key_file",
+    /// The forwarder's keys in the config file (`forward.tls.ca_file`, …).
+    pub const FORWARD: Self = Self {
+        ca_file: "forward.tls.ca_file",
+        cert_file: "forward.tls.cert_file",
+        key_file: "forward.tls.key_file",
+    };
+    /// The Alertmanager client's keys in the config file (`alerts.alertmanager_tls.ca_file`, …).
+    pub const ALERTMANAGER: Self = Self {
+        ca_file: "alerts.alertmanager_tls.ca_file",
+        cert_file: "alerts.alertmanager_tls.cert_file",
+        key_file: "alerts.alertmanager_tls.key_file",
     };
     /// Command-line flags (`--ca-file`, …), as `infertrace report` has them.
     pub const FLAGS: Self = Self {
@@ -302,10 +308,10 @@ mod tests {
             cert_file: cert.map(Path::to_path_buf),
             key_file: key.map(Path::to_path_buf),
         };
-        let config = |tls: &TlsClientConfig| rustls_config(tls, OptionNames::CONFIG);
+        let config = |tls: &TlsClientConfig| rustls_config(tls, OptionNames::FORWARD);
         let e = config(&with(Some(&dir.path().join("missing.pem")), None, None)).unwrap_err();
         assert!(
-            e.contains("tls.ca_file") && e.contains("missing.pem"),
+            e.contains("forward.tls.ca_file") && e.contains("missing.pem"),
             "{e}"
         );
         let e = config(&with(Some(&empty), None, None)).unwrap_err();
@@ -317,7 +323,7 @@ mod tests {
         let e = config(&with(Some(&ca_pem), Some(&ca_pem), None)).unwrap_err();
         assert!(e.contains("set both or neither"), "{e}");
         let e = config(&with(Some(&ca_pem), Some(&ca_pem), Some(&empty))).unwrap_err();
-        assert!(e.contains("tls.key_file"), "{e}");
+        assert!(e.contains("forward.tls.key_file"), "{e}");
         // The same problems named as report's flags.
         let e = rustls_config(
             &with(Some(&ca_pem), Some(&ca_pem), None),

@@ -457,5 +457,8 @@ fn check_config_refuses_what_collect_cannot_use() {
         "{e}"
     );
     let e = err("alerts:\n  alertmanager_url: https://am:9093\n  alertmanager_tls:\n    ca_file: /nonexistent/am.pem\n".into());
-    assert!(e.contains("alerts.alertmanager_tls"), "{e}");
+    assert!(
+        e.contains("alerts.alertmanager_tls.ca_file /nonexistent/am.pem"),
+        "the key as written in the file: {e}"
+    );
 }

@@ -141,7 +141,7 @@ impl Alertmanager {
             connector,
             tls,
             https,
-            crate::client_tls::OptionNames::CONFIG,
+            crate::client_tls::OptionNames::ALERTMANAGER,
         )
         .map_err(|e| format!("alerts.alertmanager_tls: {e}"))?;
         Ok(Self {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::check::{Invalid, Problems, check_http_url};
-use crate::client_tls::TlsClientConfig;
+use crate::client_tls::{OptionNames, TlsClientConfig};
 use crate::duration::human_duration;
 
 /// `forward:` — OTLP traces on to Jaeger, Tempo or another collector.
@@ -71,10 +71,10 @@ pub(super) fn check_tls(
     tls: &TlsClientConfig,
     url: &str,
     path: &[&'static str],
+    names: OptionNames,
 ) -> Result<(), Invalid> {
     if url.starts_with("https://") {
-        crate::client_tls::rustls_config(tls, crate::client_tls::OptionNames::CONFIG)
-            .map_err(|m| Invalid::new(path, m))?;
+        crate::client_tls::rustls_config(tls, names).map_err(|m| Invalid::new(path, m))?;
     } else if crate::client_tls::is_set(tls) {
         return Err(Invalid::new(
             path,
@@ -128,7 +128,12 @@ impl ForwardConfig {
     pub(super) fn check(&self, p: &mut Problems) {
         if let Some(url) = &self.endpoint {
             if p.check(check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))) {
-                p.check(check_tls(&self.tls, url, &["forward", "tls"]));
+                p.check(check_tls(
+                    &self.tls,
+                    url,
+                    &["forward", "tls"],
+                    OptionNames::FORWARD,
+                ));
             }
         } else if crate::client_tls::is_set(&self.tls) {
             p.add(

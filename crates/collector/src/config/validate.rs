@@ -376,6 +376,7 @@ impl CollectorConfig {
                 &a.alertmanager_tls,
                 url,
                 &["alerts", "alertmanager_tls"],
+                crate::client_tls::OptionNames::ALERTMANAGER,
             ));
         }
     }

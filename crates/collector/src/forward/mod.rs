@@ -670,16 +670,17 @@ fn grpc_tls(tls: &TlsClientConfig) -> Result<ClientTlsConfig, String> {
         std::fs::read(p).map_err(|e| format!("{what} {}: {e}", p.display()))
     };
     // Checked here too, so that an unusable file fails at start, not at the first export.
-    client_tls::rustls_config(tls, client_tls::OptionNames::CONFIG)?;
+    let names = client_tls::OptionNames::FORWARD;
+    client_tls::rustls_config(tls, names)?;
     let mut config = ClientTlsConfig::new();
     config = match &tls.ca_file {
-        Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, "tls.ca_file")?)),
+        Some(ca) => config.ca_certificate(Certificate::from_pem(read(ca, names.ca_file)?)),
         None => config.with_native_roots(),
     };
     if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
         config = config.identity(Identity::from_pem(
-            read(cert, "tls.cert_file")?,
-            read(key, "tls.key_file")?,
+            read(cert, names.cert_file)?,
+            read(key, names.key_file)?,
         ));
     }
     Ok(config)
@@ -732,7 +733,7 @@ impl Exporter {
                     connector,
                     &config.tls,
                     https,
-                    client_tls::OptionNames::CONFIG,
+                    client_tls::OptionNames::FORWARD,
                 )
                 .map_err(&bad)?;
                 let client = Client::builder(TokioExecutor::new()).build(connector);
