@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Process, WAIT, bin, free_port, isolate, traces};
+use common::{Process, WAIT, bin, free_port, traces};
 
 const TOKEN_A: &str = "token-a-0123456789abcdef";
 const TOKEN_B: &str = "token-b-fedcba9876543210";
@@ -45,7 +45,6 @@ fn collect(dir: &Path, listen_api: &str, http: u16, extra: &[&str]) -> Command {
         .args(["--listen", listen_api])
         .args(extra)
         .current_dir(dir);
-    isolate(&mut cmd);
     cmd
 }
 

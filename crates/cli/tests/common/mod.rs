@@ -14,9 +14,12 @@ use std::time::{Duration, Instant};
 /// How long the process tests wait for something the collector does asynchronously.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// The `infertrace` binary under test.
+/// The `infertrace` binary under test, without the `INFERTRACE_*` variables of the shell the
+/// tests run in ([`isolate`]); a test sets the ones it needs.
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_infertrace"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infertrace"));
+    isolate(&mut cmd);
+    cmd
 }
 
 /// A loopback port free right now (the listener is closed again), never the same twice in this
@@ -73,23 +76,21 @@ impl Ports {
     }
 }
 
-/// `infertrace collect` on `ports`, isolated from the caller's environment (no config, no
-/// tokens from `INFERTRACE_*`); add flags such as `--no-store` or `--config` to it.
+/// `infertrace collect` on `ports` ([`bin`]: no `INFERTRACE_*` from the shell); add flags such
+/// as `--no-store` or `--config` to it.
 pub fn collect(ports: &Ports) -> Command {
     let mut cmd = bin();
     cmd.args(ports.collect_args());
-    isolate(&mut cmd);
     cmd
 }
 
-/// Removes the `INFERTRACE_*` variables a developer's shell may set from `cmd`'s environment.
+/// Removes from `cmd`'s environment every `INFERTRACE_*` variable this process has (a
+/// developer's config, tokens, log level or format would change what the tests see).
 pub fn isolate(cmd: &mut Command) {
-    for var in [
-        "INFERTRACE_CONFIG",
-        "INFERTRACE_TOKENS",
-        "INFERTRACE_TOKENS_FILE",
-    ] {
-        cmd.env_remove(var);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("INFERTRACE_") {
+            cmd.env_remove(name);
+        }
     }
 }
 
