@@ -181,6 +181,15 @@ async fn curl_sees_scopes_challenges_and_the_host_allowlist() {
         "a JSON error naming the Host: {}",
         misdirected.body
     );
+    // A Host that is not visible ASCII is not let through as if there were none.
+    let args = vec![
+        format!("{api}/api/kpis"),
+        "-H".into(),
+        "Host: ex\u{e9}mple.example".into(),
+        "-H".into(),
+        bearer(READ),
+    ];
+    assert_eq!(run(args).await.status, 421);
     let args = vec![
         format!("{api}/health"),
         "-H".into(),
@@ -248,7 +257,7 @@ async fn curl_sees_scopes_challenges_and_the_host_allowlist() {
     assert_eq!(e.auth_refusals("api", "missing_token"), 3);
     assert_eq!(e.auth_refusals("api", "unknown_token"), 1);
     assert_eq!(e.auth_refusals("api", "insufficient_scope"), 2);
-    assert_eq!(e.auth_refusals("api", "host_not_allowed"), 1);
+    assert_eq!(e.auth_refusals("api", "host_not_allowed"), 2);
     assert_eq!(e.auth_refusals("otlp_http", "missing_token"), 1);
     assert_eq!(e.auth_refusals("otlp_http", "insufficient_scope"), 1);
     assert_eq!(e.auth_refusals("otlp_grpc", "missing_token"), 1);

@@ -649,11 +649,11 @@ pub struct ApiGuard {
 /// The API router's middleware (`axum::middleware::from_fn_with_state`): refuses a `Host`
 /// that is not allowed (421), then a request without a token of the path's scope (401/403).
 pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) -> Response {
-    let host = req
-        .headers()
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    // A Host that is not visible ASCII is no allowed name either (rather than no Host at all).
+    let host = match req.headers().get(HOST) {
+        Some(h) => Some(h.to_str().unwrap_or("(not visible ASCII)")),
+        None => req.uri().authority().map(|a| a.as_str()),
+    };
     if let Some(host) = host
         && !guard.hosts.allows(host)
     {
