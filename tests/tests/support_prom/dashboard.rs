@@ -91,6 +91,7 @@ pub fn must_have_data(expr: &str) -> bool {
             "hw_",
             "gen_ai_server_",
             "infer_server_",
+            "infertrace_gpu_",
             "infertrace_alerts_active",
             "infertrace_dropped_spans",
             "infertrace_exported_spans",
