@@ -3,9 +3,10 @@
 //!
 //! Per device and tick: utilisation rates, memory info, one field-values call for instant power
 //! (`NVML_FI_DEV_POWER_INSTANT`) and, once an energy interval, total energy
-//! (`NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, ~5 ms of CPU a read on an H200), the SM clock, the die temperature and the throttle reasons; on Hopper and newer, a GPM sample every
-//! GPM interval whose difference from the previous one gives SM activity, SM occupancy, tensor
-//! activity and DRAM activity. `pcie_throughput` is never called (it blocks ~20 ms).
+//! (`NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, the costliest read by far), the SM clock, the die
+//! temperature and the throttle reasons; on Hopper and newer, a GPM sample every GPM interval
+//! whose difference from the previous one gives SM activity, SM occupancy, tensor activity and
+//! DRAM activity. `pcie_throughput` is never called (it blocks ~20 ms).
 //!
 //! A field that answers `NotSupported` (or whose symbol the installed driver lacks) is remembered
 //! and never asked again. A device that answers `GpuLost` is dropped from sampling and looked up
@@ -182,8 +183,7 @@ struct Tracked<'n> {
 pub struct NvmlSource<'n> {
     nvml: &'n Nvml,
     devices: Vec<Tracked<'n>>,
-    gpm_interval: Duration,
-    energy_interval: Duration,
+    intervals: Intervals,
     lost_retry: Duration,
 }
 
@@ -194,7 +194,7 @@ impl std::fmt::Debug for NvmlSource<'_> {
                 "devices",
                 &self.devices.iter().map(|d| &d.info).collect::<Vec<_>>(),
             )
-            .field("gpm_interval", &self.gpm_interval)
+            .field("intervals", &self.intervals)
             .finish_non_exhaustive()
     }
 }
@@ -295,8 +295,10 @@ impl<'n> NvmlSource<'n> {
         Ok(Self {
             nvml,
             devices,
-            gpm_interval,
-            energy_interval,
+            intervals: Intervals {
+                gpm: gpm_interval,
+                energy: energy_interval,
+            },
             lost_retry,
         })
     }
@@ -375,8 +377,8 @@ impl Tracked<'_> {
             r.memory_total = Some(m.total);
         }
 
-        // One field-values call for the two counters still supported, the energy counter only
-        // once an energy interval (it costs thirty times any other read).
+        // One field-values call for the two counters still supported, the (costly) energy
+        // counter only once an energy interval.
         let mut ids: [Option<u32>; 2] = [None, None];
         if !u.has(Field::PowerInstant) {
             ids[0] = Some(NVML_FI_DEV_POWER_INSTANT);
@@ -546,11 +548,7 @@ impl CounterSource for NvmlSource<'_> {
                     }
                 }
             }
-            let intervals = Intervals {
-                gpm: self.gpm_interval,
-                energy: self.energy_interval,
-            };
-            let mut s = d.read(self.nvml, now, intervals);
+            let mut s = d.read(self.nvml, now, self.intervals);
             if !s.lost && d.lost_logged {
                 d.lost_logged = false;
                 tracing::info!(uuid = %d.info.uuid, "GPU back; sampling it again");

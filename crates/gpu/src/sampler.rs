@@ -68,9 +68,9 @@ pub struct GpuSamplerConfig {
     /// Time between GPM samples on Hopper and newer (default 1 s).
     pub gpm_interval: Duration,
     /// Time between reads of the energy counter (default 1 s; at most `interval` reads it every
-    /// tick). A read costs ~5 ms of CPU on an H200 (every other read 0.1–0.2 ms), so reading it
-    /// every tick would be most of the sampler's cost. Between reads the energy follows instant
-    /// power × time from the last read, never decreasing; each read brings it back to the counter.
+    /// tick). The counter is by far the costliest read (docs/PERFORMANCE.md, "On hardware");
+    /// between reads the energy follows instant power × time from the last read, never
+    /// decreasing, and each read brings it back to the counter.
     pub energy_interval: Duration,
     /// How much history each device keeps at least (default 60 s; the ring is rounded up to a
     /// power of two of samples, so 60 s at 100 ms keeps 1024 samples, ~102 s).
@@ -409,14 +409,17 @@ struct EnergyTrack {
     power: Option<(u64, f64)>,
     /// The previous tick, ns.
     last_t: Option<u64>,
-    /// The last total written since the device was found (`None` after a loss: no pair to
-    /// take a difference from).
-    written: Option<f64>,
     /// The highest total ever written: the ring's totals never decrease.
     floor: f64,
 }
 
 impl EnergyTrack {
+    /// The last total written since the device was found (`None` before its first counter read
+    /// and after a loss: no total to take a difference from).
+    fn written(&self) -> Option<f64> {
+        self.read.map(|_| self.floor)
+    }
+
     /// The total to write at `t` (ns), given this tick's counter (monotonic joules) and power.
     fn update(
         &mut self,
@@ -441,10 +444,8 @@ impl EnergyTrack {
             }
             None => self.read? + self.since_read,
         };
-        let total = estimate.max(self.floor);
-        self.floor = total;
-        self.written = Some(total);
-        Some(total)
+        self.floor = estimate.max(self.floor);
+        Some(self.floor)
     }
 
     /// The device was lost: its readings stop counting; the floor stays.
@@ -508,7 +509,7 @@ impl<S: CounterSource> Core<S> {
                 .energy_millijoules
                 .map(|mj| self.counters[s.device].update(mj, t));
             let track = &mut self.energy[s.device];
-            let prev_j = track.written;
+            let prev_j = track.written();
             let energy = track.update(counter, r.power_watts, t, self.shared.hold_ns);
             let device_energy = match (energy, prev_j) {
                 (Some(now_j), Some(prev_j)) => Some(now_j - prev_j),
@@ -743,8 +744,9 @@ impl GpuSampler {
     /// zero-length window takes the held sample); maxima are over the counted samples; energy
     /// is the device energy total interpolated at both edges (the counter, wrap and reset
     /// removed, carried between its reads by instant power: see
-    /// [`energy_interval`](GpuSamplerConfig::energy_interval); the last rate extended for at most
-    /// the hold past the last sample), or held power × time where there is no counter. Costs O(log n + n/16) reads per device, no lock.
+    /// [`energy_interval`](GpuSamplerConfig::energy_interval); the last rate extended for at
+    /// most the hold past the last sample), or held power × time where there is no counter.
+    /// Costs O(log n + n/16) reads per device, no lock.
     pub fn window(&self, start: Instant, end: Instant) -> Option<WindowStats> {
         if end < start || self.shared.devices.is_empty() {
             return None;

@@ -28,13 +28,12 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use infertrace_analysis::kpi::SeriesKey;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::state::{ApiState, error};
 use crate::duration::parse_duration;
-use infertrace_analysis::kpi::SeriesKey;
-
 use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, minute_of, unix_nanos_now};
 
 /// Default range of a history query.
@@ -195,14 +194,14 @@ pub(super) async fn history(
         Ok(p) => p,
         Err(r) => return r,
     };
-    let note = match points.iter().all(|p| p.value.is_none()) && !asked.is_empty() {
+    let mut note = None;
+    if !asked.is_empty() && points.iter().all(|p| p.value.is_none()) {
         // From the minute `from` falls in, as the history query counts it.
-        true => match read(store, move |st| st.series(minute_of(from), to)).await {
-            Ok(series) => no_match_note(&asked, &series),
+        match read(store, move |st| st.series(minute_of(from), to)).await {
+            Ok(series) => note = no_match_note(&asked, &series),
             Err(r) => return r,
-        },
-        false => None,
-    };
+        }
+    }
     let asked_minutes = (step.as_nanos() as u64).div_ceil(MINUTE_NANOS).max(1);
     let step_nanos = match points.as_slice() {
         [a, b, ..] => b.t_unix_nano - a.t_unix_nano,
@@ -247,23 +246,19 @@ fn no_match_note(filter: &HistoryFilter, series: &[SeriesKey]) -> Option<String>
         .take(NOTE_SERIES)
         .map(|k| format!("{}/{}/{}", k.service, k.model, k.operation))
         .collect();
-    let more = series.len().saturating_sub(NOTE_SERIES);
-    Some(match known.is_empty() {
-        true => format!(
-            "no series has data in this range (asked {})",
-            asked.join(", ")
-        ),
-        false => format!(
-            "no series matches {} in this range; series with data (service/model/operation): {}{}",
-            asked.join(", "),
-            known.join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            }
-        ),
-    })
+    let asked = asked.join(", ");
+    if known.is_empty() {
+        return Some(format!("no series has data in this range (asked {asked})"));
+    }
+    let more = match series.len().saturating_sub(NOTE_SERIES) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Some(format!(
+        "no series matches {asked} in this range; series with data \
+         (service/model/operation): {}{more}",
+        known.join(", ")
+    ))
 }
 
 /// `GET /api/history/slow-requests`.

@@ -11,7 +11,8 @@
 //!   `infertrace_goodput_requests_total{service,model,operation}` (ok requests meeting every
 //!   SLO), `infertrace_gpu_energy_joules_total{service,model,operation}` (energy *attributed* to
 //!   the requests by token share — an estimate; device energy would count a batch once per
-//!   request; a series only once a request brought energy), `infertrace_critical_path_seconds_total{service,span}`,
+//!   request; a series only once a request brought energy),
+//!   `infertrace_critical_path_seconds_total{service,span}`,
 //!   `infertrace_disagg_phase_duration_seconds{service,model,operation,pool,worker,phase}` (the
 //!   disaggregated sub-phases of `ok` requests that crossed prefill and decode pools, with the
 //!   phase buckets; `worker` is the worker's `service.name`, empty for the router's `routing`;
