@@ -142,8 +142,7 @@ impl Alertmanager {
             tls,
             https,
             crate::client_tls::OptionNames::ALERTMANAGER,
-        )
-        .map_err(|e| format!("alerts.alertmanager_tls: {e}"))?;
+        )?;
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             uri,
@@ -333,6 +332,22 @@ mod tests {
             description: "ttft.p99 > 1s".into(),
             generator_url: "http://localhost/api/alerts".into(),
         }
+    }
+
+    #[test]
+    fn a_tls_error_names_its_key_once() {
+        let tls = TlsClientConfig {
+            ca_file: Some("/nonexistent/am.pem".into()),
+            ..TlsClientConfig::default()
+        };
+        let Err(e) = Alertmanager::new("https://am:9093", &tls) else {
+            panic!("a missing CA file must be an error");
+        };
+        assert!(
+            e.starts_with("alerts.alertmanager_tls.ca_file /nonexistent/am.pem"),
+            "{e}"
+        );
+        assert_eq!(e.matches("alertmanager_tls").count(), 1, "{e}");
     }
 
     /// A fake Alertmanager: answers 503 to its first `refuse` POSTs, 200 after; hands every
