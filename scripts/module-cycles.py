@@ -147,9 +147,18 @@ def related(a, b):
 
 
 def main():
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return 0
     args = [a for a in sys.argv[1:] if a != "--strict"]
     strict = "--strict" in sys.argv[1:]
     src = args[0] if args else "crates/tower/src"
+    if len(args) > 1 or args and args[0].startswith("-"):
+        print(f"usage: scripts/module-cycles.py [--strict] [crate/src] (not {' '.join(args)})", file=sys.stderr)
+        return 2
+    if not os.path.isfile(os.path.join(src, "lib.rs")) and not os.path.isfile(os.path.join(src, "main.rs")):
+        print(f"{src}: no lib.rs or main.rs there; give a crate's src directory", file=sys.stderr)
+        return 2
     mods = modules(src)
     codes = {m: drop_test_modules(strip_code(open(f, encoding="utf-8").read())) for m, f in mods.items()}
     reexports = root_reexports(codes["crate"])

@@ -129,8 +129,9 @@ fn secs(unix_nano: u64) -> f64 {
 fn no_store() -> Response {
     error(
         StatusCode::NOT_FOUND,
-        "no history: the collector runs without its store (--no-store or store.enabled: false); \
-         start it with --data-dir PATH to keep history",
+        "no history: this collector runs without its history store (`collect --no-store`, \
+         store.enabled: false, or `infertrace demo`, which keeps none); `infertrace collect` \
+         keeps it under store.data_dir (or --data-dir PATH)",
     )
 }
 

@@ -102,6 +102,32 @@ impl Args {
     }
 }
 
+/// `--help`.
+const HELP: &str = "\
+otlp-blast: sends pre-encoded OTLP export requests of 4-span inference traces (fresh trace ids
+in every request) at full speed and prints the spans per second the receiver accepted.
+
+usage: otlp-blast [OPTIONS]
+
+  --protocol grpc|http   OTLP/gRPC or OTLP/HTTP protobuf (default grpc)
+  --addr HOST:PORT       the receiver (default 127.0.0.1:4317 for grpc, :4318 for http)
+  --connections N        concurrent connections, one request in flight each (default 16)
+  --duration SECONDS     how long to send (default 10)
+  --batch SPANS          spans per request (default 1000)
+  --rate SPANS_PER_SEC   pace the sends to this rate in all instead of full speed
+  --interleave           order each request's spans by end time, as an SDK's batch processor
+                         exports concurrent requests, instead of trace by trace
+  --pd                   send 17-span disaggregated traces (router, prefill and decode workers)
+  --decode-only          send nothing: time prost and infertrace's lean decoder on the requests
+                         and print nanoseconds per span
+  --pipeline-only        send nothing: run the collector's whole pipeline in this process on one
+                         thread and print CPU nanoseconds per analysed span (raised limits)
+  --default-limits       with --pipeline-only: the collector's default limits instead
+  -h, --help             this text
+
+See docs/PERFORMANCE.md for how the benchmarks use it.
+";
+
 fn parse_args() -> Result<Args, String> {
     let mut protocol = Protocol::Grpc;
     let mut addr: Option<SocketAddr> = None;
@@ -158,13 +184,8 @@ fn parse_args() -> Result<Args, String> {
             "--interleave" => interleave = true,
             "--pd" => pd = true,
             "-h" | "--help" => {
-                return Err(
-                    "usage: otlp-blast [--protocol grpc|http] [--addr HOST:PORT] \
-                            [--connections 16] [--duration 10] [--batch 1000] \
-                            [--rate SPANS_PER_SEC] [--interleave] [--pd] [--decode-only] \
-                            [--pipeline-only [--default-limits]]"
-                        .into(),
-                );
+                print!("{HELP}");
+                std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other}; see --help")),
         }

@@ -49,6 +49,25 @@ struct Args {
     http: SocketAddr,
 }
 
+/// `--help`.
+const HELP: &str = "\
+otlp-null-receiver: the baseline of the ingest benchmarks. Receives OTLP traces over gRPC and
+HTTP, decodes each request and drops it; prints the spans received once a second while any
+arrive. Stops on Ctrl-C.
+
+usage: otlp-null-receiver [OPTIONS]
+
+  --decoder prost|lean   prost (default): tonic and hyper decoding with prost into
+                         opentelemetry-proto's types, as a generic Rust receiver does
+                         (GET /spans on the HTTP address answers the count so far);
+                         lean: infertrace's own receivers with an ingest that only counts
+  --grpc HOST:PORT       the OTLP/gRPC address (default 127.0.0.1:4317)
+  --http HOST:PORT       the OTLP/HTTP address (default 127.0.0.1:4318)
+  -h, --help             this text
+
+Both modes use the collector's HTTP/2 windows. See scripts/bench-ingest.sh.
+";
+
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         decoder: Decoder::Prost,
@@ -69,9 +88,8 @@ fn parse_args() -> Result<Args, String> {
             "--grpc" => args.grpc = value()?.parse().map_err(|e| format!("--grpc: {e}"))?,
             "--http" => args.http = value()?.parse().map_err(|e| format!("--http: {e}"))?,
             "-h" | "--help" => {
-                return Err("usage: otlp-null-receiver [--decoder prost|lean] \
-                            [--grpc HOST:PORT] [--http HOST:PORT]"
-                    .into());
+                print!("{HELP}");
+                std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other}; see --help")),
         }

@@ -29,6 +29,24 @@ struct Args {
     expect_gpu: bool,
 }
 
+/// `--help`.
+const HELP: &str = "\
+gpu-probe: starts infertrace's GPU sampler (NVML) and prints JSON lines: the devices, each
+sample with the time every NVML call took, the window statistics over the run, and a summary
+with the verdict.
+
+usage: gpu-probe [OPTIONS]
+
+  --samples N          ticks to take (default 20)
+  --interval-ms MS     time between ticks (default 100)
+  --library PATH       the NVML library to load (default: the system's libnvidia-ml.so.1)
+  --expect-gpu         exit 1 when no GPU or no NVML is found, instead of 0
+  -h, --help           this text
+
+Exit status: 0 when every device gave readings (or no NVML and no --expect-gpu), 1 when a
+device gave none or an expected GPU is missing, 2 on bad arguments.
+";
+
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         samples: 20,
@@ -56,10 +74,8 @@ fn parse_args() -> Result<Args, String> {
             "--library" => args.library = Some(PathBuf::from(value("--library")?)),
             "--expect-gpu" => args.expect_gpu = true,
             "-h" | "--help" => {
-                return Err(
-                    "usage: gpu-probe [--samples N] [--interval-ms MS] [--library PATH] [--expect-gpu]"
-                        .into(),
-                );
+                print!("{HELP}");
+                std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other}; try --help")),
         }
