@@ -225,8 +225,11 @@ fn raise_open_files_limit() -> Option<u64> {
 }
 
 /// Reloads the tokens and the TLS files on every SIGHUP, logging each outcome (never a token).
-/// Each part reloads on its own: a bad tokens file does not hold back a certificate rotation,
-/// nor one listener's bad files another's.
+///
+/// The files are read on a thread of their own, not on the runtime's: a read that hangs (a
+/// stuck network mount, a FIFO in the file's place) must not stall the listeners or SIGTERM,
+/// and the process exits without waiting for it. SIGHUPs that arrive while a reload is still
+/// reading fold into one more reload after it.
 #[cfg(unix)]
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
@@ -234,44 +237,71 @@ async fn reload_on_hangup(
     tls: ListenersTls,
     events: InternalEvents,
 ) {
-    while hangups.recv().await.is_some() {
-        for reload in tls.reload(&events) {
-            match reload.result {
-                Ok(cert) => console::say(
-                    "INFO",
-                    &format!(
-                        "infertrace collector: SIGHUP: TLS of {} reloaded ({}); new connections use it",
-                        reload.listener,
-                        cert.as_deref()
-                            .map_or("fixed".into(), |c| c.display().to_string())
-                    ),
-                ),
-                Err(error) => tracing::error!(
-                    listener = reload.listener,
-                    %error,
-                    "SIGHUP: reloading the TLS certificate, key or client CA failed; the previous ones stay in force"
-                ),
+    let (requests, pending) = std::sync::mpsc::sync_channel::<()>(1);
+    let reloader = std::thread::Builder::new()
+        .name("infertrace-reload".into())
+        .spawn(move || {
+            while pending.recv().is_ok() {
+                reload_files(auth.as_ref(), &tls, &events);
             }
+        });
+    if let Err(error) = reloader {
+        tracing::error!(%error, "cannot start the SIGHUP reload thread; SIGHUP reloads nothing");
+        return;
+    }
+    while hangups.recv().await.is_some() {
+        if let Err(std::sync::mpsc::TrySendError::Full(())) = requests.try_send(()) {
+            tracing::warn!(
+                "SIGHUP: the previous reload is still reading its files; this one follows it"
+            );
         }
-        match &auth {
-            Some(auth) => match auth.reload() {
-                Ok(tokens) => console::say(
-                    "INFO",
-                    &format!("infertrace collector: SIGHUP: {tokens} bearer tokens reloaded"),
+    }
+}
+
+/// One SIGHUP's reload. Each part reloads on its own: a bad tokens file does not hold back a
+/// certificate rotation, nor one listener's bad files another's.
+#[cfg(unix)]
+fn reload_files(
+    auth: Option<&infertrace_collector::auth::Authenticator>,
+    tls: &ListenersTls,
+    events: &InternalEvents,
+) {
+    for reload in tls.reload(events) {
+        match reload.result {
+            Ok(cert) => console::say(
+                "INFO",
+                &format!(
+                    "infertrace collector: SIGHUP: TLS of {} reloaded ({}); new connections use it",
+                    reload.listener,
+                    cert.as_deref()
+                        .map_or("fixed".into(), |c| c.display().to_string())
                 ),
-                Err(error) => tracing::error!(
-                    %error,
-                    tokens = auth.token_count(),
-                    "SIGHUP: reloading the bearer tokens failed; the previous tokens stay in force"
-                ),
-            },
-            // Said only where nothing at all was reloaded, so a TLS rotation logs no warning.
-            None if !tls.any() => tracing::warn!(
-                "SIGHUP: no bearer token and no TLS is configured (auth.tokens_file, INFERTRACE_TOKENS, tls:), \
-                 nothing to reload; authentication cannot be turned on without a restart"
             ),
-            None => {}
+            Err(error) => tracing::error!(
+                listener = reload.listener,
+                %error,
+                "SIGHUP: reloading the TLS certificate, key or client CA failed; the previous ones stay in force"
+            ),
         }
+    }
+    match auth {
+        Some(auth) => match auth.reload() {
+            Ok(tokens) => console::say(
+                "INFO",
+                &format!("infertrace collector: SIGHUP: {tokens} bearer tokens reloaded"),
+            ),
+            Err(error) => tracing::error!(
+                %error,
+                tokens = auth.token_count(),
+                "SIGHUP: reloading the bearer tokens failed; the previous tokens stay in force"
+            ),
+        },
+        // Said only where nothing at all was reloaded, so a TLS rotation logs no warning.
+        None if !tls.any() => tracing::warn!(
+            "SIGHUP: no bearer token and no TLS is configured (auth.tokens_file, INFERTRACE_TOKENS, tls:), \
+             nothing to reload; authentication cannot be turned on without a restart"
+        ),
+        None => {}
     }
 }
 

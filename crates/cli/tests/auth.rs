@@ -143,6 +143,68 @@ fn sighup_reloads_the_tokens_file() {
     assert!(log.contains("requests refused by authentication"), "{log}");
 }
 
+/// A tokens file whose read hangs (here a FIFO no one writes, as a stuck network mount would)
+/// stalls only the reload: the listeners answer, the old tokens stay in force, a second SIGHUP
+/// waits its turn, and SIGTERM still stops the process within its deadline.
+#[test]
+fn a_reload_that_hangs_stalls_neither_the_listeners_nor_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("all {TOKEN_A}\n")).unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(&config, "shutdown_timeout: 2s\n").unwrap();
+    let (api, http) = (free_port(), free_port());
+    let cmd = collect(
+        dir.path(),
+        &format!("127.0.0.1:{api}"),
+        http,
+        &[
+            "--tokens-file",
+            tokens.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    let mut p = Process::spawn(cmd, dir.path().join("stderr.log"));
+    p.wait_log(&format!("API http://127.0.0.1:{api}"));
+
+    std::fs::remove_file(&tokens).unwrap();
+    let made = Command::new("mkfifo").arg(&tokens).status().unwrap();
+    assert!(made.success(), "mkfifo failed");
+    p.hangup();
+    std::thread::sleep(Duration::from_millis(300));
+    p.hangup();
+    p.hangup();
+    p.wait_log("the previous reload is still reading its files");
+    let body = traces(2, 0x7100).to_string();
+    for _ in 0..3 {
+        assert_eq!(request(api, "GET", "/health", None, b""), 200);
+        assert_eq!(request(api, "GET", "/api/kpis", Some(TOKEN_A), b""), 200);
+        assert_eq!(
+            request(http, "POST", "/v1/traces", Some(TOKEN_A), body.as_bytes()),
+            200
+        );
+    }
+
+    let started = Instant::now();
+    let pid = p.child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            break status;
+        }
+        // The 2 s deadline plus a generous margin for a busy machine.
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no exit after SIGTERM while a reload hangs:\n{}",
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status}:\n{}", p.log());
+}
+
 #[test]
 fn non_loopback_listener_needs_tokens_or_insecure() {
     let dir = tempfile::tempdir().unwrap();
