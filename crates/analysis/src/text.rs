@@ -128,6 +128,12 @@ impl Serialize for Text {
 /// model name must not become a 1 MiB label on every Prometheus series.
 pub const MAX_TEXT_LEN: usize = 256;
 
+/// Most strings an array attribute keeps: a longer array keeps its first this many and is
+/// counted as cut with the texts ([`Interner::take_truncated`]). The kept arrays (finish
+/// reasons) hold one string per choice; a body of millions of empty strings must not cost the
+/// collector 16 bytes of memory for each 4 bytes on the wire.
+pub const MAX_ARRAY_ITEMS: usize = 64;
+
 /// Strings longer than this are not interned (they are rarely repeated).
 pub const MAX_INTERNED_LEN: usize = 96;
 

@@ -240,7 +240,8 @@ pub struct InternalEvents {
     /// `infertrace_traces_closed_early_total{reason}`: traces closed before their grace period
     /// ended to make room for new ones.
     pub traces_closed_early: Family<CloseEarlyLabels, Counter>,
-    /// `infertrace_texts_truncated_total`: strings cut to the longest text kept.
+    /// `infertrace_texts_truncated_total`: strings cut to the longest text kept, and string
+    /// arrays cut to the most strings kept.
     pub texts_truncated: Counter,
     /// `infertrace_series_reclaimed_total`: idle series reclaimed under the series cap.
     pub series_reclaimed: Counter,
@@ -401,7 +402,7 @@ impl InternalEvents {
         );
         r.register(
             prom::TEXTS_TRUNCATED,
-            "Span names, service names and attribute values cut to the longest text kept",
+            "Span names, service names and attribute values cut to the longest text kept, and string arrays to the most strings kept",
             self.texts_truncated.clone(),
         );
         r.register(

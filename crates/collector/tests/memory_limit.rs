@@ -8,7 +8,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::Full;
 use infertrace_collector::server;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use prost::Message;
 use support::*;
 
 const MIB: usize = 1024 * 1024;
@@ -74,6 +79,77 @@ fn slow_post(addr: SocketAddr, declared: usize, send: usize, chunk: &'static [u8
         .unwrap_or(0)
 }
 
+/// POSTs a protobuf body shared with other requests (no copy per request); the status.
+async fn post_bytes(addr: SocketAddr, body: Bytes) -> u16 {
+    let req = http::Request::post(format!("http://{addr}/v1/traces"))
+        .header("content-type", "application/x-protobuf")
+        .body(Full::new(body))
+        .unwrap();
+    client()
+        .request(req)
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+/// A protobuf `ExportTraceServiceRequest` of one span whose `gen_ai.response.finish_reasons`
+/// holds `n` empty strings, encoded by hand in one buffer (building it with prost would take
+/// this process, whose peak RSS the test reads, far more memory than the body).
+fn span_with_string_array(n: usize) -> Vec<u8> {
+    fn varint(mut v: usize, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    fn varint_len(v: usize) -> usize {
+        let mut probe = Vec::new();
+        varint(v, &mut probe);
+        probe.len()
+    }
+    // A length-delimited field's size around a payload of `len` bytes.
+    let field = |len: usize| 1 + varint_len(len) + len;
+    let key = b"gen_ai.response.finish_reasons";
+    let array = 4 * n; // values(1) = AnyValue { string_value(1) = "" }: 0a 02 0a 00
+    let any_value = field(array);
+    let key_value = field(key.len()) + field(any_value);
+    let fixed = 1 + 8;
+    let span = field(16) + field(8) + field(4) + 2 * fixed + field(key_value);
+    let scope_spans = field(span);
+    let resource_spans = field(scope_spans);
+    let mut out = Vec::with_capacity(field(resource_spans));
+    fn open(out: &mut Vec<u8>, tag: u8, len: usize) {
+        out.push(tag);
+        varint(len, out);
+    }
+    open(&mut out, 0x0a, resource_spans); // request.resource_spans (1)
+    open(&mut out, 0x12, scope_spans); // resource_spans.scope_spans (2)
+    open(&mut out, 0x12, span); // scope_spans.spans (2)
+    open(&mut out, 0x0a, 16); // span.trace_id (1)
+    out.extend_from_slice(&[0xa7; 16]);
+    open(&mut out, 0x12, 8); // span.span_id (2)
+    out.extend_from_slice(&[0xb3; 8]);
+    open(&mut out, 0x2a, 4); // span.name (5)
+    out.extend_from_slice(b"chat");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    out.push(0x39); // span.start_time_unix_nano (7, fixed64)
+    out.extend_from_slice(&(now - 1_000_000_000).to_le_bytes());
+    out.push(0x41); // span.end_time_unix_nano (8, fixed64)
+    out.extend_from_slice(&now.to_le_bytes());
+    open(&mut out, 0x4a, key_value); // span.attributes (9)
+    open(&mut out, 0x0a, key.len()); // key_value.key (1)
+    out.extend_from_slice(key);
+    open(&mut out, 0x12, any_value); // key_value.value (2)
+    open(&mut out, 0x2a, array); // any_value.array_value (5)
+    for _ in 0..n {
+        out.extend_from_slice(&[0x0a, 0x02, 0x0a, 0x00]);
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_bodies_stay_under_the_memory_limit() {
     let mut config = test_config();
@@ -134,13 +210,42 @@ async fn hostile_bodies_stay_under_the_memory_limit() {
     );
     let after_slow = peak_rss();
 
-    let grew = after_slow.saturating_sub(baseline);
+    // 3. Eight concurrent protobuf bodies of 12 MiB, each one span whose finish reasons hold
+    //    3M empty strings (4 bytes each on the wire): decoding keeps the first 64, so what a
+    //    body costs stays within what was reserved for it (3 bytes per wire byte), where a
+    //    16-byte slice per element had cost more than the reservation.
+    let small = ExportTraceServiceRequest::decode(&span_with_string_array(3)[..]).unwrap();
+    let span = &small.resource_spans[0].scope_spans[0].spans[0];
+    assert!(
+        matches!(&span.attributes[0].value.as_ref().unwrap().value,
+            Some(any_value::Value::ArrayValue(a)) if a.values.len() == 3),
+        "the hand-made encoding is what it says: {span:?}"
+    );
+    let body = Bytes::from(span_with_string_array(3_000_000));
+    let posts: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(post_bytes(http, body.clone())))
+        .collect();
+    let mut arrays = Vec::new();
+    for p in posts {
+        arrays.push(p.await.unwrap());
+    }
+    drop(body);
+    eprintln!("string-array bodies: {arrays:?}");
+    assert!(
+        arrays.iter().all(|&s| s == 200 || s == 429),
+        "accepted or refused for now: {arrays:?}"
+    );
+    assert!(arrays.contains(&200), "some fit: {arrays:?}");
+    let after_arrays = peak_rss();
+
+    let grew = after_arrays.saturating_sub(baseline);
     eprintln!(
-        "peak RSS: baseline {} MiB, after the JSON body {} MiB, after the slow bodies {} MiB \
-         (grew {} MiB; limit {} MiB + {} MiB overhead)",
+        "peak RSS: baseline {} MiB, after the JSON body {} MiB, after the slow bodies {} MiB, \
+         after the string arrays {} MiB (grew {} MiB; limit {} MiB + {} MiB overhead)",
         baseline / MIB,
         after_json / MIB,
         after_slow / MIB,
+        after_arrays / MIB,
         grew / MIB,
         LIMIT / MIB,
         FIXED_OVERHEAD / MIB

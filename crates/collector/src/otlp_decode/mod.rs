@@ -40,8 +40,10 @@
 //!   table and static budget with the other strings: past them, texts are simply not shared.
 //! - Attribute values: strings, integers, doubles and booleans are kept as such; an array is kept
 //!   when every element is a string (an empty array included); any other value (key-value lists,
-//!   bytes, mixed arrays, a missing value) drops the attribute. Attributes keep their order,
-//!   duplicates included.
+//!   bytes, mixed arrays, a missing value) drops the attribute. An array keeps its first
+//!   [`MAX_ARRAY_ITEMS`](infertrace_analysis::text::MAX_ARRAY_ITEMS) (64) strings, the rest
+//!   are not read (counted as a cut text, [`take_truncated_texts`]). Attributes keep their
+//!   order, duplicates included.
 //! - A body that is not valid protobuf (or JSON) is a [`DecodeError`]: the whole request is
 //!   refused. Exceptions, so that one span does not cost the others: a string the collector
 //!   reads (a span or service name, a kept attribute value) that is not UTF-8 rejects its span

@@ -11,7 +11,7 @@
 //! Where prost would reject the input this decoder may accept it (it does not look inside what it
 //! skips), never the other way round.
 
-use infertrace_analysis::text::Text;
+use infertrace_analysis::text::{MAX_ARRAY_ITEMS, Text};
 use infertrace_analysis::trace::{AttrValue, KNOWN_KEYS, Span, SpanKind, StatusCode};
 use infertrace_analysis::trace::{SpanLink, UNKNOWN_SERVICE, known_key_index};
 use infertrace_semconv::resource::SERVICE_NAME;
@@ -379,7 +379,11 @@ fn key_value(
         AnyValueState::Int(i) => out.push((key, AttrValue::Int(i))),
         AnyValueState::Double(d) => out.push((key, AttrValue::Double(d))),
         AnyValueState::Array(Some(items)) => {
+            if items.count > items.kept.len() {
+                interner.restore_truncated(1);
+            }
             let items = items
+                .kept
                 .into_iter()
                 .map(|s| {
                     interner
@@ -416,9 +420,16 @@ enum AnyValueState<'a> {
     Int(i64),
     Double(f64),
     /// `Some(strings)` while every element is a string.
-    Array(Option<Vec<&'a [u8]>>),
+    Array(Option<StrItems<'a>>),
     /// A variant infertrace does not keep (key-value list, bytes, string index).
     Other,
+}
+
+/// The strings of an array value: the first [`MAX_ARRAY_ITEMS`], and how many there were.
+#[derive(Default)]
+struct StrItems<'a> {
+    kept: Vec<&'a [u8]>,
+    count: usize,
 }
 
 /// Folds every `value` field (2) of a `KeyValue` into one [`AnyValueState`].
@@ -446,7 +457,7 @@ fn merge_any_value<'a>(buf: &'a [u8], state: &mut AnyValueState<'a>) -> Result<(
             5 => {
                 let array = r.len_field(wire)?;
                 if !matches!(state, AnyValueState::Array(_)) {
-                    *state = AnyValueState::Array(Some(Vec::new()));
+                    *state = AnyValueState::Array(Some(StrItems::default()));
                 }
                 if let AnyValueState::Array(items) = state {
                     merge_string_array(array, items)?;
@@ -465,7 +476,7 @@ fn merge_any_value<'a>(buf: &'a [u8], state: &mut AnyValueState<'a>) -> Result<(
 /// Appends the elements of an `ArrayValue` while they are all strings.
 fn merge_string_array<'a>(
     buf: &'a [u8],
-    items: &mut Option<Vec<&'a [u8]>>,
+    items: &mut Option<StrItems<'a>>,
 ) -> Result<(), DecodeError> {
     let mut r = Reader::new(buf);
     while let Some((field, wire)) = r.key()? {
@@ -489,7 +500,12 @@ fn merge_string_array<'a>(
             }
         }
         match string {
-            Some(s) => list.push(s),
+            Some(s) => {
+                list.count += 1;
+                if list.kept.len() < MAX_ARRAY_ITEMS {
+                    list.kept.push(s);
+                }
+            }
             None => *items = None,
         }
     }
@@ -1261,6 +1277,56 @@ mod tests {
         assert_eq!(&*d.spans[0].service, "late");
         let via_prost = from_proto(&ExportTraceServiceRequest::decode(&bytes[..]).unwrap());
         assert_eq!(d.spans, via_prost.spans);
+    }
+
+    #[test]
+    fn a_long_string_array_keeps_its_first_strings_and_is_counted_as_cut() {
+        let strings = |n: usize| {
+            let values = (0..n)
+                .map(|i| AnyValue {
+                    value: Some(any_value::Value::StringValue(format!("r{i}"))),
+                })
+                .collect();
+            any_value::Value::ArrayValue(ArrayValue { values })
+        };
+        let key = infertrace_semconv::gen_ai::RESPONSE_FINISH_REASONS;
+        let _ = crate::otlp_decode::take_truncated_texts();
+        for n in [0, 1, MAX_ARRAY_ITEMS, MAX_ARRAY_ITEMS + 1, 10_000] {
+            let mut s = span(1);
+            s.attributes = vec![kv(key, strings(n))];
+            let bytes = request(vec![s], Some("svc")).encode_to_vec();
+            let d = decode_protobuf(&bytes).unwrap();
+            let Some(AttrValue::StrArray(items)) = d.spans[0].attr(key) else {
+                panic!("{n} strings: not kept as an array");
+            };
+            let kept: Vec<String> = (0..n.min(MAX_ARRAY_ITEMS))
+                .map(|i| format!("r{i}"))
+                .collect();
+            assert_eq!(
+                items.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+                kept
+            );
+            let cut = crate::otlp_decode::take_truncated_texts();
+            assert_eq!(cut, u64::from(n > MAX_ARRAY_ITEMS), "{n} strings");
+            let via_prost = from_proto(&ExportTraceServiceRequest::decode(&bytes[..]).unwrap());
+            assert_eq!(d.spans, via_prost.spans, "{n} strings");
+            assert_eq!(
+                crate::otlp_decode::take_truncated_texts(),
+                cut,
+                "{n} strings"
+            );
+        }
+        // A non-string element past the kept ones still drops the attribute, as before.
+        let mut mixed = strings(MAX_ARRAY_ITEMS + 5);
+        if let any_value::Value::ArrayValue(a) = &mut mixed {
+            a.values.push(AnyValue {
+                value: Some(any_value::Value::IntValue(1)),
+            });
+        }
+        let mut s = span(1);
+        s.attributes = vec![kv(key, mixed)];
+        let bytes = request(vec![s], Some("svc")).encode_to_vec();
+        assert_eq!(decode_protobuf(&bytes).unwrap().spans[0].attr(key), None);
     }
 
     #[test]

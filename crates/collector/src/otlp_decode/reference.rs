@@ -7,7 +7,7 @@
 //! [module rules](super). Only the output types, the interner that holds texts and the list of
 //! keys the analysis reads are common.
 
-use infertrace_analysis::text::{Interner, MAX_TEXT_LEN, Text};
+use infertrace_analysis::text::{Interner, MAX_ARRAY_ITEMS, MAX_TEXT_LEN, Text};
 use infertrace_analysis::trace::{
     AttrValue, KNOWN_KEYS, Span, SpanId, SpanKind, SpanLink, StatusCode, TraceId, UNKNOWN_SERVICE,
 };
@@ -298,14 +298,20 @@ fn attribute(kv: &KeyValue, interner: &mut Interner) -> Option<(&'static str, At
         Value::IntValue(i) => AttrValue::Int(*i),
         Value::DoubleValue(d) => AttrValue::Double(*d),
         Value::ArrayValue(array) => {
-            let mut items = Vec::with_capacity(array.values.len());
+            let mut items = Vec::with_capacity(array.values.len().min(MAX_ARRAY_ITEMS));
             for v in &array.values {
                 match v.value.as_ref()? {
-                    Value::StringValue(s) => items.push(text(s, interner)),
+                    Value::StringValue(s) if items.len() < MAX_ARRAY_ITEMS => {
+                        items.push(text(s, interner));
+                    }
+                    Value::StringValue(_) => {}
                     _ => return None,
                 }
             }
-            AttrValue::StrArray(items.into_iter().collect())
+            if array.values.len() > items.len() {
+                interner.restore_truncated(1);
+            }
+            AttrValue::StrArray(items)
         }
         Value::KvlistValue(_) | Value::BytesValue(_) | Value::StringValueStrindex(_) => {
             return None;
