@@ -294,7 +294,64 @@ pub fn tpot_from(decode: f64, output_tokens: u64) -> Option<f64> {
         .then(|| decode / (output_tokens - 1) as f64)
 }
 
+/// Longest time a request's record may report, end to end or for any phase: one day. No
+/// inference request runs that long; a span that says so has a broken clock or a corrupt
+/// timestamp (an end of 2⁶⁴ − 1 ns reads as 584 years), and one such record would add its
+/// years to `request_duration_seconds_sum` for good.
+pub const MAX_REQUEST_SECONDS: f64 = 86_400.0;
+
+/// Most tokens (or streamed chunks) a request's record may report in one count: a billion, a
+/// hundred times the longest context window. More is a corrupt attribute, which would make the
+/// token counters and throughput meaningless for good.
+pub const MAX_REQUEST_TOKENS: u64 = 1_000_000_000;
+
 impl RequestRecord {
+    /// Why this record cannot be true and must stay out of the aggregates: `"duration"` when
+    /// its end-to-end time or a phase passes [`MAX_REQUEST_SECONDS`], `"tokens"` when a token
+    /// or chunk count passes [`MAX_REQUEST_TOKENS`]; `None` for every plausible record.
+    pub fn implausible(&self) -> Option<&'static str> {
+        let itl = self.itl.as_ref();
+        let disagg = self.disagg.as_deref();
+        let seconds = [
+            Some(self.e2e),
+            self.queue,
+            self.prefill,
+            self.ttft,
+            self.decode,
+            self.inference,
+            self.tpot,
+            self.time_to_first_chunk,
+            itl.map(|i| i.max),
+            itl.map(|i| i.p99),
+            disagg.and_then(|d| d.routing),
+            disagg.and_then(|d| d.bootstrap),
+            disagg.and_then(|d| d.prefill_queue),
+            disagg.and_then(|d| d.prefill),
+            disagg.and_then(|d| d.kv_transfer),
+            disagg.and_then(|d| d.decode_bootstrap),
+            disagg.and_then(|d| d.decode_wait),
+            disagg.and_then(|d| d.first_token),
+            disagg.and_then(|d| d.decode),
+        ];
+        if seconds
+            .into_iter()
+            .flatten()
+            .any(|s| s > MAX_REQUEST_SECONDS)
+        {
+            return Some("duration");
+        }
+        let counts = [
+            self.input_tokens,
+            self.output_tokens,
+            self.cache_read_input_tokens,
+            self.stream_chunks,
+        ];
+        if counts.into_iter().flatten().any(|n| n > MAX_REQUEST_TOKENS) {
+            return Some("tokens");
+        }
+        None
+    }
+
     /// A record with only the identity, times and e2e set; every phase `None`, outcome `Ok`.
     ///
     /// Dialects start from this and fill in what their spans tell; tests use it to build
@@ -429,5 +486,38 @@ mod tests {
         assert_eq!(json["outcome"], "ok");
         assert_eq!(json["dialect"], "generic");
         assert_eq!(json["trace_id"], "01".repeat(16));
+    }
+
+    #[test]
+    fn implausible_durations_and_counts_are_named() {
+        let record = |start: u64, end: u64| {
+            RequestRecord::new(
+                TraceId([1; 16]),
+                SpanId([2; 8]),
+                crate::text::Text::from("svc"),
+                Dialect::Generic,
+                start,
+                end,
+            )
+        };
+        let day = 86_400 * 1_000_000_000u64;
+        assert_eq!(record(1, day + 1).implausible(), None, "a day is allowed");
+        assert_eq!(record(1, day + 2).implausible(), Some("duration"));
+        assert_eq!(record(1, u64::MAX).implausible(), Some("duration"));
+        let mut r = record(1, 2);
+        r.ttft = Some(1e300);
+        assert_eq!(r.implausible(), Some("duration"));
+        let mut r = record(1, 2);
+        r.disagg = Some(Box::new(DisaggPhases {
+            kv_transfer: Some(MAX_REQUEST_SECONDS * 2.0),
+            ..DisaggPhases::default()
+        }));
+        assert_eq!(r.implausible(), Some("duration"));
+        let mut r = record(1, 2);
+        r.input_tokens = Some(MAX_REQUEST_TOKENS);
+        r.output_tokens = Some(128_000);
+        assert_eq!(r.implausible(), None);
+        r.input_tokens = Some(i64::MAX as u64);
+        assert_eq!(r.implausible(), Some("tokens"));
     }
 }

@@ -136,8 +136,15 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
         traces.entry(s.trace_id).or_default().push(s);
     }
     let mut done: Vec<(RequestRecord, Option<CriticalPath>)> = Vec::new();
+    let mut implausible = 0usize;
     for spans in traces.values() {
         for record in extract_requests(spans) {
+            // As the collector does: a duration over a day or a count over a billion cannot
+            // be true, and would stretch the report's window over centuries.
+            if record.implausible().is_some() {
+                implausible += 1;
+                continue;
+            }
             let path = critical_path(spans, record.span_id, opts);
             done.push((record, path));
         }
@@ -178,6 +185,7 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
         "kpis": snapshot,
         "critical_path": cp_summary,
         "findings": findings,
+        "implausible_requests": implausible,
     });
     if per_trace {
         let list: Vec<Value> = done
@@ -248,6 +256,12 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         shift_remote_children: args.shift_remote_children,
     };
     let mut report = analyze_spans(std::mem::take(&mut inputs.spans), &opts, args.per_trace);
+    if let Some(n) = report["implausible_requests"].as_u64().filter(|&n| n > 0) {
+        eprintln!(
+            "infertrace: {n} requests left out: a duration over a day or a token count over a \
+             billion cannot be true (a broken clock or a corrupt exporter)"
+        );
+    }
     let names: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
     report["source"] = Value::String(names.join(", "));
     report["problems"] = json!(inputs.problems);

@@ -147,6 +147,7 @@ struct Logs {
     refused: RateLimitedLog,
     closed_early: RateLimitedLog,
     truncated: RateLimitedLog,
+    implausible: RateLimitedLog,
     reclaimed: RateLimitedLog,
     connections_refused: RateLimitedLog,
     accept_errors: RateLimitedLog,
@@ -226,6 +227,9 @@ pub struct InternalEvents {
     pub late_spans: Counter,
     /// `infertrace_duplicate_spans_total`.
     pub duplicate_spans: Counter,
+    /// `infertrace_implausible_requests_total{reason}`: requests left out of the aggregates
+    /// because a duration or a count cannot be true (`RequestRecord::implausible`).
+    pub implausible_requests: Family<DropLabels, Counter>,
     /// `infertrace_exported_spans_total{exporter,outcome}`.
     pub exported_spans: Family<ExportLabels, Counter>,
     /// `infertrace_series_overflow_total`.
@@ -317,6 +321,11 @@ impl InternalEvents {
         for reason in ["queue_full", "writer_stopped", "write_failed", "memory_cap"] {
             let _ = self.store_dropped.get_or_create(&DropLabels { reason });
         }
+        for reason in ["duration", "tokens"] {
+            let _ = self
+                .implausible_requests
+                .get_or_create(&DropLabels { reason });
+        }
         for reason in ["max_traces_in_flight", "memory"] {
             let _ = self
                 .traces_closed_early
@@ -374,6 +383,11 @@ impl InternalEvents {
             prom::DUPLICATE_SPANS,
             "Spans received again while their trace was assembled (a client's retry); kept once",
             self.duplicate_spans.clone(),
+        );
+        r.register(
+            prom::IMPLAUSIBLE_REQUESTS,
+            "Requests left out of the KPIs, metrics and critical paths because a duration (over a day) or a token count (over a billion) cannot be true, by reason",
+            self.implausible_requests.clone(),
         );
         r.register(
             prom::EXPORTED_SPANS,
@@ -732,6 +746,24 @@ impl InternalEvents {
         }
     }
 
+    /// Counts a request left out of the aggregates for `reason` (see
+    /// `RequestRecord::implausible`), and logs it (warn, rate-limited).
+    pub fn implausible_request(&self, reason: &'static str) {
+        self.implausible_requests
+            .get_or_create(&DropLabels { reason })
+            .inc();
+        if let Some(count) = self.logs.implausible.note(1) {
+            tracing::warn!(
+                requests = count,
+                reason,
+                "requests left out of the KPIs, metrics and critical paths: a duration over a \
+                 day (reason duration) or a token count over a billion (reason tokens) cannot \
+                 be true; look for a broken clock or a corrupt exporter (the traces are still \
+                 forwarded and shown in /api/traces)"
+            );
+        }
+    }
+
     /// Counts `n` idle series reclaimed under the series cap, and logs it (warn, rate-limited).
     pub fn series_reclaimed(&self, n: u64) {
         if n > 0 {
@@ -766,6 +798,10 @@ impl InternalEvents {
             (
                 &l.truncated,
                 "texts cut (see infertrace_texts_truncated_total)",
+            ),
+            (
+                &l.implausible,
+                "implausible requests left out (see infertrace_implausible_requests_total)",
             ),
             (
                 &l.reclaimed,

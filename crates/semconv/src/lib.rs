@@ -508,6 +508,9 @@ pub mod prom {
     pub const LATE_SPANS: &str = "late_spans";
     /// Self-metric: spans received again while their trace was assembled (kept once).
     pub const DUPLICATE_SPANS: &str = "duplicate_spans";
+    /// Self-metric: requests left out of the aggregates because a value cannot be true, by
+    /// reason (`duration`, `tokens`).
+    pub const IMPLAUSIBLE_REQUESTS: &str = "implausible_requests";
     /// Self-metric: spans exported by exporter and outcome.
     pub const EXPORTED_SPANS: &str = "exported_spans";
     /// Self-metric: series refused by the cardinality cap.

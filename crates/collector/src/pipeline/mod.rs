@@ -606,6 +606,10 @@ impl Pipeline {
             not_kept += u64::from(!keep);
             stats.requests += records.len();
             for (record, path) in records.iter().zip(paths) {
+                if let Some(reason) = record.implausible() {
+                    self.events.implausible_request(reason);
+                    continue;
+                }
                 let reclaimed_before = a.kpis.reclaimed_series();
                 let kept = a.kpis.record(record, now_unix_nano);
                 if !kept {

@@ -131,6 +131,49 @@ fn completed_trace_feeds_kpis_metrics_and_the_trace_index() {
     assert_eq!(cp.requests, 1);
 }
 
+/// A request span whose clock is broken (it ends 584 years after 1970) or whose token count is
+/// corrupt stays out of the KPIs, the Prometheus histograms and the critical paths, counted by
+/// reason; the trace itself is still stored, and a good request beside them is recorded.
+#[test]
+fn implausible_requests_stay_out_of_the_aggregates_and_are_counted() {
+    let (p, registry) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let unix = unix_nanos_now();
+    let mut broken_clock = request_trace(1, "m", 20, 80, 900, 11);
+    broken_clock[3].start_unix_nano = 1;
+    broken_clock[3].end_unix_nano = u64::MAX;
+    let mut corrupt_tokens = request_trace(2, "m", 20, 80, 900, 11);
+    corrupt_tokens[3].attributes[2] = (sc::gen_ai::USAGE_INPUT_TOKENS, AttrValue::Int(i64::MAX));
+    let good = request_trace(3, "m", 20, 80, 900, 11);
+    for trace in [broken_clock, corrupt_tokens, good] {
+        p.ingest_at(batch(trace), t0).unwrap();
+    }
+    let stats = p.tick_at(t0 + Duration::from_secs(3), unix);
+    assert_eq!(stats.traces, 3);
+
+    let snap = p.kpis(Duration::from_secs(60));
+    assert_eq!(snap.series.len(), 1);
+    assert_eq!(snap.series[0].requests, 1);
+    assert_eq!(snap.series[0].tokens.input, 100);
+    assert!(close(snap.series[0].e2e.unwrap().max, 1.0));
+    assert_eq!(p.critical_path(Duration::from_secs(60)).requests, 1);
+    let text = encode(&registry);
+    let l = r#"service="llm",model="m",operation="chat",outcome="ok""#;
+    assert!(
+        text.contains(&format!("infertrace_request_duration_seconds_sum{{{l}}} 1.0")),
+        "{text}"
+    );
+    for reason in ["duration", "tokens"] {
+        assert!(
+            text.contains(&format!(
+                "infertrace_implausible_requests_total{{reason=\"{reason}\"}} 1"
+            )),
+            "{text}"
+        );
+    }
+    assert!(p.trace(&TraceId([1; 16])).is_some(), "the trace is still shown");
+}
+
 #[test]
 fn a_batch_sent_again_within_the_grace_period_counts_once() {
     // Analysed on arrival (protobuf body) and as plain spans, the retry within the grace
