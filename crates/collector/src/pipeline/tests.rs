@@ -160,7 +160,9 @@ fn implausible_requests_stay_out_of_the_aggregates_and_are_counted() {
     let text = encode(&registry);
     let l = r#"service="llm",model="m",operation="chat",outcome="ok""#;
     assert!(
-        text.contains(&format!("infertrace_request_duration_seconds_sum{{{l}}} 1.0")),
+        text.contains(&format!(
+            "infertrace_request_duration_seconds_sum{{{l}}} 1.0"
+        )),
         "{text}"
     );
     for reason in ["duration", "tokens"] {
@@ -171,7 +173,10 @@ fn implausible_requests_stay_out_of_the_aggregates_and_are_counted() {
             "{text}"
         );
     }
-    assert!(p.trace(&TraceId([1; 16])).is_some(), "the trace is still shown");
+    assert!(
+        p.trace(&TraceId([1; 16])).is_some(),
+        "the trace is still shown"
+    );
 }
 
 #[test]

@@ -176,18 +176,34 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
 /// the file is opened read-only and immutable, so that SQLite creates no `-wal` or `-shm` file
 /// beside it and takes no lock. What was committed only to a `-wal` goes unseen then: a store
 /// whose creation was never checkpointed looks fresh, which `open` accepts as well.
+///
+/// A checkpoint cut short (a full disk, a crash) can leave the main file readable only with
+/// its `-wal`, which `open` replays. So when the immutable read fails and a `-wal` with content
+/// lies beside the file, the file is read again as an ordinary read-only reader (one that
+/// creates nothing where the `-wal` and `-shm` exist), and that answer counts.
 pub(super) fn check_existing(path: &Path) -> Result<(), StoreError> {
     check_header(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_URI
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(immutable_uri(path), flags).map_err(sql_error(path))?;
-    recognise(&conn, path).map(drop)
+    let read = |params: &str| {
+        let conn =
+            Connection::open_with_flags(file_uri(path, params), flags).map_err(sql_error(path))?;
+        recognise(&conn, path).map(drop)
+    };
+    let immutable = read("mode=ro&immutable=1");
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal_has_content = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    match immutable {
+        Err(StoreError::Sqlite { .. }) if wal_has_content => read("mode=ro"),
+        other => other,
+    }
 }
 
-/// The SQLite URI of `path` opened read-only and immutable, every byte but unreserved ones and
-/// `/` percent-encoded (so that `?`, `#` and `%` in a name stay part of it).
-fn immutable_uri(path: &Path) -> String {
+/// The SQLite URI of `path` with the query `params`, every byte but unreserved ones and `/`
+/// percent-encoded (so that `?`, `#` and `%` in a name stay part of it).
+fn file_uri(path: &Path, params: &str) -> String {
     let mut uri = String::from(if path.is_absolute() {
         "file://"
     } else {
@@ -200,7 +216,8 @@ fn immutable_uri(path: &Path) -> String {
             uri.push_str(&format!("%{b:02X}"));
         }
     }
-    uri.push_str("?mode=ro&immutable=1");
+    uri.push('?');
+    uri.push_str(params);
     uri
 }
 
@@ -317,6 +334,67 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("x.db"));
+    }
+
+    /// A checkpoint that stopped after page 1 (the disk filled as the file grew): the main
+    /// file's header counts pages that are only in the `-wal`, so it cannot be read alone. The
+    /// check reads it with its `-wal`, as `open` does, instead of calling it malformed.
+    #[test]
+    fn a_store_readable_only_with_its_wal_passes_the_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("live.db");
+        let conn = open(&live).unwrap();
+        conn.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+            .unwrap();
+        conn.execute(
+            "INSERT INTO series (id, service, model, operation) VALUES (1, 's', 'm', 'o')",
+            [],
+        )
+        .unwrap();
+        for minute in 0..200i64 {
+            conn.execute(
+                "INSERT INTO rollups (series_id, minute, requests, acc) VALUES (1, ?1, 1, ?2)",
+                params![minute, vec![7u8; 2000]],
+            )
+            .unwrap();
+        }
+        // The crash: copy the files while the writer still holds them, nothing checkpointed.
+        let copy = dir.path().join("copy.db");
+        for suffix in ["", "-wal", "-shm"] {
+            let name = |p: &Path| format!("{}{suffix}", p.display());
+            std::fs::copy(name(&live), name(&copy)).unwrap();
+        }
+        drop(conn);
+        // The cut-short checkpoint: the newest page 1 of the WAL written into the main file.
+        let wal = std::fs::read(format!("{}-wal", copy.display())).unwrap();
+        let page_size = u32::from_be_bytes(wal[8..12].try_into().unwrap()) as usize;
+        let frames = wal[32..].chunks_exact(24 + page_size);
+        let page_one = frames
+            .filter(|f| u32::from_be_bytes(f[..4].try_into().unwrap()) == 1)
+            .next_back()
+            .expect("page 1 in the WAL");
+        let mut main = std::fs::read(&copy).unwrap();
+        main[..page_size].copy_from_slice(&page_one[24..]);
+        std::fs::write(&copy, &main).unwrap();
+
+        let alone = dir.path().join("alone.db");
+        std::fs::write(&alone, &main).unwrap();
+        assert!(
+            check_existing(&alone).is_err(),
+            "without its WAL the main file cannot be read"
+        );
+        check_existing(&copy).unwrap();
+        let files = |d: &Path| std::fs::read_dir(d).unwrap().count();
+        let before = files(dir.path());
+        check_existing(&copy).unwrap();
+        assert_eq!(files(dir.path()), before, "the check created no file");
+        // And `open` reads the same data.
+        let conn = open(&copy).unwrap();
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM rollups", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 200);
     }
 
     #[test]
