@@ -371,8 +371,7 @@ mod tests {
         let page_size = u32::from_be_bytes(wal[8..12].try_into().unwrap()) as usize;
         let frames = wal[32..].chunks_exact(24 + page_size);
         let page_one = frames
-            .filter(|f| u32::from_be_bytes(f[..4].try_into().unwrap()) == 1)
-            .next_back()
+            .rfind(|f| u32::from_be_bytes(f[..4].try_into().unwrap()) == 1)
             .expect("page 1 in the WAL");
         let mut main = std::fs::read(&copy).unwrap();
         main[..page_size].copy_from_slice(&page_one[24..]);
