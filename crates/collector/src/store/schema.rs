@@ -369,7 +369,7 @@ mod tests {
         // The cut-short checkpoint: the newest page 1 of the WAL written into the main file.
         let wal = std::fs::read(format!("{}-wal", copy.display())).unwrap();
         let page_size = u32::from_be_bytes(wal[8..12].try_into().unwrap()) as usize;
-        let frames = wal[32..].chunks_exact(24 + page_size);
+        let mut frames = wal[32..].chunks_exact(24 + page_size);
         let page_one = frames
             .rfind(|f| u32::from_be_bytes(f[..4].try_into().unwrap()) == 1)
             .expect("page 1 in the WAL");
