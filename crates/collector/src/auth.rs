@@ -607,21 +607,37 @@ impl HostAllowlist {
         if self.any {
             return true;
         }
-        let host = host_of(authority);
+        let Some(host) = host_of(authority) else {
+            return false;
+        };
         host.parse::<IpAddr>().is_ok() || self.names.iter().any(|n| n.eq_ignore_ascii_case(host))
     }
 }
 
-/// The host part of `host[:port]`, `[v6]:port` or a bare IPv6 address, without a trailing dot.
-fn host_of(authority: &str) -> &str {
+/// The host part of `host[:port]`, `[v6][:port]` or a bare IPv6 address, without a trailing
+/// dot; `None` when what follows the host is not a port of digits (`localhost:abc`,
+/// `127.0.0.1:9464.evil.example`, `[::1]x`), which no browser sends and no name matches.
+fn host_of(authority: &str) -> Option<&str> {
+    let port_ok = |port: Option<&str>| {
+        port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    };
     let host = if let Some(rest) = authority.strip_prefix('[') {
-        rest.split(']').next().unwrap_or(rest)
+        let (host, after) = rest.split_once(']')?;
+        let port = match after {
+            "" => None,
+            after => Some(after.strip_prefix(':')?),
+        };
+        port_ok(port).then_some(host)?
     } else if authority.parse::<IpAddr>().is_ok() {
         authority
     } else {
-        authority.split(':').next().unwrap_or(authority)
+        let (host, port) = match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        };
+        port_ok(port).then_some(host)?
     };
-    host.strip_suffix('.').unwrap_or(host)
+    Some(host.strip_suffix('.').unwrap_or(host))
 }
 
 /// The scope a path of the API port needs (`None`: open).
@@ -831,6 +847,14 @@ mod tests {
             "localhost.evil.example",
             "127.0.0.1.nip.io",
             "",
+            // What follows the host must be a port of digits.
+            "127.0.0.1:9464.evil.example",
+            "localhost:abc",
+            "localhost:",
+            "localhost:80:80",
+            "[::1]x",
+            "[::1]:",
+            "[::1",
         ] {
             assert!(!hosts.allows(bad), "{bad}");
         }
