@@ -557,6 +557,8 @@ fn dashboard_and_shards_are_well_formed() {
         "store_",
         "memory_reserved",
         "memory_limit",
+        "requests_refused",
+        "traces_closed_early",
     ];
     for q in queries
         .iter()

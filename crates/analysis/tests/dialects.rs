@@ -286,6 +286,96 @@ fn vllm_derives_missing_phases() {
     assert!(close(r.queue, 0.1));
 }
 
+/// With inference told but neither prefill nor queue, decode falls back to e2e − TTFT, as
+/// docs/reference.md says (a reviewer found it left unknown, and TPOT with it).
+#[test]
+fn vllm_decode_falls_back_to_e2e_minus_ttft_without_a_prefill() {
+    let mut sp = vllm_span(1);
+    sp.attributes.retain(|(k, _)| {
+        ![
+            sc::latency::TIME_IN_MODEL_PREFILL,
+            sc::latency::TIME_IN_MODEL_DECODE,
+            sc::latency::TIME_IN_QUEUE,
+        ]
+        .contains(k)
+    });
+    let r = one(&[sp]);
+    assert!(r.prefill.is_none());
+    let (e2e, ttft) = (r.e2e, r.ttft.expect("ttft told"));
+    assert!(close(r.decode, e2e - ttft), "{:?}", r.decode);
+    assert_eq!(r.origins.decode, Some(PhaseOrigin::Derived));
+    assert!(r.tpot.is_some());
+}
+
+/// A request that ended before its first token — a stream of no token, an error, a cancel —
+/// as the layer emits it: a prefill child running to the end, no decode child, no TTFT
+/// attribute. Its prefill end is no first token: no TTFT (a reviewer found TTFT = e2e, which
+/// broke the TTFT SLO of a request that produced nothing).
+#[test]
+fn a_request_without_a_first_token_has_no_ttft() {
+    let ended = |outcome: &str, tokens: Option<i64>, prefill_end_ms: u64| {
+        let mut attributes = vec![
+            s(sc::gen_ai::OPERATION_NAME, "chat"),
+            s(sc::gen_ai::REQUEST_MODEL, "m"),
+            s(sc::infer::OUTCOME, outcome),
+        ];
+        if let Some(n) = tokens {
+            attributes.push(i(sc::gen_ai::USAGE_OUTPUT_TOKENS, n));
+            attributes.push(i(sc::infer::STREAM_CHUNKS, n));
+        }
+        let request = with(
+            span("chat m", SpanKind::Server, 1, None, 0, 2000),
+            attributes,
+        );
+        let queue = with(
+            span("queue", SpanKind::Internal, 2, Some(1), 0, 100),
+            vec![s(sc::infer::PHASE, "queue")],
+        );
+        let prefill = with(
+            span(
+                "prefill",
+                SpanKind::Internal,
+                3,
+                Some(1),
+                100,
+                prefill_end_ms,
+            ),
+            vec![s(sc::infer::PHASE, "prefill")],
+        );
+        one(&[queue, prefill, request])
+    };
+    // No token, or no count and a prefill that ran to the end of a failed request.
+    for (outcome, tokens) in [
+        ("ok", Some(0)),
+        ("error", Some(0)),
+        ("cancelled", Some(0)),
+        ("error", None),
+        ("cancelled", None),
+    ] {
+        let r = ended(outcome, tokens, 2000);
+        assert_eq!(r.ttft, None, "{outcome}, {tokens:?} tokens");
+        assert!(close(r.prefill, 1.9) && close(r.queue, 0.1));
+    }
+    // A count of tokens, a prefill that stopped early, or an ok whole response: a first token.
+    for (outcome, tokens, prefill_end) in [
+        ("ok", Some(5), 2000),
+        ("error", Some(5), 2000),
+        ("error", None, 1500),
+        ("ok", None, 2000),
+    ] {
+        let r = ended(outcome, tokens, prefill_end);
+        let want = prefill_end as f64 / 1e3;
+        assert!(close(r.ttft, want), "{outcome}, {tokens:?}: {:?}", r.ttft);
+    }
+    // With a decode child, an error after the first token keeps it.
+    let mut spans = infertrace_trace();
+    spans[3]
+        .attributes
+        .retain(|(k, _)| *k != sc::infer::OUTCOME);
+    spans[3].attributes.push(s(sc::infer::OUTCOME, "error"));
+    assert!(close(one(&spans).ttft, 0.25));
+}
+
 #[test]
 fn sglang_is_told_from_vllm_by_span_name() {
     let mut sp = vllm_span(1);

@@ -309,6 +309,11 @@ impl CriticalPathWindows {
     ///
     /// A record older than the retention is not added to any window (counted by
     /// [`late_records`](Self::late_records)) but still counts in the cumulative totals.
+    ///
+    /// The request falls in the tail bucket of `e2e_seconds`; its share denominator is the
+    /// longer of that and the path itself, so that a path clocked past the e2e an engine
+    /// reported (vLLM's spans end a little after its `gen_ai.latency.e2e`) cannot make the
+    /// shares add up to more than 100 %.
     pub fn record(&mut self, path: &CriticalPath, e2e_seconds: f64, now_unix_nano: u64) {
         let e2e_seconds = if e2e_seconds.is_finite() && e2e_seconds > 0.0 {
             e2e_seconds
@@ -316,6 +321,13 @@ impl CriticalPathWindows {
             0.0
         };
         let bucket = self.bucket(e2e_seconds);
+        let path_seconds: f64 = path
+            .segments
+            .iter()
+            .map(|seg| seg.duration_nanos() as f64 / 1e9)
+            .filter(|&secs| secs > 0.0)
+            .sum();
+        let denominator = e2e_seconds.max(path_seconds);
         let epoch = now_unix_nano / self.slot_nanos;
         let slot_index = self.slot_index(epoch);
         let in_window = match self.slots[slot_index].epoch {
@@ -329,7 +341,7 @@ impl CriticalPathWindows {
         if in_window {
             let r = self.slots[slot_index].requests.get_mut(bucket);
             r.count += 1;
-            r.e2e_seconds += e2e_seconds;
+            r.e2e_seconds += denominator;
         } else {
             self.late_records += 1;
         }
@@ -552,16 +564,18 @@ impl CriticalPathWindows {
     }
 }
 
-/// The bucket holding the request of rank ⌈q·n⌉ (1-based).
+/// The bucket holding the request of rank ⌊q·(n − 1)⌋ (0-based): the rank rule of the KPI
+/// sketches (`Distribution::quantile_bucket`), so that the tail split here and the e2e
+/// percentile of `/api/kpis` name the same requests.
 fn percentile_bucket(requests: &BTreeMap<i32, BucketRequests>, total: u64, q: f64) -> i32 {
     if total == 0 {
         return i32::MAX;
     }
-    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let rank = (q * (total - 1) as f64) as u64;
     let mut seen = 0;
     for (b, r) in requests {
         seen += r.count;
-        if seen >= rank {
+        if seen > rank {
             return *b;
         }
     }
@@ -604,6 +618,37 @@ mod tests {
         s.entries.iter().find(|e| &*e.span == span).unwrap()
     }
 
+    /// The tail starts where `/api/kpis`'s e2e percentile lies (the sketches' rank rule,
+    /// ⌊q·(n − 1)⌋): of five requests the p90 is the fourth, so the p90 tail holds two (a
+    /// reviewer found one, under a nearest-rank rule, while the KPIs' p90 named the fourth).
+    #[test]
+    fn the_tail_starts_at_the_kpis_percentile() {
+        let mut w = CriticalPathWindows::default();
+        for e2e in [0.5, 0.72, 1.35, 1.6, 2.1] {
+            w.record(&path(&[("llm", "decode", e2e)]), e2e, S);
+        }
+        let s = w.snapshot(Duration::from_secs(60), 2 * S);
+        assert_eq!(s.tail_requests.p90, 2.0);
+        // ⌊0.99·4⌋ = 3 as well: with five requests the p99 is the fourth too.
+        assert_eq!(s.tail_requests.p99, 2.0);
+    }
+
+    /// A path 10 ms longer than the e2e its engine reported: the shares still add up to 1.
+    #[test]
+    fn a_path_longer_than_its_e2e_keeps_the_shares_within_one() {
+        let mut w = CriticalPathWindows::default();
+        for _ in 0..5 {
+            w.record(
+                &path(&[("vllm", "queue", 0.2), ("vllm", "llm_request", 1.01)]),
+                1.2,
+                S,
+            );
+        }
+        let s = w.snapshot(Duration::from_secs(60), 2 * S);
+        let total: f64 = s.entries.iter().map(|e| e.share.all).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{total}");
+    }
+
     #[test]
     fn tails_sum_only_the_slow_requests() {
         let mut w = CriticalPathWindows::default();
@@ -624,9 +669,9 @@ mod tests {
         }
         let s = w.snapshot(Duration::from_secs(60), 2 * S);
         assert_eq!(s.requests, 100);
-        // Rank ⌈0.9·100⌉ = 90 is a fast request: the p90 tail is everyone.
+        // Rank ⌊0.9·99⌋ = 89 (0-based) is a fast request: the p90 tail is everyone.
         assert_eq!(s.tail_requests.p90, 100.0);
-        // Rank 99 is slow: the p99 tail is the two slow requests only.
+        // Rank ⌊0.99·99⌋ = 98 is slow: the p99 tail is the two slow requests only.
         assert_eq!(s.tail_requests.p99, 2.0);
         let q = entry(&s, "queue");
         assert!((q.seconds.all - (98.0 * 0.1 + 16.0)).abs() < 1e-6);

@@ -46,7 +46,7 @@ use super::base_record::seconds_attr;
 use super::detection::detect;
 use super::trace_view::TraceView;
 use crate::record::{
-    Dialect, DisaggPhases, GpuRecord, PerPhase, PhaseOrigin, RequestRecord, tpot_from,
+    Dialect, DisaggPhases, GpuRecord, Outcome, PerPhase, PhaseOrigin, RequestRecord, tpot_from,
 };
 use crate::trace::Span;
 
@@ -115,7 +115,20 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     r.origins.decode = r.decode.map(|_| engine_origin);
     r.inference = phase(inference_span, sc::latency::TIME_IN_MODEL_INFERENCE);
 
-    if let Some(p) = prefill_span {
+    // A request that ended before its first token (an error, a cancel, a stream of no token)
+    // has no decode child, and its prefill runs to its end: that end is no first token. Without
+    // a decode child, a first token was seen when tokens were counted; with no count, when the
+    // prefill stopped before the request's end (a prefill ends at the first token) or the
+    // request ended ok (a whole response at once).
+    let first_token_seen = decode_span.is_some()
+        || match r.output_tokens.max(r.stream_chunks) {
+            Some(n) => n > 0,
+            None => {
+                r.outcome == Outcome::Ok
+                    || prefill_span.is_some_and(|p| p.end_unix_nano < span.end_unix_nano)
+            }
+        };
+    if let Some(p) = prefill_span.filter(|_| first_token_seen) {
         // Within the request span: a child clocked after its end (skew between services)
         // would give a first token after the last.
         let first_token = p
@@ -127,7 +140,7 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     } else if let Some(t) = seconds_attr(span, sc::latency::TIME_TO_FIRST_TOKEN) {
         r.ttft = Some(t);
         r.origins.ttft = Some(engine_origin);
-    } else if let (Some(q), Some(p)) = (r.queue, r.prefill) {
+    } else if let (true, Some(q), Some(p)) = (first_token_seen, r.queue, r.prefill) {
         r.ttft = Some(q + p);
         r.origins.ttft = Some(PhaseOrigin::Derived);
     }

@@ -72,7 +72,8 @@ pub fn refine(span: &Span, r: &mut RequestRecord) {
             let d = non_negative(i - p);
             (d, derived(d))
         }
-        (None, None, _, Some(t)) => {
+        // Without a prefill, inference − prefill is unknown even where inference is told.
+        (None, _, _, Some(t)) => {
             let d = non_negative(r.e2e - t);
             (d, derived(d))
         }
