@@ -518,10 +518,17 @@ fn generic_server_span_outcomes() {
             StatusCode::Unset,
             Outcome::Ok,
         ),
+        // A request the service did not serve is no ok request (HTTP's semantic conventions
+        // leave a server span's status unset for a 4xx; its outcome is still an error).
         (
             vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 404)],
             StatusCode::Unset,
-            Outcome::Ok,
+            Outcome::Error,
+        ),
+        (
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 400)],
+            StatusCode::Unset,
+            Outcome::Error,
         ),
         (
             vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 503)],

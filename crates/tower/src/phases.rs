@@ -56,10 +56,28 @@ impl Phases {
     pub(crate) fn compute(m: &Marks) -> Phases {
         let end = m.end;
         let engine_marked = m.scheduled.is_some() || m.first_token.is_some();
-        if m.source == Some(PhaseSource::Engine) && engine_marked {
-            return Self::from_engine(m, end);
+        if m.source == Some(PhaseSource::Engine) {
+            if engine_marked {
+                return Self::from_engine(m, end);
+            }
+            if m.first_chunk.is_none() {
+                return Self::unscheduled(m, end);
+            }
         }
         Self::derived(m, end)
+    }
+
+    /// An engine request that ended before the engine scheduled it and before any output (a
+    /// client gone while it was queued, a failure before the engine saw it): only the layer's
+    /// own admission queue is known. The rest is left to the request span, not called prefill
+    /// as the derived rule would: an engine's queue is where such requests usually wait.
+    fn unscheduled(m: &Marks, end: Duration) -> Phases {
+        Phases {
+            queue: m
+                .admitted
+                .map(|a| (Duration::ZERO, clamp(a, Duration::ZERO, end))),
+            ..Phases::default()
+        }
     }
 
     fn from_engine(m: &Marks, end: Duration) -> Phases {
@@ -160,6 +178,28 @@ mod tests {
         assert_eq!(p.queue, Some((ms(0), ms(5))));
         assert_eq!(p.prefill, Some((ms(5), ms(30))));
         assert_eq!(p.decode, Some((ms(30), ms(90))));
+    }
+
+    /// A client that gave up while the engine still queued its request: no prefill is made up
+    /// (a reviewer found the whole wait traced as a derived prefill); the admission queue,
+    /// when there is one, is still known.
+    #[test]
+    fn engine_request_ended_before_it_was_scheduled_has_no_prefill() {
+        for admitted in [None, Some(ms(4))] {
+            let p = Phases::compute(&Marks {
+                source: Some(PhaseSource::Engine),
+                admitted,
+                streamed: true,
+                end: ms(30),
+                ..Marks::default()
+            });
+            assert_eq!(p.prefill, None);
+            assert_eq!(p.inference, None);
+            assert_eq!(p.decode, None);
+            assert_eq!(p.time_to_first_token, None);
+            assert_eq!(p.queue, admitted.map(|a| (ms(0), a)));
+            assert_eq!(p.source, None);
+        }
     }
 
     #[test]

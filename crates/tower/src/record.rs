@@ -52,6 +52,9 @@ pub(crate) enum End {
     Completed,
     /// The response future or body was dropped before completion: the client went away.
     Cancelled,
+    /// The response future or body was dropped while a panic unwound through it (a handler
+    /// that panicked): an error, not a client gone away.
+    Panicked,
 }
 
 /// One request in flight.
@@ -284,8 +287,15 @@ impl RequestRecord {
         let marks = self.recorder.marks_at(end, end_tick);
         let strings = self.recorder.strings();
 
-        let error_type: Option<Cow<'static, str>> = if self.rejected {
+        // An inner service's 429 is a rejection like the admission queue's own, and a 499 (the
+        // client closed the request) a cancel; any other 4xx or 5xx is an error: a request the
+        // service did not serve (a 400 for a prompt over the context, a 404) must not count
+        // as an ok request of a tenth of a millisecond.
+        let rejected = self.rejected || self.http_status == Some(429);
+        let error_type: Option<Cow<'static, str>> = if rejected {
             None
+        } else if how == End::Panicked {
+            Some(Cow::Borrowed("panic"))
         } else if let Some(kind) = self.failure {
             Some(Cow::Borrowed(kind))
         } else if let Some(kind) = strings.error {
@@ -294,14 +304,14 @@ impl RequestRecord {
             Some(Cow::Borrowed(grpc::status_name(code)))
         } else {
             self.http_status
-                .filter(|s| *s >= 500)
+                .filter(|s| *s >= 400 && *s != 499)
                 .map(|s| Cow::Owned(s.to_string()))
         };
-        let outcome = if self.rejected {
+        let outcome = if rejected {
             infer::outcome::REJECTED
         } else if error_type.is_some() {
             infer::outcome::ERROR
-        } else if how == End::Cancelled {
+        } else if how == End::Cancelled || self.http_status == Some(499) {
             infer::outcome::CANCELLED
         } else {
             infer::outcome::OK
@@ -456,6 +466,13 @@ impl RequestRecord {
 
 impl Drop for RequestRecord {
     fn drop(&mut self) {
-        self.finish(End::Cancelled);
+        // Dropped while a panic unwinds: the runtime drops a task's future during the unwind
+        // (tokio's harness does), so a handler's panic reaches here as one.
+        let how = if std::thread::panicking() {
+            End::Panicked
+        } else {
+            End::Cancelled
+        };
+        self.finish(how);
     }
 }

@@ -648,6 +648,75 @@ async fn engine_error_and_5xx_set_error_status_with(tel: Telemetry) {
     }
 }
 
+/// Requests the service did not serve are not ok: a 400 (a prompt over the context) and a 404
+/// are errors named by their status, the service's own 429 a rejection, and a handler that
+/// panics an error `panic` — not a client gone away (a reviewer found 4xx counted ok, at a
+/// tenth of a millisecond, and a panic counted as a cancel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_rejections_and_panics_are_not_ok() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|| async { (StatusCode::BAD_REQUEST, "prompt too long") }),
+        )
+        .route(
+            "/v1/completions",
+            post(|| async { StatusCode::TOO_MANY_REQUESTS }),
+        )
+        .route(
+            "/v1/embeddings",
+            post(|rec: RequestRecorder| async move {
+                rec.scheduled();
+                if std::hint::black_box(true) {
+                    panic!("a handler bug");
+                }
+                "unreachable"
+            }),
+        )
+        .layer(tel.layer().default_model("m"));
+    let addr = serve_axum(app).await;
+    assert_eq!(send(addr, "/v1/chat/completions", &[], "{}").await.0, 400);
+    assert_eq!(send(addr, "/v1/completions", &[], "{}").await.0, 429);
+    assert_eq!(send(addr, "/v1/typo/completions", &[], "{}").await.0, 404);
+    // The panic closes the connection without an answer.
+    let panicked = http1_client()
+        .request(
+            http::Request::post(format!("http://{addr}/v1/embeddings"))
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap(),
+        )
+        .await;
+    assert!(panicked.is_err(), "{panicked:?}");
+    let spans = tel.wait_for_requests(4).await;
+    let text = |r: &opentelemetry_sdk::trace::SpanData, key: &str| {
+        attr(r, key).map_or(String::new(), |v| v.to_string())
+    };
+    let mut seen: Vec<(String, String, String)> = requests(&spans)
+        .into_iter()
+        .map(|r| {
+            (
+                text(r, "http.route"),
+                attr_str(r, "infer.outcome"),
+                text(r, "error.type"),
+            )
+        })
+        .collect();
+    seen.sort();
+    let want = |route: &str, outcome: &str, error: &str| {
+        (route.to_owned(), outcome.to_owned(), error.to_owned())
+    };
+    assert_eq!(
+        seen,
+        [
+            want("", "error", "404"),
+            want("/v1/chat/completions", "error", "400"),
+            want("/v1/completions", "rejected", ""),
+            want("/v1/embeddings", "error", "panic"),
+        ]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incoming_traceparent_is_continued_and_malformed_starts_a_new_trace() {
     incoming_traceparent_is_continued_and_malformed_starts_a_new_trace_with(Telemetry::new()).await;

@@ -34,7 +34,9 @@ pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
     match http {
         Some(429) => return Some(Outcome::Rejected),
         Some(499) => return Some(Outcome::Cancelled),
-        Some(c) if c >= 500 => return Some(Outcome::Error),
+        // A 4xx is a request the service did not serve (a prompt over the context, a bad
+        // route): not an ok request of a few microseconds, as a gRPC INVALID_ARGUMENT is not.
+        Some(c) if c >= 400 => return Some(Outcome::Error),
         _ => {}
     }
     if span.status == StatusCode::Error || span.attr(sc::net::ERROR_TYPE).is_some() {
