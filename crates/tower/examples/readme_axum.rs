@@ -1,0 +1,57 @@
+//! The README's axum example, compiled with the tests so that it stays true: a unary and an SSE
+//! handler marking their phases, exported with `otlp::init`. Run it against a collector:
+//!
+//! ```text
+//! OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 cargo run -p infertrace-tower --example readme_axum
+//! curl -X POST localhost:3000/v1/chat/stream
+//! ```
+
+use axum::response::sse::{Event, Sse};
+use axum::{Router, routing::post};
+use futures_util::{Stream, StreamExt, stream};
+use infertrace_tower::otlp::{self, OtlpConfig};
+use infertrace_tower::{InferenceTraceLayer, RequestRecorder};
+
+async fn chat(rec: RequestRecorder) -> &'static str {
+    rec.scheduled();
+    rec.tokens(1);
+    rec.finish("stop"); // your engine calls these as it works
+    "hi"
+}
+
+// A stream: move the recorder into it, one `tokens(1)` per token (the first marks the first
+// token). The request span ends with the stream — `cancelled`, with the tokens so far, if the
+// client goes away.
+async fn chat_stream(
+    rec: RequestRecorder,
+) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
+    rec.scheduled();
+    Sse::new(stream::iter(["Hel", "lo"]).map(move |t| {
+        rec.tokens(1);
+        Ok(Event::default().data(t))
+    }))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf to :4318 by
+    // default, grpc to :4317), OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER are honoured.
+    let providers = otlp::init(OtlpConfig::from_env().service_name("my-llm-server"))?;
+    providers.install_global(); // so that the handlers' own `tracing` spans nest under the request
+    let app: Router = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/chat/stream", post(chat_stream))
+        .layer(
+            InferenceTraceLayer::new()
+                .default_model("llama-3.1-8b")
+                .with_otlp(&providers),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    providers.shutdown()?;
+    Ok(())
+}
