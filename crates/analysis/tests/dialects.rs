@@ -575,6 +575,23 @@ fn generic_server_span_outcomes() {
             StatusCode::Unset,
             Outcome::Error,
         ),
+        // vLLM's finish reason for a request its client abandoned.
+        (
+            vec![attr(
+                sc::gen_ai::RESPONSE_FINISH_REASONS,
+                AttrValue::StrArray(vec!["abort".into()]),
+            )],
+            StatusCode::Unset,
+            Outcome::Cancelled,
+        ),
+        (
+            vec![attr(
+                sc::gen_ai::RESPONSE_FINISH_REASONS,
+                AttrValue::StrArray(vec!["stop".into()]),
+            )],
+            StatusCode::Unset,
+            Outcome::Ok,
+        ),
         (
             vec![
                 s(sc::infer::OUTCOME, "cancelled"),

@@ -6,7 +6,7 @@ use infertrace_semconv as sc;
 
 use super::trace_view::TraceView;
 use crate::record::{Dialect, InterTokenStats, Outcome, RequestRecord};
-use crate::trace::{Span, StatusCode};
+use crate::trace::{AttrValue, Span, StatusCode};
 
 /// A non-negative, finite number of seconds from a numeric attribute.
 pub(super) fn seconds_attr(span: &Span, key: &str) -> Option<f64> {
@@ -38,6 +38,12 @@ pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
         // route): not an ok request of a few microseconds, as a gRPC INVALID_ARGUMENT is not.
         Some(c) if c >= 400 => return Some(Outcome::Error),
         _ => {}
+    }
+    // vLLM ends a request its client abandoned with the finish reason `abort`.
+    if let Some(AttrValue::StrArray(reasons)) = span.attr(sc::gen_ai::RESPONSE_FINISH_REASONS)
+        && reasons.iter().any(|r| &**r == "abort")
+    {
+        return Some(Outcome::Cancelled);
     }
     if span.status == StatusCode::Error || span.attr(sc::net::ERROR_TYPE).is_some() {
         return Some(Outcome::Error);
