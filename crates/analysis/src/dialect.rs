@@ -37,7 +37,8 @@
 //! # Outcome
 //! `infer.outcome` if present; else a non-OK `rpc.grpc.status_code` (1 CANCELLED → cancelled,
 //! 8 RESOURCE_EXHAUSTED → rejected, others → error); else `http.response.status_code` 429 →
-//! rejected, 499 → cancelled, 5xx → error; else span status ERROR or `error.type` → error; else
+//! rejected, 499 → cancelled, any other 4xx or 5xx → error; else `gen_ai.response.finish_reasons`
+//! holding `abort` (vLLM's) → cancelled; else span status ERROR or `error.type` → error; else
 //! ok. When the request span says nothing at all, the nearest same-service ancestor that does
 //! decides (TGI's status lives on the HTTP span around it).
 //!

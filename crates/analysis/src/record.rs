@@ -307,13 +307,17 @@ pub const MAX_REQUEST_TOKENS: u64 = 1_000_000_000;
 
 impl RequestRecord {
     /// Why this record cannot be true and must stay out of the aggregates: `"duration"` when
-    /// its end-to-end time or a phase passes [`MAX_REQUEST_SECONDS`], `"tokens"` when a token
-    /// or chunk count passes [`MAX_REQUEST_TOKENS`]; `None` for every plausible record.
+    /// its end-to-end time, its span's own length (which the critical path walks, where a
+    /// dialect reads e2e from an attribute) or a phase passes [`MAX_REQUEST_SECONDS`],
+    /// `"tokens"` when a token or chunk count passes [`MAX_REQUEST_TOKENS`]; `None` for every
+    /// plausible record.
     pub fn implausible(&self) -> Option<&'static str> {
         let itl = self.itl.as_ref();
         let disagg = self.disagg.as_deref();
+        let span_seconds = self.end_unix_nano.saturating_sub(self.arrival_unix_nano) as f64 / 1e9;
         let seconds = [
             Some(self.e2e),
+            Some(span_seconds),
             self.queue,
             self.prefill,
             self.ttft,
@@ -504,6 +508,11 @@ mod tests {
         assert_eq!(record(1, day + 1).implausible(), None, "a day is allowed");
         assert_eq!(record(1, day + 2).implausible(), Some("duration"));
         assert_eq!(record(1, u64::MAX).implausible(), Some("duration"));
+        // vLLM's e2e comes from an attribute: a sane one does not hide a broken span clock,
+        // whose length the critical path would walk.
+        let mut r = record(1, u64::MAX);
+        r.e2e = 1.2;
+        assert_eq!(r.implausible(), Some("duration"));
         let mut r = record(1, 2);
         r.ttft = Some(1e300);
         assert_eq!(r.implausible(), Some("duration"));

@@ -302,8 +302,9 @@ impl Interner {
         std::mem::take(&mut self.truncated)
     }
 
-    /// Gives back a count taken with [`take_truncated`](Self::take_truncated) (a decode in
-    /// between is counted elsewhere).
+    /// Counts `n` more cut texts: ones a decoder cut itself (a string past [`MAX_TEXT_LEN`], an
+    /// array past [`MAX_ARRAY_ITEMS`]), or a count taken with
+    /// [`take_truncated`](Self::take_truncated) and given back.
     pub fn restore_truncated(&mut self, n: u64) {
         self.truncated += n;
     }

@@ -228,8 +228,8 @@ fn raise_open_files_limit() -> Option<u64> {
 ///
 /// The files are read on a thread of their own, not on the runtime's: a read that hangs (a
 /// stuck network mount, a FIFO in the file's place) must not stall the listeners or SIGTERM,
-/// and the process exits without waiting for it. SIGHUPs that arrive while a reload is still
-/// reading fold into one more reload after it.
+/// and the process exits without waiting for it. A SIGHUP during a reload queues one more
+/// reload after it; further ones fold into that one (logged).
 #[cfg(unix)]
 async fn reload_on_hangup(
     mut hangups: tokio::signal::unix::Signal,
@@ -250,10 +250,16 @@ async fn reload_on_hangup(
         return;
     }
     while hangups.recv().await.is_some() {
-        if let Err(std::sync::mpsc::TrySendError::Full(())) = requests.try_send(()) {
-            tracing::warn!(
-                "SIGHUP: the previous reload is still reading its files; this one follows it"
-            );
+        match requests.try_send(()) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(())) => tracing::warn!(
+                "SIGHUP: a reload is still reading its files and another waits; this SIGHUP is \
+                 folded into that one"
+            ),
+            Err(std::sync::mpsc::TrySendError::Disconnected(())) => {
+                tracing::error!("SIGHUP: the reload thread is gone; SIGHUP reloads nothing");
+                return;
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::record::{End, RequestRecord};
+use crate::record::{End, PanicGuard, RequestRecord};
 
 pin_project! {
     #[project = InnerProj]
@@ -81,7 +81,10 @@ impl<B: Body> Body for TracedBody<B> {
             InnerProj::Body { body } => body,
             InnerProj::Empty => return Poll::Ready(None),
         };
-        let result = ready!(body.as_mut().poll_frame(cx));
+        let result = {
+            let _panic = PanicGuard(this.record.as_deref_mut());
+            ready!(body.as_mut().poll_frame(cx))
+        };
         let Some(record) = this.record.as_mut() else {
             return Poll::Ready(result);
         };

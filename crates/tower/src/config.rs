@@ -19,9 +19,9 @@ pub enum PhaseSource {
     /// The engine marks them through the [`RequestRecorder`](crate::RequestRecorder) in the
     /// request extensions (`scheduled`, `first_token`, `tokens`). A request whose engine made no
     /// mark at all falls back to [`Derived`](Self::Derived), and says so in `infer.phase.source`
-    /// — unless it also ended before any output (a client gone while the engine still queued
-    /// it): then only the layer's admission queue, if any, gets a phase span, since that time
-    /// was most likely the engine's queue, not a prefill.
+    /// — unless it is a stream that ended before any output (a client gone while the engine
+    /// still queued it): then only the layer's admission queue, if any, gets a phase span, since
+    /// that time was most likely the engine's queue, not a prefill.
     #[default]
     Engine,
     /// No engine changes: queue = arrival → admitted by the layer's admission queue; for streamed

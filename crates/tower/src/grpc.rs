@@ -4,8 +4,9 @@
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 
 /// `grpc-status` code of RESOURCE_EXHAUSTED.
-#[cfg(test)]
 pub(crate) const RESOURCE_EXHAUSTED: i32 = 8;
+/// `grpc-status` code of CANCELLED.
+pub(crate) const CANCELLED: i32 = 1;
 
 /// Whether a `content-type` value is `application/grpc…`.
 pub(crate) fn is_grpc_content_type(value: &HeaderValue) -> bool {

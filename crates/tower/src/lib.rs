@@ -151,10 +151,12 @@
 //!   streaming body does later runs outside it: instrument such a stream with a span created in
 //!   the handler (`stream.instrument(tracing::Span::current())`) to keep it in the trace.
 //! - Errors: a service error, a body error, HTTP 4xx and 5xx (a 400 for a prompt over the
-//!   context, a 404: requests the service did not serve), a non-OK `grpc-status` (headers or
+//!   context, a 404: requests the service did not serve; HTTP's conventions would leave a
+//!   server span unset on a 4xx, the layer does not), a non-OK `grpc-status` (headers or
 //!   trailers), [`RequestRecorder::error`] or a handler that panics (`error.type = panic`) set
-//!   span status Error and `error.type`. Admission rejections and the service's own 429 are
-//!   `rejected`, not errors (the server is shedding load as told); a 499 is `cancelled`.
+//!   span status Error and `error.type`. Admission rejections and the service's own 429 or
+//!   RESOURCE_EXHAUSTED are `rejected`, not errors (the server is shedding load as told); a
+//!   499 or CANCELLED is `cancelled`.
 //!
 //! All instants come from one monotonic clock ([`std::time::Instant`]) and are converted to wall
 //! time once per request (`wall time at arrival + offset`), so phases never overlap wrongly or go

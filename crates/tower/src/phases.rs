@@ -60,17 +60,19 @@ impl Phases {
             if engine_marked {
                 return Self::from_engine(m, end);
             }
-            if m.first_chunk.is_none() {
+            if m.streamed && m.first_chunk.is_none() {
                 return Self::unscheduled(m, end);
             }
         }
         Self::derived(m, end)
     }
 
-    /// An engine request that ended before the engine scheduled it and before any output (a
+    /// An engine stream that ended before the engine scheduled it and before any output (a
     /// client gone while it was queued, a failure before the engine saw it): only the layer's
     /// own admission queue is known. The rest is left to the request span, not called prefill
-    /// as the derived rule would: an engine's queue is where such requests usually wait.
+    /// as the derived rule would: an engine's queue is where such requests usually wait. (A
+    /// unary response sends nothing before its end by design: it keeps the derived
+    /// `inference` span, which invents no split.)
     fn unscheduled(m: &Marks, end: Duration) -> Phases {
         Phases {
             queue: m
@@ -200,6 +202,17 @@ mod tests {
             assert_eq!(p.queue, admitted.map(|a| (ms(0), a)));
             assert_eq!(p.source, None);
         }
+        // A unary response abandoned the same way keeps its derived inference span.
+        let p = Phases::compute(&Marks {
+            source: Some(PhaseSource::Engine),
+            admitted: Some(ms(4)),
+            streamed: false,
+            end: ms(30),
+            ..Marks::default()
+        });
+        assert_eq!(p.source, Some(PhaseSource::Derived));
+        assert_eq!(p.inference, Some((ms(4), ms(30))));
+        assert_eq!(p.prefill, None);
     }
 
     #[test]

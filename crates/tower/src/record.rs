@@ -52,9 +52,22 @@ pub(crate) enum End {
     Completed,
     /// The response future or body was dropped before completion: the client went away.
     Cancelled,
-    /// The response future or body was dropped while a panic unwound through it (a handler
-    /// that panicked): an error, not a client gone away.
-    Panicked,
+}
+
+/// Marks the request failed with `panic` when dropped while a panic unwinds: held around a
+/// poll of the inner service's future or body, it fires for a panic out of this request's
+/// handler only — whoever catches it later (the runtime, tower-http's `CatchPanicLayer`) and
+/// whenever the request is then dropped, and never for a panic elsewhere in the same task.
+pub(crate) struct PanicGuard<'a>(pub(crate) Option<&'a mut RequestRecord>);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(record) = self.0.as_mut()
+        {
+            record.fail("panic");
+        }
+    }
 }
 
 /// One request in flight.
@@ -287,31 +300,36 @@ impl RequestRecord {
         let marks = self.recorder.marks_at(end, end_tick);
         let strings = self.recorder.strings();
 
-        // An inner service's 429 is a rejection like the admission queue's own, and a 499 (the
-        // client closed the request) a cancel; any other 4xx or 5xx is an error: a request the
-        // service did not serve (a 400 for a prompt over the context, a 404) must not count
-        // as an ok request of a tenth of a millisecond.
-        let rejected = self.rejected || self.http_status == Some(429);
+        // The service's own refusal is a rejection like the admission queue's (HTTP 429, gRPC
+        // RESOURCE_EXHAUSTED), a client's cancel a cancel (499, CANCELLED), as the collector
+        // reads them; any other 4xx or 5xx or non-OK status is an error: a request the service
+        // did not serve (a 400 for a prompt over the context, a 404) must not count as an ok
+        // request of a tenth of a millisecond.
+        let rejected = self.rejected
+            || self.http_status == Some(429)
+            || self.grpc_status == Some(grpc::RESOURCE_EXHAUSTED);
+        let client_cancelled =
+            self.http_status == Some(499) || self.grpc_status == Some(grpc::CANCELLED);
         let error_type: Option<Cow<'static, str>> = if rejected {
             None
-        } else if how == End::Panicked {
-            Some(Cow::Borrowed("panic"))
         } else if let Some(kind) = self.failure {
             Some(Cow::Borrowed(kind))
         } else if let Some(kind) = strings.error {
             Some(Cow::Owned(kind.to_string()))
+        } else if client_cancelled {
+            None
         } else if let Some(code) = self.grpc_status.filter(|c| *c != 0) {
             Some(Cow::Borrowed(grpc::status_name(code)))
         } else {
             self.http_status
-                .filter(|s| *s >= 400 && *s != 499)
+                .filter(|s| *s >= 400)
                 .map(|s| Cow::Owned(s.to_string()))
         };
         let outcome = if rejected {
             infer::outcome::REJECTED
         } else if error_type.is_some() {
             infer::outcome::ERROR
-        } else if how == End::Cancelled || self.http_status == Some(499) {
+        } else if how == End::Cancelled || client_cancelled {
             infer::outcome::CANCELLED
         } else {
             infer::outcome::OK
@@ -466,13 +484,6 @@ impl RequestRecord {
 
 impl Drop for RequestRecord {
     fn drop(&mut self) {
-        // Dropped while a panic unwinds: the runtime drops a task's future during the unwind
-        // (tokio's harness does), so a handler's panic reaches here as one.
-        let how = if std::thread::panicking() {
-            End::Panicked
-        } else {
-            End::Cancelled
-        };
-        self.finish(how);
+        self.finish(End::Cancelled);
     }
 }

@@ -14,7 +14,7 @@ use tower::Service;
 use crate::admission::{Admission, QueueTicket, SlotWait};
 use crate::body::TracedBody;
 use crate::grpc;
-use crate::record::{End, LayerState, RequestRecord};
+use crate::record::{End, LayerState, PanicGuard, RequestRecord};
 use crate::request_facts::RequestHead;
 use crate::tick_clock;
 
@@ -195,7 +195,10 @@ where
                     this.state.set(State::Calling { future });
                 }
                 StateProj::Calling { future } => {
-                    let result = ready!(future.poll(cx));
+                    let result = {
+                        let _panic = PanicGuard(this.record.as_deref_mut());
+                        ready!(future.poll(cx))
+                    };
                     this.state.set(State::Done);
                     let Some(mut record) = this.record.take() else {
                         return Poll::Ready(result.map(|r| r.map(TracedBody::passthrough)));

@@ -715,6 +715,29 @@ async fn client_errors_rejections_and_panics_are_not_ok() {
             want("/v1/embeddings", "error", "panic"),
         ]
     );
+
+    // The same panic caught by tower-http's CatchPanicLayer outside the layer (it answers
+    // 500 and drops the request later, when no panic unwinds any more): still `panic`.
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/embeddings",
+            post(|rec: RequestRecorder| async move {
+                rec.scheduled();
+                if std::hint::black_box(true) {
+                    panic!("a handler bug");
+                }
+                "unreachable"
+            }),
+        )
+        .layer(tel.layer().default_model("m"))
+        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let addr = serve_axum(app).await;
+    assert_eq!(send(addr, "/v1/embeddings", &[], "{}").await.0, 500);
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    assert_eq!(attr_str(req, "infer.outcome"), "error");
+    assert_eq!(attr_str(req, "error.type"), "panic");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,12 +81,20 @@ impl tower::Service<Request<tonic::body::Body>> for Generator {
         let rec = req.extensions().get::<RequestRecorder>().cloned();
         let hold = Arc::clone(&self.hold);
         Box::pin(async move {
-            if method == "Missing" {
+            // Trailers-only answers: NOT_FOUND, RESOURCE_EXHAUSTED (the service's own
+            // refusal), CANCELLED.
+            let trailers_only = match method.as_str() {
+                "Missing" => Some("5"),
+                "Busy" => Some("8"),
+                "Gone" => Some("1"),
+                _ => None,
+            };
+            if let Some(code) = trailers_only {
                 let mut r = Response::new(tonic::body::Body::empty());
                 r.headers_mut()
                     .insert("content-type", HeaderValue::from_static("application/grpc"));
                 r.headers_mut()
-                    .insert("grpc-status", HeaderValue::from_static("5"));
+                    .insert("grpc-status", HeaderValue::from_static(code));
                 return Ok(r);
             }
             if method == "Hold" {
@@ -291,6 +299,26 @@ async fn non_ok_status_in_trailers_or_headers_is_an_error() {
         };
         assert_eq!(attr_i64(req, "rpc.grpc.status_code"), code);
         assert_eq!(attr_str(req, "error.type"), name);
+    }
+}
+
+/// The service's own RESOURCE_EXHAUSTED is a rejection and CANCELLED a cancel, as HTTP's 429
+/// and 499 are, and as the collector reads them: not errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_services_own_refusal_and_cancel_are_not_errors() {
+    let tel = Telemetry::new();
+    let addr = serve(tel.layer(), Arc::default()).await;
+    assert_eq!(call(addr, "Busy").await.1["grpc-status"], "8");
+    assert_eq!(call(addr, "Gone").await.1["grpc-status"], "1");
+    let spans = tel.wait_for_requests(2).await;
+    for req in requests(&spans) {
+        let want = match attr_str(req, "rpc.method").as_str() {
+            "Busy" => "rejected",
+            _ => "cancelled",
+        };
+        assert_eq!(attr_str(req, "infer.outcome"), want);
+        assert_eq!(req.status, Status::Unset, "{}", req.name);
+        assert!(attr(req, "error.type").is_none());
     }
 }
 

@@ -91,7 +91,8 @@ pub struct CriticalPathSummary {
     pub requests: u64,
     /// Requests counted in the p90 and p99 tails (`all` = `requests`).
     pub tail_requests: TailTriple,
-    /// Summed e2e seconds of all requests and of the tails.
+    /// Summed e2e seconds of all requests and of the tails (a request whose path is longer
+    /// than its e2e counts its path's length: the shares' denominator).
     pub e2e_seconds: TailTriple,
     /// One entry per (service, span), largest `seconds.all` first.
     pub entries: Vec<CriticalPathEntry>,

@@ -8,7 +8,9 @@
 //!   `time_in_queue` / `time_in_model_prefill` / `time_in_model_decode` /
 //!   `time_in_model_inference` (measured).
 //! - TTFT: the prefill child's end − the request's start (measured), else
-//!   `time_to_first_token` (measured), else queue + prefill (derived).
+//!   `time_to_first_token` (measured), else queue + prefill (derived); none for a request that
+//!   ended before its first token (no decode child, and no token counted — or, with no count,
+//!   a prefill running to the end of a request that did not end ok).
 //! - TPOT: `infer.time_per_output_token` (measured), else decode / (output tokens − 1)
 //!   (derived).
 //! - When the middleware says `infer.phase.source = derived` (no engine marks: prefill and

@@ -608,6 +608,7 @@ impl Pipeline {
             for (record, path) in records.iter().zip(paths) {
                 if let Some(reason) = record.implausible() {
                     self.events.implausible_request(reason);
+                    stats.requests -= 1;
                     continue;
                 }
                 let reclaimed_before = a.kpis.reclaimed_series();

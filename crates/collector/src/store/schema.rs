@@ -179,8 +179,8 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
 ///
 /// A checkpoint cut short (a full disk, a crash) can leave the main file readable only with
 /// its `-wal`, which `open` replays. So when the immutable read fails and a `-wal` with content
-/// lies beside the file, the file is read again as an ordinary read-only reader (one that
-/// creates nothing where the `-wal` and `-shm` exist), and that answer counts.
+/// and its `-shm` lie beside the file, the file is read again as an ordinary read-only reader
+/// (one that creates nothing where both exist), and that answer counts.
 pub(super) fn check_existing(path: &Path) -> Result<(), StoreError> {
     check_header(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -192,11 +192,15 @@ pub(super) fn check_existing(path: &Path) -> Result<(), StoreError> {
         recognise(&conn, path).map(drop)
     };
     let immutable = read("mode=ro&immutable=1");
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    let wal_has_content = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    let beside = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        std::fs::metadata(name)
+    };
+    // Without its `-shm`, a reader would create one: the check then keeps its first answer.
+    let wal_readable = beside("-wal").is_ok_and(|m| m.len() > 0) && beside("-shm").is_ok();
     match immutable {
-        Err(StoreError::Sqlite { .. }) if wal_has_content => read("mode=ro"),
+        Err(StoreError::Sqlite { .. }) if wal_readable => read("mode=ro"),
         other => other,
     }
 }
@@ -388,6 +392,18 @@ mod tests {
         let before = files(dir.path());
         check_existing(&copy).unwrap();
         assert_eq!(files(dir.path()), before, "the check created no file");
+        // Without its -shm the WAL is not read (a reader would create one): the first answer.
+        let bare = dir.path().join("bare");
+        std::fs::create_dir(&bare).unwrap();
+        let bare_db = bare.join("copy.db");
+        std::fs::copy(&copy, &bare_db).unwrap();
+        std::fs::copy(
+            format!("{}-wal", copy.display()),
+            format!("{}-wal", bare_db.display()),
+        )
+        .unwrap();
+        assert!(check_existing(&bare_db).is_err());
+        assert_eq!(files(&bare), 2, "no -shm created");
         // And `open` reads the same data.
         let conn = open(&copy).unwrap();
         let rows: i64 = conn
