@@ -65,9 +65,12 @@ async fn dashboard_shows_the_disaggregated_breakdown() {
             WAIT,
         )
         .await;
+    // Hidden as drawn, not only as marked: a stylesheet's `display: grid` once showed the
+    // marked section, empty.
     let hidden = browser
         .eval(
-            "return document.getElementById('pd-section').hidden;",
+            "const s = document.getElementById('pd-section'); \
+             return s.hidden && getComputedStyle(s).display === 'none';",
             vec![],
         )
         .await;

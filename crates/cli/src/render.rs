@@ -27,9 +27,16 @@ pub fn secs(v: Option<f64>) -> String {
     }
 }
 
+/// A ratio as a percentage, one decimal under 10 % as the findings write it (`6.5%`, `42%`).
 fn pct(v: Option<f64>) -> String {
-    v.filter(|x| x.is_finite())
-        .map_or("-".into(), |x| format!("{:.0}%", x * 100.0))
+    v.filter(|x| x.is_finite()).map_or("-".into(), |x| {
+        let p = x * 100.0;
+        if p.abs() >= 10.0 || p == 0.0 {
+            format!("{p:.0}%")
+        } else {
+            format!("{p:.1}%")
+        }
+    })
 }
 
 fn num(v: Option<f64>, decimals: usize) -> String {
@@ -300,16 +307,15 @@ fn render_critical_path(cp: Option<&Value>, out: &mut String) {
         "share >p99",
         "seconds all",
     ]);
+    // The largest share of all requests first, as the dashboard orders them.
     let mut sorted: Vec<&Value> = entries.iter().collect();
     sorted.sort_by(|a, b| {
-        let k = |v: &Value| {
-            f(v, &["share", "p99"])
-                .or(f(v, &["share", "all"]))
-                .unwrap_or(0.0)
-        };
+        let k = |v: &Value| f(v, &["share", "all"]).unwrap_or(0.0);
         k(b).total_cmp(&k(a))
     });
-    for e in sorted.into_iter().take(12) {
+    let shown = sorted.len().min(CRITICAL_PATH_ROWS);
+    let more = sorted.len() - shown;
+    for e in sorted.into_iter().take(shown) {
         t.row(vec![
             text(e, "service").into(),
             text(e, "span").into(),
@@ -321,7 +327,16 @@ fn render_critical_path(cp: Option<&Value>, out: &mut String) {
         ]);
     }
     t.render(out);
+    if more > 0 {
+        let _ = writeln!(
+            out,
+            "({more} more spans with smaller shares: --format json lists them all)"
+        );
+    }
 }
+
+/// Rows of the critical-path table in the text report.
+const CRITICAL_PATH_ROWS: usize = 12;
 
 fn findings_list(v: Option<&Value>) -> Vec<&Value> {
     match v {
@@ -489,6 +504,36 @@ pub fn history_table(report: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentages_read_as_the_findings_write_them() {
+        assert_eq!(pct(Some(0.065)), "6.5%");
+        assert_eq!(pct(Some(0.42)), "42%");
+        assert_eq!(pct(Some(0.0)), "0%");
+        assert_eq!(pct(None), "-");
+    }
+
+    /// The largest share of all requests first, and what is left out said.
+    #[test]
+    fn the_critical_path_table_orders_by_all_requests_and_says_what_it_cut() {
+        let entries: Vec<_> = (0..15)
+            .map(|i| {
+                let all = f64::from(i) / 100.0;
+                serde_json::json!({"service": "svc", "span": format!("s{i}"),
+                    "seconds": {"all": all}, "share": {"all": all, "p90": 0.0, "p99": 1.0 - all}})
+            })
+            .collect();
+        let cp = serde_json::json!({"requests": 10, "entries": entries});
+        let mut out = String::new();
+        render_critical_path(Some(&cp), &mut out);
+        let first = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("svc"))
+            .unwrap_or_default();
+        assert!(first.contains("s14"), "{out}");
+        assert!(!out.contains("s2 ") && out.contains("s3 "), "{out}");
+        assert!(out.contains("(3 more spans"), "{out}");
+    }
 
     #[test]
     fn seconds_are_readable() {

@@ -94,6 +94,25 @@ pub(super) fn pct(v: f64) -> String {
     }
 }
 
+/// `v` and its `target` as percentages that read apart: with more decimals where [`pct`]
+/// would print both alike (a goodput of 89.7 % under a 90 % target is not "90% (target 90%)").
+pub(super) fn pcts_apart(v: f64, target: f64) -> (String, String) {
+    let (a, b) = (pct(v), pct(target));
+    if a != b || v == target {
+        return (a, b);
+    }
+    for decimals in 1..=3 {
+        let (a, b) = (
+            format!("{:.decimals$}%", v * 100.0),
+            format!("{:.decimals$}%", target * 100.0),
+        );
+        if a != b {
+            return (a, b);
+        }
+    }
+    (a, b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +124,13 @@ mod tests {
         assert_eq!(pct(0.423), "42%");
         assert_eq!(pct(0.005), "0.5%");
         assert_eq!(pct(0.0), "0%");
+    }
+
+    #[test]
+    fn a_value_and_its_target_read_apart() {
+        // A reviewer's goodput: "Only 90% of requests met their SLOs (target 90%)".
+        assert_eq!(pcts_apart(0.897, 0.9), ("89.7%".into(), "90.0%".into()));
+        assert_eq!(pcts_apart(0.42, 0.9), ("42%".into(), "90%".into()));
+        assert_eq!(pcts_apart(0.9, 0.9), ("90%".into(), "90%".into()));
     }
 }

@@ -7,7 +7,7 @@ use infertrace_semconv as sc;
 
 use super::config::DiagnosisConfig;
 use super::diagnoser::Diagnoser;
-use super::finding::{Finding, Severity, ev, pct, secs};
+use super::finding::{Finding, Severity, ev, pct, pcts_apart, secs};
 use crate::critical_path::CriticalPathSummary;
 use crate::kpi::{KpiSnapshot, SeriesKpis};
 
@@ -527,13 +527,12 @@ impl Diagnoser<'_> {
         if g >= self.c.goodput_min {
             return;
         }
+        let (good, target) = pcts_apart(g, self.c.goodput_min);
         self.push(
             "goodput-below-target",
             Severity::Warning,
             format!(
-                "Only {} of requests met their SLOs (target {}; {:.2} good requests/s)",
-                pct(g),
-                pct(self.c.goodput_min),
+                "Only {good} of requests met their SLOs (target {target}; {:.2} good requests/s)",
                 self.s.goodput.requests_per_second
             ),
             vec![

@@ -217,7 +217,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 
     if args.keep {
         eprintln!(
-            "\ninfertrace demo: still running — metrics http://{0}/metrics · report: infertrace report --url http://{0}  (Ctrl-C stops)",
+            "\ninfertrace demo: still running — dashboard http://{0}/ · metrics http://{0}/metrics · KPIs http://{0}/api/kpis?window=5m · report: infertrace report --url http://{0}  (Ctrl-C stops)",
             collector.api_addr
         );
         shutdown_signal().await;

@@ -225,7 +225,14 @@
   // ---------------------------------------------------------------- uPlot
   function axisValues(unit) {
     if (unit === 's') return (u, splits) => splits.map((v) => fmtSec(v));
-    if (unit === '%') return (u, splits) => splits.map((v) => v.toFixed(0) + '%');
+    if (unit === '%') {
+      // As many decimals as the step between ticks needs (0.5 % steps must not read 1 %, 1 %).
+      return (u, splits) => {
+        const step = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 1;
+        const digits = step > 0 && step < 1 ? Math.min(3, Math.ceil(-Math.log10(step))) : 0;
+        return splits.map((v) => v.toFixed(digits) + '%');
+      };
+    }
     return (u, splits) => splits.map((v) => fmtNum(v));
   }
   function legendValue(unit) {
@@ -461,7 +468,14 @@
       if (state.polls.length > MAX_POLLS) state.polls.splice(0, state.polls.length - MAX_POLLS);
       state.latest = snap;
       state.pollCount++;
-      updateSelectors(snap.series || []);
+      // The pickers list what the selected range holds: once the live window is empty (load
+      // stopped a minute ago) the larger windows still have the models and services.
+      let listed = snap.series || [];
+      const rangeWindow = windowFor(state.range);
+      if (!listed.length && rangeWindow !== liveWindow()) {
+        listed = (await getJson('/api/kpis?window=' + fmtWindow(rangeWindow))).series || [];
+      }
+      updateSelectors(listed);
       await Promise.all([refreshHistory(false), refreshPanels()]);
       state.lastError = '';
     } catch (e) {
@@ -622,7 +636,9 @@
 
   function renderCritical(cp, w) {
     const el = $('#critical');
-    $('#critical-window').textContent = 'last ' + w + ' · ' + (cp.requests || 0) + ' requests · share of e2e on the critical path';
+    // The critical path is aggregated per (service, span), not per model: say whose it is.
+    const whose = state.service ? 'all models; rows of ' + state.service + ' only' : 'all models and services';
+    $('#critical-window').textContent = 'last ' + w + ' · ' + (cp.requests || 0) + ' requests (' + whose + ') · share of their summed e2e on the critical path';
     let entries = (cp.entries || []).slice();
     if (state.service) entries = entries.filter((e) => e.service === state.service);
     entries.sort((a, b) => (b.share.all || 0) - (a.share.all || 0));
