@@ -491,6 +491,66 @@ async fn blackhole_attempts_time_out_and_spans_are_given_up_by_age() {
     }
 }
 
+/// A connection that stops answering while the downstream is healthy (a half-dead path: the
+/// first connection is held open and never read, later ones reach the sink) is left after the
+/// attempt times out: the next attempt connects anew and the spans arrive. A reviewer's gRPC
+/// forwarder timed out on such a connection for 14 minutes, giving every span up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_stops_answering_is_replaced() {
+    let sink = Sink::default();
+    let sink_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sink_addr = sink_listener.local_addr().unwrap();
+    sink.start_on(sink_listener).await;
+    let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let h = held.clone();
+    let relay_task = tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut socket, _)) = relay.accept().await {
+            if std::mem::take(&mut first) {
+                h.lock().unwrap().push(socket);
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(sink_addr).await {
+                    let _ = tokio::io::copy_bidirectional(&mut socket, &mut upstream).await;
+                }
+            });
+        }
+    });
+    let mut config = fault_config(relay_addr, ForwardProtocol::Grpc);
+    config.forward.timeout = Duration::from_millis(500);
+    config.forward.retry.max_elapsed = Duration::from_secs(25);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let events = c.events().clone();
+    let started = Instant::now();
+    let (ok, refused) = send(c.http_addr.unwrap(), 0, 4).await;
+    assert_eq!((ok, refused), (4, 0));
+    let accepted = received(&events, "accepted");
+    eventually(
+        WAIT,
+        "every span exported after the dead connection",
+        || exported(&events, "ok") == accepted,
+    )
+    .await;
+    assert!(
+        events.forward_attempts("timeout") >= 1,
+        "the first connection was the dead one"
+    );
+    assert_eq!(exported(&events, "failed"), 0);
+    assert_eq!(sink.spans().len() as u64, accepted);
+    eprintln!(
+        "dead connection: {accepted} spans delivered {:?} after they were sent, over a new \
+         connection after {} timed-out attempts",
+        started.elapsed(),
+        events.forward_attempts("timeout")
+    );
+    c.stop().await.unwrap();
+    relay_task.abort();
+    drop(held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_closing_connections_is_retried_not_given_up() {
     for protocol in [ForwardProtocol::Grpc, ForwardProtocol::Http] {

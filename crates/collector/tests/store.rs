@@ -189,6 +189,22 @@ fn restart_keeps_history_and_rebuilds_the_hour_window() {
         .restore_kpis(&mut restored, end, Duration::from_secs(3600))
         .unwrap();
     assert_eq!(absorbed, 6);
+    // A retention shorter than the window restores only what it keeps (a reviewer's windows
+    // showed minutes the first flush then deleted): 2 minutes before `end`, its last 2.
+    let short = Store::open(
+        dir.path(),
+        StoreOptions {
+            retention: Duration::from_secs(120),
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let mut kept = KpiWindows::new(KpiConfig::default());
+    let absorbed = short
+        .restore_kpis(&mut kept, end, Duration::from_secs(3600))
+        .unwrap();
+    assert_eq!(absorbed, 4, "the last two minutes × 2 series");
+    drop(short);
     let (a, b) = (
         live.snapshot(Duration::from_secs(3600), end),
         rebuilt.snapshot(Duration::from_secs(3600), end),

@@ -264,7 +264,8 @@ const MAX_UNSENT_RESOLVED: usize = 1_000;
 /// Sends alert transitions to Alertmanager, one POST at a time, so that a slow or unreachable
 /// Alertmanager (10 s per attempt) never delays evaluation; re-sends the firing alerts every
 /// [`RESEND_INTERVAL`]. A resolved alert that could not be delivered is sent again with the
-/// next POST until Alertmanager takes it (unless its alert fires again meanwhile), so that it
+/// next POST until Alertmanager takes it (unless its alert fires again meanwhile; pending
+/// again is not enough, since pending alerts are not sent), so that it
 /// does not stay firing there until its own timeout.
 async fn deliver(
     am: Alertmanager,
@@ -284,9 +285,11 @@ async fn deliver(
             },
             _ = resend.tick() => lock(&alerting).firing_events(),
         };
+        // Only a firing event replaces a missed resolve: an alert merely pending again is not
+        // sent, and Alertmanager would keep the old one firing.
         let firing_again = |r: &AlertEvent| {
             batch.iter().any(|e| {
-                e.state != AlertState::Resolved
+                e.state == AlertState::Firing
                     && (&e.alert, &e.service, &e.model, &e.operation)
                         == (&r.alert, &r.service, &r.model, &r.operation)
             })
@@ -448,6 +451,33 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!((posts("failed"), posts("ok")), (1, 2), "every POST counted");
+        task.abort();
+    }
+
+    /// A missed resolve survives its alert going pending again (pending alerts are not sent:
+    /// a reviewer's Alertmanager kept the alert firing until its own timeout).
+    #[tokio::test]
+    async fn a_missed_resolve_survives_its_alert_going_pending_again() {
+        let (url, mut accepted) = fake_alertmanager(1).await;
+        let am = Alertmanager::new(&url, &TlsClientConfig::default()).unwrap();
+        let alerting = Arc::new(Mutex::new(
+            Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
+        ));
+        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
+        let task = tokio::spawn(deliver(am, rx, alerting, InternalEvents::default()));
+        tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
+        tx.send(vec![event(AlertState::Pending)]).await.unwrap();
+        let mut other = event(AlertState::Firing);
+        other.alert = "ErrorsHigh".into();
+        tx.send(vec![other]).await.unwrap();
+        let body = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            body.contains("HighTtft") && body.contains("endsAt"),
+            "the missed resolve goes with the next post: {body}"
+        );
         task.abort();
     }
 }

@@ -138,7 +138,12 @@ fn no_store() -> Response {
 fn store_error(e: StoreError) -> Response {
     match e {
         StoreError::UnknownKpi { .. } => error(StatusCode::BAD_REQUEST, e.to_string()),
-        _ => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        _ => {
+            // The store failing a read (a damaged file, a full disk) is the operator's to see,
+            // not only the API client's.
+            tracing::error!(error = %e, "history store read failed; the API answered 500");
+            error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        }
     }
 }
 

@@ -555,15 +555,18 @@ impl Sender {
             let result =
                 match tokio::time::timeout_at(limit, self.exporter.export(body.clone())).await {
                     Ok(r) => r,
-                    Err(_) => Err(ExportFailure {
-                        outcome: "timeout",
-                        retry_after: None,
-                        message: format!(
-                            "no answer within forward.timeout ({:?}) or the age budget \
-                             (forward.retry.max_elapsed)",
-                            self.timeout
-                        ),
-                    }),
+                    Err(_) => {
+                        self.exporter.reconnect();
+                        Err(ExportFailure {
+                            outcome: "timeout",
+                            retry_after: None,
+                            message: format!(
+                                "no answer within forward.timeout ({:?}) or the age budget \
+                                 (forward.retry.max_elapsed); the next attempt connects anew",
+                                self.timeout
+                            ),
+                        })
+                    }
                 };
             match result {
                 Ok(rejected) => {
@@ -642,15 +645,16 @@ struct ExportFailure {
     message: String,
 }
 
-#[derive(Clone)]
 enum Exporter {
     Grpc(Box<GrpcExporter>),
     Http(Box<HttpExporter>),
 }
 
-#[derive(Clone)]
 struct GrpcExporter {
-    grpc: tonic::client::Grpc<Channel>,
+    /// The channel; replaced by a fresh one after an attempt times out ([`Exporter::reconnect`]).
+    grpc: std::sync::Mutex<tonic::client::Grpc<Channel>>,
+    /// Where a fresh channel connects.
+    endpoint: Endpoint,
     /// `forward.headers`, sent with every call.
     metadata: tonic::metadata::MetadataMap,
 }
@@ -712,7 +716,8 @@ impl Exporter {
                 }
                 let channel = ep.connect_lazy();
                 Ok(Self::Grpc(Box::new(GrpcExporter {
-                    grpc: tonic::client::Grpc::new(channel),
+                    grpc: std::sync::Mutex::new(tonic::client::Grpc::new(channel)),
+                    endpoint: ep,
                     metadata: tonic::metadata::MetadataMap::from_headers(headers),
                 })))
             }
@@ -746,11 +751,29 @@ impl Exporter {
         }
     }
 
+    /// After an attempt that got no answer in time: a gRPC channel starts over on a fresh
+    /// connection. tonic keeps using a connection the downstream stopped answering on (a
+    /// half-dead TCP path, a load balancer's stale flow, an HTTP/2 handshake that never
+    /// ended) and every later attempt would time out on it, while the HTTP client drops the
+    /// connection of a request it abandons.
+    fn reconnect(&self) {
+        if let Self::Grpc(g) = self {
+            let fresh = tonic::client::Grpc::new(g.endpoint.connect_lazy());
+            *g.grpc
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        }
+    }
+
     /// Sends one request; `Ok(rejected spans)` on success.
     async fn export(&self, body: Bytes) -> Result<u64, ExportFailure> {
         match self {
             Self::Grpc(g) => {
-                let mut grpc = g.grpc.clone();
+                let mut grpc = g
+                    .grpc
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
                 grpc.ready().await.map_err(|e| ExportFailure {
                     outcome: "retryable",
                     retry_after: None,

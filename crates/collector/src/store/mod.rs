@@ -257,7 +257,9 @@ impl Store {
     }
 
     /// Rebuilds `kpis` after a restart: absorbs every stored minute that started in the
-    /// `window` before `now_unix_nano` (the current minute included) with
+    /// `window` (at most the retention: older minutes are deleted at the first flush, and the
+    /// windows must not show what the history no longer has) before `now_unix_nano` (the
+    /// current minute included) with
     /// `KpiWindows::absorb_restored`. Returns the series-minutes absorbed. With the default KPI
     /// config this refills the 1h window (60-second slots) minute by minute, and the 1m and 5m
     /// windows with every minute whose last instant lies in them (see `absorb_restored`).
@@ -267,6 +269,7 @@ impl Store {
         now_unix_nano: u64,
         window: Duration,
     ) -> Result<usize, StoreError> {
+        let window = window.min(self.inner.options.retention);
         let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
         let from = minute_of(now_unix_nano.saturating_sub(window));
         let rollups = self.rollups(from, now_unix_nano.saturating_add(1))?;
