@@ -155,6 +155,10 @@ fn pending_firing_resolved_with_explicit_times() {
     assert_eq!(ev[0].ends_at_unix_nano, Some(T0 + 130 * S));
     assert_eq!(ev[0].starts_at_unix_nano, T0 + 70 * S);
     assert_eq!(ev[0].value, 0.3);
+    assert_eq!(
+        ev[0].summary, "E2eP95High: e2e.p95 is 300 ms, no longer > 500 ms",
+        "a resolve does not read as still passing"
+    );
     let am = to_alertmanager_json(&ev);
     assert_eq!(am[0]["endsAt"], "2026-11-30T00:02:10.000Z");
     assert_eq!(am[0]["startsAt"], "2026-11-30T00:01:10.000Z");

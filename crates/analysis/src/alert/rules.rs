@@ -467,6 +467,12 @@ fn event(rule: &AlertRule, key: &InstanceKey, inst: &Instance, generator_url: &s
             rule.name,
             rule.expr.op.as_str()
         ),
+        // A resolve says the threshold is no longer passed, not "(> 20)" beside a value of 11.
+        None if inst.state == AlertState::Resolved => format!(
+            "{}: {kpi} is {value}, no longer {} {threshold}",
+            rule.name,
+            rule.expr.op.as_str()
+        ),
         None => format!(
             "{}: {kpi} is {value} ({} {threshold})",
             rule.name,
