@@ -648,6 +648,15 @@ async fn engine_error_and_5xx_set_error_status_with(tel: Telemetry) {
     }
 }
 
+/// A handler with a bug: it panics once the engine scheduled its request.
+async fn panicking_handler(rec: RequestRecorder) -> &'static str {
+    rec.scheduled();
+    if std::hint::black_box(true) {
+        panic!("a handler bug");
+    }
+    "unreachable"
+}
+
 /// Requests the service did not serve are not ok: a 400 (a prompt over the context) and a 404
 /// are errors named by their status, the service's own 429 a rejection, and a handler that
 /// panics an error `panic` — not a client gone away (a reviewer found 4xx counted ok, at a
@@ -664,16 +673,7 @@ async fn client_errors_rejections_and_panics_are_not_ok() {
             "/v1/completions",
             post(|| async { StatusCode::TOO_MANY_REQUESTS }),
         )
-        .route(
-            "/v1/embeddings",
-            post(|rec: RequestRecorder| async move {
-                rec.scheduled();
-                if std::hint::black_box(true) {
-                    panic!("a handler bug");
-                }
-                "unreachable"
-            }),
-        )
+        .route("/v1/embeddings", post(panicking_handler))
         .layer(tel.layer().default_model("m"));
     let addr = serve_axum(app).await;
     assert_eq!(send(addr, "/v1/chat/completions", &[], "{}").await.0, 400);
@@ -720,16 +720,7 @@ async fn client_errors_rejections_and_panics_are_not_ok() {
     // 500 and drops the request later, when no panic unwinds any more): still `panic`.
     let tel = Telemetry::new();
     let app = Router::new()
-        .route(
-            "/v1/embeddings",
-            post(|rec: RequestRecorder| async move {
-                rec.scheduled();
-                if std::hint::black_box(true) {
-                    panic!("a handler bug");
-                }
-                "unreachable"
-            }),
-        )
+        .route("/v1/embeddings", post(panicking_handler))
         .layer(tel.layer().default_model("m"))
         .layer(tower_http::catch_panic::CatchPanicLayer::new());
     let addr = serve_axum(app).await;

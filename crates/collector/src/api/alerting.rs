@@ -353,6 +353,28 @@ mod tests {
         assert_eq!(e.matches("alertmanager_tls").count(), 1, "{e}");
     }
 
+    /// The delivery task posting to a fake Alertmanager that refuses its first POST: the
+    /// transitions' sender, the bodies the fake accepted, the task.
+    async fn delivering_to_a_fake_refusing_once(
+        events: InternalEvents,
+    ) -> (
+        tokio::sync::mpsc::Sender<Vec<AlertEvent>>,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (url, accepted) = fake_alertmanager(1).await;
+        let am = Alertmanager::new(&url, &TlsClientConfig::default()).unwrap();
+        let alerting = Arc::new(Mutex::new(
+            Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
+        ));
+        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
+        (
+            tx,
+            accepted,
+            tokio::spawn(deliver(am, rx, alerting, events)),
+        )
+    }
+
     /// A fake Alertmanager: answers 503 to its first `refuse` POSTs, 200 after; hands every
     /// body it accepted to the returned receiver.
     async fn fake_alertmanager(
@@ -411,14 +433,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_resolve_alertmanager_missed_is_sent_again_with_the_next_post() {
-        let (url, mut accepted) = fake_alertmanager(1).await;
-        let am = Alertmanager::new(&url, &TlsClientConfig::default()).unwrap();
-        let alerting = Arc::new(Mutex::new(
-            Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
-        ));
-        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
         let events = InternalEvents::default();
-        let task = tokio::spawn(deliver(am, rx, alerting, events.clone()));
+        let (tx, mut accepted, task) = delivering_to_a_fake_refusing_once(events.clone()).await;
         // The resolve is refused (503); a later transition of another alert carries it along.
         tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
         let mut other = event(AlertState::Firing);
@@ -458,13 +474,8 @@ mod tests {
     /// a reviewer's Alertmanager kept the alert firing until its own timeout).
     #[tokio::test]
     async fn a_missed_resolve_survives_its_alert_going_pending_again() {
-        let (url, mut accepted) = fake_alertmanager(1).await;
-        let am = Alertmanager::new(&url, &TlsClientConfig::default()).unwrap();
-        let alerting = Arc::new(Mutex::new(
-            Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
-        ));
-        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
-        let task = tokio::spawn(deliver(am, rx, alerting, InternalEvents::default()));
+        let (tx, mut accepted, task) =
+            delivering_to_a_fake_refusing_once(InternalEvents::default()).await;
         tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
         tx.send(vec![event(AlertState::Pending)]).await.unwrap();
         let mut other = event(AlertState::Firing);
