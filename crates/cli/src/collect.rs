@@ -312,7 +312,8 @@ fn reload_files(
 }
 
 /// Runs `infertrace check-config FILE`: parses and validates the file, finds whether the
-/// history store could be opened at `store.data_dir` (creating nothing), and reads and parses
+/// history store could be opened at `store.data_dir` and reads intact (SQLite's `quick_check`,
+/// creating nothing), and reads and parses
 /// every TLS certificate, key and CA file it names.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     let file = args.file.display();

@@ -48,6 +48,18 @@ pub enum StoreError {
         /// This build's version.
         supported: i64,
     },
+    /// SQLite's `quick_check` found the file damaged (a page overwritten, an index that does
+    /// not match its table): reads of the damaged part fail. Found by `check-config` only.
+    #[error(
+        "history store {path} is damaged ({problem}); it was not modified: move it away (or \
+         restore a backup) and infertrace starts a new one"
+    )]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// The first problem `PRAGMA quick_check` names.
+        problem: String,
+    },
     /// SQLite refused an operation.
     #[error("history store {path}: {source}")]
     Sqlite {
