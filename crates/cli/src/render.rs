@@ -164,6 +164,19 @@ pub fn report_table(report: &Value) -> String {
         render_gpu(series, &mut out);
     }
     render_critical_path(report.get("critical_path"), &mut out);
+    let requests: f64 = series.iter().filter_map(|s| f(s, &["requests"])).sum();
+    let paths = report
+        .pointer("/critical_path/requests")
+        .and_then(Value::as_f64);
+    if requests > 0.0 && paths == Some(0.0) {
+        // The KPI windows are refilled from the history store after a restart; the critical
+        // path is kept in memory only.
+        out.push_str(
+            "\nCritical path: none yet in this window. The requests above came before the \
+             collector's last start (restored from its history store); the critical path is \
+             not kept across a restart.\n",
+        );
+    }
     render_findings(report.get("findings"), &mut out);
     render_alerts(report.get("alerts"), &mut out);
     out
@@ -504,6 +517,24 @@ pub fn history_table(report: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After a restart the KPIs come back from the history store and the critical path does
+    /// not: the report says why its section is missing (a reviewer saw it silently gone).
+    #[test]
+    fn a_critical_path_lost_to_a_restart_is_explained() {
+        let report = serde_json::json!({
+            "source": "test", "window_seconds": 3600,
+            "kpis": {"window_seconds": 3600, "series": [{
+                "service": "svc", "model": "m", "operation": "chat", "requests": 522}]},
+            "critical_path": {"requests": 0, "entries": []},
+            "findings": []
+        });
+        let text = report_table(&report);
+        assert!(text.contains("not kept across a restart"), "{text}");
+        let mut fresh = report.clone();
+        fresh["critical_path"] = serde_json::json!({"requests": 3, "entries": []});
+        assert!(!report_table(&fresh).contains("not kept across a restart"));
+    }
 
     #[test]
     fn percentages_read_as_the_findings_write_them() {
