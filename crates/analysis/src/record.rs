@@ -197,6 +197,23 @@ pub struct DisaggPhases {
 }
 
 impl DisaggPhases {
+    /// The sub-phases' seconds in time order: routing, bootstrap, prefill queue, prefill, KV
+    /// transfer, decode bootstrap, decode wait, first token, decode (the order of
+    /// `kpi::disagg::SUB_PHASES`).
+    pub fn seconds(&self) -> [Option<f64>; 9] {
+        [
+            self.routing,
+            self.bootstrap,
+            self.prefill_queue,
+            self.prefill,
+            self.kv_transfer,
+            self.decode_bootstrap,
+            self.decode_wait,
+            self.first_token,
+            self.decode,
+        ]
+    }
+
     /// True when no sub-phase and no worker is known.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
@@ -313,9 +330,8 @@ impl RequestRecord {
     /// plausible record.
     pub fn implausible(&self) -> Option<&'static str> {
         let itl = self.itl.as_ref();
-        let disagg = self.disagg.as_deref();
         let span_seconds = self.end_unix_nano.saturating_sub(self.arrival_unix_nano) as f64 / 1e9;
-        let seconds = [
+        let own = [
             Some(self.e2e),
             Some(span_seconds),
             self.queue,
@@ -327,21 +343,10 @@ impl RequestRecord {
             self.time_to_first_chunk,
             itl.map(|i| i.max),
             itl.map(|i| i.p99),
-            disagg.and_then(|d| d.routing),
-            disagg.and_then(|d| d.bootstrap),
-            disagg.and_then(|d| d.prefill_queue),
-            disagg.and_then(|d| d.prefill),
-            disagg.and_then(|d| d.kv_transfer),
-            disagg.and_then(|d| d.decode_bootstrap),
-            disagg.and_then(|d| d.decode_wait),
-            disagg.and_then(|d| d.first_token),
-            disagg.and_then(|d| d.decode),
         ];
-        if seconds
-            .into_iter()
-            .flatten()
-            .any(|s| s > MAX_REQUEST_SECONDS)
-        {
+        let sub_phases = self.disagg.as_deref().map(DisaggPhases::seconds);
+        let seconds = own.into_iter().chain(sub_phases.into_iter().flatten());
+        if seconds.flatten().any(|s| s > MAX_REQUEST_SECONDS) {
             return Some("duration");
         }
         let counts = [

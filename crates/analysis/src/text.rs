@@ -305,7 +305,7 @@ impl Interner {
     /// Counts `n` more cut texts: ones a decoder cut itself (a string past [`MAX_TEXT_LEN`], an
     /// array past [`MAX_ARRAY_ITEMS`]), or a count taken with
     /// [`take_truncated`](Self::take_truncated) and given back.
-    pub fn restore_truncated(&mut self, n: u64) {
+    pub fn count_truncated(&mut self, n: u64) {
         self.truncated += n;
     }
 

@@ -287,7 +287,7 @@ fn vllm_derives_missing_phases() {
 }
 
 /// With inference told but neither prefill nor queue, decode falls back to e2e − TTFT, as
-/// docs/reference.md says (a reviewer found it left unknown, and TPOT with it).
+/// docs/reference.md says, and TPOT follows.
 #[test]
 fn vllm_decode_falls_back_to_e2e_minus_ttft_without_a_prefill() {
     let mut sp = vllm_span(1);
@@ -309,8 +309,8 @@ fn vllm_decode_falls_back_to_e2e_minus_ttft_without_a_prefill() {
 
 /// A request that ended before its first token — a stream of no token, an error, a cancel —
 /// as the layer emits it: a prefill child running to the end, no decode child, no TTFT
-/// attribute. Its prefill end is no first token: no TTFT (a reviewer found TTFT = e2e, which
-/// broke the TTFT SLO of a request that produced nothing).
+/// attribute. Its prefill end is no first token: no TTFT (not e2e, which would fail the TTFT
+/// SLO of a request that produced nothing).
 #[test]
 fn a_request_without_a_first_token_has_no_ttft() {
     let ended = |outcome: &str, tokens: Option<i64>, prefill_end_ms: u64| {

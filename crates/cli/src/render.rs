@@ -519,7 +519,7 @@ mod tests {
     use super::*;
 
     /// After a restart the KPIs come back from the history store and the critical path does
-    /// not: the report says why its section is missing (a reviewer saw it silently gone).
+    /// not: the report says why its section is missing.
     #[test]
     fn a_critical_path_lost_to_a_restart_is_explained() {
         let report = serde_json::json!({

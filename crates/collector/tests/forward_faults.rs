@@ -493,8 +493,8 @@ async fn blackhole_attempts_time_out_and_spans_are_given_up_by_age() {
 
 /// A connection that stops answering while the downstream is healthy (a half-dead path: the
 /// first connection is held open and never read, later ones reach the sink) is left after the
-/// attempt times out: the next attempt connects anew and the spans arrive. A reviewer's gRPC
-/// forwarder timed out on such a connection for 14 minutes, giving every span up.
+/// attempt times out: the next attempt connects anew and the spans arrive, rather than every
+/// attempt timing out on it until the spans are given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_stops_answering_is_replaced() {
     let sink = Sink::default();

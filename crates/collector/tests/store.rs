@@ -189,8 +189,8 @@ fn restart_keeps_history_and_rebuilds_the_hour_window() {
         .restore_kpis(&mut restored, end, Duration::from_secs(3600))
         .unwrap();
     assert_eq!(absorbed, 6);
-    // A retention shorter than the window restores only what it keeps (a reviewer's windows
-    // showed minutes the first flush then deleted): 2 minutes before `end`, its last 2.
+    // A retention shorter than the window restores only what it keeps (not minutes the first
+    // flush then deletes): 2 minutes before `end`, its last 2.
     let short = Store::open(
         dir.path(),
         StoreOptions {

@@ -183,8 +183,7 @@ mod tests {
     }
 
     /// A client that gave up while the engine still queued its request: no prefill is made up
-    /// (a reviewer found the whole wait traced as a derived prefill); the admission queue,
-    /// when there is one, is still known.
+    /// for the wait; the admission queue, when there is one, is still known.
     #[test]
     fn engine_request_ended_before_it_was_scheduled_has_no_prefill() {
         for admitted in [None, Some(ms(4))] {

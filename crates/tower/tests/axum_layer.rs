@@ -659,8 +659,8 @@ async fn panicking_handler(rec: RequestRecorder) -> &'static str {
 
 /// Requests the service did not serve are not ok: a 400 (a prompt over the context) and a 404
 /// are errors named by their status, the service's own 429 a rejection, and a handler that
-/// panics an error `panic` — not a client gone away (a reviewer found 4xx counted ok, at a
-/// tenth of a millisecond, and a panic counted as a cancel).
+/// panics an error `panic` — not ok requests of a tenth of a millisecond, nor a client gone
+/// away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_errors_rejections_and_panics_are_not_ok() {
     let tel = Telemetry::new();

@@ -322,13 +322,6 @@ impl CriticalPathWindows {
             0.0
         };
         let bucket = self.bucket(e2e_seconds);
-        let path_seconds: f64 = path
-            .segments
-            .iter()
-            .map(|seg| seg.duration_nanos() as f64 / 1e9)
-            .filter(|&secs| secs > 0.0)
-            .sum();
-        let denominator = e2e_seconds.max(path_seconds);
         let epoch = now_unix_nano / self.slot_nanos;
         let slot_index = self.slot_index(epoch);
         let in_window = match self.slots[slot_index].epoch {
@@ -339,18 +332,13 @@ impl CriticalPathWindows {
                 true
             }
         };
-        if in_window {
-            let r = self.slots[slot_index].requests.get_mut(bucket);
-            r.count += 1;
-            r.e2e_seconds += denominator;
-        } else {
-            self.late_records += 1;
-        }
+        let mut path_seconds = 0.0;
         for seg in &path.segments {
             let secs = seg.duration_nanos() as f64 / 1e9;
             if secs <= 0.0 {
                 continue;
             }
+            path_seconds += secs;
             let key = match self.recent_keys.get(&seg.service, &seg.name) {
                 Some(&k) => k,
                 None => self.key(&seg.service, &seg.name),
@@ -363,6 +351,13 @@ impl CriticalPathWindows {
                 }
                 *rows[key as usize].get_mut(bucket) += secs;
             }
+        }
+        if in_window {
+            let r = self.slots[slot_index].requests.get_mut(bucket);
+            r.count += 1;
+            r.e2e_seconds += e2e_seconds.max(path_seconds);
+        } else {
+            self.late_records += 1;
         }
     }
 
@@ -620,8 +615,7 @@ mod tests {
     }
 
     /// The tail starts where `/api/kpis`'s e2e percentile lies (the sketches' rank rule,
-    /// ⌊q·(n − 1)⌋): of five requests the p90 is the fourth, so the p90 tail holds two (a
-    /// reviewer found one, under a nearest-rank rule, while the KPIs' p90 named the fourth).
+    /// ⌊q·(n − 1)⌋): of five requests the p90 is the fourth, so the p90 tail holds two.
     #[test]
     fn the_tail_starts_at_the_kpis_percentile() {
         let mut w = CriticalPathWindows::default();

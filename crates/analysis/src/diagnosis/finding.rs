@@ -128,7 +128,7 @@ mod tests {
 
     #[test]
     fn a_value_and_its_target_read_apart() {
-        // A reviewer's goodput: "Only 90% of requests met their SLOs (target 90%)".
+        // Not "90% (target 90%)".
         assert_eq!(pcts_apart(0.897, 0.9), ("89.7%".into(), "90.0%".into()));
         assert_eq!(pcts_apart(0.42, 0.9), ("42%".into(), "90%".into()));
         assert_eq!(pcts_apart(0.9, 0.9), ("90%".into(), "90%".into()));

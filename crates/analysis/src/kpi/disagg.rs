@@ -27,7 +27,7 @@ use super::codec::{DecodeError, Reader, Writer};
 use super::distribution::Distribution;
 use super::distribution::LatencyStats;
 use super::labelling::OVERFLOW_LABEL;
-use crate::record::{DisaggPhases, Outcome, RequestRecord};
+use crate::record::{Outcome, RequestRecord};
 
 /// A pool of a disaggregated deployment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -93,20 +93,6 @@ const KV: usize = 4;
 /// Most workers one series' slot keeps apart; further workers are merged under
 /// [`OVERFLOW_LABEL`](super::OVERFLOW_LABEL) (worker names come from spans: bounded here).
 pub const MAX_WORKERS: usize = 64;
-
-fn values(d: &DisaggPhases) -> [Option<f64>; N] {
-    [
-        d.routing,
-        d.bootstrap,
-        d.prefill_queue,
-        d.prefill,
-        d.kv_transfer,
-        d.decode_bootstrap,
-        d.decode_wait,
-        d.first_token,
-        d.decode,
-    ]
-}
 
 fn positions(pool: Pool) -> &'static [usize] {
     match pool {
@@ -211,7 +197,7 @@ impl DisaggAccumulator {
         let Some(d) = r.disagg.as_deref().filter(|_| r.outcome == Outcome::Ok) else {
             return false;
         };
-        let v = values(d).map(usable);
+        let v = d.seconds().map(usable);
         self.requests += 1;
         self.ttft.add(config, r.ttft);
         for (dist, value) in self.phases.iter_mut().zip(v) {

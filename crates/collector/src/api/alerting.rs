@@ -353,6 +353,21 @@ mod tests {
         assert_eq!(e.matches("alertmanager_tls").count(), 1, "{e}");
     }
 
+    /// The next body the fake Alertmanager accepted (at most 10 s away).
+    async fn next_post(accepted: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+        tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    /// A firing event of an alert other than [`event`]'s.
+    fn another_alert_firing() -> AlertEvent {
+        let mut other = event(AlertState::Firing);
+        other.alert = "ErrorsHigh".into();
+        other
+    }
+
     /// The delivery task posting to a fake Alertmanager that refuses its first POST: the
     /// transitions' sender, the bodies the fake accepted, the task.
     async fn delivering_to_a_fake_refusing_once(
@@ -437,23 +452,15 @@ mod tests {
         let (tx, mut accepted, task) = delivering_to_a_fake_refusing_once(events.clone()).await;
         // The resolve is refused (503); a later transition of another alert carries it along.
         tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
-        let mut other = event(AlertState::Firing);
-        other.alert = "ErrorsHigh".into();
-        tx.send(vec![other]).await.unwrap();
-        let body = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        tx.send(vec![another_alert_firing()]).await.unwrap();
+        let body = next_post(&mut accepted).await;
         assert!(
             body.contains("HighTtft") && body.contains("ErrorsHigh"),
             "the missed resolve goes with the next post: {body}"
         );
         // Once delivered it is not sent again; an alert firing again drops its stale resolve.
         tx.send(vec![event(AlertState::Firing)]).await.unwrap();
-        let body = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let body = next_post(&mut accepted).await;
         assert!(!body.contains("endsAt\":\"1970"), "{body}");
         let posts = |outcome| {
             events
@@ -470,21 +477,16 @@ mod tests {
         task.abort();
     }
 
-    /// A missed resolve survives its alert going pending again (pending alerts are not sent:
-    /// a reviewer's Alertmanager kept the alert firing until its own timeout).
+    /// A missed resolve survives its alert going pending again (pending alerts are not sent,
+    /// so Alertmanager would keep the alert firing until its own timeout).
     #[tokio::test]
     async fn a_missed_resolve_survives_its_alert_going_pending_again() {
         let (tx, mut accepted, task) =
             delivering_to_a_fake_refusing_once(InternalEvents::default()).await;
         tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
         tx.send(vec![event(AlertState::Pending)]).await.unwrap();
-        let mut other = event(AlertState::Firing);
-        other.alert = "ErrorsHigh".into();
-        tx.send(vec![other]).await.unwrap();
-        let body = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        tx.send(vec![another_alert_firing()]).await.unwrap();
+        let body = next_post(&mut accepted).await;
         assert!(
             body.contains("HighTtft") && body.contains("endsAt"),
             "the missed resolve goes with the next post: {body}"

@@ -140,8 +140,10 @@ fn store_error(e: StoreError) -> Response {
         StoreError::UnknownKpi { .. } => error(StatusCode::BAD_REQUEST, e.to_string()),
         _ => {
             // The store failing a read (a damaged file, a full disk) is the operator's to see,
-            // not only the API client's.
-            tracing::error!(error = %e, "history store read failed; the API answered 500");
+            // not only the API client's; a polling dashboard must not flood the log with it.
+            if crate::internal_events::warn_allowed("history_read_failed") {
+                tracing::error!(error = %e, "history store read failed; the API answered 500");
+            }
             error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
         }
     }

@@ -33,7 +33,7 @@ pub(crate) fn with_text_interner<R>(f: impl FnOnce(&mut Interner) -> R) -> R {
         interner.take_fresh_bytes();
         interner.take_truncated();
         interner.restore_fresh_bytes(pending);
-        interner.restore_truncated(truncated);
+        interner.count_truncated(truncated);
         out
     })
 }

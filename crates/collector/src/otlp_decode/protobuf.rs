@@ -380,7 +380,7 @@ fn key_value(
         AnyValueState::Double(d) => out.push((key, AttrValue::Double(d))),
         AnyValueState::Array(Some(items)) => {
             if items.count > items.kept.len() {
-                interner.restore_truncated(1);
+                interner.count_truncated(1);
             }
             let items = items
                 .kept

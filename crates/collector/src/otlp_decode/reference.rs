@@ -309,7 +309,7 @@ fn attribute(kv: &KeyValue, interner: &mut Interner) -> Option<(&'static str, At
                 }
             }
             if array.values.len() > items.len() {
-                interner.restore_truncated(1);
+                interner.count_truncated(1);
             }
             AttrValue::StrArray(items)
         }
@@ -333,7 +333,7 @@ fn cut<'a>(s: &'a str, interner: &mut Interner) -> &'a str {
     if s.len() <= MAX_TEXT_LEN {
         return s;
     }
-    interner.restore_truncated(1);
+    interner.count_truncated(1);
     let end = (0..=MAX_TEXT_LEN)
         .rev()
         .find(|&i| s.is_char_boundary(i))

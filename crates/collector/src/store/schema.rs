@@ -359,6 +359,22 @@ mod tests {
         assert!(err.to_string().contains("x.db"));
     }
 
+    /// One series and `n` minutes of 2 kB rollups: a store of many pages.
+    fn add_minutes(conn: &Connection, n: i64) {
+        conn.execute(
+            "INSERT INTO series (id, service, model, operation) VALUES (1, 's', 'm', 'o')",
+            [],
+        )
+        .unwrap();
+        for minute in 0..n {
+            conn.execute(
+                "INSERT INTO rollups (series_id, minute, requests, acc) VALUES (1, ?1, 1, ?2)",
+                params![minute, vec![7u8; 2000]],
+            )
+            .unwrap();
+        }
+    }
+
     /// A checkpoint that stopped after page 1 (the disk filled as the file grew): the main
     /// file's header counts pages that are only in the `-wal`, so it cannot be read alone. The
     /// check reads it with its `-wal`, as `open` does, instead of calling it malformed.
@@ -370,18 +386,7 @@ mod tests {
         conn.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
         conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
             .unwrap();
-        conn.execute(
-            "INSERT INTO series (id, service, model, operation) VALUES (1, 's', 'm', 'o')",
-            [],
-        )
-        .unwrap();
-        for minute in 0..200i64 {
-            conn.execute(
-                "INSERT INTO rollups (series_id, minute, requests, acc) VALUES (1, ?1, 1, ?2)",
-                params![minute, vec![7u8; 2000]],
-            )
-            .unwrap();
-        }
+        add_minutes(&conn, 200);
         // The crash: copy the files while the writer still holds them, nothing checkpointed.
         let copy = dir.path().join("copy.db");
         for suffix in ["", "-wal", "-shm"] {
@@ -431,25 +436,14 @@ mod tests {
         assert_eq!(rows, 200);
     }
 
-    /// 8 KiB overwritten in the middle of a store (a reviewer's damaged file passed the check,
-    /// then answered 500 on the history read that reached it): the check names the damage.
+    /// 8 KiB overwritten in the middle of a store, which reads fine until a history read
+    /// reaches the damage: the check names the damage.
     #[test]
     fn a_store_damaged_inside_fails_the_check() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.db");
         let conn = open(&path).unwrap();
-        conn.execute(
-            "INSERT INTO series (id, service, model, operation) VALUES (1, 's', 'm', 'o')",
-            [],
-        )
-        .unwrap();
-        for minute in 0..300i64 {
-            conn.execute(
-                "INSERT INTO rollups (series_id, minute, requests, acc) VALUES (1, ?1, 1, ?2)",
-                params![minute, vec![7u8; 2000]],
-            )
-            .unwrap();
-        }
+        add_minutes(&conn, 300);
         conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
             .unwrap();
         drop(conn);
