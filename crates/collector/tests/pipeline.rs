@@ -256,13 +256,14 @@ async fn a_body_larger_than_the_memory_room_is_refused_for_good() {
     config.limits.memory_limit_bytes = 1 << 20;
     let c = server::run(config, std::future::pending()).await.unwrap();
     // Within max_body_bytes (16 MiB), but the aggregates already hold part of the 1 MiB.
-    let (status, body) = post(
+    // Refused on its declared length, possibly before the body is read: a raw client.
+    let status = post_answered_early(
         c.http_addr.unwrap(),
-        "application/x-protobuf",
-        vec![0u8; 1 << 20],
+        &[("content-type", "application/x-protobuf")],
+        &vec![0u8; 1 << 20],
     )
     .await;
-    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(status, 413);
     let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gzip, &[0u8; 2 << 20]).unwrap();
     let (status, body) = post_with(
