@@ -218,6 +218,17 @@ impl DisaggPhases {
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
     }
+
+    /// True when only the router's `routing` is known: a request routed to a worker that
+    /// serves it whole, not across prefill and decode pools.
+    pub fn routing_only(&self) -> bool {
+        self.routing.is_some()
+            && *self
+                == Self {
+                    routing: self.routing,
+                    ..Self::default()
+                }
+    }
 }
 
 /// Time to first token split across the disaggregated sub-phases, in time order.

@@ -501,6 +501,48 @@ fn tgi_failed_request_without_fields_takes_the_http_status() {
     assert!(r.inference.is_none() && r.decode.is_none() && r.tpot.is_none());
 }
 
+/// TGI records its timing fields once it has served a request: a stream its client dropped
+/// keeps HTTP 200 and has none.
+#[test]
+fn tgi_request_without_fields_or_error_is_cancelled() {
+    let r = one(&tgi_trace(false, false, 200));
+    assert_eq!(r.dialect, Dialect::Tgi);
+    assert_eq!(r.outcome, Outcome::Cancelled);
+    assert_eq!(one(&tgi_trace(false, true, 200)).outcome, Outcome::Ok);
+}
+
+/// vLLM's first-token latency defaults to 0 for a request that produced no token; SGLang
+/// writes its finish reasons as one JSON string.
+#[test]
+fn a_request_with_no_token_has_no_ttft_and_a_string_abort_is_a_cancel() {
+    let mut sp = vllm_span(1);
+    sp.attributes.retain(|(k, _)| {
+        ![
+            sc::gen_ai::USAGE_COMPLETION_TOKENS,
+            sc::latency::TIME_TO_FIRST_TOKEN,
+        ]
+        .contains(k)
+    });
+    sp.attributes
+        .push(i(sc::gen_ai::USAGE_COMPLETION_TOKENS, 0));
+    sp.attributes.push(f(sc::latency::TIME_TO_FIRST_TOKEN, 0.0));
+    let r = one(&[sp.clone()]);
+    assert!(r.ttft.is_none(), "{:?}", r.ttft);
+    assert_eq!(r.outcome, Outcome::Ok);
+    for (reasons, outcome) in [
+        ("[\"abort\"]", Outcome::Cancelled),
+        ("abort", Outcome::Cancelled),
+        ("[\"stop\"]", Outcome::Ok),
+        ("[\"aborted_by_length\"]", Outcome::Ok),
+    ] {
+        let mut with_reason = sp.clone();
+        with_reason
+            .attributes
+            .push(s(sc::gen_ai::RESPONSE_FINISH_REASONS, reasons));
+        assert_eq!(one(&[with_reason]).outcome, outcome, "{reasons}");
+    }
+}
+
 #[test]
 fn tgi_chat_completions_is_chat() {
     let mut spans = tgi_trace(false, true, 200);

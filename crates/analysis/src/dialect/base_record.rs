@@ -18,6 +18,18 @@ pub(super) fn count_attr(span: &Span, key: &str) -> Option<u64> {
     span.attr_i64(key).and_then(|v| u64::try_from(v).ok())
 }
 
+/// The prompt tokens a span counts (`gen_ai.usage.input_tokens`, else `prompt_tokens`).
+pub(super) fn input_tokens(span: &Span) -> Option<u64> {
+    count_attr(span, sc::gen_ai::USAGE_INPUT_TOKENS)
+        .or_else(|| count_attr(span, sc::gen_ai::USAGE_PROMPT_TOKENS))
+}
+
+/// The output tokens a span counts (`gen_ai.usage.output_tokens`, else `completion_tokens`).
+pub(super) fn output_tokens(span: &Span) -> Option<u64> {
+    count_attr(span, sc::gen_ai::USAGE_OUTPUT_TOKENS)
+        .or_else(|| count_attr(span, sc::gen_ai::USAGE_COMPLETION_TOKENS))
+}
+
 /// The explicit outcome a span states, if any (see the module docs for the order).
 pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
     if let Some(o) = span.attr_str(sc::infer::OUTCOME).and_then(Outcome::parse) {
@@ -39,10 +51,16 @@ pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
         Some(c) if c >= 400 => return Some(Outcome::Error),
         _ => {}
     }
-    // vLLM ends a request its client abandoned with the finish reason `abort`.
-    if let Some(AttrValue::StrArray(reasons)) = span.attr(sc::gen_ai::RESPONSE_FINISH_REASONS)
-        && reasons.iter().any(|r| &**r == "abort")
-    {
+    // An aborted request's finish reason is `abort` (SGLang writes the list as one JSON string,
+    // `["abort"]`).
+    let aborted = match span.attr(sc::gen_ai::RESPONSE_FINISH_REASONS) {
+        Some(AttrValue::StrArray(reasons)) => reasons.iter().any(|r| &**r == "abort"),
+        Some(AttrValue::Str(list)) => list
+            .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .any(|word| word == "abort"),
+        _ => false,
+    };
+    if aborted {
         return Some(Outcome::Cancelled);
     }
     if span.status == StatusCode::Error || span.attr(sc::net::ERROR_TYPE).is_some() {
@@ -88,10 +106,8 @@ pub(super) fn base_record(span: &Span, dialect: Dialect, trace: &TraceView<'_>) 
         r.operation = op.clone();
     }
     r.outcome = outcome_of(span, trace);
-    r.input_tokens = count_attr(span, sc::gen_ai::USAGE_INPUT_TOKENS)
-        .or_else(|| count_attr(span, sc::gen_ai::USAGE_PROMPT_TOKENS));
-    r.output_tokens = count_attr(span, sc::gen_ai::USAGE_OUTPUT_TOKENS)
-        .or_else(|| count_attr(span, sc::gen_ai::USAGE_COMPLETION_TOKENS));
+    r.input_tokens = input_tokens(span);
+    r.output_tokens = output_tokens(span);
     r.stream_chunks = count_attr(span, sc::infer::STREAM_CHUNKS);
     r.queue_depth = count_attr(span, sc::infer::QUEUE_DEPTH);
     r.time_to_first_chunk = seconds_attr(span, sc::infer::TIME_TO_FIRST_CHUNK);

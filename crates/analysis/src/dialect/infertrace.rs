@@ -37,6 +37,12 @@
 //!   client's view); without one, or when a prefill worker's span is the outermost (no
 //!   router traced), the end of the decode worker's `first_token` (else the start of its
 //!   `decode`) − arrival.
+//! - a role tried more than once (a prefill or decode retried on another worker): the attempt
+//!   that served the request — the last to start of those that did not fail.
+//! - tokens the outermost span does not count: the prefill worker's input tokens, the decode
+//!   worker's output tokens.
+//! - a router whose request went to a worker without a role (one that serves it whole): no
+//!   disaggregated record — a `routing` child alone does not make one.
 //!
 //! Request spans without the role attribute keep the per-service rule (one record each).
 
@@ -44,7 +50,7 @@ use infertrace_semconv as sc;
 
 use smallvec::SmallVec;
 
-use super::base_record::seconds_attr;
+use super::base_record::{input_tokens, outcome_signal, output_tokens, seconds_attr};
 use super::detection::detect;
 use super::trace_view::TraceView;
 use crate::record::{
@@ -155,10 +161,15 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
     }
 
-    if disagg_role(span).is_some() {
+    let role = disagg_role(span).is_some();
+    if role {
         // Across services: the workers' phases, not this span's own view of them.
         merge_workers(span, trace, r);
-    } else if let Some(d) = r.disagg.as_deref_mut() {
+    }
+    if r.disagg.as_deref().is_some_and(DisaggPhases::routing_only) {
+        // Routed to a worker that serves the whole request: not across prefill and decode.
+        r.disagg = None;
+    } else if !role && let Some(d) = r.disagg.as_deref_mut() {
         d.prefill_queue = d.prefill_queue.or(r.queue);
         d.prefill = d.prefill.or(r.prefill);
         d.decode = d.decode.or(r.decode);
@@ -219,56 +230,61 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
             .descendants(outer)
             .filter(|d| is_worker(d) && detect(d) == Some(Dialect::Infertrace)),
     );
-    if workers.is_empty() {
+    let is_prefill = |w: &&Span| disagg_role(w) == Some(sc::disagg::role::PREFILL);
+    let prefill = serving_attempt(workers.iter().copied().filter(is_prefill));
+    let decode = serving_attempt(workers.iter().copied().filter(|w| !is_prefill(w)));
+    if prefill.is_none() && decode.is_none() {
         return;
     }
-    let mut first_token_at = None;
-    for w in workers {
-        let own = std::ptr::eq(w, outer);
-        let d = r.disagg.get_or_insert_with(Box::<DisaggPhases>::default);
-        let dur = |phase: &str| phase_child(w, trace, phase).map(Span::duration_secs);
-        let fill = |slot: &mut Option<f64>, v: Option<f64>| {
-            if slot.is_none() {
-                *slot = v;
-            }
-        };
-        match disagg_role(w) {
-            Some(sc::disagg::role::PREFILL) => {
-                fill(&mut d.prefill_queue, dur(sc::span::QUEUE));
-                fill(&mut d.prefill, dur(sc::span::PREFILL));
-                fill(&mut d.bootstrap, dur(sc::disagg::BOOTSTRAP));
-                fill(&mut d.kv_transfer, dur(sc::disagg::KV_TRANSFER));
-                d.prefill_worker.get_or_insert_with(|| w.service.clone());
-                if !own {
-                    let (q, p) = (d.prefill_queue, d.prefill);
-                    r.queue = q.or(r.queue);
-                    r.origins.queue = r.queue.map(|_| PhaseOrigin::Measured);
-                    r.prefill = p.or(r.prefill);
-                    r.origins.prefill = r.prefill.map(|_| PhaseOrigin::Measured);
-                }
-            }
-            _ => {
-                fill(&mut d.decode_bootstrap, dur(sc::disagg::DECODE_BOOTSTRAP));
-                fill(&mut d.kv_transfer, dur(sc::disagg::KV_TRANSFER));
-                fill(&mut d.decode_wait, dur(sc::disagg::DECODE_WAIT));
-                fill(&mut d.first_token, dur(sc::disagg::FIRST_TOKEN));
-                fill(&mut d.decode, dur(sc::span::DECODE));
-                d.decode_worker.get_or_insert_with(|| w.service.clone());
-                first_token_at = phase_child(w, trace, sc::disagg::FIRST_TOKEN)
-                    .map(|s| s.end_unix_nano)
-                    .or_else(|| phase_child(w, trace, sc::span::DECODE).map(|s| s.start_unix_nano));
-                if !own && d.decode.is_some() {
-                    r.decode = d.decode;
-                    r.origins.decode = Some(PhaseOrigin::Measured);
-                    if let Some(n) = r.output_tokens
-                        && !own_tpot
-                    {
-                        r.tpot = r.decode.and_then(|d| tpot_from(d, n)).or(r.tpot);
-                        r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
-                    }
-                }
-            }
+    // A router that does not count tokens: its workers do (the prompt on the prefill side, the
+    // output on the decode side).
+    let (first, second) = (prefill.or(decode), decode.or(prefill));
+    r.input_tokens = r.input_tokens.or_else(|| first.and_then(input_tokens));
+    r.output_tokens = r.output_tokens.or_else(|| second.and_then(output_tokens));
+    let d = r.disagg.get_or_insert_with(Box::<DisaggPhases>::default);
+    let fill = |slot: &mut Option<f64>, w: &'a Span, phase: &str| {
+        if slot.is_none() {
+            *slot = phase_child(w, trace, phase).map(Span::duration_secs);
         }
+    };
+    if let Some(w) = prefill {
+        fill(&mut d.prefill_queue, w, sc::span::QUEUE);
+        fill(&mut d.prefill, w, sc::span::PREFILL);
+        fill(&mut d.bootstrap, w, sc::disagg::BOOTSTRAP);
+        fill(&mut d.kv_transfer, w, sc::disagg::KV_TRANSFER);
+        d.prefill_worker.get_or_insert_with(|| w.service.clone());
+        if !std::ptr::eq(w, outer) {
+            r.queue = d.prefill_queue.or(r.queue);
+            r.origins.queue = r.queue.map(|_| PhaseOrigin::Measured);
+            r.prefill = d.prefill.or(r.prefill);
+            r.origins.prefill = r.prefill.map(|_| PhaseOrigin::Measured);
+        }
+    }
+    let (mut first_token_at, mut decode_from_worker) = (None, false);
+    if let Some(w) = decode {
+        fill(&mut d.decode_bootstrap, w, sc::disagg::DECODE_BOOTSTRAP);
+        fill(&mut d.kv_transfer, w, sc::disagg::KV_TRANSFER);
+        fill(&mut d.decode_wait, w, sc::disagg::DECODE_WAIT);
+        fill(&mut d.first_token, w, sc::disagg::FIRST_TOKEN);
+        fill(&mut d.decode, w, sc::span::DECODE);
+        d.decode_worker.get_or_insert_with(|| w.service.clone());
+        first_token_at = phase_child(w, trace, sc::disagg::FIRST_TOKEN)
+            .map(|s| s.end_unix_nano)
+            .or_else(|| phase_child(w, trace, sc::span::DECODE).map(|s| s.start_unix_nano));
+        if !std::ptr::eq(w, outer) && d.decode.is_some() {
+            r.decode = d.decode;
+            r.origins.decode = Some(PhaseOrigin::Measured);
+            decode_from_worker = true;
+        }
+    }
+    // TPOT follows the decode worker's decode (or the workers' token count).
+    if !own_tpot
+        && (decode_from_worker || r.tpot.is_none())
+        && let (Some(dec), Some(n)) = (r.decode, r.output_tokens)
+        && let Some(t) = tpot_from(dec, n)
+    {
+        r.tpot = Some(t);
+        r.origins.tpot = Some(PhaseOrigin::Derived);
     }
     // The router's TTFT is the client's; a prefill worker's own ends at its prefill, before the
     // token reaches the client through the decode worker.
@@ -279,6 +295,15 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
         r.ttft = Some((at - r.arrival_unix_nano) as f64 / 1e9);
         r.origins.ttft = Some(PhaseOrigin::Measured);
     }
+}
+
+/// Of the attempts at one role (a prefill or decode retried on another worker), the one that
+/// served the request: the last to start of those that did not fail, else the last to start.
+fn serving_attempt<'a>(attempts: impl Iterator<Item = &'a Span>) -> Option<&'a Span> {
+    attempts.max_by_key(|w| {
+        let failed = outcome_signal(w).is_some_and(|o| o != Outcome::Ok);
+        (!failed, w.start_unix_nano)
+    })
 }
 
 /// Which phase a span of an infertrace request is.

@@ -5,7 +5,8 @@
 //! decode = `time_in_model_decode`.
 //! - e2e: `e2e` (measured), else the span's duration (measured).
 //! - queue: `time_in_queue` (measured).
-//! - TTFT: `time_to_first_token` (measured), else queue + prefill (derived).
+//! - TTFT: `time_to_first_token` (measured), else queue + prefill (derived); none when the
+//!   span counts 0 output tokens (vLLM then reports its default, 0).
 //! - prefill: `time_in_model_prefill` (measured), else TTFT − queue (derived).
 //! - decode: `time_in_model_decode` (measured), else `time_in_model_inference` − prefill, else
 //!   e2e − TTFT (derived).
@@ -50,9 +51,12 @@ pub fn refine(span: &Span, r: &mut RequestRecord) {
             .kv_transfer = Some(kv);
     }
 
+    // A request that produced no token has no TTFT (vLLM then reports its default, 0).
+    let no_token = r.output_tokens == Some(0);
     let ttft = attr(sc::latency::TIME_TO_FIRST_TOKEN);
     let prefill = attr(sc::latency::TIME_IN_MODEL_PREFILL);
     (r.ttft, r.origins.ttft) = match (ttft, r.queue, prefill) {
+        _ if no_token => (None, None),
         (Some(t), _, _) => (Some(t), measured(Some(t))),
         (None, Some(q), Some(p)) => (Some(q + p), derived(Some(q))),
         _ => (None, None),

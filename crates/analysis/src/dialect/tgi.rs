@@ -20,13 +20,15 @@
 //! - decode = inference_time − prefill (derived), and the GenAI TPOT = decode / (tokens − 1)
 //!   (derived). TGI's own `time_per_token` includes prefill and is *not* the GenAI TPOT; without
 //!   a prefill figure TPOT stays unknown rather than using it.
+//! - outcome: as every dialect's; a span without any timing field and without an error (TGI
+//!   records them once it has served the request) is a stream its client dropped: cancelled.
 //! - operation: `chat_completions` → `chat`, the others → `text_completion`; model from
 //!   `gen_ai.*` attributes if any, else `unknown` (TGI serves one model per router).
 
 use infertrace_semconv as sc;
 
 use super::trace_view::TraceView;
-use crate::record::{PhaseOrigin, RequestRecord, tpot_from};
+use crate::record::{Outcome, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::{AttrValue, Span};
 
 /// The TGI timing fields.
@@ -111,6 +113,11 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
             sc::gen_ai::operation::TEXT_COMPLETION
         }
         .into();
+    }
+    // TGI records its timing fields when it has served a request; a span that ended without
+    // them and without an error is a stream its client dropped.
+    if r.outcome == Outcome::Ok && !has_timing_fields(span) {
+        r.outcome = Outcome::Cancelled;
     }
     let field = |k| field_seconds(span, k);
     if let Some(total) = field(sc::tgi::TOTAL_TIME) {

@@ -9,7 +9,8 @@
 //! - A trace without one is closed when no span arrived for the idle timeout (default 30 s).
 //! - Any trace is closed at its maximum age (default 10 min after its first span).
 //! - Bounded: at most `max_spans_per_trace` spans per trace (beyond, spans are dropped and
-//!   counted in `dropped_spans_total{reason="max_spans_per_trace"}`) and `max_traces_in_flight`
+//!   counted in `dropped_spans_total{reason="max_spans_per_trace"}`; request spans have 64 more
+//!   places, so that a trace its slices filled still gets its request) and `max_traces_in_flight`
 //!   traces. A new trace that finds the table full never costs an accepted span: the oldest
 //!   trace in flight is **closed early** to make room (its grace period shortened; counted in
 //!   `traces_closed_early_total`) — first the oldest that has its request span (it is complete
@@ -27,10 +28,21 @@
 //! shortens the time; the `index` module keeps them). A span of such a trace is *late*: it is counted
 //! (`late_spans_total`) and handed back by [`TraceAssembler::poll_some`] in [`Ready::late`], so the
 //! pipeline can merge it where that is honest: into the stored trace behind
-//! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (the
-//! request was already counted once). One exception: when the earlier part of the trace was
-//! closed *without* a request span (idle or max age) and a request span now arrives, that is no
-//! double count, so the span starts a new trace and its request is counted normally.
+//! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (its
+//! request was already counted). Two kinds of late request span are requests not counted yet,
+//! and **re-open** the trace — a new trace of the same id, holding that span and the trace's
+//! late spans not yet handed out (its children, which end and are exported before it),
+//! completed and counted like any other:
+//! - any request span when the earlier part was closed *without* one (idle or max age);
+//! - a request span the pipeline calls a request of its own (`is_new_request`: an infertrace,
+//!   vLLM or TGI request span — an agent's next LLM call in the same trace, or a service whose
+//!   exporter sent after the grace period, counted per service as it would have been on time),
+//!   unlike the parts of a request counted already (a disaggregated worker's span, an SGLang
+//!   role span, a generic server span around an engine's request).
+//!
+//! A span sent twice within one trace is counted once (duplicates are dropped at completion);
+//! a request span re-sent after its trace completed (an exporter retrying a batch whose answer
+//! it lost) is counted again.
 //!
 //! **What a trace holds** is a [`HeldSpans`] (the one owner of a held trace's spans): its
 //! decoded spans, or — when all its spans came in one batch and the pipeline analysed them on
@@ -109,6 +121,11 @@ impl Holds {
         usize::from(self.first.is_some()) + self.more.len()
     }
 }
+
+/// Request spans a trace may hold beyond `max_spans_per_trace`: a trace its slices filled
+/// (SGLang's per-step spans from every TP rank, which come before the span that stands for
+/// the request) still gets its request.
+const REQUEST_SPANS_OVER_CAP: usize = 64;
 
 /// Most late spans kept between two polls; more are dropped (`late_span_buffer_full`).
 const MAX_LATE_BUFFER: usize = 65_536;
@@ -200,6 +217,7 @@ struct PendingTrace {
 pub(crate) struct TraceAssembler {
     config: AssemblerConfig,
     is_request: fn(&Span) -> bool,
+    is_new_request: fn(&Span) -> bool,
     events: InternalEvents,
     /// Traces in flight as spans.
     traces: HashMap<TraceId, PendingTrace, RandomState>,
@@ -255,17 +273,21 @@ impl std::fmt::Debug for TraceAssembler {
 }
 
 impl TraceAssembler {
-    /// A new assembler. `is_request` says whether a span is a request span (the pipeline passes
-    /// the dialect detector).
+    /// A new assembler. `is_request` says whether a span is a request span (the completion
+    /// signal), `is_new_request` whether such a span, arriving after its trace completed with a
+    /// request, is a request of its own rather than part of one counted (the pipeline passes
+    /// the dialects' rules).
     pub fn new(
         config: AssemblerConfig,
         events: InternalEvents,
         is_request: fn(&Span) -> bool,
+        is_new_request: fn(&Span) -> bool,
     ) -> Self {
         Self {
             index: TraceIndex::new(config.idle_timeout, config.max_traces_in_flight),
             config,
             is_request,
+            is_new_request,
             events,
             traces: HashMap::default(),
             prepared: VecDeque::new(),
@@ -333,9 +355,15 @@ impl TraceAssembler {
             let trace = match found {
                 Some(t) => t,
                 None => {
-                    if let Some(Known::Completed { had_request }) = known
-                        && (had_request || !is_request)
-                    {
+                    // A request span after its trace completed with a request: a request of
+                    // its own (counted once: see the module docs), else part of one counted.
+                    let reopens = match known {
+                        Some(Known::Completed { had_request }) => {
+                            is_request && (!had_request || (self.is_new_request)(&span))
+                        }
+                        _ => false,
+                    };
+                    if matches!(known, Some(Known::Completed { .. })) && !reopens {
                         late += 1;
                         if self.late.len() < MAX_LATE_BUFFER {
                             self.late.push(span);
@@ -352,12 +380,22 @@ impl TraceAssembler {
                         kept_out.push(position);
                         continue;
                     }
+                    // An inference trace is typically a request span and three phases.
+                    let mut spans = Vec::with_capacity(4);
+                    if reopens {
+                        // Its spans that came just before it (a request's children end first)
+                        // are taken back from the late spans not handed out yet.
+                        let (back, rest) = std::mem::take(&mut self.late)
+                            .into_iter()
+                            .partition(|s: &Span| s.trace_id == id);
+                        self.late = rest;
+                        spans = back;
+                    }
                     self.index.set_spans(&id);
                     self.by_age.push_back((id, now));
                     self.waiting += 1;
                     self.traces.entry(id).or_insert(PendingTrace {
-                        // An inference trace is typically a request span and three phases.
-                        spans: Vec::with_capacity(4),
+                        spans,
                         first_seen: now,
                         last_seen: now,
                         request_at: None,
@@ -366,7 +404,13 @@ impl TraceAssembler {
                 }
             };
             let mut add = |trace: &mut PendingTrace, position: usize, span: Span, is_request| {
-                if trace.spans.len() >= max_spans {
+                let cap = max_spans
+                    + if is_request {
+                        REQUEST_SPANS_OVER_CAP
+                    } else {
+                        0
+                    };
+                if trace.spans.len() >= cap {
                     over_spans += 1;
                     kept_out.push(position);
                     return;
@@ -524,9 +568,8 @@ impl TraceAssembler {
         {
             return false;
         }
-        // Only a new trace. In flight: the caller pushes the spans to it. Completed with its
-        // request counted: the spans are late. Closed without a request span: the spans before
-        // the request span are late and the request starts a new trace, which the span path
+        // Only a new trace. In flight: the caller pushes the spans to it. Completed: the spans
+        // are late, or (a request not counted yet) re-open the trace, which the span path
         // sorts out span by span.
         self.index.get(id).is_none()
     }
@@ -948,13 +991,17 @@ mod tests {
     }
 
     fn is_request(s: &Span) -> bool {
-        s.name == "request"
+        s.name == "request" || is_new_request(s)
+    }
+
+    fn is_new_request(s: &Span) -> bool {
+        s.name == "call"
     }
 
     fn assembler(config: AssemblerConfig) -> (TraceAssembler, InternalEvents) {
         let events = InternalEvents::default();
         (
-            TraceAssembler::new(config, events.clone(), is_request),
+            TraceAssembler::new(config, events.clone(), is_request, is_new_request),
             events,
         )
     }
@@ -1102,6 +1149,47 @@ mod tests {
         assert_eq!(ready.late.len(), 2);
         assert_eq!(events.late_spans.get(), 2);
         assert!(a.poll(t0 + secs(3.2)).late.is_empty(), "handed back once");
+    }
+
+    #[test]
+    fn a_late_request_of_its_own_reopens_the_trace_with_its_children() {
+        let (mut a, events) = assembler(AssemblerConfig::default());
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "call")], None, t0);
+        assert_eq!(a.poll(t0 + secs(2.0)).completed.len(), 1);
+        // The next call's child came a batch before it; a part of the first came too.
+        a.push(
+            vec![span(1, 2, "decode"), span(1, 3, "request")],
+            None,
+            t0 + secs(3.0),
+        );
+        a.push(vec![span(1, 4, "call")], None, t0 + secs(3.05));
+        assert_eq!(a.traces_in_flight(), 1);
+        let ready = a.poll(t0 + secs(3.1));
+        assert!(ready.completed.is_empty());
+        assert!(ready.late.is_empty(), "taken back by the re-opened trace");
+        let done = a.poll(t0 + secs(5.1)).completed;
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].held.span_count(), 3);
+        assert_eq!(events.late_spans.get(), 2);
+    }
+
+    #[test]
+    fn a_request_span_has_places_beyond_the_span_cap() {
+        let config = AssemblerConfig {
+            max_spans_per_trace: 3,
+            ..AssemblerConfig::default()
+        };
+        let (mut a, events) = assembler(config);
+        let t0 = Instant::now();
+        let mut spans: Vec<Span> = (1..=5).map(|n| span(1, n, "slice")).collect();
+        spans.push(span(1, 6, "request"));
+        let kept_out = a.push(spans, None, t0);
+        assert_eq!(kept_out, [3, 4], "two slices over the cap, not the request");
+        assert_eq!(events.dropped("max_spans_per_trace"), 2);
+        let done = a.poll(t0 + secs(2.0)).completed;
+        assert!(done[0].has_request);
+        assert_eq!(done[0].held.span_count(), 4);
     }
 
     #[test]
@@ -1615,7 +1703,8 @@ mod tests {
         };
         let (mut a, events) = prepared(cfg);
         let t0 = Instant::now();
-        let spans: Vec<Span> = (0..3).map(|i| span(1, i, "request")).collect();
+        let name = |i| if i == 0 { "request" } else { "slice" };
+        let spans: Vec<Span> = (0..3).map(|i| span(1, i, name(i))).collect();
         assert!(push_run(&mut a, spans, 0, 3, t0).is_empty());
         assert_eq!(events.dropped("max_spans_per_trace"), 1);
         assert_eq!(a.spans_in_flight(), 2);

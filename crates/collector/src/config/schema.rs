@@ -209,7 +209,8 @@ pub struct LimitsConfig {
     /// `memory_limit_bytes` (of what the aggregates leave of it, as for `soft_limit_percent`);
     /// below `soft_limit_percent`. Default 50.
     pub relief_target_percent: usize,
-    /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`).
+    /// Spans kept per trace; more are dropped (`dropped_spans_total{reason="max_spans_per_trace"}`),
+    /// but a request span has 64 more places (a trace its slices filled still gets its request).
     /// Default 10000.
     pub max_spans_per_trace: usize,
     /// Traces assembled at once; a new trace past it closes the oldest trace in flight before

@@ -50,8 +50,11 @@ use infertrace_analysis::critical_path::{
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
 use infertrace_analysis::dialect;
+use infertrace_analysis::dialect::infertrace::disagg_role;
 use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
+use infertrace_analysis::record::Dialect;
 use infertrace_analysis::trace::{Span, TraceId};
+use infertrace_semconv::disagg::role;
 
 use crate::assembler::{CompletedTrace, MemoryHold, Ready, TraceAssembler};
 use crate::config::CollectorConfig;
@@ -82,9 +85,26 @@ pub const POLL_ROUND: usize = 4096;
 /// `Retry-After` suggested when the memory limiter refuses a batch.
 const RETRY_AFTER_SECS: u32 = 1;
 
-/// Whether a span is a request span in any dialect (the assembler's completion signal).
+/// Whether a span is a request span in any dialect (the assembler's completion signal) — but a
+/// disaggregated worker's below another span: the router's span above it ends last, and comes
+/// with the router's own export, maybe seconds after the workers'.
 pub fn is_request_span(span: &Span) -> bool {
-    dialect::detect(span).is_some()
+    dialect::detect(span).is_some() && !is_worker_below(span)
+}
+
+/// Whether a request span that arrives after its trace completed is a request of its own, to
+/// be counted (infertrace, vLLM and TGI request spans: counted per service, as on time), not a
+/// part of one counted already (an SGLang role span, a generic server span around an engine's
+/// request, a disaggregated worker's span).
+pub fn is_new_request_span(span: &Span) -> bool {
+    matches!(
+        dialect::detect(span),
+        Some(Dialect::Infertrace | Dialect::Vllm | Dialect::Tgi)
+    ) && !is_worker_below(span)
+}
+
+fn is_worker_below(span: &Span) -> bool {
+    span.parent_span_id.is_some() && matches!(disagg_role(span), Some(role::PREFILL | role::DECODE))
 }
 
 /// What one tick (or flush) did.
@@ -211,8 +231,12 @@ impl Pipeline {
         limiter: MemoryLimiter,
         forward: Option<ForwardHandle>,
     ) -> Self {
-        let assembler =
-            TraceAssembler::new(config.assembler_config(), events.clone(), is_request_span);
+        let assembler = TraceAssembler::new(
+            config.assembler_config(),
+            events.clone(),
+            is_request_span,
+            is_new_request_span,
+        );
         let prom = PromRecorder::new(
             metrics,
             config.kpi_dimensions(),

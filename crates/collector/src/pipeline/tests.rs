@@ -503,6 +503,39 @@ fn late_phase_child_is_merged_into_the_stored_trace_not_the_kpis() {
 }
 
 #[test]
+fn a_later_request_in_a_completed_trace_is_counted_a_late_worker_span_is_not() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    p.ingest_at(batch(request_trace(1, "m", 10, 20, 30, 4)), t0)
+        .unwrap();
+    assert_eq!(p.tick_at(t0 + secs(2.0), unix_nanos_now()).requests, 1);
+    // An agent's next call in the same trace, after the first completed: a request of its own.
+    let mut next = request_trace(1, "m", 10, 20, 30, 4);
+    for s in &mut next {
+        s.span_id.0[7] = 2;
+        if let Some(parent) = &mut s.parent_span_id {
+            parent.0[7] = 2;
+        }
+    }
+    // And a disaggregated prefill worker's span below the first request: a part of that one.
+    let mut worker = next[3].clone();
+    worker.span_id.0[7] = 3;
+    worker.parent_span_id = Some(next[3].span_id);
+    worker
+        .attributes
+        .push((sc::disagg::ROLE, AttrValue::Str("prefill".into())));
+    next.insert(0, worker);
+    p.ingest_at(batch(next), t0 + secs(3.0)).unwrap();
+    let stats = p.tick_at(t0 + secs(5.1), unix_nanos_now());
+    assert_eq!(stats.requests, 1, "the next call, once");
+    assert_eq!(p.kpis(Duration::from_secs(60)).series[0].requests, 2);
+    let stored = p.trace(&TraceId([1; 16])).unwrap();
+    assert_eq!(stored.requests.len(), 2);
+    assert_eq!(stored.spans.len(), 9, "both calls and the worker's span");
+}
+
+#[test]
 fn series_cap_counts_overflow() {
     let mut config = CollectorConfig::default();
     config.limits.max_series = 1;
