@@ -700,6 +700,29 @@ fn a_server_span_around_a_request_span_is_not_a_second_request() {
     assert!(ids.contains(&(sid(60), Dialect::Generic)));
 }
 
+/// vLLM under `opentelemetry-instrument`: the framework's server span and vLLM's
+/// `llm_request` both continue the client's context, as siblings; one request. A server span
+/// of the same service at another time is a request of its own.
+#[test]
+fn a_framework_server_span_beside_an_engine_span_is_not_a_second_request() {
+    let mut engine = vllm_span(1);
+    engine.parent_span_id = Some(sid(40));
+    let mut framework = span(
+        "POST /v1/completions",
+        SpanKind::Server,
+        2,
+        Some(40),
+        0,
+        2601,
+    );
+    framework.parent_span_id = Some(sid(40));
+    let r = one(&[framework, engine.clone()]);
+    assert_eq!(r.dialect, Dialect::Vllm);
+    let health = span("GET /health", SpanKind::Server, 3, Some(40), 3000, 3001);
+    let recs = extract_requests(&[engine, health]);
+    assert_eq!(recs.len(), 2, "{recs:#?}");
+}
+
 #[test]
 fn garbage_attributes_never_panic() {
     let sp = with(

@@ -252,6 +252,33 @@ fn the_prefill_side_alone_is_still_one_request() {
     assert!(r.ttft.is_none(), "the first token is the decode side's");
 }
 
+/// Newer SGLang's KV sender opens a `Sender Req …` span with `rid` and `bootstrap_room` as the
+/// root of a trace of its own: a transfer, not a request.
+#[test]
+fn the_kv_senders_span_is_no_request() {
+    let sender = Span {
+        trace_id: infertrace_analysis::trace::TraceId([5; 16]),
+        span_id: SpanId([5; 8]),
+        parent_span_id: None,
+        name: "Sender Req 0x1f2e3d".into(),
+        service: Text::from("sglang-prefill"),
+        kind: SpanKind::Internal,
+        start_unix_nano: 1_700_000_000 * 1_000_000_000,
+        end_unix_nano: 1_700_000_000 * 1_000_000_000 + 100 * MS,
+        status: StatusCode::Unset,
+        attributes: vec![
+            kept(sc::sglang::RID, AttrValue::Str("0x1f2e3d".into())),
+            kept(
+                sc::sglang::BOOTSTRAP_ROOM,
+                AttrValue::Str("0x1f2e3d".into()),
+            ),
+        ],
+        links: Vec::new(),
+    };
+    assert_eq!(detect(&sender), None);
+    assert!(extract_requests(&[sender]).is_empty());
+}
+
 #[test]
 fn rooms_each_server_created_for_one_pd_request_are_one_request() {
     // Behind a gateway that passes only W3C context, the prefill and the decode server each

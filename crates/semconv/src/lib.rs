@@ -230,6 +230,8 @@ pub mod sglang {
         pub const DECODE: &str = "decode";
         /// The router (mini load balancer).
         pub const ROUTER: &str = "router";
+        /// The KV-cache sender of a transfer (mooncake): its own trace, not a request.
+        pub const KV_SENDER: &str = "sender";
     }
     /// Stage (slice) names; the level at which SGLang emits each is in docs/dialects-sglang.md#sglangs-span-model.
     pub mod stage {

@@ -74,10 +74,17 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
         .map(|&(i, _)| i)
         .collect();
     specific.retain(|(i, _)| !nested.contains(i));
+    // A generic server span of a service whose request span it encloses, lies in, or overlaps
+    // (an HTTP framework's span beside an engine's own: vLLM under `opentelemetry-instrument`
+    // continues the client's context, so the two are siblings) is the same request.
     generic.retain(|g| {
         !specific.iter().any(|&(s, _)| {
             let (gs, ss) = (&spans[*g], &spans[s]);
-            gs.service == ss.service && (trace.is_ancestor(gs, ss) || trace.is_ancestor(ss, gs))
+            gs.service == ss.service
+                && (trace.is_ancestor(gs, ss)
+                    || trace.is_ancestor(ss, gs)
+                    || (gs.start_unix_nano < ss.end_unix_nano
+                        && ss.start_unix_nano < gs.end_unix_nano))
         })
     });
     let mut all = specific;

@@ -88,13 +88,29 @@ use crate::trace::Span;
 /// `bootstrap_room` that is not a role span: newer versions put the attribute on role spans).
 pub fn is_room(span: &Span) -> bool {
     span.name.starts_with(sc::sglang::ROOM_SPAN_PREFIX)
-        || (span.attr(sc::sglang::BOOTSTRAP_ROOM).is_some() && !is_role_request(span))
+        || (span.attr(sc::sglang::BOOTSTRAP_ROOM).is_some()
+            && !is_role_request(span)
+            && !is_kv_sender(span))
 }
 
-/// True for a per-role request span: `"{role} Req {rid}"` carrying `rid`.
+/// True for a per-role request span: `"{role} Req {rid}"` carrying `rid` — but the KV
+/// sender's.
 pub fn is_role_request(span: &Span) -> bool {
     // The name first: most spans fail it without an attribute scan.
-    span.name.contains(sc::sglang::REQUEST_SPAN_MARKER) && span.attr(sc::sglang::RID).is_some()
+    span.name.contains(sc::sglang::REQUEST_SPAN_MARKER)
+        && !is_kv_sender(span)
+        && span.attr(sc::sglang::RID).is_some()
+}
+
+/// The KV sender's span (`"Sender Req …"`, with `rid` and `bootstrap_room`): newer versions
+/// open it for a transfer, as the root of a trace of its own; it is no request.
+fn is_kv_sender(span: &Span) -> bool {
+    span.name
+        .split_once(sc::sglang::REQUEST_SPAN_MARKER)
+        .is_some_and(|(role, _)| {
+            role.trim()
+                .eq_ignore_ascii_case(sc::sglang::role::KV_SENDER)
+        })
 }
 
 /// True for the spans that stand for an SGLang request: the room and the role spans.
