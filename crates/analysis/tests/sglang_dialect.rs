@@ -252,6 +252,31 @@ fn the_prefill_side_alone_is_still_one_request() {
     assert!(r.ttft.is_none(), "the first token is the decode side's");
 }
 
+/// Below trace level 3 the decode side has no `fake_output` or `decode_loop` slices: decode
+/// (and TPOT) come from its role span's latency attribute.
+#[test]
+fn pd_without_decode_slices_reads_decode_from_the_role_span() {
+    let mut tree = pd();
+    tree.roles[2].attributes.push(kept(
+        sc::latency::TIME_IN_MODEL_DECODE,
+        AttrValue::Double(0.7),
+    ));
+    let spans: Vec<Span> = tree
+        .build()
+        .into_iter()
+        .filter(|s| s.name != st::FAKE_OUTPUT && s.name != st::DECODE_LOOP)
+        .collect();
+    let r = one(&spans);
+    assert_close("decode", r.decode, 0.7);
+    assert_close(
+        "disagg decode",
+        r.disagg.as_ref().and_then(|d| d.decode),
+        0.7,
+    );
+    let n = r.output_tokens.expect("counted") as f64;
+    assert_close("tpot", r.tpot, 0.7 / (n - 1.0));
+}
+
 /// Newer SGLang's KV sender opens a `Sender Req …` span with `rid` and `bootstrap_room` as the
 /// root of a trace of its own: a transfer, not a request.
 #[test]

@@ -49,8 +49,9 @@
 //!   last `decode_loop` (or `decode_forward`).
 //! - PD: queue = the prefill side's `prefill_waiting`, prefill = its `prefill_forward`;
 //!   first token at the end of the decode side's `fake_output` (the prebuilt step that emits
-//!   the token the prefill side computed), else at the start of its first `decode_loop`;
-//!   decode = first token → end of the decode side's last `decode_loop` / `decode_forward`.
+//!   the token the prefill side computed), else at the start of its first `decode_loop` (else
+//!   `decode_forward`); decode = first token → end of the decode side's last `decode_loop` /
+//!   `decode_forward`, else the role spans' `gen_ai.latency.time_in_model_decode`.
 //!   Sub-phases ([`DisaggPhases`]): routing = `mini_lb_launch`, bootstrap =
 //!   `prefill_bootstrap`, prefill queue = `prefill_waiting`, prefill = `prefill_forward`,
 //!   KV transfer = `prefill_transfer_kv_cache`, decode bootstrap = `decode_bootstrap`,
@@ -519,7 +520,8 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         first_token_at = tree
             .stage(d, Stage::FakeOutput)
             .map(|o| o.first_end)
-            .or_else(|| tree.stage(d, Stage::DecodeLoop).map(|o| o.min_start));
+            .or_else(|| tree.stage(d, Stage::DecodeLoop).map(|o| o.min_start))
+            .or_else(|| tree.stage(d, Stage::DecodeForward).map(|o| o.min_start));
         last_token_at = last_decode_end(&tree, d);
         phases.decode = first_token_at
             .zip(last_token_at)
@@ -541,6 +543,15 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         r.decode = first_token_at
             .zip(last_token_at)
             .and_then(|(f, l)| secs(f, l));
+    }
+    if r.decode.is_none() {
+        // Without the slices that bound it: the role spans' own decode time.
+        r.decode = tree
+            .roles_decode_first()
+            .find_map(|s| seconds_attr(s, sc::latency::TIME_IN_MODEL_DECODE));
+        if let Some(phases) = r.disagg.as_deref_mut() {
+            phases.decode = r.decode;
+        }
     }
     r.origins.queue = measured(r.queue);
     r.origins.prefill = measured(r.prefill);
