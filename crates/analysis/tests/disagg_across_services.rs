@@ -225,3 +225,17 @@ fn tokens_only_the_workers_count_give_tpot_and_the_transfer_rate() {
     assert_eq!(rec.output_tokens, Some(101), "the decode worker's count");
     assert_eq!(ms(rec.tpot), 9.36, "936 ms over 100 tokens after the first");
 }
+
+/// The prefill side's transfer span runs on past the moment the decode worker went on (it
+/// waits for an acknowledgement): only the part before counts toward TTFT.
+#[test]
+fn a_transfer_overlapping_the_decode_side_counts_until_the_decode_side_went_on() {
+    let mut t = Trace::default();
+    let r = router(&mut t, Some((400, 101)));
+    let p = t.request("prefill-0", Some("prefill"), Some(r), (2.5, 1000.5), "ok", None);
+    t.phase("prefill-0", "prefill", p, (5.5, 45.5));
+    t.phase("prefill-0", "kv_transfer", p, (47.5, 80.0));
+    decode_worker(&mut t, "decode-0", p, None);
+    let d = t.record().disagg.expect("disaggregated");
+    assert_eq!(ms(d.kv_transfer), 5.5, "47.5 → 53, where decode_wait starts");
+}

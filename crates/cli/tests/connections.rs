@@ -15,9 +15,9 @@ use common::*;
 use support_tls::TestPki;
 
 /// A request whose head never ends (the API has no request bodies).
-const HALF_HEAD: &str = "GET /health HTTP/1.1\r\nHost: x\r\n";
+const HALF_HEAD: &str = "GET /health HTTP/1.1\r\nHost: localhost\r\n";
 /// A receiver request whose head is complete and whose body never is.
-const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\npartial";
+const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\npartial";
 
 #[test]
 #[cfg(unix)]

@@ -29,7 +29,8 @@
 //! **Answers.** No or unknown token: HTTP 401 with `WWW-Authenticate: Bearer …`, gRPC
 //! `UNAUTHENTICATED`; a known token without the scope: HTTP 403, gRPC `PERMISSION_DENIED`.
 //! Every refusal is counted in `infertrace_auth_failures_total{listener,reason}` and logged at
-//! warn level, at most once per reason per 10 s ([`InternalEvents::auth_refused`]).
+//! warn level, at most one line per 10 s for all refusals together, naming the latest reason
+//! and how many since the last line ([`InternalEvents::auth_refused`]).
 //!
 //! **Reload.** [`Authenticator::reload`] (called on SIGHUP by `infertrace collect`) re-reads
 //! the sources; a reload that fails keeps the previous tokens. Each reload is counted in
@@ -216,6 +217,17 @@ fn digest(token: &[u8]) -> [u64; 4] {
     })
 }
 
+/// Fewest different characters a token must have (a random 16-character token has about 14;
+/// `aaaaaaaaaaaaaaaa` or `0000…` are refused).
+pub const MIN_TOKEN_DISTINCT: usize = 6;
+
+fn distinct_bytes(t: &str) -> usize {
+    let mut seen = [false; 256];
+    t.bytes()
+        .filter(|&b| !std::mem::replace(&mut seen[usize::from(b)], true))
+        .count()
+}
+
 /// RFC 6750 `b64token`: `1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`.
 fn is_b64token(t: &str) -> bool {
     let body = t.trim_end_matches('=');
@@ -276,9 +288,16 @@ impl TokenSet {
                     "{at}: the token has characters a bearer token cannot carry: use A-Z a-z 0-9 - . _ ~ + / (e.g. `openssl rand -hex 32`)"
                 )));
             }
-            if token.len() < MIN_TOKEN_LEN {
+            // `=` padding says nothing; a token of a few repeated characters is no secret.
+            let body = token.trim_end_matches('=');
+            if body.len() < MIN_TOKEN_LEN {
                 return Err(AuthError(format!(
-                    "{at}: the token is shorter than {MIN_TOKEN_LEN} characters: use a random one, e.g. `openssl rand -hex 32`"
+                    "{at}: the token is shorter than {MIN_TOKEN_LEN} characters (not counting `=` padding): use a random one, e.g. `openssl rand -hex 32`"
+                )));
+            }
+            if distinct_bytes(body) < MIN_TOKEN_DISTINCT {
+                return Err(AuthError(format!(
+                    "{at}: the token repeats fewer than {MIN_TOKEN_DISTINCT} different characters: use a random one, e.g. `openssl rand -hex 32`"
                 )));
             }
             let d = digest(token.as_bytes());
@@ -601,6 +620,16 @@ impl HostAllowlist {
         }
     }
 
+    /// The host a request names (its `Host`, else its URI's authority) when it is not allowed.
+    pub fn refused<'a>(&self, headers: &'a http::HeaderMap, uri: &'a http::Uri) -> Option<&'a str> {
+        // A Host that is not visible ASCII is no allowed name either (rather than no Host).
+        let host = match headers.get(HOST) {
+            Some(h) => h.to_str().unwrap_or("(not visible ASCII)"),
+            None => uri.authority()?.as_str(),
+        };
+        (!self.allows(host)).then_some(host)
+    }
+
     /// Whether a `Host` header value (or URI authority) is allowed: any IP address, or a listed
     /// name; the port is ignored.
     pub fn allows(&self, authority: &str) -> bool {
@@ -665,14 +694,7 @@ pub struct ApiGuard {
 /// The API router's middleware (`axum::middleware::from_fn_with_state`): refuses a `Host`
 /// that is not allowed (421), then a request without a token of the path's scope (401/403).
 pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) -> Response {
-    // A Host that is not visible ASCII is no allowed name either (rather than no Host at all).
-    let host = match req.headers().get(HOST) {
-        Some(h) => Some(h.to_str().unwrap_or("(not visible ASCII)")),
-        None => req.uri().authority().map(|a| a.as_str()),
-    };
-    if let Some(host) = host
-        && !guard.hosts.allows(host)
-    {
+    if let Some(host) = guard.hosts.refused(req.headers(), req.uri()) {
         guard.events.auth_refused(API_LISTENER, "host_not_allowed");
         let message = format!(
             "the Host {host:?} is not served here: add it to api.allowed_hosts (a guard against \
@@ -700,15 +722,24 @@ pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) 
         )
             .into_response();
     }
-    next.run(req).await
+    let scoped = scope_of_path(req.uri().path()).is_some();
+    let mut response = next.run(req).await;
+    // KPIs, traces and metrics are read live and may be private: no cache keeps a copy.
+    if scoped {
+        response
+            .headers_mut()
+            .entry(CACHE_CONTROL)
+            .or_insert(HeaderValue::from_static("no-store"));
+    }
+    response
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const A: &str = "aaaaaaaaaaaaaaaa1111";
-    const B: &str = "bbbbbbbbbbbbbbbb2222";
+    const A: &str = "token-a-0123456789";
+    const B: &str = "token-b-9876543210";
 
     fn header(v: &str) -> HeaderValue {
         HeaderValue::from_str(v).unwrap()
@@ -766,6 +797,16 @@ mod tests {
                 "is the token first?",
             ),
             ("ingest short-token\n".to_owned(), "f:1:", "shorter than 16"),
+            (
+                "ingest a===============\n".to_owned(),
+                "f:1:",
+                "shorter than 16",
+            ),
+            (
+                "all 0000000000000000\n".to_owned(),
+                "f:1:",
+                "fewer than 6 different",
+            ),
             (format!("ingest {A}\"x\n"), "f:1:", "characters"),
             (format!("ingest {A}\nread {A}\n"), "f:2:", "already listed"),
             (format!("ingest {A} extra\n"), "f:1:", "two fields"),

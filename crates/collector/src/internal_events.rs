@@ -87,6 +87,7 @@ const DROP_REASONS: &[&str] = &[
 const CLOSE_REASONS: &[&str] = &[
     "idle_timeout",
     "header_timeout",
+    "send_timeout",
     "keepalive_timeout",
     "tls_handshake",
     "shutdown",
@@ -201,7 +202,8 @@ pub struct MemoryPartLabels {
 pub struct ConnectionCloseLabels {
     /// `otlp_grpc`, `otlp_http` or `api`.
     pub listener: &'static str,
-    /// `idle_timeout`, `header_timeout`, `keepalive_timeout`, `tls_handshake` or `shutdown`.
+    /// `idle_timeout`, `header_timeout`, `send_timeout`, `keepalive_timeout`, `tls_handshake` or
+    /// `shutdown`.
     pub reason: &'static str,
 }
 
@@ -576,7 +578,7 @@ impl InternalEvents {
     }
 
     /// Counts a connection `listener` closed for `reason` (`idle_timeout`, `header_timeout`,
-    /// `keepalive_timeout`, `tls_handshake`, `shutdown`), and logs it at warn level (rate-limited) except for idle
+    /// `send_timeout`, `keepalive_timeout`, `tls_handshake`, `shutdown`), and logs it at warn level (rate-limited) except for idle
     /// timeouts, which are ordinary.
     pub fn connection_closed(&self, listener: &'static str, reason: &'static str) {
         self.connections_closed

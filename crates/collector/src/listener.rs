@@ -15,6 +15,13 @@
 //! - **idle timeout**: a connection with no request in flight (a request is in flight from its
 //!   head until its response body has been sent) for `idle_timeout` is closed. Only requests
 //!   count as activity, so HTTP/2 pings and stray bytes do not keep a connection open.
+//! - **send timeout**: a connection whose answered requests' responses have waited for
+//!   `idle_timeout` with none of them sent (a client that leaves its HTTP/2 window at 0, or does
+//!   not read its socket) is cut (reason `send_timeout`): the request body's read is bounded by
+//!   the receivers' `body_read_timeout` and the handlers are short, so only an answer the
+//!   client does not take could hold a connection for longer.
+//! - **HTTP/1 read buffer** of at most [`H1_MAX_BUF`] (64 KiB) a connection: a request head must
+//!   fit in it (HTTP/2 heads: 16 KiB), so half-sent heads hold at most that per connection.
 //! - **HTTP/2 keep-alive**: a ping every `http2_keepalive_interval`; a connection whose ping is
 //!   not answered within `http2_keepalive_timeout` is closed (dead peers, half-open TCP).
 //! - **shutdown**: when the `shutdown` future resolves with a deadline, the listener stops
@@ -23,7 +30,7 @@
 //!   (`infertrace_connections_closed_total{reason="shutdown"}`). [`serve`] returns then.
 //!
 //! Closes are counted in `infertrace_connections_closed_total{listener,reason}` with reason
-//! `idle_timeout`, `header_timeout`, `keepalive_timeout` (an HTTP/2 ping went unanswered),
+//! `idle_timeout`, `header_timeout`, `send_timeout`, `keepalive_timeout` (an HTTP/2 ping went unanswered),
 //! `tls_handshake` (failed or timed-out handshakes, including mutual-TLS clients without an
 //! accepted certificate) or `shutdown`.
 //!
@@ -53,6 +60,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use crate::config::ConnectionsConfig;
 use crate::internal_events::InternalEvents;
 use crate::server_tls::ServerTls;
+
+/// The largest read buffer of an HTTP/1 connection: a request head must fit in it, and a
+/// body is read in pieces of at most this size. hyper's default (~400 KiB) let a client that
+/// sends half a head hold that much per connection, outside the memory limit; HTTP/2 heads
+/// are bounded at 16 KiB by hyper's default.
+pub const H1_MAX_BUF: usize = 64 * 1024;
 
 /// HTTP/2 flow-control windows and frame size: large enough that a 16-connection client sending
 /// ~300 KB requests is never stalled on window updates.
@@ -158,7 +171,8 @@ where
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(c.header_read_timeout);
+        .header_read_timeout(c.header_read_timeout)
+        .max_buf_size(H1_MAX_BUF);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -365,6 +379,8 @@ async fn serve_io<I, S, B>(
                     continue;
                 }
                 match activity.expired(c.header_read_timeout, c.idle_timeout) {
+                    // An answer the client does not take (an HTTP/2 window left at 0, a socket
+                    // not read) would hold the connection for ever: cut.
                     // Idle: closed gracefully (an HTTP/2 client gets a GOAWAY and opens a new
                     // connection for its next export rather than meeting a reset).
                     Some(reason @ "idle_timeout") => {
@@ -405,11 +421,16 @@ fn timeout_reason(error: &(dyn StdError + 'static)) -> Option<&'static str> {
     hyper_error.is_timeout().then_some("header_timeout")
 }
 
-/// What a connection is doing, for the idle and first-request timeouts.
+/// What a connection is doing, for the idle, first-request and send timeouts.
 struct Activity {
     start: Instant,
     /// Requests whose response body has not been sent yet.
     in_flight: AtomicUsize,
+    /// Of those, the ones already answered (their response is being sent).
+    answering: AtomicUsize,
+    /// Since when answers are waiting with none sent, in milliseconds after `start`: set when
+    /// the first answer starts waiting, and at every answer sent while others wait.
+    waiting_since_ms: AtomicU64,
     /// Whether any request head arrived.
     started: AtomicBool,
     /// When the last request ended, in milliseconds after `start`.
@@ -421,6 +442,8 @@ impl Activity {
         Self {
             start,
             in_flight: AtomicUsize::new(0),
+            answering: AtomicUsize::new(0),
+            waiting_since_ms: AtomicU64::new(0),
             started: AtomicBool::new(false),
             last_end_ms: AtomicU64::new(0),
         }
@@ -429,7 +452,18 @@ impl Activity {
     fn begin(self: &Arc<Self>) -> InFlight {
         self.started.store(true, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(self.clone())
+        InFlight {
+            activity: self.clone(),
+            answering: false,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn waiting_since(&self) -> Instant {
+        self.start + Duration::from_millis(self.waiting_since_ms.load(Ordering::Relaxed))
     }
 
     fn last_end(&self) -> Instant {
@@ -441,6 +475,9 @@ impl Activity {
         let now = Instant::now();
         if !self.started.load(Ordering::Relaxed) {
             return (self.start + header.min(idle)).max(now);
+        }
+        if self.answering.load(Ordering::Acquire) > 0 {
+            return (self.waiting_since() + idle).max(now);
         }
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return now + idle;
@@ -460,6 +497,9 @@ impl Activity {
             }
             return None;
         }
+        if self.answering.load(Ordering::Acquire) > 0 && now >= self.waiting_since() + idle {
+            return Some("send_timeout");
+        }
         if self.in_flight.load(Ordering::Acquire) == 0 && now >= self.last_end() + idle {
             return Some("idle_timeout");
         }
@@ -468,13 +508,34 @@ impl Activity {
 }
 
 /// One request in flight; its end is recorded when dropped (with the response body).
-struct InFlight(Arc<Activity>);
+struct InFlight {
+    activity: Arc<Activity>,
+    /// Answered: its response is being sent.
+    answering: bool,
+}
+
+impl InFlight {
+    /// The request is answered: from now its response waits for the client to take it.
+    fn answered(&mut self) {
+        let a = &self.activity;
+        if a.answering.fetch_add(1, Ordering::AcqRel) == 0 {
+            a.waiting_since_ms.store(a.now_ms(), Ordering::Relaxed);
+        }
+        self.answering = true;
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let ms = u64::try_from(self.0.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.0.last_end_ms.fetch_max(ms, Ordering::Relaxed);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let a = &self.activity;
+        let ms = a.now_ms();
+        if self.answering {
+            // An answer sent: the client takes answers; the others wait from now.
+            a.waiting_since_ms.store(ms, Ordering::Relaxed);
+            a.answering.fetch_sub(1, Ordering::AcqRel);
+        }
+        a.last_end_ms.fetch_max(ms, Ordering::Relaxed);
+        a.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -531,7 +592,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = std::task::ready!(this.inner.poll(cx))?;
-        let in_flight = this.in_flight.take();
+        let mut in_flight = this.in_flight.take();
+        if let Some(f) = &mut in_flight {
+            f.answered();
+        }
         Poll::Ready(Ok(response.map(|inner| TrackedBody {
             inner,
             _in_flight: in_flight,

@@ -528,6 +528,7 @@ fn spawn_receivers(
         body_read_timeout: r.body_read_timeout,
         retry_after_secs: 1,
         auth: checked.auth.clone(),
+        allowed_hosts: None,
     };
     let ingest: Arc<dyn Ingest> = core.pipeline.clone();
     let events = &checked.events;
@@ -554,12 +555,19 @@ fn spawn_receivers(
         let settings = ListenerSettings::new(HTTP_RECEIVER)
             .with_connections(r.otlp_http.connections.clone())
             .with_tls(checked.tls.otlp_http.clone());
+        let mut limits = limits.clone();
+        if limits.auth.is_none()
+            && let Ok(addr) = l.local_addr()
+            && addr.ip().is_loopback()
+        {
+            limits.allowed_hosts = Some(HostAllowlist::new(&config.api.allowed_hosts, addr));
+        }
         tokio::spawn(serve_http_with(
             l,
             settings,
             ingest.clone(),
             events.clone(),
-            limits.clone(),
+            limits,
             deadline(stop_rx.clone()),
         ))
     });

@@ -204,7 +204,7 @@ async fn idle_connections_are_closed_http1_keepalive_and_http2() {
     // An HTTP/1.1 keep-alive connection after one request.
     let mut keepalive = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
     keepalive
-        .write_all(b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /v1/traces HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let mut buf = [0u8; 512];
@@ -278,7 +278,7 @@ async fn slow_headers_are_cut_at_the_header_timeout() {
     config.receivers.otlp_grpc.connections = connections(100, Duration::from_secs(60), header);
     config.api.connections = connections(100, Duration::from_secs(60), header);
     let c = server::run(config, std::future::pending()).await.unwrap();
-    let head = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let head = b"POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-protobuf\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     for (addr, listener) in [(c.http_addr.unwrap(), "otlp_http"), (c.api_addr, "api")] {
         let mut s = TcpStream::connect(addr).await.unwrap();
         let started = Instant::now();
@@ -334,9 +334,9 @@ async fn half_open(addr: SocketAddr, request: &str) -> TcpStream {
 }
 
 /// A receiver request whose head is complete and whose body never is.
-const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\npartial";
+const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\npartial";
 /// An API request whose head never ends (the API has no request bodies).
-const HALF_HEAD: &str = "GET /health HTTP/1.1\r\nHost: x\r\n";
+const HALF_HEAD: &str = "GET /health HTTP/1.1\r\nHost: localhost\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cuts_half_open_requests_at_the_deadline() {
@@ -519,7 +519,7 @@ async fn tls_and_mutual_tls_on_every_listener() {
     // Plain text on a TLS port is not served.
     let (status, _) = tokio::time::timeout(WAIT, async {
         let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
-        s.write_all(b"GET /v1/traces HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(b"GET /v1/traces HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .await
             .unwrap();
         let mut buf = Vec::new();
@@ -653,5 +653,116 @@ async fn a_dead_http2_peer_is_detected_by_keepalive_pings() {
         "closed by the keep-alive, not by a timeout"
     );
     drop(s);
+    c.stop().await.unwrap();
+}
+
+/// A client that takes no answer — its HTTP/2 stream window set to 0, so no DATA can reach it,
+/// while it reads every frame and stays otherwise healthy — cannot hold a connection past the
+/// idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_the_client_never_takes_does_not_hold_the_connection() {
+    let mut config = test_config();
+    config.api.connections = connections(100, Duration::from_secs(1), Duration::from_secs(60));
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let mut s = TcpStream::connect(c.api_addr).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0])); // SETTINGS INITIAL_WINDOW_SIZE = 0
+    out.extend(h2_frame(4, 1, 0, &[])); // ACK of the server's SETTINGS
+    let mut headers = vec![0x82, 0x86]; // :method GET, :scheme http (static table)
+    for (name_index, value) in [(4u8, "/api/kpis"), (1, "localhost")] {
+        headers.push(name_index); // literal without indexing, indexed name (:path, :authority)
+        headers.push(u8::try_from(value.len()).unwrap());
+        headers.extend_from_slice(value.as_bytes());
+    }
+    out.extend(h2_frame(1, 0x5, 1, &headers)); // HEADERS, END_HEADERS | END_STREAM
+    s.write_all(&out).await.unwrap();
+    let started = Instant::now();
+    assert!(
+        closed_within(&mut s, WAIT).await,
+        "the stalled answer's connection is cut"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "not before the idle timeout"
+    );
+    eventually(WAIT, "the cut counted", || {
+        closed(&c, "api", "send_timeout") == 1
+    })
+    .await;
+    c.stop().await.unwrap();
+}
+
+/// A request head larger than the HTTP/1 read buffer is refused at once: a client sending
+/// half of a huge head holds at most the buffer (64 KiB), not hyper's default ~400 KiB, until
+/// the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_http1_head_is_refused_without_waiting_for_its_end() {
+    let mut config = test_config();
+    config.api.connections = connections(100, Duration::from_secs(60), Duration::from_secs(60));
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let mut s = TcpStream::connect(c.api_addr).await.unwrap();
+    let mut head = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Padding: ".to_vec();
+    head.resize(100 * 1024, b'a');
+    // The server may answer and close before reading it all: a failed write is fine.
+    let _ = s.write_all(&head).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431"),
+        "refused as too large before the 60 s header timeout: {answer:?}"
+    );
+    c.stop().await.unwrap();
+}
+
+/// The status line of a raw HTTP/1.1 exchange (`Connection: close`).
+async fn status_of(addr: SocketAddr, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+/// DNS rebinding: a page on the attacker's name resolved to 127.0.0.1 sends that name as
+/// `Host`. On loopback without authentication, the API and OTLP/HTTP answer only the allowed
+/// names (and IP addresses), so a page can neither read the KPIs nor post spans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebinding_host_is_refused_on_the_api_and_otlp_http() {
+    let c = server::run(test_config(), std::future::pending())
+        .await
+        .unwrap();
+    let empty = "{}";
+    for (host, want) in [
+        ("evil.example", "421"),
+        ("localhost", "200"),
+        ("127.0.0.1", "200"),
+    ] {
+        let post = format!(
+            "POST /v1/traces HTTP/1.1\r\nHost: {host}:{}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{empty}",
+            c.http_addr.unwrap().port(),
+            empty.len()
+        );
+        let line = status_of(c.http_addr.unwrap(), &post).await;
+        assert!(line.contains(want), "OTLP/HTTP, Host {host}: {line}");
+        let get = format!("GET /api/kpis HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let line = status_of(c.api_addr, &get).await;
+        assert!(line.contains(want), "API, Host {host}: {line}");
+    }
+    assert_eq!(
+        c.events()
+            .auth_failures
+            .get_or_create(&infertrace_collector::internal_events::AuthFailureLabels {
+                listener: "otlp_http",
+                reason: "host_not_allowed",
+            })
+            .get(),
+        1
+    );
     c.stop().await.unwrap();
 }

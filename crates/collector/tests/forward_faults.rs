@@ -599,7 +599,7 @@ async fn post_from(from: IpAddr, to: SocketAddr, k: u32) -> u16 {
     socket.bind(SocketAddr::new(from, 0)).unwrap();
     let mut s = socket.connect(to).await.unwrap();
     let head = format!(
-        "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n\
+        "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-protobuf\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );

@@ -16,6 +16,11 @@ use opentelemetry_proto::tonic::common::v1::any_value;
 use prost::Message;
 use support::*;
 
+/// The allocator the `infertrace` binary runs with: how much freed memory stays resident is
+/// the allocator's (glibc keeps 64 KiB pieces in per-thread arenas; mimalloc returns them).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const MIB: usize = 1024 * 1024;
 /// The memory limit of every probe.
 const LIMIT: usize = 128 * MIB;

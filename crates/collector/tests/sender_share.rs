@@ -36,7 +36,7 @@ async fn connect_from(from: IpAddr, to: SocketAddr) -> TcpStream {
 fn head(token: Option<&str>, length: usize) -> String {
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     format!(
-        "POST /v1/traces HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/x-protobuf\r\n\
+        "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/x-protobuf\r\n\
          Content-Length: {length}\r\nConnection: close\r\n\r\n"
     )
 }

@@ -30,7 +30,9 @@
 //! request — one record, the outermost span's (its service, arrival, e2e, TTFT: the client's
 //! view). The workers' phase children fill it:
 //! - prefill worker: `queue` → prefill queue, `prefill` → prefill, and its `bootstrap` /
-//!   `kv_transfer` children; the record's queue and prefill become the prefill worker's;
+//!   `kv_transfer` children (the transfer cut where the decode worker's first sub-phase
+//!   starts, when that lies inside it: the part on the way to the first token); the record's
+//!   queue and prefill become the prefill worker's;
 //! - decode worker: `decode_bootstrap`, `kv_transfer`, `decode_wait`, `first_token` children,
 //!   `decode` → decode; the record's decode becomes the decode worker's (TPOT follows);
 //! - the outermost span's own `routing` child → routing. TTFT is the router's own (the
@@ -251,7 +253,11 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
         fill(&mut d.prefill_queue, w, sc::span::QUEUE);
         fill(&mut d.prefill, w, sc::span::PREFILL);
         fill(&mut d.bootstrap, w, sc::disagg::BOOTSTRAP);
-        fill(&mut d.kv_transfer, w, sc::disagg::KV_TRANSFER);
+        if d.kv_transfer.is_none() {
+            let received = decode.and_then(|dw| decode_side_start(dw, trace));
+            d.kv_transfer = phase_child(w, trace, sc::disagg::KV_TRANSFER)
+                .map(|kv| until_received(kv, received));
+        }
         d.prefill_worker.get_or_insert_with(|| w.service.clone());
         if !std::ptr::eq(w, outer) {
             r.queue = d.prefill_queue.or(r.queue);
@@ -294,6 +300,28 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
     {
         r.ttft = Some((at - r.arrival_unix_nano) as f64 / 1e9);
         r.origins.ttft = Some(PhaseOrigin::Measured);
+    }
+}
+
+/// When the decode worker went on with the request: the start of its first sub-phase
+/// (`decode_wait`, else `first_token`, else `decode`).
+fn decode_side_start(worker: &Span, trace: &TraceView<'_>) -> Option<u64> {
+    [sc::disagg::DECODE_WAIT, sc::disagg::FIRST_TOKEN, sc::span::DECODE]
+        .into_iter()
+        .find_map(|phase| phase_child(worker, trace, phase))
+        .map(|s| s.start_unix_nano)
+}
+
+/// The KV transfer's seconds on the way to the first token: its span, cut where the decode
+/// worker went on with the request when that lies inside it (the prefill side's span may
+/// include waiting for the decode side's acknowledgement, overlapping the decode side's
+/// work).
+fn until_received(kv: &Span, received: Option<u64>) -> f64 {
+    match received {
+        Some(at) if at > kv.start_unix_nano && at < kv.end_unix_nano => {
+            (at - kv.start_unix_nano) as f64 / 1e9
+        }
+        _ => kv.duration_secs(),
     }
 }
 

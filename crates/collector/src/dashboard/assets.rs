@@ -133,12 +133,15 @@ fn matches(headers: &HeaderMap, tag: &str) -> bool {
 /// The response for the asset at `path`, honouring `If-None-Match`; 404 when unknown.
 pub fn respond(path: &str, request_headers: &HeaderMap) -> Response {
     let Some(index) = ASSETS.iter().position(|a| a.path == path) else {
-        return (
-            StatusCode::NOT_FOUND,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            format!("no dashboard asset {path:?}"),
-        )
-            .into_response();
+        let mut headers = HeaderMap::new();
+        for (name, value) in SECURITY_HEADERS {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return (StatusCode::NOT_FOUND, headers, "no such dashboard asset").into_response();
     };
     let asset = &ASSETS[index];
     let tag = etag(index);

@@ -105,6 +105,18 @@ impl Format {
 type HttpResponse = Response<Full<Bytes>>;
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
+    if let Some(hosts) = &receiver.limits.allowed_hosts
+        && hosts.refused(req.headers(), req.uri()).is_some()
+    {
+        receiver
+            .events
+            .auth_refused(receiver.name, "host_not_allowed");
+        return plain(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this Host is not served here: add it to api.allowed_hosts (a guard against DNS \
+             rebinding while the receiver listens on loopback without authentication)",
+        );
+    }
     let token = match receiver.ingest_token(req.headers().get(AUTHORIZATION)) {
         Ok(token) => token,
         Err(refusal) => {

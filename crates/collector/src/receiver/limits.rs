@@ -42,6 +42,11 @@ pub struct ReceiverLimits {
     /// Bearer-token check of scope `ingest`, made first thing in every request (401/403,
     /// gRPC `UNAUTHENTICATED`/`PERMISSION_DENIED`). Default `None`: no check at all.
     pub auth: Option<crate::auth::Authenticator>,
+    /// The `Host` names OTLP/HTTP answers to (421 for others, against DNS rebinding: a web page
+    /// posting spans to a collector on the developer's machine). The collector sets it to
+    /// `api.allowed_hosts` when the receiver listens on loopback without authentication (a
+    /// token is a page's obstacle otherwise, and remote senders use any name). Default `None`.
+    pub allowed_hosts: Option<crate::auth::HostAllowlist>,
 }
 
 impl Default for ReceiverLimits {
@@ -52,6 +57,7 @@ impl Default for ReceiverLimits {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             retry_after_secs: 1,
             auth: None,
+            allowed_hosts: None,
         }
     }
 }
