@@ -232,10 +232,21 @@ fn tokens_only_the_workers_count_give_tpot_and_the_transfer_rate() {
 fn a_transfer_overlapping_the_decode_side_counts_until_the_decode_side_went_on() {
     let mut t = Trace::default();
     let r = router(&mut t, Some((400, 101)));
-    let p = t.request("prefill-0", Some("prefill"), Some(r), (2.5, 1000.5), "ok", None);
+    let p = t.request(
+        "prefill-0",
+        Some("prefill"),
+        Some(r),
+        (2.5, 1000.5),
+        "ok",
+        None,
+    );
     t.phase("prefill-0", "prefill", p, (5.5, 45.5));
     t.phase("prefill-0", "kv_transfer", p, (47.5, 80.0));
     decode_worker(&mut t, "decode-0", p, None);
     let d = t.record().disagg.expect("disaggregated");
-    assert_eq!(ms(d.kv_transfer), 5.5, "47.5 → 53, where decode_wait starts");
+    assert_eq!(
+        ms(d.kv_transfer),
+        5.5,
+        "47.5 → 53, where decode_wait starts"
+    );
 }

@@ -49,7 +49,9 @@ pub struct CollectArgs {
 /// Arguments of `infertrace check-config`.
 #[derive(Args, Debug)]
 pub struct CheckConfigArgs {
-    /// The YAML config file to validate.
+    /// The YAML config file to validate (the one `collect` would read from INFERTRACE_CONFIG
+    /// when not given).
+    #[arg(env = "INFERTRACE_CONFIG")]
     pub file: PathBuf,
     /// The tokens file `collect` would be given (overrides auth.tokens_file, as there).
     #[arg(long, value_name = "PATH", env = "INFERTRACE_TOKENS_FILE")]

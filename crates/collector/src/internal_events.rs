@@ -155,6 +155,7 @@ struct Logs {
     connections_closed: RateLimitedLog,
     auth_refused: RateLimitedLog,
     aggregates: RateLimitedLog,
+    store_dropped: RateLimitedLog,
 }
 
 /// Labels of `forward_attempts_total`.
@@ -626,11 +627,18 @@ impl InternalEvents {
             .get()
     }
 
-    /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`),
-    /// and logs it at warn level.
+    /// Counts `n` history-store items dropped for `reason` (`queue_full`, `write_failed`,
+    /// …), and logs it at warn level (rate-limited: a full disk fails every flush).
     pub fn store_items_dropped(&self, reason: &'static str, n: u64) {
         if n > 0 {
-            tracing::warn!(reason, n, "history store items dropped");
+            if let Some(items) = self.logs.store_dropped.note(n) {
+                tracing::warn!(
+                    reason,
+                    items,
+                    "history store items dropped (the latest reason; all of them since the last \
+                     line; see infertrace_store_dropped_total)"
+                );
+            }
             self.store_dropped
                 .get_or_create(&DropLabels { reason })
                 .inc_by(n);
@@ -824,6 +832,10 @@ impl InternalEvents {
             (
                 &l.auth_refused,
                 "requests refused by authentication (see infertrace_auth_failures_total)",
+            ),
+            (
+                &l.store_dropped,
+                "history store items dropped (see infertrace_store_dropped_total)",
             ),
         ] {
             if let Some(count) = log.due() {

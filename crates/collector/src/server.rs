@@ -363,7 +363,18 @@ fn check_before_binding(config: &CollectorConfig) -> Result<Checked, ServerError
         .validate()
         .map_err(|e| ServerError::Config(e.to_string()))?;
     let tls = ListenersTls::load(config)?;
-    let store = Store::open_configured(&config.store)?;
+    let store = match Store::open_configured(&config.store) {
+        // A full or failing disk costs history, not ingest: the collector starts without it.
+        Err(e) if e.is_disk_trouble() => {
+            tracing::error!(
+                error = %e,
+                "history store unavailable: running WITHOUT history (no /api/history, no \
+                 windows restored); free space on store.data_dir's volume and restart"
+            );
+            None
+        }
+        other => other?,
+    };
     let events = InternalEvents::default();
     let auth = Authenticator::from_config(&config.auth, events.clone())
         .map_err(|e| ServerError::Auth(e.to_string()))?;
@@ -465,20 +476,26 @@ fn build_core(
         limiter.clone(),
         forward_handle,
     ));
+    let mut alerting =
+        Alerting::new(config, &generator_url(config, api_addr)).map_err(ServerError::Config)?;
     if let Some(store) = &checked.store {
         let writer = store.start_writer(events.clone())?;
         let feed = store.feed(writer, &config.kpi_config());
         let restored = pipeline.attach_store(store, feed)?;
         tracing::info!(path = %store.path().display(), restored, "history store open");
+        if restored > 0 {
+            alerting.quiet_after_restore(crate::store::unix_nanos_now());
+        }
     }
-    let alerting = Arc::new(Mutex::new(
-        Alerting::new(config, &generator_url(config, api_addr)).map_err(ServerError::Config)?,
-    ));
+    let alerting = Arc::new(Mutex::new(alerting));
     let alertmanager = config
         .alerts
         .alertmanager_url
         .as_deref()
-        .map(|url| api::alerting::Alertmanager::new(url, &config.alerts.alertmanager_tls))
+        .map(|url| {
+            api::alerting::Alertmanager::new(url, &config.alerts.alertmanager_tls)
+                .map(|am| am.with_labels(&config.alerts.alertmanager_labels))
+        })
         .transpose()
         .map_err(ServerError::Config)?;
     Ok(Core {

@@ -306,10 +306,14 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
 /// When the decode worker went on with the request: the start of its first sub-phase
 /// (`decode_wait`, else `first_token`, else `decode`).
 fn decode_side_start(worker: &Span, trace: &TraceView<'_>) -> Option<u64> {
-    [sc::disagg::DECODE_WAIT, sc::disagg::FIRST_TOKEN, sc::span::DECODE]
-        .into_iter()
-        .find_map(|phase| phase_child(worker, trace, phase))
-        .map(|s| s.start_unix_nano)
+    [
+        sc::disagg::DECODE_WAIT,
+        sc::disagg::FIRST_TOKEN,
+        sc::span::DECODE,
+    ]
+    .into_iter()
+    .find_map(|phase| phase_child(worker, trace, phase))
+    .map(|s| s.start_unix_nano)
 }
 
 /// The KV transfer's seconds on the way to the first token: its span, cut where the decode

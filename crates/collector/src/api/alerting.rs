@@ -53,6 +53,9 @@ pub struct Alerting {
     window: Duration,
     anomalies: Vec<Anomaly>,
     evaluated_at: u64,
+    /// No evaluation before this instant (Unix nanoseconds): see
+    /// [`Alerting::quiet_after_restore`].
+    quiet_until: u64,
 }
 
 /// What one evaluation produced.
@@ -80,7 +83,17 @@ impl Alerting {
             window: a.window,
             anomalies: Vec::new(),
             evaluated_at: 0,
+            quiet_until: 0,
         })
+    }
+
+    /// After a restart that restored the KPI windows from history: nothing is evaluated for
+    /// one window. The stored minutes refill a window whole at its edge, so a burst that had
+    /// already left the window (and whose alert had resolved) would be back in it, and fire
+    /// again; one window later only minutes this run has seen are in it.
+    pub fn quiet_after_restore(&mut self, now_unix_nano: u64) {
+        let window = u64::try_from(self.window.as_nanos()).unwrap_or(u64::MAX);
+        self.quiet_until = now_unix_nano.saturating_add(window);
     }
 
     /// The window evaluated.
@@ -90,6 +103,9 @@ impl Alerting {
 
     /// Evaluates rules and anomalies on `snapshot` taken at `now_unix_nano`.
     pub fn evaluate(&mut self, snapshot: &KpiSnapshot, now_unix_nano: u64) -> Evaluation {
+        if now_unix_nano < self.quiet_until {
+            return Evaluation::default();
+        }
         let events = self.engine.evaluate(snapshot, now_unix_nano);
         self.anomalies = self.detector.observe_snapshot(snapshot, now_unix_nano);
         self.evaluated_at = now_unix_nano;
@@ -120,11 +136,26 @@ impl Alerting {
     }
 }
 
+/// This host's name (Kubernetes: the pod's), else `infertrace`.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "infertrace".to_owned())
+}
+
+/// The labels the collector puts on every alert itself (`alertmanager_labels` cannot set them).
+pub const OWN_LABELS: [&str; 5] = ["alertname", "service", "model", "operation", "severity"];
+
 /// Posts alerts to an Alertmanager.
 #[derive(Clone, Debug)]
 pub struct Alertmanager {
     client: Client<HttpsConnector, Full<Bytes>>,
     uri: http::Uri,
+    /// Added to every alert's labels.
+    labels: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Alertmanager {
@@ -146,14 +177,34 @@ impl Alertmanager {
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             uri,
+            labels: serde_json::Map::new(),
         })
+    }
+
+    /// Adds `labels` to every alert posted, and `instance` = this host's name unless `labels`
+    /// names one (see `alerts.alertmanager_labels`).
+    pub fn with_labels(mut self, labels: &std::collections::BTreeMap<String, String>) -> Self {
+        for (k, v) in labels {
+            self.labels
+                .insert(k.clone(), serde_json::Value::String(v.clone()));
+        }
+        if !self.labels.contains_key("instance") {
+            self.labels
+                .insert("instance".into(), serde_json::Value::String(host_name()));
+        }
+        self
     }
 
     /// POSTs the firing and resolved `events` (pending ones are not sent); logs failures.
     pub async fn post(&self, events: &[AlertEvent]) -> bool {
-        let body = to_alertmanager_json(events);
-        if body.as_array().is_none_or(|a| a.is_empty()) {
+        let mut body = to_alertmanager_json(events);
+        let Some(alerts) = body.as_array_mut().filter(|a| !a.is_empty()) else {
             return true;
+        };
+        for alert in alerts {
+            if let Some(labels) = alert.get_mut("labels").and_then(|l| l.as_object_mut()) {
+                labels.extend(self.labels.clone());
+            }
         }
         let Ok(req) = http::Request::post(self.uri.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -444,6 +495,73 @@ mod tests {
             }
         });
         (url, rx)
+    }
+
+    /// After a restart that restored the windows, a burst that had left the window (restored
+    /// whole with its minute) does not fire again: nothing is evaluated for one window.
+    #[test]
+    fn nothing_is_evaluated_for_one_window_after_a_restore() {
+        use infertrace_analysis::kpi::KpiWindows;
+        use infertrace_analysis::record::{Dialect, RequestRecord};
+        use infertrace_analysis::trace::{SpanId, TraceId};
+        let config = CollectorConfig::from_yaml_str(
+            "alerts:\n  rules:\n    - { name: Busy, expr: requests > 0 }\n",
+        )
+        .unwrap();
+        let mut alerting = Alerting::new(&config, "http://localhost").unwrap();
+        let now = crate::store::unix_nanos_now();
+        let mut windows = KpiWindows::new(config.kpi_config());
+        let record = RequestRecord::new(
+            TraceId([1; 16]),
+            SpanId([1; 8]),
+            "svc".into(),
+            Dialect::Infertrace,
+            now - 2_000_000_000,
+            now - 1_000_000_000,
+        );
+        windows.record(&record, now);
+        let snapshot = windows.snapshot(alerting.window(), now);
+        alerting.quiet_after_restore(now);
+        let minute = 60_000_000_000;
+        assert!(alerting.evaluate(&snapshot, now + 1).events.is_empty());
+        assert!(
+            alerting
+                .evaluate(&snapshot, now + minute - 1)
+                .events
+                .is_empty()
+        );
+        let events = alerting.evaluate(&snapshot, now + minute).events;
+        assert_eq!(
+            events.len(),
+            1,
+            "evaluated again one window later: {events:?}"
+        );
+    }
+
+    /// Several collectors firing one rule stay apart in Alertmanager: each alert carries the
+    /// configured labels, and `instance` (the host name unless configured).
+    #[tokio::test]
+    async fn every_alert_carries_the_configured_labels_and_an_instance() {
+        let (url, mut accepted) = fake_alertmanager(0).await;
+        let labels = [("cluster".to_owned(), "eu-1".to_owned())].into();
+        let am = Alertmanager::new(&url, &TlsClientConfig::default())
+            .unwrap()
+            .with_labels(&labels);
+        assert!(am.post(&[event(AlertState::Firing)]).await);
+        let body: serde_json::Value =
+            serde_json::from_str(&next_post(&mut accepted).await).unwrap();
+        let got = &body[0]["labels"];
+        assert_eq!(got["cluster"], "eu-1");
+        assert_eq!(got["instance"], host_name().as_str());
+        assert_eq!(got["alertname"], "HighTtft");
+        let named = [("instance".to_owned(), "shard-2".to_owned())].into();
+        let am = Alertmanager::new(&url, &TlsClientConfig::default())
+            .unwrap()
+            .with_labels(&named);
+        assert!(am.post(&[event(AlertState::Firing)]).await);
+        let body: serde_json::Value =
+            serde_json::from_str(&next_post(&mut accepted).await).unwrap();
+        assert_eq!(body[0]["labels"]["instance"], "shard-2");
     }
 
     #[tokio::test]

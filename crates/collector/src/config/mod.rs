@@ -49,6 +49,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn alertmanager_url_is_a_base_and_extra_labels_are_label_names() {
+        for (yaml, key) in [
+            (
+                "alerts:\n  alertmanager_url: http://am:9093/api/v2/alerts\n",
+                "alerts.alertmanager_url",
+            ),
+            (
+                "alerts:\n  alertmanager_labels: { 1x: a }\n",
+                "alerts.alertmanager_labels",
+            ),
+            (
+                "alerts:\n  alertmanager_labels: { severity: low }\n",
+                "alerts.alertmanager_labels",
+            ),
+        ] {
+            let e = CollectorConfig::from_yaml_str(yaml)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
+        let c = CollectorConfig::from_yaml_str(
+            "alerts:\n  alertmanager_url: http://gw/alertmanager/\n  alertmanager_labels: { cluster: eu_1 }\n",
+        )
+        .unwrap();
+        assert_eq!(c.alerts.alertmanager_labels["cluster"], "eu_1");
+    }
+
+    #[test]
     fn empty_is_default() {
         assert_eq!(
             CollectorConfig::from_yaml_str("").unwrap(),

@@ -382,6 +382,10 @@ pub struct AlertsSection {
     pub alertmanager_url: Option<String>,
     /// TLS of an `https://` Alertmanager URL (CA file, client certificate).
     pub alertmanager_tls: TlsClientConfig,
+    /// Labels added to every alert posted to Alertmanager. Without `instance` here, `instance`
+    /// is the host name: several collectors firing one rule (a sharded fleet) stay apart, where
+    /// Alertmanager would take one's resolve for the other's still-firing alert.
+    pub alertmanager_labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for AlertsSection {
@@ -393,6 +397,7 @@ impl Default for AlertsSection {
             anomaly: AnomalyConfig::default(),
             alertmanager_url: None,
             alertmanager_tls: TlsClientConfig::default(),
+            alertmanager_labels: std::collections::BTreeMap::new(),
         }
     }
 }

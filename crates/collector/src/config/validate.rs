@@ -367,9 +367,16 @@ impl CollectorConfig {
         if let Err(e) = AnomalyDetector::new(a.anomaly.clone()) {
             p.add(&["alerts", "anomaly", "kpis"], e.to_string());
         }
+        for name in a.alertmanager_labels.keys() {
+            if let Err(m) = check_alert_label(name) {
+                p.add(&["alerts", "alertmanager_labels"], m);
+            }
+        }
         if let Some(url) = &a.alertmanager_url
             && p.check(
-                check_http_url(url).map_err(|m| Invalid::new(&["alerts", "alertmanager_url"], m)),
+                check_http_url(url)
+                    .and_then(|()| check_alertmanager_base(url))
+                    .map_err(|m| Invalid::new(&["alerts", "alertmanager_url"], m)),
             )
         {
             p.check(super::forward::check_tls(
@@ -380,4 +387,37 @@ impl CollectorConfig {
             ));
         }
     }
+}
+
+/// An extra Alertmanager label: a Prometheus label name, not one the collector sets itself.
+fn check_alert_label(name: &str) -> Result<(), String> {
+    let valid = name
+        .chars()
+        .enumerate()
+        .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+    if name.is_empty() || !valid {
+        return Err(format!(
+            "{name:?} is not a label name (letters, digits and _, not starting with a digit)"
+        ));
+    }
+    if crate::api::alerting::OWN_LABELS.contains(&name) {
+        return Err(format!("{name:?} is set by the collector itself"));
+    }
+    Ok(())
+}
+
+/// The Alertmanager URL is its base: the collector appends `/api/v2/alerts`.
+fn check_alertmanager_base(url: &str) -> Result<(), String> {
+    let path = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let path = path
+        .find('/')
+        .map_or("", |i| &path[i..])
+        .trim_end_matches('/');
+    if path.ends_with("/api/v2/alerts") || path.ends_with("/api/v2") {
+        return Err(format!(
+            "give Alertmanager's base URL (e.g. http://alertmanager:9093): the collector appends \
+             /api/v2/alerts itself, so {url:?} would post to .../api/v2/alerts/api/v2/alerts"
+        ));
+    }
+    Ok(())
 }

@@ -671,6 +671,14 @@ fn the_shutdown_hand_over_reaches_the_store() {
     let (q, _) = pipeline(&config);
     let writer = store.start_writer(q.events().clone());
     assert!(writer.is_err(), "one writer per store handle");
+    assert!(
+        matches!(
+            Store::open(dir.path(), config.store.clone()),
+            Err(crate::store::StoreError::InUse { .. })
+        ),
+        "one collector per store"
+    );
+    drop((p, store));
     let reopened = Store::open(dir.path(), config.store.clone()).unwrap();
     let feed = reopened.feed(
         reopened.start_writer(q.events().clone()).unwrap(),

@@ -60,6 +60,15 @@ pub enum StoreError {
         /// The first problem `PRAGMA quick_check` names.
         problem: String,
     },
+    /// Another collector has the store open (its lock file is locked).
+    #[error(
+        "history store {path} is in use by another collector: two collectors must not share a \
+         store.data_dir (each would overwrite the other's minutes); give each its own"
+    )]
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
     /// SQLite refused an operation.
     #[error("history store {path}: {source}")]
     Sqlite {
@@ -99,4 +108,44 @@ pub enum StoreError {
         /// What is known.
         reason: String,
     },
+}
+
+impl StoreError {
+    /// Whether this is the disk's trouble (full, or failing reads and writes) rather than a
+    /// wrong setting or file: what `collect` runs on without history instead of stopping.
+    pub fn is_disk_trouble(&self) -> bool {
+        use rusqlite::ErrorCode::{DiskFull, SystemIoFailure};
+        match self {
+            Self::Sqlite {
+                source: rusqlite::Error::SqliteFailure(e, _),
+                ..
+            } => matches!(e.code, DiskFull | SystemIoFailure),
+            Self::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sqlite(code: std::ffi::c_int) -> StoreError {
+        StoreError::Sqlite {
+            path: "x".into(),
+            source: rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None),
+        }
+    }
+
+    #[test]
+    fn a_full_or_failing_disk_is_told_from_a_wrong_file() {
+        assert!(sqlite(rusqlite::ffi::SQLITE_FULL).is_disk_trouble());
+        assert!(sqlite(rusqlite::ffi::SQLITE_IOERR).is_disk_trouble());
+        assert!(!sqlite(rusqlite::ffi::SQLITE_NOTADB).is_disk_trouble());
+        assert!(!sqlite(rusqlite::ffi::SQLITE_CANTOPEN).is_disk_trouble());
+        assert!(!StoreError::InUse { path: "x".into() }.is_disk_trouble());
+    }
 }

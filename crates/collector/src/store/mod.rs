@@ -62,6 +62,8 @@ pub use writer::{CaptureReason, CapturedRequest, StoreWriter};
 
 /// File name of the database inside the data directory.
 pub const DB_FILE_NAME: &str = "infertrace.db";
+/// The lock file beside the database (see [`Store::open`]).
+pub const LOCK_FILE_NAME: &str = "infertrace.db.lock";
 
 /// One series' merged rollups over a time range (see [`Store::rollups`]).
 #[derive(Clone, Debug)]
@@ -113,6 +115,8 @@ struct StoreInner {
     options: StoreOptions,
     reader: Mutex<Connection>,
     writer_started: AtomicBool,
+    /// The lock that keeps a second collector off this store while this one has it open.
+    _lock: std::fs::File,
 }
 
 /// The history store: a handle for reads and for starting the writer. Cheap to clone.
@@ -129,8 +133,33 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// Takes the exclusive lock of the store in `dir` (`infertrace.db.lock`, created if needed),
+/// held as long as the returned file is open: each collector's writer replaces a minute's row
+/// from its own state, so two collectors on one store would lose each other's requests.
+fn lock(dir: &Path) -> Result<std::fs::File, StoreError> {
+    let path = dir.join(LOCK_FILE_NAME);
+    let io = |source| StoreError::Io {
+        path: path.clone(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::InUse {
+            path: dir.join(DB_FILE_NAME),
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(io(source)),
+    }
+}
+
 impl Store {
-    /// Opens (creating if needed) the store at `<dir>/infertrace.db`.
+    /// Opens (creating if needed) the store at `<dir>/infertrace.db`, locked for this process
+    /// (another collector that opens it meanwhile gets [`StoreError::InUse`]).
     ///
     /// Refuses, without modifying it, a file that is not SQLite, another application's
     /// database, or a newer schema. `options.data_dir` and `options.enabled` are not read
@@ -141,6 +170,7 @@ impl Store {
             path: dir.to_path_buf(),
             source,
         })?;
+        let lock = lock(dir)?;
         let reader = schema::open(&path)?;
         Ok(Store {
             inner: Arc::new(StoreInner {
@@ -148,6 +178,7 @@ impl Store {
                 options,
                 reader: Mutex::new(reader),
                 writer_started: AtomicBool::new(false),
+                _lock: lock,
             }),
         })
     }

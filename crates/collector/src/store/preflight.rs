@@ -237,7 +237,7 @@ mod tests {
         drop(store);
         // Closed: SQLite removed them, and the check creates none.
         let before = listing(&dir);
-        assert_eq!(before, [DB_FILE_NAME]);
+        assert_eq!(before, [DB_FILE_NAME, crate::store::LOCK_FILE_NAME]);
         Store::check(&dir).unwrap();
         assert_eq!(listing(&dir), before);
         assert_eq!(listing(tmp.path()), ["a?b#c%41 é"]);

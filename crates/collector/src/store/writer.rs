@@ -436,7 +436,9 @@ impl WriterState {
                 self.series_ids.clear();
                 self.recent.clear();
                 self.events.store_items_dropped("write_failed", items);
-                tracing::error!(path = %self.path.display(), error = %source, "history store write failed");
+                if crate::internal_events::warn_allowed("history_write_failed") {
+                    tracing::error!(path = %self.path.display(), error = %source, "history store write failed (logged at most every 10 s)");
+                }
                 Err(StoreError::Sqlite {
                     path: self.path.to_path_buf(),
                     source,
