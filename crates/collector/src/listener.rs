@@ -20,8 +20,9 @@
 //!   not read its socket) is cut (reason `send_timeout`): the request body's read is bounded by
 //!   the receivers' `body_read_timeout` and the handlers are short, so only an answer the
 //!   client does not take could hold a connection for longer.
-//! - **HTTP/1 read buffer** of at most [`H1_MAX_BUF`] (64 KiB) a connection: a request head must
-//!   fit in it (HTTP/2 heads: 16 KiB), so half-sent heads hold at most that per connection.
+//! - **HTTP/1 read buffer** of at most [`H1_MAX_BUF`] (128 KiB; the API's
+//!   [`API_H1_MAX_BUF`], 16 KiB) a connection: a request head must fit in it (HTTP/2 heads:
+//!   16 KiB), so half-sent heads hold at most that per connection.
 //! - **HTTP/2 keep-alive**: a ping every `http2_keepalive_interval`; a connection whose ping is
 //!   not answered within `http2_keepalive_timeout` is closed (dead peers, half-open TCP).
 //! - **shutdown**: when the `shutdown` future resolves with a deadline, the listener stops
@@ -61,11 +62,16 @@ use crate::config::ConnectionsConfig;
 use crate::internal_events::InternalEvents;
 use crate::server_tls::ServerTls;
 
-/// The largest read buffer of an HTTP/1 connection: a request head must fit in it, and a
-/// body is read in pieces of at most this size. hyper's default (~400 KiB) let a client that
-/// sends half a head hold that much per connection, outside the memory limit; HTTP/2 heads
-/// are bounded at 16 KiB by hyper's default.
-pub const H1_MAX_BUF: usize = 64 * 1024;
+/// The largest read buffer of an HTTP/1 connection by default (OTLP/HTTP): a request head must
+/// fit in it, and a body is read in pieces of at most this size. hyper's default (~400 KiB)
+/// let a client that sends half a head hold that much per connection, outside the memory
+/// limit; 64 KiB cost ~8 % of OTLP/HTTP's throughput in more, smaller body reads
+/// (docs/PERFORMANCE.md), 128 KiB is within the noise. HTTP/2 heads are bounded at 16 KiB by
+/// hyper's default.
+pub const H1_MAX_BUF: usize = 128 * 1024;
+
+/// The API's HTTP/1 read buffer: its requests are heads and small bodies.
+pub const API_H1_MAX_BUF: usize = 16 * 1024;
 
 /// HTTP/2 flow-control windows and frame size: large enough that a 16-connection client sending
 /// ~300 KB requests is never stalled on window updates.
@@ -94,6 +100,8 @@ pub struct ListenerSettings {
     pub tls: Option<ServerTls>,
     /// Serve HTTP/2 only (gRPC); otherwise HTTP/1.1 and HTTP/2 (prior knowledge or ALPN).
     pub http2_only: bool,
+    /// The HTTP/1 read buffer's limit ([`H1_MAX_BUF`] unless set).
+    pub h1_max_buf: usize,
 }
 
 impl ListenerSettings {
@@ -104,7 +112,14 @@ impl ListenerSettings {
             connections: ConnectionsConfig::default(),
             tls: None,
             http2_only: false,
+            h1_max_buf: H1_MAX_BUF,
         }
+    }
+
+    /// With this HTTP/1 read buffer limit (at least 8 KiB, hyper's minimum).
+    pub fn with_h1_max_buf(mut self, bytes: usize) -> Self {
+        self.h1_max_buf = bytes.max(8 * 1024);
+        self
     }
 
     /// With these limits and timeouts.
@@ -172,7 +187,7 @@ where
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(c.header_read_timeout)
-        .max_buf_size(H1_MAX_BUF);
+        .max_buf_size(settings.h1_max_buf);
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -675,7 +675,8 @@ fn serve_api(
     let (deadline_tx, deadline_rx) = oneshot::channel::<Instant>();
     let settings = ListenerSettings::new(API_LISTENER)
         .with_connections(config.api.connections.clone())
-        .with_tls(checked.tls.api.clone());
+        .with_tls(checked.tls.api.clone())
+        .with_h1_max_buf(crate::listener::API_H1_MAX_BUF);
     let task = tokio::spawn(crate::listener::serve(
         listener,
         settings,

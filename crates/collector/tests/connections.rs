@@ -693,25 +693,29 @@ async fn an_answer_the_client_never_takes_does_not_hold_the_connection() {
 }
 
 /// A request head larger than the HTTP/1 read buffer is refused at once: a client sending
-/// half of a huge head holds at most the buffer (64 KiB), not hyper's default ~400 KiB, until
-/// the header timeout.
+/// half of a huge head holds at most the buffer (128 KiB on OTLP/HTTP, 16 KiB on the API), not
+/// hyper's default ~400 KiB, until the header timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_http1_head_is_refused_without_waiting_for_its_end() {
     let mut config = test_config();
-    config.api.connections = connections(100, Duration::from_secs(60), Duration::from_secs(60));
+    let patient = connections(100, Duration::from_secs(60), Duration::from_secs(60));
+    config.api.connections = patient.clone();
+    config.receivers.otlp_http.connections = patient;
     let c = server::run(config, std::future::pending()).await.unwrap();
-    let mut s = TcpStream::connect(c.api_addr).await.unwrap();
-    let mut head = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Padding: ".to_vec();
-    head.resize(100 * 1024, b'a');
-    // The server may answer and close before reading it all: a failed write is fine.
-    let _ = s.write_all(&head).await;
-    let mut answer = Vec::new();
-    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(
-        answer.starts_with("HTTP/1.1 431"),
-        "refused as too large before the 60 s header timeout: {answer:?}"
-    );
+    for (addr, size) in [(c.api_addr, 32 * 1024), (c.http_addr.unwrap(), 200 * 1024)] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut head = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Padding: ".to_vec();
+        head.resize(size, b'a');
+        // The server may answer and close before reading it all: a failed write is fine.
+        let _ = s.write_all(&head).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 431"),
+            "{addr}: refused as too large before the 60 s header timeout: {answer:?}"
+        );
+    }
     c.stop().await.unwrap();
 }
 
