@@ -170,8 +170,9 @@ impl Store {
             path: dir.to_path_buf(),
             source,
         })?;
-        let lock = lock(dir)?;
+        // Opened first: a file that is no store is refused, with nothing created beside it.
         let reader = schema::open(&path)?;
+        let lock = lock(dir)?;
         Ok(Store {
             inner: Arc::new(StoreInner {
                 path,
