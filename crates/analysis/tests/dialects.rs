@@ -719,8 +719,32 @@ fn a_framework_server_span_beside_an_engine_span_is_not_a_second_request() {
     let r = one(&[framework, engine.clone()]);
     assert_eq!(r.dialect, Dialect::Vllm);
     let health = span("GET /health", SpanKind::Server, 3, Some(40), 3000, 3001);
-    let recs = extract_requests(&[engine, health]);
+    let recs = extract_requests(&[engine.clone(), health]);
     assert_eq!(recs.len(), 2, "{recs:#?}");
+    // A concurrent request that failed (a framework span only, overlapping the first): its own.
+    let mine = span(
+        "POST /v1/completions",
+        SpanKind::Server,
+        2,
+        Some(40),
+        0,
+        2601,
+    );
+    let failed = span(
+        "POST /v1/completions",
+        SpanKind::Server,
+        4,
+        Some(40),
+        100,
+        200,
+    );
+    let recs = extract_requests(&[failed, engine, mine]);
+    let ids: Vec<_> = recs.iter().map(|r| (r.span_id, r.dialect)).collect();
+    assert_eq!(
+        ids,
+        [(sid(4), Dialect::Generic), (sid(1), Dialect::Vllm)],
+        "{recs:#?}"
+    );
 }
 
 #[test]

@@ -65,9 +65,9 @@ use crate::server_tls::ServerTls;
 /// The largest read buffer of an HTTP/1 connection by default (OTLP/HTTP): a request head must
 /// fit in it, and a body is read in pieces of at most this size. hyper's default (~400 KiB)
 /// let a client that sends half a head hold that much per connection, outside the memory
-/// limit; 64 KiB cost ~8 % of OTLP/HTTP's throughput in more, smaller body reads
-/// (docs/PERFORMANCE.md), 128 KiB is within the noise. HTTP/2 heads are bounded at 16 KiB by
-/// hyper's default.
+/// limit. The cap costs OTLP/HTTP about 7 % of its throughput (bodies read in more, smaller
+/// pieces: docs/PERFORMANCE.md), taken for a bounded exposure. HTTP/2 heads are bounded at
+/// 16 KiB by hyper's default.
 pub const H1_MAX_BUF: usize = 128 * 1024;
 
 /// The API's HTTP/1 read buffer: its requests are heads and small bodies.
@@ -394,8 +394,6 @@ async fn serve_io<I, S, B>(
                     continue;
                 }
                 match activity.expired(c.header_read_timeout, c.idle_timeout) {
-                    // An answer the client does not take (an HTTP/2 window left at 0, a socket
-                    // not read) would hold the connection for ever: cut.
                     // Idle: closed gracefully (an HTTP/2 client gets a GOAWAY and opens a new
                     // connection for its next export rather than meeting a reset).
                     Some(reason @ "idle_timeout") => {
@@ -406,6 +404,9 @@ async fn serve_io<I, S, B>(
                         }
                         closing_until = Some(Instant::now() + IDLE_CLOSE_GRACE);
                     }
+                    // A head not sent in time, or an answer the client does not take (an
+                    // HTTP/2 window left at 0, a socket not read, which would hold the
+                    // connection for ever): cut.
                     Some(reason) => {
                         shared.events.connection_closed(shared.name, reason);
                         return;
@@ -533,9 +534,13 @@ impl InFlight {
     /// The request is answered: from now its response waits for the client to take it.
     fn answered(&mut self) {
         let a = &self.activity;
-        if a.answering.fetch_add(1, Ordering::AcqRel) == 0 {
-            a.waiting_since_ms.store(a.now_ms(), Ordering::Relaxed);
+        // The time first: a check between the two sees no answer waiting, rather than one
+        // waiting since an old time.
+        let now = a.now_ms();
+        if a.answering.load(Ordering::Acquire) == 0 {
+            a.waiting_since_ms.store(now, Ordering::Relaxed);
         }
+        a.answering.fetch_add(1, Ordering::AcqRel);
         self.answering = true;
     }
 }

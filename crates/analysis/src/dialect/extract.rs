@@ -29,7 +29,8 @@ pub fn extract_requests_detected<C: Default + RecordSink>(spans: &[Span]) -> (C,
 
 /// [`extract_requests_detected`] appending to `out`, each record written in place (a record is
 /// ~300 bytes: built on the stack and moved from call to call, it was copied several times);
-/// returns whether [`detect`] finds a request span.
+/// returns whether [`detect`] finds a request span that completes its trace (not a
+/// disaggregated worker's below another span: [`infertrace::is_worker_below`]).
 ///
 /// [`detect`]: super::detect
 pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool {
@@ -40,7 +41,7 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
     let mut detected_any = false;
     for (i, span) in spans.iter().enumerate() {
         let (class, detected) = classify_detected(&trace, span);
-        detected_any |= detected;
+        detected_any |= detected && !infertrace::is_worker_below(span);
         match class {
             Some(Dialect::Generic) => generic.push(i),
             Some(d) => specific.push((i, d)),
@@ -74,18 +75,38 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
         .map(|&(i, _)| i)
         .collect();
     specific.retain(|(i, _)| !nested.contains(i));
-    // A generic server span of a service whose request span it encloses, lies in, or overlaps
-    // (an HTTP framework's span beside an engine's own: vLLM under `opentelemetry-instrument`
-    // continues the client's context, so the two are siblings) is the same request.
+    // A generic server span of a service whose request span it encloses or lies in is the same
+    // request; so is, for each request span, the sibling server span of its service that
+    // overlaps it most (an HTTP framework's span beside an engine's own: vLLM under
+    // `opentelemetry-instrument` continues the client's context, so the two are siblings).
+    // Other overlapping server spans are requests of their own (a concurrent one that failed).
+    let overlap = |a: &Span, b: &Span| {
+        a.end_unix_nano
+            .min(b.end_unix_nano)
+            .saturating_sub(a.start_unix_nano.max(b.start_unix_nano))
+    };
+    let mut beside: SmallVec<[usize; 4]> = SmallVec::new();
+    for &(s, _) in &specific {
+        let ss = &spans[s];
+        let closest = generic
+            .iter()
+            .copied()
+            .filter(|g| !beside.contains(g))
+            .filter(|&g| {
+                let gs = &spans[g];
+                gs.service == ss.service
+                    && gs.parent_span_id == ss.parent_span_id
+                    && overlap(gs, ss) > 0
+            })
+            .max_by_key(|&g| overlap(&spans[g], ss));
+        beside.extend(closest);
+    }
     generic.retain(|g| {
-        !specific.iter().any(|&(s, _)| {
-            let (gs, ss) = (&spans[*g], &spans[s]);
-            gs.service == ss.service
-                && (trace.is_ancestor(gs, ss)
-                    || trace.is_ancestor(ss, gs)
-                    || (gs.start_unix_nano < ss.end_unix_nano
-                        && ss.start_unix_nano < gs.end_unix_nano))
-        })
+        !beside.contains(g)
+            && !specific.iter().any(|&(s, _)| {
+                let (gs, ss) = (&spans[*g], &spans[s]);
+                gs.service == ss.service && (trace.is_ancestor(gs, ss) || trace.is_ancestor(ss, gs))
+            })
     });
     let mut all = specific;
     all.extend(generic.into_iter().map(|g| (g, Dialect::Generic)));

@@ -72,6 +72,13 @@ fn is_worker(span: &Span) -> bool {
     )
 }
 
+/// Whether `span` is a prefill or decode worker's request span below another span: no
+/// completion signal (the span above it — the router's — ends last and comes with its own
+/// service's export, maybe seconds after the workers').
+pub fn is_worker_below(span: &Span) -> bool {
+    span.parent_span_id.is_some() && is_worker(span)
+}
+
 /// Whether `span`, an infertrace request span, is a prefill or decode worker's part of a
 /// request that a role-marked infertrace request span above it (any service) stands for.
 pub(crate) fn is_worker_part(span: &Span, trace: &TraceView<'_>) -> bool {
@@ -238,11 +245,12 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
     if prefill.is_none() && decode.is_none() {
         return;
     }
-    // A router that does not count tokens: its workers do (the prompt on the prefill side, the
-    // output on the decode side).
-    let (first, second) = (prefill.or(decode), decode.or(prefill));
-    r.input_tokens = r.input_tokens.or_else(|| first.and_then(input_tokens));
-    r.output_tokens = r.output_tokens.or_else(|| second.and_then(output_tokens));
+    // A router that does not count tokens: its workers do (the prompt on either side, the
+    // output on the decode side only: the prefill side's is at most the first token).
+    r.input_tokens = r
+        .input_tokens
+        .or_else(|| prefill.or(decode).and_then(input_tokens));
+    r.output_tokens = r.output_tokens.or_else(|| decode.and_then(output_tokens));
     let d = r.disagg.get_or_insert_with(Box::<DisaggPhases>::default);
     let fill = |slot: &mut Option<f64>, w: &'a Span, phase: &str| {
         if slot.is_none() {

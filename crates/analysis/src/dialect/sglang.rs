@@ -79,7 +79,7 @@ use infertrace_semconv as sc;
 use sc::sglang::stage as st;
 use smallvec::SmallVec;
 
-use super::base_record::{count_attr, outcome_signal, seconds_attr};
+use super::base_record::{count_attr, input_tokens, outcome_signal, output_tokens, seconds_attr};
 use super::latency_attrs::{self, LATENCY_KEYS};
 use super::trace_view::TraceView;
 use crate::record::{DisaggPhases, PhaseOrigin, RequestRecord, tpot_from};
@@ -604,14 +604,8 @@ fn fill_from_roles(unit: &Span, tree: &Tree<'_>, r: &mut RequestRecord) {
         {
             r.operation = op.clone();
         }
-        r.input_tokens = r.input_tokens.or_else(|| {
-            count_attr(role, sc::gen_ai::USAGE_INPUT_TOKENS)
-                .or_else(|| count_attr(role, sc::gen_ai::USAGE_PROMPT_TOKENS))
-        });
-        r.output_tokens = r.output_tokens.or_else(|| {
-            count_attr(role, sc::gen_ai::USAGE_OUTPUT_TOKENS)
-                .or_else(|| count_attr(role, sc::gen_ai::USAGE_COMPLETION_TOKENS))
-        });
+        r.input_tokens = r.input_tokens.or_else(|| input_tokens(role));
+        r.output_tokens = r.output_tokens.or_else(|| output_tokens(role));
         r.cache_read_input_tokens = r.cache_read_input_tokens.or_else(|| {
             count_attr(role, sc::gen_ai::USAGE_CACHE_READ_INPUT_TOKENS)
                 .or_else(|| count_attr(role, sc::sglang::USAGE_CACHED_TOKENS))

@@ -29,10 +29,12 @@
 //! (`late_spans_total`) and handed back by [`TraceAssembler::poll_some`] in [`Ready::late`], so the
 //! pipeline can merge it where that is honest: into the stored trace behind
 //! `/api/traces/{id}` (its critical path is recomputed), never into the KPIs a second time (its
-//! request was already counted). Two kinds of late request span are requests not counted yet,
-//! and **re-open** the trace — a new trace of the same id, holding that span and the trace's
-//! late spans not yet handed out (its children, which end and are exported before it),
-//! completed and counted like any other:
+//! request was already counted). Two kinds of late request span may be requests not counted
+//! yet, and **re-open** the trace — a new trace of the same id, holding that span and the
+//! trace's late spans not yet handed out (its children, which end and are exported before it),
+//! completed like any other and marked [`CompletedTrace::reopened`], so that the pipeline
+//! analyses it together with the earlier part it still holds and counts only requests that
+//! part did not:
 //! - any request span when the earlier part was closed *without* one (idle or max age);
 //! - a request span the pipeline calls a request of its own (`is_new_request`: an infertrace,
 //!   vLLM or TGI request span — an agent's next LLM call in the same trace, or a service whose
@@ -41,8 +43,7 @@
 //!   role span, a generic server span around an engine's request).
 //!
 //! A span sent twice within one trace is counted once (duplicates are dropped at completion);
-//! a request span re-sent after its trace completed (an exporter retrying a batch whose answer
-//! it lost) is counted again.
+//! one re-sent after its trace completed is not counted again by the pipeline.
 //!
 //! **What a trace holds** is a [`HeldSpans`] (the one owner of a held trace's spans): its
 //! decoded spans, or — when all its spans came in one batch and the pipeline analysed them on
@@ -193,6 +194,9 @@ pub(crate) struct CompletedTrace {
     pub has_request: bool,
     /// Memory held for the spans; dropping it (with the spans) releases the reservation.
     pub holds: Holds,
+    /// Re-opened by a late request span (see the module docs): whether the trace's earlier
+    /// part had a request. Its spans are to be analysed with that part's.
+    pub reopened: Option<bool>,
 }
 
 /// What [`TraceAssembler::poll`] hands back.
@@ -211,6 +215,8 @@ struct PendingTrace {
     last_seen: Instant,
     request_at: Option<Instant>,
     holds: Holds,
+    /// Re-opened by a late request span: whether the earlier part had a request.
+    reopened: Option<bool>,
 }
 
 /// Groups spans into traces and closes them by the rules in the module docs.
@@ -357,13 +363,15 @@ impl TraceAssembler {
                 None => {
                     // A request span after its trace completed with a request: a request of
                     // its own (counted once: see the module docs), else part of one counted.
-                    let reopens = match known {
-                        Some(Known::Completed { had_request }) => {
-                            is_request && (!had_request || (self.is_new_request)(&span))
+                    let reopened = match known {
+                        Some(Known::Completed { had_request })
+                            if is_request && (!had_request || (self.is_new_request)(&span)) =>
+                        {
+                            Some(had_request)
                         }
-                        _ => false,
+                        _ => None,
                     };
-                    if matches!(known, Some(Known::Completed { .. })) && !reopens {
+                    if matches!(known, Some(Known::Completed { .. })) && reopened.is_none() {
                         late += 1;
                         if self.late.len() < MAX_LATE_BUFFER {
                             self.late.push(span);
@@ -382,12 +390,15 @@ impl TraceAssembler {
                     }
                     // An inference trace is typically a request span and three phases.
                     let mut spans = Vec::with_capacity(4);
-                    if reopens {
+                    if reopened.is_some() {
                         // Its spans that came just before it (a request's children end first)
-                        // are taken back from the late spans not handed out yet.
-                        let (back, rest) = std::mem::take(&mut self.late)
-                            .into_iter()
-                            .partition(|s: &Span| s.trace_id == id);
+                        // are taken back from the late spans not handed out yet (up to the
+                        // trace's bound).
+                        let (mut back, rest): (Vec<Span>, Vec<Span>) =
+                            std::mem::take(&mut self.late)
+                                .into_iter()
+                                .partition(|s: &Span| s.trace_id == id);
+                        back.truncate(max_spans);
                         self.late = rest;
                         spans = back;
                     }
@@ -400,6 +411,7 @@ impl TraceAssembler {
                         last_seen: now,
                         request_at: None,
                         holds: Holds::default(),
+                        reopened,
                     })
                 }
             };
@@ -486,6 +498,7 @@ impl TraceAssembler {
                 last_seen: at,
                 request_at: Some(at),
                 holds,
+                reopened: None,
             },
         );
         self.index.set_spans(&id);
@@ -735,6 +748,7 @@ impl TraceAssembler {
                         first: hold,
                         more: Vec::new(),
                     },
+                    reopened: None,
                 })
             }
             None => {
@@ -882,6 +896,7 @@ impl TraceAssembler {
                         first: hold,
                         more: Vec::new(),
                     },
+                    reopened: None,
                 });
             }
         }
@@ -915,6 +930,7 @@ impl TraceAssembler {
             reason,
             has_request,
             holds: t.holds,
+            reopened: t.reopened,
         })
     }
 

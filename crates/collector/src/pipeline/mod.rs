@@ -50,11 +50,10 @@ use infertrace_analysis::critical_path::{
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
 use infertrace_analysis::dialect;
-use infertrace_analysis::dialect::infertrace::disagg_role;
+use infertrace_analysis::dialect::infertrace::is_worker_below;
 use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
 use infertrace_analysis::record::Dialect;
-use infertrace_analysis::trace::{Span, TraceId};
-use infertrace_semconv::disagg::role;
+use infertrace_analysis::trace::{Span, SpanId, TraceId};
 
 use crate::assembler::{CompletedTrace, MemoryHold, Ready, TraceAssembler};
 use crate::config::CollectorConfig;
@@ -86,16 +85,17 @@ pub const POLL_ROUND: usize = 4096;
 const RETRY_AFTER_SECS: u32 = 1;
 
 /// Whether a span is a request span in any dialect (the assembler's completion signal) — but a
-/// disaggregated worker's below another span: the router's span above it ends last, and comes
-/// with the router's own export, maybe seconds after the workers'.
+/// disaggregated worker's below another span ([`is_worker_below`]): the router's span above it
+/// ends last, and comes with the router's own export, maybe seconds after the workers'.
 pub fn is_request_span(span: &Span) -> bool {
     dialect::detect(span).is_some() && !is_worker_below(span)
 }
 
-/// Whether a request span that arrives after its trace completed is a request of its own, to
-/// be counted (infertrace, vLLM and TGI request spans: counted per service, as on time), not a
-/// part of one counted already (an SGLang role span, a generic server span around an engine's
-/// request, a disaggregated worker's span).
+/// Whether a request span that arrives after its trace completed may be a request of its own,
+/// to be counted (infertrace, vLLM and TGI request spans, counted per service as on time), not
+/// a part of one counted already (an SGLang role span, a generic server span, a disaggregated
+/// worker's span). The pipeline then counts it only if the trace's earlier part, analysed with
+/// it, did not count it ([`Pipeline`]'s re-opened traces).
 pub fn is_new_request_span(span: &Span) -> bool {
     matches!(
         dialect::detect(span),
@@ -103,8 +103,55 @@ pub fn is_new_request_span(span: &Span) -> bool {
     ) && !is_worker_below(span)
 }
 
-fn is_worker_below(span: &Span) -> bool {
-    span.parent_span_id.is_some() && matches!(disagg_role(span), Some(role::PREFILL | role::DECODE))
+/// The requests of a re-opened trace's new part (`spans`) not counted with its earlier part:
+/// both analysed together (a late part of a counted request joins it; a span standing for a
+/// request counted under another span — a framework's span beside an engine's — does not count
+/// again), keeping the records whose request span is new and was not counted. Without the
+/// earlier part (no longer in the recent-trace ring): the new part alone when the earlier part
+/// had no request (nothing of it was counted), else nothing — rather a request missed than one
+/// counted twice.
+fn analyse_reopened(
+    stored: Option<&StoredTrace>,
+    spans: &[Span],
+    had_request: bool,
+    opts: &CriticalPathOptions,
+) -> Analysed {
+    let Some(stored) = stored else {
+        return if had_request {
+            Analysed::default()
+        } else {
+            Analysed::of(spans, opts)
+        };
+    };
+    let mut all = stored.spans.clone();
+    all.extend_from_slice(spans);
+    let together = Analysed::of(&all, opts);
+    let counted = |id: &SpanId| stored.requests.iter().any(|r| r.record.span_id == *id);
+    // A counted request whose span no longer stands for one was taken into a new one.
+    let mut taken_in = stored
+        .requests
+        .iter()
+        .filter(|r| {
+            !together
+                .records
+                .iter()
+                .any(|t| t.span_id == r.record.span_id)
+        })
+        .count();
+    let mut out = Analysed::default();
+    for (record, path) in together.records.into_iter().zip(together.paths) {
+        let new = spans.iter().any(|s| s.span_id == record.span_id);
+        if !new || counted(&record.span_id) {
+            continue;
+        }
+        if taken_in > 0 {
+            taken_in -= 1;
+            continue;
+        }
+        out.records.push(record);
+        out.paths.push(path);
+    }
+    out
 }
 
 /// What one tick (or flush) did.
@@ -608,16 +655,32 @@ impl Pipeline {
         for trace in completed {
             let CompletedTrace {
                 trace_id,
-                held,
+                mut held,
                 holds,
+                reopened,
                 ..
             } = trace;
+            if let (Some(_), HeldSpans::Decoded(spans)) = (reopened, &mut held) {
+                // Spans the stored part holds already (an export sent again) are not again.
+                if let Some(stored) = a.recent.get(&trace_id) {
+                    spans.retain(|s| !stored.spans.iter().any(|t| t.span_id == s.span_id));
+                }
+            }
             // Read in place: a prepared trace's analysis is not moved out of its box (its inline
             // record is a few hundred bytes); only a kept trace clones its records.
             let fresh;
-            let analysed = match &held {
-                HeldSpans::Prepared(p) => &p.analysed,
-                HeldSpans::Decoded(spans) => {
+            let analysed = match (&held, reopened) {
+                (HeldSpans::Prepared(p), _) => &p.analysed,
+                (HeldSpans::Decoded(spans), Some(had_request)) => {
+                    fresh = analyse_reopened(
+                        a.recent.get(&trace_id),
+                        spans,
+                        had_request,
+                        &self.cp_options,
+                    );
+                    &fresh
+                }
+                (HeldSpans::Decoded(spans), None) => {
                     fresh = Analysed::of(spans, &self.cp_options);
                     &fresh
                 }

@@ -535,6 +535,78 @@ fn a_later_request_in_a_completed_trace_is_counted_a_late_worker_span_is_not() {
     assert_eq!(stored.spans.len(), 9, "both calls and the worker's span");
 }
 
+/// A disaggregated worker's request span below the router's does not complete its trace, on
+/// the path of traces analysed on arrival (protobuf) as on the span path: the router's span,
+/// exported seconds later, completes it, and the request is counted once.
+#[test]
+fn a_worker_batch_alone_waits_for_the_router() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    let mut router = request_trace(1, "m", 10, 20, 30, 4);
+    router[3]
+        .attributes
+        .push((sc::disagg::ROLE, AttrValue::Str("router".into())));
+    let mut worker = request_trace(1, "m", 10, 20, 30, 4);
+    for s in &mut worker {
+        s.span_id.0[7] = 2;
+        if let Some(parent) = &mut s.parent_span_id {
+            parent.0[7] = 2;
+        }
+    }
+    worker[3].parent_span_id = Some(router[3].span_id);
+    worker[3]
+        .attributes
+        .push((sc::disagg::ROLE, AttrValue::Str("decode".into())));
+    p.ingest_at(proto_batch(&worker), t0).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(2.5), unix_nanos_now()).requests, 0);
+    p.ingest_at(proto_batch(&router), t0 + secs(3.0)).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(5.1), unix_nanos_now()).requests, 1);
+    assert_eq!(p.requests_recorded(), 1, "one record, the router's");
+}
+
+/// A re-opened trace counts only what its earlier part did not: a request span sent again (an
+/// exporter's retry), a late part of the counted request, and an engine's span standing for
+/// the same request as a framework's span counted before are not counted again.
+#[test]
+fn a_reopened_trace_counts_no_request_twice() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    let first = request_trace(1, "m", 10, 20, 30, 4);
+    p.ingest_at(batch(first.clone()), t0).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(2.0), unix_nanos_now()).requests, 1);
+    // The same request span again, 3 s later.
+    p.ingest_at(batch(vec![first[3].clone()]), t0 + secs(3.0))
+        .unwrap();
+    assert_eq!(p.tick_at(t0 + secs(5.1), unix_nanos_now()).requests, 0);
+    // A generic server span of the service counted first; then the engine's own request span
+    // beside it (another exporter, seconds later): one request.
+    let mut framework = first[3].clone();
+    framework.trace_id = TraceId([2; 16]);
+    framework.span_id.0[7] = 9;
+    framework.parent_span_id = Some(SpanId([7; 8]));
+    framework.attributes.clear();
+    framework.kind = SpanKind::Server;
+    let mut engine: Vec<Span> = first.clone();
+    for s in &mut engine {
+        s.trace_id = TraceId([2; 16]);
+    }
+    engine[3].parent_span_id = Some(SpanId([7; 8]));
+    p.ingest_at(batch(vec![framework]), t0 + secs(6.0)).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(8.1), unix_nanos_now()).requests, 1);
+    p.ingest_at(batch(engine), t0 + secs(9.0)).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(11.1), unix_nanos_now()).requests, 0);
+    assert_eq!(
+        p.kpis(Duration::from_secs(60))
+            .series
+            .iter()
+            .map(|s| s.requests)
+            .sum::<u64>(),
+        2
+    );
+}
+
 #[test]
 fn series_cap_counts_overflow() {
     let mut config = CollectorConfig::default();
