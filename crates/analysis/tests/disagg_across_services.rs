@@ -103,6 +103,29 @@ fn router(t: &mut Trace, tokens: Option<(i64, i64)>) -> SpanId {
     r
 }
 
+/// The prefill worker `prefill-0` (2.5–1000.5: prefill 5.5–45.5, then its KV transfer `kv`
+/// when given).
+fn prefill_worker(
+    t: &mut Trace,
+    parent: SpanId,
+    kv: Option<(f64, f64)>,
+    tokens: Option<(i64, i64)>,
+) -> SpanId {
+    let p = t.request(
+        "prefill-0",
+        Some("prefill"),
+        Some(parent),
+        (2.5, 1000.5),
+        "ok",
+        tokens,
+    );
+    t.phase("prefill-0", "prefill", p, (5.5, 45.5));
+    if let Some(kv) = kv {
+        t.phase("prefill-0", "kv_transfer", p, kv);
+    }
+    p
+}
+
 /// A decode worker (53–1000: decode wait 3, first token 8, decode 936).
 fn decode_worker(t: &mut Trace, name: &str, parent: SpanId, tokens: Option<(i64, i64)>) {
     let d = t.request(
@@ -161,15 +184,7 @@ fn a_retried_prefill_is_read_from_the_attempt_that_served_the_request() {
 fn a_retried_decode_is_read_from_the_attempt_that_served_the_request() {
     let mut t = Trace::default();
     let r = router(&mut t, Some((400, 101)));
-    let p = t.request(
-        "prefill-0",
-        Some("prefill"),
-        Some(r),
-        (2.5, 1000.5),
-        "ok",
-        None,
-    );
-    t.phase("prefill-0", "prefill", p, (5.5, 45.5));
+    let p = prefill_worker(&mut t, r, None, None);
     let failed = t.request(
         "decode-0",
         Some("decode"),
@@ -209,16 +224,7 @@ fn a_request_routed_to_a_unified_worker_is_not_disaggregated() {
 fn tokens_only_the_workers_count_give_tpot_and_the_transfer_rate() {
     let mut t = Trace::default();
     let r = router(&mut t, None);
-    let p = t.request(
-        "prefill-0",
-        Some("prefill"),
-        Some(r),
-        (2.5, 1000.5),
-        "ok",
-        Some((400, 1)),
-    );
-    t.phase("prefill-0", "prefill", p, (5.5, 45.5));
-    t.phase("prefill-0", "kv_transfer", p, (47.5, 52.5));
+    let p = prefill_worker(&mut t, r, Some((47.5, 52.5)), Some((400, 1)));
     decode_worker(&mut t, "decode-0", p, Some((400, 101)));
     let rec = t.record();
     assert_eq!(rec.input_tokens, Some(400));
@@ -232,16 +238,7 @@ fn tokens_only_the_workers_count_give_tpot_and_the_transfer_rate() {
 fn a_transfer_overlapping_the_decode_side_counts_until_the_decode_side_went_on() {
     let mut t = Trace::default();
     let r = router(&mut t, Some((400, 101)));
-    let p = t.request(
-        "prefill-0",
-        Some("prefill"),
-        Some(r),
-        (2.5, 1000.5),
-        "ok",
-        None,
-    );
-    t.phase("prefill-0", "prefill", p, (5.5, 45.5));
-    t.phase("prefill-0", "kv_transfer", p, (47.5, 80.0));
+    let p = prefill_worker(&mut t, r, Some((47.5, 80.0)), None);
     decode_worker(&mut t, "decode-0", p, None);
     let d = t.record().disagg.expect("disaggregated");
     assert_eq!(
