@@ -663,7 +663,9 @@ impl Pipeline {
             if let (Some(_), HeldSpans::Decoded(spans)) = (reopened, &mut held) {
                 // Spans the stored part holds already (an export sent again) are not again.
                 if let Some(stored) = a.recent.get(&trace_id) {
-                    spans.retain(|s| !stored.spans.iter().any(|t| t.span_id == s.span_id));
+                    let known: std::collections::HashSet<SpanId> =
+                        stored.spans.iter().map(|t| t.span_id).collect();
+                    spans.retain(|s| !known.contains(&s.span_id));
                 }
             }
             // Read in place: a prepared trace's analysis is not moved out of its box (its inline
