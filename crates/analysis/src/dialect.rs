@@ -65,7 +65,7 @@ mod trace_view;
 #[cfg(test)]
 mod test_spans;
 
-pub use detection::detect;
+pub use detection::{completes_trace, detect, may_be_own_request};
 pub use extract::{RecordSink, extract_requests, extract_requests_detected, extract_requests_into};
 pub use tgi::parse_duration;
 pub use trace_view::TraceView;

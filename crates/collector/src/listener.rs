@@ -65,9 +65,8 @@ use crate::server_tls::ServerTls;
 /// The largest read buffer of an HTTP/1 connection by default (OTLP/HTTP): a request head must
 /// fit in it, and a body is read in pieces of at most this size. hyper's default (~400 KiB)
 /// let a client that sends half a head hold that much per connection, outside the memory
-/// limit. The cap costs OTLP/HTTP about 7 % of its throughput (bodies read in more, smaller
-/// pieces: docs/PERFORMANCE.md), taken for a bounded exposure. HTTP/2 heads are bounded at
-/// 16 KiB by hyper's default.
+/// limit; bodies are read in more, smaller pieces for it (the cost: docs/PERFORMANCE.md).
+/// HTTP/2 heads are bounded at 16 KiB by hyper's default.
 pub const H1_MAX_BUF: usize = 128 * 1024;
 
 /// The API's HTTP/1 read buffer: its requests are heads and small bodies.

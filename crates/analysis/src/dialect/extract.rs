@@ -15,12 +15,12 @@ pub fn extract_requests(spans: &[Span]) -> Vec<RequestRecord> {
     extract_requests_detected::<Vec<_>>(spans).0
 }
 
-/// [`extract_requests`], and whether [`detect`] finds a request span among `spans` (what a
-/// collector needs to know to complete the trace after its grace period), in the same pass.
-/// The records are collected into `C` (a collector holding one trace's records for seconds
-/// keeps them inline rather than in a vector of their own).
+/// [`extract_requests`], and whether a span among `spans` [`completes_trace`] (what a collector
+/// needs to know to complete the trace after its grace period), in the same pass. The records
+/// are collected into `C` (a collector holding one trace's records for seconds keeps them
+/// inline rather than in a vector of their own).
 ///
-/// [`detect`]: super::detect
+/// [`completes_trace`]: super::completes_trace
 pub fn extract_requests_detected<C: Default + RecordSink>(spans: &[Span]) -> (C, bool) {
     let mut records = C::default();
     let detected = extract_requests_into(spans, &mut records);
@@ -29,10 +29,9 @@ pub fn extract_requests_detected<C: Default + RecordSink>(spans: &[Span]) -> (C,
 
 /// [`extract_requests_detected`] appending to `out`, each record written in place (a record is
 /// ~300 bytes: built on the stack and moved from call to call, it was copied several times);
-/// returns whether [`detect`] finds a request span that completes its trace (not a
-/// disaggregated worker's below another span: [`infertrace::is_worker_below`]).
+/// returns whether a span [`completes_trace`] (from the detection made here anyway).
 ///
-/// [`detect`]: super::detect
+/// [`completes_trace`]: super::completes_trace
 pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool {
     let trace = TraceView::new(spans);
     // A trace has one or two request spans as a rule: no allocation for those.

@@ -36,7 +36,8 @@
 //! analyses it together with the earlier part it still holds and counts only requests that
 //! part did not:
 //! - any request span when the earlier part was closed *without* one (idle or max age);
-//! - a request span the pipeline calls a request of its own (`is_new_request`: an infertrace,
+//! - a request span that may be a request of its own (`is_new_request`, the pipeline passes
+//!   `dialect::may_be_own_request`: an infertrace,
 //!   vLLM or TGI request span — an agent's next LLM call in the same trace, or a service whose
 //!   exporter sent after the grace period, counted per service as it would have been on time),
 //!   unlike the parts of a request counted already (a disaggregated worker's span, an SGLang

@@ -50,9 +50,7 @@ use infertrace_analysis::critical_path::{
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
 use infertrace_analysis::dialect;
-use infertrace_analysis::dialect::infertrace::is_worker_below;
 use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
-use infertrace_analysis::record::Dialect;
 use infertrace_analysis::trace::{Span, SpanId, TraceId};
 
 use crate::assembler::{CompletedTrace, MemoryHold, Ready, TraceAssembler};
@@ -84,35 +82,17 @@ pub const POLL_ROUND: usize = 4096;
 /// `Retry-After` suggested when the memory limiter refuses a batch.
 const RETRY_AFTER_SECS: u32 = 1;
 
-/// Whether a span is a request span in any dialect (the assembler's completion signal) — but a
-/// disaggregated worker's below another span ([`is_worker_below`]): the router's span above it
-/// ends last, and comes with the router's own export, maybe seconds after the workers'.
-pub fn is_request_span(span: &Span) -> bool {
-    dialect::detect(span).is_some() && !is_worker_below(span)
-}
-
-/// Whether a request span that arrives after its trace completed may be a request of its own,
-/// to be counted (infertrace, vLLM and TGI request spans, counted per service as on time), not
-/// a part of one counted already (an SGLang role span, a generic server span, a disaggregated
-/// worker's span). The pipeline then counts it only if the trace's earlier part, analysed with
-/// it, did not count it ([`Pipeline`]'s re-opened traces).
-pub fn is_new_request_span(span: &Span) -> bool {
-    matches!(
-        dialect::detect(span),
-        Some(Dialect::Infertrace | Dialect::Vllm | Dialect::Tgi)
-    ) && !is_worker_below(span)
-}
-
 /// The requests of a re-opened trace's new part (`spans`) not counted with its earlier part:
-/// both analysed together (a late part of a counted request joins it; a span standing for a
-/// request counted under another span — a framework's span beside an engine's — does not count
-/// again), keeping the records whose request span is new and was not counted. Without the
-/// earlier part (no longer in the recent-trace ring): the new part alone when the earlier part
-/// had no request (nothing of it was counted), else nothing — rather a request missed than one
-/// counted twice.
+/// spans the earlier part holds already (an export sent again) are dropped from `spans`; both
+/// parts are analysed together (a late part of a counted request joins it; a span standing for
+/// a request counted under another span — a framework's span beside an engine's — does not
+/// count again), keeping the records whose request span is new and was not counted. Without
+/// the earlier part (no longer in the recent-trace ring): the new part alone when the earlier
+/// part had no request (nothing of it was counted), else nothing — rather a request missed
+/// than one counted twice.
 fn analyse_reopened(
     stored: Option<&StoredTrace>,
-    spans: &[Span],
+    spans: &mut Vec<Span>,
     had_request: bool,
     opts: &CriticalPathOptions,
 ) -> Analysed {
@@ -123,6 +103,8 @@ fn analyse_reopened(
             Analysed::of(spans, opts)
         };
     };
+    let known: std::collections::HashSet<SpanId> = stored.spans.iter().map(|t| t.span_id).collect();
+    spans.retain(|s| !known.contains(&s.span_id));
     let mut all = stored.spans.clone();
     all.extend_from_slice(spans);
     let together = Analysed::of(&all, opts);
@@ -281,8 +263,8 @@ impl Pipeline {
         let assembler = TraceAssembler::new(
             config.assembler_config(),
             events.clone(),
-            is_request_span,
-            is_new_request_span,
+            dialect::completes_trace,
+            dialect::may_be_own_request,
         );
         let prom = PromRecorder::new(
             metrics,
@@ -660,18 +642,10 @@ impl Pipeline {
                 reopened,
                 ..
             } = trace;
-            if let (Some(_), HeldSpans::Decoded(spans)) = (reopened, &mut held) {
-                // Spans the stored part holds already (an export sent again) are not again.
-                if let Some(stored) = a.recent.get(&trace_id) {
-                    let known: std::collections::HashSet<SpanId> =
-                        stored.spans.iter().map(|t| t.span_id).collect();
-                    spans.retain(|s| !known.contains(&s.span_id));
-                }
-            }
             // Read in place: a prepared trace's analysis is not moved out of its box (its inline
             // record is a few hundred bytes); only a kept trace clones its records.
             let fresh;
-            let analysed = match (&held, reopened) {
+            let analysed = match (&mut held, reopened) {
                 (HeldSpans::Prepared(p), _) => &p.analysed,
                 (HeldSpans::Decoded(spans), Some(had_request)) => {
                     fresh = analyse_reopened(
