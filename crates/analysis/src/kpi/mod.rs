@@ -163,6 +163,30 @@ mod tests {
     }
 
     #[test]
+    fn late_records_reach_the_tap_together_per_series_and_slot() {
+        let mut w = KpiWindows::new(KpiConfig::default());
+        w.enable_slot_tap();
+        let now = 1_000 * 60 * SEC;
+        // The slot at `now` is complete and handed on; then a tick that began in it records
+        // 1,000 traces there, alternating between two models.
+        w.record(&model_rec("a"), now);
+        w.record(&model_rec("b"), now);
+        w.roll_due(now + SEC);
+        assert_eq!(w.take_tapped().len(), 2);
+        for i in 0..1_000 {
+            w.record(&model_rec(if i % 2 == 0 { "a" } else { "b" }), now);
+        }
+        let tapped = w.take_tapped();
+        let requests: u64 = tapped.iter().map(|t| t.accumulator.counts.requests).sum();
+        assert_eq!(requests, 1_000, "every record once");
+        assert!(
+            tapped.len() <= 4,
+            "one accumulator per series and slot, not one per late record: {}",
+            tapped.len()
+        );
+    }
+
+    #[test]
     fn restored_minutes_refill_the_short_windows_once() {
         let minute = 60 * SEC;
         let now = 1_000 * minute + 20 * SEC;

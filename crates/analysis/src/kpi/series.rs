@@ -109,6 +109,10 @@ pub struct TappedSlot {
     pub accumulator: Accumulator,
 }
 
+/// How many of the tap's newest slots a late record looks through for its own series and slot
+/// before it is handed on in a slot of its own (a bound on the search, not on correctness).
+const TAP_COALESCE_SCAN: usize = 64;
+
 /// One minute, nanoseconds.
 pub(super) const MINUTE_NANOS: u64 = 60_000_000_000;
 
@@ -376,16 +380,33 @@ impl KpiWindows {
             record,
         );
         if handed_on && let Some(tap) = &mut self.tap {
-            // Not in a slot the tap will see: hand it on alone.
-            let mut accumulator = Accumulator::default();
-            accumulator.add(&self.sketch_config, &self.config.slo, record);
+            // Not in a slot the tap will see: handed on beside it, added to what the tap
+            // already holds for this series and slot. Late records come in runs (a tick that
+            // ran past a slot's end records every trace it analyses in that slot), and the
+            // consumer merges each handed-on accumulator whole: one per record made a late
+            // tick slower still, the next tick later, until ingest collapsed.
             let fine = self.specs[0].slot_nanos;
-            tap.push(TappedSlot {
-                key: series.key.clone(),
-                start_unix_nano: fine_index.saturating_mul(fine),
-                length_nanos: fine,
-                accumulator,
+            let start_unix_nano = fine_index.saturating_mul(fine);
+            let pending = tap.iter_mut().rev().take(TAP_COALESCE_SCAN).find(|t| {
+                t.start_unix_nano == start_unix_nano
+                    && t.length_nanos == fine
+                    && t.key == series.key
             });
+            match pending {
+                Some(t) => t
+                    .accumulator
+                    .add(&self.sketch_config, &self.config.slo, record),
+                None => {
+                    let mut accumulator = Accumulator::default();
+                    accumulator.add(&self.sketch_config, &self.config.slo, record);
+                    tap.push(TappedSlot {
+                        key: series.key.clone(),
+                        start_unix_nano,
+                        length_nanos: fine,
+                        accumulator,
+                    });
+                }
+            }
         }
         for ((ring, spec), rolled) in coarser
             .iter_mut()
