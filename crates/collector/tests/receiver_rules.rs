@@ -735,6 +735,82 @@ async fn memory_limiter_refuses_before_decoding_and_releases_after() {
     c.stop().await;
 }
 
+/// A refusal made before the body was read reaches a client that sends its whole body before
+/// it reads (as Python's `http.client`, under the OTel SDK's exporter, does), and the HTTP/1.1
+/// connection stays open for the next request: the rest of the body is read and dropped beside
+/// the answer. (Without that the collector closed the connection with bytes unread, the kernel
+/// reset it, and such a client got a broken connection instead of the 429 and its
+/// `Retry-After`; a benchmark client got "connection closed before message completed".)
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_keeps_the_http1_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limiter = MemoryLimiter::new(64 << 20);
+    let limits = ReceiverLimits {
+        memory: Some(limiter.clone()),
+        retry_after_secs: 3,
+        ..ReceiverLimits::default()
+    };
+    let c = Collector::start(limits).await;
+    let mut s = TcpStream::connect(c.http).await.unwrap();
+    let head = |path: &str, len: usize| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/x-protobuf\r\n\
+             content-length: {len}\r\n\r\n"
+        )
+    };
+    // Reads one answer: its head, then as many body bytes as it declares.
+    async fn answer(s: &mut TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"\r\n\r\n") {
+            let n = s.read(&mut byte).await.expect("the answer arrives");
+            assert_eq!(
+                n,
+                1,
+                "connection closed after {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.push(byte[0]);
+        }
+        let head = String::from_utf8(got).unwrap().to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).await.unwrap();
+        head
+    }
+    // 12 MiB, far more than the socket buffers take: the collector answers while it arrives.
+    let large = vec![0u8; 12 << 20];
+    let held = limiter.try_reserve(60 << 20).unwrap();
+    s.write_all(head("/v1/traces", large.len()).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(&large).await.expect("the whole body is taken");
+    let refused = answer(&mut s).await;
+    assert!(refused.starts_with("http/1.1 429"), "{refused}");
+    assert!(refused.contains("retry-after: 3"), "{refused}");
+    // An unknown path is answered before its body is read too.
+    s.write_all(head("/v1/nowhere", large.len()).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(&large).await.expect("the whole body is taken");
+    let not_found = answer(&mut s).await;
+    assert!(not_found.starts_with("http/1.1 404"), "{not_found}");
+    drop(held);
+    let body = valid_request(3).encode_to_vec();
+    s.write_all(head("/v1/traces", body.len()).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(&body).await.unwrap();
+    let accepted = answer(&mut s).await;
+    assert!(accepted.starts_with("http/1.1 200"), "{accepted}");
+    assert_eq!(c.ingest.span_count(), 3);
+    c.stop().await;
+}
+
 // ---------------------------------------------------------------- shutdown
 
 #[tokio::test]

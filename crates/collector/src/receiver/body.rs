@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::io::Read;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
@@ -33,7 +34,7 @@ pub(crate) enum BodyError {
 /// length first, then as frames arrive): a body the limiter cannot cover is refused mid-read
 /// with [`BodyError::OverMemory`], and the caller's reservation holds exactly the buffer.
 pub(crate) async fn read_body(
-    mut body: Incoming,
+    body: &mut Incoming,
     limit: usize,
     mut reservation: Option<&mut MemoryReservation>,
 ) -> Result<Bytes, BodyError> {
@@ -68,6 +69,31 @@ pub(crate) async fn read_body(
         return Ok(Bytes::copy_from_slice(&buf));
     }
     Ok(buf.freeze())
+}
+
+/// Reads and discards what is left of a request body that its answer did not need, at most
+/// `limit` bytes and for at most `timeout` (past either it gives up: the connection closes).
+///
+/// Over HTTP/1 a server that closes its connection with request bytes unread makes the kernel
+/// reset it, and a client still sending sees a broken connection instead of the answer (a
+/// 429's `Retry-After`, a 401's reason). Reading the rest keeps the connection open and the
+/// answer readable; the bytes pass through the connection's capped read buffer, never held.
+pub(crate) async fn drain_body(body: &mut Incoming, limit: usize, timeout: Duration) {
+    if body.size_hint().lower() > limit as u64 {
+        return;
+    }
+    let drain = async {
+        let mut read = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                read = read.saturating_add(data.len());
+                if read > limit {
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, drain).await;
 }
 
 /// Grows `reservation` (when there is one) to at least `bytes`.

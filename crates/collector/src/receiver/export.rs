@@ -154,7 +154,7 @@ impl Receiver {
     /// header; a refusal names `max_body_bytes`, the limit the user set.)
     pub(crate) async fn read(
         &self,
-        body: Incoming,
+        body: &mut Incoming,
         limit: usize,
         hold: &mut Hold,
     ) -> Result<Bytes, Outcome> {

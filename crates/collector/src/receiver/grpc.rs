@@ -140,7 +140,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
     let limit = receiver.limits.max_body_bytes;
     let mut hold = receiver.hold(token, req.extensions());
     let body = match receiver
-        .read(req.into_body(), limit.saturating_add(5), &mut hold)
+        .read(&mut req.into_body(), limit.saturating_add(5), &mut hold)
         .await
     {
         Ok(body) => body,

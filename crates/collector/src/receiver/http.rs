@@ -8,9 +8,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{
-    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_ENCODING, CONTENT_TYPE, EXPECT, RETRY_AFTER,
+    WWW_AUTHENTICATE,
 };
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::request::Parts;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::Body as _;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -23,6 +26,7 @@ use crate::auth::Scope;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 
+use super::body::drain_body;
 use super::export::{Outcome, Payload, Receiver};
 use super::limits::{HTTP_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
 use crate::listener::{ListenerSettings, deadline_after, serve};
@@ -105,8 +109,32 @@ impl Format {
 type HttpResponse = Response<Full<Bytes>>;
 
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
+    let (parts, mut body) = req.into_parts();
+    let response = respond(receiver, &parts, &mut body).await;
+    // HTTP/1 only: HTTP/2 ends an unread request stream on its own (RST_STREAM NO_ERROR), and
+    // a client that asked `Expect: 100-continue` was never told to send its body.
+    if parts.version < Version::HTTP_2
+        && !body.is_end_stream()
+        && response.status() != StatusCode::PAYLOAD_TOO_LARGE
+        && !response.headers().contains_key(CONNECTION)
+        && !parts.headers.contains_key(EXPECT)
+    {
+        // Beside the answer, which goes out at once (a sender that stalls mid-body still hears
+        // its 429): the connection is kept once the body has passed, closed if the drain
+        // gives up.
+        let (limit, timeout) = (
+            receiver.limits.max_body_bytes,
+            receiver.limits.body_read_timeout,
+        );
+        tokio::spawn(async move { drain_body(&mut body, limit, timeout).await });
+    }
+    response
+}
+
+/// The answer to one request; `body` is read only when the request gets that far.
+async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpResponse {
     if let Some(hosts) = &receiver.limits.allowed_hosts
-        && hosts.refused(req.headers(), req.uri()).is_some()
+        && hosts.refused(&req.headers, &req.uri).is_some()
     {
         receiver
             .events
@@ -117,7 +145,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
              rebinding while the receiver listens on loopback without authentication)",
         );
     }
-    let token = match receiver.ingest_token(req.headers().get(AUTHORIZATION)) {
+    let token = match receiver.ingest_token(req.headers.get(AUTHORIZATION)) {
         Ok(token) => token,
         Err(refusal) => {
             let (status, challenge, message) = refusal.http_answer(Scope::Ingest);
@@ -126,7 +154,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             return response;
         }
     };
-    match req.uri().path() {
+    match req.uri.path() {
         TRACES_PATH => {}
         METRICS_PATH | LOGS_PATH => {
             return plain(
@@ -142,7 +170,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             );
         }
     }
-    if req.method() != Method::POST {
+    if req.method != Method::POST {
         let mut response = plain(
             StatusCode::METHOD_NOT_ALLOWED,
             "method not allowed: send OTLP traces with POST",
@@ -152,18 +180,14 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             .insert(ALLOW, HeaderValue::from_static("POST"));
         return response;
     }
-    let Some(format) = request_format(req.headers()) else {
+    let Some(format) = request_format(&req.headers) else {
         receiver.refuse_request("unsupported_content");
         return plain(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported content type: send application/x-protobuf or application/json",
         );
     };
-    let gzip = match req
-        .headers()
-        .get(CONTENT_ENCODING)
-        .map(HeaderValue::as_bytes)
-    {
+    let gzip = match req.headers.get(CONTENT_ENCODING).map(HeaderValue::as_bytes) {
         None => false,
         Some(e) if e.eq_ignore_ascii_case(b"identity") => false,
         Some(e) if e.eq_ignore_ascii_case(b"gzip") => true,
@@ -175,9 +199,9 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
             );
         }
     };
-    let mut hold = receiver.hold(token, req.extensions());
+    let mut hold = receiver.hold(token, &req.extensions);
     let body = match receiver
-        .read(req.into_body(), receiver.limits.max_body_bytes, &mut hold)
+        .read(body, receiver.limits.max_body_bytes, &mut hold)
         .await
     {
         Ok(body) => body,
