@@ -123,28 +123,30 @@ done
 sample() { # kind pid
   local t; t=$(cpu_ticks "$2")
   if [ "$1" = full ]; then
-    echo "$t $(curl -s 127.0.0.1:29464/metrics | awk -v n="$per_trace" '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*n}')"
+    local m; m=$(curl -s 127.0.0.1:29464/metrics)
+    echo "$t $(echo "$m" | awk -v n="$per_trace" '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*n}') $(echo "$m" | total infertrace_requests_refused_total)"
   else
-    echo "$t $(curl -s 127.0.0.1:24318/spans)"
+    echo "$t $(curl -s 127.0.0.1:24318/spans) -"
   fi
 }
 echo
 echo "steady state: ${warm} s of load first, then ${window} s counted"
-printf '%-6s %-5s %-7s %12s %10s %16s\n' kind proto round "spans done" "CPU s" "spans/CPU-s"
+printf '%-6s %-5s %-7s %12s %10s %16s %10s\n' kind proto round "spans done" "CPU s" "spans/CPU-s" "refused"
 for round in $(seq "$rounds"); do
   for kind in null full; do
     for proto in grpc http; do
       launch $kind $proto
-      $blast --duration $((warm + window + 3)) >/dev/null 2>&1 &
+      $blast --duration $((warm + window + 3)) >"$tmp/steady-blast.log" 2>&1 &
       blaster=$!
       sleep "$warm"
-      read -r t0 c0 <<< "$(sample $kind "$pid")"
+      read -r t0 c0 r0 <<< "$(sample $kind "$pid")"
       sleep "$window"
-      read -r t1 c1 <<< "$(sample $kind "$pid")"
-      wait "$blaster" || true
+      read -r t1 c1 r1 <<< "$(sample $kind "$pid")"
+      wait "$blaster" || echo "  (the blaster stopped early: $(tail -1 "$tmp/steady-blast.log"))" >&2
       cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)/hz}')
       per=$(awk -v r="$((c1 - c0))" -v c="$cpu" 'BEGIN{ if (c>0) printf "%.0f", r/c; else print "-" }')
-      printf '%-6s %-5s %-7s %12s %10s %16s\n' $kind $proto "$round" "$((c1 - c0))" "$cpu" "$per"
+      refused=-; [ "$r0" != - ] && refused=$((r1 - r0))
+      printf '%-6s %-5s %-7s %12s %10s %16s %10s\n' $kind $proto "$round" "$((c1 - c0))" "$cpu" "$per" "$refused"
       stop "$pid"
     done
   done

@@ -30,6 +30,9 @@
 //! answer.
 //! Metrics and logs are answered with 501 rather than 404 so that a client pointed at the wrong
 //! signal learns that the path is known but the signal is not accepted here.
+//! An HTTP/1.1 request answered before its body was read has the rest of the body read and
+//! dropped beside the answer (bounded by `max_body_bytes` and `body_read_timeout`), so that a
+//! client still sending reads the answer instead of a reset connection, and keeps it.
 //!
 //! Protobuf bodies are decoded once, by the lean decoder of [`crate::otlp_decode`], and handed on
 //! unchanged in [`IngestBatch::raw_protobuf`](crate::IngestBatch) for forwarding.
