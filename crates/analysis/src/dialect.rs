@@ -58,6 +58,7 @@ pub mod sglang;
 pub mod tgi;
 
 mod base_record;
+mod completion;
 mod detection;
 mod extract;
 mod trace_view;
@@ -65,7 +66,8 @@ mod trace_view;
 #[cfg(test)]
 mod test_spans;
 
-pub use detection::{completes_trace, detect, may_be_own_request};
+pub use completion::{completes_trace, may_be_own_request};
+pub use detection::detect;
 pub use extract::{RecordSink, extract_requests, extract_requests_detected, extract_requests_into};
 pub use tgi::parse_duration;
 pub use trace_view::TraceView;

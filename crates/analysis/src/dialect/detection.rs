@@ -52,27 +52,6 @@ pub fn detect(span: &Span) -> Option<Dialect> {
     (span.kind == SpanKind::Server).then_some(Dialect::Generic)
 }
 
-/// Whether `span`'s arrival tells a collector that its trace's request has arrived (its
-/// grace period may start): a request span ([`detect`]) — but a disaggregated worker's below
-/// another span ([`infertrace::is_worker_below`]), whose router's span ends last and may be
-/// exported seconds after it.
-///
-/// [`infertrace::is_worker_below`]: super::infertrace::is_worker_below
-pub fn completes_trace(span: &Span) -> bool {
-    detect(span).is_some() && !super::infertrace::is_worker_below(span)
-}
-
-/// Whether a span that [`completes_trace`], arriving after its trace was completed with a
-/// request, may be a request of its own (an agent's next call in the trace: an infertrace,
-/// vLLM or TGI request span, counted per service as on time) rather than a part of a request
-/// counted already (an SGLang role span, a generic server span, a disaggregated worker's).
-pub fn may_be_own_request(span: &Span) -> bool {
-    matches!(
-        detect(span),
-        Some(Dialect::Infertrace | Dialect::Vllm | Dialect::Tgi)
-    ) && !super::infertrace::is_worker_below(span)
-}
-
 /// [`detect`] extended with what the whole trace tells, and whether [`detect`] alone
 /// recognised the span.
 pub(super) fn classify_detected<'a>(
