@@ -782,30 +782,24 @@ async fn a_refusal_before_the_body_is_read_keeps_the_http1_connection() {
         s.read_exact(&mut body).await.unwrap();
         head
     }
+    // Sends a whole request, then reads its answer.
+    async fn exchange(s: &mut TcpStream, head: String, body: &[u8]) -> String {
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body).await.expect("the whole body is taken");
+        answer(s).await
+    }
     // 12 MiB, far more than the socket buffers take: the collector answers while it arrives.
     let large = vec![0u8; 12 << 20];
     let held = limiter.try_reserve(60 << 20).unwrap();
-    s.write_all(head("/v1/traces", large.len()).as_bytes())
-        .await
-        .unwrap();
-    s.write_all(&large).await.expect("the whole body is taken");
-    let refused = answer(&mut s).await;
+    let refused = exchange(&mut s, head("/v1/traces", large.len()), &large).await;
     assert!(refused.starts_with("http/1.1 429"), "{refused}");
     assert!(refused.contains("retry-after: 3"), "{refused}");
     // An unknown path is answered before its body is read too.
-    s.write_all(head("/v1/nowhere", large.len()).as_bytes())
-        .await
-        .unwrap();
-    s.write_all(&large).await.expect("the whole body is taken");
-    let not_found = answer(&mut s).await;
+    let not_found = exchange(&mut s, head("/v1/nowhere", large.len()), &large).await;
     assert!(not_found.starts_with("http/1.1 404"), "{not_found}");
     drop(held);
     let body = valid_request(3).encode_to_vec();
-    s.write_all(head("/v1/traces", body.len()).as_bytes())
-        .await
-        .unwrap();
-    s.write_all(&body).await.unwrap();
-    let accepted = answer(&mut s).await;
+    let accepted = exchange(&mut s, head("/v1/traces", body.len()), &body).await;
     assert!(accepted.starts_with("http/1.1 200"), "{accepted}");
     assert_eq!(c.ingest.span_count(), 3);
     c.stop().await;

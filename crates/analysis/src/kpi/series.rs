@@ -380,18 +380,16 @@ impl KpiWindows {
             record,
         );
         if handed_on && let Some(tap) = &mut self.tap {
-            // Not in a slot the tap will see: handed on beside it, added to what the tap
-            // already holds for this series and slot. Late records come in runs (a tick that
-            // ran past a slot's end records every trace it analyses in that slot), and the
-            // consumer merges each handed-on accumulator whole: one per record made a late
-            // tick slower still, the next tick later, until ingest collapsed.
+            // Not in a slot the tap will see: added to what the tap holds for this series and
+            // slot. Late records come in runs (a tick that ran past a slot's end records every
+            // trace it analyses there), and the consumer merges each accumulator whole.
             let fine = self.specs[0].slot_nanos;
             let start_unix_nano = fine_index.saturating_mul(fine);
-            let pending = tap.iter_mut().rev().take(TAP_COALESCE_SCAN).find(|t| {
-                t.start_unix_nano == start_unix_nano
-                    && t.length_nanos == fine
-                    && t.key == series.key
-            });
+            let pending = tap
+                .iter_mut()
+                .rev()
+                .take(TAP_COALESCE_SCAN)
+                .find(|t| t.start_unix_nano == start_unix_nano && t.key == series.key);
             match pending {
                 Some(t) => t
                     .accumulator

@@ -79,9 +79,6 @@ pub(crate) async fn read_body(
 /// 429's `Retry-After`, a 401's reason). Reading the rest keeps the connection open and the
 /// answer readable; the bytes pass through the connection's capped read buffer, never held.
 pub(crate) async fn drain_body(body: &mut Incoming, limit: usize, timeout: Duration) {
-    if body.size_hint().lower() > limit as u64 {
-        return;
-    }
     let drain = async {
         let mut read = 0usize;
         while let Some(Ok(frame)) = body.frame().await {
