@@ -2,6 +2,7 @@
 //! JSON, gzip, over HTTP and gRPC), every refusal (400, 413 incl. a gzip bomb, 415, 405, 404, 501,
 //! 429 / UNAVAILABLE, partial success), and the counters each one increments.
 
+use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use infertrace_collector::limiter::MemoryLimiter;
 use infertrace_collector::otlp_decode::from_proto;
@@ -278,8 +280,10 @@ async fn grpc_raw(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
+    // Without a content-length, as gRPC clients send (the message prefix gives the length).
+    let frames = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from(body)))]);
     let response = sender
-        .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .send_request(req.body(StreamBody::new(frames)).unwrap())
         .await
         .unwrap();
     let (parts, body) = response.into_parts();
@@ -576,8 +580,19 @@ async fn bodies_over_the_limit_are_413_and_resource_exhausted_even_when_gzipped(
     )
     .await;
     assert_eq!(code.as_deref(), Some("8"));
+    // A message prefix that declares more than the limit is refused on it, whatever follows.
+    let mut declared_large = frame(b"", false);
+    declared_large[1..5].copy_from_slice(&(1u32 << 20).to_be_bytes());
+    let (_, code, _) = grpc_raw(
+        c.grpc,
+        EXPORT_PATH,
+        &[("content-type", "application/grpc")],
+        declared_large,
+    )
+    .await;
+    assert_eq!(code.as_deref(), Some("8"));
 
-    assert_eq!(c.events.dropped("too_large"), 5);
+    assert_eq!(c.events.dropped("too_large"), 6);
     assert_eq!(c.ingest.span_count(), 0);
     c.stop().await;
 }

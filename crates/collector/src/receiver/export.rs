@@ -13,7 +13,7 @@ use crate::limiter::{DECODED_BYTES_PER_WIRE_BYTE, MemoryReservation, Refused, Se
 use crate::listener::PeerAddr;
 use crate::otlp_decode::{self, Decoded};
 
-use super::body::{BodyError, InflateError, gunzip_limited, read_body};
+use super::body::{BodyError, InflateError, LengthFromStart, gunzip_limited, read_body};
 use super::limits::ReceiverLimits;
 
 /// A request body in one of the OTLP encodings.
@@ -150,15 +150,17 @@ impl Receiver {
     }
 
     /// Reads a request body of at most `limit` bytes within the body read timeout, reserving
-    /// its bytes in `hold` before they are allocated. (gRPC's `limit` includes its 5-byte frame
-    /// header; a refusal names `max_body_bytes`, the limit the user set.)
+    /// its bytes in `hold` before they are allocated, sized by `length_from_start` when it
+    /// declares no length ([`read_body`]). (gRPC's `limit` includes its 5-byte frame header; a
+    /// refusal names `max_body_bytes`, the limit the user set.)
     pub(crate) async fn read(
         &self,
         body: &mut Incoming,
         limit: usize,
         hold: &mut Hold,
+        length_from_start: Option<LengthFromStart>,
     ) -> Result<Bytes, Outcome> {
-        let read = read_body(body, limit, hold.as_mut());
+        let read = read_body(body, limit, hold.as_mut(), length_from_start);
         match tokio::time::timeout(self.limits.body_read_timeout, read).await {
             Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(BodyError::TooLarge)) => Err(self.too_large(self.limits.max_body_bytes)),

@@ -140,7 +140,12 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
     let limit = receiver.limits.max_body_bytes;
     let mut hold = receiver.hold(token, req.extensions());
     let body = match receiver
-        .read(&mut req.into_body(), limit.saturating_add(5), &mut hold)
+        .read(
+            &mut req.into_body(),
+            limit.saturating_add(5),
+            &mut hold,
+            Some(framed_length),
+        )
         .await
     {
         Ok(body) => body,
@@ -187,6 +192,15 @@ fn answer(outcome: Outcome) -> Response<GrpcBody> {
         ),
         Outcome::ShuttingDown => status_only(Code::Unavailable, "collector is shutting down"),
     }
+}
+
+/// The length of a unary request body — its 5-byte prefix and the message — from the prefix at
+/// its start; `None` while fewer than 5 bytes are there.
+fn framed_length(start: &[u8]) -> Option<usize> {
+    let prefix: [u8; 4] = start.get(1..5)?.try_into().ok()?;
+    usize::try_from(u32::from_be_bytes(prefix))
+        .ok()?
+        .checked_add(5)
 }
 
 /// Splits a unary request body into (compressed flag, message).
@@ -261,6 +275,16 @@ mod tests {
         assert!(unframe(&Bytes::from_static(&[2, 0, 0, 0, 0])).is_err());
         assert!(unframe(&Bytes::from_static(&[0, 0, 0, 0, 3, 7, 8])).is_err());
         assert!(unframe(&Bytes::from_static(&[0, 0, 0, 0, 1, 7, 8])).is_err());
+    }
+
+    #[test]
+    fn framed_length_reads_the_prefix() {
+        assert_eq!(framed_length(&[0, 0, 0, 1, 2, 9]), Some(5 + 258));
+        assert_eq!(
+            framed_length(&[1, 255, 255, 255, 255]),
+            Some(5 + u32::MAX as usize)
+        );
+        assert_eq!(framed_length(&[0, 0, 0, 1]), None);
     }
 
     #[test]

@@ -201,7 +201,7 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
     };
     let mut hold = receiver.hold(token, &req.extensions);
     let body = match receiver
-        .read(body, receiver.limits.max_body_bytes, &mut hold)
+        .read(body, receiver.limits.max_body_bytes, &mut hold, None)
         .await
     {
         Ok(body) => body,
