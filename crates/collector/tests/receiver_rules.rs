@@ -259,13 +259,25 @@ async fn post(addr: SocketAddr, content_type: &str, body: Vec<u8>) -> Reply {
     .await
 }
 
-/// A gRPC call made by hand over h2c, for bodies a typed client cannot send.
+/// A gRPC call made by hand over h2c, for bodies a typed client cannot send, without a
+/// content-length as gRPC clients send it (the message prefix gives the length).
 /// Returns (HTTP status, grpc-status, grpc-message).
 async fn grpc_raw(
     addr: SocketAddr,
     path: &str,
     headers: &[(&str, &str)],
     body: Vec<u8>,
+) -> (StatusCode, Option<String>, Option<String>) {
+    grpc_raw_declared(addr, path, headers, body, false).await
+}
+
+/// [`grpc_raw`], with the body's content-length declared when `declare_length`.
+async fn grpc_raw_declared(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+    declare_length: bool,
 ) -> (StatusCode, Option<String>, Option<String>) {
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) =
@@ -280,12 +292,14 @@ async fn grpc_raw(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    // Without a content-length, as gRPC clients send (the message prefix gives the length).
-    let frames = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from(body)))]);
-    let response = sender
-        .send_request(req.body(StreamBody::new(frames)).unwrap())
-        .await
-        .unwrap();
+    let body = Bytes::from(body);
+    let request = if declare_length {
+        req.body(Full::new(body).boxed())
+    } else {
+        let frames = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(body))]);
+        req.body(StreamBody::new(frames).boxed())
+    };
+    let response = sender.send_request(request.unwrap()).await.unwrap();
     let (parts, body) = response.into_parts();
     let collected = body.collect().await.unwrap();
     let trailers = collected.trailers().cloned().unwrap_or_default();
@@ -580,19 +594,24 @@ async fn bodies_over_the_limit_are_413_and_resource_exhausted_even_when_gzipped(
     )
     .await;
     assert_eq!(code.as_deref(), Some("8"));
-    // A message prefix that declares more than the limit is refused on it, whatever follows.
-    let mut declared_large = frame(b"", false);
-    declared_large[1..5].copy_from_slice(&(1u32 << 20).to_be_bytes());
-    let (_, code, _) = grpc_raw(
-        c.grpc,
-        EXPORT_PATH,
-        &[("content-type", "application/grpc")],
-        declared_large,
-    )
-    .await;
+    // A message prefix that declares more than the limit is refused on it, whatever follows;
+    // one that declares the limit is read (and refused for its missing bytes).
+    let declaring = |len: usize| {
+        let mut body = frame(b"", false);
+        body[1..5].copy_from_slice(&(len as u32).to_be_bytes());
+        body
+    };
+    let grpc_headers = [("content-type", "application/grpc")];
+    let (_, code, _) = grpc_raw(c.grpc, EXPORT_PATH, &grpc_headers, declaring(64 * 1024 + 1)).await;
+    assert_eq!(code.as_deref(), Some("8"));
+    let (_, code, _) = grpc_raw(c.grpc, EXPORT_PATH, &grpc_headers, declaring(64 * 1024)).await;
+    assert_eq!(code.as_deref(), Some("3"));
+    // A declared content-length over the limit (with its 5-byte prefix) is refused on it.
+    let over = frame(&vec![0; 64 * 1024 + 1], false);
+    let (_, code, _) = grpc_raw_declared(c.grpc, EXPORT_PATH, &grpc_headers, over, true).await;
     assert_eq!(code.as_deref(), Some("8"));
 
-    assert_eq!(c.events.dropped("too_large"), 6);
+    assert_eq!(c.events.dropped("too_large"), 7);
     assert_eq!(c.ingest.span_count(), 0);
     c.stop().await;
 }

@@ -37,7 +37,7 @@ pub(crate) type LengthFromStart = fn(&[u8]) -> Option<usize>;
 /// With a `reservation`, every byte of buffer is reserved before it is allocated (the declared
 /// length first, then as frames arrive): a body the limiter cannot cover is refused mid-read
 /// with [`BodyError::OverMemory`], and the caller's reservation holds exactly the buffer.
-/// A body that declares no length (HTTP/2) is sized by `length_from_start` when given, so
+/// A body that declares no length is sized by `length_from_start` when the caller gives one, so
 /// that it is read into one buffer of its size instead of one grown by doubling and copied.
 pub(crate) async fn read_body(
     body: &mut Incoming,
@@ -57,6 +57,10 @@ pub(crate) async fn read_body(
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| BodyError::Broken(e.to_string()))?;
         if let Ok(data) = frame.into_data() {
+            // HTTP/2 may end a stream with an empty data frame: not a piece of the body.
+            if data.is_empty() {
+                continue;
+            }
             pieces += 1;
             let mut needed = buf.len() + data.len();
             if pieces == 1
@@ -77,7 +81,7 @@ pub(crate) async fn read_body(
             buf.extend_from_slice(&data);
         }
     }
-    // A body that grew past its declared size (gRPC declares none) may have up to half its
+    // A body that grew past its declared size (or declared none) may have up to half its
     // buffer spare; the forwarder's queue may hold it and reserves its length, so it is copied
     // to its size rather than kept with the slack.
     if buf.capacity() - buf.len() > buf.len() / 8 {

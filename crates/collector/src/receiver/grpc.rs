@@ -198,9 +198,8 @@ fn answer(outcome: Outcome) -> Response<GrpcBody> {
 /// its start; `None` while fewer than 5 bytes are there.
 fn framed_length(start: &[u8]) -> Option<usize> {
     let prefix: [u8; 4] = start.get(1..5)?.try_into().ok()?;
-    usize::try_from(u32::from_be_bytes(prefix))
-        .ok()?
-        .checked_add(5)
+    // Past `usize` (32-bit targets) it saturates, and is refused as over the limit.
+    Some(usize::try_from(u32::from_be_bytes(prefix)).map_or(usize::MAX, |n| n.saturating_add(5)))
 }
 
 /// Splits a unary request body into (compressed flag, message).
@@ -282,7 +281,7 @@ mod tests {
         assert_eq!(framed_length(&[0, 0, 0, 1, 2, 9]), Some(5 + 258));
         assert_eq!(
             framed_length(&[1, 255, 255, 255, 255]),
-            Some(5 + u32::MAX as usize)
+            Some((u32::MAX as usize).saturating_add(5))
         );
         assert_eq!(framed_length(&[0, 0, 0, 1]), None);
     }
