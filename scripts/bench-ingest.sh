@@ -124,7 +124,7 @@ sample() { # kind pid
   local t; t=$(cpu_ticks "$2")
   if [ "$1" = full ]; then
     local m; m=$(curl -s 127.0.0.1:29464/metrics)
-    echo "$t $(echo "$m" | awk -v n="$per_trace" '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*n}') $(echo "$m" | total infertrace_requests_refused_total)"
+    echo "$t $(( $(echo "$m" | total infertrace_requests_total) * per_trace )) $(echo "$m" | total infertrace_requests_refused_total)"
   else
     echo "$t $(curl -s 127.0.0.1:24318/spans) -"
   fi

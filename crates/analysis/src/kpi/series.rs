@@ -385,26 +385,25 @@ impl KpiWindows {
             // trace it analyses there), and the consumer merges each accumulator whole.
             let fine = self.specs[0].slot_nanos;
             let start_unix_nano = fine_index.saturating_mul(fine);
-            let pending = tap
-                .iter_mut()
-                .rev()
-                .take(TAP_COALESCE_SCAN)
-                .find(|t| t.start_unix_nano == start_unix_nano && t.key == series.key);
-            match pending {
-                Some(t) => t
-                    .accumulator
-                    .add(&self.sketch_config, &self.config.slo, record),
+            let scan_from = tap.len().saturating_sub(TAP_COALESCE_SCAN);
+            let pending = tap[scan_from..]
+                .iter()
+                .rposition(|t| t.start_unix_nano == start_unix_nano && t.key == series.key);
+            let at = match pending {
+                Some(i) => scan_from + i,
                 None => {
-                    let mut accumulator = Accumulator::default();
-                    accumulator.add(&self.sketch_config, &self.config.slo, record);
                     tap.push(TappedSlot {
                         key: series.key.clone(),
                         start_unix_nano,
                         length_nanos: fine,
-                        accumulator,
+                        accumulator: Accumulator::default(),
                     });
+                    tap.len() - 1
                 }
-            }
+            };
+            tap[at]
+                .accumulator
+                .add(&self.sketch_config, &self.config.slo, record);
         }
         for ((ring, spec), rolled) in coarser
             .iter_mut()

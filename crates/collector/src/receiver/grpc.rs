@@ -198,22 +198,21 @@ fn answer(outcome: Outcome) -> Response<GrpcBody> {
 /// its start; `None` while fewer than 5 bytes are there.
 fn framed_length(start: &[u8]) -> Option<usize> {
     let prefix: [u8; 4] = start.get(1..5)?.try_into().ok()?;
-    // Past `usize` (32-bit targets) it saturates, and is refused as over the limit.
+    // Past `usize` (32-bit targets) it saturates: over any limit, and no body's length.
     Some(usize::try_from(u32::from_be_bytes(prefix)).map_or(usize::MAX, |n| n.saturating_add(5)))
 }
 
 /// Splits a unary request body into (compressed flag, message).
 fn unframe(body: &Bytes) -> Result<(bool, Bytes), &'static str> {
-    if body.len() < 5 {
+    let Some(framed) = framed_length(body) else {
         return Err("missing or truncated gRPC message frame");
-    }
+    };
     let compressed = match body[0] {
         0 => false,
         1 => true,
         _ => return Err("invalid gRPC compression flag"),
     };
-    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    if body.len() - 5 != len {
+    if body.len() != framed {
         return Err("a unary call must carry exactly one complete message");
     }
     Ok((compressed, body.slice(5..)))
