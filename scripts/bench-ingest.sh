@@ -3,7 +3,10 @@
 # receiver" (decode and drop, the collector's HTTP/2 windows) against the full infertrace
 # collector at its DEFAULT configuration (decode, assemble, dialects, KPIs, critical path,
 # Prometheus), over OTLP/gRPC and OTLP/HTTP protobuf, with fresh trace ids in every send, whole
-# traces per request and (cold runs) the spans of 64 traces interleaved. For the collector only
+# traces per request and (cold runs) the spans of 64 traces interleaved. Cold runs also measure
+# infertrace's receive path alone (`lean`: the collector's own receivers and decoder with an
+# ingest that only counts): the ceiling of what the full pipeline can reach, since it does all
+# of that and then the analysis. For the collector only
 # spans that were fully analysed count (accepted minus anything dropped later), its time and CPU
 # run until its assembler is empty (the 2 s grace included), so a pipeline that only buffers
 # cannot look fast; each run also prints the spans dropped after an OK (must be 0), the traces
@@ -20,6 +23,9 @@
 #   scripts/bench-ingest.sh [seconds per run, default 8] [rounds, default 3]
 #                           [steady warm-up seconds, default 40] [steady window seconds, default 10]
 #
+# gRPC requests carry no Content-Length, as real gRPC exporters send them; GRPC_CONTENT_LENGTH=1
+# makes the blaster declare it (the figures of docs/PERFORMANCE.md before 2026-12-06).
+#
 # WORKLOAD=pd sends disaggregated traces instead (`otlp-blast --pd`: 17 spans across a router,
 # a prefill and a decode worker, as `infertrace demo --scenario pd` emits them); spans done
 # then count 17 per recorded request.
@@ -30,6 +36,8 @@ rounds=${2:-3}
 warm=${3:-40}
 window=${4:-10}
 workload=${WORKLOAD:-plain}
+blast_extra=""
+[ "${GRPC_CONTENT_LENGTH:-0}" = 1 ] && blast_extra="--grpc-content-length"
 case $workload in
   plain) per_trace=4 blast_workload="" ;;
   pd) per_trace=17 blast_workload="--pd" ;;
@@ -50,6 +58,7 @@ hz=$(getconf CLK_TCK)
 start_receiver() { # kind -> pid
   case $1 in
     null) taskset -c 1 $B/otlp-null-receiver --decoder prost --grpc 127.0.0.1:24317 --http 127.0.0.1:24318 >/dev/null 2>&1 & ;;
+    lean) taskset -c 1 $B/otlp-null-receiver --decoder lean --grpc 127.0.0.1:24317 --http 127.0.0.1:24318 >/dev/null 2>&1 & ;;
     full) cat > "$tmp/c.yaml" <<YAML
 receivers:
   otlp_grpc: { endpoint: 127.0.0.1:24317 }
@@ -72,7 +81,7 @@ launch() { # kind proto [order]
   pid=$(start_receiver "$1")
   wait_port 24317; wait_port 24318
   port=24317; [ "$2" = http ] && port=24318
-  blast="taskset -c 0 $B/otlp-blast --protocol $2 --addr 127.0.0.1:$port --connections 16 $blast_workload"
+  blast="taskset -c 0 $B/otlp-blast --protocol $2 --addr 127.0.0.1:$port --connections 16 $blast_workload $blast_extra"
   [ "${3:-whole}" = interleaved ] && blast="$blast --interleave"
   return 0
 }
@@ -80,10 +89,11 @@ launch() { # kind proto [order]
 # Sum of the samples of one counter family in an exposition.
 total() { awk -v f="$1" 'index($0, f"{") == 1 || index($0, f" ") == 1 {s+=$NF} END{printf "%d", s}'; }
 
+declare -A per_cpu # "kind proto order" -> spans per CPU-second of each round
 printf '%-6s %-5s %-11s %-7s %12s %12s %10s %16s %12s %12s %10s\n' kind proto order round "spans done" "spans/s" "CPU s" "spans/CPU-s" "dropped" "closed early" "refused"
 for round in $(seq "$rounds"); do
  for order in whole interleaved; do
-  for kind in null full; do
+  for kind in null lean full; do
     for proto in grpc http; do
       launch $kind $proto $order
       t0=$(cpu_ticks "$pid"); w0=$(date +%s.%N)
@@ -111,10 +121,28 @@ for round in $(seq "$rounds"); do
       cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN{printf "%.2f", (b-a)/hz}')
       per=$(awk -v r="$processed" -v c="$cpu" 'BEGIN{ if (c>0) printf "%.0f", r/c; else print "-" }')
       printf '%-6s %-5s %-11s %-7s %12s %12s %10s %16s %12s %12s %10s\n' $kind $proto $order "$round" "$processed" "$rate" "$cpu" "$per" "$after_ok" "$early" "$refused_req"
+      per_cpu["$kind $proto $order"]+="$per "
       stop "$pid"
     done
   done
  done
+done
+
+# Each cold figure against the null receiver's, from the means over the rounds.
+mean() { echo "$1" | awk '{s=0; n=0; for (i=1; i<=NF; i++) if ($i != "-") {s+=$i; n++}} END{if (n) printf "%.0f", s/n; else print 0}'; }
+echo
+echo "cold runs, mean spans per CPU-second against the null receiver's (target: full ≥ 1.5×;"
+echo "lean, the receive path alone, is the ceiling the full pipeline stays under)"
+printf '%-5s %-11s %12s %12s %8s %12s %8s\n' proto order null lean "lean/null" full "full/null"
+for order in whole interleaved; do
+  for proto in grpc http; do
+    n=$(mean "${per_cpu["null $proto $order"]}")
+    l=$(mean "${per_cpu["lean $proto $order"]}")
+    f=$(mean "${per_cpu["full $proto $order"]}")
+    printf '%-5s %-11s %12s %12s %8s %12s %8s\n' $proto $order "$n" "$l" \
+      "$(awk -v a="$l" -v b="$n" 'BEGIN{ if (b>0) printf "%.2fx", a/b; else print "-" }')" "$f" \
+      "$(awk -v a="$f" -v b="$n" 'BEGIN{ if (b>0) printf "%.2fx", a/b; else print "-" }')"
+  done
 done
 
 # Steady state. A sample is "CPU ticks, spans done" at one moment: for the collector, the spans

@@ -10,9 +10,15 @@
 //!
 //! ```text
 //! otlp-blast [--protocol grpc|http] [--addr HOST:PORT] [--connections 16] [--duration 10]
-//!            [--batch 1000] [--rate SPANS_PER_SEC] [--interleave] [--pd] [--decode-only]
-//!            [--pipeline-only [--default-limits]]
+//!            [--batch 1000] [--rate SPANS_PER_SEC] [--interleave] [--pd]
+//!            [--grpc-content-length] [--decode-only] [--pipeline-only [--default-limits]]
 //! ```
+//!
+//! Over gRPC a request carries no `Content-Length`, as the exporters of tonic, grpc-go and the
+//! OpenTelemetry SDKs send it (its one message, then an empty frame that ends the stream);
+//! `--grpc-content-length` declares the length instead (what this tool did before 2026-12-06).
+//! Every run mixes a nonce of its own into the trace ids, so a run repeated against the same
+//! collector sends new traces, not late spans of the previous run's.
 //!
 //! `--interleave` orders each request's spans as an SDK's batch span processor exports them
 //! for concurrent requests — by end time, so the spans of eight requests in flight together
@@ -87,6 +93,8 @@ struct Args {
     /// Spans per second over all connections; `None`: full speed.
     rate: Option<f64>,
     interleave: bool,
+    /// Whether gRPC requests declare their length (real gRPC exporters do not).
+    grpc_content_length: bool,
     /// Disaggregated 17-span traces across three services instead of 4-span ones.
     pd: bool,
     decode_only: bool,
@@ -118,6 +126,8 @@ usage: otlp-blast [OPTIONS]
   --interleave           order each request's spans by end time, as an SDK's batch processor
                          exports concurrent requests, instead of trace by trace
   --pd                   send 17-span disaggregated traces (router, prefill and decode workers)
+  --grpc-content-length  declare each gRPC request's length (Content-Length); by default none
+                         is sent, as tonic, grpc-go and the OpenTelemetry SDKs' exporters do
   --decode-only          send nothing: time prost and infertrace's lean decoder on the requests
                          and print nanoseconds per span
   --pipeline-only        send nothing: run the collector's whole pipeline in this process on one
@@ -138,6 +148,7 @@ fn parse_args() -> Result<Args, String> {
     let mut pipeline_only = false;
     let mut default_limits = false;
     let mut interleave = false;
+    let mut grpc_content_length = false;
     let mut pd = false;
     let mut rate: Option<f64> = None;
     let mut it = std::env::args().skip(1);
@@ -182,6 +193,7 @@ fn parse_args() -> Result<Args, String> {
             "--pipeline-only" => pipeline_only = true,
             "--default-limits" => default_limits = true,
             "--interleave" => interleave = true,
+            "--grpc-content-length" => grpc_content_length = true,
             "--pd" => pd = true,
             "-h" | "--help" => {
                 print!("{HELP}");
@@ -209,6 +221,7 @@ fn parse_args() -> Result<Args, String> {
         batch,
         rate,
         interleave,
+        grpc_content_length,
         pd,
         decode_only,
         pipeline_only,
@@ -640,10 +653,12 @@ fn export_request(
 struct Body {
     bytes: Bytes,
     trace_id_offsets: Vec<usize>,
+    /// This run's nonce, mixed into every stamp (see [`Body::send`]).
+    run_nonce: u64,
 }
 
 impl Body {
-    fn new(bytes: Bytes) -> Self {
+    fn new(bytes: Bytes, run_nonce: u64) -> Self {
         // Every span starts with field 1 (trace_id, 16 bytes): tag 0x0a, length 0x10. A span's
         // trace id is random, so matching the tag, the length and the id of the first span of
         // its trace finds exactly the trace-id fields.
@@ -660,13 +675,16 @@ impl Body {
         Self {
             bytes,
             trace_id_offsets,
+            run_nonce,
         }
     }
 
-    /// The body with the last 8 bytes of every trace id replaced by a per-send counter.
+    /// The body with the last 8 bytes of every trace id replaced by a per-send counter, mixed
+    /// with the run's nonce (a one-to-one change: ids stay distinct within the run and differ
+    /// from another run's).
     fn send(&self, connection: usize, sequence: usize) -> Bytes {
         let mut out = self.bytes.to_vec();
-        let stamp = ((connection as u64) << 40 | sequence as u64).to_le_bytes();
+        let stamp = (((connection as u64) << 40 | sequence as u64) ^ self.run_nonce).to_le_bytes();
         for &at in &self.trace_id_offsets {
             out[at + 8..at + 16].copy_from_slice(&stamp);
         }
@@ -680,6 +698,14 @@ fn is_span_start(bytes: &[u8], i: usize) -> bool {
     bytes.get(i + 18) == Some(&0x12) && bytes.get(i + 19) == Some(&0x08)
 }
 
+/// A number that differs from run to run: the clock's nanoseconds, spread over 64 bits.
+fn run_nonce() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    Rng(nanos | 1).next()
+}
+
 fn grpc_frame(message: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(message.len() + 5);
     out.push(0);
@@ -688,16 +714,46 @@ fn grpc_frame(message: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// How a connection sends.
+#[derive(Clone, Copy)]
+struct Sending {
+    protocol: Protocol,
+    /// Whether gRPC requests declare their length.
+    grpc_content_length: bool,
+    /// Time between two sends; `None`: full speed.
+    pace: Option<Duration>,
+}
+
+/// A body of one chunk that does not declare its length, as a gRPC exporter's request body is:
+/// the message, then (the body not knowing it was its last) an empty frame ending the stream.
+struct UndeclaredLength(Option<Bytes>);
+
+impl hyper::body::Body for UndeclaredLength {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.take().map(|b| Ok(hyper::body::Frame::data(b))))
+    }
+}
+
 /// Sends bodies over one connection until `deadline`; returns (accepted requests, errors).
 async fn blast_connection(
-    protocol: Protocol,
+    sending: Sending,
     addr: SocketAddr,
     bodies: Arc<Vec<Body>>,
     offset: usize,
     deadline: Instant,
-    pace: Option<Duration>,
     errors: Arc<AtomicU64>,
 ) -> Result<u64, String> {
+    let Sending {
+        protocol,
+        grpc_content_length,
+        pace,
+    } = sending;
     let mut next = Instant::now();
     let mut wait = async move || {
         if let Some(p) = pace {
@@ -728,10 +784,16 @@ async fn blast_connection(
             let mut i = offset;
             while Instant::now() < deadline {
                 wait().await;
+                let body = bodies[i % bodies.len()].send(offset, i);
+                let body = if grpc_content_length {
+                    Full::new(body).boxed()
+                } else {
+                    UndeclaredLength(Some(body)).boxed()
+                };
                 let req = Request::post(format!("http://{addr}{EXPORT_PATH}"))
                     .header("content-type", "application/grpc")
                     .header("te", "trailers")
-                    .body(Full::new(bodies[i % bodies.len()].send(offset, i)))
+                    .body(body)
                     .map_err(|e| e.to_string())?;
                 i += 1;
                 let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
@@ -971,6 +1033,7 @@ async fn main() -> ExitCode {
         decode_benchmark(&requests, spans_per_request, args.duration);
         return ExitCode::SUCCESS;
     }
+    let run_nonce = run_nonce();
     let bodies: Arc<Vec<Body>> = Arc::new(
         requests
             .iter()
@@ -979,7 +1042,7 @@ async fn main() -> ExitCode {
                     Protocol::Grpc => grpc_frame(r),
                     Protocol::Http => Bytes::from(r.clone()),
                 };
-                Body::new(bytes)
+                Body::new(bytes, run_nonce)
             })
             .collect(),
     );
@@ -1012,12 +1075,15 @@ async fn main() -> ExitCode {
     let workers: Vec<_> = (0..args.connections)
         .map(|c| {
             tokio::spawn(blast_connection(
-                args.protocol,
+                Sending {
+                    protocol: args.protocol,
+                    grpc_content_length: args.grpc_content_length,
+                    pace,
+                },
                 args.addr,
                 bodies.clone(),
                 c * 7,
                 deadline,
-                pace,
                 errors.clone(),
             ))
         })
@@ -1060,3 +1126,56 @@ async fn main() -> ExitCode {
 /// malloc handles markedly slower (measured in docs/PERFORMANCE.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use hyper::body::Body as _;
+
+    use super::*;
+
+    /// The trace id of every span of a protobuf body, by span id.
+    fn trace_ids(body: &[u8]) -> HashMap<[u8; 8], [u8; 16]> {
+        let decoded = decode_protobuf(body).expect("the generated body decodes");
+        decoded
+            .spans
+            .iter()
+            .map(|s| (s.span_id.0, s.trace_id.0))
+            .collect()
+    }
+
+    #[test]
+    fn every_send_carries_new_trace_ids_and_keeps_each_trace_whole() {
+        let mut rng = Rng(7);
+        let request = export_request(&mut rng, 40, false, false).encode_to_vec();
+        let body = Body::new(Bytes::from(request.clone()), 0x1234_5678_9abc_def0);
+        let first = trace_ids(&body.send(0, 0));
+        let second = trace_ids(&body.send(0, 1));
+        let other_run = trace_ids(&Body::new(Bytes::from(request), 42).send(0, 0));
+        let distinct =
+            |ids: &HashMap<[u8; 8], [u8; 16]>| ids.values().copied().collect::<HashSet<_>>();
+        // 40 spans: 10 traces of 4, each span keeping its trace's one id.
+        assert_eq!(first.len(), 40);
+        assert_eq!(distinct(&first).len(), 10);
+        for ids in [&second, &other_run] {
+            // The same spans, grouped into the same traces, under ids seen in no other send.
+            assert_eq!(ids.len(), 40);
+            for (span, trace) in ids {
+                let mut siblings = first.iter().filter(|(_, t)| *t == &first[span]);
+                assert!(siblings.all(|(s, _)| ids[s] == *trace));
+            }
+            assert!(distinct(ids).is_disjoint(&distinct(&first)));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_grpc_body_without_content_length_declares_no_size_and_ends_after_its_message() {
+        let body = UndeclaredLength(Some(Bytes::from_static(b"message")));
+        // hyper sets a Content-Length only from an exact size hint.
+        assert_eq!(body.size_hint().exact(), None);
+        assert!(!body.is_end_stream());
+        let collected = body.collect().await.expect("infallible");
+        assert_eq!(collected.to_bytes(), Bytes::from_static(b"message"));
+    }
+}
