@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of the collector at its default configuration, in a steady state: for each round, each
 # variant in turn runs the collector pinned to core 1 while `otlp-blast` (16 connections, fresh
-# trace ids) loads it from core 0; after `warm` seconds, the spans analysed (recorded requests ×
+# trace ids; gRPC without a Content-Length unless a variant's blast flags add
+# `--grpc-content-length`) loads it from core 0; after `warm` seconds, the spans analysed (recorded requests ×
 # spans per request) and the collector's CPU are counted for `window` seconds. Prints CPU ns per
 # analysed span per variant and round: variants alternate, so machine drift hits them alike.
 #
@@ -19,7 +20,7 @@
 #     'raised|target/release/infertrace||4|limits: { memory_limit_bytes: 8589934592, max_traces_in_flight: 5000000 }'
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -lt 5 ]; then sed -n '2,19p' "$0" >&2; exit 2; fi
+if [ $# -lt 5 ]; then sed -n '2,20p' "$0" >&2; exit 2; fi
 proto=$1 rounds=$2 warm=$3 window=$4
 shift 4
 cargo build --release -q -p infertrace-collector --bin otlp-blast

@@ -17,14 +17,16 @@
 # completed ids, which grows until it holds two generations of `max_traces_in_flight`
 # completions — 10M ids here, reached after ~25 s at full rate; a window that starts earlier
 # counts the index's last doublings), and spans done and CPU are counted over the next `window`
-# seconds only. Also: memory per buffered span and KPI freshness. Prints two tables; see
+# seconds only. Also: memory per buffered span and KPI freshness. Prints the runs, the cold runs'
+# means against the null receiver and the steady runs; see
 # docs/PERFORMANCE.md.
 #
 #   scripts/bench-ingest.sh [seconds per run, default 8] [rounds, default 3]
 #                           [steady warm-up seconds, default 40] [steady window seconds, default 10]
 #
-# gRPC requests carry no Content-Length, as real gRPC exporters send them; GRPC_CONTENT_LENGTH=1
-# makes the blaster declare it (the figures of docs/PERFORMANCE.md before 2026-12-06).
+# gRPC requests carry no Content-Length, as tonic's and grpc-go's exporters send them;
+# GRPC_CONTENT_LENGTH=1 makes the blaster declare it (the figures of docs/PERFORMANCE.md before
+# 2026-12-06).
 #
 # WORKLOAD=pd sends disaggregated traces instead (`otlp-blast --pd`: 17 spans across a router,
 # a prefill and a decode worker, as `infertrace demo --scenario pd` emits them); spans done
@@ -36,8 +38,11 @@ rounds=${2:-3}
 warm=${3:-40}
 window=${4:-10}
 workload=${WORKLOAD:-plain}
-blast_extra=""
-[ "${GRPC_CONTENT_LENGTH:-0}" = 1 ] && blast_extra="--grpc-content-length"
+case ${GRPC_CONTENT_LENGTH:-0} in
+  0) blast_extra="" ;;
+  1) blast_extra="--grpc-content-length" ;;
+  *) echo "GRPC_CONTENT_LENGTH must be 0 or 1, not $GRPC_CONTENT_LENGTH" >&2; exit 2 ;;
+esac
 case $workload in
   plain) per_trace=4 blast_workload="" ;;
   pd) per_trace=17 blast_workload="--pd" ;;
@@ -136,9 +141,9 @@ echo "lean, the receive path alone, is the ceiling the full pipeline stays under
 printf '%-5s %-11s %12s %12s %8s %12s %8s\n' proto order null lean "lean/null" full "full/null"
 for order in whole interleaved; do
   for proto in grpc http; do
-    n=$(mean "${per_cpu["null $proto $order"]}")
-    l=$(mean "${per_cpu["lean $proto $order"]}")
-    f=$(mean "${per_cpu["full $proto $order"]}")
+    n=$(mean "${per_cpu["null $proto $order"]-}")
+    l=$(mean "${per_cpu["lean $proto $order"]-}")
+    f=$(mean "${per_cpu["full $proto $order"]-}")
     printf '%-5s %-11s %12s %12s %8s %12s %8s\n' $proto $order "$n" "$l" \
       "$(awk -v a="$l" -v b="$n" 'BEGIN{ if (b>0) printf "%.2fx", a/b; else print "-" }')" "$f" \
       "$(awk -v a="$f" -v b="$n" 'BEGIN{ if (b>0) printf "%.2fx", a/b; else print "-" }')"
