@@ -52,7 +52,9 @@
 //! spans are the requests recorded × the spans of a generated trace (4, or 17 with `--pd`).
 //! Its limits are raised (16 GiB, 10M traces in flight) so that nothing is closed early;
 //! `--default-limits` runs it at the collector's default limits instead (traces closed early
-//! to make room, memory relief), to compare the two.
+//! to make room, memory relief), to compare the two. With raised limits the heap grows for the
+//! whole run, so the kernel's zeroing of fresh pages is counted too (on some VMs most of the
+//! CPU); `--default-limits` reaches a steady working set within a second or two.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -134,7 +136,8 @@ usage: otlp-blast [OPTIONS]
                          and print nanoseconds per span
   --pipeline-only        send nothing: run the collector's whole pipeline in this process on one
                          thread and print CPU nanoseconds per analysed span (raised limits)
-  --default-limits       with --pipeline-only: the collector's default limits instead
+  --default-limits       with --pipeline-only: the collector's default limits instead (a steady
+                         working set; with raised limits the heap grows, and page faults count)
   -h, --help             this text
 
 See docs/PERFORMANCE.md for how the benchmarks use it.
