@@ -113,7 +113,7 @@ for round in $(seq "$rounds"); do
           [ "$(echo "$m" | awk '/^infertrace_traces_in_flight /{print $2}')" = "0" ] && break
           sleep 0.1
         done
-        processed=$(echo "$m" | awk -v n="$per_trace" '/^infertrace_requests_total\{/{s+=$2} END{printf "%d", s*n}')
+        processed=$(( $(echo "$m" | total infertrace_requests_total) * per_trace ))
         # Dropped after an OK: the reasons that can only strike an accepted span.
         after_ok=$(echo "$m" | awk '/^infertrace_dropped_spans_total\{reason="(max_spans_per_trace|max_traces_in_flight|late_span_buffer_full|forward_queue_full|forward_no_body)"/{s+=$NF} END{printf "%d", s}')
         refused_req=$(echo "$m" | total infertrace_requests_refused_total)
@@ -135,6 +135,7 @@ done
 
 # Each cold figure against the null receiver's, from the means over the rounds.
 mean() { echo "$1" | awk '{s=0; n=0; for (i=1; i<=NF; i++) if ($i != "-") {s+=$i; n++}} END{if (n) printf "%.0f", s/n; else print 0}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b>0) printf "%.2fx", a/b; else print "-" }'; }
 echo
 echo "cold runs, mean spans per CPU-second against the null receiver's (target: full ≥ 1.5×;"
 echo "lean, the receive path alone, is the ceiling the full pipeline stays under)"
@@ -144,9 +145,7 @@ for order in whole interleaved; do
     n=$(mean "${per_cpu["null $proto $order"]-}")
     l=$(mean "${per_cpu["lean $proto $order"]-}")
     f=$(mean "${per_cpu["full $proto $order"]-}")
-    printf '%-5s %-11s %12s %12s %8s %12s %8s\n' $proto $order "$n" "$l" \
-      "$(awk -v a="$l" -v b="$n" 'BEGIN{ if (b>0) printf "%.2fx", a/b; else print "-" }')" "$f" \
-      "$(awk -v a="$f" -v b="$n" 'BEGIN{ if (b>0) printf "%.2fx", a/b; else print "-" }')"
+    printf '%-5s %-11s %12s %12s %8s %12s %8s\n' $proto $order "$n" "$l" "$(ratio "$l" "$n")" "$f" "$(ratio "$f" "$n")"
   done
 done
 

@@ -56,6 +56,7 @@
 //! whole run, so the kernel's zeroing of fresh pages is counted too (on some VMs most of the
 //! CPU); `--default-limits` reaches a steady working set within a second or two.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -64,7 +65,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use infertrace_collector::limiter::span_footprint;
 use infertrace_collector::otlp_decode::decode_protobuf;
@@ -731,19 +734,10 @@ struct Sending {
 }
 
 /// A body of one chunk that does not declare its length, as a gRPC exporter's request body is:
-/// the message, then (the body not knowing it was its last) an empty frame ending the stream.
-struct UndeclaredLength(Option<Bytes>);
-
-impl hyper::body::Body for UndeclaredLength {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
-        std::task::Poll::Ready(self.0.take().map(|b| Ok(hyper::body::Frame::data(b))))
-    }
+/// the message, then (a stream not knowing it was its last) an empty frame ending the stream.
+fn undeclared_length(body: Bytes) -> BoxBody<Bytes, Infallible> {
+    let frames = futures_util::stream::iter([Ok(Frame::data(body))]);
+    StreamBody::new(frames).boxed()
 }
 
 /// Sends bodies over one connection until `deadline`; returns (accepted requests, errors).
@@ -794,7 +788,7 @@ async fn blast_connection(
                 let body = if grpc_content_length {
                     Full::new(body).boxed()
                 } else {
-                    UndeclaredLength(Some(body)).boxed()
+                    undeclared_length(body)
                 };
                 let req = Request::post(format!("http://{addr}{EXPORT_PATH}"))
                     .header("content-type", "application/grpc")
@@ -1178,7 +1172,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_grpc_body_without_content_length_declares_no_size_and_ends_after_its_message() {
-        let mut body = UndeclaredLength(Some(Bytes::from_static(b"message")));
+        let mut body = undeclared_length(Bytes::from_static(b"message"));
         // hyper sets a Content-Length only from an exact size hint.
         assert_eq!(body.size_hint().exact(), None);
         let first = body.frame().await.map(|f| f.map(|f| f.into_data().ok()));
