@@ -17,10 +17,10 @@
 //! Over gRPC a request carries no `Content-Length`, as tonic sends it (the Rust SDK's exporter:
 //! its one message, then an empty frame that ends the stream); grpc-go (the Go SDK's and the
 //! OpenTelemetry Collector's exporters) sends none either. `--grpc-content-length` declares the
-//! length instead, as some exporters do (the Java SDK's OkHttp sender) and as this tool did
-//! before 2026-12-06. Every run mixes a nonce of its own into the trace ids, so a run repeated
-//! against the same collector sends new traces, not late spans of the previous run's
-//! (`--pipeline-only` keeps its ids fixed, to stay repeatable).
+//! length instead, as some exporters do (the Java SDK's OkHttp sender). Every run mixes a nonce
+//! of its own into the trace ids, so a run repeated against the same collector sends new
+//! traces, not late spans of the previous run's (`--pipeline-only` keeps its ids fixed, to stay
+//! repeatable).
 //!
 //! `--interleave` orders each request's spans as an SDK's batch span processor exports them
 //! for concurrent requests — by end time, so the spans of eight requests in flight together
