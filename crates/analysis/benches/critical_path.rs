@@ -1,11 +1,15 @@
 //! Critical path cost on traces of 10, 1,000 and 100,000 spans: a random bushy tree (children
-//! nested in their parents, some overflowing, many parallel) and a 100,000-deep chain.
+//! nested in their parents, some overflowing, many parallel) and a 100,000-deep chain; and what
+//! one slot of the critical-path windows costs to encode for the history store (its size is
+//! printed).
 
 use infertrace_analysis::text::Text;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use infertrace_analysis::critical_path::{CriticalPathOptions, critical_path};
+use infertrace_analysis::critical_path::{
+    CriticalPath, CriticalPathOptions, CriticalPathWindows, Segment, critical_path,
+};
 use infertrace_analysis::trace::{Span, SpanId, SpanKind, StatusCode, TraceId};
 
 /// A small deterministic generator (64-bit LCG), so runs are comparable.
@@ -102,5 +106,53 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// Windows holding one slot of 100,000 requests whose paths cross `keys` (service, span) keys,
+/// four keys a path, e2e log-uniform over 20 ms … 20 s (a wide spread: many e2e buckets).
+fn one_busy_slot(keys: usize) -> CriticalPathWindows {
+    let mut rng = Lcg(7);
+    let mut windows = CriticalPathWindows::default();
+    let names: Vec<Text> = (0..keys).map(|k| Text::from(format!("span-{k}"))).collect();
+    let service = Text::from("llm");
+    for _ in 0..100_000 {
+        let e2e = 0.02 * 1000f64.powf(rng.below(1_000_000) as f64 / 1e6);
+        let mut t = 0;
+        let segments = (0..4)
+            .map(|_| {
+                let start = t;
+                t += (e2e / 4.0 * 1e9) as u64;
+                Segment {
+                    span_id: id(0),
+                    name: names[rng.below(keys as u64) as usize].clone(),
+                    service: service.clone(),
+                    start_unix_nano: start,
+                    end_unix_nano: t,
+                }
+            })
+            .collect();
+        let path = CriticalPath {
+            trace_id: TraceId([1; 16]),
+            root: id(0),
+            segments,
+            adjustments: vec![],
+        };
+        windows.record(&path, e2e, 1_800_000_000_000_000_000);
+    }
+    windows
+}
+
+fn bench_stored_slot(c: &mut Criterion) {
+    let mut group = c.benchmark_group("critical_path_windows");
+    for keys in [4usize, 256] {
+        let windows = one_busy_slot(keys);
+        let at = 1_800_000_000_000_000_000;
+        let size = windows.encode_slot(at).map_or(0, |(_, b)| b.len());
+        eprintln!("encoded slot, 100,000 requests over {keys} keys: {size} bytes");
+        group.bench_function(BenchmarkId::new("encode_slot", keys), |b| {
+            b.iter(|| windows.encode_slot(black_box(at)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_stored_slot);
 criterion_main!(benches);

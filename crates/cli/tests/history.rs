@@ -315,8 +315,23 @@ fn kpi_requests(api: u16, window: &str) -> u64 {
         .map_or(0, |s| s.iter().filter_map(|s| s["requests"].as_u64()).sum())
 }
 
+/// Requests in `/api/critical-path?window=…`.
+fn critical_path_requests(api: u16, window: &str) -> u64 {
+    let (status, body) = http(
+        api,
+        "GET",
+        &format!("/api/critical-path?window={window}"),
+        "",
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["requests"].as_u64().unwrap_or(0)
+}
+
 /// `kill -9` loses at most what arrived within the store's flush interval (5 s), and the
-/// restarted collector's 1m, 5m and 1h windows are refilled from the stored minutes.
+/// restarted collector's 1m, 5m and 1h windows — KPIs and critical paths — are refilled from
+/// the stored minutes and slots.
 #[test]
 fn kill_9_loses_at_most_the_flush_interval_and_the_windows_are_refilled() {
     let dir = tempfile::tempdir().unwrap();
@@ -364,6 +379,12 @@ fn kill_9_loses_at_most_the_flush_interval_and_the_windows_are_refilled() {
         assert!(
             (20..=25).contains(&got),
             "{window}: {got} requests after kill -9 (20 committed, 5 sent just before)"
+        );
+        // The critical-path slots go to the store with the minutes, so they hold as many.
+        let paths = critical_path_requests(c.api, window);
+        assert!(
+            (20..=25).contains(&paths),
+            "{window}: {paths} critical paths after kill -9 (20 committed, 5 sent just before)"
         );
     }
 }

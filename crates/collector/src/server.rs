@@ -482,8 +482,13 @@ fn build_core(
         let writer = store.start_writer(events.clone())?;
         let feed = store.feed(writer, &config.kpi_config());
         let restored = pipeline.attach_store(store, feed)?;
-        tracing::info!(path = %store.path().display(), restored, "history store open");
-        if restored > 0 {
+        tracing::info!(
+            path = %store.path().display(),
+            restored_kpi_minutes = restored.kpi_minutes,
+            restored_critical_path_slots = restored.critical_path_slots,
+            "history store open"
+        );
+        if restored.kpi_minutes > 0 {
             alerting.quiet_after_restore(crate::store::unix_nanos_now());
         }
     }

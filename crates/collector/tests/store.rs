@@ -731,3 +731,90 @@ fn another_sqlite_client_leaves_the_live_wal_alone() {
         "the other client took itself for the last one and deleted the live WAL"
     );
 }
+
+/// A one-segment critical path of `secs`.
+fn one_segment_path(secs: f64) -> infertrace_analysis::critical_path::CriticalPath {
+    use infertrace_analysis::critical_path::{CriticalPath, Segment};
+    CriticalPath {
+        trace_id: TraceId([3; 16]),
+        root: SpanId([3; 8]),
+        segments: vec![Segment {
+            span_id: SpanId([3; 8]),
+            name: "decode".into(),
+            service: Text::from("llm"),
+            start_unix_nano: 0,
+            end_unix_nano: (secs * 1e9) as u64,
+        }],
+        adjustments: vec![],
+    }
+}
+
+#[test]
+fn critical_path_slots_are_replaced_by_start_and_deleted_past_the_windows_reach() {
+    use infertrace_analysis::critical_path::CriticalPathWindows;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    let now = unix_nanos_now();
+    let (old, recent) = (now - 1800 * SEC, now - 300 * SEC);
+    let mut windows = CriticalPathWindows::default();
+    let width = windows.slot_nanos();
+    windows.record(&one_segment_path(1.0), 1.0, old);
+    windows.record(&one_segment_path(1.0), 1.0, recent);
+    let slots = |windows: &CriticalPathWindows, at: &[u64]| -> Vec<(u64, Vec<u8>)> {
+        at.iter().filter_map(|t| windows.encode_slot(*t)).collect()
+    };
+    assert!(writer.write_critical_slots(width, 0, slots(&windows, &[old, recent])));
+    writer.flush().unwrap();
+    // The recent slot again, with a second request; the old one now out of reach.
+    windows.record(&one_segment_path(2.0), 2.0, recent);
+    assert!(writer.write_critical_slots(width, now - 1200 * SEC, slots(&windows, &[recent])));
+    writer.flush().unwrap();
+
+    let mut restored = CriticalPathWindows::default();
+    assert_eq!(store.restore_critical_paths(&mut restored, now).unwrap(), 1);
+    let summary = restored.snapshot(Duration::from_secs(3600), now);
+    assert_eq!(summary.requests, 2, "the recent slot's latest version only");
+    assert!((summary.e2e_seconds.all - 3.0).abs() < 1e-9, "{summary:?}");
+    // The store's own retention deletes slots too.
+    assert_eq!(
+        store
+            .enforce_retention(now + 8 * 24 * 3600 * SEC)
+            .unwrap()
+            .critical_slots,
+        1
+    );
+}
+
+/// After `critical_path.slot` grew (10 s → 1 min), a restored minute holds the 10-second slots
+/// it started with; written back, it replaces them, so a second restart counts them once.
+#[test]
+fn a_wider_slot_replaces_the_narrower_ones_it_took_in() {
+    use infertrace_analysis::critical_path::{CriticalPathWindows, CriticalPathWindowsConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    let now = unix_nanos_now();
+    let minute = minute_of(now) - 10 * MINUTE_NANOS;
+    let mut narrow = CriticalPathWindows::default();
+    for at in [minute, minute + 10 * SEC, minute + 50 * SEC] {
+        narrow.record(&one_segment_path(1.0), 1.0, at);
+    }
+    assert!(writer.write_critical_slots(narrow.slot_nanos(), 0, narrow.unsaved_slots(now)));
+    writer.flush().unwrap();
+    let wide = || {
+        CriticalPathWindows::new(CriticalPathWindowsConfig {
+            slot: Duration::from_secs(60),
+            ..CriticalPathWindowsConfig::default()
+        })
+    };
+    let mut first = wide();
+    assert_eq!(store.restore_critical_paths(&mut first, now).unwrap(), 3);
+    let (start, slot) = first.encode_slot(minute).unwrap();
+    assert!(writer.write_critical_slots(first.slot_nanos(), 0, vec![(start, slot)]));
+    writer.flush().unwrap();
+    let mut second = wide();
+    assert_eq!(store.restore_critical_paths(&mut second, now).unwrap(), 1);
+    let hour = Duration::from_secs(3600);
+    assert_eq!(second.snapshot(hour, now).requests, 3);
+}

@@ -1,5 +1,6 @@
 //! A compact binary encoding of [`Accumulator`](super::Accumulator)s, for storing per-minute
-//! rollups (the collector's history store) and merging them back later.
+//! rollups (the collector's history store) and merging them back later. Its primitives also
+//! encode the critical-path windows' stored slots (`critical_path::windows::stored`).
 //!
 //! Layout (version 2): a version byte, then every field in declaration order; integers as
 //! LEB128 varints, floats as 8 little-endian bytes (the per-e2e-bucket tail phase sums as 4),
@@ -29,7 +30,7 @@ impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid encoded accumulator at byte {}: {}",
+            "invalid stored data at byte {}: {}",
             self.offset, self.reason
         )
     }
@@ -38,14 +39,14 @@ impl fmt::Display for DecodeError {
 impl std::error::Error for DecodeError {}
 
 /// Appends encoded values to a byte vector.
-pub(super) struct Writer<'a>(pub(super) &'a mut Vec<u8>);
+pub(crate) struct Writer<'a>(pub(crate) &'a mut Vec<u8>);
 
 impl Writer<'_> {
-    pub(super) fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
 
-    pub(super) fn varint(&mut self, mut v: u64) {
+    pub(crate) fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.0.push((v as u8) | 0x80);
             v >>= 7;
@@ -53,22 +54,22 @@ impl Writer<'_> {
         self.0.push(v as u8);
     }
 
-    pub(super) fn f64(&mut self, v: f64) {
+    pub(crate) fn f64(&mut self, v: f64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
-    pub(super) fn f32(&mut self, v: f32) {
+    pub(crate) fn f32(&mut self, v: f32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
     /// A text: its length, then its UTF-8 bytes.
-    pub(super) fn text(&mut self, s: &str) {
+    pub(crate) fn text(&mut self, s: &str) {
         self.varint(s.len() as u64);
         self.0.extend_from_slice(s.as_bytes());
     }
 
     /// Sorted keys: the first zigzag-encoded, the rest as deltas from the previous one.
-    pub(super) fn keys<V>(&mut self, items: &[(i32, V)], mut value: impl FnMut(&mut Self, &V)) {
+    pub(crate) fn keys<V>(&mut self, items: &[(i32, V)], mut value: impl FnMut(&mut Self, &V)) {
         self.varint(items.len() as u64);
         let mut prev: Option<i64> = None;
         for (k, v) in items {
@@ -84,24 +85,24 @@ impl Writer<'_> {
 }
 
 /// Reads encoded values from a byte slice.
-pub(super) struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(bytes: &'a [u8]) -> Self {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
         Self { bytes, pos: 0 }
     }
 
-    pub(super) fn error(&self, reason: &'static str) -> DecodeError {
+    pub(crate) fn error(&self, reason: &'static str) -> DecodeError {
         DecodeError {
             reason,
             offset: self.pos,
         }
     }
 
-    pub(super) fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         let b = *self
             .bytes
             .get(self.pos)
@@ -110,7 +111,7 @@ impl<'a> Reader<'a> {
         Ok(b)
     }
 
-    pub(super) fn varint(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn varint(&mut self) -> Result<u64, DecodeError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.u8()?;
@@ -122,11 +123,11 @@ impl<'a> Reader<'a> {
         Err(self.error("varint too long"))
     }
 
-    pub(super) fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         u32::try_from(self.varint()?).map_err(|_| self.error("count out of range"))
     }
 
-    pub(super) fn f64(&mut self) -> Result<f64, DecodeError> {
+    pub(crate) fn f64(&mut self) -> Result<f64, DecodeError> {
         let end = self.pos + 8;
         let b = self
             .bytes
@@ -138,7 +139,7 @@ impl<'a> Reader<'a> {
         Ok(f64::from_le_bytes(a))
     }
 
-    pub(super) fn f32(&mut self) -> Result<f32, DecodeError> {
+    pub(crate) fn f32(&mut self) -> Result<f32, DecodeError> {
         let end = self.pos + 4;
         let b = self
             .bytes
@@ -151,7 +152,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A length, refused when larger than the bytes left could hold (`min_item` bytes each).
-    pub(super) fn len(&mut self, min_item: usize) -> Result<usize, DecodeError> {
+    pub(crate) fn len(&mut self, min_item: usize) -> Result<usize, DecodeError> {
         let n = self.varint()?;
         let left = (self.bytes.len() - self.pos) as u64;
         if n.saturating_mul(min_item.max(1) as u64) > left {
@@ -161,7 +162,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads what [`Writer::text`] wrote.
-    pub(super) fn text(&mut self) -> Result<&'a str, DecodeError> {
+    pub(crate) fn text(&mut self) -> Result<&'a str, DecodeError> {
         let n = self.len(1)?;
         let bytes: &'a [u8] = self.bytes;
         let b = bytes
@@ -172,7 +173,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads what [`Writer::keys`] wrote; keys must be strictly increasing.
-    pub(super) fn keys<V>(
+    pub(crate) fn keys<V>(
         &mut self,
         min_item: usize,
         mut value: impl FnMut(&mut Self) -> Result<V, DecodeError>,
@@ -200,7 +201,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Fails unless every byte was read.
-    pub(super) fn finish(&self) -> Result<(), DecodeError> {
+    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
         if self.pos == self.bytes.len() {
             Ok(())
         } else {

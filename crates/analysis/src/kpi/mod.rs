@@ -58,7 +58,7 @@
 //! exporter) can remove it too.
 
 mod accumulator;
-mod codec;
+pub(crate) mod codec;
 mod config;
 mod disagg;
 mod distribution;

@@ -31,7 +31,8 @@
 //! every request is added to the feed instead), and the slowest and failed requests are
 //! captured; the feed hands each minute to the store's writer thread (nothing is written on
 //! the ingest path). Every tick lets the feed hand over, even a tick without traffic, so
-//! minutes reach the store while idle.
+//! minutes reach the store while idle; with each hand-over go the critical-path windows' slots
+//! that changed. After a restart both windows are refilled from the store.
 //!
 //! **Shutdown**: [`Pipeline::begin_shutdown`] refuses new batches
 //! ([`IngestError::ShuttingDown`]); [`Pipeline::flush`] closes every trace in flight, whatever
@@ -134,6 +135,15 @@ fn analyse_reopened(
         out.paths.push(path);
     }
     out
+}
+
+/// What [`Pipeline::attach_store`] refilled from the history store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Series-minutes absorbed into the KPI windows.
+    pub kpi_minutes: usize,
+    /// Slots absorbed into the critical-path windows.
+    pub critical_path_slots: usize,
 }
 
 /// What one tick (or flush) did.
@@ -307,12 +317,17 @@ impl Pipeline {
 
     /// Connects the history store: first refills the KPI windows from the minutes `store`
     /// holds for the longest configured window before now (moving the windows' start back so
-    /// rates over them stay right across a restart), then feeds every later request to `feed`.
-    /// Call once, before the pipeline receives traffic. Returns the series-minutes restored.
-    pub fn attach_store(&self, store: &Store, feed: StoreFeed) -> Result<usize, StoreError> {
+    /// rates over them stay right across a restart) and the critical-path windows from its
+    /// slots, then feeds every later request to `feed`. Call once, before the pipeline
+    /// receives traffic. Returns what was restored.
+    pub fn attach_store(&self, store: &Store, feed: StoreFeed) -> Result<Restored, StoreError> {
         let longest = self.windows.iter().copied().max().unwrap_or(Duration::ZERO);
+        let now = unix_nanos_now();
         let mut a = lock(&self.analysis);
-        let restored = store.restore_kpis(&mut a.kpis, unix_nanos_now(), longest)?;
+        let restored = Restored {
+            kpi_minutes: store.restore_kpis(&mut a.kpis, now, longest)?,
+            critical_path_slots: store.restore_critical_paths(&mut a.critical, now)?,
+        };
         let mut feed = feed;
         feed.writer()
             .set_memory_cap(self.limiter.limit() / HISTORY_WRITER_SHARE);
@@ -341,6 +356,7 @@ impl Pipeline {
         a.kpis.roll_all();
         feed.absorb(a.kpis.take_tapped());
         feed.hand_over(now_unix_nano);
+        feed.hand_over_critical_paths(&mut a.critical, now_unix_nano);
         Some(feed.writer().clone())
     }
 
@@ -794,7 +810,9 @@ fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
     let Some(feed) = &mut a.store else { return };
     a.kpis.roll_due(now_unix_nano);
     feed.absorb(a.kpis.take_tapped());
-    feed.tick(now_unix_nano);
+    if feed.tick(now_unix_nano) {
+        feed.hand_over_critical_paths(&mut a.critical, now_unix_nano);
+    }
 }
 
 impl Ingest for Pipeline {

@@ -655,7 +655,7 @@ fn pipeline_with_store(dir: &std::path::Path) -> (Pipeline, Store) {
     let feed = store.feed(writer, &config.kpi_config());
     assert_eq!(
         p.attach_store(&store, feed).unwrap(),
-        0,
+        Restored::default(),
         "an empty store restores nothing"
     );
     (p, store)
@@ -727,6 +727,7 @@ fn the_shutdown_hand_over_reaches_the_store() {
     .unwrap();
     assert_eq!(p.flush().requests, 1);
     let now = unix_nanos_now();
+    let before = p.critical_path(Duration::from_secs(60));
     p.hand_over_store(now).unwrap().flush().unwrap();
     let points = store
         .history(
@@ -756,10 +757,59 @@ fn the_shutdown_hand_over_reaches_the_store() {
         reopened.start_writer(q.events().clone()).unwrap(),
         &config.kpi_config(),
     );
-    assert_eq!(q.attach_store(&reopened, feed).unwrap(), 1);
+    assert_eq!(
+        q.attach_store(&reopened, feed).unwrap(),
+        Restored {
+            kpi_minutes: 1,
+            critical_path_slots: 1
+        }
+    );
     let snap = q.kpis(Duration::from_secs(3600));
     assert_eq!(snap.series[0].requests, 1);
     assert_eq!(q.kpis(Duration::from_secs(60)).series[0].requests, 1);
+    // And its critical path: the same shares as before the restart.
+    let restored = q.critical_path(Duration::from_secs(60));
+    assert_eq!(restored.requests, 1);
+    assert_eq!(
+        restored, before,
+        "the critical path of the minute before the restart"
+    );
+}
+
+/// Three collectors in turn on one store, each recording one request into the same
+/// critical-path slot and shutting down: each restart finds every earlier request once (a
+/// restored slot handed back with new records replaces its stored version).
+#[test]
+fn restarts_within_one_slot_count_each_request_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = CollectorConfig::default();
+    let hour = Duration::from_secs(3600);
+    // The start of the current 10-second slot: the three records stay in it.
+    let slot = 10_000 * MS;
+    let unix = unix_nanos_now() / slot * slot;
+    for round in 0..4u8 {
+        let (p, _) = pipeline(&config);
+        let store = Store::open(dir.path(), config.store.clone()).unwrap();
+        let writer = store.start_writer(p.events().clone()).unwrap();
+        let restored = p
+            .attach_store(&store, store.feed(writer, &config.kpi_config()))
+            .unwrap();
+        assert_eq!(restored.critical_path_slots, usize::from(round > 0));
+        assert_eq!(
+            p.critical_path(hour).requests,
+            u64::from(round),
+            "round {round}"
+        );
+        if round == 3 {
+            break;
+        }
+        let t0 = Instant::now();
+        p.ingest_at(batch(request_trace(round + 1, "m", 20, 80, 900, 11)), t0)
+            .unwrap();
+        let at = unix + u64::from(round) * MS;
+        assert_eq!(p.tick_at(t0 + Duration::from_secs(2), at).requests, 1);
+        p.hand_over_store(at).unwrap().flush().unwrap();
+    }
 }
 
 /// `spans` as the receiver hands them on from a protobuf body: encoded as one OTLP request of

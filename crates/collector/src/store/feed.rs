@@ -18,7 +18,7 @@ use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 
-use infertrace_analysis::critical_path::CriticalPath;
+use infertrace_analysis::critical_path::{CriticalPath, CriticalPathWindows};
 use infertrace_analysis::heap_size::list_map_bytes;
 use infertrace_analysis::kpi::{
     Accumulator, Dimension, KpiConfig, OVERFLOW_LABEL, SeriesKey, SloConfig, TappedSlot,
@@ -346,13 +346,15 @@ impl StoreFeed {
     }
 
     /// Hands what was collected to the writer when a minute ended or a hand-over step passed.
-    /// Call it on every pipeline tick (records call it too).
-    pub fn tick(&mut self, now_unix_nano: u64) {
+    /// Call it on every pipeline tick (records call it too). Returns whether it handed over:
+    /// the moment to [`hand_over_critical_paths`](Self::hand_over_critical_paths) too.
+    pub fn tick(&mut self, now_unix_nano: u64) -> bool {
         let minute = minute_of(now_unix_nano);
         match self.minute {
             None => {
                 self.minute = Some(minute);
                 self.last_handover = now_unix_nano;
+                false
             }
             Some(current) if minute > current => {
                 self.hand_over(now_unix_nano);
@@ -362,12 +364,40 @@ impl StoreFeed {
                 self.overflow = None;
                 self.slowest.clear();
                 self.failed = 0;
+                true
             }
             Some(_) => {
-                if now_unix_nano.saturating_sub(self.last_handover) >= self.handover_nanos {
+                let due = now_unix_nano.saturating_sub(self.last_handover) >= self.handover_nanos;
+                if due {
                     self.hand_over(now_unix_nano);
                 }
+                due
             }
+        }
+    }
+
+    /// Hands the critical-path `windows`' slots recorded into since they last reached the
+    /// writer ([`CriticalPathWindows::unsaved_slots`]), each replacing its stored version;
+    /// slots older than the windows reach are deleted from the store. Slots the writer's
+    /// queue refuses are handed again next time. Call when [`tick`](Self::tick) handed over,
+    /// and with [`hand_over`](Self::hand_over) at shutdown: the store then holds what the
+    /// rollups hold.
+    pub fn hand_over_critical_paths(
+        &mut self,
+        windows: &mut CriticalPathWindows,
+        now_unix_nano: u64,
+    ) {
+        let slots = windows.unsaved_slots(now_unix_nano);
+        if slots.is_empty() {
+            return;
+        }
+        let reach = u64::try_from(windows.retention().as_nanos()).unwrap_or(u64::MAX);
+        let keep_from = now_unix_nano.saturating_sub(reach);
+        if self
+            .writer
+            .write_critical_slots(windows.slot_nanos(), keep_from, slots)
+        {
+            windows.mark_saved();
         }
     }
 

@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use infertrace_analysis::critical_path::CriticalPathWindows;
 use infertrace_analysis::kpi::{Accumulator, KpiWindows, SeriesKey};
 use rusqlite::{Connection, params};
 use serde::Serialize;
@@ -173,6 +174,7 @@ impl Store {
         // Opened first: a file that is no store is refused, with nothing created beside it.
         let reader = schema::open(&path)?;
         let lock = lock(dir)?;
+        schema::add_missing_tables(&reader, &path)?;
         Ok(Store {
             inner: Arc::new(StoreInner {
                 path,
@@ -317,6 +319,39 @@ impl Store {
                 )
             })
             .count())
+    }
+
+    /// Rebuilds the critical-path `windows` after a restart from the stored slots that started
+    /// within their retention before `now_unix_nano` (call before any request is recorded into
+    /// them). Returns the slots absorbed; an undecodable slot is skipped and logged.
+    pub fn restore_critical_paths(
+        &self,
+        windows: &mut CriticalPathWindows,
+        now_unix_nano: u64,
+    ) -> Result<usize, StoreError> {
+        let reach = u64::try_from(windows.retention().as_nanos()).unwrap_or(u64::MAX);
+        let from = now_unix_nano.saturating_sub(reach);
+        let conn = self.reader();
+        let slots = || -> rusqlite::Result<Vec<Vec<u8>>> {
+            let mut stmt = conn.prepare_cached(
+                "SELECT slot FROM critical_slots WHERE start >= ?1 AND start <= ?2 ORDER BY start",
+            )?;
+            let rows = stmt.query_map(params![sql_time(from), sql_time(now_unix_nano)], |r| {
+                r.get(0)
+            })?;
+            rows.collect()
+        };
+        let slots = slots().map_err(|e| self.sql_error(e))?;
+        let mut absorbed = 0;
+        for slot in slots {
+            match windows.absorb_slot(&slot, now_unix_nano) {
+                Ok(taken) => absorbed += usize::from(taken),
+                Err(error) => {
+                    tracing::warn!(path = %self.inner.path.display(), %error, "skipping an undecodable critical-path slot");
+                }
+            }
+        }
+        Ok(absorbed)
     }
 
     /// The series with at least one stored minute in `[from, to)`, sorted (for the

@@ -18,6 +18,8 @@ pub struct RetentionStats {
     pub requests: usize,
     /// Findings and alert transitions.
     pub events: usize,
+    /// Critical-path slots.
+    pub critical_slots: usize,
 }
 
 /// `PRAGMA application_id` of an infertrace store: `ITRC`.
@@ -84,6 +86,21 @@ CREATE TABLE alerts (
     body TEXT NOT NULL
 );
 CREATE INDEX alerts_by_t ON alerts (t);
+CREATE TABLE critical_slots (
+    start INTEGER PRIMARY KEY,
+    slot BLOB NOT NULL
+);
+";
+
+/// The tables added since schema version 1, created in a store that lacks them by
+/// [`add_missing_tables`]. The version stays 1: a build before them ignores them.
+/// `critical_slots`: the critical-path windows' slots (`CriticalPathWindows::encode_slot`),
+/// one row a slot.
+const ADDED_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS critical_slots (
+    start INTEGER PRIMARY KEY,
+    slot BLOB NOT NULL
+);
 ";
 
 /// Whether the file at `path` is absent, empty, or starts like an SQLite database.
@@ -170,6 +187,12 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
         tx.commit().map_err(sql)?;
     }
     Ok(conn)
+}
+
+/// Creates in the store open on `conn` the tables a store written by an earlier build lacks
+/// ([`ADDED_TABLES`]). Call once this process holds the store's lock.
+pub(super) fn add_missing_tables(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    conn.execute_batch(ADDED_TABLES).map_err(sql_error(path))
 }
 
 /// Whether [`open`] would accept the existing file at `path`, found without writing anything:
@@ -281,7 +304,7 @@ fn recognise(conn: &Connection, path: &Path) -> Result<bool, StoreError> {
 }
 
 /// Deletes rows older than `now − retention`: minutes that ended before it, requests of those
-/// minutes, findings and alert transitions before it.
+/// minutes, findings, alert transitions and critical-path slots before it.
 pub(super) fn enforce_retention(
     conn: &Connection,
     now_unix_nano: u64,
@@ -303,10 +326,15 @@ pub(super) fn enforce_retention(
         "DELETE FROM findings WHERE t < ?1",
         params![sql_time(cutoff)],
     )? + conn.execute("DELETE FROM alerts WHERE t < ?1", params![sql_time(cutoff)])?;
+    let critical_slots = conn.execute(
+        "DELETE FROM critical_slots WHERE start < ?1",
+        params![sql_time(cutoff)],
+    )?;
     Ok(RetentionStats {
         rollups,
         requests,
         events,
+        critical_slots,
     })
 }
 
@@ -341,6 +369,25 @@ mod tests {
             .pragma_query_value(None, "page_size", |r| r.get(0))
             .unwrap();
         assert_eq!(page, PAGE_SIZE);
+    }
+
+    #[test]
+    fn a_store_written_before_the_critical_path_slots_gets_their_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let conn = open(&path).unwrap();
+        conn.execute_batch("DROP TABLE critical_slots").unwrap();
+        drop(conn);
+        let conn = open(&path).unwrap();
+        add_missing_tables(&conn, &path).unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM critical_slots", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 0);
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 1, "still readable by the builds before it");
     }
 
     #[test]

@@ -93,6 +93,11 @@ enum WriteOp {
         t: u64,
         events: Vec<AlertEvent>,
     },
+    CriticalSlots {
+        width: u64,
+        keep_from: u64,
+        slots: Vec<(u64, Vec<u8>)>,
+    },
     Flush(SyncSender<Result<(), String>>),
 }
 
@@ -114,6 +119,10 @@ impl WriteOp {
             }
             Self::Findings { findings, .. } => findings.capacity() * FINDING_BYTES,
             Self::Alerts { events, .. } => events.capacity() * ALERT_EVENT_BYTES,
+            Self::CriticalSlots { slots, .. } => {
+                slots.capacity() * size_of::<(u64, Vec<u8>)>()
+                    + slots.iter().map(|(_, b)| b.capacity()).sum::<usize>()
+            }
             Self::Flush(_) => 0,
         }
     }
@@ -125,6 +134,7 @@ impl WriteOp {
             Self::Requests(r) => r.len() as u64,
             Self::Findings { findings, .. } => findings.len() as u64,
             Self::Alerts { events, .. } => events.len() as u64,
+            Self::CriticalSlots { slots, .. } => slots.len() as u64,
             Self::Flush(_) => 0,
         }
     }
@@ -249,6 +259,24 @@ impl StoreWriter {
         })
     }
 
+    /// Stores critical-path slots of `width_nanos` as (start, encoded slot), each replacing
+    /// every stored slot that started within it (slots of a narrower width written before a
+    /// configuration change, which the windows merged into it on restoring), and deletes the
+    /// slots that started before `keep_from_unix_nano` (older than the windows reach).
+    /// `false` when dropped.
+    pub fn write_critical_slots(
+        &self,
+        width_nanos: u64,
+        keep_from_unix_nano: u64,
+        slots: Vec<(u64, Vec<u8>)>,
+    ) -> bool {
+        self.send(WriteOp::CriticalSlots {
+            width: width_nanos,
+            keep_from: keep_from_unix_nano,
+            slots,
+        })
+    }
+
     /// Writes everything sent before this call now, and returns when it is committed (for
     /// shutdown and tests). Blocks (up to a minute): not for async contexts.
     pub fn flush(&self) -> Result<(), StoreError> {
@@ -316,11 +344,19 @@ struct Pending {
     requests: Vec<CapturedRequest>,
     findings: Vec<(u64, Finding)>,
     alerts: Vec<(u64, AlertEvent)>,
+    /// The latest encoding of each critical-path slot, by start, with its width.
+    critical: HashMap<u64, (u64, Vec<u8>)>,
+    /// Critical-path slots that started before this are deleted.
+    critical_keep_from: u64,
 }
 
 impl Pending {
     fn items(&self) -> u64 {
-        (self.rollups.len() + self.requests.len() + self.findings.len() + self.alerts.len()) as u64
+        (self.rollups.len()
+            + self.requests.len()
+            + self.findings.len()
+            + self.alerts.len()
+            + self.critical.len()) as u64
     }
 }
 
@@ -396,6 +432,16 @@ impl WriterState {
                 p.findings.extend(findings.into_iter().map(|f| (t, f)));
             }
             WriteOp::Alerts { t, events } => p.alerts.extend(events.into_iter().map(|e| (t, e))),
+            WriteOp::CriticalSlots {
+                width,
+                keep_from,
+                slots,
+            } => {
+                // Replaced versions stay in the thread's count until the flush (an upper bound).
+                p.critical
+                    .extend(slots.into_iter().map(|(start, s)| (start, (width, s))));
+                p.critical_keep_from = p.critical_keep_from.max(keep_from);
+            }
             WriteOp::Flush(_) => {}
         }
     }
@@ -533,6 +579,20 @@ impl WriterState {
                 body
             ])?;
             rows += 1;
+        }
+        for (start, (width, slot)) in &p.critical {
+            tx.prepare_cached("DELETE FROM critical_slots WHERE start >= ?1 AND start < ?2")?
+                .execute(params![
+                    sql_time(*start),
+                    sql_time(start.saturating_add(*width))
+                ])?;
+            tx.prepare_cached("INSERT INTO critical_slots (start, slot) VALUES (?1, ?2)")?
+                .execute(params![sql_time(*start), slot])?;
+            rows += 1;
+        }
+        if p.critical_keep_from > 0 {
+            tx.prepare_cached("DELETE FROM critical_slots WHERE start < ?1")?
+                .execute(params![sql_time(p.critical_keep_from)])?;
         }
         enforce_retention(&tx, now_unix_nano, self.options.retention)?;
         if prune && prune_series(&tx)? > 0 {

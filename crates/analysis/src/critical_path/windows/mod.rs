@@ -31,6 +31,8 @@ use infertrace_intern::PairCache;
 
 use crate::text::Text;
 
+mod stored;
+
 /// The service and span label of the entry that collects keys beyond the cap.
 pub const OVERFLOW_LABEL: &str = "_overflow";
 
@@ -263,6 +265,9 @@ pub struct CriticalPathWindows {
     overflow_key: Option<u32>,
     overflowed_segments: u64,
     late_records: u64,
+    /// The oldest slot recorded into since the history store last took the slots
+    /// (`stored.rs`).
+    unsaved_from: Option<u64>,
 }
 
 impl Default for CriticalPathWindows {
@@ -302,6 +307,7 @@ impl CriticalPathWindows {
             overflow_key: None,
             overflowed_segments: 0,
             late_records: 0,
+            unsaved_from: None,
         }
     }
 
@@ -356,6 +362,7 @@ impl CriticalPathWindows {
             let r = self.slots[slot_index].requests.get_mut(bucket);
             r.count += 1;
             r.e2e_seconds += e2e_seconds.max(path_seconds);
+            self.unsaved_from = Some(self.unsaved_from.map_or(epoch, |e| e.min(epoch)));
         } else {
             self.late_records += 1;
         }
@@ -535,14 +542,7 @@ impl CriticalPathWindows {
         }
         if self.keys.len() - usize::from(self.overflow_key.is_some()) >= self.max_keys {
             self.overflowed_segments += 1;
-            return match self.overflow_key {
-                Some(k) => k,
-                None => {
-                    let k = self.push_key(Arc::from(OVERFLOW_LABEL), Arc::from(OVERFLOW_LABEL));
-                    self.overflow_key = Some(k);
-                    k
-                }
-            };
+            return self.overflow_key();
         }
         let k = self.push_key(Arc::from(service.as_str()), Arc::from(span.as_str()));
         self.recent_keys.insert(service, span, k);
@@ -551,6 +551,18 @@ impl CriticalPathWindows {
             .or_default()
             .insert(self.keys[k as usize].1.clone(), k);
         k
+    }
+
+    /// The key of [`OVERFLOW_LABEL`], created on first use.
+    fn overflow_key(&mut self) -> u32 {
+        match self.overflow_key {
+            Some(k) => k,
+            None => {
+                let k = self.push_key(Arc::from(OVERFLOW_LABEL), Arc::from(OVERFLOW_LABEL));
+                self.overflow_key = Some(k);
+                k
+            }
+        }
     }
 
     fn push_key(&mut self, service: Arc<str>, span: Arc<str>) -> u32 {
@@ -584,7 +596,8 @@ mod tests {
     use crate::critical_path::Segment;
     use crate::trace::{SpanId, TraceId};
 
-    fn path(parts: &[(&str, &str, f64)]) -> CriticalPath {
+    /// A path of one segment per (service, span, seconds), back to back from 0.
+    pub(super) fn path(parts: &[(&str, &str, f64)]) -> CriticalPath {
         let mut t = 0u64;
         let segments = parts
             .iter()
