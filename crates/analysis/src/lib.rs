@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod alert;
+mod codec;
 pub mod critical_path;
 mod dense_buckets;
 pub mod diagnosis;

@@ -23,10 +23,10 @@ use infertrace_semconv as sc;
 use serde::Serialize;
 use sketches_ddsketch::Config;
 
-use super::codec::{DecodeError, Reader, Writer};
 use super::distribution::Distribution;
 use super::distribution::LatencyStats;
 use super::labelling::OVERFLOW_LABEL;
+use crate::codec::{DecodeError, Reader, Writer};
 use crate::record::{Outcome, RequestRecord};
 
 /// A pool of a disaggregated deployment.

@@ -16,7 +16,7 @@ use sketches_ddsketch::{Config, DDSketch};
 use crate::dense_buckets::DenseBuckets;
 use crate::rounding::floor_to_i32;
 
-use super::codec::{DecodeError, Reader, Writer};
+use crate::codec::{DecodeError, Reader, Writer};
 
 /// Relative accuracy α of every percentile. Below 1% with margin for floating-point rounding at
 /// bucket edges.

@@ -58,7 +58,6 @@
 //! exporter) can remove it too.
 
 mod accumulator;
-pub(crate) mod codec;
 mod config;
 mod disagg;
 mod distribution;
@@ -68,8 +67,8 @@ mod ring;
 mod series;
 mod snapshot;
 
+pub use crate::codec::DecodeError;
 pub use accumulator::{Accumulator, Counts, PhaseSums, meets_slos};
-pub use codec::DecodeError;
 pub use config::{KpiConfig, SloConfig};
 pub use disagg::{
     DisaggAccumulator, DisaggKpis, MAX_WORKERS, Pool, PoolKpis, SUB_PHASES, SubPhaseKpis,

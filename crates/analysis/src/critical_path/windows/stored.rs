@@ -2,7 +2,7 @@
 //! collector runs, absorbed back after a restart so that the windows cover the time before it,
 //! as the KPI windows do.
 //!
-//! Layout (version 1), with the KPI codec's primitives: a version byte; the slot's start (Unix
+//! Layout (version 1), with [`crate::codec`]'s primitives: a version byte; the slot's start (Unix
 //! nanoseconds) and width (nanoseconds) as varints; γ as 8 bytes; the requests per e2e bucket
 //! (sorted bucket keys, each with its request count as a varint and its summed e2e seconds as 8
 //! bytes); then the number of (service, span) rows, each its service and span name as texts
@@ -11,8 +11,7 @@
 use std::time::Duration;
 
 use super::{BucketRequests, BucketValues, CriticalPathWindows, OVERFLOW_LABEL};
-use crate::kpi::DecodeError;
-use crate::kpi::codec::{Reader, Writer};
+use crate::codec::{DecodeError, Reader, Writer};
 use crate::text::Text;
 
 /// Version byte written first.

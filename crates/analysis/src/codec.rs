@@ -1,23 +1,13 @@
-//! A compact binary encoding of [`Accumulator`](super::Accumulator)s, for storing per-minute
-//! rollups (the collector's history store) and merging them back later. Its primitives also
-//! encode the critical-path windows' stored slots (`critical_path::windows::stored`).
-//!
-//! Layout (version 2): a version byte, then every field in declaration order; integers as
-//! LEB128 varints, floats as 8 little-endian bytes (the per-e2e-bucket tail phase sums as 4),
-//! sorted bucket keys as a zigzag first key followed by varint deltas, texts as a varint length
-//! and UTF-8. Version 2 adds, last, a flag byte and the disaggregated part when the flag is 1;
-//! version 1 (without them) is still read. A minute of one series
-//! holds about the occupied sketch buckets and nothing more (measured in docs/PERFORMANCE.md).
+//! The compact binary encoding of what the collector's history store keeps from these crates'
+//! aggregates — KPI [`Accumulator`](crate::kpi::Accumulator)s (per-minute rollups) and the
+//! critical-path windows' slots — so that they can be merged back later: integers as LEB128
+//! varints, floats as little-endian bytes, sorted bucket keys as a zigzag first key followed by
+//! varint deltas, texts as a varint length and UTF-8. Each format's layout is documented where
+//! it is written.
 
 use std::fmt;
 
-/// Version byte written first.
-pub(super) const VERSION: u8 = 2;
-
-/// The version before the disaggregated part, still decoded.
-pub(super) const VERSION_1: u8 = 1;
-
-/// Why bytes could not be decoded into an accumulator.
+/// Why stored bytes could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodeError {
     /// What was wrong.
