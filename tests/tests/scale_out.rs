@@ -554,6 +554,7 @@ fn dashboard_and_shards_are_well_formed() {
         "alerts_active",
         "series_overflow",
         "late_spans",
+        "reopened_requests_not_counted",
         "store_",
         "memory_reserved",
         "memory_limit",

@@ -156,6 +156,7 @@ struct Logs {
     auth_refused: RateLimitedLog,
     aggregates: RateLimitedLog,
     store_dropped: RateLimitedLog,
+    reopened: RateLimitedLog,
 }
 
 /// Labels of `forward_attempts_total`.
@@ -244,6 +245,9 @@ pub struct InternalEvents {
     /// `infertrace_recent_traces_not_kept_total`: traces analysed but not kept for
     /// `/api/traces/{id}` (the recent-trace ring's admission rate was used up).
     pub recent_traces_not_kept: Counter,
+    /// `infertrace_reopened_requests_not_counted_total`: requests of re-opened traces left
+    /// uncounted because the trace's earlier part had left the recent-trace ring.
+    pub reopened_requests_not_counted: Counter,
     /// `infertrace_traces_closed_early_total{reason}`: traces closed before their grace period
     /// ended to make room for new ones.
     pub traces_closed_early: Family<CloseEarlyLabels, Counter>,
@@ -436,6 +440,11 @@ impl InternalEvents {
             prom::RECENT_TRACES_NOT_KEPT,
             "Completed traces analysed but not kept in the recent-trace ring",
             self.recent_traces_not_kept.clone(),
+        );
+        r.register(
+            prom::REOPENED_REQUESTS_NOT_COUNTED,
+            "Requests of traces re-opened after completion left uncounted: the trace's earlier part had left the recent-trace ring",
+            self.reopened_requests_not_counted.clone(),
         );
         r.register(
             prom::CONNECTIONS_OPEN,
@@ -771,6 +780,24 @@ impl InternalEvents {
                  be true; look for a broken clock or a corrupt exporter (the traces are still \
                  forwarded and shown in /api/traces)"
             );
+        }
+    }
+
+    /// Counts `n` requests of a re-opened trace left uncounted (its earlier part had left the
+    /// recent-trace ring), and logs it (warn, rate-limited).
+    pub fn reopened_requests_not_counted(&self, n: u64) {
+        if n > 0 {
+            self.reopened_requests_not_counted.inc_by(n);
+            if let Some(count) = self.logs.reopened.note(n) {
+                tracing::warn!(
+                    requests = count,
+                    "requests of traces re-opened after completion (an agent's next call in the \
+                     same trace, or a service exporting after assembly.grace) were not counted: \
+                     the trace's earlier part had left the recent-trace ring, so the requests it \
+                     counted could not be told from new ones; raise api.recent_traces (and its \
+                     admission rate with it) or assembly.grace"
+                );
+            }
         }
     }
 

@@ -524,6 +524,10 @@ pub mod prom {
     /// Self-metric: completed traces analysed but not kept in the recent-trace ring (its
     /// admission rate, `api.recent_traces` per second, was used up).
     pub const RECENT_TRACES_NOT_KEPT: &str = "recent_traces_not_kept";
+    /// Self-metric: requests of a re-opened trace (a request span arriving after its trace
+    /// completed) not counted, because the trace's earlier part had left the recent-trace ring
+    /// and the requests it counted could not be told apart from new ones.
+    pub const REOPENED_REQUESTS_NOT_COUNTED: &str = "reopened_requests_not_counted";
     /// Self-metric: traces closed before their grace period ended to make room for new ones
     /// (`limits.max_traces_in_flight` reached).
     pub const TRACES_CLOSED_EARLY: &str = "traces_closed_early";

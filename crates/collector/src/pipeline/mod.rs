@@ -90,19 +90,24 @@ const RETRY_AFTER_SECS: u32 = 1;
 /// count again), keeping the records whose request span is new and was not counted. Without
 /// the earlier part (no longer in the recent-trace ring): the new part alone when the earlier
 /// part had no request (nothing of it was counted), else nothing — rather a request missed
-/// than one counted twice.
+/// than one counted twice — and the requests missed are counted in `events`
+/// (`infertrace_reopened_requests_not_counted_total`).
 fn analyse_reopened(
     stored: Option<&StoredTrace>,
     spans: &mut Vec<Span>,
     had_request: bool,
     opts: &CriticalPathOptions,
+    events: &InternalEvents,
 ) -> Analysed {
     let Some(stored) = stored else {
-        return if had_request {
-            Analysed::default()
-        } else {
-            Analysed::of(spans, opts)
-        };
+        if had_request {
+            // Which of these the earlier part counted cannot be told: none is counted, and
+            // every one is said.
+            let uncounted = Analysed::of(spans, opts).records.len();
+            events.reopened_requests_not_counted(uncounted as u64);
+            return Analysed::default();
+        }
+        return Analysed::of(spans, opts);
     };
     let known: std::collections::HashSet<SpanId> = stored.spans.iter().map(|t| t.span_id).collect();
     spans.retain(|s| !known.contains(&s.span_id));
@@ -669,6 +674,7 @@ impl Pipeline {
                         spans,
                         had_request,
                         &self.cp_options,
+                        &self.events,
                     );
                     &fresh
                 }

@@ -502,6 +502,18 @@ fn late_phase_child_is_merged_into_the_stored_trace_not_the_kpis() {
     );
 }
 
+/// An agent's next call in trace `trace` (`request_trace`'s spans with other span ids).
+fn next_call(trace: u8) -> Vec<Span> {
+    let mut next = request_trace(trace, "m", 10, 20, 30, 4);
+    for s in &mut next {
+        s.span_id.0[7] = 2;
+        if let Some(parent) = &mut s.parent_span_id {
+            parent.0[7] = 2;
+        }
+    }
+    next
+}
+
 #[test]
 fn a_later_request_in_a_completed_trace_is_counted_a_late_worker_span_is_not() {
     let (p, _) = pipeline(&CollectorConfig::default());
@@ -511,13 +523,7 @@ fn a_later_request_in_a_completed_trace_is_counted_a_late_worker_span_is_not() {
         .unwrap();
     assert_eq!(p.tick_at(t0 + secs(2.0), unix_nanos_now()).requests, 1);
     // An agent's next call in the same trace, after the first completed: a request of its own.
-    let mut next = request_trace(1, "m", 10, 20, 30, 4);
-    for s in &mut next {
-        s.span_id.0[7] = 2;
-        if let Some(parent) = &mut s.parent_span_id {
-            parent.0[7] = 2;
-        }
-    }
+    let mut next = next_call(1);
     // And a disaggregated prefill worker's span below the first request: a part of that one.
     let mut worker = next[3].clone();
     worker.span_id.0[7] = 3;
@@ -563,6 +569,36 @@ fn a_worker_batch_alone_waits_for_the_router() {
     p.ingest_at(proto_batch(&router), t0 + secs(3.0)).unwrap();
     assert_eq!(p.tick_at(t0 + secs(5.1), unix_nanos_now()).requests, 1);
     assert_eq!(p.requests_recorded(), 1, "one record, the router's");
+}
+
+/// An agent's next call that re-opens a trace whose earlier part left the recent-trace ring
+/// (another trace took its one place) is not counted — which of its requests the earlier part counted cannot
+/// be told — and that is counted and visible on /metrics, not silent.
+#[test]
+fn a_reopened_trace_without_its_earlier_part_says_what_it_did_not_count() {
+    let mut config = CollectorConfig::default();
+    config.api.recent_traces = 1;
+    let (p, registry) = pipeline(&config);
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    let unix = unix_nanos_now();
+    p.ingest_at(batch(request_trace(1, "m", 10, 20, 30, 4)), t0)
+        .unwrap();
+    assert_eq!(p.tick_at(t0 + secs(2.0), unix).requests, 1);
+    // Another trace, a second later, takes the ring's one place.
+    p.ingest_at(batch(request_trace(2, "m", 10, 20, 30, 4)), t0 + secs(1.0))
+        .unwrap();
+    assert_eq!(p.tick_at(t0 + secs(3.0), unix + 1_100 * MS).requests, 1);
+    assert!(p.trace(&TraceId([1; 16])).is_none(), "no longer kept");
+    let next = next_call(1);
+    p.ingest_at(batch(next), t0 + secs(3.0)).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(5.1), unix + 3_200 * MS).requests, 0);
+    assert_eq!(p.events().reopened_requests_not_counted.get(), 1);
+    let text = encode(&registry);
+    assert!(
+        text.contains("infertrace_reopened_requests_not_counted_total 1"),
+        "{text}"
+    );
 }
 
 /// A re-opened trace counts only what its earlier part did not: a request span sent again (an
