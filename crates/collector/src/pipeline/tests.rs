@@ -572,8 +572,8 @@ fn a_worker_batch_alone_waits_for_the_router() {
 }
 
 /// An agent's next call that re-opens a trace whose earlier part left the recent-trace ring
-/// (another trace took its one place) is not counted — which of its requests the earlier part counted cannot
-/// be told — and that is counted and visible on /metrics, not silent.
+/// (another trace took its one place) is not counted — which of its requests the earlier part
+/// counted cannot be told — and that is counted and visible on /metrics, not silent.
 #[test]
 fn a_reopened_trace_without_its_earlier_part_says_what_it_did_not_count() {
     let mut config = CollectorConfig::default();
