@@ -227,6 +227,8 @@ pub struct InternalEvents {
     pub dropped_spans: Family<DropLabels, Counter>,
     /// `infertrace_traces_in_flight`.
     pub traces_in_flight: Gauge,
+    /// `infertrace_assembly_grace_seconds`: the grace period in use (learned from late spans).
+    pub assembly_grace: Gauge<f64, AtomicU64>,
     /// `infertrace_late_spans_total`.
     pub late_spans: Counter,
     /// `infertrace_duplicate_spans_total`.
@@ -380,6 +382,11 @@ impl InternalEvents {
             prom::TRACES_IN_FLIGHT,
             "Traces being assembled",
             self.traces_in_flight.clone(),
+        );
+        r.register(
+            prom::ASSEMBLY_GRACE_SECONDS,
+            "Grace period in use after a trace's request span, seconds: assembly.grace, raised up to assembly.max_grace while spans arrive later than it",
+            self.assembly_grace.clone(),
         );
         r.register(
             prom::LATE_SPANS,

@@ -506,6 +506,9 @@ pub mod prom {
     pub const DROPPED_SPANS: &str = "dropped_spans";
     /// Self-metric: traces being assembled.
     pub const TRACES_IN_FLIGHT: &str = "traces_in_flight";
+    /// Self-metric: the grace period in use, seconds (`assembly.grace`, raised up to
+    /// `assembly.max_grace` while spans arrive later than it).
+    pub const ASSEMBLY_GRACE_SECONDS: &str = "assembly_grace_seconds";
     /// Self-metric: spans arriving after their trace completed.
     pub const LATE_SPANS: &str = "late_spans";
     /// Self-metric: spans received again while their trace was assembled (kept once).

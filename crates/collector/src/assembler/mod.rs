@@ -2,7 +2,8 @@
 //!
 //! Rules (time is passed in, so every rule is unit-tested with explicit instants):
 //! - A trace with a **request span** (as the dialects recognise one) is complete once the request
-//!   span has arrived and the grace period (default 2 s) has passed since the *most recent*
+//!   span has arrived and the grace period (default 2 s; the pipeline lengthens it while spans
+//!   arrive late, [`TraceAssembler::set_grace`]) has passed since the *most recent*
 //!   request span arrived, so late children (and the request spans of outer services) are
 //!   included. A stream that lasts minutes is fine: its request span is only emitted at its end,
 //!   and completion follows that arrival, not a fixed wait.
@@ -198,6 +199,9 @@ pub(crate) struct CompletedTrace {
     /// Re-opened by a late request span (see the module docs): whether the trace's earlier
     /// part had a request. Its spans are to be analysed with that part's.
     pub reopened: Option<bool>,
+    /// When its grace period began (its latest request span arrived); `None` without one.
+    /// A span of it arriving later says how long the wait would have had to be.
+    pub grace_from: Option<Instant>,
 }
 
 /// What [`TraceAssembler::poll`] hands back.
@@ -750,6 +754,7 @@ impl TraceAssembler {
                         more: Vec::new(),
                     },
                     reopened: None,
+                    grace_from: Some(slot.at),
                 })
             }
             None => {
@@ -877,6 +882,13 @@ impl TraceAssembler {
         true
     }
 
+    /// The grace period from now on (the pipeline learns it from late spans, within the
+    /// configured bounds): traces waiting complete one new grace period after their request
+    /// span arrived.
+    pub fn set_grace(&mut self, grace: Duration) {
+        self.config.grace = grace;
+    }
+
     /// Closes every trace now, whatever its state (shutdown).
     pub fn flush(&mut self, now: Instant) -> Ready {
         let mut completed = Vec::with_capacity(self.traces_in_flight() + self.early.len());
@@ -898,6 +910,7 @@ impl TraceAssembler {
                         more: Vec::new(),
                     },
                     reopened: None,
+                    grace_from: Some(slot.at),
                 });
             }
         }
@@ -932,6 +945,7 @@ impl TraceAssembler {
             has_request,
             holds: t.holds,
             reopened: t.reopened,
+            grace_from: t.request_at,
         })
     }
 

@@ -145,6 +145,16 @@ mod tests {
 
         let e = CollectorConfig::from_yaml_str("assembly:\n  idle_timeout: 0s\n").unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
+        let e = CollectorConfig::from_yaml_str(
+            "assembly:\n  idle_timeout: 10s\n  max_age: 20s\n  max_grace: 30s\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("assembly.max_grace: must be below assembly.max_age"),
+            "{e}"
+        );
+        CollectorConfig::from_yaml_str("assembly:\n  grace: 15s\n").unwrap();
 
         let e = CollectorConfig::from_yaml_str(
             "receivers:\n  otlp_grpc:\n    endpoint: 127.0.0.1:9464\n",

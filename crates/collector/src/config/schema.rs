@@ -249,6 +249,12 @@ pub struct AssemblyConfig {
     /// Wait after a request span arrives for late children. Default 2s (0 is allowed).
     #[serde(with = "human_duration")]
     pub grace: Duration,
+    /// The longest the wait may grow to: while spans of completed traces arrive later than
+    /// `grace` (services exporting separately), the wait follows the longest lateness of the
+    /// last ten minutes plus a tenth, up to this (`infertrace_assembly_grace_seconds`).
+    /// At or below `grace`, the wait stays `grace`. Default 10s.
+    #[serde(with = "human_duration")]
+    pub max_grace: Duration,
     /// Close a trace without a request span when no span arrived for this long. Default 30s.
     #[serde(with = "human_duration")]
     pub idle_timeout: Duration,
@@ -264,6 +270,7 @@ impl Default for AssemblyConfig {
     fn default() -> Self {
         Self {
             grace: Duration::from_secs(2),
+            max_grace: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             max_age: Duration::from_secs(600),
             tick: Duration::from_millis(100),

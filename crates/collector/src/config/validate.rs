@@ -179,6 +179,14 @@ impl CollectorConfig {
                 "must be at least assembly.idle_timeout",
             );
         }
+        // A grace period it may grow to must end before the trace's maximum age (a `grace` of
+        // `max_age` or more is allowed: such traces close at their maximum age).
+        if !a.max_age.is_zero() && a.max_grace > a.grace && a.max_grace >= a.max_age {
+            p.add(
+                &["assembly", "max_grace"],
+                "must be below assembly.max_age (or at most assembly.grace, to keep the wait fixed)",
+            );
+        }
     }
 
     fn check_kpi(&self, p: &mut Problems) {

@@ -254,6 +254,7 @@ mod tests {
                     }],
                     spans: Vec::new(),
                     late_spans: 0,
+                    grace_from: None,
                 })
                 .collect(),
         )

@@ -34,12 +34,17 @@
 //! minutes reach the store while idle; with each hand-over go the critical-path windows' slots
 //! that changed. After a restart both windows are refilled from the store.
 //!
+//! **Grace period**: the late spans merged into stored traces say how long the assembler
+//! should have waited; it waits that long from then on, within `assembly.grace` …
+//! `assembly.max_grace` (`pipeline/grace.rs`).
+//!
 //! **Shutdown**: [`Pipeline::begin_shutdown`] refuses new batches
 //! ([`IngestError::ShuttingDown`]); [`Pipeline::flush`] closes every trace in flight, whatever
 //! its grace, and records it into the KPIs; [`Pipeline::hand_over_store`] then hands what the
 //! feed holds to the writer.
 
 mod arrival;
+mod grace;
 mod recent;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -64,6 +69,7 @@ use crate::limiter::{FixedMemory, MemoryLimiter, MemoryReservation, span_footpri
 use crate::prom_export::{PromMetrics, PromRecorder};
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
 use arrival::prepare_runs;
+use grace::GraceLearner;
 
 pub use recent::{RecentTraces, StoredRequest, StoredTrace};
 
@@ -160,6 +166,8 @@ pub struct TickStats {
     pub requests: usize,
     /// Late spans merged into stored traces.
     pub late_merged: usize,
+    /// The grace period learned from late spans, when it changed.
+    pub grace: Option<Duration>,
 }
 
 struct Analysis {
@@ -178,6 +186,8 @@ struct Analysis {
     ring_memory: MemoryReservation,
     /// When the aggregates were last measured (`None`: never).
     aggregates_measured_at: Option<Instant>,
+    /// The grace period, learned from the late spans merged into `recent`.
+    grace: GraceLearner,
 }
 
 /// How often the aggregates' memory is measured — the KPI series, the critical-path windows,
@@ -299,10 +309,14 @@ impl Pipeline {
             aggregates_memory: limiter.fixed_memory(),
             ring_memory: limiter.empty_reservation(),
             aggregates_measured_at: None,
+            grace: GraceLearner::new(config.assembly.grace, config.assembly.max_grace),
         };
         events
             .memory_limit
             .set(i64::try_from(limiter.limit()).unwrap_or(i64::MAX));
+        events
+            .assembly_grace
+            .set(config.assembly.grace.as_secs_f64());
         Self {
             assembler: Mutex::new(assembler),
             analysis: Mutex::new(analysis),
@@ -592,6 +606,16 @@ impl Pipeline {
             stats.traces += round.traces;
             stats.requests += round.requests;
             stats.late_merged += round.late_merged;
+            if let Some(grace) = round.grace {
+                lock(&self.assembler).set_grace(grace);
+                self.events.assembly_grace.set(grace.as_secs_f64());
+                tracing::info!(
+                    grace = ?grace,
+                    "assembly grace period now {grace:?}: spans of completed traces arrived that \
+                     late in the last ten minutes (bounds: assembly.grace, assembly.max_grace)"
+                );
+                stats.grace = Some(grace);
+            }
             if !full {
                 self.events.flush_logs();
                 return stats;
@@ -649,6 +673,7 @@ impl Pipeline {
             feed_store(&mut a, now_unix_nano);
             expire_idle_series(&mut a, now_unix_nano);
             self.hold_analysis_memory(&mut a, now);
+            stats.grace = a.grace.update(now);
             return stats;
         }
         let mut overflowed = 0u64;
@@ -661,6 +686,7 @@ impl Pipeline {
                 mut held,
                 holds,
                 reopened,
+                grace_from,
                 ..
             } = trace;
             // Read in place: a prepared trace's analysis is not moved out of its box (its inline
@@ -738,12 +764,27 @@ impl Pipeline {
                     requests,
                     spans: held.into_spans(),
                     late_spans: 0,
+                    grace_from,
                 });
             }
         }
         if !late.is_empty() {
-            stats.late_merged = a.recent.merge_late(late, &self.cp_options);
+            let (merged, need) = a.recent.merge_late(late, &self.cp_options, now);
+            stats.late_merged = merged;
+            if let Some(need) = need
+                && a.grace.observe(now, need)
+                && crate::internal_events::warn_allowed("grace_ceiling")
+            {
+                tracing::warn!(
+                    late_by = ?need,
+                    "spans of completed traces arrive up to {need:?} after their request span, \
+                     past assembly.max_grace: they are shown in the stored trace but not read into \
+                     its request's record; raise assembly.max_grace or shorten the services' \
+                     export delay (OTEL_BSP_SCHEDULE_DELAY) (logged at most every 10 s)"
+                );
+            }
         }
+        stats.grace = a.grace.update(now);
         self.hold_analysis_memory(&mut a, now);
         drop(a);
         if overflowed > 0 {

@@ -13,6 +13,7 @@
 //! rate), where the sampled ring covers the last second or more and keeps failures first.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{CriticalPath, CriticalPathOptions, critical_path};
 use infertrace_analysis::record::RequestRecord;
@@ -41,6 +42,10 @@ pub struct StoredTrace {
     pub spans: Vec<Span>,
     /// Spans that arrived after the trace was completed and were merged here.
     pub late_spans: u64,
+    /// When the trace's grace period began (its latest request span arrived), for measuring
+    /// how late its late spans are.
+    #[serde(skip)]
+    pub grace_from: Option<Instant>,
 }
 
 /// A token bucket refilled at `rate` per second up to `rate` tokens.
@@ -149,15 +154,29 @@ impl RecentTraces {
         self.evict();
     }
 
-    /// Merges late spans into their stored trace and recomputes its critical paths; returns
-    /// how many were merged (the rest belong to traces no longer held).
-    pub fn merge_late(&mut self, late: Vec<Span>, options: &CriticalPathOptions) -> usize {
+    /// Merges late spans, handed out at `now`, into their stored trace and recomputes its
+    /// critical paths; returns how many were merged (the rest belong to traces no longer
+    /// held) and the longest wait from a trace's grace start to a span of it the trace did
+    /// not hold yet (a span it holds already is an exporter's retry, not a late part).
+    pub fn merge_late(
+        &mut self,
+        late: Vec<Span>,
+        options: &CriticalPathOptions,
+        now: Instant,
+    ) -> (usize, Option<Duration>) {
         let mut merged = 0;
+        let mut longest_need: Option<Duration> = None;
         let mut touched: Vec<TraceId> = Vec::new();
         for span in late {
             if let Some(t) = self.traces.get_mut(&span.trace_id) {
                 if !touched.contains(&span.trace_id) {
                     touched.push(span.trace_id);
+                }
+                if let Some(from) = t.grace_from
+                    && !t.spans.iter().any(|s| s.span_id == span.span_id)
+                {
+                    let need = now.saturating_duration_since(from);
+                    longest_need = Some(longest_need.map_or(need, |l| l.max(need)));
                 }
                 self.bytes += span_footprint(&span);
                 t.spans.push(span);
@@ -176,7 +195,7 @@ impl RecentTraces {
         }
         self.spans += merged;
         self.evict();
-        merged
+        (merged, longest_need)
     }
 
     /// Every stored trace, oldest first.
@@ -271,6 +290,7 @@ mod tests {
             requests: Vec::new(),
             spans: (0..n).map(|i| span(id, i + 1)).collect(),
             late_spans: 0,
+            grace_from: None,
         }
     }
 
@@ -300,7 +320,7 @@ mod tests {
         let spans: usize = trace(1, 4).spans.iter().map(span_footprint).sum();
         assert!(one > spans, "{one} B for {spans} B of spans");
         // A late span, a re-opened trace merged in, then evictions by count.
-        r.merge_late(vec![span(1, 9)], &options);
+        r.merge_late(vec![span(1, 9)], &options, Instant::now());
         r.insert(trace(1, 2));
         for id in 2..=6 {
             r.insert(trace(id, 3));
@@ -353,14 +373,26 @@ mod tests {
     #[test]
     fn late_spans_merge_while_held() {
         let mut r = RecentTraces::new(3, 100);
-        r.insert(trace(1, 1));
-        let n = r.merge_late(
+        let t0 = Instant::now();
+        r.insert(StoredTrace {
+            grace_from: Some(t0),
+            ..trace(1, 1)
+        });
+        let (n, need) = r.merge_late(
             vec![span(1, 9), span(7, 1)],
             &CriticalPathOptions::default(),
+            t0 + Duration::from_secs(4),
         );
-        assert_eq!(n, 1);
+        assert_eq!((n, need), (1, Some(Duration::from_secs(4))));
         let t = r.get(&TraceId([1; 16])).unwrap();
         assert_eq!(t.spans.len(), 2);
         assert_eq!(t.late_spans, 1);
+        // The same span again (a retry) is merged, but says nothing of the wait needed.
+        let (n, need) = r.merge_late(
+            vec![span(1, 9)],
+            &CriticalPathOptions::default(),
+            t0 + Duration::from_secs(8),
+        );
+        assert_eq!((n, need), (1, None));
     }
 }

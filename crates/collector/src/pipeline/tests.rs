@@ -571,6 +571,49 @@ fn a_worker_batch_alone_waits_for_the_router() {
     assert_eq!(p.requests_recorded(), 1, "one record, the router's");
 }
 
+/// A part of a request exported separately, seconds after the request span (another
+/// service's batch processor): the first such trace completes without it (the part is late),
+/// and teaches the pipeline to wait that long; the next trace alike completes whole.
+#[test]
+fn the_grace_period_grows_to_the_lateness_of_late_parts() {
+    let (p, registry) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    let unix = unix_nanos_now();
+    let decode_of = |trace: &TraceId| p.trace(trace).unwrap().requests[0].record.decode;
+    // Trace 1: its decode span 5 s after the rest.
+    let mut first = request_trace(1, "m", 10, 20, 30, 4);
+    let late = first.remove(2);
+    p.ingest_at(batch(first), t0).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(2.0), unix).requests, 1);
+    p.ingest_at(batch(vec![late]), t0 + secs(5.0)).unwrap();
+    let stats = p.tick_at(t0 + secs(5.0), unix + 5_000 * MS);
+    assert_eq!(stats.late_merged, 1);
+    assert_eq!(stats.grace, Some(secs(5.5)), "5 s late, and a tenth");
+    assert_eq!(
+        decode_of(&TraceId([1; 16])),
+        None,
+        "read without its late part"
+    );
+    assert!(
+        encode(&registry).contains("infertrace_assembly_grace_seconds 5.5"),
+        "{}",
+        encode(&registry)
+    );
+    // Trace 2, alike: now it waits for the part.
+    let t1 = t0 + secs(10.0);
+    let mut second = request_trace(2, "m", 10, 20, 30, 4);
+    let part = second.remove(2);
+    // As protobuf: analysed on arrival, waiting in the prepared queue.
+    p.ingest_at(proto_batch(&second), t1).unwrap();
+    assert_eq!(p.tick_at(t1 + secs(2.0), unix + 12_000 * MS).requests, 0);
+    p.ingest_at(proto_batch(&[part]), t1 + secs(5.0)).unwrap();
+    assert_eq!(p.tick_at(t1 + secs(5.6), unix + 15_600 * MS).requests, 1);
+    let stored = p.trace(&TraceId([2; 16])).unwrap();
+    assert_eq!((stored.spans.len(), stored.late_spans), (4, 0));
+    assert!(decode_of(&TraceId([2; 16])).is_some(), "read whole");
+}
+
 /// An agent's next call that re-opens a trace whose earlier part left the recent-trace ring
 /// (another trace took its one place) is not counted — which of its requests the earlier part
 /// counted cannot be told — and that is counted and visible on /metrics, not silent.
