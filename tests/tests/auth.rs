@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use infertrace_collector::config::CollectorConfig;
 use infertrace_collector::server::{self, RunningCollector};
 use serde_json::Value;
+use support_prom::python::python_sdk;
 use support_prom::{Prometheus, TempDir, require_binary};
 
 const INGEST: &str = "ingest-0123456789abcdef0123";
@@ -263,22 +264,6 @@ async fn curl_sees_scopes_challenges_and_the_host_allowlist() {
     assert_eq!(e.auth_refusals("otlp_grpc", "missing_token"), 1);
     assert_eq!(e.auth_refusals("otlp_grpc", "insufficient_scope"), 1);
     collector.stop().await.expect("clean shutdown");
-}
-
-/// The SDK is importable (installed by .ci/run from tests/python/requirements.txt).
-fn python_sdk() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, opentelemetry.exporter.otlp.proto.http"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the OpenTelemetry Python SDK is missing in CI: pip install -r tests/python/requirements.txt"
-        );
-        eprintln!("SKIPPED: the OpenTelemetry Python SDK is not installed");
-    }
-    ok
 }
 
 /// Runs tests/python/send_traces.py with `headers` as `OTEL_EXPORTER_OTLP_HEADERS` (or none).

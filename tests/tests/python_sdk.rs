@@ -1,6 +1,8 @@
 //! The collector fed by an independent client — the official OpenTelemetry Python SDK over OTLP
 //! gRPC and HTTP — in each engine dialect with known timings: the KPIs, `/metrics` and a real
-//! Prometheus' `histogram_quantile` agree with values computed here from the ground truth.
+//! Prometheus' `histogram_quantile` agree with values computed here from the ground truth; over
+//! TLS and mutual TLS; and with a request's parts exported seconds apart (the grace period
+//! learned from them).
 
 mod support_prom;
 #[path = "../../crates/collector/tests/support_tls/mod.rs"]
@@ -10,29 +12,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use infertrace_collector::config::CollectorConfig;
 use infertrace_collector::server::{self, RunningCollector};
 use infertrace_semconv::metric::REQUEST_DURATION_BUCKETS;
 use serde_json::Value;
+use support_prom::python::{loopback_config, python_sdk, stored_trace};
 use support_prom::{HttpClient, Prometheus, require_binary};
-
-/// The SDK is importable (installed by .ci/run from tests/python/requirements.txt).
-fn python_sdk() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, opentelemetry.exporter.otlp.proto.http"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the OpenTelemetry Python SDK is missing in CI: pip install -r tests/python/requirements.txt"
-        );
-        eprintln!(
-            "SKIPPED: the OpenTelemetry Python SDK is not installed (pip install -r tests/python/requirements.txt)"
-        );
-    }
-    ok
-}
 
 struct Sent {
     service: String,
@@ -168,11 +152,7 @@ async fn python_sdk_dialects_give_the_true_kpis() {
     if !python_sdk() {
         return;
     }
-    let mut config = CollectorConfig::default();
-    config.store.enabled = false; // in memory: no ./infertrace-data left behind
-    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = loopback_config();
     config.assembly.grace = Duration::from_millis(200);
     let collector = server::run(config, std::future::pending())
         .await
@@ -358,11 +338,7 @@ async fn python_sdk_and_curl_over_tls_and_mutual_tls() {
         return;
     };
     let pki = support_tls::TestPki::generate();
-    let mut config = CollectorConfig::default();
-    config.store.enabled = false;
-    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = loopback_config();
     config.assembly.grace = Duration::from_millis(200);
     // gRPC: mutual TLS; HTTP: TLS; API: mutual TLS.
     config.receivers.otlp_grpc.tls = Some(pki.server_tls(true));
@@ -447,4 +423,70 @@ async fn python_sdk_and_curl_over_tls_and_mutual_tls() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "405");
     collector.stop().await.unwrap();
+}
+
+/// A request whose phase spans reach the collector seconds after its request span (exported
+/// by the Python SDK as separate services would: the request span at once, its phases 3 s
+/// later): at the default grace period (2 s) the first such trace is read without them — they
+/// are late, shown in the stored trace — and the collector learns to wait that long; the next
+/// trace alike, its phases 2.7 s after its request span, is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_late_phase_spans_teach_the_grace_period() {
+    if !python_sdk() {
+        return;
+    }
+    let config = loopback_config();
+    assert_eq!(config.assembly.grace, Duration::from_secs(2), "the default");
+    let collector = server::run(config, std::future::pending())
+        .await
+        .expect("collector starts");
+    let http = format!("http://{}", collector.http_addr.unwrap());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/send_split_trace.py");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(script)
+            .args(["--endpoint", &http, "--late", "3.0", "--late", "2.7"])
+            .output()
+            .expect("run python3")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "send_split_trace.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent: Value = serde_json::from_slice(&out.stdout).expect("script prints JSON");
+    let ids: Vec<&str> = sent["trace_ids"]
+        .as_array()
+        .expect("trace ids")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(ids.len(), 2);
+    let first = stored_trace(&collector, ids[0]).await;
+    assert_eq!(first["late_spans"], 3, "{first}");
+    assert!(
+        first["requests"][0]["record"]["decode"].is_null(),
+        "read without its late phases: {first}"
+    );
+    let second = stored_trace(&collector, ids[1]).await;
+    assert_eq!(second["late_spans"], 0, "{second}");
+    let decode = second["requests"][0]["record"]["decode"].as_f64();
+    assert!(
+        decode.is_some_and(|d| (d - 0.85).abs() < 1e-6),
+        "read whole: {second}"
+    );
+    let (_, metrics) = HttpClient::default()
+        .get(&format!("http://{}/metrics", collector.api_addr))
+        .await
+        .expect("GET /metrics");
+    let metrics = String::from_utf8_lossy(&metrics);
+    let grace: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("infertrace_assembly_grace_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the grace gauge");
+    assert!((3.0..4.5).contains(&grace), "grace {grace}");
+    collector.stop().await.expect("clean shutdown");
 }

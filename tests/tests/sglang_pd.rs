@@ -16,33 +16,12 @@ mod support_sglang;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use infertrace_collector::config::CollectorConfig;
-use infertrace_collector::server::{self, RunningCollector};
+use infertrace_collector::server;
 use serde_json::Value;
 use support_prom::HttpClient;
-
-/// The SDK is importable (installed by .ci/run from tests/python/requirements.txt).
-fn python_sdk() -> bool {
-    let ok = Command::new("python3")
-        .args([
-            "-c",
-            "import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the OpenTelemetry Python SDK is missing in CI: pip install -r tests/python/requirements.txt"
-        );
-        eprintln!(
-            "SKIPPED: the OpenTelemetry Python SDK is not installed (pip install -r tests/python/requirements.txt)"
-        );
-    }
-    ok
-}
+use support_prom::python::{loopback_config, python_sdk, stored_trace};
 
 /// Runs the emitter; the ground truth of every request it sent.
 fn send(
@@ -69,25 +48,6 @@ fn send(
     v["requests"].as_array().expect("requests").clone()
 }
 
-/// The stored trace once the collector completed it.
-async fn stored_trace(collector: &RunningCollector, trace_id: &str) -> Value {
-    let http = HttpClient::default();
-    let url = format!("http://{}/api/traces/{trace_id}", collector.api_addr);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, body) = http.get(&url).await.expect("GET /api/traces");
-        if status == 200 {
-            return serde_json::from_slice(&body).expect("trace JSON");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "trace {trace_id} never completed: {status} {}",
-            String::from_utf8_lossy(&body)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[track_caller]
 fn same(what: &str, measured: &Value, truth: &Value) {
     let (m, t) = (measured.as_f64(), truth.as_f64());
@@ -103,11 +63,7 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
     if !python_sdk() {
         return;
     }
-    let mut config = CollectorConfig::default();
-    config.store.enabled = false;
-    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = loopback_config();
     config.assembly.grace = Duration::from_secs(2);
     let collector = server::run(config, std::future::pending())
         .await
@@ -293,11 +249,7 @@ async fn the_otlp_json_fixture_is_the_pd_fixture_and_one_record() {
         path.display()
     );
 
-    let mut config = CollectorConfig::default();
-    config.store.enabled = false;
-    config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse().unwrap();
-    config.api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = loopback_config();
     config.assembly.grace = Duration::from_millis(200);
     let collector = server::run(config, std::future::pending())
         .await

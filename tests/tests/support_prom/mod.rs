@@ -9,6 +9,7 @@
 #![allow(dead_code)] // each test crate uses a different subset
 
 pub mod dashboard;
+pub mod python;
 pub mod traffic;
 
 /// Re-exported for the tests that use this module (one port registry per process).
