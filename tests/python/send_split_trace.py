@@ -6,7 +6,7 @@ seconds later (their timestamps are the request's, inside it; only their export 
 
 Prints one JSON object on stdout: the trace ids sent (hex), in order.
 
-    send_split_trace.py --endpoint http://127.0.0.1:4318 --late 3.0 --late 2.7
+    send_split_trace.py --endpoint http://127.0.0.1:4318 --late 4.0 --late 2.5
 """
 
 import argparse

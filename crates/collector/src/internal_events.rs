@@ -450,7 +450,7 @@ impl InternalEvents {
         );
         r.register(
             prom::REOPENED_REQUESTS_NOT_COUNTED,
-            "Requests of traces re-opened after completion left uncounted: the trace's earlier part had left the recent-trace ring",
+            "Requests of traces re-opened after completion left uncounted (a request span sent again counts too): the trace's earlier part had left the recent-trace ring",
             self.reopened_requests_not_counted.clone(),
         );
         r.register(

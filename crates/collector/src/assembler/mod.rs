@@ -211,6 +211,10 @@ pub(crate) struct Ready {
     pub completed: Vec<CompletedTrace>,
     /// Spans that arrived after their trace was completed, since the last poll.
     pub late: Vec<Span>,
+    /// The longest wait, since the last poll, from a trace's request span to a later span of it
+    /// that arrived in time (while the trace waited for its grace period): what keeps a grace
+    /// period learned from late spans once it holds them.
+    pub longest_wait: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -245,6 +249,8 @@ pub(crate) struct TraceAssembler {
     /// Every trace id in flight or recently completed.
     index: TraceIndex,
     late: Vec<Span>,
+    /// The longest wait since the last poll (see [`Ready::longest_wait`]).
+    longest_wait: Option<Duration>,
     /// Traces closed early to make room, for the next poll.
     early: Vec<CompletedTrace>,
     /// Traces were closed early for memory and wait in `early` for the next poll, which
@@ -307,6 +313,7 @@ impl TraceAssembler {
             by_age: VecDeque::new(),
             by_grace: VecDeque::new(),
             late: Vec::new(),
+            longest_wait: None,
             early: Vec::new(),
             memory_relief_pending: false,
             waiting: 0,
@@ -420,6 +427,7 @@ impl TraceAssembler {
                     })
                 }
             };
+            let longest_wait = &mut self.longest_wait;
             let mut add = |trace: &mut PendingTrace, position: usize, span: Span, is_request| {
                 let cap = max_spans
                     + if is_request {
@@ -433,6 +441,12 @@ impl TraceAssembler {
                     return;
                 }
                 trace.last_seen = now;
+                if let Some(at) = trace.request_at
+                    && !is_request
+                {
+                    let wait = now.saturating_duration_since(at);
+                    *longest_wait = Some(longest_wait.map_or(wait, |l| l.max(wait)));
+                }
                 if is_request {
                     if trace.request_at.is_none() {
                         self.waiting -= 1;
@@ -725,6 +739,7 @@ impl TraceAssembler {
         Ready {
             completed,
             late: std::mem::take(&mut self.late),
+            longest_wait: self.longest_wait.take(),
         }
     }
 
@@ -926,6 +941,7 @@ impl TraceAssembler {
         Ready {
             completed,
             late: std::mem::take(&mut self.late),
+            longest_wait: self.longest_wait.take(),
         }
     }
 

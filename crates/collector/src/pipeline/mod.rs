@@ -167,7 +167,7 @@ pub struct TickStats {
     /// Late spans merged into stored traces.
     pub late_merged: usize,
     /// The grace period learned from late spans, when it changed.
-    pub grace: Option<Duration>,
+    pub grace_changed: Option<Duration>,
 }
 
 struct Analysis {
@@ -188,6 +188,8 @@ struct Analysis {
     aggregates_measured_at: Option<Instant>,
     /// The grace period, learned from the late spans merged into `recent`.
     grace: GraceLearner,
+    /// The memory limiter's refusals as of the last tick (learning pauses when they grow).
+    refusals_seen: u64,
 }
 
 /// How often the aggregates' memory is measured — the KPI series, the critical-path windows,
@@ -310,6 +312,7 @@ impl Pipeline {
             ring_memory: limiter.empty_reservation(),
             aggregates_measured_at: None,
             grace: GraceLearner::new(config.assembly.grace, config.assembly.max_grace),
+            refusals_seen: 0,
         };
         events
             .memory_limit
@@ -606,7 +609,7 @@ impl Pipeline {
             stats.traces += round.traces;
             stats.requests += round.requests;
             stats.late_merged += round.late_merged;
-            if let Some(grace) = round.grace {
+            if let Some(grace) = round.grace_changed {
                 lock(&self.assembler).set_grace(grace);
                 self.events.assembly_grace.set(grace.as_secs_f64());
                 tracing::info!(
@@ -614,7 +617,7 @@ impl Pipeline {
                     "assembly grace period now {grace:?}: spans of completed traces arrived that \
                      late in the last ten minutes (bounds: assembly.grace, assembly.max_grace)"
                 );
-                stats.grace = Some(grace);
+                stats.grace_changed = Some(grace);
             }
             if !full {
                 self.events.flush_logs();
@@ -662,7 +665,11 @@ impl Pipeline {
     }
 
     fn analyse(&self, ready: Ready, now: Instant, now_unix_nano: u64) -> TickStats {
-        let Ready { completed, late } = ready;
+        let Ready {
+            completed,
+            late,
+            longest_wait,
+        } = ready;
         let mut stats = TickStats {
             traces: completed.len(),
             ..TickStats::default()
@@ -673,7 +680,7 @@ impl Pipeline {
             feed_store(&mut a, now_unix_nano);
             expire_idle_series(&mut a, now_unix_nano);
             self.hold_analysis_memory(&mut a, now);
-            stats.grace = a.grace.update(now);
+            (_, stats.grace_changed) = self.merge_late_and_learn(&mut a, late, longest_wait, now);
             return stats;
         }
         let mut overflowed = 0u64;
@@ -768,23 +775,8 @@ impl Pipeline {
                 });
             }
         }
-        if !late.is_empty() {
-            let (merged, need) = a.recent.merge_late(late, &self.cp_options, now);
-            stats.late_merged = merged;
-            if let Some(need) = need
-                && a.grace.observe(now, need)
-                && crate::internal_events::warn_allowed("grace_ceiling")
-            {
-                tracing::warn!(
-                    late_by = ?need,
-                    "spans of completed traces arrive up to {need:?} after their request span, \
-                     past assembly.max_grace: they are shown in the stored trace but not read into \
-                     its request's record; raise assembly.max_grace or shorten the services' \
-                     export delay (OTEL_BSP_SCHEDULE_DELAY) (logged at most every 10 s)"
-                );
-            }
-        }
-        stats.grace = a.grace.update(now);
+        (stats.late_merged, stats.grace_changed) =
+            self.merge_late_and_learn(&mut a, late, longest_wait, now);
         self.hold_analysis_memory(&mut a, now);
         drop(a);
         if overflowed > 0 {
@@ -796,6 +788,51 @@ impl Pipeline {
         self.requests_recorded
             .fetch_add(stats.requests as u64, Ordering::Relaxed);
         stats
+    }
+
+    /// Merges `late` spans into their stored traces, and learns the grace period from how
+    /// late they came and from `longest_wait` (spans that came in time, after the floor): see
+    /// `grace.rs`. Nothing is learned while memory is short (above the soft limit, or a
+    /// request refused since the last tick), when spans come late because their senders were
+    /// refused and retried, and a longer wait would hold more. Returns the spans merged and
+    /// the grace period when it changed.
+    fn merge_late_and_learn(
+        &self,
+        a: &mut Analysis,
+        late: Vec<Span>,
+        longest_wait: Option<Duration>,
+        now: Instant,
+    ) -> (usize, Option<Duration>) {
+        let refusals = self.limiter.refusals();
+        let learning = self.limiter.relief_excess() == 0 && refusals == a.refusals_seen;
+        a.refusals_seen = refusals;
+        let grace = &mut a.grace;
+        let mut past_ceiling: Option<Duration> = None;
+        let mut learn = |need: Duration| {
+            if learning && grace.observe(now, need) {
+                past_ceiling = Some(past_ceiling.map_or(need, |p| p.max(need)));
+            }
+        };
+        let merged = if late.is_empty() {
+            0
+        } else {
+            a.recent.merge_late(late, &self.cp_options, now, &mut learn)
+        };
+        if let Some(wait) = longest_wait {
+            learn(wait);
+        }
+        if let Some(need) = past_ceiling
+            && crate::internal_events::warn_allowed("grace_ceiling")
+        {
+            tracing::warn!(
+                late_by = ?need,
+                "spans of completed traces arrive up to {need:?} after their request span, \
+                 past assembly.max_grace: they are shown in the stored trace but not read into \
+                 its request's record; raise assembly.max_grace or shorten the services' \
+                 export delay (OTEL_BSP_SCHEDULE_DELAY) (logged at most every 10 s)"
+            );
+        }
+        (merged, a.grace.refresh(now))
     }
 
     /// The KPIs of `window` now.

@@ -12,12 +12,12 @@
 //! trace in and a cold one out for every request (about a tenth of the collector's CPU at full
 //! rate), where the sampled ring covers the last second or more and keeps failures first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{CriticalPath, CriticalPathOptions, critical_path};
 use infertrace_analysis::record::RequestRecord;
-use infertrace_analysis::trace::{Span, TraceId};
+use infertrace_analysis::trace::{Span, SpanId, TraceId};
 use serde::Serialize;
 
 use crate::limiter::span_footprint;
@@ -144,6 +144,8 @@ impl RecentTraces {
                 existing.spans.extend(trace.spans);
                 existing.requests.extend(trace.requests);
                 existing.late_spans += trace.late_spans;
+                // A re-opened part's request span arrived later: its late spans wait from it.
+                existing.grace_from = existing.grace_from.max(trace.grace_from);
             }
             None => {
                 self.bytes += ENTRY_FOOTPRINT;
@@ -156,27 +158,31 @@ impl RecentTraces {
 
     /// Merges late spans, handed out at `now`, into their stored trace and recomputes its
     /// critical paths; returns how many were merged (the rest belong to traces no longer
-    /// held) and the longest wait from a trace's grace start to a span of it the trace did
-    /// not hold yet (a span it holds already is an exporter's retry, not a late part).
+    /// held). For each merged span the trace did not hold yet (one it holds is an exporter's
+    /// retry, not a late part), `need` gets the wait from the trace's grace start to now.
     pub fn merge_late(
         &mut self,
         late: Vec<Span>,
         options: &CriticalPathOptions,
         now: Instant,
-    ) -> (usize, Option<Duration>) {
+        need: &mut dyn FnMut(Duration),
+    ) -> usize {
         let mut merged = 0;
-        let mut longest_need: Option<Duration> = None;
         let mut touched: Vec<TraceId> = Vec::new();
+        // The span ids each touched trace held before, looked up once per trace.
+        let mut held: HashMap<TraceId, HashSet<SpanId>> = HashMap::new();
         for span in late {
             if let Some(t) = self.traces.get_mut(&span.trace_id) {
                 if !touched.contains(&span.trace_id) {
                     touched.push(span.trace_id);
                 }
+                let ids = held
+                    .entry(span.trace_id)
+                    .or_insert_with(|| t.spans.iter().map(|s| s.span_id).collect());
                 if let Some(from) = t.grace_from
-                    && !t.spans.iter().any(|s| s.span_id == span.span_id)
+                    && ids.insert(span.span_id)
                 {
-                    let need = now.saturating_duration_since(from);
-                    longest_need = Some(longest_need.map_or(need, |l| l.max(need)));
+                    need(now.saturating_duration_since(from));
                 }
                 self.bytes += span_footprint(&span);
                 t.spans.push(span);
@@ -195,7 +201,7 @@ impl RecentTraces {
         }
         self.spans += merged;
         self.evict();
-        (merged, longest_need)
+        merged
     }
 
     /// Every stored trace, oldest first.
@@ -320,7 +326,7 @@ mod tests {
         let spans: usize = trace(1, 4).spans.iter().map(span_footprint).sum();
         assert!(one > spans, "{one} B for {spans} B of spans");
         // A late span, a re-opened trace merged in, then evictions by count.
-        r.merge_late(vec![span(1, 9)], &options, Instant::now());
+        r.merge_late(vec![span(1, 9)], &options, Instant::now(), &mut |_| {});
         r.insert(trace(1, 2));
         for id in 2..=6 {
             r.insert(trace(id, 3));
@@ -378,21 +384,38 @@ mod tests {
             grace_from: Some(t0),
             ..trace(1, 1)
         });
-        let (n, need) = r.merge_late(
+        let mut needs = Vec::new();
+        let n = r.merge_late(
             vec![span(1, 9), span(7, 1)],
             &CriticalPathOptions::default(),
             t0 + Duration::from_secs(4),
+            &mut |need| needs.push(need),
         );
-        assert_eq!((n, need), (1, Some(Duration::from_secs(4))));
+        assert_eq!((n, needs), (1, vec![Duration::from_secs(4)]));
         let t = r.get(&TraceId([1; 16])).unwrap();
         assert_eq!(t.spans.len(), 2);
         assert_eq!(t.late_spans, 1);
-        // The same span again (a retry) is merged, but says nothing of the wait needed.
-        let (n, need) = r.merge_late(
-            vec![span(1, 9)],
+        // The same span again (a retry) is merged, but says nothing of the wait needed; a
+        // re-opened part merged in moves the trace's grace start to its own.
+        let mut needs = Vec::new();
+        let n = r.merge_late(
+            vec![span(1, 9), span(1, 9)],
             &CriticalPathOptions::default(),
             t0 + Duration::from_secs(8),
+            &mut |need| needs.push(need),
         );
-        assert_eq!((n, need), (1, None));
+        assert_eq!((n, needs), (2, vec![]));
+        r.insert(StoredTrace {
+            grace_from: Some(t0 + Duration::from_secs(9)),
+            ..trace(1, 0)
+        });
+        let mut needs = Vec::new();
+        r.merge_late(
+            vec![span(1, 10)],
+            &CriticalPathOptions::default(),
+            t0 + Duration::from_secs(10),
+            &mut |need| needs.push(need),
+        );
+        assert_eq!(needs, vec![Duration::from_secs(1)]);
     }
 }

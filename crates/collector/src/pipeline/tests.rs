@@ -589,7 +589,11 @@ fn the_grace_period_grows_to_the_lateness_of_late_parts() {
     p.ingest_at(batch(vec![late]), t0 + secs(5.0)).unwrap();
     let stats = p.tick_at(t0 + secs(5.0), unix + 5_000 * MS);
     assert_eq!(stats.late_merged, 1);
-    assert_eq!(stats.grace, Some(secs(5.5)), "5 s late, and a tenth");
+    assert_eq!(
+        stats.grace_changed,
+        Some(secs(5.5)),
+        "5 s late, and a tenth"
+    );
     assert_eq!(
         decode_of(&TraceId([1; 16])),
         None,
@@ -612,6 +616,51 @@ fn the_grace_period_grows_to_the_lateness_of_late_parts() {
     let stored = p.trace(&TraceId([2; 16])).unwrap();
     assert_eq!((stored.spans.len(), stored.late_spans), (4, 0));
     assert!(decode_of(&TraceId([2; 16])).is_some(), "read whole");
+    // The parts keep coming 5 s after their requests, in time now: the wait is kept, well past
+    // the ten minutes a need is remembered (trace 4, 15 minutes after trace 1's late part).
+    for (k, minute) in [(3u8, 9u64), (4, 15)] {
+        let at = t0 + Duration::from_secs(minute * 60);
+        let u = unix + minute * 60_000 * MS;
+        let mut spans = request_trace(k, "m", 10, 20, 30, 4);
+        let part = spans.remove(2);
+        p.ingest_at(proto_batch(&spans), at).unwrap();
+        for wait in [2.0, 3.0, 4.0] {
+            let tick = p.tick_at(at + secs(wait), u + (wait * 1e3) as u64 * MS);
+            assert_eq!(tick.requests, 0, "trace {k} waits at {wait} s");
+        }
+        p.ingest_at(proto_batch(&[part]), at + secs(5.0)).unwrap();
+        assert_eq!(p.tick_at(at + secs(5.6), u + 5_600 * MS).requests, 1, "{k}");
+        assert!(
+            decode_of(&TraceId([k; 16])).is_some(),
+            "trace {k} read whole"
+        );
+    }
+}
+
+/// Spans that come late while memory is short (their senders refused and retrying) teach
+/// nothing: a longer wait would hold more.
+#[test]
+fn nothing_is_learned_from_late_spans_while_memory_is_short() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    let unix = unix_nanos_now();
+    for (k, refused) in [(1u8, true), (2, false)] {
+        let at = t0 + secs(10.0 * f64::from(k));
+        let u = unix + u64::from(k) * 10_000 * MS;
+        let mut spans = request_trace(k, "m", 10, 20, 30, 4);
+        let part = spans.remove(2);
+        p.ingest_at(batch(spans), at).unwrap();
+        assert_eq!(p.tick_at(at + secs(2.0), u).requests, 1);
+        p.ingest_at(batch(vec![part]), at + secs(5.0)).unwrap();
+        if refused {
+            assert!(p.limiter.try_reserve(usize::MAX).is_none(), "a refusal");
+        }
+        let stats = p.tick_at(at + secs(5.0), u + 5_000 * MS);
+        assert_eq!(stats.late_merged, 1);
+        let learned = if refused { None } else { Some(secs(5.5)) };
+        assert_eq!(stats.grace_changed, learned, "trace {k}");
+    }
 }
 
 /// An agent's next call that re-opens a trace whose earlier part left the recent-trace ring
