@@ -555,6 +555,7 @@ fn dashboard_and_shards_are_well_formed() {
         "series_overflow",
         "late_spans",
         "reopened_requests_not_counted",
+        "assembly_grace",
         "store_",
         "memory_reserved",
         "memory_limit",
