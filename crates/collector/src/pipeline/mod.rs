@@ -813,11 +813,7 @@ impl Pipeline {
                 past_ceiling = Some(past_ceiling.map_or(need, |p| p.max(need)));
             }
         };
-        let merged = if late.is_empty() {
-            0
-        } else {
-            a.recent.merge_late(late, &self.cp_options, now, &mut learn)
-        };
+        let merged = a.recent.merge_late(late, &self.cp_options, now, &mut learn);
         if let Some(wait) = longest_wait {
             learn(wait);
         }

@@ -391,8 +391,7 @@ impl StoreFeed {
         if slots.is_empty() {
             return;
         }
-        let reach = u64::try_from(windows.retention().as_nanos()).unwrap_or(u64::MAX);
-        let keep_from = now_unix_nano.saturating_sub(reach);
+        let keep_from = windows.reach_start(now_unix_nano);
         if self
             .writer
             .write_critical_slots(windows.slot_nanos(), keep_from, slots)

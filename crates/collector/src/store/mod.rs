@@ -321,16 +321,15 @@ impl Store {
             .count())
     }
 
-    /// Rebuilds the critical-path `windows` after a restart from the stored slots that started
-    /// within their retention before `now_unix_nano` (call before any request is recorded into
-    /// them). Returns the slots absorbed; an undecodable slot is skipped and logged.
+    /// Rebuilds the critical-path `windows` after a restart from the stored slots within their
+    /// reach at `now_unix_nano` (call before any request is recorded into them). Returns the
+    /// slots absorbed; an undecodable slot is skipped and logged.
     pub fn restore_critical_paths(
         &self,
         windows: &mut CriticalPathWindows,
         now_unix_nano: u64,
     ) -> Result<usize, StoreError> {
-        let reach = u64::try_from(windows.retention().as_nanos()).unwrap_or(u64::MAX);
-        let from = now_unix_nano.saturating_sub(reach);
+        let from = windows.reach_start(now_unix_nano);
         let conn = self.reader();
         let slots = || -> rusqlite::Result<Vec<Vec<u8>>> {
             let mut stmt = conn.prepare_cached(

@@ -86,14 +86,11 @@ CREATE TABLE alerts (
     body TEXT NOT NULL
 );
 CREATE INDEX alerts_by_t ON alerts (t);
-CREATE TABLE critical_slots (
-    start INTEGER PRIMARY KEY,
-    slot BLOB NOT NULL
-);
 ";
 
-/// The tables added since schema version 1, created in a store that lacks them by
-/// [`add_missing_tables`]. The version stays 1: a build before them ignores them.
+/// The tables added since schema version 1: created with the schema in a new store, and by
+/// [`add_missing_tables`] in an older one once it is locked. The version stays 1: a build
+/// before them ignores them.
 /// `critical_slots`: the critical-path windows' slots (`CriticalPathWindows::encode_slot`),
 /// one row a slot.
 const ADDED_TABLES: &str = "
@@ -180,6 +177,7 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     if fresh {
         let tx = conn.transaction().map_err(sql)?;
         tx.execute_batch(SCHEMA).map_err(sql)?;
+        tx.execute_batch(ADDED_TABLES).map_err(sql)?;
         tx.pragma_update(None, "application_id", APPLICATION_ID)
             .map_err(sql)?;
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)

@@ -347,7 +347,13 @@ impl CriticalPathWindows {
             path_seconds += secs;
             let key = match self.recent_keys.get(&seg.service, &seg.name) {
                 Some(&k) => k,
-                None => self.key(&seg.service, &seg.name),
+                None => match self.key(&seg.service, &seg.name) {
+                    Some(k) => k,
+                    None => {
+                        self.overflowed_segments += 1;
+                        self.overflow_key()
+                    }
+                },
             };
             self.keys[key as usize].2 += secs;
             if in_window {
@@ -519,6 +525,11 @@ impl CriticalPathWindows {
             + index
     }
 
+    /// The oldest slot a snapshot at `now_epoch` reads (its longest window).
+    fn oldest_epoch(&self, now_epoch: u64) -> u64 {
+        now_epoch.saturating_sub(self.slots.len() as u64 - 2)
+    }
+
     fn slot_index(&self, epoch: u64) -> usize {
         (epoch % self.slots.len() as u64) as usize
     }
@@ -531,18 +542,19 @@ impl CriticalPathWindows {
         ceil_to_i32(e2e_seconds.ln() / self.ln_gamma).max(i32::MIN + 1)
     }
 
-    fn key(&mut self, service: &Text, span: &Text) -> u32 {
+    /// The key of (`service`, `span`), added if new; `None` when the key cap is reached (the
+    /// caller folds it into [`overflow_key`](Self::overflow_key)).
+    fn key(&mut self, service: &Text, span: &Text) -> Option<u32> {
         if let Some(&k) = self
             .index
             .get(service.as_str())
             .and_then(|m| m.get(span.as_str()))
         {
             self.recent_keys.insert(service, span, k);
-            return k;
+            return Some(k);
         }
         if self.keys.len() - usize::from(self.overflow_key.is_some()) >= self.max_keys {
-            self.overflowed_segments += 1;
-            return self.overflow_key();
+            return None;
         }
         let k = self.push_key(Arc::from(service.as_str()), Arc::from(span.as_str()));
         self.recent_keys.insert(service, span, k);
@@ -550,7 +562,7 @@ impl CriticalPathWindows {
             .entry(self.keys[k as usize].0.clone())
             .or_default()
             .insert(self.keys[k as usize].1.clone(), k);
-        k
+        Some(k)
     }
 
     /// The key of [`OVERFLOW_LABEL`], created on first use.

@@ -3,12 +3,10 @@
 //! as the KPI windows do.
 //!
 //! Layout (version 1), with [`crate::codec`]'s primitives: a version byte; the slot's start (Unix
-//! nanoseconds) and width (nanoseconds) as varints; γ as 8 bytes; the requests per e2e bucket
+//! nanoseconds) as a varint; γ as 8 bytes; the requests per e2e bucket
 //! (sorted bucket keys, each with its request count as a varint and its summed e2e seconds as 8
 //! bytes); then the number of (service, span) rows, each its service and span name as texts
 //! and its critical seconds per e2e bucket (sorted bucket keys, 8 bytes each).
-
-use std::time::Duration;
 
 use super::{BucketRequests, BucketValues, CriticalPathWindows, OVERFLOW_LABEL};
 use crate::codec::{DecodeError, Reader, Writer};
@@ -30,9 +28,10 @@ impl CriticalPathWindows {
         self.slot_nanos
     }
 
-    /// The longest window a snapshot covers (every slot but the current one).
-    pub fn retention(&self) -> Duration {
-        Duration::from_nanos(self.slot_nanos.saturating_mul(self.slots.len() as u64 - 1))
+    /// The start of the oldest slot a snapshot at `now_unix_nano` reads: a slot that started
+    /// before it is out of the windows' reach (not restored; a store may forget it).
+    pub fn reach_start(&self, now_unix_nano: u64) -> u64 {
+        self.oldest_epoch(now_unix_nano / self.slot_nanos) * self.slot_nanos
     }
 
     /// The slot holding the instant `at_unix_nano`, encoded, with the slot's start: `None`
@@ -52,7 +51,6 @@ impl CriticalPathWindows {
         let mut w = Writer(&mut bytes);
         w.u8(VERSION);
         w.varint(start);
-        w.varint(self.slot_nanos);
         w.f64(self.ln_gamma.exp());
         w.keys(&requests, |w, r| {
             w.varint(r.count);
@@ -84,8 +82,7 @@ impl CriticalPathWindows {
             return Vec::new();
         };
         let now_epoch = now_unix_nano / self.slot_nanos;
-        let oldest = now_epoch.saturating_sub(self.slots.len() as u64 - 2);
-        (from.max(oldest)..=now_epoch.max(from))
+        (from.max(self.oldest_epoch(now_epoch))..=now_epoch.max(from))
             .filter_map(|epoch| self.encode_slot(epoch * self.slot_nanos))
             .collect()
     }
@@ -98,8 +95,8 @@ impl CriticalPathWindows {
 
     /// Adds back a slot that [`encode_slot`](Self::encode_slot) wrote (after a restart:
     /// before any request is recorded into the same slot, or the slot counts twice). Returns
-    /// whether it was taken: a slot that started after `now_unix_nano`, or longer ago than the
-    /// [`retention`](Self::retention), or whose place a newer slot holds, is left out.
+    /// whether it was taken: a slot that started after `now_unix_nano`, or before the
+    /// [`reach_start`](Self::reach_start), or whose place a newer slot holds, is left out.
     ///
     /// A slot written with another width lands in the slot holding its start; one written with
     /// another γ has its buckets moved to the buckets of their upper bounds. The cumulative
@@ -110,7 +107,6 @@ impl CriticalPathWindows {
             return Err(r.error("unknown critical-path slot version"));
         }
         let start = r.varint()?;
-        let _width = r.varint()?;
         let gamma = r.f64()?;
         if !(gamma.is_finite() && gamma > 1.0) {
             return Err(r.error("gamma not above 1"));
@@ -132,8 +128,7 @@ impl CriticalPathWindows {
 
         let epoch = start / self.slot_nanos;
         let now_epoch = now_unix_nano / self.slot_nanos;
-        let oldest = now_epoch.saturating_sub(self.slots.len() as u64 - 2);
-        if epoch > now_epoch || epoch < oldest {
+        if epoch > now_epoch || epoch < self.oldest_epoch(now_epoch) {
             return Ok(false);
         }
         let index = self.slot_index(epoch);
@@ -142,8 +137,8 @@ impl CriticalPathWindows {
             Some(e) if e > epoch => return Ok(false),
             _ => self.slots[index].reset(epoch),
         }
-        let same_gamma = (gamma.ln() - self.ln_gamma).abs() < 1e-12;
         let ln_gamma = gamma.ln();
+        let same_gamma = (ln_gamma - self.ln_gamma).abs() < 1e-12;
         let bucket = |w: &Self, b: i32| {
             if same_gamma || b == i32::MIN {
                 b
@@ -158,15 +153,14 @@ impl CriticalPathWindows {
             cell.e2e_seconds += req.e2e_seconds;
         }
         for (service, span, values) in rows {
+            // Past the key cap a row joins the overflow, as a segment would (not counted: it is
+            // no new segment).
             let key = if service == OVERFLOW_LABEL && span == OVERFLOW_LABEL {
-                self.overflow_key()
+                None
             } else {
-                // Not new segments: a key folded into the overflow here is not counted as one.
-                let overflowed = self.overflowed_segments;
-                let key = self.key(&Text::from(service), &Text::from(span));
-                self.overflowed_segments = overflowed;
-                key
-            } as usize;
+                self.key(&Text::from(service), &Text::from(span))
+            };
+            let key = key.unwrap_or_else(|| self.overflow_key()) as usize;
             for (b, secs) in values {
                 let b = bucket(self, b);
                 let seconds = &mut self.slots[index].seconds;
@@ -195,6 +189,7 @@ mod tests {
     use super::*;
     use crate::critical_path::CriticalPath;
     use crate::critical_path::windows::{CriticalPathWindowsConfig, TailTriple};
+    use std::time::Duration;
 
     const SEC: u64 = 1_000_000_000;
 
@@ -231,10 +226,9 @@ mod tests {
         w
     }
 
-    /// Every slot of `w` in its retention, encoded.
+    /// Every slot of `w` in its reach, encoded.
     fn stored(w: &CriticalPathWindows, now: u64) -> Vec<Vec<u8>> {
-        let from = now - w.retention().as_nanos() as u64;
-        (from / w.slot_nanos()..=now / w.slot_nanos())
+        (w.reach_start(now) / w.slot_nanos()..=now / w.slot_nanos())
             .filter_map(|e| w.encode_slot(e * w.slot_nanos()).map(|(_, b)| b))
             .collect()
     }
@@ -384,7 +378,6 @@ mod tests {
             let mut w = Writer(&mut bytes);
             w.u8(VERSION);
             w.varint(1_800_000_000 * SEC);
-            w.varint(10 * SEC);
             w.f64(1.02);
             w.keys(&[(0, bad)], |w, e2e| {
                 w.varint(1);
