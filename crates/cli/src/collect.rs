@@ -21,16 +21,9 @@ pub struct CollectArgs {
     /// YAML config file (see otel-config/infertrace.yaml for every key and its default).
     #[arg(long, short = 'c', env = "INFERTRACE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// OTLP/gRPC listen address; overrides receivers.otlp_grpc.endpoint (default 127.0.0.1:4317).
-    #[arg(long, value_name = "ADDR")]
-    pub otlp_grpc: Option<SocketAddr>,
-    /// OTLP/HTTP listen address; overrides receivers.otlp_http.endpoint (default 127.0.0.1:4318).
-    #[arg(long, value_name = "ADDR")]
-    pub otlp_http: Option<SocketAddr>,
-    /// API, dashboard and Prometheus /metrics listen address; overrides api.listen (default
-    /// 127.0.0.1:9464).
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
+    /// Listen addresses overriding the file's.
+    #[command(flatten)]
+    pub listeners: ListenerArgs,
     /// Directory of the history store (infertrace.db); overrides store.data_dir (default
     /// ./infertrace-data).
     #[arg(long, value_name = "PATH", conflicts_with = "no_store")]
@@ -44,6 +37,37 @@ pub struct CollectArgs {
     /// is refused unless the config says auth.insecure: true.
     #[arg(long, value_name = "PATH", env = "INFERTRACE_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
+}
+
+/// The listen addresses `collect` takes on its command line (and `check-config`, to check a
+/// config as that command line runs it).
+#[derive(Args, Debug, Default)]
+pub struct ListenerArgs {
+    /// OTLP/gRPC listen address; overrides receivers.otlp_grpc.endpoint (default 127.0.0.1:4317).
+    #[arg(long, value_name = "ADDR")]
+    pub otlp_grpc: Option<SocketAddr>,
+    /// OTLP/HTTP listen address; overrides receivers.otlp_http.endpoint (default 127.0.0.1:4318).
+    #[arg(long, value_name = "ADDR")]
+    pub otlp_http: Option<SocketAddr>,
+    /// API, dashboard and Prometheus /metrics listen address; overrides api.listen (default
+    /// 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl ListenerArgs {
+    /// Puts the addresses given into `config`.
+    pub fn apply(&self, config: &mut CollectorConfig) {
+        if let Some(a) = self.otlp_grpc {
+            config.receivers.otlp_grpc.endpoint = a;
+        }
+        if let Some(a) = self.otlp_http {
+            config.receivers.otlp_http.endpoint = a;
+        }
+        if let Some(a) = self.listen {
+            config.api.listen = a;
+        }
+    }
 }
 
 /// Arguments of `infertrace check-config`.
@@ -60,6 +84,10 @@ pub struct CheckConfigArgs {
     /// (e.g. a container's config, whose data directory is the container's, checked on a host).
     #[arg(long)]
     pub no_store: bool,
+    /// Listen addresses `collect` would be given (e.g. the container image's
+    /// `--otlp-grpc 0.0.0.0:4317`), checked as there.
+    #[command(flatten)]
+    pub listeners: ListenerArgs,
 }
 
 /// Loads the config file (or the defaults) and applies the command-line overrides.
@@ -68,15 +96,7 @@ pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
         Some(path) => CollectorConfig::from_file(path).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => CollectorConfig::default(),
     };
-    if let Some(a) = args.otlp_grpc {
-        config.receivers.otlp_grpc.endpoint = a;
-    }
-    if let Some(a) = args.otlp_http {
-        config.receivers.otlp_http.endpoint = a;
-    }
-    if let Some(a) = args.listen {
-        config.api.listen = a;
-    }
+    args.listeners.apply(&mut config);
     if let Some(dir) = &args.data_dir {
         config.store.data_dir = dir.clone();
         config.store.enabled = true;
@@ -321,12 +341,13 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     let file = args.file.display();
     // Every problem is printed, not only the file's first: one run shows what to fix
     // everywhere.
-    let no_store = |c: &mut CollectorConfig| {
+    let as_collect_runs_it = |c: &mut CollectorConfig| {
+        args.listeners.apply(c);
         if args.no_store {
             c.store.enabled = false;
         }
     };
-    let (mut config, problems) = match CollectorConfig::check_file(&args.file, no_store) {
+    let (mut config, problems) = match CollectorConfig::check_file(&args.file, as_collect_runs_it) {
         Ok(checked) => checked,
         Err(errors) => {
             for e in &errors {

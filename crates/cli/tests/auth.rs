@@ -346,6 +346,37 @@ fn check_config_reads_the_tokens_and_refuses_what_collect_refuses() {
     let (ok, err) = check_config(&flag, None);
     assert!(ok, "{err}");
 
+    // Listen addresses given on `collect`'s command line (as the container image gives them)
+    // are checked as `collect` runs them.
+    let loopback = dir.path().join("loopback.yaml");
+    std::fs::write(&loopback, "store:\n  enabled: false\n").unwrap();
+    let wildcard = [
+        loopback.as_os_str(),
+        OsStr::new("--otlp-grpc"),
+        OsStr::new("0.0.0.0:4317"),
+    ];
+    let (ok, err) = check_config(&wildcard, None);
+    assert!(!ok, "a wildcard given on the command line without tokens");
+    assert!(err.contains("refusing to listen on 0.0.0.0:4317"), "{err}");
+    let (ok, err) = check_config(&wildcard, Some(&tokens));
+    assert!(ok, "{err}");
+
+    // A variable that holds no token names itself as the thing to fix.
+    let out = bin()
+        .current_dir(&root)
+        .arg("check-config")
+        .arg(&loopback)
+        .env("INFERTRACE_TOKENS", " ; ;")
+        .env_remove("INFERTRACE_TOKENS_FILE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("holds no token") && err.contains("or unset INFERTRACE_TOKENS"),
+        "{err}"
+    );
+
     // The compose files' configs, with the tokens file they mount given on a host (their store
     // directory is the container's: not looked at here).
     for config in [

@@ -50,6 +50,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use axum::Extension;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -60,6 +61,7 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::config::{AuthConfig, CollectorConfig};
 use crate::internal_events::InternalEvents;
+use crate::listener::CloseConnection;
 
 /// The `listener` label of refusals on the API port.
 pub const API_LISTENER: &str = "api";
@@ -402,8 +404,13 @@ impl Sources {
             places.push(format!("${var}"));
         }
         if set.is_empty() {
+            let remove = match (&self.file, &self.env) {
+                (None, Some(var)) => format!("unset {var}"),
+                _ => "remove auth.tokens_file".to_owned(),
+            };
             return Err(AuthError(format!(
-                "{} holds no token: add lines `scope[,scope...] token` (see docs/deploy.md, Security), or remove auth.tokens_file",
+                "{} holds no token: add lines `scope[,scope...] token` (see docs/deploy.md, \
+                 Security), or {remove}",
                 places.join(" and ")
             )));
         }
@@ -703,6 +710,7 @@ pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) 
         return (
             StatusCode::MISDIRECTED_REQUEST,
             [(CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+            Extension(CloseConnection),
             axum::Json(serde_json::json!({ "error": message })),
         )
             .into_response();
@@ -718,6 +726,7 @@ pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) 
                 (CONTENT_TYPE, HeaderValue::from_static("application/json")),
                 (CACHE_CONTROL, HeaderValue::from_static("no-store")),
             ],
+            Extension(CloseConnection),
             axum::Json(serde_json::json!({ "error": message })).into_response(),
         )
             .into_response();

@@ -137,8 +137,9 @@ pub fn rustls_config(tls: &TlsClientConfig, names: OptionNames) -> Result<Client
             let chain = read_certificates(cert, cert_file)?;
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
                 format!(
-                    "{key_file} {}: cannot read a PEM private key: {e}",
-                    key.display()
+                    "{key_file} {}: {}",
+                    key.display(),
+                    crate::config::network::pem_message(key, "private key", e)
                 )
             })?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {

@@ -90,6 +90,7 @@ const CLOSE_REASONS: &[&str] = &[
     "send_timeout",
     "keepalive_timeout",
     "tls_handshake",
+    "refused",
     "shutdown",
 ];
 
@@ -204,8 +205,8 @@ pub struct MemoryPartLabels {
 pub struct ConnectionCloseLabels {
     /// `otlp_grpc`, `otlp_http` or `api`.
     pub listener: &'static str,
-    /// `idle_timeout`, `header_timeout`, `send_timeout`, `keepalive_timeout`, `tls_handshake` or
-    /// `shutdown`.
+    /// `idle_timeout`, `header_timeout`, `send_timeout`, `keepalive_timeout`, `tls_handshake`,
+    /// `refused` or `shutdown`.
     pub reason: &'static str,
 }
 
@@ -595,8 +596,8 @@ impl InternalEvents {
     }
 
     /// Counts a connection `listener` closed for `reason` (`idle_timeout`, `header_timeout`,
-    /// `send_timeout`, `keepalive_timeout`, `tls_handshake`, `shutdown`), and logs it at warn level (rate-limited) except for idle
-    /// timeouts, which are ordinary.
+    /// `send_timeout`, `keepalive_timeout`, `tls_handshake`, `refused`, `shutdown`), and logs it
+    /// at warn level (rate-limited) except for idle timeouts, which are ordinary.
     pub fn connection_closed(&self, listener: &'static str, reason: &'static str) {
         self.connections_closed
             .get_or_create(&ConnectionCloseLabels { listener, reason })

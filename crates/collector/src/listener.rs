@@ -30,10 +30,15 @@
 //!   at the deadline every connection still open is cut
 //!   (`infertrace_connections_closed_total{reason="shutdown"}`). [`serve`] returns then.
 //!
+//! - **refused clients let go**: a response carrying [`CloseConnection`] (the receivers and the
+//!   API put it on authentication and Host refusals) closes its connection once sent (HTTP/1: no
+//!   keep-alive; HTTP/2: GOAWAY), so a client without a valid token cannot hold a connection
+//!   slot by sending refused requests.
+//!
 //! Closes are counted in `infertrace_connections_closed_total{listener,reason}` with reason
 //! `idle_timeout`, `header_timeout`, `send_timeout`, `keepalive_timeout` (an HTTP/2 ping went unanswered),
 //! `tls_handshake` (failed or timed-out handshakes, including mutual-TLS clients without an
-//! accepted certificate) or `shutdown`.
+//! accepted certificate), `refused` (after a [`CloseConnection`] answer) or `shutdown`.
 //!
 //! The service is any hyper service (the receivers' `service_fn`s, or an axum `Router` through
 //! [`hyper_util::service::TowerToHyperService`]); request-level checks (authentication and the
@@ -378,6 +383,11 @@ async fn serve_io<I, S, B>(
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
+            () = activity.close.notified(), if !draining => {
+                shared.events.connection_closed(shared.name, "refused");
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
             _ = cut.wait_for(|v| *v) => {
                 shared.events.connection_closed(shared.name, "shutdown");
                 return;
@@ -450,6 +460,8 @@ struct Activity {
     started: AtomicBool,
     /// When the last request ended, in milliseconds after `start`.
     last_end_ms: AtomicU64,
+    /// Told when an answer asks for its connection to be closed ([`CloseConnection`]).
+    close: tokio::sync::Notify,
 }
 
 impl Activity {
@@ -461,6 +473,7 @@ impl Activity {
             waiting_since_ms: AtomicU64::new(0),
             started: AtomicBool::new(false),
             last_end_ms: AtomicU64::new(0),
+            close: tokio::sync::Notify::new(),
         }
     }
 
@@ -558,6 +571,14 @@ impl Drop for InFlight {
     }
 }
 
+/// A response extension: close the connection this response goes out on once it is sent
+/// (HTTP/1: no keep-alive; HTTP/2: a GOAWAY, its other streams finish). Put on authentication
+/// and Host refusals, so that a client without a valid token has to connect again for each
+/// refused request instead of holding a connection slot with them (counted as
+/// `infertrace_connections_closed_total{reason="refused"}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CloseConnection;
+
 /// The peer address of the connection a request came on, in every request's extensions (the
 /// receivers attribute a request's memory to it when authentication is off).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -614,6 +635,10 @@ where
         let mut in_flight = this.in_flight.take();
         if let Some(f) = &mut in_flight {
             f.answered();
+            if response.extensions().get::<CloseConnection>().is_some() {
+                // A permit is kept if the connection's loop is not waiting right now.
+                f.activity.close.notify_one();
+            }
         }
         Poll::Ready(Ok(response.map(|inner| TrackedBody {
             inner,

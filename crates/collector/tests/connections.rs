@@ -770,3 +770,107 @@ async fn a_rebinding_host_is_refused_on_the_api_and_otlp_http() {
     );
     c.stop().await.unwrap();
 }
+
+/// A client without a valid token cannot hold a connection slot by sending refused requests:
+/// each refusal (401, 403, 421; gRPC UNAUTHENTICATED) closes its connection once answered,
+/// while a valid token's connection is kept alive. The timeouts are long (120 s), so a close
+/// within the test's 10 s wait is the refusal's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_close_their_connection() {
+    const INGEST: &str = "ingest-token-0123456789";
+    const READ: &str = "read-token-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("ingest {INGEST}\nread {READ}\n")).unwrap();
+    let mut config = test_config();
+    config.auth.tokens_file = Some(tokens);
+    let patient = connections(100, Duration::from_secs(120), Duration::from_secs(120));
+    config.api.connections = patient.clone();
+    config.receivers.otlp_http.connections = patient.clone();
+    config.receivers.otlp_grpc.connections = patient;
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let (http, api) = (c.http_addr.unwrap(), c.api_addr);
+    let close_wait = Duration::from_secs(10);
+    // A body the refusal does not read is read past, so the client sees the answer, not a reset.
+    let body = "x".repeat(2 << 20);
+    let post = |auth: &str, body: &str| {
+        format!(
+            "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: \
+             application/x-protobuf\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let get =
+        |host: &str, auth: &str| format!("GET /api/kpis HTTP/1.1\r\nHost: {host}\r\n{auth}\r\n");
+    let bearer = |t: &str| format!("Authorization: Bearer {t}\r\n");
+    let cases = [
+        ("otlp_http", http, post("", ""), "401"),
+        ("otlp_http", http, post("", &body), "401"),
+        ("otlp_http", http, post(&bearer(READ), ""), "403"),
+        ("api", api, get("localhost", ""), "401"),
+        ("api", api, get("localhost", &bearer(INGEST)), "403"),
+        ("api", api, get("evil.example", &bearer(READ)), "421"),
+    ];
+    for (listener, addr, request, want) in &cases {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let (mut read, mut write) = s.split();
+        let (written, answer) = tokio::join!(write.write_all(request.as_bytes()), async {
+            let mut answer = Vec::new();
+            let read = tokio::time::timeout(close_wait, read.read_to_end(&mut answer)).await;
+            (read, answer)
+        });
+        written.unwrap();
+        let (read, answer) = answer;
+        let head = String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned();
+        assert!(
+            matches!(read, Ok(Ok(_))),
+            "{listener}: closed after the answer, not kept (nor reset): {read:?} {head:?}"
+        );
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {want}")),
+            "{listener}: {head:?}"
+        );
+    }
+    assert_eq!(closed(&c, "otlp_http", "refused"), 3);
+    assert_eq!(closed(&c, "api", "refused"), 3);
+
+    // A valid token keeps its connection: two requests on one HTTP/1 connection.
+    let io = TokioIo::new(TcpStream::connect(api).await.unwrap());
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    let driver = tokio::spawn(conn);
+    for _ in 0..2 {
+        let req = http::Request::get("/api/kpis")
+            .header("host", "localhost")
+            .header("authorization", format!("Bearer {READ}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = sender.send_request(req).await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+    }
+    assert!(
+        !driver.is_finished(),
+        "a valid token's connection is kept alive"
+    );
+
+    // gRPC: UNAUTHENTICATED, then a GOAWAY closes the connection.
+    let io = TokioIo::new(TcpStream::connect(c.grpc_addr.unwrap()).await.unwrap());
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let req = http::Request::post("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(grpc_frame(&[])))
+        .unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "16");
+    tokio::time::timeout(close_wait, driver)
+        .await
+        .expect("the gRPC connection closed after the refusal")
+        .unwrap()
+        .ok();
+    assert_eq!(closed(&c, "otlp_grpc", "refused"), 1);
+    c.stop().await.unwrap();
+}

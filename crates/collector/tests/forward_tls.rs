@@ -461,4 +461,21 @@ fn check_config_refuses_what_collect_cannot_use() {
         e.contains("alerts.alertmanager_tls.ca_file /nonexistent/am.pem"),
         "the key as written in the file: {e}"
     );
+    // An encrypted client key is said as such (rustls skips it and finds none), as on the
+    // listeners.
+    let dir = tempfile::tempdir().unwrap();
+    let encrypted = dir.path().join("encrypted.key");
+    std::fs::write(
+        &encrypted,
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIBvTBXBgkqhkiG9w0BBQ0wSjApBgkqhkiG9w0BBQwwHAQI\n\
+         -----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let e = err(format!(
+        "forward:\n  endpoint: https://tempo:4317\n  tls:\n    ca_file: {}\n    cert_file: {}\n    key_file: {}\n",
+        pki.ca_file.display(),
+        pki.client_cert_file.display(),
+        encrypted.display()
+    ));
+    assert!(e.contains("the private key is encrypted"), "{e}");
 }

@@ -62,5 +62,29 @@ pub(super) fn check_http_url(url: &str) -> Result<(), String> {
     if uri.host().is_none() {
         return Err(format!("{url:?} has no host"));
     }
+    // Neither would be sent: refused rather than dropped without a word.
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(format!(
+            "{} holds credentials (user:password@), which would not be sent: remove them (the \
+             forward target takes an authorization header in forward.headers)",
+            redact_userinfo(url)
+        ));
+    }
+    if uri.query().is_some() || url.contains('#') {
+        return Err(format!(
+            "{} has a query string or fragment, which would not be sent: remove it (the path is kept)",
+            redact_userinfo(url)
+        ));
+    }
     Ok(())
+}
+
+/// `url` with whatever precedes an `@` in its authority replaced by `***`, for messages.
+fn redact_userinfo(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("\"{scheme}://***{}\"", &rest[at..]),
+        None => format!("{url:?}"),
+    }
 }

@@ -21,7 +21,7 @@ mod convert;
 mod forward;
 mod load;
 mod location;
-mod network;
+pub(crate) mod network;
 mod schema;
 mod validate;
 
@@ -161,6 +161,44 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("already used"), "{e}");
+        // A wildcard covers a specific address on its port (bind would fail), IPv6's both
+        // families; other families or ports do not clash.
+        for (grpc, http, clash) in [
+            ("127.0.0.1:4417", "0.0.0.0:4417", true),
+            ("0.0.0.0:4417", "127.0.0.1:4417", true),
+            ("127.0.0.1:4417", "'[::]:4417'", true),
+            ("'[::1]:4417'", "0.0.0.0:4417", false),
+            ("127.0.0.1:4417", "0.0.0.0:4418", false),
+        ] {
+            let yaml = format!(
+                "receivers:\n  otlp_grpc:\n    endpoint: {grpc}\n  \
+                 otlp_http:\n    endpoint: {http}\n"
+            );
+            let result = CollectorConfig::from_yaml_str(&yaml);
+            assert_eq!(result.is_err(), clash, "{grpc} {http}: {result:?}");
+        }
+
+        // Credentials, a query or a fragment in a URL would not be sent: refused, the secret
+        // not repeated.
+        for (url, says) in [
+            ("http://user:secret@tempo:4318/p", "credentials"),
+            ("http://tempo:4318/p?x=1", "query"),
+            ("http://tempo:4318/p#f", "fragment"),
+        ] {
+            for yaml in [
+                format!("forward:\n  endpoint: {url}\n"),
+                format!("alerts:\n  alertmanager_url: {url}\n"),
+            ] {
+                let e = CollectorConfig::from_yaml_str(&yaml).unwrap_err();
+                assert!(e.message.contains(says), "{yaml}: {e}");
+                assert!(!e.message.contains("secret"), "{e}");
+            }
+        }
+        let e = CollectorConfig::from_yaml_str(
+            "alerts:\n  alertmanager_tls:\n    ca_file: /nonexistent\n",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("without alerts.alertmanager_url"), "{e}");
 
         let e = CollectorConfig::from_yaml_str("forward:\n  endpoint: tempo:4317\n").unwrap_err();
         assert!(e.message.contains("http://"), "{e}");

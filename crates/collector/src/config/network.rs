@@ -171,7 +171,17 @@ impl fmt::Display for TlsError {
 impl std::error::Error for TlsError {}
 
 fn pem_error(key: &str, file: &Path, what: &str, error: rustls_pki_types::pem::Error) -> TlsError {
-    let message = match error {
+    TlsError {
+        key: key.to_owned(),
+        file: file.to_owned(),
+        message: pem_message(file, what, error),
+    }
+}
+
+/// Why `file` gave no `what` (e.g. "private key"), said for its most likely cause: an
+/// unreadable file, an encrypted key (which rustls skips, finding none), no PEM block.
+pub(crate) fn pem_message(file: &Path, what: &str, error: rustls_pki_types::pem::Error) -> String {
+    match error {
         rustls_pki_types::pem::Error::Io(e) => format!("cannot read the file: {e}"),
         rustls_pki_types::pem::Error::NoItemsFound if encrypted_key(file) => {
             "the private key is encrypted (-----BEGIN ENCRYPTED PRIVATE KEY-----), which is not \
@@ -183,11 +193,6 @@ fn pem_error(key: &str, file: &Path, what: &str, error: rustls_pki_types::pem::E
             format!("no {what} found; the file must hold PEM (-----BEGIN ...-----) {what} blocks")
         }
         other => format!("not a valid PEM file: {other:?}"),
-    };
-    TlsError {
-        key: key.to_owned(),
-        file: file.to_owned(),
-        message,
     }
 }
 

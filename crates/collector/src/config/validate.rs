@@ -99,7 +99,7 @@ impl CollectorConfig {
             if a.port() == 0 {
                 continue;
             }
-            if let Some((_, b)) = addrs[..i].iter().find(|(_, b)| b == a) {
+            if let Some((_, b)) = addrs[..i].iter().find(|(_, b)| binds_overlap(*b, *a)) {
                 p.add(
                     path,
                     format!("{b} is already used by another listener; pick another port"),
@@ -393,6 +393,11 @@ impl CollectorConfig {
                 &["alerts", "alertmanager_tls"],
                 crate::client_tls::OptionNames::ALERTMANAGER,
             ));
+        } else if a.alertmanager_url.is_none() && crate::client_tls::is_set(&a.alertmanager_tls) {
+            p.add(
+                &["alerts", "alertmanager_tls"],
+                "set without alerts.alertmanager_url: set the URL or remove alertmanager_tls",
+            );
         }
     }
 }
@@ -428,4 +433,17 @@ fn check_alertmanager_base(url: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Whether two listeners' addresses cannot both be bound: the same port, and the same address
+/// or a wildcard covering the other (`0.0.0.0` covers IPv4; `[::]`, dual-stack by default on
+/// Linux, covers both families).
+fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() != b.port() {
+        return false;
+    }
+    let covers = |w: SocketAddr, other: SocketAddr| {
+        w.ip().is_unspecified() && (w.is_ipv6() || other.is_ipv4())
+    };
+    a == b || covers(a, b) || covers(b, a)
 }

@@ -592,7 +592,14 @@ impl Sender {
                     let resume = Instant::now() + wait;
                     let in_budget = resume < expires && self.deadline().is_none_or(|d| resume < d);
                     if f.outcome != "permanent" && in_budget {
-                        tracing::debug!(error = %f.message, ?wait, "forwarding failed; retrying");
+                        if warn_allowed("forward_retrying") {
+                            tracing::warn!(
+                                error = %f.message,
+                                ?wait,
+                                "forwarding failed; retrying (logged at most every 10 s; see \
+                                 infertrace_forward_attempts_total)"
+                            );
+                        }
                         tokio::time::sleep_until(resume).await;
                         backoff = (backoff * 2).min(self.retry.max_backoff);
                         continue;
@@ -604,6 +611,19 @@ impl Sender {
         }
         drop(holds);
     }
+}
+
+/// An error and its causes, `: `-separated (hyper's client error says only "client error
+/// (Connect)"; the cause says which: refused, a certificate not trusted…).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// A wait drawn uniformly between half and all of `backoff` ("equal jitter"), so that batches
@@ -830,7 +850,7 @@ impl Exporter {
                 let resp = client.request(req).await.map_err(|e| ExportFailure {
                     outcome: "retryable",
                     retry_after: None,
-                    message: format!("HTTP: {e}"),
+                    message: format!("HTTP: {}", with_causes(&e)),
                 })?;
                 let status = resp.status();
                 let retry_after = resp
@@ -909,6 +929,30 @@ impl Decoder for RawCoder {
 mod tests {
     use super::*;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+
+    /// hyper's client error alone says "client error (Connect)": the log line carries why.
+    #[tokio::test]
+    async fn a_failed_http_attempt_says_its_cause() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let uri: http::Uri = format!("http://127.0.0.1:{port}/v1/traces")
+            .parse()
+            .unwrap();
+        let e = client
+            .request(
+                http::Request::post(uri)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap_err();
+        let message = with_causes(&e);
+        assert!(message.starts_with(&e.to_string()), "{message}");
+        assert!(message.to_lowercase().contains("refused"), "{message}");
+    }
 
     fn request(names: &[&str]) -> ExportTraceServiceRequest {
         ExportTraceServiceRequest {

@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use crate::auth::{Refusal, Scope};
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
+use crate::listener::CloseConnection;
 
 use super::body::{GrpcBody, grpc_percent_encode};
 use super::export::{Outcome, Payload, Receiver};
@@ -100,7 +101,9 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
                 Refusal::InsufficientScope => Code::PermissionDenied,
                 Refusal::MissingToken | Refusal::UnknownToken => Code::Unauthenticated,
             };
-            return status_only(code, refusal.http_answer(Scope::Ingest).2);
+            let mut response = status_only(code, refusal.http_answer(Scope::Ingest).2);
+            response.extensions_mut().insert(CloseConnection);
+            return response;
         }
     };
     let path = req.uri().path();

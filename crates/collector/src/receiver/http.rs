@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 use crate::auth::Scope;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
+use crate::listener::CloseConnection;
 
 use super::body::drain_body;
 use super::export::{Outcome, Payload, Receiver};
@@ -139,11 +140,13 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
         receiver
             .events
             .auth_refused(receiver.name, "host_not_allowed");
-        return plain(
+        let mut response = plain(
             StatusCode::MISDIRECTED_REQUEST,
             "this Host is not served here: add it to api.allowed_hosts (a guard against DNS \
              rebinding while the receiver listens on loopback without authentication)",
         );
+        response.extensions_mut().insert(CloseConnection);
+        return response;
     }
     let token = match receiver.ingest_token(req.headers.get(AUTHORIZATION)) {
         Ok(token) => token,
@@ -151,6 +154,7 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
             let (status, challenge, message) = refusal.http_answer(Scope::Ingest);
             let mut response = plain(status, message);
             response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
+            response.extensions_mut().insert(CloseConnection);
             return response;
         }
     };
