@@ -733,15 +733,24 @@ impl InternalEvents {
     }
 
     /// Sets `memory_reserved_bytes` by part — `data`, `aggregates` (the KPI series,
-    /// critical-path windows and Prometheus label sets), `recent_traces` — and warns
+    /// critical-path windows and Prometheus label sets), `recent_traces`, `tables` (the
+    /// assembler's map, queues, spare span slots and trace index) — and warns
     /// (rate-limited) while the aggregates hold more than half of `limit`: they are never freed
     /// for data, so past that the buffered traces and requests share what is left, and memory
     /// relief closes traces early sooner.
-    pub fn memory_held(&self, data: usize, aggregates: usize, recent_traces: usize, limit: usize) {
+    pub fn memory_held(
+        &self,
+        data: usize,
+        aggregates: usize,
+        recent_traces: usize,
+        tables: usize,
+        limit: usize,
+    ) {
         for (part, bytes) in [
             ("data", data),
             ("aggregates", aggregates),
             ("recent_traces", recent_traces),
+            ("tables", tables),
         ] {
             self.memory_reserved
                 .get_or_create(&MemoryPartLabels { part })

@@ -5,8 +5,8 @@
 //! series, keys, outcomes, disaggregated workers and e2e buckets: an estimate far below would
 //! let the collector pass its memory limit unseen, one far above would refuse data for nothing.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod support_counting;
+
 use std::time::Duration;
 
 use infertrace_analysis::critical_path::{CriticalPath, CriticalPathWindows, Segment};
@@ -15,30 +15,6 @@ use infertrace_analysis::record::{Dialect, DisaggPhases, Outcome, RequestRecord}
 use infertrace_analysis::text::Text;
 use infertrace_analysis::trace::{SpanId, TraceId};
 use infertrace_collector::prom_export::{PromMetrics, PromRecorder};
-
-/// The system allocator, counting the bytes held now.
-struct Counting;
-
-static HELD: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded unchanged to the system allocator.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            HELD.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) };
-        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 /// Series (service, model, operation) the records fall in.
 const SERIES: usize = 300;
@@ -117,9 +93,9 @@ fn path(i: usize, e2e: f64) -> CriticalPath {
 
 /// Bytes `build` leaves held (what the structure it returns owns), and the structure.
 fn held_by<T>(build: impl FnOnce() -> T) -> (usize, T) {
-    let before = HELD.load(Ordering::Relaxed);
+    let before = support_counting::held();
     let made = build();
-    (HELD.load(Ordering::Relaxed).saturating_sub(before), made)
+    (support_counting::held().saturating_sub(before), made)
 }
 
 fn assert_close(what: &str, estimate: usize, held: usize) {

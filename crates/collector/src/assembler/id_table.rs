@@ -55,6 +55,12 @@ impl IdTable {
         self.slots.len() - 1
     }
 
+    /// Bytes of the slots its entries need at the load limit (at most all of them).
+    pub(crate) fn bytes_for_entries(&self) -> usize {
+        let slots = (self.len * MAX_LOAD_DEN / MAX_LOAD_NUM).min(self.slots.len());
+        slots * size_of::<(u64, u64)>()
+    }
+
     /// The value of `key`.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<u64> {

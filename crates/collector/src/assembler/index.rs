@@ -179,6 +179,13 @@ impl TraceIndex {
         self.ids.len()
     }
 
+    /// Bytes the table's entries take at its load limit (its slots, up to the table's size).
+    /// Not the table's whole size: it is presized for `max_traces_in_flight` ids at start and
+    /// its pages are touched (resident) only as ids fill them.
+    pub(crate) fn table_bytes(&self) -> usize {
+        self.ids.bytes_for_entries()
+    }
+
     fn turn(&mut self, now: Instant) {
         self.generation += 1;
         self.current_len = 0;

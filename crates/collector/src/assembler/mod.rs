@@ -63,6 +63,7 @@
 
 mod id_table;
 mod index;
+mod table_memory;
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -261,6 +262,8 @@ pub(crate) struct TraceAssembler {
     last_idle_scan: Option<Instant>,
     /// Earliest idle deadline found by the last scan (`None`: scan at the next poll).
     next_idle_due: Option<Instant>,
+    /// Where the tables' own memory is held (see `table_memory`); `None`: not counted.
+    table_memory: Option<table_memory::TableMemory>,
 }
 
 /// A prepared trace in the assembler's queue.
@@ -319,6 +322,7 @@ impl TraceAssembler {
             waiting: 0,
             last_idle_scan: None,
             next_idle_due: None,
+            table_memory: None,
         }
     }
 

@@ -253,6 +253,8 @@ pub struct Pipeline {
     /// The aggregates' and the recent-trace ring's bytes held in the limiter, as last measured
     /// (read by ingest without the analysis lock).
     analysis_bytes: AtomicUsize,
+    /// The assembler's tables' bytes held in the limiter, as last measured.
+    table_bytes: AtomicUsize,
     /// Wakes the tick early: traces were closed for memory relief.
     tick_wanted: tokio::sync::Notify,
 }
@@ -287,12 +289,13 @@ impl Pipeline {
         limiter: MemoryLimiter,
         forward: Option<ForwardHandle>,
     ) -> Self {
-        let assembler = TraceAssembler::new(
+        let mut assembler = TraceAssembler::new(
             config.assembler_config(),
             events.clone(),
             dialect::completes_trace,
             dialect::may_be_own_request,
         );
+        assembler.hold_tables_in(limiter.fixed_memory());
         let prom = PromRecorder::new(
             metrics,
             config.kpi_dimensions(),
@@ -333,6 +336,7 @@ impl Pipeline {
             windows: config.kpi.windows.clone(),
             requests_recorded: AtomicU64::new(0),
             analysis_bytes: AtomicUsize::new(0),
+            table_bytes: AtomicUsize::new(0),
             tick_wanted: tokio::sync::Notify::new(),
         }
     }
@@ -397,15 +401,22 @@ impl Pipeline {
         &self.limiter
     }
 
-    /// What the limiter holds for everything but the aggregates and the recent-trace ring
-    /// (requests being read, spans and traces buffered, the forward queue):
-    /// [`MemoryLimiter::used`] less [`aggregates_memory_bytes`](Self::aggregates_memory_bytes) and
-    /// [`ring_memory_bytes`](Self::ring_memory_bytes), read together.
+    /// What the limiter holds for everything but the aggregates, the recent-trace ring and the
+    /// assembler's tables (requests being read, spans and traces buffered, the forward queue):
+    /// [`MemoryLimiter::used`] less [`aggregates_memory_bytes`](Self::aggregates_memory_bytes),
+    /// [`ring_memory_bytes`](Self::ring_memory_bytes) and
+    /// [`table_memory_bytes`](Self::table_memory_bytes).
     pub fn data_memory_bytes(&self) -> usize {
         let a = lock(&self.analysis);
-        self.limiter
-            .used()
-            .saturating_sub(a.aggregates_memory.bytes() + a.ring_memory.bytes())
+        self.limiter.used().saturating_sub(
+            a.aggregates_memory.bytes() + a.ring_memory.bytes() + self.table_memory_bytes(),
+        )
+    }
+
+    /// The assembler's own tables (its map and queues, spare span slots, the trace index) as
+    /// last measured and held in the limiter (part of [`MemoryLimiter::used`]).
+    pub fn table_memory_bytes(&self) -> usize {
+        self.table_bytes.load(Ordering::Relaxed)
     }
 
     /// The recent-trace ring's memory as held in the limiter at the last tick (part of
@@ -562,8 +573,9 @@ impl Pipeline {
     /// in flight in proportion to the memory to free and wakes the tick, which releases them:
     /// buffered traces give way to new data before any request is refused. The memory the
     /// assembler holds is estimated as what the limiter holds less the aggregates, the
-    /// recent-trace ring and the forward queue (requests being read count in too: the estimate
-    /// errs towards closing more, never fewer).
+    /// recent-trace ring, the assembler's tables (which closing traces frees only at their next
+    /// measurement) and the forward queue (requests being read count in too: the estimate errs
+    /// towards closing more, never fewer).
     fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
         let excess = self.limiter.relief_excess();
         if excess == 0 {
@@ -573,6 +585,7 @@ impl Pipeline {
             .limiter
             .used()
             .saturating_sub(self.analysis_bytes.load(Ordering::Relaxed))
+            .saturating_sub(self.table_memory_bytes())
             .saturating_sub(usize::try_from(self.events.forward_pending_bytes.get()).unwrap_or(0));
         if held == 0 {
             return;
@@ -600,6 +613,9 @@ impl Pipeline {
 
     /// Closes the traces due at `now` and analyses them as of `now_unix_nano`.
     pub fn tick_at(&self, now: Instant, now_unix_nano: u64) -> TickStats {
+        // The assembler's tables first, so that this tick's memory figures include them.
+        let tables = lock(&self.assembler).account_tables(now);
+        self.table_bytes.store(tables, Ordering::Relaxed);
         // In rounds of at most `POLL_ROUND` traces (see `TraceAssembler::poll_some`).
         let mut stats = TickStats::default();
         loop {
@@ -656,10 +672,12 @@ impl Pipeline {
     fn hold_analysis_memory(&self, a: &mut Analysis, now: Instant) {
         let held = account_analysis_memory(a, &self.limiter, now);
         self.analysis_bytes.store(held, Ordering::Relaxed);
+        let tables = self.table_memory_bytes();
         self.events.memory_held(
-            self.limiter.used().saturating_sub(held),
+            self.limiter.used().saturating_sub(held + tables),
             a.aggregates_memory.bytes(),
             a.ring_memory.bytes(),
+            tables,
             self.limiter.limit(),
         );
     }

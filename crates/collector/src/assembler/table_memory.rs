@@ -1,0 +1,103 @@
+//! The assembler's own tables in the memory limit. A batch's reservation covers its spans (and
+//! a prepared trace's its footprint, queue slot and index entry included); what the assembler
+//! allocates around them is measured here about once a second and held in the limiter as
+//! fixed memory: the map of traces in flight as spans at its capacity, each such trace's spare
+//! span slots (a vector grown by doubling: a 17-span trace has room for 32) and extra holds,
+//! the age and grace queues, the prepared queue's slots no prepared trace counts, the late and
+//! early buffers, and the trace index (its entries at its load limit). Tables far larger than
+//! their contents (after a burst)
+//! are shrunk first, so that the memory goes back rather than stays held.
+
+use std::mem::size_of;
+use std::time::{Duration, Instant};
+
+use infertrace_analysis::trace::{Span, TraceId};
+
+use super::{CompletedTrace, MemoryHold, PendingTrace, PreparedSlot, TraceAssembler};
+use crate::limiter::FixedMemory;
+
+/// How often the tables are measured (each measurement visits every trace in flight as spans).
+pub(super) const MEASURE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A table holding less than this fraction of its capacity is shrunk when measured.
+const SHRINK_BELOW_DIVISOR: usize = 4;
+
+/// The limiter's part for the tables, and when it was last measured.
+#[derive(Debug)]
+pub(crate) struct TableMemory {
+    held: FixedMemory,
+    measured_at: Option<Instant>,
+}
+
+impl TableMemory {
+    pub(crate) fn new(held: FixedMemory) -> Self {
+        Self {
+            held,
+            measured_at: None,
+        }
+    }
+}
+
+impl TraceAssembler {
+    /// Holds the tables' memory in `memory` from now on (see the module docs).
+    pub fn hold_tables_in(&mut self, memory: FixedMemory) {
+        self.table_memory = Some(TableMemory::new(memory));
+    }
+
+    /// Measures the tables and holds their bytes, when [`MEASURE_INTERVAL`] has passed since
+    /// the last time (or never measured); shrinks sparse ones first. Returns the bytes held.
+    pub fn account_tables(&mut self, now: Instant) -> usize {
+        let due = self.table_memory.as_ref().is_some_and(|m| {
+            m.measured_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= MEASURE_INTERVAL)
+        });
+        if due {
+            self.shrink_sparse_tables();
+            let bytes = self.table_bytes();
+            if let Some(m) = &mut self.table_memory {
+                m.measured_at = Some(now);
+                m.held.set(bytes);
+            }
+        }
+        self.table_memory.as_ref().map_or(0, |m| m.held.bytes())
+    }
+
+    /// Bytes of the tables, beyond what the batches' reservations cover.
+    pub fn table_bytes(&self) -> usize {
+        // hashbrown keeps 8 buckets for 7 entries of capacity, and a control byte per bucket.
+        let map = self.traces.capacity() * 8 / 7 * (size_of::<(TraceId, PendingTrace)>() + 1);
+        let spare: usize = self
+            .traces
+            .values()
+            .map(|t| {
+                (t.spans.capacity() - t.spans.len()) * size_of::<Span>()
+                    + t.holds.more.capacity() * size_of::<MemoryHold>()
+            })
+            .sum();
+        let queues = (self.by_age.capacity() + self.by_grace.capacity())
+            * size_of::<(TraceId, Instant)>()
+            + self.prepared.capacity().saturating_sub(self.prepared_live)
+                * size_of::<PreparedSlot>();
+        let buffers = (self.late.capacity() - self.late.len()) * size_of::<Span>()
+            + self.early.capacity() * size_of::<CompletedTrace>();
+        map + spare + queues + buffers + self.index.table_bytes()
+    }
+
+    fn shrink_sparse_tables(&mut self) {
+        let sparse = |len: usize, capacity: usize| len < capacity / SHRINK_BELOW_DIVISOR;
+        if sparse(self.traces.len(), self.traces.capacity()) {
+            self.traces.shrink_to(self.traces.len() * 2);
+        }
+        for queue in [&mut self.by_age, &mut self.by_grace] {
+            if sparse(queue.len(), queue.capacity()) {
+                queue.shrink_to(queue.len() * 2);
+            }
+        }
+        if sparse(self.prepared.len(), self.prepared.capacity()) {
+            self.prepared.shrink_to(self.prepared.len() * 2);
+        }
+        if sparse(self.late.len(), self.late.capacity()) {
+            self.late.shrink_to(self.late.len() * 2);
+        }
+    }
+}
