@@ -825,7 +825,8 @@ impl InternalEvents {
             if let Some(count) = self.logs.reclaimed.note(n) {
                 tracing::warn!(
                     series = count,
-                    "KPI series cap reached: idle series were reclaimed for new ones"
+                    "series cap reached (KPI series, or critical-path keys): idle series were \
+                     reclaimed for new ones"
                 );
             }
         }

@@ -241,6 +241,72 @@ async fn junk_names_lock_a_real_model_out_only_for_the_reclaim_horizon() {
     c.stop().await.unwrap();
 }
 
+/// Unique span names fill the critical-path windows' 256 keys; a new service arriving once the
+/// junk has been idle for `series_reclaim_after` gets rows of its own in the critical-path
+/// windows and in `critical_path_seconds_total` (before, it was `_overflow` for the life of the
+/// process), and the cap holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_span_names_lock_a_new_service_out_of_the_critical_path_only_for_the_horizon() {
+    let mut config = test_config();
+    config.limits.series_reclaim_after = Duration::from_secs(1);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    let t0 = t0();
+    let spans: Vec<_> = (0..300u32)
+        .flat_map(|n| {
+            let mut spans = infertrace_spans(&Req::new(n, "m", 1, 2, 3), t0);
+            for s in &mut spans[1..] {
+                s.name = format!("{}-{n}", s.name);
+            }
+            spans
+        })
+        .collect();
+    assert_eq!(post_protobuf(http, &request("svc", spans)).await, 200);
+    eventually(WAIT, "junk analysed", || {
+        c.pipeline().requests_recorded() == 300
+    })
+    .await;
+    let window = Duration::from_secs(60);
+    let overflow = |c: &server::RunningCollector| {
+        c.pipeline()
+            .critical_path(window)
+            .entries
+            .iter()
+            .any(|e| &*e.service == "_overflow")
+    };
+    assert!(overflow(&c), "past the cap of 256 keys");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let real = infertrace_spans(&Req::new(5_000, "m", 1, 2, 3), t0);
+    assert_eq!(post_protobuf(http, &request("real-svc", real)).await, 200);
+    eventually(WAIT, "the new service analysed", || {
+        c.pipeline().requests_recorded() == 301
+    })
+    .await;
+    let summary = c.pipeline().critical_path(window);
+    assert!(
+        summary.entries.iter().any(|e| &*e.service == "real-svc"),
+        "the new service has critical-path rows of its own: {:?}",
+        summary
+            .entries
+            .iter()
+            .map(|e| (&*e.service, &*e.span))
+            .collect::<Vec<_>>()
+    );
+    assert!(summary.entries.len() <= 257, "the cap holds");
+    let (_, metrics) = get(c.api_addr, "/metrics").await;
+    assert!(
+        metrics.contains(r#"infertrace_critical_path_seconds_total{service="real-svc""#),
+        "and its own Prometheus series"
+    );
+    let series = metrics
+        .lines()
+        .filter(|l| l.starts_with("infertrace_critical_path_seconds_total{"))
+        .count();
+    assert!(series <= 257, "{series} series: the cap holds");
+    assert!(c.events().series_reclaimed.get() >= 1);
+    c.stop().await.unwrap();
+}
+
 /// A 1 MiB model name and a 1 MiB span name are cut to 256 bytes: /metrics stays small.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_giant_name_is_cut_and_metrics_stay_small() {

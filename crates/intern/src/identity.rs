@@ -68,6 +68,11 @@ impl<K: Identity, V> PairCache<K, V> {
         let slot = Self::slot(a, b);
         self.slots[slot] = Some((a.clone(), b.clone(), value));
     }
+
+    /// Forgets every cached value (what they pointed at changed).
+    pub fn clear(&mut self) {
+        self.slots.clear();
+    }
 }
 
 /// The value remembered for the last triple of shared strings seen (e.g. service, model and

@@ -104,6 +104,7 @@ impl CollectorConfig {
             .unwrap_or(Duration::from_secs(3600));
         CriticalPathWindowsConfig {
             retention,
+            reclaim_after: self.limits.series_reclaim_after,
             ..CriticalPathWindowsConfig::default()
         }
     }

@@ -223,7 +223,8 @@ pub struct LimitsConfig {
     /// overflow series (`series_overflow_total`). Default 1000.
     pub max_series: usize,
     /// How long a series must have had no request before a new series may take its place
-    /// under `max_series`. Default 1m.
+    /// under `max_series` (and a critical-path key, under the 256 (service, span) keys, before
+    /// a new one may take its place). Default 1m.
     #[serde(with = "human_duration")]
     pub series_reclaim_after: Duration,
 }

@@ -766,6 +766,12 @@ impl Pipeline {
                 let across = disaggregated_path(record);
                 if let Some(p) = across.as_ref().or(path.as_ref()) {
                     a.critical.record(p, record.e2e, now_unix_nano);
+                    // Keys the windows reclaimed leave the exporter too (same cap, same keys).
+                    let reclaimed = a.critical.take_reclaimed();
+                    for (service, span) in &reclaimed {
+                        a.prom.forget_critical_path(service, span);
+                    }
+                    self.events.series_reclaimed(reclaimed.len() as u64);
                     a.prom.record_critical_path(p);
                 }
                 if let Some(f) = &mut a.store {

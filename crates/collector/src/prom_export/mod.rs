@@ -675,6 +675,32 @@ impl PromRecorder {
         }
     }
 
+    /// Removes the `critical_path_seconds_total` series of (`service`, `span`), whose key the
+    /// critical-path windows gave to a new pair (the same cap, the same keys): its place is
+    /// free for that pair. Returns whether it was there.
+    pub fn forget_critical_path(&mut self, service: &str, span: &str) -> bool {
+        let hash = self.hasher.hash_one((service, span));
+        let Some(list) = self.cp_keys.get_mut(&hash) else {
+            return false;
+        };
+        let Some(pos) = list
+            .iter()
+            .position(|(s, n, _)| &**s == service && &**n == span)
+        else {
+            return false;
+        };
+        let (service, span, _) = list.swap_remove(pos);
+        if list.is_empty() {
+            self.cp_keys.remove(&hash);
+        }
+        self.cp_count -= 1;
+        self.cp_recent.clear();
+        self.metrics
+            .critical_path
+            .remove(&CriticalPathLabels { service, span });
+        true
+    }
+
     /// Adds a request's critical-path segments to `critical_path_seconds_total`.
     pub fn record_critical_path(&mut self, path: &CriticalPath) {
         for seg in &path.segments {

@@ -10,8 +10,12 @@
 //! counts, and the tail sums are the sums over the buckets at or above the p90 (p99) bucket. A
 //! request in the same 2% bucket as the percentile counts as "above" it.
 //!
-//! Distinct (service, span) keys are capped; segments of further keys are summed under
-//! [`OVERFLOW_LABEL`] and counted ([`CriticalPathWindows::overflowed_segments`]).
+//! Distinct (service, span) keys are capped; at the cap a new key takes the place of one that
+//! has recorded nothing for `reclaim_after` (its rows dropped from every slot, counted by
+//! [`CriticalPathWindows::reclaimed_keys`], its names handed out by
+//! [`CriticalPathWindows::take_reclaimed`]), so a burst of unique span names cannot lock new
+//! services out for longer; without such a key, segments are summed under [`OVERFLOW_LABEL`]
+//! and counted ([`CriticalPathWindows::overflowed_segments`]).
 
 use std::collections::BTreeMap;
 
@@ -45,6 +49,8 @@ pub struct CriticalPathWindowsConfig {
     pub retention: Duration,
     /// Distinct (service, span name) keys kept before folding into [`OVERFLOW_LABEL`].
     pub max_keys: usize,
+    /// At the cap, a new key takes the place of one idle this long.
+    pub reclaim_after: Duration,
     /// Ratio between consecutive e2e bucket bounds (> 1).
     pub gamma: f64,
 }
@@ -55,6 +61,7 @@ impl Default for CriticalPathWindowsConfig {
             slot: Duration::from_secs(10),
             retention: Duration::from_secs(3600),
             max_keys: 256,
+            reclaim_after: Duration::from_secs(60),
             gamma: 1.02,
         }
     }
@@ -260,6 +267,14 @@ pub struct CriticalPathWindows {
     index: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
     /// key → (service, span name, cumulative seconds).
     keys: Vec<(Arc<str>, Arc<str>, f64)>,
+    /// key → when it last recorded a segment (unix nanoseconds).
+    last_seen: Vec<u64>,
+    reclaim_after_nanos: u64,
+    /// No key is idle enough to reclaim before this time (unix nanoseconds).
+    no_reclaim_before: u64,
+    /// (service, span name) of keys reclaimed since the last [`Self::take_reclaimed`].
+    reclaimed: Vec<(Arc<str>, Arc<str>)>,
+    reclaimed_keys: u64,
     /// Keys of recently seen (service, name) allocations: most lookups end here.
     recent_keys: PairCache<Text, u32>,
     overflow_key: Option<u32>,
@@ -303,6 +318,11 @@ impl CriticalPathWindows {
             ln_gamma: gamma.ln(),
             index: HashMap::new(),
             keys: Vec::new(),
+            last_seen: Vec::new(),
+            reclaim_after_nanos: u64::try_from(config.reclaim_after.as_nanos()).unwrap_or(u64::MAX),
+            no_reclaim_before: 0,
+            reclaimed: Vec::new(),
+            reclaimed_keys: 0,
             recent_keys: PairCache::default(),
             overflow_key: None,
             overflowed_segments: 0,
@@ -347,7 +367,7 @@ impl CriticalPathWindows {
             path_seconds += secs;
             let key = match self.recent_keys.get(&seg.service, &seg.name) {
                 Some(&k) => k,
-                None => match self.key(&seg.service, &seg.name) {
+                None => match self.key(&seg.service, &seg.name, Some(now_unix_nano)) {
                     Some(k) => k,
                     None => {
                         self.overflowed_segments += 1;
@@ -356,6 +376,8 @@ impl CriticalPathWindows {
                 },
             };
             self.keys[key as usize].2 += secs;
+            let seen = &mut self.last_seen[key as usize];
+            *seen = (*seen).max(now_unix_nano);
             if in_window {
                 let rows = &mut self.slots[slot_index].seconds;
                 if rows.len() <= key as usize {
@@ -521,6 +543,7 @@ impl CriticalPathWindows {
             + self.slots.capacity() * size_of::<Slot>()
             + slots
             + self.keys.capacity() * size_of::<(Arc<str>, Arc<str>, f64)>()
+            + self.last_seen.capacity() * size_of::<u64>()
             + names
             + index
     }
@@ -542,9 +565,11 @@ impl CriticalPathWindows {
         ceil_to_i32(e2e_seconds.ln() / self.ln_gamma).max(i32::MIN + 1)
     }
 
-    /// The key of (`service`, `span`), added if new; `None` when the key cap is reached (the
-    /// caller folds it into [`overflow_key`](Self::overflow_key)).
-    fn key(&mut self, service: &Text, span: &Text) -> Option<u32> {
+    /// The key of (`service`, `span`), added if new; at the key cap, one idle for
+    /// `reclaim_after` at `now_unix_nano` is reused (never when `now_unix_nano` is `None`);
+    /// `None` when there is none (the caller folds it into
+    /// [`overflow_key`](Self::overflow_key)).
+    fn key(&mut self, service: &Text, span: &Text, now_unix_nano: Option<u64>) -> Option<u32> {
         if let Some(&k) = self
             .index
             .get(service.as_str())
@@ -553,10 +578,12 @@ impl CriticalPathWindows {
             self.recent_keys.insert(service, span, k);
             return Some(k);
         }
-        if self.keys.len() - usize::from(self.overflow_key.is_some()) >= self.max_keys {
-            return None;
-        }
-        let k = self.push_key(Arc::from(service.as_str()), Arc::from(span.as_str()));
+        let names = (Arc::from(service.as_str()), Arc::from(span.as_str()));
+        let k = if self.keys.len() - usize::from(self.overflow_key.is_some()) < self.max_keys {
+            self.push_key(names.0, names.1)
+        } else {
+            self.reclaim_key(names, now_unix_nano?)?
+        };
         self.recent_keys.insert(service, span, k);
         self.index
             .entry(self.keys[k as usize].0.clone())
@@ -580,7 +607,59 @@ impl CriticalPathWindows {
     fn push_key(&mut self, service: Arc<str>, span: Arc<str>) -> u32 {
         let k = u32::try_from(self.keys.len()).unwrap_or(u32::MAX);
         self.keys.push((service, span, 0.0));
+        self.last_seen.push(0);
         k
+    }
+
+    /// Gives the key idle longest to `names`, when it has been idle for `reclaim_after` at
+    /// `now`: its rows leave every slot, its old names the index (and are kept for
+    /// [`take_reclaimed`](Self::take_reclaimed)).
+    fn reclaim_key(&mut self, names: (Arc<str>, Arc<str>), now: u64) -> Option<u32> {
+        if now < self.no_reclaim_before {
+            return None;
+        }
+        let overflow = self.overflow_key.map(|k| k as usize);
+        let (k, seen) = self
+            .last_seen
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| Some(k) != overflow)
+            .min_by_key(|&(_, &seen)| seen)
+            .map(|(k, &seen)| (k, seen))?;
+        if seen.saturating_add(self.reclaim_after_nanos) > now {
+            self.no_reclaim_before = seen.saturating_add(self.reclaim_after_nanos);
+            return None;
+        }
+        for slot in &mut self.slots {
+            if let Some(row) = slot.seconds.get_mut(k) {
+                *row = BucketValues::default();
+            }
+        }
+        let (old_service, old_span, _) =
+            std::mem::replace(&mut self.keys[k], (names.0, names.1, 0.0));
+        if let Some(spans) = self.index.get_mut(&old_service) {
+            spans.remove(&old_span);
+            if spans.is_empty() {
+                self.index.remove(&old_service);
+            }
+        }
+        // Cached lookups may point at the key under its old names.
+        self.recent_keys.clear();
+        self.last_seen[k] = now;
+        self.reclaimed.push((old_service, old_span));
+        self.reclaimed_keys += 1;
+        u32::try_from(k).ok()
+    }
+
+    /// Keys given to new (service, span) pairs since start (see the module docs).
+    pub fn reclaimed_keys(&self) -> u64 {
+        self.reclaimed_keys
+    }
+
+    /// The (service, span name) pairs whose keys were reclaimed since the last call, so that
+    /// what mirrors the keys (the Prometheus exporter) forgets them too.
+    pub fn take_reclaimed(&mut self) -> Vec<(Arc<str>, Arc<str>)> {
+        std::mem::take(&mut self.reclaimed)
     }
 }
 
@@ -750,6 +829,38 @@ mod tests {
         let o = entry(&s, OVERFLOW_LABEL);
         assert!((o.seconds.all - 2.0).abs() < 1e-9);
         assert_eq!(w.totals().count(), 3);
+    }
+
+    /// At the cap, a new key takes the place of the key idle longest once it has been idle for
+    /// `reclaim_after`; its rows leave the windows and its names are handed out once.
+    #[test]
+    fn an_idle_key_is_reclaimed_for_a_new_one() {
+        let mut w = CriticalPathWindows::new(CriticalPathWindowsConfig {
+            max_keys: 2,
+            reclaim_after: Duration::from_secs(60),
+            ..CriticalPathWindowsConfig::default()
+        });
+        w.record(&path(&[("a", "x", 1.0), ("a", "y", 1.0)]), 2.0, S);
+        // 30 s later: no key idle for 60 s, the new one is folded.
+        w.record(&path(&[("b", "z", 1.0)]), 1.0, 31 * S);
+        assert_eq!((w.overflowed_segments(), w.reclaimed_keys()), (1, 0));
+        // 70 s after the first: "y" was used meanwhile, "x" has been idle for 70 s.
+        w.record(&path(&[("a", "y", 1.0)]), 1.0, 65 * S);
+        w.record(&path(&[("b", "z", 2.0)]), 2.0, 71 * S);
+        assert_eq!((w.overflowed_segments(), w.reclaimed_keys()), (1, 1));
+        let taken = w.take_reclaimed();
+        assert_eq!(taken.len(), 1);
+        assert_eq!((&*taken[0].0, &*taken[0].1), ("a", "x"));
+        assert!(w.take_reclaimed().is_empty());
+        let s = w.snapshot(Duration::from_secs(600), 71 * S);
+        let names: Vec<_> = s.entries.iter().map(|e| (&*e.service, &*e.span)).collect();
+        assert!(!names.contains(&("a", "x")), "{names:?}");
+        assert!((entry(&s, "z").seconds.all - 2.0).abs() < 1e-9, "{names:?}");
+        assert!((entry(&s, "y").seconds.all - 2.0).abs() < 1e-9);
+        assert!((entry(&s, OVERFLOW_LABEL).seconds.all - 1.0).abs() < 1e-9);
+        // The new key is found again (not folded, not reclaimed again).
+        w.record(&path(&[("b", "z", 1.0)]), 1.0, 72 * S);
+        assert_eq!((w.overflowed_segments(), w.reclaimed_keys()), (1, 1));
     }
 
     #[test]

@@ -158,9 +158,11 @@ impl CriticalPathWindows {
             let key = if service == OVERFLOW_LABEL && span == OVERFLOW_LABEL {
                 None
             } else {
-                self.key(&Text::from(service), &Text::from(span))
+                self.key(&Text::from(service), &Text::from(span), None)
             };
             let key = key.unwrap_or_else(|| self.overflow_key()) as usize;
+            // A restored key is as idle as its newest slot.
+            self.last_seen[key] = self.last_seen[key].max(start);
             for (b, secs) in values {
                 let b = bucket(self, b);
                 let seconds = &mut self.slots[index].seconds;
