@@ -551,6 +551,7 @@ fn spawn_receivers(
         retry_after_secs: 1,
         auth: checked.auth.clone(),
         allowed_hosts: None,
+        forwarding: config.forward.endpoint.is_some() && config.forward.verify_spans,
     };
     let ingest: Arc<dyn Ingest> = core.pipeline.clone();
     let events = &checked.events;

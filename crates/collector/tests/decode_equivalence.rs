@@ -11,8 +11,8 @@
 use infertrace_analysis::text::Interner;
 use infertrace_analysis::trace::KNOWN_KEYS;
 use infertrace_collector::otlp_decode::{
-    DecodeError, Decoded, MAX_VALUE_NESTING, count_spans, decode_protobuf, decode_span, from_proto,
-    retain_accepted, without_spans,
+    DecodeError, Decoded, MAX_VALUE_NESTING, count_spans, decode_protobuf,
+    decode_protobuf_for_forwarding, decode_span, from_proto, retain_accepted, without_spans,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{
@@ -362,6 +362,30 @@ fn check_ranges(body: &[u8], decoded: &Decoded) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Byte edits of a body: at an index, a byte, and what to do (0 replace, 1 insert, 2 cut there).
+type Edits = Vec<(prop::sample::Index, u8, u8)>;
+
+/// `req` encoded, then `edits` applied in turn.
+fn corrupted(req: &ExportTraceServiceRequest, edits: &Edits) -> Vec<u8> {
+    edited(req.encode_to_vec(), edits)
+}
+
+/// `bytes` with `edits` applied in turn.
+fn edited(mut bytes: Vec<u8>, edits: &Edits) -> Vec<u8> {
+    for &(at, byte, kind) in edits {
+        if bytes.is_empty() {
+            break;
+        }
+        let i = at.index(bytes.len());
+        match kind {
+            0 => bytes[i] = byte,
+            1 => bytes.insert(i, byte),
+            _ => bytes.truncate(i),
+        }
+    }
+    bytes
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -380,6 +404,9 @@ proptest! {
 
         // The body without its rejected spans is prost's reading, filtered.
         let lean = decode_protobuf(&noisy).unwrap();
+        // Where prost reads the body, the forwarding check rejects nothing more.
+        let forwarding = decode_protobuf_for_forwarding(&noisy).unwrap();
+        prop_assert_eq!((&forwarding.spans, forwarding.rejected), (&lean.spans, lean.rejected));
         let cut = without_spans(&noisy, &lean.rejected_ranges).unwrap();
         let mut filtered = reference.clone();
         prop_assert_eq!(retain_accepted(&mut filtered), lean.rejected as usize);
@@ -391,18 +418,7 @@ proptest! {
         req in request(),
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 1..4),
     ) {
-        let mut bytes = req.encode_to_vec();
-        for (at, byte, kind) in edits {
-            if bytes.is_empty() {
-                break;
-            }
-            let i = at.index(bytes.len());
-            match kind {
-                0 => bytes[i] = byte,
-                1 => bytes.insert(i, byte),
-                _ => bytes.truncate(i),
-            }
-        }
+        let bytes = corrupted(&req, &edits);
         let lean = decode_protobuf(&bytes);
         if let Ok(reference) = ExportTraceServiceRequest::decode(&bytes[..]) {
             // Compared through Debug so that a NaN double equals itself.
@@ -413,6 +429,29 @@ proptest! {
                 format!("{:?}", (&reference.spans, reference.rejected, &reference.first_error))
             );
             check_ranges(&bytes, &lean)?;
+        }
+    }
+
+    /// With forwarding on, what is forwarded — the body without the spans rejected — is what a
+    /// prost-based downstream reads, however the body was corrupted (a string made invalid,
+    /// a wire type changed in a field the collector does not read…); and where prost reads the
+    /// whole body, nothing more is rejected than without forwarding.
+    #[test]
+    fn what_is_forwarded_a_prost_downstream_reads(
+        req in request(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 1..4),
+    ) {
+        let bytes = corrupted(&req, &edits);
+        let Ok(forwarding) = decode_protobuf_for_forwarding(&bytes) else {
+            return Ok(());
+        };
+        if ExportTraceServiceRequest::decode(&bytes[..]).is_ok() {
+            let lean = decode_protobuf(&bytes).unwrap();
+            prop_assert_eq!(forwarding.rejected, lean.rejected);
+        }
+        if let Some(cut) = without_spans(&bytes, &forwarding.rejected_ranges) {
+            let read = ExportTraceServiceRequest::decode(&cut[..]);
+            prop_assert!(read.is_ok(), "forwarded, refused downstream: {:?}", read);
         }
     }
 }
@@ -429,18 +468,7 @@ proptest! {
         req in request(),
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0..3u8), 0..4),
     ) {
-        let mut bytes = serde_json::to_vec(&req).unwrap();
-        for (at, byte, kind) in edits {
-            if bytes.is_empty() {
-                break;
-            }
-            let i = at.index(bytes.len());
-            match kind {
-                0 => bytes[i] = byte,
-                1 => bytes.insert(i, byte),
-                _ => bytes.truncate(i),
-            }
-        }
+        let bytes = edited(serde_json::to_vec(&req).unwrap(), &edits);
         let bound = infertrace_collector::otlp_decode::json_decode_bound(&bytes);
         prop_assert!(bound >= 6 * bytes.len());
         let decoded = infertrace_collector::otlp_decode::decode_json_cutting(&bytes);

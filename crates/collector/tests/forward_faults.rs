@@ -241,6 +241,204 @@ async fn poison_spans_are_refused_and_the_innocent_ones_around_them_arrive() {
     c.stop().await.unwrap();
 }
 
+/// A protobuf key and length prefix: field `field`, length-delimited, around `bytes`.
+fn wrap(field: u32, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    prost::encoding::encode_key(field, prost::encoding::WireType::LengthDelimited, &mut out);
+    prost::encoding::encode_varint(bytes.len() as u64, &mut out);
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// An unknown field (number 99) nesting `depth` groups.
+fn groups(depth: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..depth {
+        prost::encoding::encode_key(99, prost::encoding::WireType::StartGroup, &mut out);
+    }
+    for _ in 0..depth {
+        prost::encoding::encode_key(99, prost::encoding::WireType::EndGroup, &mut out);
+    }
+    out
+}
+
+/// Posts a protobuf body over OTLP/HTTP, expects 200, and returns its partial success.
+async fn post_partial(
+    http: SocketAddr,
+    body: Vec<u8>,
+) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTracePartialSuccess {
+    let (status, answer) = post(http, "application/x-protobuf", body).await;
+    assert_eq!(status, 200);
+    ExportTraceServiceResponse::decode(answer)
+        .unwrap()
+        .partial_success
+        .unwrap_or_default()
+}
+
+/// Where a poison marker is put: a string field the collector does not read.
+const MARK: &str = "\u{1}POISON\u{1}";
+
+/// `bytes` with the first marker's middle made invalid UTF-8 (same length).
+fn spoil(mut bytes: Vec<u8>) -> Vec<u8> {
+    let at = bytes
+        .windows(MARK.len())
+        .position(|w| w == MARK.as_bytes())
+        .expect("the marker is in the body");
+    bytes[at + 1..at + 4].copy_from_slice(&[0xff, 0xfe, 0xfd]);
+    bytes
+}
+
+/// Spans whose fields the collector does not read would make a prost-based forward target
+/// refuse the whole batch: invalid UTF-8 in a custom attribute's value or key, `trace_state`,
+/// a status message, an event's name, a link's `trace_state`, a scope's name, and an unknown
+/// field nesting groups to prost's limit counted from the span's depth. With forwarding on each
+/// is rejected at ingest (partial success) and left out; the innocent spans arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_with_unread_fields_a_downstream_refuses_are_left_out() {
+    use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
+    use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
+    use opentelemetry_proto::tonic::trace::v1::{ScopeSpans, Status};
+    let (sink, config) = sink_and_config().await;
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let http = c.http_addr.unwrap();
+    type Poison = (&'static str, fn(&mut Span));
+    let poisons: [Poison; 6] = [
+        ("an attribute value", |s| {
+            s.attributes
+                .push(kv("x.custom", any_value::Value::StringValue(MARK.into())))
+        }),
+        ("an attribute key", |s| {
+            s.attributes.push(kv(MARK, any_value::Value::IntValue(1)))
+        }),
+        ("trace_state", |s| s.trace_state = MARK.into()),
+        ("a status message", |s| {
+            s.status = Some(Status {
+                message: MARK.into(),
+                code: 2,
+            })
+        }),
+        ("an event name", |s| {
+            s.events = vec![Event {
+                name: MARK.into(),
+                ..Default::default()
+            }]
+        }),
+        ("a link's trace_state", |s| {
+            s.links = vec![Link {
+                trace_id: vec![7; 16],
+                span_id: vec![7; 8],
+                trace_state: MARK.into(),
+                ..Default::default()
+            }]
+        }),
+    ];
+    let mut innocent = Vec::new();
+    let mut k = 0u32;
+    // 100 innocent spans (25 traces) for request `k`, remembered in `innocent`.
+    let batch = |k: u32, innocent: &mut Vec<Span>| -> Vec<Span> {
+        let spans: Vec<Span> = (0..25)
+            .flat_map(|j| infertrace_spans(&Req::new(k * 25 + j + 1, "m", 1, 1, 1), t0()))
+            .collect();
+        innocent.extend(spans.iter().cloned());
+        spans
+    };
+    for (what, poison) in poisons {
+        let mut spans = batch(k, &mut innocent);
+        let mut bad = poison_span(k, 0);
+        poison(&mut bad);
+        spans.insert(50, bad);
+        let body = spoil(request("llm", spans).encode_to_vec());
+        assert!(
+            ExportTraceServiceRequest::decode(&body[..]).is_err(),
+            "{what}"
+        );
+        let p = post_partial(http, body).await;
+        assert_eq!(p.rejected_spans, 1, "{what}: {}", p.error_message);
+        assert!(
+            p.error_message.contains("not valid UTF-8"),
+            "{what}: {}",
+            p.error_message
+        );
+        k += 1;
+    }
+    // A scope whose name is not UTF-8: its span is rejected, the other scope's arrive.
+    let mut req = request("llm", batch(k, &mut innocent));
+    let mut scoped = poison_span(k, 0);
+    scoped.name = "scoped".into();
+    req.resource_spans[0].scope_spans.push(ScopeSpans {
+        scope: Some(InstrumentationScope {
+            name: MARK.into(),
+            ..Default::default()
+        }),
+        spans: vec![scoped],
+        ..Default::default()
+    });
+    let body = spoil(req.encode_to_vec());
+    let p = post_partial(http, body).await;
+    assert_eq!(p.rejected_spans, 1, "the scope's span: {}", p.error_message);
+    k += 1;
+    // Groups in an unknown field: 97 deep inside a span is as deep as prost goes from there
+    // (the span sits 3 messages deep), 98 is refused; the body as a whole is under the
+    // collector's own limit of 100 for groups, so it is read.
+    for (depth, rejected) in [(97, 0), (98, 1)] {
+        let spans = batch(k, &mut innocent);
+        let mut grouped = poison_span(k, 0).encode_to_vec();
+        grouped.extend(groups(depth));
+        let resource = opentelemetry_proto::tonic::resource::v1::Resource {
+            attributes: vec![kv(
+                "service.name",
+                any_value::Value::StringValue("llm".into()),
+            )],
+            ..Default::default()
+        };
+        let mut scope_spans = Vec::new();
+        for s in &spans {
+            scope_spans.extend(wrap(2, &s.encode_to_vec()));
+        }
+        scope_spans.extend(wrap(2, &grouped));
+        let mut resource_spans = wrap(1, &resource.encode_to_vec());
+        resource_spans.extend(wrap(2, &scope_spans));
+        let body = wrap(1, &resource_spans);
+        assert_eq!(
+            ExportTraceServiceRequest::decode(&body[..]).is_err(),
+            rejected == 1,
+            "prost at depth {depth}"
+        );
+        if rejected == 0 {
+            // This one is valid and arrives too.
+            innocent.push(Span::decode(&grouped[..]).unwrap());
+        }
+        let p = post_partial(http, body).await;
+        assert_eq!(
+            p.rejected_spans, rejected,
+            "depth {depth}: {}",
+            p.error_message
+        );
+        k += 1;
+    }
+    let events = c.events().clone();
+    let expected = innocent.len();
+    eventually(WAIT, "the innocent spans forwarded", || {
+        sink.spans().len() >= expected
+    })
+    .await;
+    eventually(WAIT, "counted as exported", || {
+        exported(&events, "ok") == expected as u64
+    })
+    .await;
+    assert_eq!(
+        ids(&sink.spans()),
+        ids(&innocent),
+        "exactly the innocent spans"
+    );
+    assert_eq!(exported(&events, "failed"), 0);
+    eprintln!(
+        "unread poison: {k} requests, {expected} innocent spans forwarded, {} rejected at ingest",
+        events.dropped("invalid_span")
+    );
+    c.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_rejected_for_a_bound_are_not_forwarded() {
     let (sink, mut config) = sink_and_config().await;

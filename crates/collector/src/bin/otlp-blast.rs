@@ -70,7 +70,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use infertrace_collector::limiter::span_footprint;
-use infertrace_collector::otlp_decode::decode_protobuf;
+use infertrace_collector::otlp_decode::{decode_protobuf, decode_protobuf_for_forwarding};
 use infertrace_semconv as sc;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -135,8 +135,8 @@ usage: otlp-blast [OPTIONS]
   --pd                   send 17-span disaggregated traces (router, prefill and decode workers)
   --grpc-content-length  declare each gRPC request's length (Content-Length); by default none
                          is sent, as tonic's and grpc-go's exporters do
-  --decode-only          send nothing: time prost and infertrace's lean decoder on the requests
-                         and print nanoseconds per span
+  --decode-only          send nothing: time prost and infertrace's lean decoder (without and
+                         with the forwarding check) on the requests and print ns per span
   --pipeline-only        send nothing: run the collector's whole pipeline in this process on one
                          thread and print CPU nanoseconds per analysed span (raised limits)
   --default-limits       with --pipeline-only: the collector's default limits instead (a steady
@@ -876,11 +876,16 @@ fn decode_benchmark(requests: &[Vec<u8>], spans_per_request: u64, duration: Dura
     let (lean_spans, lean_secs) = time(requests, duration, |r| {
         decode_protobuf(r).map_or(0, |d| d.spans.len())
     });
+    let (forwarding_spans, forwarding_secs) = time(requests, duration, |r| {
+        decode_protobuf_for_forwarding(r).map_or(0, |d| d.spans.len())
+    });
     let prost_ns = prost_secs * 1e9 / prost_spans.max(1) as f64;
     let lean_ns = lean_secs * 1e9 / lean_spans.max(1) as f64;
+    let forwarding_ns = forwarding_secs * 1e9 / forwarding_spans.max(1) as f64;
     println!(
         "decode batch_spans={spans_per_request} prost_ns_per_span={prost_ns:.0} \
-         lean_ns_per_span={lean_ns:.0} speedup={:.2}",
+         lean_ns_per_span={lean_ns:.0} speedup={:.2} \
+         lean_forwarding_ns_per_span={forwarding_ns:.0}",
         prost_ns / lean_ns
     );
 }

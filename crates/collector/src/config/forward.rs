@@ -46,6 +46,12 @@ pub struct ForwardConfig {
     pub max_in_flight: usize,
     /// Retry with exponential backoff and jitter on retryable failures.
     pub retry: RetryConfig,
+    /// Check every field of a protobuf request's spans, resources and scopes as a prost-based
+    /// downstream reads them (strings UTF-8, wire types, nesting), and reject a span that fails
+    /// rather than let it make the downstream refuse the whole batch. Costs about as much as
+    /// decoding again (docs/PERFORMANCE.md). Default true; off only for senders that are
+    /// trusted to send valid OTLP.
+    pub verify_spans: bool,
 }
 
 impl Default for ForwardConfig {
@@ -56,6 +62,7 @@ impl Default for ForwardConfig {
             headers: BTreeMap::new(),
             protocol: ForwardProtocol::Grpc,
             queue_size: 1024,
+            verify_spans: true,
             max_batch_spans: 8192,
             max_batch_delay: Duration::from_millis(200),
             timeout: Duration::from_secs(10),

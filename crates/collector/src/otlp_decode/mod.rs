@@ -80,6 +80,8 @@ pub use json::{
     JSON_BYTES_PER_ARRAY, JSON_BYTES_PER_ELEMENT, JSON_BYTES_PER_OBJECT, decode_json,
     decode_json_cutting, json_decode_bound,
 };
-pub use protobuf::{count_spans, decode_protobuf, decode_span, without_spans};
+pub use protobuf::{
+    count_spans, decode_protobuf, decode_protobuf_for_forwarding, decode_span, without_spans,
+};
 pub use reference::{from_proto, leave_out_spans, retain_accepted};
 pub use validation::MAX_VALUE_NESTING;

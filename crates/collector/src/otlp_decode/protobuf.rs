@@ -21,6 +21,10 @@ use super::interner::{intern_value, with_interner};
 use super::validation::{InvalidSpan, MAX_VALUE_NESTING, valid_link, validate_span};
 use infertrace_analysis::text::Interner;
 
+mod forwardable;
+pub(crate) use forwardable::Unforwardable;
+use forwardable::{Head, Message, SPAN_BUDGET};
+
 const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
 const LEN: u8 = 2;
@@ -33,13 +37,27 @@ const MAX_GROUP_DEPTH: u32 = 100;
 
 /// Decodes a protobuf `ExportTraceServiceRequest` into spans (see the [module rules](super)).
 pub fn decode_protobuf(buf: &[u8]) -> Result<Decoded, DecodeError> {
-    with_interner(|interner| decode_with(buf, interner))
+    with_interner(|interner| decode_with(buf, interner, false))
 }
 
-fn decode_with(buf: &[u8], interner: &mut Interner) -> Result<Decoded, DecodeError> {
+/// [`decode_protobuf`] for a body that will be forwarded: every field of a span, its resource
+/// and its scope is also checked as a prost-based forward target reads it (strings UTF-8, wire
+/// types, nesting within prost's recursion limit counted as it counts it), and a span that
+/// fails is rejected ([`Decoded::rejected_ranges`], so the forwarder leaves it out) instead of
+/// making the target refuse the whole batch.
+pub fn decode_protobuf_for_forwarding(buf: &[u8]) -> Result<Decoded, DecodeError> {
+    with_interner(|interner| decode_with(buf, interner, true))
+}
+
+fn decode_with(
+    buf: &[u8],
+    interner: &mut Interner,
+    forwarding: bool,
+) -> Result<Decoded, DecodeError> {
     // Size the output for typical spans (~250 wire bytes) to skip most regrowth of a large
     // vector without a separate pass over the body.
     let mut decoder = RequestDecoder::new(buf, buf.len() / 256, interner);
+    decoder.forwarding = forwarding;
     let mut r = Reader::new(buf);
     while let Some((field, wire)) = r.key()? {
         if field == 1 {
@@ -108,6 +126,12 @@ struct RequestDecoder<'a, 'i> {
     /// Whether the current resource's service name is not valid UTF-8 (every span under it is
     /// rejected).
     resource_bad_text: bool,
+    /// Whether every field is checked as a forward target reads it ([`decode_protobuf_for_forwarding`]).
+    forwarding: bool,
+    /// Why the current resource's or scope's own fields would be refused by a forward target
+    /// (every span under them is rejected); only when `forwarding`.
+    head_unforwardable: Option<Unforwardable>,
+    scope_unforwardable: Option<Unforwardable>,
 }
 
 impl<'a, 'i> RequestDecoder<'a, 'i> {
@@ -126,6 +150,9 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
             resource_too_deep: false,
             scope_too_deep: false,
             resource_bad_text: false,
+            forwarding: false,
+            head_unforwardable: None,
+            scope_unforwardable: None,
             interner,
         }
     }
@@ -134,6 +161,13 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
         // Pass 1: the service name, from every `resource` occurrence (they merge).
         let mut service_name: Option<&'a [u8]> = None;
         self.resource_too_deep = false;
+        self.head_unforwardable = self
+            .forwarding
+            .then(|| forwardable::check_head(buf, Head::ResourceSpans).err())
+            .flatten();
+        if self.head_unforwardable.is_some() {
+            self.mark_unforwardable_head(buf);
+        }
         let mut r = Reader::new(buf);
         while let Some((field, wire)) = r.key()? {
             if field == 1 {
@@ -156,6 +190,13 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
                 let scope_spans = r.len_field(wire)?;
                 // The scope (field 1, which may follow the spans) first: its attributes.
                 self.scope_too_deep = false;
+                self.scope_unforwardable = self
+                    .forwarding
+                    .then(|| forwardable::check_head(scope_spans, Head::ScopeSpans).err())
+                    .flatten();
+                if self.scope_unforwardable.is_some() {
+                    self.mark_unforwardable_head(scope_spans);
+                }
                 let mut s = Reader::new(scope_spans);
                 while let Some((field, wire)) = s.key()? {
                     if field == 1 && wire == LEN {
@@ -178,6 +219,16 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
             }
         }
         Ok(())
+    }
+
+    /// Marks a `ResourceSpans` or `ScopeSpans` whose own fields a forward target would refuse
+    /// with an empty rejected range at its start, so that the forwarder cuts the body (and
+    /// [`without_spans`] leaves it out) even when it holds no span to reject.
+    fn mark_unforwardable_head(&mut self, head: &[u8]) {
+        self.out.reject_range(SpanRange {
+            offset: (head.as_ptr() as usize - self.body_address) as u32,
+            len: 0,
+        });
     }
 
     /// The interned text of a service name (reused while consecutive resources agree): the same
@@ -260,9 +311,20 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
             offset: (buf.as_ptr() as usize - self.body_address) as u32,
             len: buf.len() as u32,
         };
+        let unforwardable = || {
+            self.head_unforwardable
+                .or(self.scope_unforwardable)
+                .or_else(|| forwardable::check(buf, Message::Span, SPAN_BUDGET).err())
+        };
         let ids = match validate_span(trace_id, span_id, parent, start, end) {
             Ok(_) if bad_text => Err(InvalidSpan::NotUtf8),
             Ok(_) if too_deep => Err(InvalidSpan::TooDeep),
+            Ok(_)
+                if self.forwarding
+                    && let Some(why) = unforwardable() =>
+            {
+                Err(InvalidSpan::Unforwardable(why))
+            }
             other => other,
         };
         let ids = match ids {
@@ -629,8 +691,9 @@ fn attributes_too_deep(buf: &[u8], field: u32) -> bool {
 /// ones. Works on the wire, so that everything else (unknown fields, attributes infertrace does
 /// not read) is kept byte for byte, and a value nested too deep for prost to decode is never
 /// decoded; a `ScopeSpans` (and then a `ResourceSpans`) all of whose spans were left out is left
-/// out too, since its scope or resource may be what made them rejected. `None` when the body is
-/// malformed.
+/// out too, since its scope or resource may be what made them rejected, and so is one whose own
+/// fields a prost-based downstream would refuse (see [`decode_protobuf_for_forwarding`]).
+/// `None` when the body is malformed.
 pub fn without_spans(body: &[u8], rejected: &[SpanRange]) -> Option<Vec<u8>> {
     fn copy_field(r: &Reader<'_>, from: usize, out: &mut Vec<u8>) {
         out.extend_from_slice(&r.buf[from..r.pos]);
@@ -665,6 +728,9 @@ pub fn without_spans(body: &[u8], rejected: &[SpanRange]) -> Option<Vec<u8>> {
             continue;
         }
         let resource_spans = r.bytes().ok()?;
+        if forwardable::check_head(resource_spans, Head::ResourceSpans).is_err() {
+            continue;
+        }
         let mut rs_out = Vec::with_capacity(resource_spans.len());
         let (mut scopes, mut scopes_left) = (0, 0);
         let mut rr = Reader::new(resource_spans);
@@ -679,6 +745,9 @@ pub fn without_spans(body: &[u8], rejected: &[SpanRange]) -> Option<Vec<u8>> {
                 continue;
             }
             let scope_spans = rr.bytes().ok()?;
+            if forwardable::check_head(scope_spans, Head::ScopeSpans).is_err() {
+                continue;
+            }
             let mut ss_out = Vec::with_capacity(scope_spans.len());
             let (mut spans, mut spans_left) = (0, 0);
             let mut sr = Reader::new(scope_spans);

@@ -15,13 +15,25 @@ pub(crate) const NO_START: &str = "span has no start time (start_time_unix_nano 
 /// Why a span was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InvalidSpan {
-    TraceId { len: usize },
-    SpanId { len: usize },
-    ParentSpanId { len: usize },
+    TraceId {
+        len: usize,
+    },
+    SpanId {
+        len: usize,
+    },
+    ParentSpanId {
+        len: usize,
+    },
     NoStart,
-    EndBeforeStart { start: u64, end: u64 },
+    EndBeforeStart {
+        start: u64,
+        end: u64,
+    },
     NotUtf8,
     TooDeep,
+    /// With forwarding on: a field the collector does not read, as the forward target would
+    /// read it.
+    Unforwardable(super::protobuf::Unforwardable),
 }
 
 impl std::fmt::Display for InvalidSpan {
@@ -54,6 +66,21 @@ impl std::fmt::Display for InvalidSpan {
                 "an attribute value (of the span, its events or links, its resource or scope) \
                  nests arrays/key-value lists more than {MAX_VALUE_NESTING} levels deep; \
                  downstream OTLP decoders refuse such data: flatten the attribute"
+            ),
+            Self::Unforwardable(why) => write!(
+                f,
+                "forwarding is on and the forward target would refuse this span (and the whole \
+                 batch with it): {}",
+                match why {
+                    super::protobuf::Unforwardable::NotUtf8 =>
+                        "a string field (an attribute's key or value, trace_state, a status \
+                         message, an event's name, its scope's or resource's strings) is not \
+                         valid UTF-8",
+                    super::protobuf::Unforwardable::TooDeep =>
+                        "it nests messages or groups past the recursion limit of 100",
+                    super::protobuf::Unforwardable::Malformed =>
+                        "a field has the wrong wire type for its type, or a group is broken",
+                }
             ),
         }
     }

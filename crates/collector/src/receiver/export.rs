@@ -223,7 +223,14 @@ impl Receiver {
             }
         }
         let (decoded, raw_protobuf, raw_json) = match payload {
-            Payload::Protobuf(bytes) => (otlp_decode::decode_protobuf(&bytes), Some(bytes), None),
+            Payload::Protobuf(bytes) => {
+                let decoded = if self.limits.forwarding {
+                    otlp_decode::decode_protobuf_for_forwarding(&bytes)
+                } else {
+                    otlp_decode::decode_protobuf(&bytes)
+                };
+                (decoded, Some(bytes), None)
+            }
             // A body with spans cut out (unreadable on their own) is forwarded as decoded.
             Payload::Json(bytes) => match otlp_decode::decode_json_cutting(&bytes) {
                 Ok((decoded, Some(cut))) => (Ok(decoded), None, Some(Bytes::from(cut))),

@@ -47,6 +47,12 @@ pub struct ReceiverLimits {
     /// `api.allowed_hosts` when the receiver listens on loopback without authentication (a
     /// token is a page's obstacle otherwise, and remote senders use any name). Default `None`.
     pub allowed_hosts: Option<crate::auth::HostAllowlist>,
+    /// Whether the spans are forwarded and checked (`forward.verify_spans`): protobuf bodies are
+    /// then decoded with
+    /// [`decode_protobuf_for_forwarding`](crate::otlp_decode::decode_protobuf_for_forwarding),
+    /// which rejects the spans a prost-based forward target would refuse (with the whole batch).
+    /// Default `false`.
+    pub forwarding: bool,
 }
 
 impl Default for ReceiverLimits {
@@ -58,6 +64,7 @@ impl Default for ReceiverLimits {
             retry_after_secs: 1,
             auth: None,
             allowed_hosts: None,
+            forwarding: false,
         }
     }
 }

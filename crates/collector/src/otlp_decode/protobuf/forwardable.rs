@@ -1,0 +1,199 @@
+//! Whether a downstream decoder built on prost would accept a part of a request — the check
+//! made when forwarding is on, so that one span another receiver would refuse is left out of
+//! the forwarded batch (and rejected in the answer) instead of making the downstream refuse the
+//! whole batch, other senders' spans included.
+//!
+//! The lean decoder reads only what the analysis needs; prost reads everything: every string
+//! field must be UTF-8 (attribute keys and values, `trace_state`, status messages, event names,
+//! scope names…), every known field must have its wire type, and nesting is bounded by its
+//! recursion limit of 100, counted as prost counts it: each nested message takes one level, and
+//! so does each group an unknown field nests, wherever it sits (a group 98 deep inside a span,
+//! itself 3 messages deep, is refused).
+
+use super::{END_GROUP, FIXED32, FIXED64, LEN, Reader, START_GROUP, VARINT};
+
+/// Why a message would be refused downstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unforwardable {
+    /// A string field is not UTF-8.
+    NotUtf8,
+    /// Nested past the recursion limit.
+    TooDeep,
+    /// Not valid protobuf for its type (a known field with another wire type, a broken group).
+    Malformed,
+}
+
+/// The OTLP messages a span, its resource and its scope are made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Message {
+    /// `Span`.
+    Span,
+    /// `Span.Event`.
+    Event,
+    /// `Span.Link`.
+    Link,
+    /// `Status`.
+    Status,
+    /// `KeyValue`.
+    KeyValue,
+    /// `AnyValue`.
+    AnyValue,
+    /// `ArrayValue`.
+    ArrayValue,
+    /// `KeyValueList`.
+    KeyValueList,
+    /// `Resource`.
+    Resource,
+    /// `InstrumentationScope`.
+    Scope,
+}
+
+/// How prost reads one field of a message.
+enum Field {
+    /// A `string`: length-delimited, UTF-8.
+    Text,
+    /// A nested message.
+    Nested(Message),
+    /// A scalar or `bytes` field of this wire type.
+    Plain(u8),
+    /// Not in the schema: skipped (its groups count towards the limit).
+    Unknown,
+}
+
+fn field(message: Message, number: u32) -> Field {
+    use Field::*;
+    use Message as M;
+    match (message, number) {
+        (M::Span, 1 | 2 | 4) => Plain(LEN),
+        (M::Span, 3 | 5) => Text,
+        (M::Span, 6 | 10 | 12 | 14) => Plain(VARINT),
+        (M::Span, 7 | 8) => Plain(FIXED64),
+        (M::Span, 9) => Nested(M::KeyValue),
+        (M::Span, 11) => Nested(M::Event),
+        (M::Span, 13) => Nested(M::Link),
+        (M::Span, 15) => Nested(M::Status),
+        (M::Span, 16) => Plain(FIXED32),
+        (M::Event, 1) => Plain(FIXED64),
+        (M::Event, 2) => Text,
+        (M::Event, 3) => Nested(M::KeyValue),
+        (M::Event, 4) => Plain(VARINT),
+        (M::Link, 1 | 2) => Plain(LEN),
+        (M::Link, 3) => Text,
+        (M::Link, 4) => Nested(M::KeyValue),
+        (M::Link, 5) => Plain(VARINT),
+        (M::Link, 6) => Plain(FIXED32),
+        (M::Status, 2) => Text,
+        (M::Status, 3) => Plain(VARINT),
+        (M::KeyValue, 1) => Text,
+        (M::KeyValue, 2) => Nested(M::AnyValue),
+        (M::AnyValue, 1) => Text,
+        (M::AnyValue, 2 | 3) => Plain(VARINT),
+        (M::AnyValue, 4) => Plain(FIXED64),
+        (M::AnyValue, 5) => Nested(M::ArrayValue),
+        (M::AnyValue, 6) => Nested(M::KeyValueList),
+        (M::AnyValue, 7) => Plain(LEN),
+        (M::ArrayValue, 1) => Nested(M::AnyValue),
+        (M::KeyValueList, 1) => Nested(M::KeyValue),
+        (M::Resource, 1) => Nested(M::KeyValue),
+        (M::Resource, 2) => Plain(VARINT),
+        (M::Scope, 1 | 2) => Text,
+        (M::Scope, 3) => Nested(M::KeyValue),
+        (M::Scope, 4) => Plain(VARINT),
+        _ => Unknown,
+    }
+}
+
+/// Prost's recursion budget inside a `ResourceSpans` (the request's loop has 100; each message
+/// nested in it has one less).
+const RESOURCE_SPANS_BUDGET: u32 = 99;
+
+/// Prost's recursion budget inside a `Span` (request → resource spans → scope spans → span).
+pub(crate) const SPAN_BUDGET: u32 = RESOURCE_SPANS_BUDGET - 2;
+
+/// The level of a [`check_head`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Head {
+    /// `ResourceSpans`: its resource, schema URL and unknown fields.
+    ResourceSpans,
+    /// `ScopeSpans`: its scope, schema URL and unknown fields.
+    ScopeSpans,
+}
+
+/// Checks the fields of a `ResourceSpans` or `ScopeSpans` other than its list (field 2: the
+/// scope spans, or the spans, checked one by one): when they fail, every span under them does.
+pub(crate) fn check_head(buf: &[u8], head: Head) -> Result<(), Unforwardable> {
+    let (budget, first) = match head {
+        Head::ResourceSpans => (RESOURCE_SPANS_BUDGET, Message::Resource),
+        Head::ScopeSpans => (RESOURCE_SPANS_BUDGET - 1, Message::Scope),
+    };
+    let mut r = Reader::new(buf);
+    while let Some((number, wire)) = r.key().map_err(|_| Unforwardable::Malformed)? {
+        if !(1..=3).contains(&number) {
+            skip_unknown(&mut r, number, wire, budget)?;
+            continue;
+        }
+        let value = r.len_field(wire).map_err(|_| Unforwardable::Malformed)?;
+        match number {
+            1 => check(value, first, budget - 1)?,
+            3 => drop(std::str::from_utf8(value).map_err(|_| Unforwardable::NotUtf8)?),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks `buf`, a `message`, as prost would read it with `budget` left (its decode context
+/// inside that message: 100 less one per enclosing message; a span's is [`SPAN_BUDGET`]).
+pub(crate) fn check(buf: &[u8], message: Message, budget: u32) -> Result<(), Unforwardable> {
+    let mut r = Reader::new(buf);
+    while let Some((number, wire)) = r.key().map_err(|_| Unforwardable::Malformed)? {
+        match field(message, number) {
+            Field::Text => {
+                let text = r.len_field(wire).map_err(|_| Unforwardable::Malformed)?;
+                std::str::from_utf8(text).map_err(|_| Unforwardable::NotUtf8)?;
+            }
+            Field::Nested(inner) => {
+                let inner_buf = r.len_field(wire).map_err(|_| Unforwardable::Malformed)?;
+                // prost checks the limit before it enters a message (and skips a field).
+                if budget == 0 {
+                    return Err(Unforwardable::TooDeep);
+                }
+                check(inner_buf, inner, budget - 1)?;
+            }
+            Field::Plain(expected) if wire == expected => {
+                r.skip(number, wire).map_err(|_| Unforwardable::Malformed)?;
+            }
+            Field::Plain(_) => return Err(Unforwardable::Malformed),
+            Field::Unknown => skip_unknown(&mut r, number, wire, budget)?,
+        }
+    }
+    Ok(())
+}
+
+/// Skips an unknown field as prost does: a group's fields with one level less each.
+fn skip_unknown(
+    r: &mut Reader<'_>,
+    number: u32,
+    wire: u8,
+    budget: u32,
+) -> Result<(), Unforwardable> {
+    if budget == 0 {
+        return Err(Unforwardable::TooDeep);
+    }
+    if wire != START_GROUP {
+        return r.skip(number, wire).map_err(|_| Unforwardable::Malformed);
+    }
+    loop {
+        let Some((inner, inner_wire)) = r.key().map_err(|_| Unforwardable::Malformed)? else {
+            return Err(Unforwardable::Malformed);
+        };
+        if inner_wire == END_GROUP {
+            return if inner == number {
+                Ok(())
+            } else {
+                Err(Unforwardable::Malformed)
+            };
+        }
+        skip_unknown(r, inner, inner_wire, budget - 1)?;
+    }
+}
