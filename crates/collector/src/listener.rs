@@ -362,9 +362,12 @@ async fn serve_io<I, S, B>(
     // Set once the idle timeout closed the connection gracefully: when to cut it if the
     // client has not let go by then.
     let mut closing_until: Option<Instant> = None;
+    // Set when an answer refused the client: when to cut it whatever it does meanwhile.
+    let mut cut_at: Option<Instant> = None;
     loop {
-        let next_check = closing_until
+        let check = closing_until
             .unwrap_or_else(|| activity.next_check(c.header_read_timeout, c.idle_timeout));
+        let next_check = cut_at.map_or(check, |at| at.min(check));
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(error) = result {
@@ -383,16 +386,24 @@ async fn serve_io<I, S, B>(
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
-            () = activity.close.notified(), if !draining => {
+            () = activity.close.notified(), if cut_at.is_none() => {
                 shared.events.connection_closed(shared.name, "refused");
-                draining = true;
-                conn.as_mut().graceful_shutdown();
+                // An HTTP/2 client that ignores the GOAWAY's ping keeps sending (refused)
+                // requests on the connection: it is cut after a grace for the answer's body.
+                cut_at = Some(Instant::now() + REFUSED_CUT_AFTER);
+                if !draining {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
             _ = cut.wait_for(|v| *v) => {
                 shared.events.connection_closed(shared.name, "shutdown");
                 return;
             }
             () = tokio::time::sleep_until(next_check.into()) => {
+                if cut_at.is_some_and(|at| Instant::now() >= at) {
+                    return;
+                }
                 if closing_until.take().is_some() {
                     if activity.in_flight.load(Ordering::Acquire) == 0 {
                         // Idle, told to go, and still open: cut.
@@ -430,6 +441,10 @@ async fn serve_io<I, S, B>(
 /// How long an idle connection closed gracefully (HTTP/2 GOAWAY) may take to let go before it
 /// is cut.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a connection closed after a refusal ([`CloseConnection`]) may stay open, whatever
+/// it does meanwhile: time to send the answer and read past an unneeded body.
+const REFUSED_CUT_AFTER: Duration = Duration::from_secs(5);
 
 /// The close reason of a connection that hyper ended with `error`, when it was a timeout:
 /// `keepalive_timeout` (an HTTP/2 ping went unanswered) or `header_timeout` (HTTP/1 head).

@@ -129,7 +129,7 @@ fn aggregate_estimates_follow_what_is_held() {
             prom.record(r);
         }
         for (p, _, _) in &paths {
-            prom.record_critical_path(p);
+            prom.record_critical_path(p, &|_, _| true);
         }
         prom
     });

@@ -838,7 +838,9 @@ async fn refused_requests_close_their_connection() {
     let io = TokioIo::new(TcpStream::connect(api).await.unwrap());
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
     let driver = tokio::spawn(conn);
-    for _ in 0..2 {
+    for pause in [0, 0, 300] {
+        // The last after a pause: the connection is still there, kept alive.
+        tokio::time::sleep(Duration::from_millis(pause)).await;
         let req = http::Request::get("/api/kpis")
             .header("host", "localhost")
             .header("authorization", format!("Bearer {READ}"))

@@ -155,6 +155,8 @@ async fn buffered_traces_give_way_to_new_data_under_memory_pressure() {
     let mut config = test_config();
     config.assembly.grace = Duration::from_secs(600);
     config.limits.memory_limit_bytes = 4 << 20;
+    // A trace index sized for 10,000 ids (256 KiB), not the default 100,000 (4 MiB: the limit).
+    config.limits.max_traces_in_flight = 10_000;
     let c = server::run(config, std::future::pending()).await.unwrap();
     let http = c.http_addr.unwrap();
     let t0 = t0();
@@ -293,11 +295,25 @@ async fn junk_span_names_lock_a_new_service_out_of_the_critical_path_only_for_th
             .collect::<Vec<_>>()
     );
     assert!(summary.entries.len() <= 257, "the cap holds");
+    // The same rows, each a series of its own, on /metrics (the windows and the exporter fold
+    // the same keys).
+    let mut rows: Vec<String> = summary
+        .entries
+        .iter()
+        .filter(|e| &*e.service == "real-svc")
+        .map(|e| format!(r#"{{service="real-svc",span="{}"}}"#, e.span))
+        .collect();
+    rows.sort();
     let (_, metrics) = get(c.api_addr, "/metrics").await;
-    assert!(
-        metrics.contains(r#"infertrace_critical_path_seconds_total{service="real-svc""#),
-        "and its own Prometheus series"
-    );
+    let mut exported: Vec<String> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("infertrace_critical_path_seconds_total"))
+        .filter(|l| l.contains(r#"service="real-svc""#))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    exported.sort();
+    assert!(!rows.is_empty());
+    assert_eq!(exported, rows, "its own Prometheus series, one a row");
     let series = metrics
         .lines()
         .filter(|l| l.starts_with("infertrace_critical_path_seconds_total{"))

@@ -254,6 +254,8 @@ async fn graceful_shutdown_flushes_in_flight_traces_into_the_kpis() {
 async fn a_body_larger_than_the_memory_room_is_refused_for_good() {
     let mut config = test_config();
     config.limits.memory_limit_bytes = 1 << 20;
+    // A trace index sized for 1,000 ids (32 KiB), not the default's 4 MiB, past this limit.
+    config.limits.max_traces_in_flight = 1_000;
     let c = server::run(config, std::future::pending()).await.unwrap();
     // Within max_body_bytes (16 MiB), but the aggregates already hold part of the 1 MiB.
     // Refused on its declared length, possibly before the body is read: a raw client.
@@ -302,6 +304,8 @@ async fn pipeline_memory_refusal_answers_429_and_counts_every_span() {
     // decoded spans' footprint (> 1× the body) on top, which does not: the pipeline refuses.
     let mut config = test_config();
     config.limits.memory_limit_bytes = 5 * body.len();
+    // A trace index sized for 1,000 ids (32 KiB) rather than 100,000 (4 MiB, near the limit).
+    config.limits.max_traces_in_flight = 1_000;
     let c = server::run(config, std::future::pending()).await.unwrap();
     let (status, _) = post(c.http_addr.unwrap(), "application/x-protobuf", body).await;
     assert_eq!(status, 429);

@@ -65,6 +65,8 @@ async fn scenario(with_tokens: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = test_config();
     config.limits.memory_limit_bytes = LIMIT;
+    // A trace index sized for 1,000 ids (32 KiB), not the default's 4 MiB, half this limit.
+    config.limits.max_traces_in_flight = 1_000;
     // The heavy sender's bodies stay in progress for the whole test.
     config.receivers.body_read_timeout = Duration::from_secs(300);
     config.shutdown_timeout = Duration::from_millis(100);

@@ -55,10 +55,9 @@ impl IdTable {
         self.slots.len() - 1
     }
 
-    /// Bytes of the slots its entries need at the load limit (at most all of them).
-    pub(crate) fn bytes_for_entries(&self) -> usize {
-        let slots = (self.len * MAX_LOAD_DEN / MAX_LOAD_NUM).min(self.slots.len());
-        slots * size_of::<(u64, u64)>()
+    /// Bytes of the slots.
+    pub(crate) fn bytes(&self) -> usize {
+        self.slots.len() * size_of::<(u64, u64)>()
     }
 
     /// The value of `key`.

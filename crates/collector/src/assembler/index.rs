@@ -179,11 +179,10 @@ impl TraceIndex {
         self.ids.len()
     }
 
-    /// Bytes the table's entries take at its load limit (its slots, up to the table's size).
-    /// Not the table's whole size: it is presized for `max_traces_in_flight` ids at start and
-    /// its pages are touched (resident) only as ids fill them.
+    /// Bytes of the table, all its slots: ids land in slots spread over the whole table, so a
+    /// few thousand make every page resident, and the table never shrinks.
     pub(crate) fn table_bytes(&self) -> usize {
-        self.ids.bytes_for_entries()
+        self.ids.bytes()
     }
 
     fn turn(&mut self, now: Instant) {

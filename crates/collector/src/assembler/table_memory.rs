@@ -4,9 +4,10 @@
 //! fixed memory: the map of traces in flight as spans at its capacity, each such trace's spare
 //! span slots (a vector grown by doubling: a 17-span trace has room for 32) and extra holds,
 //! the age and grace queues, the prepared queue's slots no prepared trace counts, the late and
-//! early buffers, and the trace index (its entries at its load limit). Tables far larger than
-//! their contents (after a burst)
-//! are shrunk first, so that the memory goes back rather than stays held.
+//! early buffers, and the trace index (all of it: sized at start for `max_traces_in_flight`
+//! ids, 4 MiB at the defaults, it only grows). The other tables, when far larger than their
+//! contents (after a burst), are shrunk first, so that the memory goes back rather than stays
+//! held.
 
 use std::mem::size_of;
 use std::time::{Duration, Instant};
@@ -98,6 +99,9 @@ impl TraceAssembler {
         }
         if sparse(self.late.len(), self.late.capacity()) {
             self.late.shrink_to(self.late.len() * 2);
+        }
+        if sparse(self.early.len(), self.early.capacity()) {
+            self.early.shrink_to(self.early.len() * 2);
         }
     }
 }

@@ -934,28 +934,27 @@ impl<'a> Reader<'a> {
     }
 
     fn skip_at_depth(&mut self, field: u32, wire: u8, depth: u32) -> Result<(), DecodeError> {
+        // As prost: any field inside 100 groups is past the limit, not only a group.
+        if depth >= MAX_GROUP_DEPTH {
+            return Err(self.error("groups nested too deep"));
+        }
         match wire {
             VARINT => self.varint().map(drop),
             FIXED64 => self.take(8).map(drop),
             LEN => self.bytes().map(drop),
             FIXED32 => self.take(4).map(drop),
-            START_GROUP => {
-                if depth >= MAX_GROUP_DEPTH {
-                    return Err(self.error("groups nested too deep"));
-                }
-                loop {
-                    let Some((inner, inner_wire)) = self.key()? else {
-                        return Err(self.error("unterminated group"));
-                    };
-                    if inner_wire == END_GROUP {
-                        if inner != field {
-                            return Err(self.error("mismatched end group"));
-                        }
-                        return Ok(());
+            START_GROUP => loop {
+                let Some((inner, inner_wire)) = self.key()? else {
+                    return Err(self.error("unterminated group"));
+                };
+                if inner_wire == END_GROUP {
+                    if inner != field {
+                        return Err(self.error("mismatched end group"));
                     }
-                    self.skip_at_depth(inner, inner_wire, depth + 1)?;
+                    return Ok(());
                 }
-            }
+                self.skip_at_depth(inner, inner_wire, depth + 1)?;
+            },
             _ => Err(self.error("unexpected end group")),
         }
     }
@@ -1437,6 +1436,29 @@ mod tests {
         let n = bad.len();
         bad[n - 1] = (8 << 3) | 4;
         assert!(decode_protobuf(&bad).is_err());
+    }
+
+    /// At the request's top level, a field inside `k` groups is read while prost reads it: up
+    /// to 99 groups around a varint, not 100 (prost checks its limit for every field it skips).
+    #[test]
+    fn fields_nested_in_groups_are_refused_where_prost_refuses_them() {
+        for (k, readable) in [(99usize, true), (100, false)] {
+            let mut bytes = request(vec![span(1)], Some("svc")).encode_to_vec();
+            bytes.extend(std::iter::repeat_n((7 << 3) | 3, k));
+            bytes.extend_from_slice(&[1 << 3, 5]);
+            bytes.extend(std::iter::repeat_n((7 << 3) | 4, k));
+            assert_eq!(
+                ExportTraceServiceRequest::decode(&bytes[..]).is_ok(),
+                readable,
+                "{k}"
+            );
+            assert_eq!(decode_protobuf(&bytes).is_ok(), readable, "{k}");
+            assert_eq!(
+                decode_protobuf_for_forwarding(&bytes).is_ok(),
+                readable,
+                "{k}"
+            );
+        }
     }
 
     #[test]

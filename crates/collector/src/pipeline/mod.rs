@@ -772,7 +772,8 @@ impl Pipeline {
                         a.prom.forget_critical_path(service, span);
                     }
                     self.events.series_reclaimed(reclaimed.len() as u64);
-                    a.prom.record_critical_path(p);
+                    let Analysis { critical, prom, .. } = &mut *a;
+                    prom.record_critical_path(p, &|service, span| critical.has_key(service, span));
                 }
                 if let Some(f) = &mut a.store {
                     f.record_in(record, path.as_ref(), now_unix_nano, !kept);

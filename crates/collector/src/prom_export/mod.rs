@@ -701,8 +701,13 @@ impl PromRecorder {
         true
     }
 
-    /// Adds a request's critical-path segments to `critical_path_seconds_total`.
-    pub fn record_critical_path(&mut self, path: &CriticalPath) {
+    /// Adds a request's critical-path segments to `critical_path_seconds_total`. A segment
+    /// whose (service, span) has no series yet gets one when `kept(service, span)` — the
+    /// critical-path windows keep that key (the pipeline passes their
+    /// [`has_key`](infertrace_analysis::critical_path::CriticalPathWindows::has_key)), so that
+    /// both fold the same keys into `_overflow` — and the exporter's own cap has room; else it
+    /// is added to the `_overflow` series.
+    pub fn record_critical_path(&mut self, path: &CriticalPath, kept: &dyn Fn(&str, &str) -> bool) {
         for seg in &path.segments {
             let secs = seg.duration_nanos() as f64 / 1e9;
             if secs <= 0.0 {
@@ -722,7 +727,9 @@ impl PromRecorder {
                 self.cp_recent.insert(&seg.service, &seg.name, c.clone());
                 continue;
             }
-            let (service, span, h) = if self.cp_count >= MAX_CRITICAL_PATH_KEYS {
+            let overflow =
+                self.cp_count >= MAX_CRITICAL_PATH_KEYS || !kept(&seg.service, seg.name.as_str());
+            let (service, span, h) = if overflow {
                 let o: Arc<str> = Arc::from(OVERFLOW_LABEL);
                 (
                     o.clone(),
@@ -755,7 +762,8 @@ impl PromRecorder {
                         .entry(h)
                         .or_default()
                         .push((service, span, c.clone()));
-                    self.cp_count += 1;
+                    // The overflow series takes no place under the cap.
+                    self.cp_count += usize::from(!overflow);
                     c
                 }
             };

@@ -11,7 +11,7 @@
 //! request in the same 2% bucket as the percentile counts as "above" it.
 //!
 //! Distinct (service, span) keys are capped; at the cap a new key takes the place of one that
-//! has recorded nothing for `reclaim_after` (its rows dropped from every slot, counted by
+//! has recorded nothing for `reclaim_after` (its rows moved into the overflow row, counted by
 //! [`CriticalPathWindows::reclaimed_keys`], its names handed out by
 //! [`CriticalPathWindows::take_reclaimed`]), so a burst of unique span names cannot lock new
 //! services out for longer; without such a key, segments are summed under [`OVERFLOW_LABEL`]
@@ -612,8 +612,8 @@ impl CriticalPathWindows {
     }
 
     /// Gives the key idle longest to `names`, when it has been idle for `reclaim_after` at
-    /// `now`: its rows leave every slot, its old names the index (and are kept for
-    /// [`take_reclaimed`](Self::take_reclaimed)).
+    /// `now`: its rows move into the overflow row of every slot, its old names leave the index
+    /// (and are kept for [`take_reclaimed`](Self::take_reclaimed)).
     fn reclaim_key(&mut self, names: (Arc<str>, Arc<str>), now: u64) -> Option<u32> {
         if now < self.no_reclaim_before {
             return None;
@@ -630,9 +630,17 @@ impl CriticalPathWindows {
             self.no_reclaim_before = seen.saturating_add(self.reclaim_after_nanos);
             return None;
         }
+        // Its seconds join the overflow row: the windows' totals and shares stay whole.
+        let o = self.overflow_key() as usize;
         for slot in &mut self.slots {
-            if let Some(row) = slot.seconds.get_mut(k) {
-                *row = BucketValues::default();
+            let Some(row) = slot.seconds.get_mut(k).map(std::mem::take) else {
+                continue;
+            };
+            if slot.seconds.len() <= o {
+                slot.seconds.resize_with(o + 1, BucketValues::default);
+            }
+            for (b, secs) in row.iter() {
+                *slot.seconds[o].get_mut(b) += *secs;
             }
         }
         let (old_service, old_span, _) =
@@ -649,6 +657,13 @@ impl CriticalPathWindows {
         self.reclaimed.push((old_service, old_span));
         self.reclaimed_keys += 1;
         u32::try_from(k).ok()
+    }
+
+    /// Whether (`service`, `span`) has a key of its own (not folded into the overflow).
+    pub fn has_key(&self, service: &str, span: &str) -> bool {
+        self.index
+            .get(service)
+            .is_some_and(|m| m.contains_key(span))
     }
 
     /// Keys given to new (service, span) pairs since start (see the module docs).
@@ -832,7 +847,7 @@ mod tests {
     }
 
     /// At the cap, a new key takes the place of the key idle longest once it has been idle for
-    /// `reclaim_after`; its rows leave the windows and its names are handed out once.
+    /// `reclaim_after`; its rows join the overflow row and its names are handed out once.
     #[test]
     fn an_idle_key_is_reclaimed_for_a_new_one() {
         let mut w = CriticalPathWindows::new(CriticalPathWindowsConfig {
@@ -857,7 +872,10 @@ mod tests {
         assert!(!names.contains(&("a", "x")), "{names:?}");
         assert!((entry(&s, "z").seconds.all - 2.0).abs() < 1e-9, "{names:?}");
         assert!((entry(&s, "y").seconds.all - 2.0).abs() < 1e-9);
-        assert!((entry(&s, OVERFLOW_LABEL).seconds.all - 1.0).abs() < 1e-9);
+        // The folded segment and the reclaimed key's second: the totals stay whole.
+        assert!((entry(&s, OVERFLOW_LABEL).seconds.all - 2.0).abs() < 1e-9);
+        let total: f64 = s.entries.iter().map(|e| e.seconds.all).sum();
+        assert!((total - 6.0).abs() < 1e-9, "{total}");
         // The new key is found again (not folded, not reclaimed again).
         w.record(&path(&[("b", "z", 1.0)]), 1.0, 72 * S);
         assert_eq!((w.overflowed_segments(), w.reclaimed_keys()), (1, 1));

@@ -161,8 +161,8 @@ impl CriticalPathWindows {
                 self.key(&Text::from(service), &Text::from(span), None)
             };
             let key = key.unwrap_or_else(|| self.overflow_key()) as usize;
-            // A restored key is as idle as its newest slot.
-            self.last_seen[key] = self.last_seen[key].max(start);
+            // A restored key is as idle as the end of its newest slot.
+            self.last_seen[key] = self.last_seen[key].max(start.saturating_add(self.slot_nanos));
             for (b, secs) in values {
                 let b = bucket(self, b);
                 let seconds = &mut self.slots[index].seconds;

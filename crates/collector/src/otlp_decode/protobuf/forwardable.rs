@@ -46,9 +46,12 @@ pub(crate) enum Message {
     Resource,
     /// `InstrumentationScope`.
     Scope,
+    /// `EntityRef` (a resource's entity references).
+    EntityRef,
 }
 
-/// How prost reads one field of a message.
+/// How prost reads one field of a message, as `opentelemetry-proto` 0.33 defines them (a field
+/// a later version adds is read as unknown until it is listed here).
 enum Field {
     /// A `string`: length-delimited, UTF-8.
     Text,
@@ -86,16 +89,20 @@ fn field(message: Message, number: u32) -> Field {
         (M::Status, 3) => Plain(VARINT),
         (M::KeyValue, 1) => Text,
         (M::KeyValue, 2) => Nested(M::AnyValue),
+        (M::KeyValue, 3) => Plain(VARINT),
         (M::AnyValue, 1) => Text,
         (M::AnyValue, 2 | 3) => Plain(VARINT),
         (M::AnyValue, 4) => Plain(FIXED64),
         (M::AnyValue, 5) => Nested(M::ArrayValue),
         (M::AnyValue, 6) => Nested(M::KeyValueList),
         (M::AnyValue, 7) => Plain(LEN),
+        (M::AnyValue, 8) => Plain(VARINT),
         (M::ArrayValue, 1) => Nested(M::AnyValue),
         (M::KeyValueList, 1) => Nested(M::KeyValue),
         (M::Resource, 1) => Nested(M::KeyValue),
         (M::Resource, 2) => Plain(VARINT),
+        (M::Resource, 3) => Nested(M::EntityRef),
+        (M::EntityRef, 1..=4) => Text,
         (M::Scope, 1 | 2) => Text,
         (M::Scope, 3) => Nested(M::KeyValue),
         (M::Scope, 4) => Plain(VARINT),
