@@ -84,6 +84,10 @@ pub struct CheckConfigArgs {
     /// (e.g. a container's config, whose data directory is the container's, checked on a host).
     #[arg(long)]
     pub no_store: bool,
+    /// The history store's directory `collect` would be given (overrides store.data_dir, as
+    /// there).
+    #[arg(long, value_name = "PATH", conflicts_with = "no_store")]
+    pub data_dir: Option<PathBuf>,
     /// Listen addresses `collect` would be given (e.g. the container image's
     /// `--otlp-grpc 0.0.0.0:4317`), checked as there.
     #[command(flatten)]
@@ -343,6 +347,10 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     // everywhere.
     let as_collect_runs_it = |c: &mut CollectorConfig| {
         args.listeners.apply(c);
+        if let Some(dir) = &args.data_dir {
+            c.store.data_dir = dir.clone();
+            c.store.enabled = true;
+        }
         if args.no_store {
             c.store.enabled = false;
         }

@@ -360,6 +360,25 @@ fn check_config_reads_the_tokens_and_refuses_what_collect_refuses() {
     assert!(err.contains("refusing to listen on 0.0.0.0:4317"), "{err}");
     let (ok, err) = check_config(&wildcard, Some(&tokens));
     assert!(ok, "{err}");
+    // So is the data directory: one that cannot be a directory is refused.
+    let not_a_dir = dir.path().join("a-file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let with_store = dir.path().join("with-store.yaml");
+    std::fs::write(&with_store, "api:\n  listen: 127.0.0.1:9464\n").unwrap();
+    let data_dir = [
+        with_store.as_os_str(),
+        OsStr::new("--data-dir"),
+        not_a_dir.as_os_str(),
+    ];
+    let (ok, err) = check_config(&data_dir, None);
+    assert!(!ok, "a data directory that is a file: {err}");
+    let data_dir = [
+        with_store.as_os_str(),
+        OsStr::new("--data-dir"),
+        dir.path().as_os_str(),
+    ];
+    let (ok, err) = check_config(&data_dir, None);
+    assert!(ok, "{err}");
 
     // A variable that holds no token names itself as the thing to fix.
     let out = bin()
