@@ -262,8 +262,10 @@ pub(crate) struct TraceAssembler {
     last_idle_scan: Option<Instant>,
     /// Earliest idle deadline found by the last scan (`None`: scan at the next poll).
     next_idle_due: Option<Instant>,
-    /// Where the tables' own memory is held (see `table_memory`); `None`: not counted.
-    table_memory: Option<table_memory::TableMemory>,
+    /// Where the tables' own memory is held (see `table_memory.rs`); `None`: not counted.
+    table_memory: Option<crate::limiter::FixedMemory>,
+    /// When the tables were last measured.
+    tables_measured_at: Option<Instant>,
 }
 
 /// A prepared trace in the assembler's queue.
@@ -323,6 +325,7 @@ impl TraceAssembler {
             last_idle_scan: None,
             next_idle_due: None,
             table_memory: None,
+            tables_measured_at: None,
         }
     }
 

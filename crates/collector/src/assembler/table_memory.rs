@@ -23,44 +23,29 @@ pub(super) const MEASURE_INTERVAL: Duration = Duration::from_secs(1);
 /// A table holding less than this fraction of its capacity is shrunk when measured.
 const SHRINK_BELOW_DIVISOR: usize = 4;
 
-/// The limiter's part for the tables, and when it was last measured.
-#[derive(Debug)]
-pub(crate) struct TableMemory {
-    held: FixedMemory,
-    measured_at: Option<Instant>,
-}
-
-impl TableMemory {
-    pub(crate) fn new(held: FixedMemory) -> Self {
-        Self {
-            held,
-            measured_at: None,
-        }
-    }
-}
-
 impl TraceAssembler {
     /// Holds the tables' memory in `memory` from now on (see the module docs).
     pub fn hold_tables_in(&mut self, memory: FixedMemory) {
-        self.table_memory = Some(TableMemory::new(memory));
+        self.table_memory = Some(memory);
+        self.tables_measured_at = None;
     }
 
     /// Measures the tables and holds their bytes, when [`MEASURE_INTERVAL`] has passed since
     /// the last time (or never measured); shrinks sparse ones first. Returns the bytes held.
     pub fn account_tables(&mut self, now: Instant) -> usize {
-        let due = self.table_memory.as_ref().is_some_and(|m| {
-            m.measured_at
-                .is_none_or(|at| now.saturating_duration_since(at) >= MEASURE_INTERVAL)
-        });
+        let due = self.table_memory.is_some()
+            && self
+                .tables_measured_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= MEASURE_INTERVAL);
         if due {
             self.shrink_sparse_tables();
             let bytes = self.table_bytes();
             if let Some(m) = &mut self.table_memory {
-                m.measured_at = Some(now);
-                m.held.set(bytes);
+                m.set(bytes);
             }
+            self.tables_measured_at = Some(now);
         }
-        self.table_memory.as_ref().map_or(0, |m| m.held.bytes())
+        self.table_memory.as_ref().map_or(0, FixedMemory::bytes)
     }
 
     /// Bytes of the tables, beyond what the batches' reservations cover.

@@ -65,6 +65,7 @@
 //! [`Interner`]: infertrace_analysis::text::Interner
 
 mod decoded;
+mod forwardable;
 mod interner;
 mod json;
 mod json_lenient;
@@ -72,6 +73,7 @@ mod json_spans;
 mod protobuf;
 mod reference;
 mod validation;
+mod wire;
 
 pub use decoded::{DecodeError, Decoded, SpanRange};
 pub(crate) use interner::with_text_interner;

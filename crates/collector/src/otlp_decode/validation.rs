@@ -12,6 +12,18 @@ pub const MAX_VALUE_NESTING: u32 = 16;
 /// otherwise count as lasting since 1970 in every latency it feeds.
 pub(crate) const NO_START: &str = "span has no start time (start_time_unix_nano is 0)";
 
+/// Why a forward target built on prost would refuse a message the collector accepts (see
+/// `forwardable.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unforwardable {
+    /// A string field is not UTF-8.
+    NotUtf8,
+    /// Nested past the recursion limit.
+    TooDeep,
+    /// Not valid protobuf for its type (a known field with another wire type, a broken group).
+    Malformed,
+}
+
 /// Why a span was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InvalidSpan {
@@ -33,7 +45,7 @@ pub(crate) enum InvalidSpan {
     TooDeep,
     /// With forwarding on: a field the collector does not read, as the forward target would
     /// read it.
-    Unforwardable(super::protobuf::Unforwardable),
+    Unforwardable(Unforwardable),
 }
 
 impl std::fmt::Display for InvalidSpan {
@@ -72,13 +84,13 @@ impl std::fmt::Display for InvalidSpan {
                 "forwarding is on and the forward target would refuse this span (and the whole \
                  batch with it): {}",
                 match why {
-                    super::protobuf::Unforwardable::NotUtf8 =>
+                    Unforwardable::NotUtf8 =>
                         "a string field (an attribute's key or value, trace_state, a status \
                          message, an event's name, its scope's or resource's strings) is not \
                          valid UTF-8",
-                    super::protobuf::Unforwardable::TooDeep =>
+                    Unforwardable::TooDeep =>
                         "it nests messages or groups past the recursion limit of 100",
-                    super::protobuf::Unforwardable::Malformed =>
+                    Unforwardable::Malformed =>
                         "a field has the wrong wire type for its type, or a group is broken",
                 }
             ),

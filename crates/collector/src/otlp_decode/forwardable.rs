@@ -10,18 +10,8 @@
 //! so does each group an unknown field nests, wherever it sits (a group 98 deep inside a span,
 //! itself 3 messages deep, is refused).
 
-use super::{END_GROUP, FIXED32, FIXED64, LEN, Reader, START_GROUP, VARINT};
-
-/// Why a message would be refused downstream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Unforwardable {
-    /// A string field is not UTF-8.
-    NotUtf8,
-    /// Nested past the recursion limit.
-    TooDeep,
-    /// Not valid protobuf for its type (a known field with another wire type, a broken group).
-    Malformed,
-}
+use super::validation::Unforwardable;
+use super::wire::{END_GROUP, FIXED32, FIXED64, LEN, Reader, START_GROUP, VARINT};
 
 /// The OTLP messages a span, its resource and its scope are made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
