@@ -31,8 +31,9 @@
 //!   (`infertrace_connections_closed_total{reason="shutdown"}`). [`serve`] returns then.
 //!
 //! - **refused clients let go**: a response carrying [`CloseConnection`] (the receivers and the
-//!   API put it on authentication and Host refusals) closes its connection once sent (HTTP/1: no
-//!   keep-alive; HTTP/2: GOAWAY), so a client without a valid token cannot hold a connection
+//!   API put it on authentication and Host refusals) closes its HTTP/1 connection once sent (no
+//!   keep-alive), and on HTTP/2 is no activity (the idle timeout closes a connection whose
+//!   requests are all refused), so a client without a valid token cannot hold a connection
 //!   slot by sending refused requests.
 //!
 //! Closes are counted in `infertrace_connections_closed_total{listener,reason}` with reason
@@ -388,8 +389,8 @@ async fn serve_io<I, S, B>(
             }
             () = activity.close.notified(), if cut_at.is_none() => {
                 shared.events.connection_closed(shared.name, "refused");
-                // An HTTP/2 client that ignores the GOAWAY's ping keeps sending (refused)
-                // requests on the connection: it is cut after a grace for the answer's body.
+                // A client that keeps sending regardless is cut after a grace for the answer
+                // and the body read past.
                 cut_at = Some(Instant::now() + REFUSED_CUT_AFTER);
                 if !draining {
                     draining = true;
@@ -498,6 +499,7 @@ impl Activity {
         InFlight {
             activity: self.clone(),
             answering: false,
+            refused: false,
         }
     }
 
@@ -555,6 +557,8 @@ struct InFlight {
     activity: Arc<Activity>,
     /// Answered: its response is being sent.
     answering: bool,
+    /// Refused ([`CloseConnection`] on HTTP/2): its end is no activity.
+    refused: bool,
 }
 
 impl InFlight {
@@ -581,16 +585,19 @@ impl Drop for InFlight {
             a.waiting_since_ms.store(ms, Ordering::Relaxed);
             a.answering.fetch_sub(1, Ordering::AcqRel);
         }
-        a.last_end_ms.fetch_max(ms, Ordering::Relaxed);
+        if !self.refused {
+            a.last_end_ms.fetch_max(ms, Ordering::Relaxed);
+        }
         a.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// A response extension: close the connection this response goes out on once it is sent
-/// (HTTP/1: no keep-alive; HTTP/2: a GOAWAY, its other streams finish). Put on authentication
-/// and Host refusals, so that a client without a valid token has to connect again for each
-/// refused request instead of holding a connection slot with them (counted as
-/// `infertrace_connections_closed_total{reason="refused"}`).
+/// A response extension: close the HTTP/1 connection this response goes out on once it is sent
+/// (no keep-alive; counted as `infertrace_connections_closed_total{reason="refused"}`); on
+/// HTTP/2 the request counts as no activity instead (a GOAWAY would fail the client's other
+/// streams), so the idle timeout closes a connection whose requests are all refused. Put on
+/// authentication and Host refusals, so that a client without a valid token cannot hold a
+/// connection slot with refused requests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CloseConnection;
 
@@ -621,9 +628,11 @@ where
     fn call(&self, mut req: ::http::Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.peer);
         let in_flight = Some(self.activity.begin());
+        let http2 = req.version() == ::http::Version::HTTP_2;
         TrackedFuture {
             inner: self.inner.call(req),
             in_flight,
+            http2,
         }
     }
 }
@@ -635,6 +644,7 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: F,
         in_flight: Option<InFlight>,
+        http2: bool,
     }
 }
 
@@ -651,8 +661,14 @@ where
         if let Some(f) = &mut in_flight {
             f.answered();
             if response.extensions().get::<CloseConnection>().is_some() {
-                // A permit is kept if the connection's loop is not waiting right now.
-                f.activity.close.notify_one();
+                if *this.http2 {
+                    // Not closed: a GOAWAY fails the client's other streams (tonic reports
+                    // them as errors); the idle timeout closes a connection of refusals.
+                    f.refused = true;
+                } else {
+                    // A permit is kept if the connection's loop is not waiting right now.
+                    f.activity.close.notify_one();
+                }
             }
         }
         Poll::Ready(Ok(response.map(|inner| TrackedBody {

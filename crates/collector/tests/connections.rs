@@ -787,7 +787,10 @@ async fn refused_requests_close_their_connection() {
     let patient = connections(100, Duration::from_secs(120), Duration::from_secs(120));
     config.api.connections = patient.clone();
     config.receivers.otlp_http.connections = patient.clone();
-    config.receivers.otlp_grpc.connections = patient;
+    // HTTP/2 is not closed on a refusal (a GOAWAY fails the client's other streams): a refusal
+    // is no activity there, and the idle timeout (2 s here) closes a connection of refusals.
+    config.receivers.otlp_grpc.connections =
+        connections(100, Duration::from_secs(2), Duration::from_secs(120));
     let c = server::run(config, std::future::pending()).await.unwrap();
     let (http, api) = (c.http_addr.unwrap(), c.api_addr);
     let close_wait = Duration::from_secs(10);
@@ -855,24 +858,61 @@ async fn refused_requests_close_their_connection() {
         "a valid token's connection is kept alive"
     );
 
-    // gRPC: UNAUTHENTICATED, then a GOAWAY closes the connection.
-    let io = TokioIo::new(TcpStream::connect(c.grpc_addr.unwrap()).await.unwrap());
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-        .await
-        .unwrap();
-    let driver = tokio::spawn(conn);
-    let req = http::Request::post("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Full::new(grpc_frame(&[])))
-        .unwrap();
-    let response = sender.send_request(req).await.unwrap();
-    assert_eq!(response.headers()["grpc-status"], "16");
-    tokio::time::timeout(close_wait, driver)
-        .await
-        .expect("the gRPC connection closed after the refusal")
-        .unwrap()
-        .ok();
-    assert_eq!(closed(&c, "otlp_grpc", "refused"), 1);
+    // gRPC: every call answered on the same connection (UNAUTHENTICATED without a token, OK
+    // with one), but refusals every 300 ms do not keep it past the 2 s idle timeout, while
+    // accepted calls do.
+    let grpc_connection = || async {
+        let io = TokioIo::new(TcpStream::connect(c.grpc_addr.unwrap()).await.unwrap());
+        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        (sender, tokio::spawn(conn))
+    };
+    let export = |token: Option<&str>| {
+        let mut req =
+            http::Request::post("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+                .header("content-type", "application/grpc")
+                .header("te", "trailers");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        req.body(Full::new(grpc_frame(&[]))).unwrap()
+    };
+    let status = |r: &http::Response<hyper::body::Incoming>| {
+        r.headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    };
+    for (token, closes) in [(None, true), (Some(INGEST), false)] {
+        let (mut sender, driver) = grpc_connection().await;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(4) && !driver.is_finished() {
+            match sender.send_request(export(token)).await {
+                Ok(r) => {
+                    let want = if token.is_some() {
+                        None
+                    } else {
+                        Some("16".to_owned())
+                    };
+                    if want.is_some() {
+                        assert_eq!(status(&r), want);
+                    } else {
+                        assert_eq!(r.status(), 200);
+                    }
+                    let _ = r.into_body().collect().await;
+                }
+                // The connection going away between two calls.
+                Err(_) => break,
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_eq!(
+            driver.is_finished(),
+            closes,
+            "token {token:?}: closed by the idle timeout only when every call was refused"
+        );
+    }
+    assert_eq!(closed(&c, "otlp_grpc", "refused"), 0);
+    assert!(closed(&c, "otlp_grpc", "idle_timeout") >= 1);
     c.stop().await.unwrap();
 }
