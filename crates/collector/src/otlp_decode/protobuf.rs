@@ -150,13 +150,7 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
         // Pass 1: the service name, from every `resource` occurrence (they merge).
         let mut service_name: Option<&'a [u8]> = None;
         self.resource_too_deep = false;
-        self.head_unforwardable = self
-            .forwarding
-            .then(|| forwardable::check_head(buf, Head::ResourceSpans).err())
-            .flatten();
-        if self.head_unforwardable.is_some() {
-            self.mark_unforwardable_head(buf);
-        }
+        self.head_unforwardable = self.check_head(buf, Head::ResourceSpans);
         let mut r = Reader::new(buf);
         while let Some((field, wire)) = r.key()? {
             if field == 1 {
@@ -179,13 +173,7 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
                 let scope_spans = r.len_field(wire)?;
                 // The scope (field 1, which may follow the spans) first: its attributes.
                 self.scope_too_deep = false;
-                self.scope_unforwardable = self
-                    .forwarding
-                    .then(|| forwardable::check_head(scope_spans, Head::ScopeSpans).err())
-                    .flatten();
-                if self.scope_unforwardable.is_some() {
-                    self.mark_unforwardable_head(scope_spans);
-                }
+                self.scope_unforwardable = self.check_head(scope_spans, Head::ScopeSpans);
                 let mut s = Reader::new(scope_spans);
                 while let Some((field, wire)) = s.key()? {
                     if field == 1 && wire == LEN {
@@ -210,14 +198,20 @@ impl<'a, 'i> RequestDecoder<'a, 'i> {
         Ok(())
     }
 
-    /// Marks a `ResourceSpans` or `ScopeSpans` whose own fields a forward target would refuse
-    /// with an empty rejected range at its start, so that the forwarder cuts the body (and
-    /// [`without_spans`] leaves it out) even when it holds no span to reject.
-    fn mark_unforwardable_head(&mut self, head: &[u8]) {
+    /// When forwarding: why a forward target would refuse the own fields of `buf`, a
+    /// `ResourceSpans` or `ScopeSpans`. Such a head is marked with an empty rejected range at its
+    /// start, so that the forwarder cuts the body (and [`without_spans`] leaves it out) even when
+    /// it holds no span to reject.
+    fn check_head(&mut self, buf: &[u8], head: Head) -> Option<Unforwardable> {
+        if !self.forwarding {
+            return None;
+        }
+        let why = forwardable::check_head(buf, head).err()?;
         self.out.reject_range(SpanRange {
-            offset: (head.as_ptr() as usize - self.body_address) as u32,
+            offset: (buf.as_ptr() as usize - self.body_address) as u32,
             len: 0,
         });
+        Some(why)
     }
 
     /// The interned text of a service name (reused while consecutive resources agree): the same

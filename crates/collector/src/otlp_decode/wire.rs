@@ -20,6 +20,7 @@ pub(super) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    #[inline]
     pub(super) fn new(buf: &'a [u8]) -> Self {
         Self { buf, pos: 0 }
     }
@@ -125,6 +126,7 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(arr))
     }
 
+    #[inline]
     pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self
             .pos
@@ -137,6 +139,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Skips the value of a field of any wire type, groups included.
+    #[inline]
     pub(super) fn skip(&mut self, field: u32, wire: u8) -> Result<(), DecodeError> {
         self.skip_at_depth(field, wire, 0)
     }
