@@ -229,6 +229,15 @@ struct PendingTrace {
     reopened: Option<bool>,
 }
 
+impl PendingTrace {
+    /// Bytes allocated for this trace beyond what its spans' reservations cover: spare span
+    /// slots (the vector grows by doubling) and the extra holds' vector.
+    fn slack_bytes(&self) -> usize {
+        (self.spans.capacity() - self.spans.len()) * std::mem::size_of::<Span>()
+            + self.holds.more.capacity() * std::mem::size_of::<MemoryHold>()
+    }
+}
+
 /// Groups spans into traces and closes them by the rules in the module docs.
 pub(crate) struct TraceAssembler {
     config: AssemblerConfig,
@@ -264,8 +273,11 @@ pub(crate) struct TraceAssembler {
     next_idle_due: Option<Instant>,
     /// Where the tables' own memory is held (see `table_memory.rs`); `None`: not counted.
     table_memory: Option<crate::limiter::FixedMemory>,
-    /// When the tables were last measured.
+    /// When the sparse tables were last looked at for shrinking.
     tables_measured_at: Option<Instant>,
+    /// The sum of [`PendingTrace::slack_bytes`] over `traces`, kept as they change, so that
+    /// the tables are measured after every batch without visiting every trace.
+    slack: usize,
 }
 
 /// A prepared trace in the assembler's queue.
@@ -326,6 +338,7 @@ impl TraceAssembler {
             next_idle_due: None,
             table_memory: None,
             tables_measured_at: None,
+            slack: 0,
         }
     }
 
@@ -424,17 +437,20 @@ impl TraceAssembler {
                     self.index.set_spans(&id);
                     self.by_age.push_back((id, now));
                     self.waiting += 1;
-                    self.traces.entry(id).or_insert(PendingTrace {
+                    let trace = self.traces.entry(id).or_insert(PendingTrace {
                         spans,
                         first_seen: now,
                         last_seen: now,
                         request_at: None,
                         holds: Holds::default(),
                         reopened,
-                    })
+                    });
+                    self.slack += trace.slack_bytes();
+                    trace
                 }
             };
             let longest_wait = &mut self.longest_wait;
+            let slack = &mut self.slack;
             let mut add = |trace: &mut PendingTrace, position: usize, span: Span, is_request| {
                 let cap = max_spans
                     + if is_request {
@@ -466,10 +482,12 @@ impl TraceAssembler {
                         self.by_grace.push_back((id, now));
                     }
                 }
+                let slack_before = trace.slack_bytes();
                 if let Some(h) = &hold {
                     trace.holds.add(h);
                 }
                 trace.spans.push(span);
+                *slack = *slack + trace.slack_bytes() - slack_before;
             };
             add(trace, position, span, is_request);
             // The spans of one trace usually arrive together: those that follow go to the same
@@ -493,6 +511,7 @@ impl TraceAssembler {
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
         self.compact();
+        self.hold_tables();
         kept_out
     }
 
@@ -516,17 +535,18 @@ impl TraceAssembler {
         if let Some(hold) = &hold {
             holds.add(hold);
         }
-        self.traces.insert(
-            id,
-            PendingTrace {
-                spans: HeldSpans::Prepared(prepared).into_spans(),
-                first_seen: at,
-                last_seen: at,
-                request_at: Some(at),
-                holds,
-                reopened: None,
-            },
-        );
+        let trace = PendingTrace {
+            spans: HeldSpans::Prepared(prepared).into_spans(),
+            first_seen: at,
+            last_seen: at,
+            request_at: Some(at),
+            holds,
+            reopened: None,
+        };
+        self.slack += trace.slack_bytes();
+        if let Some(replaced) = self.traces.insert(id, trace) {
+            self.slack -= replaced.slack_bytes();
+        }
         self.index.set_spans(&id);
         // Out of order by at most the grace period: max age may close it that much late.
         self.by_age.push_back((id, at));
@@ -567,6 +587,7 @@ impl TraceAssembler {
         self.events
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
+        self.hold_tables();
     }
 
     /// Looks every id of `ids` up in the trace index, discarding the answers, so that the
@@ -954,6 +975,7 @@ impl TraceAssembler {
 
     fn close(&mut self, id: TraceId, reason: CloseReason, now: Instant) -> Option<CompletedTrace> {
         let mut t = self.traces.remove(&id)?;
+        self.slack -= t.slack_bytes();
         let duplicates = drop_duplicate_spans(&mut t.spans);
         if duplicates > 0 {
             self.events.duplicate_spans.inc_by(duplicates as u64);
@@ -1226,6 +1248,56 @@ mod tests {
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].held.span_count(), 3);
         assert_eq!(events.late_spans.get(), 2);
+    }
+
+    /// The running sum of the traces' slack (which the tables' measure reads after every
+    /// batch) equals a walk of every trace through growth past several doublings, extra
+    /// holds, a prepared trace continued as spans, a re-opened trace, closes, early closes
+    /// for memory and a flush.
+    #[test]
+    fn the_running_slack_equals_a_walk_of_the_traces() {
+        let (mut a, _) = assembler(AssemblerConfig::default());
+        let walk = |a: &TraceAssembler| {
+            a.traces
+                .values()
+                .map(PendingTrace::slack_bytes)
+                .sum::<usize>()
+        };
+        let t0 = Instant::now();
+        let mut at = t0;
+        for round in 0..6u8 {
+            // Traces 1..=20 get 1..=20 spans a round, each round under a hold of its own.
+            let spans: Vec<Span> = (1..=20u8)
+                .flat_map(|t| (0..t).map(move |i| span(t, round * 20 + i + 1, "slice")))
+                .collect();
+            let hold: MemoryHold = Arc::new(());
+            a.push(spans, Some(hold), at);
+            assert_eq!(a.slack, walk(&a), "round {round}");
+            at += secs(0.01);
+        }
+        assert!(a.slack > 0);
+        // A prepared trace continued as spans.
+        push_run(
+            &mut a,
+            vec![span(30, 1, "request"), span(30, 2, "queue")],
+            0,
+            2,
+            at,
+        );
+        a.push(vec![span(30, 3, "decode")], None, at);
+        assert_eq!(a.slack, walk(&a), "continued");
+        // A trace with a request, closed at its grace, then re-opened by a new call.
+        a.push(vec![span(31, 1, "call")], None, at);
+        assert!(!a.poll(at + secs(2.0)).completed.is_empty());
+        assert_eq!(a.slack, walk(&a), "closed at grace");
+        a.push(vec![span(31, 2, "decode")], None, at + secs(2.5));
+        a.push(vec![span(31, 3, "call")], None, at + secs(2.6));
+        assert_eq!(a.slack, walk(&a), "re-opened");
+        assert_eq!(a.close_oldest_for_memory(5, at + secs(2.7)), 5);
+        a.poll(at + secs(2.7));
+        assert_eq!(a.slack, walk(&a), "closed for memory");
+        a.flush(at + secs(2.8));
+        assert_eq!(a.slack, 0, "flushed");
     }
 
     #[test]

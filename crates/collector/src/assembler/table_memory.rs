@@ -1,24 +1,25 @@
 //! The assembler's own tables in the memory limit. A batch's reservation covers its spans (and
 //! a prepared trace's its footprint, queue slot and index entry included); what the assembler
-//! allocates around them is measured here about once a second and held in the limiter as
-//! fixed memory: the map of traces in flight as spans at its capacity, each such trace's spare
-//! span slots (a vector grown by doubling: a 17-span trace has room for 32) and extra holds,
-//! the age and grace queues, the prepared queue's slots no prepared trace counts, the late and
-//! early buffers, and the trace index (all of it: sized at start for `max_traces_in_flight`
-//! ids, 4 MiB at the defaults, it only grows). The other tables, when far larger than their
-//! contents (after a burst), are shrunk first, so that the memory goes back rather than stays
-//! held.
+//! allocates around them is held in the limiter as fixed memory, measured after every batch it
+//! takes (so that a table's growth is held before the next batch is admitted): the map of
+//! traces in flight as spans at its capacity, each such trace's spare span slots (a vector
+//! grown by doubling: a 17-span trace has room for 32) and extra holds (a running sum, kept as
+//! traces change), the age and grace queues, the prepared queue's slots no prepared trace
+//! counts, the late and early buffers, and the trace index (all of it: sized at start for
+//! `max_traces_in_flight` ids, 4 MiB at the defaults, it only grows). About once a second the
+//! tables far larger than their contents (after a burst) are shrunk, so that the memory goes
+//! back rather than stays held.
 
 use std::mem::size_of;
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::trace::{Span, TraceId};
 
-use super::{CompletedTrace, MemoryHold, PendingTrace, PreparedSlot, TraceAssembler};
+use super::{CompletedTrace, PendingTrace, PreparedSlot, TraceAssembler};
 use crate::limiter::FixedMemory;
 
-/// How often the tables are measured (each measurement visits every trace in flight as spans).
-pub(super) const MEASURE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often sparse tables are looked for and shrunk.
+pub(super) const SHRINK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A table holding less than this fraction of its capacity is shrunk when measured.
 const SHRINK_BELOW_DIVISOR: usize = 4;
@@ -30,21 +31,37 @@ impl TraceAssembler {
         self.tables_measured_at = None;
     }
 
-    /// Measures the tables and holds their bytes, when [`MEASURE_INTERVAL`] has passed since
-    /// the last time (or never measured); shrinks sparse ones first. Returns the bytes held.
+    /// Shrinks sparse tables when [`SHRINK_INTERVAL`] has passed since the last time (or at
+    /// the first call), then measures the tables and holds their bytes. Returns the bytes held.
     pub fn account_tables(&mut self, now: Instant) -> usize {
         let due = self.table_memory.is_some()
             && self
                 .tables_measured_at
-                .is_none_or(|at| now.saturating_duration_since(at) >= MEASURE_INTERVAL);
+                .is_none_or(|at| now.saturating_duration_since(at) >= SHRINK_INTERVAL);
         if due {
             self.shrink_sparse_tables();
-            let bytes = self.table_bytes();
-            if let Some(m) = &mut self.table_memory {
-                m.set(bytes);
-            }
             self.tables_measured_at = Some(now);
         }
+        self.hold_tables()
+    }
+
+    /// Measures the tables (a few reads: no trace is visited) and holds their bytes, when they
+    /// are held anywhere. Returns the bytes held.
+    pub(super) fn hold_tables(&mut self) -> usize {
+        let bytes = self.table_bytes();
+        match &mut self.table_memory {
+            Some(memory) => {
+                if memory.bytes() != bytes {
+                    memory.set(bytes);
+                }
+                bytes
+            }
+            None => 0,
+        }
+    }
+
+    /// The tables' bytes held in the limiter, as measured after the last change.
+    pub fn held_table_bytes(&self) -> usize {
         self.table_memory.as_ref().map_or(0, FixedMemory::bytes)
     }
 
@@ -52,21 +69,13 @@ impl TraceAssembler {
     pub fn table_bytes(&self) -> usize {
         // hashbrown keeps 8 buckets for 7 entries of capacity, and a control byte per bucket.
         let map = self.traces.capacity() * 8 / 7 * (size_of::<(TraceId, PendingTrace)>() + 1);
-        let spare: usize = self
-            .traces
-            .values()
-            .map(|t| {
-                (t.spans.capacity() - t.spans.len()) * size_of::<Span>()
-                    + t.holds.more.capacity() * size_of::<MemoryHold>()
-            })
-            .sum();
         let queues = (self.by_age.capacity() + self.by_grace.capacity())
             * size_of::<(TraceId, Instant)>()
             + self.prepared.capacity().saturating_sub(self.prepared_live)
                 * size_of::<PreparedSlot>();
         let buffers = (self.late.capacity() - self.late.len()) * size_of::<Span>()
             + self.early.capacity() * size_of::<CompletedTrace>();
-        map + spare + queues + buffers + self.index.table_bytes()
+        map + self.slack + queues + buffers + self.index.table_bytes()
     }
 
     fn shrink_sparse_tables(&mut self) {

@@ -253,7 +253,7 @@ pub struct Pipeline {
     /// The aggregates' and the recent-trace ring's bytes held in the limiter, as last measured
     /// (read by ingest without the analysis lock).
     analysis_bytes: AtomicUsize,
-    /// The assembler's tables' bytes held in the limiter, as last measured.
+    /// The assembler's tables' bytes held in the limiter, as last published.
     table_bytes: AtomicUsize,
     /// Wakes the tick early: traces were closed for memory relief.
     tick_wanted: tokio::sync::Notify,
@@ -419,6 +419,13 @@ impl Pipeline {
         self.table_bytes.load(Ordering::Relaxed)
     }
 
+    /// Publishes what the assembler holds for its tables (measured after each batch and at
+    /// each tick) for [`table_memory_bytes`](Self::table_memory_bytes).
+    fn publish_tables(&self, assembler: &TraceAssembler) {
+        self.table_bytes
+            .store(assembler.held_table_bytes(), Ordering::Relaxed);
+    }
+
     /// The recent-trace ring's memory as held in the limiter at the last tick (part of
     /// [`MemoryLimiter::used`]).
     pub fn ring_memory_bytes(&self) -> usize {
@@ -537,6 +544,7 @@ impl Pipeline {
         let mut taken = vec![false; batch.spans.len()];
         if prepared {
             assembler.insert_prepared(runs, &mut taken, &hold, now);
+            self.publish_tables(&assembler);
         }
         drop(assembler);
         let mut spans = batch.spans;
@@ -552,7 +560,10 @@ impl Pipeline {
         let kept_out = if spans.is_empty() {
             Vec::new()
         } else {
-            lock(&self.assembler).push(spans, Some(hold), now)
+            let mut assembler = lock(&self.assembler);
+            let kept_out = assembler.push(spans, Some(hold), now);
+            self.publish_tables(&assembler);
+            kept_out
         };
         if let Some(mut permit) = forward {
             if !kept_out.is_empty() {
@@ -573,8 +584,7 @@ impl Pipeline {
     /// in flight in proportion to the memory to free and wakes the tick, which releases them:
     /// buffered traces give way to new data before any request is refused. The memory the
     /// assembler holds is estimated as what the limiter holds less the aggregates, the
-    /// recent-trace ring, the assembler's tables (which closing traces frees only at their next
-    /// measurement) and the forward queue (requests being read count in too: the estimate errs
+    /// recent-trace ring, the assembler's tables and the forward queue (requests being read count in too: the estimate errs
     /// towards closing more, never fewer).
     fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
         let excess = self.limiter.relief_excess();
@@ -585,7 +595,7 @@ impl Pipeline {
             .limiter
             .used()
             .saturating_sub(self.analysis_bytes.load(Ordering::Relaxed))
-            .saturating_sub(self.table_memory_bytes())
+            .saturating_sub(assembler.held_table_bytes())
             .saturating_sub(usize::try_from(self.events.forward_pending_bytes.get()).unwrap_or(0));
         if held == 0 {
             return;
@@ -614,8 +624,11 @@ impl Pipeline {
     /// Closes the traces due at `now` and analyses them as of `now_unix_nano`.
     pub fn tick_at(&self, now: Instant, now_unix_nano: u64) -> TickStats {
         // The assembler's tables first, so that this tick's memory figures include them.
-        let tables = lock(&self.assembler).account_tables(now);
-        self.table_bytes.store(tables, Ordering::Relaxed);
+        {
+            let mut assembler = lock(&self.assembler);
+            assembler.account_tables(now);
+            self.publish_tables(&assembler);
+        }
         // In rounds of at most `POLL_ROUND` traces (see `TraceAssembler::poll_some`).
         let mut stats = TickStats::default();
         loop {
