@@ -274,7 +274,7 @@ async fn junk_span_names_lock_a_new_service_out_of_the_critical_path_only_for_th
             .critical_path(window)
             .entries
             .iter()
-            .any(|e| &*e.service == "_overflow")
+            .any(|e| &*e.service == "__overflow__")
     };
     assert!(overflow(&c), "past the cap of 256 keys");
     tokio::time::sleep(Duration::from_millis(1_200)).await;

@@ -37,8 +37,13 @@ use crate::text::Text;
 
 mod stored;
 
-/// The service and span label of the entry that collects keys beyond the cap.
-pub const OVERFLOW_LABEL: &str = "_overflow";
+/// The service and span label of the entry that collects keys beyond the cap: the label of
+/// the KPI series' overflow too, so that one name means "folded past a cap" everywhere.
+pub use crate::kpi::OVERFLOW_LABEL;
+
+/// The overflow label this entry had before it took the KPI series' one (still read in history
+/// written then).
+const OLD_OVERFLOW_LABEL: &str = "_overflow";
 
 /// Limits and resolution of [`CriticalPathWindows`].
 #[derive(Clone, Debug, PartialEq)]

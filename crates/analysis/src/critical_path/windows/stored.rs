@@ -8,7 +8,9 @@
 //! bytes); then the number of (service, span) rows, each its service and span name as texts
 //! and its critical seconds per e2e bucket (sorted bucket keys, 8 bytes each).
 
-use super::{BucketRequests, BucketValues, CriticalPathWindows, OVERFLOW_LABEL};
+use super::{
+    BucketRequests, BucketValues, CriticalPathWindows, OLD_OVERFLOW_LABEL, OVERFLOW_LABEL,
+};
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::text::Text;
 
@@ -155,7 +157,8 @@ impl CriticalPathWindows {
         for (service, span, values) in rows {
             // Past the key cap a row joins the overflow, as a segment would (not counted: it is
             // no new segment).
-            let key = if service == OVERFLOW_LABEL && span == OVERFLOW_LABEL {
+            let overflow = |label: &str| label == OVERFLOW_LABEL || label == OLD_OVERFLOW_LABEL;
+            let key = if overflow(service) && overflow(span) {
                 None
             } else {
                 self.key(&Text::from(service), &Text::from(span), None)
@@ -371,6 +374,32 @@ mod tests {
         let overflow = (OVERFLOW_LABEL.to_owned(), OVERFLOW_LABEL.to_owned());
         let named = |s: &str, n: &str| (s.to_owned(), n.to_owned());
         assert_eq!(labels, vec![overflow, named("a", "x"), named("c", "z")]);
+    }
+
+    /// History written while the overflow row was labelled `_overflow` restores it as the
+    /// overflow row, not as a key of that name.
+    #[test]
+    fn an_overflow_row_stored_under_the_old_label_is_restored_as_the_overflow() {
+        let now = 1_800_000_000 * SEC;
+        let mut before = CriticalPathWindows::default();
+        let old = OLD_OVERFLOW_LABEL;
+        let path = super::super::tests::path(&[(old, old, 1.0), ("a", "x", 1.0)]);
+        before.record(&path, 2.0, now);
+        let (_, bytes) = before.encode_slot(now).unwrap();
+        let mut after = CriticalPathWindows::default();
+        assert!(after.absorb_slot(&bytes, now).unwrap());
+        let mut labels: Vec<(String, String)> = after
+            .snapshot(Duration::from_secs(60), now)
+            .entries
+            .iter()
+            .map(|e| (e.service.to_string(), e.span.to_string()))
+            .collect();
+        labels.sort();
+        let named = |s: &str, n: &str| (s.to_owned(), n.to_owned());
+        assert_eq!(
+            labels,
+            vec![named(OVERFLOW_LABEL, OVERFLOW_LABEL), named("a", "x")]
+        );
     }
 
     #[test]
