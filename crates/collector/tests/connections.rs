@@ -771,6 +771,63 @@ async fn a_rebinding_host_is_refused_on_the_api_and_otlp_http() {
     c.stop().await.unwrap();
 }
 
+/// A client that keeps sending a body after its refusal (401) is cut 5 s after the answer
+/// (`listener.rs`'s `REFUSED_CUT_AFTER`), though its idle, header and body read timeouts are
+/// two minutes: a refused client cannot hold a connection slot by trickling bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_that_keeps_sending_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "ingest ingest-token-0123456789\n").unwrap();
+    let mut config = test_config();
+    config.auth.tokens_file = Some(tokens);
+    config.receivers.otlp_http.connections =
+        connections(100, Duration::from_secs(120), Duration::from_secs(120));
+    config.receivers.body_read_timeout = Duration::from_secs(120);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
+    let (mut read, mut write) = s.into_split();
+    let head = "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: \
+                application/x-protobuf\r\nContent-Length: 10000000\r\n\r\n";
+    write.write_all(head.as_bytes()).await.unwrap();
+    // A kilobyte every 50 ms, for longer than the test waits.
+    let trickle = tokio::spawn(async move {
+        for _ in 0..600 {
+            if write.write_all(&[b'x'; 1024]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let mut answered_at = None;
+    let cut_at = tokio::time::timeout(WAIT, async {
+        loop {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => return Instant::now(),
+                Ok(n) => {
+                    answered_at.get_or_insert_with(Instant::now);
+                    answer.extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+    })
+    .await
+    .expect("the connection is cut, not kept while the client sends");
+    trickle.abort();
+    let head = String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 401"), "{head:?}");
+    let after_answer = cut_at - answered_at.unwrap();
+    eprintln!("cut {after_answer:?} after the answer");
+    assert!(
+        after_answer >= Duration::from_secs(4) && after_answer <= Duration::from_secs(10),
+        "cut {after_answer:?} after the answer (5 s expected)"
+    );
+    assert_eq!(closed(&c, "otlp_http", "refused"), 1);
+    c.stop().await.unwrap();
+}
+
 /// A client without a valid token cannot hold a connection slot by sending refused requests:
 /// each refusal (401, 403, 421; gRPC UNAUTHENTICATED) closes its connection once answered,
 /// while a valid token's connection is kept alive. The timeouts are long (120 s), so a close
