@@ -194,3 +194,198 @@ fn skip_unknown(
         skip_unknown(r, inner, inner_wire, budget - 1)?;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The field table against what prost encodes. Every message is built with every field
+    //! set — struct literals without `..Default::default()` and an exhaustive match over
+    //! `AnyValue`'s variants, so that a field or variant a later `opentelemetry-proto` adds
+    //! stops this from compiling until the table lists it — and every field on the wire must be
+    //! in the table with its wire type.
+
+    use super::*;
+    use opentelemetry_proto::tonic::common::v1::{
+        AnyValue, ArrayValue, EntityRef, InstrumentationScope, KeyValue, KeyValueList,
+        any_value::Value,
+    };
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::span::{Event, Link};
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+    use prost::Message as _;
+
+    fn any(value: Value) -> AnyValue {
+        AnyValue { value: Some(value) }
+    }
+
+    fn key_value() -> KeyValue {
+        KeyValue {
+            key: "k".into(),
+            value: Some(any(Value::IntValue(1))),
+            key_strindex: 1,
+        }
+    }
+
+    /// One value of each variant; the match fails to compile when a variant is added.
+    fn every_value() -> Vec<Value> {
+        let values = vec![
+            Value::StringValue("s".into()),
+            Value::BoolValue(true),
+            Value::IntValue(1),
+            Value::DoubleValue(0.5),
+            Value::ArrayValue(ArrayValue {
+                values: vec![any(Value::IntValue(1))],
+            }),
+            Value::KvlistValue(KeyValueList {
+                values: vec![key_value()],
+            }),
+            Value::BytesValue(vec![1]),
+            Value::StringValueStrindex(1),
+        ];
+        for v in &values {
+            match v {
+                Value::StringValue(_)
+                | Value::BoolValue(_)
+                | Value::IntValue(_)
+                | Value::DoubleValue(_)
+                | Value::ArrayValue(_)
+                | Value::KvlistValue(_)
+                | Value::BytesValue(_)
+                | Value::StringValueStrindex(_) => {}
+            }
+        }
+        values
+    }
+
+    fn scope() -> InstrumentationScope {
+        InstrumentationScope {
+            name: "scope".into(),
+            version: "1".into(),
+            attributes: vec![key_value()],
+            dropped_attributes_count: 1,
+        }
+    }
+
+    fn resource() -> Resource {
+        Resource {
+            attributes: vec![key_value()],
+            dropped_attributes_count: 1,
+            entity_refs: vec![EntityRef {
+                schema_url: "https://example.com/s".into(),
+                r#type: "service".into(),
+                id_keys: vec!["service.name".into()],
+                description_keys: vec!["service.version".into()],
+            }],
+        }
+    }
+
+    fn span() -> Span {
+        Span {
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            trace_state: "a=b".into(),
+            parent_span_id: vec![3; 8],
+            flags: 1,
+            name: "span".into(),
+            kind: 2,
+            start_time_unix_nano: 1,
+            end_time_unix_nano: 2,
+            attributes: vec![key_value()],
+            dropped_attributes_count: 1,
+            events: vec![Event {
+                time_unix_nano: 1,
+                name: "event".into(),
+                attributes: vec![key_value()],
+                dropped_attributes_count: 1,
+            }],
+            dropped_events_count: 1,
+            links: vec![Link {
+                trace_id: vec![4; 16],
+                span_id: vec![5; 8],
+                trace_state: "c=d".into(),
+                attributes: vec![key_value()],
+                dropped_attributes_count: 1,
+                flags: 1,
+            }],
+            dropped_links_count: 1,
+            status: Some(Status {
+                message: "m".into(),
+                code: 2,
+            }),
+        }
+    }
+
+    /// The (number, wire type) of each field at the top level of `bytes`.
+    fn fields(bytes: &[u8]) -> Vec<(u32, u8)> {
+        let mut r = Reader::new(bytes);
+        let mut out = Vec::new();
+        while let Some((number, wire)) = r.key().unwrap() {
+            out.push((number, wire));
+            r.skip(number, wire).unwrap();
+        }
+        out
+    }
+
+    /// Every field of `encoded` (`count` of them) is listed for `message` with its wire type,
+    /// and the whole message passes the check.
+    fn assert_listed(message: Message, encoded: &[u8], count: usize) {
+        let found = fields(encoded);
+        assert_eq!(found.len(), count, "{message:?}: {found:?}");
+        for (number, wire) in found {
+            let listed = match field(message, number) {
+                Field::Text | Field::Nested(_) => Some(LEN),
+                Field::Plain(wire) => Some(wire),
+                Field::Unknown => None,
+            };
+            assert_eq!(listed, Some(wire), "{message:?} field {number}");
+        }
+        assert_eq!(check(encoded, message, SPAN_BUDGET), Ok(()), "{message:?}");
+    }
+
+    #[test]
+    fn every_field_prost_writes_is_in_the_table_with_its_wire_type() {
+        let s = span();
+        assert_listed(Message::Span, &s.encode_to_vec(), 16);
+        assert_listed(Message::Event, &s.events[0].encode_to_vec(), 4);
+        assert_listed(Message::Link, &s.links[0].encode_to_vec(), 6);
+        assert_listed(Message::Status, &s.status.unwrap().encode_to_vec(), 2);
+        assert_listed(Message::KeyValue, &key_value().encode_to_vec(), 3);
+        for value in every_value() {
+            assert_listed(Message::AnyValue, &any(value).encode_to_vec(), 1);
+        }
+        let array = ArrayValue {
+            values: vec![any(Value::IntValue(1))],
+        };
+        assert_listed(Message::ArrayValue, &array.encode_to_vec(), 1);
+        let list = KeyValueList {
+            values: vec![key_value()],
+        };
+        assert_listed(Message::KeyValueList, &list.encode_to_vec(), 1);
+        let r = resource();
+        assert_listed(Message::Resource, &r.encode_to_vec(), 3);
+        assert_listed(Message::EntityRef, &r.entity_refs[0].encode_to_vec(), 4);
+        assert_listed(Message::Scope, &scope().encode_to_vec(), 4);
+    }
+
+    /// The heads' own fields are the three `check_head` knows (1, 2, 3), all length-delimited,
+    /// and a head with every field set passes.
+    #[test]
+    fn the_heads_have_the_fields_check_head_knows() {
+        let scope_spans = ScopeSpans {
+            scope: Some(scope()),
+            spans: vec![span()],
+            schema_url: "https://example.com/s".into(),
+        };
+        let resource_spans = ResourceSpans {
+            resource: Some(resource()),
+            scope_spans: vec![scope_spans.clone()],
+            schema_url: "https://example.com/r".into(),
+        };
+        for (head, encoded) in [
+            (Head::ScopeSpans, scope_spans.encode_to_vec()),
+            (Head::ResourceSpans, resource_spans.encode_to_vec()),
+        ] {
+            assert_eq!(fields(&encoded), [(1, LEN), (2, LEN), (3, LEN)], "{head:?}");
+            assert_eq!(check_head(&encoded, head), Ok(()), "{head:?}");
+        }
+    }
+}
