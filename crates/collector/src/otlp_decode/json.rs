@@ -119,17 +119,18 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
             break;
         }
         // An element whose syntax is broken is not cut: the body is refused.
+        let at = byte_offset(&body, error.line(), error.column());
         let Some(Unreadable {
             fixes: unreadable,
             first_cut_error,
-        }) = unreadable_elements(&body, level)
+            cut_error_at,
+        }) = unreadable_elements(&body, level, at)
         else {
             break;
         };
         if unreadable.is_empty() {
             continue;
         }
-        let at = byte_offset(&body, error.line(), error.column());
         let mut error_rewritten = false;
         for (element, fix) in &unreadable {
             if let Fix::Rewrite { .. } = fix {
@@ -137,7 +138,14 @@ pub fn decode_json_cutting(buf: &[u8]) -> Result<(Decoded, Option<Vec<u8>>), Dec
                 continue;
             }
             if cuts.first.is_none() && element.range.contains(&at) {
-                cuts.first = Some(format!("{} could not be read: {error}", level.what()));
+                // The element's own reason (the body's error may be one the lenient reading
+                // forgives), where the body's error points.
+                let reason = cut_error_at.as_deref().unwrap_or("unreadable");
+                let (line, column) = (error.line(), error.column());
+                cuts.first = Some(format!(
+                    "{} could not be read: {reason} (at line {line} column {column})",
+                    level.what()
+                ));
             }
             if level != Level::Span {
                 cuts.with_their_scope += element.spans;
@@ -233,10 +241,11 @@ enum Fix {
 /// error in the first element cut (its position left out: it would count from the envelope,
 /// not the body). `None` when an element that cannot be read is not well-formed JSON either: a
 /// cut would hide a syntax error, so the body is refused.
-fn unreadable_elements(body: &[u8], level: Level) -> Option<Unreadable> {
+fn unreadable_elements(body: &[u8], level: Level, at: usize) -> Option<Unreadable> {
     let (prefix, suffix) = level.envelope();
     let mut unreadable = Vec::new();
     let mut first_cut_error = None;
+    let mut cut_error_at = None;
     let mut alone = Vec::new();
     let mut well_formed = true;
     scan_elements(body, |e| {
@@ -256,26 +265,36 @@ fn unreadable_elements(body: &[u8], level: Level) -> Option<Unreadable> {
         alone.truncate(prefix.len());
         let rewritten = rewrite_lenient_sized(element, &mut alone, suffix.len());
         alone.extend_from_slice(suffix);
-        let fix = if let Some(len) = rewritten
-            && parse(&alone).is_ok()
-        {
-            Fix::Rewrite { len }
-        } else if !well_formed_json(element) {
+        let rewrite_error = match rewritten.map(|len| (len, parse(&alone))) {
+            Some((len, Ok(_))) => {
+                unreadable.push((e, Fix::Rewrite { len }));
+                return;
+            }
+            Some((_, Err(rewrite_error))) => Some(rewrite_error),
+            None => None,
+        };
+        if !well_formed_json(element) {
             well_formed = false;
             return;
-        } else {
-            if first_cut_error.is_none() {
-                let message = error.to_string();
-                let without_position = message.rsplit_once(" at line ").map_or(&*message, |m| m.0);
-                first_cut_error = Some(without_position.to_owned());
+        }
+        let holds_at = e.range.contains(&at);
+        if first_cut_error.is_none() || holds_at {
+            // Why it is cut: the error left once the lenient spellings are read (a string
+            // `kind` is no reason when the element also nests too deep).
+            let message = rewrite_error.as_ref().unwrap_or(&error).to_string();
+            let without_position = message.rsplit_once(" at line ").map_or(&*message, |m| m.0);
+            if holds_at {
+                cut_error_at = Some(without_position.to_owned());
             }
-            Fix::Cut
-        };
+            first_cut_error.get_or_insert_with(|| without_position.to_owned());
+        }
+        let fix = Fix::Cut;
         unreadable.push((e, fix));
     });
     well_formed.then_some(Unreadable {
         fixes: unreadable,
         first_cut_error,
+        cut_error_at,
     })
 }
 
@@ -284,6 +303,8 @@ fn unreadable_elements(body: &[u8], level: Level) -> Option<Unreadable> {
 struct Unreadable {
     fixes: Vec<(JsonElement, Fix)>,
     first_cut_error: Option<String>,
+    /// The parser's error in the element cut that holds the body's error, if one does.
+    cut_error_at: Option<String>,
 }
 
 /// Whether `element` is JSON whose only errors, if any, are inside strings (what a cut may
@@ -827,5 +848,29 @@ mod tests {
         assert!(!first.contains(" at line "), "{first}");
         let again = decode_json(&fixed.unwrap()).unwrap();
         assert_eq!((again.spans.len(), again.rejected), (22, 2));
+    }
+
+    /// A span cut for its nesting is reported for its nesting, also when it spells `kind` as a
+    /// string (which the lenient reading forgives, but which the strict parse meets first).
+    #[test]
+    fn a_span_cut_for_its_nesting_says_so_whatever_else_it_spells_leniently() {
+        let deep = |kind: &str| {
+            format!(
+                r#"{{"traceId":"{:032x}","spanId":"{:016x}","name":"deep",{kind}"startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{{"key":"d","value":{}}}]}}"#,
+                999,
+                999,
+                nested(200)
+            )
+        };
+        for kind in ["", r#""kind":2,"#, r#""kind":"SPAN_KIND_SERVER","#] {
+            let body = body_with(20, &deep(kind));
+            let d = decode_json(body.as_bytes()).unwrap();
+            assert_eq!((d.spans.len(), d.rejected), (20, 2), "{kind}");
+            let first = d.first_error.unwrap_or_default();
+            assert!(
+                first.starts_with("the span could not be read: recursion limit exceeded"),
+                "{kind}: {first}"
+            );
+        }
     }
 }
