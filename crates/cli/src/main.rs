@@ -133,8 +133,11 @@ const PURGE_DELAY_MS: std::ffi::c_long = 4_000;
 ///   collector's CPU (docs/PERFORMANCE.md). Inherited by child processes (infertrace starts
 ///   none). The `mimalloc` crate's `no_thp` feature only stops mimalloc's `madvise` and would
 ///   not cover a kernel with THP `always`.
-/// - **Freed memory kept for [`PURGE_DELAY_MS`]**, unless `MIMALLOC_PURGE_DELAY` is set.
+/// - **Freed memory kept for [`PURGE_DELAY_MS`]**, unless `MIMALLOC_PURGE_DELAY` is set, and
+///   returned at once while the collector's resident memory is near the bound its memory
+///   limit states ([`return_freed_memory`]).
 fn tune_allocator() {
+    infertrace_collector::resident::set_return_freed_memory(return_freed_memory);
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         // The variadic arguments are read as `unsigned long`: passed at that width.
@@ -147,6 +150,28 @@ fn tune_allocator() {
         // SAFETY: mimalloc's runtime options may be set at any time from any thread (the
         // purge delay is read at each purge); the option number is checked by a test.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+    }
+}
+
+/// Tells mimalloc whether to return the freed memory it keeps to reuse: while `now`, with no
+/// purge delay and a forced collection at each call (which purges, process wide, what waited
+/// for the delay); then with the delay it had before. The collector calls it at each tick
+/// while its resident memory is near the bound its memory limit states, and once after
+/// (`infertrace_collector::resident`).
+fn return_freed_memory(now: bool) {
+    use std::sync::OnceLock;
+    static KEPT_FOR: OnceLock<std::ffi::c_long> = OnceLock::new();
+    // SAFETY: mimalloc's options may be read and set, and `mi_collect` called, from any thread
+    // at any time; none takes a pointer.
+    unsafe {
+        let kept_for =
+            *KEPT_FOR.get_or_init(|| libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY));
+        if now {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+            libmimalloc_sys::mi_collect(true);
+        } else {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, kept_for);
+        }
     }
 }
 

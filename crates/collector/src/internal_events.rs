@@ -156,6 +156,7 @@ struct Logs {
     connections_closed: RateLimitedLog,
     auth_refused: RateLimitedLog,
     aggregates: RateLimitedLog,
+    returning_memory: RateLimitedLog,
     store_dropped: RateLimitedLog,
     reopened: RateLimitedLog,
 }
@@ -293,6 +294,12 @@ pub struct InternalEvents {
     pub memory_reserved: Family<MemoryPartLabels, Gauge>,
     /// `infertrace_memory_limit_bytes`: the memory limit.
     pub memory_limit: Gauge,
+    /// `infertrace_resident_memory_bytes`: the process's resident set at the last tick (when
+    /// `limits.watch_resident_memory` is on).
+    pub resident_memory: Gauge,
+    /// `infertrace_memory_returned_ticks_total`: ticks at which the allocator was told to
+    /// return the freed memory it keeps (the resident set near its bound).
+    pub memory_returned_ticks: Counter,
 }
 
 impl InternalEvents {
@@ -513,6 +520,17 @@ impl InternalEvents {
             prom::MEMORY_LIMIT_BYTES,
             "The memory limit (limits.memory_limit_bytes)",
             self.memory_limit.clone(),
+        );
+        r.register(
+            prom::RESIDENT_MEMORY_BYTES,
+            "The process's resident memory at the last tick (limits.watch_resident_memory)",
+            self.resident_memory.clone(),
+        );
+        r.register(
+            prom::MEMORY_RETURNED_TICKS,
+            "Ticks at which the allocator was told to return the freed memory it keeps: the \
+             resident memory within 32 MiB of memory_limit_bytes plus 64 MiB",
+            self.memory_returned_ticks.clone(),
         );
     }
 
@@ -764,6 +782,26 @@ impl InternalEvents {
                  history store queue) hold \
                  more than half of limits.memory_limit_bytes, leaving less for traces in flight: \
                  raise the limit, or lower limits.max_series or the longest kpi.windows"
+            );
+        }
+    }
+
+    /// Sets `resident_memory_bytes`; when `returning`, counts the tick in
+    /// `memory_returned_ticks_total` and, at its start (`started`), warns (rate-limited) that
+    /// the allocator now returns freed memory at once.
+    pub fn resident_memory_read(&self, resident: usize, returning: bool, started: bool) {
+        self.resident_memory
+            .set(i64::try_from(resident).unwrap_or(i64::MAX));
+        if returning {
+            self.memory_returned_ticks.inc();
+        }
+        if started && let Some(count) = self.logs.returning_memory.note(1) {
+            tracing::warn!(
+                resident_bytes = resident,
+                times = count,
+                "the resident memory came within 32 MiB of limits.memory_limit_bytes plus 64 MiB: \
+                 freed memory is returned to the system at once until it is back below (slower); \
+                 if this repeats, raise the limit or the memory of the machine"
             );
         }
     }

@@ -25,6 +25,7 @@ pub mod pipeline;
 pub mod prom_export;
 pub(crate) mod prom_single_writer;
 pub mod receiver;
+pub mod resident;
 pub mod server;
 pub mod server_tls;
 pub mod store;

@@ -476,6 +476,9 @@ fn build_core(
         limiter.clone(),
         forward_handle,
     ));
+    if config.limits.watch_resident_memory {
+        pipeline.watch_resident_memory(crate::resident::resident_bytes);
+    }
     let mut alerting =
         Alerting::new(config, &generator_url(config, api_addr)).map_err(ServerError::Config)?;
     if let Some(store) = &checked.store {

@@ -579,4 +579,10 @@ pub mod prom {
     /// Self-metric (gauge): `limits.memory_limit_bytes`, for ratios against
     /// [`MEMORY_RESERVED_BYTES`].
     pub const MEMORY_LIMIT_BYTES: &str = "memory_limit_bytes";
+    /// Self-metric (gauge): the collector process's resident memory at the last assembly tick
+    /// (`limits.watch_resident_memory`).
+    pub const RESIDENT_MEMORY_BYTES: &str = "resident_memory_bytes";
+    /// Self-metric: assembly ticks at which the resident memory was near the limit's bound and
+    /// the allocator was told to return the freed memory it keeps.
+    pub const MEMORY_RETURNED_TICKS: &str = "memory_returned_ticks";
 }

@@ -227,6 +227,13 @@ pub struct LimitsConfig {
     /// a new one may take its place). Default 1m.
     #[serde(with = "human_duration")]
     pub series_reclaim_after: Duration,
+    /// Read the process's resident memory at every tick, and while it is within 32 MiB of
+    /// `memory_limit_bytes` plus 64 MiB have the allocator return freed memory at once instead
+    /// of keeping it for reuse (`crate::resident`): slower, but the process stays within that
+    /// bound under heavy churn with the limit full, or a small limit, too. Off for a collector
+    /// embedded in a larger program (whose resident memory is not the collector's). Default
+    /// true.
+    pub watch_resident_memory: bool,
 }
 
 impl Default for LimitsConfig {
@@ -239,6 +246,7 @@ impl Default for LimitsConfig {
             max_traces_in_flight: 100_000,
             max_series: KpiConfig::default().max_series,
             series_reclaim_after: KpiConfig::default().series_reclaim_after,
+            watch_resident_memory: true,
         }
     }
 }

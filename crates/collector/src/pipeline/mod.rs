@@ -67,6 +67,7 @@ use crate::ingest::{Ingest, IngestBatch, IngestError};
 use crate::internal_events::InternalEvents;
 use crate::limiter::{FixedMemory, MemoryLimiter, MemoryReservation, span_footprint};
 use crate::prom_export::{PromMetrics, PromRecorder};
+use crate::resident::ResidentWatch;
 use crate::store::{Store, StoreError, StoreFeed, StoreWriter};
 use arrival::prepare_runs;
 use grace::GraceLearner;
@@ -255,6 +256,9 @@ pub struct Pipeline {
     analysis_bytes: AtomicUsize,
     /// The assembler's tables' bytes held in the limiter, as last published.
     table_bytes: AtomicUsize,
+    /// The process's resident memory against the limit's bound, when watched
+    /// ([`watch_resident_memory`](Self::watch_resident_memory)).
+    resident: Mutex<Option<ResidentWatch>>,
     /// Wakes the tick early: traces were closed for memory relief.
     tick_wanted: tokio::sync::Notify,
 }
@@ -337,8 +341,17 @@ impl Pipeline {
             requests_recorded: AtomicU64::new(0),
             analysis_bytes: AtomicUsize::new(0),
             table_bytes: AtomicUsize::new(0),
+            resident: Mutex::new(None),
             tick_wanted: tokio::sync::Notify::new(),
         }
+    }
+
+    /// From now on, at every tick, reads the process's resident memory (as `read` reports it:
+    /// [`crate::resident::resident_bytes`]) and has the allocator return the memory it keeps
+    /// while it is near the limit's bound (`limits.watch_resident_memory`; see
+    /// [`crate::resident`]).
+    pub fn watch_resident_memory(&self, read: fn() -> Option<usize>) {
+        *lock(&self.resident) = Some(ResidentWatch::new(self.limiter.limit(), read));
     }
 
     /// Connects the history store: first refills the KPI windows from the minutes `store`
@@ -628,6 +641,12 @@ impl Pipeline {
             let mut assembler = lock(&self.assembler);
             assembler.account_tables(now);
             self.publish_tables(&assembler);
+        }
+        if let Some((resident, returning, started)) =
+            lock(&self.resident).as_mut().and_then(ResidentWatch::check)
+        {
+            self.events
+                .resident_memory_read(resident, returning, started);
         }
         // In rounds of at most `POLL_ROUND` traces (see `TraceAssembler::poll_some`).
         let mut stats = TickStats::default();

@@ -268,6 +268,41 @@ fn memory_limit_refuses_with_overloaded() {
     assert_eq!(p.data_memory_bytes(), 0);
 }
 
+/// With the resident memory watched, every tick reads it into `resident_memory_bytes`, and
+/// the ticks at which it is near the limit's bound count in `memory_returned_ticks_total`.
+#[test]
+fn the_resident_memory_is_read_at_every_tick() {
+    use crate::resident::{OVERHEAD, RETURN_WITHIN};
+    use std::sync::atomic::AtomicUsize;
+    static RESIDENT: AtomicUsize = AtomicUsize::new(0);
+    fn read() -> Option<usize> {
+        Some(RESIDENT.load(Ordering::Relaxed))
+    }
+    let limit = 64 << 20;
+    let (p, registry) = {
+        let (events, metrics) = (InternalEvents::default(), PromMetrics::default());
+        let registry = build_registry(&metrics, &events);
+        let config = CollectorConfig::default();
+        let p = Pipeline::new(&config, events, metrics, MemoryLimiter::new(limit), None);
+        (p, registry)
+    };
+    p.watch_resident_memory(read);
+    let near = limit + OVERHEAD - RETURN_WITHIN + 1;
+    for resident in [limit / 2, near, near, limit] {
+        RESIDENT.store(resident, Ordering::Relaxed);
+        p.tick();
+    }
+    let text = encode(&registry);
+    assert!(
+        text.contains(&format!("infertrace_resident_memory_bytes {}", limit)),
+        "{text}"
+    );
+    assert!(
+        text.contains("infertrace_memory_returned_ticks_total 2"),
+        "{text}"
+    );
+}
+
 /// With a grace period longer than the test, buffered traces fill the memory limit; past its
 /// soft limit ingest closes the oldest early and the tick releases them, so new traces keep
 /// coming in (a refusal, if the tick has not run yet, is followed by an accepted retry), and

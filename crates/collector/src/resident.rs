@@ -1,0 +1,137 @@
+//! The process's resident memory against the bound the memory limit states
+//! (`limits.memory_limit_bytes` plus [`OVERHEAD`]). The limiter holds what the collector
+//! reserves; the allocator may keep memory resident after it is freed, to reuse it (mimalloc
+//! returns it after a delay, which spares page faults at full rate), and under heavy churn
+//! with the limiter full, or with a small limit, that kept memory alone passed the overhead
+//! (docs/RELIABILITY.md). So at every assembly tick the resident set is read, and while it is
+//! within [`RETURN_WITHIN`] of the bound the allocator is told to return what it keeps at once
+//! (slower: memory is then faulted in again), and once it is back below, that it may keep it
+//! again — through the hook the binary installs ([`set_return_freed_memory`]): the allocator
+//! is the binary's choice, not this library's. Kept memory is not held in the limiter: new
+//! data reuses it without growing the process.
+
+use std::sync::OnceLock;
+
+/// What the process may hold beyond `limits.memory_limit_bytes`: its code, thread stacks,
+/// runtime and connection buffers, and memory the allocator keeps for a while.
+pub const OVERHEAD: usize = 64 << 20;
+
+/// How close to the bound the resident set may come before the allocator is told to return
+/// what it keeps at once.
+pub const RETURN_WITHIN: usize = 32 << 20;
+
+/// The hook that tells the allocator whether to return the freed memory it keeps.
+static RETURN_FREED: OnceLock<fn(bool)> = OnceLock::new();
+
+/// Installs `hook`: called with `true` at every tick while the resident set is within
+/// [`RETURN_WITHIN`] of the bound (return freed memory now), and with `false` at the first
+/// tick it no longer is (keep it again, as before). The `infertrace` binary has mimalloc purge
+/// at once meanwhile. Only the first call installs one.
+pub fn set_return_freed_memory(hook: fn(bool)) {
+    let _ = RETURN_FREED.set(hook);
+}
+
+/// The process's resident set, bytes (`VmRSS` in `/proc/self/status`); `None` where it cannot
+/// be read (not Linux).
+pub fn resident_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<usize>()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Reads the resident set and tells the allocator what to do with the memory it keeps (see the
+/// module docs).
+pub(crate) struct ResidentWatch {
+    /// Where the allocator is told to return what it keeps.
+    return_from: usize,
+    read: fn() -> Option<usize>,
+    hook: Option<fn(bool)>,
+    /// Whether the allocator was last told to return what it keeps.
+    returning: bool,
+}
+
+impl ResidentWatch {
+    /// A watch of what `read` says is resident, against the bound of `limit`, telling the
+    /// installed hook.
+    pub(crate) fn new(limit: usize, read: fn() -> Option<usize>) -> Self {
+        Self::with_hook(limit, read, RETURN_FREED.get().copied())
+    }
+
+    fn with_hook(limit: usize, read: fn() -> Option<usize>, hook: Option<fn(bool)>) -> Self {
+        Self {
+            return_from: limit.saturating_add(OVERHEAD).saturating_sub(RETURN_WITHIN),
+            read,
+            hook,
+            returning: false,
+        }
+    }
+
+    /// Reads the resident set and tells the allocator to return what it keeps while the set
+    /// is within [`RETURN_WITHIN`] of the bound (and, once, when it no longer is). Returns the
+    /// resident set, whether the allocator is returning memory now, and whether it just
+    /// started to (for a log line).
+    pub(crate) fn check(&mut self) -> Option<(usize, bool, bool)> {
+        let resident = (self.read)()?;
+        let returning = resident > self.return_from;
+        if (returning || self.returning)
+            && let Some(hook) = self.hook
+        {
+            hook(returning);
+        }
+        let started = returning && !self.returning;
+        self.returning = returning;
+        Some((resident, returning, started))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn the_resident_set_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            let rss = resident_bytes().expect("VmRSS");
+            assert!(rss > 1 << 20, "{rss}");
+        }
+    }
+
+    /// The allocator is told to return what it keeps at every tick while the resident set is
+    /// within `RETURN_WITHIN` of the bound, and once to keep it when it is back below; not at
+    /// all while it stays below.
+    #[test]
+    fn the_allocator_returns_memory_only_near_the_bound() {
+        static RESIDENT: AtomicUsize = AtomicUsize::new(0);
+        static TOLD: Mutex<Vec<bool>> = Mutex::new(Vec::new());
+        fn read() -> Option<usize> {
+            Some(RESIDENT.load(Ordering::Relaxed))
+        }
+        fn hook(now: bool) {
+            TOLD.lock().unwrap().push(now);
+        }
+        let limit = 128 << 20;
+        let from = limit + OVERHEAD - RETURN_WITHIN;
+        let mut watch = ResidentWatch::with_hook(limit, read, Some(hook));
+        let mut tick = |resident: usize| {
+            RESIDENT.store(resident, Ordering::Relaxed);
+            watch.check().unwrap()
+        };
+        assert_eq!(tick(limit), (limit, false, false));
+        assert_eq!(tick(from), (from, false, false));
+        assert!(TOLD.lock().unwrap().is_empty());
+        assert_eq!(tick(from + 1), (from + 1, true, true));
+        assert_eq!(tick(from + 2), (from + 2, true, false));
+        assert_eq!(tick(from - 1), (from - 1, false, false));
+        assert_eq!(tick(from - 2), (from - 2, false, false));
+        assert_eq!(*TOLD.lock().unwrap(), [true, true, false]);
+    }
+}
