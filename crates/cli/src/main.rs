@@ -137,7 +137,9 @@ const PURGE_DELAY_MS: std::ffi::c_long = 4_000;
 ///   returned at once while the collector's resident memory is near the bound its memory
 ///   limit states ([`return_freed_memory`]).
 fn tune_allocator() {
-    infertrace_collector::resident::set_return_freed_memory(return_freed_memory);
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        infertrace_collector::resident::set_return_freed_memory(return_freed_memory);
+    }
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         // The variadic arguments are read as `unsigned long`: passed at that width.
@@ -153,11 +155,13 @@ fn tune_allocator() {
     }
 }
 
-/// Tells mimalloc whether to return the freed memory it keeps to reuse: while `now`, with no
-/// purge delay and a forced collection at each call (which purges, process wide, what waited
-/// for the delay); then with the delay it had before. The collector calls it at each tick
-/// while its resident memory is near the bound its memory limit states, and once after
-/// (`infertrace_collector::resident`).
+/// Tells mimalloc whether to return the freed memory it keeps to reuse: when `now` first, a
+/// forced collection while the purge delay still stands (mimalloc purges, process wide, what
+/// waits for the delay only while it is above 0), then no delay, so that memory freed from
+/// then on is returned at once; when not, the delay it had before. The collector calls it at
+/// each tick while its resident memory is near the bound its memory limit states, and once
+/// after (`infertrace_collector::resident`). Not installed when `MIMALLOC_PURGE_DELAY` is set:
+/// the operator chose.
 fn return_freed_memory(now: bool) {
     use std::sync::OnceLock;
     static KEPT_FOR: OnceLock<std::ffi::c_long> = OnceLock::new();
@@ -166,10 +170,11 @@ fn return_freed_memory(now: bool) {
     unsafe {
         let kept_for =
             *KEPT_FOR.get_or_init(|| libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY));
-        if now {
-            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+        let delay = libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY);
+        if now && delay != 0 {
             libmimalloc_sys::mi_collect(true);
-        } else {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+        } else if !now {
             libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, kept_for);
         }
     }

@@ -20,19 +20,23 @@ pub const OVERHEAD: usize = 64 << 20;
 /// what it keeps at once.
 pub const RETURN_WITHIN: usize = 32 << 20;
 
+/// How far below where it started the resident set must fall before the allocator may keep
+/// freed memory again (so that a set hovering there does not switch it at every tick).
+pub const KEEP_BELOW: usize = 16 << 20;
+
 /// The hook that tells the allocator whether to return the freed memory it keeps.
 static RETURN_FREED: OnceLock<fn(bool)> = OnceLock::new();
 
 /// Installs `hook`: called with `true` at every tick while the resident set is within
 /// [`RETURN_WITHIN`] of the bound (return freed memory now), and with `false` at the first
-/// tick it no longer is (keep it again, as before). The `infertrace` binary has mimalloc purge
+/// tick it is [`KEEP_BELOW`] below that again, or cannot be read (keep it again, as before). The `infertrace` binary has mimalloc purge
 /// at once meanwhile. Only the first call installs one.
 pub fn set_return_freed_memory(hook: fn(bool)) {
     let _ = RETURN_FREED.set(hook);
 }
 
 /// The process's resident set, bytes (`VmRSS` in `/proc/self/status`); `None` where it cannot
-/// be read (not Linux).
+/// be read (not Linux: there the watch does nothing).
 pub fn resident_bytes() -> Option<usize> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib = status
@@ -74,20 +78,34 @@ impl ResidentWatch {
     }
 
     /// Reads the resident set and tells the allocator to return what it keeps while the set
-    /// is within [`RETURN_WITHIN`] of the bound (and, once, when it no longer is). Returns the
-    /// resident set, whether the allocator is returning memory now, and whether it just
-    /// started to (for a log line).
+    /// is within [`RETURN_WITHIN`] of the bound (and, once, when it is [`KEEP_BELOW`] below
+    /// that again). Returns the resident set, whether the allocator is returning memory now,
+    /// and whether it just started to (for a log line); without a hook installed nothing is
+    /// returned, and the answer says so.
     pub(crate) fn check(&mut self) -> Option<(usize, bool, bool)> {
-        let resident = (self.read)()?;
-        let returning = resident > self.return_from;
-        if (returning || self.returning)
-            && let Some(hook) = self.hook
-        {
+        let Some(resident) = (self.read)() else {
+            self.tell(false);
+            return None;
+        };
+        let returning = if self.returning {
+            resident > self.return_from.saturating_sub(KEEP_BELOW)
+        } else {
+            resident > self.return_from
+        };
+        let started = returning && !self.returning;
+        self.tell(returning);
+        Some((resident, self.returning, started && self.returning))
+    }
+
+    /// Tells the hook, if any: at every tick while returning, and once when that ends.
+    fn tell(&mut self, returning: bool) {
+        let Some(hook) = self.hook else {
+            return;
+        };
+        if returning || self.returning {
             hook(returning);
         }
-        let started = returning && !self.returning;
         self.returning = returning;
-        Some((resident, returning, started))
     }
 }
 
@@ -106,8 +124,8 @@ mod tests {
     }
 
     /// The allocator is told to return what it keeps at every tick while the resident set is
-    /// within `RETURN_WITHIN` of the bound, and once to keep it when it is back below; not at
-    /// all while it stays below.
+    /// within `RETURN_WITHIN` of the bound, and once to keep it when it is `KEEP_BELOW` below
+    /// that; not at all while it stays below. Without a hook, nothing is reported returned.
     #[test]
     fn the_allocator_returns_memory_only_near_the_bound() {
         static RESIDENT: AtomicUsize = AtomicUsize::new(0);
@@ -130,8 +148,16 @@ mod tests {
         assert!(TOLD.lock().unwrap().is_empty());
         assert_eq!(tick(from + 1), (from + 1, true, true));
         assert_eq!(tick(from + 2), (from + 2, true, false));
-        assert_eq!(tick(from - 1), (from - 1, false, false));
-        assert_eq!(tick(from - 2), (from - 2, false, false));
-        assert_eq!(*TOLD.lock().unwrap(), [true, true, false]);
+        // Hovering just below where it started: still returning.
+        assert_eq!(tick(from - 1), (from - 1, true, false));
+        assert_eq!(tick(from - KEEP_BELOW), (from - KEEP_BELOW, false, false));
+        assert_eq!(
+            tick(from - KEEP_BELOW - 1),
+            (from - KEEP_BELOW - 1, false, false)
+        );
+        assert_eq!(*TOLD.lock().unwrap(), [true, true, true, false]);
+        let mut unhooked = ResidentWatch::with_hook(limit, read, None);
+        RESIDENT.store(from + 1, Ordering::Relaxed);
+        assert_eq!(unhooked.check(), Some((from + 1, false, false)));
     }
 }

@@ -17,6 +17,9 @@ pub(super) async fn start_collector(
     grace: Duration,
 ) -> anyhow::Result<RunningCollector> {
     let mut config = CollectorConfig::default();
+    // The demo's process holds the simulated engines and load too: its resident memory is not
+    // the collector's.
+    config.limits.watch_resident_memory = false;
     config.receivers.otlp_grpc.endpoint = "127.0.0.1:0".parse()?;
     config.receivers.otlp_http.endpoint = "127.0.0.1:0".parse()?;
     config.api.listen = match (args.listen, args.keep) {

@@ -274,7 +274,7 @@ pub(crate) struct TraceAssembler {
     /// Where the tables' own memory is held (see `table_memory.rs`); `None`: not counted.
     table_memory: Option<crate::limiter::FixedMemory>,
     /// When the sparse tables were last looked at for shrinking.
-    tables_measured_at: Option<Instant>,
+    tables_shrunk_at: Option<Instant>,
     /// The sum of [`PendingTrace::slack_bytes`] over `traces`, kept as they change, so that
     /// the tables are measured after every batch without visiting every trace.
     slack: usize,
@@ -337,7 +337,7 @@ impl TraceAssembler {
             last_idle_scan: None,
             next_idle_due: None,
             table_memory: None,
-            tables_measured_at: None,
+            tables_shrunk_at: None,
             slack: 0,
         }
     }
@@ -511,7 +511,6 @@ impl TraceAssembler {
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
         self.compact();
-        self.hold_tables();
         kept_out
     }
 
@@ -587,7 +586,6 @@ impl TraceAssembler {
         self.events
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
-        self.hold_tables();
     }
 
     /// Looks every id of `ids` up in the trace index, discarding the answers, so that the

@@ -1,7 +1,8 @@
 //! The assembler's own tables in the memory limit. A batch's reservation covers its spans (and
 //! a prepared trace's its footprint, queue slot and index entry included); what the assembler
 //! allocates around them is held in the limiter as fixed memory, measured after every batch it
-//! takes (so that a table's growth is held before the next batch is admitted): the map of
+//! takes, poll, early close and flush (the pipeline calls [`TraceAssembler::hold_tables`]), so
+//! that a table's growth is held before the next batch is admitted: the map of
 //! traces in flight as spans at its capacity, each such trace's spare span slots (a vector
 //! grown by doubling: a 17-span trace has room for 32) and extra holds (a running sum, kept as
 //! traces change), the age and grace queues, the prepared queue's slots no prepared trace
@@ -21,14 +22,14 @@ use crate::limiter::FixedMemory;
 /// How often sparse tables are looked for and shrunk.
 pub(super) const SHRINK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// A table holding less than this fraction of its capacity is shrunk when measured.
+/// A table holding less than this fraction of its capacity is shrunk (once a second).
 const SHRINK_BELOW_DIVISOR: usize = 4;
 
 impl TraceAssembler {
     /// Holds the tables' memory in `memory` from now on (see the module docs).
     pub fn hold_tables_in(&mut self, memory: FixedMemory) {
         self.table_memory = Some(memory);
-        self.tables_measured_at = None;
+        self.tables_shrunk_at = None;
     }
 
     /// Shrinks sparse tables when [`SHRINK_INTERVAL`] has passed since the last time (or at
@@ -36,18 +37,18 @@ impl TraceAssembler {
     pub fn account_tables(&mut self, now: Instant) -> usize {
         let due = self.table_memory.is_some()
             && self
-                .tables_measured_at
+                .tables_shrunk_at
                 .is_none_or(|at| now.saturating_duration_since(at) >= SHRINK_INTERVAL);
         if due {
             self.shrink_sparse_tables();
-            self.tables_measured_at = Some(now);
+            self.tables_shrunk_at = Some(now);
         }
         self.hold_tables()
     }
 
     /// Measures the tables (a few reads: no trace is visited) and holds their bytes, when they
     /// are held anywhere. Returns the bytes held.
-    pub(super) fn hold_tables(&mut self) -> usize {
+    pub(crate) fn hold_tables(&mut self) -> usize {
         let bytes = self.table_bytes();
         match &mut self.table_memory {
             Some(memory) => {

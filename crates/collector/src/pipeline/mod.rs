@@ -349,7 +349,7 @@ impl Pipeline {
     /// From now on, at every tick, reads the process's resident memory (as `read` reports it:
     /// [`crate::resident::resident_bytes`]) and has the allocator return the memory it keeps
     /// while it is near the limit's bound (`limits.watch_resident_memory`; see
-    /// [`crate::resident`]).
+    /// [`crate::resident`]). Linux only: elsewhere it does nothing.
     pub fn watch_resident_memory(&self, read: fn() -> Option<usize>) {
         *lock(&self.resident) = Some(ResidentWatch::new(self.limiter.limit(), read));
     }
@@ -432,11 +432,13 @@ impl Pipeline {
         self.table_bytes.load(Ordering::Relaxed)
     }
 
-    /// Publishes what the assembler holds for its tables (measured after each batch and at
-    /// each tick) for [`table_memory_bytes`](Self::table_memory_bytes).
-    fn publish_tables(&self, assembler: &TraceAssembler) {
+    /// Measures the assembler's tables, holds them in the limiter and publishes the bytes for
+    /// [`table_memory_bytes`](Self::table_memory_bytes): after each batch, poll, early close
+    /// and flush, so that what they grow is held before the next batch is admitted and what
+    /// closing traces frees is given back at once.
+    fn publish_tables(&self, assembler: &mut TraceAssembler) {
         self.table_bytes
-            .store(assembler.held_table_bytes(), Ordering::Relaxed);
+            .store(assembler.hold_tables(), Ordering::Relaxed);
     }
 
     /// The recent-trace ring's memory as held in the limiter at the last tick (part of
@@ -557,7 +559,7 @@ impl Pipeline {
         let mut taken = vec![false; batch.spans.len()];
         if prepared {
             assembler.insert_prepared(runs, &mut taken, &hold, now);
-            self.publish_tables(&assembler);
+            self.publish_tables(&mut assembler);
         }
         drop(assembler);
         let mut spans = batch.spans;
@@ -575,7 +577,7 @@ impl Pipeline {
         } else {
             let mut assembler = lock(&self.assembler);
             let kept_out = assembler.push(spans, Some(hold), now);
-            self.publish_tables(&assembler);
+            self.publish_tables(&mut assembler);
             kept_out
         };
         if let Some(mut permit) = forward {
@@ -597,8 +599,8 @@ impl Pipeline {
     /// in flight in proportion to the memory to free and wakes the tick, which releases them:
     /// buffered traces give way to new data before any request is refused. The memory the
     /// assembler holds is estimated as what the limiter holds less the aggregates, the
-    /// recent-trace ring, the assembler's tables and the forward queue (requests being read count in too: the estimate errs
-    /// towards closing more, never fewer).
+    /// recent-trace ring, the assembler's tables and the forward queue (requests being read
+    /// count in too: the estimate errs towards closing more, never fewer).
     fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
         let excess = self.limiter.relief_excess();
         if excess == 0 {
@@ -618,7 +620,9 @@ impl Pipeline {
         // ceil(traces × excess / held), in u128: traces × bytes can pass u64 on paper.
         let n = (traces as u128 * excess as u128).div_ceil(held as u128);
         let n = usize::try_from(n).unwrap_or(traces);
-        if assembler.close_oldest_for_memory(n, now) > 0 {
+        let closed = assembler.close_oldest_for_memory(n, now);
+        self.publish_tables(assembler);
+        if closed > 0 {
             self.tick_wanted.notify_one();
         }
     }
@@ -640,7 +644,7 @@ impl Pipeline {
         {
             let mut assembler = lock(&self.assembler);
             assembler.account_tables(now);
-            self.publish_tables(&assembler);
+            self.publish_tables(&mut assembler);
         }
         if let Some((resident, returning, started)) =
             lock(&self.resident).as_mut().and_then(ResidentWatch::check)
@@ -651,7 +655,12 @@ impl Pipeline {
         // In rounds of at most `POLL_ROUND` traces (see `TraceAssembler::poll_some`).
         let mut stats = TickStats::default();
         loop {
-            let ready = lock(&self.assembler).poll_some(now, POLL_ROUND);
+            let ready = {
+                let mut assembler = lock(&self.assembler);
+                let ready = assembler.poll_some(now, POLL_ROUND);
+                self.publish_tables(&mut assembler);
+                ready
+            };
             let full = ready.completed.len() >= POLL_ROUND;
             let round = self.analyse(ready, now, now_unix_nano);
             stats.traces += round.traces;
@@ -695,7 +704,12 @@ impl Pipeline {
     /// Closes every trace in flight, whatever its grace, and records it (shutdown).
     pub fn flush(&self) -> TickStats {
         let now = Instant::now();
-        let ready = lock(&self.assembler).flush(now);
+        let ready = {
+            let mut assembler = lock(&self.assembler);
+            let ready = assembler.flush(now);
+            self.publish_tables(&mut assembler);
+            ready
+        };
         self.analyse(ready, now, unix_nanos_now())
     }
 

@@ -705,8 +705,8 @@ impl PromRecorder {
     /// whose (service, span) has no series yet gets one when `kept(service, span)` — the
     /// critical-path windows keep that key (the pipeline passes their
     /// [`has_key`](infertrace_analysis::critical_path::CriticalPathWindows::has_key)), so that
-    /// both fold the same keys into `_overflow` — and the exporter's own cap has room; else it
-    /// is added to the `_overflow` series.
+    /// both fold the same keys into `__overflow__` — and the exporter's own cap has room; else
+    /// it is added to the `__overflow__` series.
     pub fn record_critical_path(&mut self, path: &CriticalPath, kept: &dyn Fn(&str, &str) -> bool) {
         for seg in &path.segments {
             let secs = seg.duration_nanos() as f64 / 1e9;
