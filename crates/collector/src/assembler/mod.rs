@@ -229,6 +229,20 @@ struct PendingTrace {
     reopened: Option<bool>,
 }
 
+impl CompletedTrace {
+    /// As [`PendingTrace::slack_bytes`], for a trace closed with its spans (a prepared trace's
+    /// are counted whole by its reservation).
+    fn slack_bytes(&self) -> usize {
+        let spans = match &self.held {
+            HeldSpans::Decoded(spans) => {
+                (spans.capacity() - spans.len()) * std::mem::size_of::<Span>()
+            }
+            HeldSpans::Prepared(_) => 0,
+        };
+        spans + self.holds.more.capacity() * std::mem::size_of::<MemoryHold>()
+    }
+}
+
 impl PendingTrace {
     /// Bytes allocated for this trace beyond what its spans' reservations cover: spare span
     /// slots (the vector grows by doubling) and the extra holds' vector.
@@ -278,6 +292,8 @@ pub(crate) struct TraceAssembler {
     /// The sum of [`PendingTrace::slack_bytes`] over `traces`, kept as they change, so that
     /// the tables are measured after every batch without visiting every trace.
     slack: usize,
+    /// The same for the traces closed early that wait in `early` for the next poll.
+    early_slack: usize,
 }
 
 /// A prepared trace in the assembler's queue.
@@ -339,6 +355,7 @@ impl TraceAssembler {
             table_memory: None,
             tables_shrunk_at: None,
             slack: 0,
+            early_slack: 0,
         }
     }
 
@@ -680,6 +697,7 @@ impl TraceAssembler {
             + self.prepared.partition_point(|s| s.at + grace <= now);
         let mut completed = Vec::with_capacity(due.min(max) + self.early.len());
         completed.append(&mut self.early);
+        self.early_slack = 0;
         self.memory_relief_pending = false;
         // Prepared traces, in arrival order, which is due order; no table is touched.
         while let Some(slot) = self.prepared.front() {
@@ -919,6 +937,7 @@ impl TraceAssembler {
     }
 
     fn closed_early(&mut self, trace: CompletedTrace) -> bool {
+        self.early_slack += trace.slack_bytes();
         self.early.push(trace);
         true
     }
@@ -934,6 +953,7 @@ impl TraceAssembler {
     pub fn flush(&mut self, now: Instant) -> Ready {
         let mut completed = Vec::with_capacity(self.traces_in_flight() + self.early.len());
         completed.append(&mut self.early);
+        self.early_slack = 0;
         self.memory_relief_pending = false;
         for slot in std::mem::take(&mut self.prepared) {
             self.prepared_base += 1;
@@ -1292,8 +1312,12 @@ mod tests {
         a.push(vec![span(31, 3, "call")], None, at + secs(2.6));
         assert_eq!(a.slack, walk(&a), "re-opened");
         assert_eq!(a.close_oldest_for_memory(5, at + secs(2.7)), 5);
-        a.poll(at + secs(2.7));
         assert_eq!(a.slack, walk(&a), "closed for memory");
+        let early: usize = a.early.iter().map(CompletedTrace::slack_bytes).sum();
+        assert!(early > 0);
+        assert_eq!(a.early_slack, early, "waiting for the poll");
+        a.poll(at + secs(2.7));
+        assert_eq!(a.early_slack, 0, "handed out");
         a.flush(at + secs(2.8));
         assert_eq!(a.slack, 0, "flushed");
     }

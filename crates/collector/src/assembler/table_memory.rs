@@ -5,7 +5,8 @@
 //! that a table's growth is held before the next batch is admitted: the map of
 //! traces in flight as spans at its capacity, each such trace's spare span slots (a vector
 //! grown by doubling: a 17-span trace has room for 32) and extra holds (a running sum, kept as
-//! traces change), the age and grace queues, the prepared queue's slots no prepared trace
+//! traces change; also for traces closed early until the poll hands them out), the age and
+//! grace queues, the prepared queue's slots no prepared trace
 //! counts, the late and early buffers, and the trace index (all of it: sized at start for
 //! `max_traces_in_flight` ids, 4 MiB at the defaults, it only grows). About once a second the
 //! tables far larger than their contents (after a burst) are shrunk, so that the memory goes
@@ -76,7 +77,7 @@ impl TraceAssembler {
                 * size_of::<PreparedSlot>();
         let buffers = (self.late.capacity() - self.late.len()) * size_of::<Span>()
             + self.early.capacity() * size_of::<CompletedTrace>();
-        map + self.slack + queues + buffers + self.index.table_bytes()
+        map + self.slack + self.early_slack + queues + buffers + self.index.table_bytes()
     }
 
     fn shrink_sparse_tables(&mut self) {
