@@ -34,8 +34,8 @@ impl TraceAssembler {
     }
 
     /// Shrinks sparse tables when [`SHRINK_INTERVAL`] has passed since the last time (or at
-    /// the first call), then measures the tables and holds their bytes. Returns the bytes held.
-    pub fn account_tables(&mut self, now: Instant) -> usize {
+    /// the first call); the caller then holds what is left ([`hold_tables`](Self::hold_tables)).
+    pub fn shrink_tables_when_due(&mut self, now: Instant) {
         let due = self.table_memory.is_some()
             && self
                 .tables_shrunk_at
@@ -44,7 +44,6 @@ impl TraceAssembler {
             self.shrink_sparse_tables();
             self.tables_shrunk_at = Some(now);
         }
-        self.hold_tables()
     }
 
     /// Measures the tables (a few reads: no trace is visited) and holds their bytes, when they
@@ -60,11 +59,6 @@ impl TraceAssembler {
             }
             None => 0,
         }
-    }
-
-    /// The tables' bytes held in the limiter, as measured after the last change.
-    pub fn held_table_bytes(&self) -> usize {
-        self.table_memory.as_ref().map_or(0, FixedMemory::bytes)
     }
 
     /// Bytes of the tables, beyond what the batches' reservations cover.

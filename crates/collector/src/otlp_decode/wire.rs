@@ -96,15 +96,8 @@ impl<'a> Reader<'a> {
 
     #[inline]
     pub(super) fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
-        let len = self.varint()?;
-        let end = usize::try_from(len)
-            .ok()
-            .and_then(|len| self.pos.checked_add(len))
-            .filter(|end| *end <= self.buf.len())
-            .ok_or_else(|| self.error("length past the end of the message"))?;
-        let out = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(out)
+        let len = usize::try_from(self.varint()?).unwrap_or(usize::MAX);
+        self.advance(len, "length past the end of the message")
     }
 
     #[inline]
@@ -128,11 +121,17 @@ impl<'a> Reader<'a> {
 
     #[inline]
     pub(super) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        self.advance(n, "truncated fixed-width field")
+    }
+
+    /// The next `n` bytes, or the error `what` when the message ends before them.
+    #[inline]
+    fn advance(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
         let end = self
             .pos
             .checked_add(n)
             .filter(|end| *end <= self.buf.len())
-            .ok_or_else(|| self.error("truncated fixed-width field"))?;
+            .ok_or_else(|| self.error(what))?;
         let out = &self.buf[self.pos..end];
         self.pos = end;
         Ok(out)

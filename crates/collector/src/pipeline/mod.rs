@@ -349,7 +349,7 @@ impl Pipeline {
     /// From now on, at every tick, reads the process's resident memory (as `read` reports it:
     /// [`crate::resident::resident_bytes`]) and has the allocator return the memory it keeps
     /// while it is near the limit's bound (`limits.watch_resident_memory`; see
-    /// [`crate::resident`]). Linux only: elsewhere it does nothing.
+    /// [`crate::resident`]).
     pub fn watch_resident_memory(&self, read: fn() -> Option<usize>) {
         *lock(&self.resident) = Some(ResidentWatch::new(self.limiter.limit(), read));
     }
@@ -610,7 +610,7 @@ impl Pipeline {
             .limiter
             .used()
             .saturating_sub(self.analysis_bytes.load(Ordering::Relaxed))
-            .saturating_sub(assembler.held_table_bytes())
+            .saturating_sub(self.table_memory_bytes())
             .saturating_sub(usize::try_from(self.events.forward_pending_bytes.get()).unwrap_or(0));
         if held == 0 {
             return;
@@ -643,7 +643,7 @@ impl Pipeline {
         // The assembler's tables first, so that this tick's memory figures include them.
         {
             let mut assembler = lock(&self.assembler);
-            assembler.account_tables(now);
+            assembler.shrink_tables_when_due(now);
             self.publish_tables(&mut assembler);
         }
         if let Some((resident, returning, started)) =
