@@ -215,11 +215,35 @@ async fn curl_sees_scopes_challenges_and_the_host_allowlist() {
         }
         run(args)
     };
+    // Refusals carry a google.rpc.Status in the request's format, as OTLP/HTTP asks.
     let p = post(None).await;
     assert_eq!(p.status, 401);
+    assert!(
+        p.headers.contains("content-type: application/json"),
+        "{}",
+        p.headers
+    );
+    assert!(p.body.starts_with(r#"{"code":16,"#), "{}", p.body);
     assert!(p.body.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{}", p.body);
-    assert_eq!(post(Some(READ)).await.status, 403);
+    let p = post(Some(READ)).await;
+    assert_eq!(p.status, 403);
+    assert!(p.body.starts_with(r#"{"code":7,"#), "{}", p.body);
     assert_eq!(post(Some(INGEST)).await.status, 200);
+    // Over HTTP/2 (h2c) too. (An answer racing the body's arrival, which curl 7.x reported as
+    // a framing error, is `connections.rs::an_early_http2_answer_waits_for_a_small_body_on_its_way`.)
+    for _ in 0..5 {
+        let args = vec![
+            "--http2-prior-knowledge".to_owned(),
+            http.clone(),
+            "-H".into(),
+            "Content-Type: application/json".into(),
+            "--data-binary".into(),
+            "{}".into(),
+            "-H".into(),
+            bearer("unknown-token-0123456789abcdef"),
+        ];
+        assert_eq!(run(args).await.status, 401);
+    }
 
     // OTLP/gRPC over h2c with a real gRPC client (tonic): trailers-only UNAUTHENTICATED /
     // PERMISSION_DENIED, then OK. (curl races the server's stream reset on a trailers-only

@@ -421,7 +421,7 @@ impl Sources {
 fn read_tokens_file(path: &Path) -> Result<String, AuthError> {
     std::fs::read_to_string(path).map_err(|e| {
         AuthError(format!(
-            "cannot read the tokens file {} (auth.tokens_file): {e}",
+            "cannot read the tokens file {} (auth.tokens_file or --tokens-file): {e}",
             path.display()
         ))
     })
@@ -700,8 +700,13 @@ pub struct ApiGuard {
 
 /// The API router's middleware (`axum::middleware::from_fn_with_state`): refuses a `Host`
 /// that is not allowed (421), then a request without a token of the path's scope (401/403).
+/// `/health` answers whatever the `Host`: it holds nothing a rebinding page could read, and
+/// probes name the host as they please (the image's HEALTHCHECK says `localhost`, which a
+/// user's own `allowed_hosts` may leave out).
 pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) -> Response {
-    if let Some(host) = guard.hosts.refused(req.headers(), req.uri()) {
+    if req.uri().path() != "/health"
+        && let Some(host) = guard.hosts.refused(req.headers(), req.uri())
+    {
         guard.events.auth_refused(API_LISTENER, "host_not_allowed");
         let message = format!(
             "the Host {host:?} is not served here: add it to api.allowed_hosts (a guard against \

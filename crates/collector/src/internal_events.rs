@@ -355,6 +355,10 @@ impl InternalEvents {
                 "insufficient_scope",
                 "host_not_allowed",
             ] {
+                // gRPC checks no Host (browsers cannot speak it): a series that could not grow.
+                if listener == "otlp_grpc" && reason == "host_not_allowed" {
+                    continue;
+                }
                 let _ = self
                     .auth_failures
                     .get_or_create(&AuthFailureLabels { listener, reason });

@@ -149,16 +149,18 @@ fn every_error<T>(result: Result<T, Vec<infertrace_collector::config::TlsError>>
     }
 }
 
-/// The frame types of an HTTP/2 byte stream from the server (after the client's preface):
-/// each frame a 9-byte header — 24-bit length, type, flags, stream id — and its payload.
-fn h2_frame_types(bytes: &[u8]) -> Vec<u8> {
-    let (mut types, mut i) = (Vec::new(), 0);
+/// The frames of an HTTP/2 byte stream from the server (after the client's preface), as (type,
+/// stream id): each frame a 9-byte header — 24-bit length, type, flags, stream id — and its
+/// payload.
+fn h2_frames(bytes: &[u8]) -> Vec<(u8, u32)> {
+    let (mut frames, mut i) = (Vec::new(), 0);
     while i + 9 <= bytes.len() {
         let len = u32::from_be_bytes([0, bytes[i], bytes[i + 1], bytes[i + 2]]) as usize;
-        types.push(bytes[i + 3]);
+        let stream = u32::from_be_bytes([bytes[i + 5], bytes[i + 6], bytes[i + 7], bytes[i + 8]]);
+        frames.push((bytes[i + 3], stream & 0x7fff_ffff));
         i += 9 + len;
     }
-    types
+    frames
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +177,7 @@ async fn an_idle_http2_connection_gets_a_goaway_before_it_is_closed() {
     let mut got = Vec::new();
     let read = tokio::time::timeout(WAIT, s.read_to_end(&mut got)).await;
     assert!(read.is_ok(), "the idle connection is closed");
-    let types = h2_frame_types(&got);
+    let types: Vec<u8> = h2_frames(&got).into_iter().map(|(t, _)| t).collect();
     // 4 SETTINGS, 8 WINDOW_UPDATE, 7 GOAWAY.
     assert!(
         types.contains(&7),
@@ -614,6 +616,28 @@ fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The HPACK block of a request head, names from the static table: `:method` POST or GET,
+/// `:scheme` http, `:path`, `:authority` and, when given, `content-type`.
+fn h2_head(post: bool, path: &str, authority: &str, content_type: Option<&str>) -> Vec<u8> {
+    let mut head = vec![if post { 0x83 } else { 0x82 }, 0x86];
+    let mut literal = |name_index: u8, value: &str| {
+        // A literal without indexing, of an indexed name: a 4-bit prefixed integer.
+        if name_index < 15 {
+            head.push(name_index);
+        } else {
+            head.extend([0x0f, name_index - 15]);
+        }
+        head.push(u8::try_from(value.len()).unwrap());
+        head.extend_from_slice(value.as_bytes());
+    };
+    literal(4, path);
+    literal(1, authority);
+    if let Some(content_type) = content_type {
+        literal(31, content_type);
+    }
+    head
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_http2_peer_is_detected_by_keepalive_pings() {
     let mut config = test_config();
@@ -629,15 +653,7 @@ async fn a_dead_http2_peer_is_detected_by_keepalive_pings() {
     let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     out.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
-    let mut headers = vec![0x83, 0x86]; // :method POST, :scheme http (static table)
-    for (name_index, value) in [(4u8, "/v1/traces"), (1, "x")] {
-        headers.push(name_index); // literal without indexing, indexed name (:path, :authority)
-        headers.push(u8::try_from(value.len()).unwrap());
-        headers.extend_from_slice(value.as_bytes());
-    }
-    headers.extend([0x0f, 0x10]); // content-type (static index 31)
-    headers.push(22);
-    headers.extend_from_slice(b"application/x-protobuf");
+    let headers = h2_head(true, "/v1/traces", "x", Some("application/x-protobuf"));
     out.extend(h2_frame(1, 0x4, 1, &headers)); // HEADERS, END_HEADERS, no END_STREAM
     s.write_all(&out).await.unwrap();
     eventually(WAIT, "the request in flight", || open(&c, "otlp_http") == 1).await;
@@ -668,12 +684,7 @@ async fn an_answer_the_client_never_takes_does_not_hold_the_connection() {
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     out.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0])); // SETTINGS INITIAL_WINDOW_SIZE = 0
     out.extend(h2_frame(4, 1, 0, &[])); // ACK of the server's SETTINGS
-    let mut headers = vec![0x82, 0x86]; // :method GET, :scheme http (static table)
-    for (name_index, value) in [(4u8, "/api/kpis"), (1, "localhost")] {
-        headers.push(name_index); // literal without indexing, indexed name (:path, :authority)
-        headers.push(u8::try_from(value.len()).unwrap());
-        headers.extend_from_slice(value.as_bytes());
-    }
+    let headers = h2_head(false, "/api/kpis", "localhost", None);
     out.extend(h2_frame(1, 0x5, 1, &headers)); // HEADERS, END_HEADERS | END_STREAM
     s.write_all(&out).await.unwrap();
     let started = Instant::now();
@@ -734,7 +745,8 @@ async fn status_of(addr: SocketAddr, request: &str) -> String {
 
 /// DNS rebinding: a page on the attacker's name resolved to 127.0.0.1 sends that name as
 /// `Host`. On loopback without authentication, the API and OTLP/HTTP answer only the allowed
-/// names (and IP addresses), so a page can neither read the KPIs nor post spans.
+/// names (and IP addresses), so a page can neither read the KPIs nor post spans; `/health`
+/// answers any name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebinding_host_is_refused_on_the_api_and_otlp_http() {
     let c = server::run(test_config(), std::future::pending())
@@ -757,6 +769,10 @@ async fn a_rebinding_host_is_refused_on_the_api_and_otlp_http() {
         let get = format!("GET /api/kpis HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         let line = status_of(c.api_addr, &get).await;
         assert!(line.contains(want), "API, Host {host}: {line}");
+        // Probes name any host, and /health holds nothing to read.
+        let health = format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let line = status_of(c.api_addr, &health).await;
+        assert!(line.contains("200"), "/health, Host {host}: {line}");
     }
     assert_eq!(
         c.events()
@@ -825,6 +841,45 @@ async fn a_refused_client_that_keeps_sending_is_cut() {
         "cut {after_answer:?} after the answer (5 s expected)"
     );
     assert_eq!(closed(&c, "otlp_http", "refused"), 1);
+    c.stop().await.unwrap();
+}
+
+/// An HTTP/2 answer given before a small request body has arrived (here a 401 at the head)
+/// waits for that body. Ending the stream with RST_STREAM(NO_ERROR) instead, as HTTP/2 allows,
+/// made curl 7.88 report "Stream error in the HTTP/2 framing layer" and lose the 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_http2_answer_waits_for_a_small_body_on_its_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "ingest ingest-token-0123456789\n").unwrap();
+    let mut config = test_config();
+    config.auth.tokens_file = Some(tokens);
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
+    let headers = h2_head(true, "/v1/traces", "localhost", Some("application/json"));
+    out.extend(h2_frame(1, 0x4, 1, &headers)); // HEADERS, END_HEADERS, no END_STREAM
+    s.write_all(&out).await.unwrap();
+    // The body follows the head a moment later, as a client's next write does.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let body = h2_frame(0, 0x1, 1, br#"{"resourceSpans":[]}"#); // DATA, END_STREAM
+    s.write_all(&body).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while let Ok(n @ 1..) = s.read(&mut buf).await {
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    let frames = h2_frames(&got);
+    assert!(frames.contains(&(1, 1)), "the answer's HEADERS: {frames:?}");
+    // 3 RST_STREAM.
+    assert!(
+        !frames.contains(&(3, 1)),
+        "the request's stream ended by its body, not reset: {frames:?}"
+    );
     c.stop().await.unwrap();
 }
 

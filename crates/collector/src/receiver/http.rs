@@ -40,11 +40,20 @@ const LOGS_PATH: &str = "/v1/logs";
 const PROTOBUF: &str = "application/x-protobuf";
 const JSON: &str = "application/json";
 
+/// How much of an unread HTTP/2 request body is read, and for how long, before an early answer
+/// goes out (see [`handle`]).
+const H2_SETTLE_BYTES: usize = 64 << 10;
+const H2_SETTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// gRPC status codes used in the `google.rpc.Status` error bodies.
 const INVALID_ARGUMENT: i32 = 3;
 const DEADLINE_EXCEEDED: i32 = 4;
+const NOT_FOUND: i32 = 5;
+const PERMISSION_DENIED: i32 = 7;
 const RESOURCE_EXHAUSTED: i32 = 8;
+const UNIMPLEMENTED: i32 = 12;
 const UNAVAILABLE: i32 = 14;
+const UNAUTHENTICATED: i32 = 16;
 
 /// Serves OTLP/HTTP on `listener` (HTTP/1.1 and h2c) until `shutdown` resolves, handing decoded
 /// batches to `ingest`. See the [module rules](super) for every answer it gives.
@@ -112,7 +121,13 @@ type HttpResponse = Response<Full<Bytes>>;
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
     let (parts, mut body) = req.into_parts();
     let response = respond(receiver, &parts, &mut body).await;
-    // HTTP/1 only: HTTP/2 ends an unread request stream on its own (RST_STREAM NO_ERROR), and
+    if parts.version >= Version::HTTP_2 && !body.is_end_stream() {
+        // An answer before the body ends its stream with RST_STREAM(NO_ERROR), which RFC 9113
+        // allows but some clients (curl 7.x: "HTTP/2 framing layer") take as an error, losing
+        // the answer — a 401 reads as no answer. A small body on its way is read first.
+        drain_body(&mut body, H2_SETTLE_BYTES, H2_SETTLE_WAIT).await;
+    }
+    // HTTP/1 only: HTTP/2 ends a still unread request stream on its own (RST_STREAM NO_ERROR), and
     // a client that asked `Expect: 100-continue` was never told to send its body.
     if parts.version < Version::HTTP_2
         && !body.is_end_stream()
@@ -140,8 +155,10 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
         receiver
             .events
             .auth_refused(receiver.name, "host_not_allowed");
-        let mut response = plain(
+        let mut response = refusal(
+            &req.headers,
             StatusCode::MISDIRECTED_REQUEST,
+            PERMISSION_DENIED,
             "this Host is not served here: add it to api.allowed_hosts (a guard against DNS \
              rebinding while the receiver listens on loopback without authentication)",
         );
@@ -150,9 +167,14 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
     }
     let token = match receiver.ingest_token(req.headers.get(AUTHORIZATION)) {
         Ok(token) => token,
-        Err(refusal) => {
-            let (status, challenge, message) = refusal.http_answer(Scope::Ingest);
-            let mut response = plain(status, message);
+        Err(why) => {
+            let (status, challenge, message) = why.http_answer(Scope::Ingest);
+            let code = if status == StatusCode::FORBIDDEN {
+                PERMISSION_DENIED
+            } else {
+                UNAUTHENTICATED
+            };
+            let mut response = refusal(&req.headers, status, code, message);
             response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
             response.extensions_mut().insert(CloseConnection);
             return response;
@@ -161,15 +183,19 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
     match req.uri.path() {
         TRACES_PATH => {}
         METRICS_PATH | LOGS_PATH => {
-            return plain(
+            return refusal(
+                &req.headers,
                 StatusCode::NOT_IMPLEMENTED,
+                UNIMPLEMENTED,
                 "this collector accepts OTLP traces only (POST /v1/traces); \
                  metrics and logs are not accepted: send them to another collector",
             );
         }
         _ => {
-            return plain(
+            return refusal(
+                &req.headers,
                 StatusCode::NOT_FOUND,
+                NOT_FOUND,
                 "not found: this collector accepts OTLP traces at POST /v1/traces",
             );
         }
@@ -333,6 +359,24 @@ fn retry_later(format: Format, status: StatusCode, secs: u32, message: &str) -> 
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(secs));
     response
+}
+
+/// An answer before the body is read: a `google.rpc.Status` in the format the request declares
+/// (as OTLP/HTTP asks of every error), plain text when it declares none this receiver reads.
+fn refusal(
+    headers: &http::HeaderMap,
+    status: StatusCode,
+    code: i32,
+    message: &str,
+) -> HttpResponse {
+    match request_format(headers) {
+        Some(format) => status_response(format, status, code, message),
+        None => with_type(
+            status,
+            "text/plain; charset=utf-8",
+            Bytes::copy_from_slice(message.as_bytes()),
+        ),
+    }
 }
 
 fn plain(status: StatusCode, message: &'static str) -> HttpResponse {
