@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use infertrace_collector::InternalEvents;
 use infertrace_collector::auth::{self, Authenticator};
-use infertrace_collector::config::CollectorConfig;
+use infertrace_collector::config::{CollectorConfig, ConfigError};
 use infertrace_collector::server;
 use infertrace_collector::server_tls::ListenersTls;
 use infertrace_demo::shutdown_signal;
@@ -376,7 +376,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     // The TLS files are read and parsed as the collector would at start, every listener's.
     if let Err(errors) = config.tls_server_configs() {
         for e in errors {
-            eprintln!("{file}: TLS: {e}");
+            eprintln!("{}", ConfigError::at_key(&args.file, &e.key, e.to_string()));
         }
         failed = true;
     }

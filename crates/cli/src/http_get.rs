@@ -65,11 +65,18 @@ impl ApiClient {
         let resp = tokio::time::timeout(TIMEOUT, self.client.request(request))
             .await
             .with_context(|| format!("GET {url} timed out after {}s", TIMEOUT.as_secs()))?
-            .with_context(|| {
-                format!(
-                    "cannot reach {url}: is the collector running (infertrace collect), and \
-                     does the scheme match its API (https:// when api.tls is set)?"
-                )
+            .map_err(|e| {
+                let e = anyhow::Error::new(e);
+                let certificate = e.chain().any(|c| c.to_string().contains("certificate"));
+                let hint = if certificate {
+                    "its TLS certificate is not trusted here: give the CA that signed it with \
+                     --ca-file (and --cert-file/--key-file when the API asks for a client \
+                     certificate)"
+                } else {
+                    "is the collector running (infertrace collect), and does the scheme match \
+                     its API (https:// when api.tls is set)?"
+                };
+                e.context(format!("cannot reach {url}: {hint}"))
             })?;
         let status = resp.status();
         let body = resp

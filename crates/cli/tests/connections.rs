@@ -117,6 +117,11 @@ fn check_config_reads_the_tls_files() {
     let out = bin().arg("check-config").arg(&bad).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
+    // Placed where the file sets it (line 3, `tls:`), as the other problems are.
+    assert!(
+        err.starts_with(&format!("{}:3:5: ", bad.display())),
+        "{err}"
+    );
     assert!(err.contains("receivers.otlp_http.tls.key_file"), "{err}");
     assert!(err.contains(&pki.ca.display().to_string()), "{err}");
     assert!(err.contains("no private key found"), "{err}");

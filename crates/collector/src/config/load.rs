@@ -298,14 +298,45 @@ fn read(path: &Path) -> Result<(String, String), ConfigError> {
     }
 }
 
+impl ConfigError {
+    /// `message` about the dotted `key` placed where the file at `path` sets it, as validation
+    /// problems are placed (`file:line:column: …`): for what is found only once the files a
+    /// key names are read, such as a listener's TLS certificate. The file alone when it does
+    /// not set the key.
+    pub fn at_key(path: &Path, key: &str, message: String) -> Self {
+        let name = path.display().to_string();
+        let keys: Vec<&str> = key.split('.').collect();
+        let pos = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| locate(&text, &keys));
+        Self {
+            file: name,
+            line: pos.map(|p| p.0),
+            column: pos.map(|p| p.1),
+            message,
+        }
+    }
+}
+
 /// A validation problem placed at its key in `text`, when the file sets it.
+/// The message is led by the key path, unless it already names a key below it
+/// (`forward.tls.ca_file …` under `forward.tls`).
 fn located(text: &str, file: &str, v: Invalid) -> ConfigError {
     let pos = locate(text, &v.path);
+    let key = v.path.join(".");
+    let names_a_key_below = v
+        .message
+        .strip_prefix(key.as_str())
+        .is_some_and(|rest| rest.starts_with('.'));
     ConfigError {
         file: file.to_owned(),
         line: pos.map(|p| p.0),
         column: pos.map(|p| p.1),
-        message: format!("{}: {}", v.path.join("."), v.message),
+        message: if names_a_key_below {
+            v.message
+        } else {
+            format!("{key}: {}", v.message)
+        },
     }
 }
 

@@ -160,7 +160,12 @@ mod tests {
             "receivers:\n  otlp_grpc:\n    endpoint: 127.0.0.1:9464\n",
         )
         .unwrap_err();
-        assert!(e.message.contains("already used"), "{e}");
+        // The key set, its address, and the listener whose port it takes.
+        assert_eq!(
+            e.message,
+            "receivers.otlp_grpc.endpoint: 127.0.0.1:9464 takes the port of api.listen \
+             (127.0.0.1:9464); pick another port"
+        );
         // A wildcard covers a specific address on its port (bind would fail), IPv6's both
         // families; other families or ports do not clash.
         for (grpc, http, clash) in [
@@ -199,6 +204,15 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("without alerts.alertmanager_url"), "{e}");
+        // A problem that names the key below the one it is placed at is not led by both.
+        let e = CollectorConfig::from_yaml_str(
+            "forward:\n  endpoint: https://tempo:4318/v1/traces\n  tls:\n    ca_file: /nonexistent\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.message.starts_with("forward.tls.ca_file /nonexistent: "),
+            "{e}"
+        );
 
         let e = CollectorConfig::from_yaml_str("forward:\n  endpoint: tempo:4317\n").unwrap_err();
         assert!(e.message.contains("http://"), "{e}");

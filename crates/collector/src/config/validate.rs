@@ -99,10 +99,13 @@ impl CollectorConfig {
             if a.port() == 0 {
                 continue;
             }
-            if let Some((_, b)) = addrs[..i].iter().find(|(_, b)| binds_overlap(*b, *a)) {
+            if let Some((other, b)) = addrs[..i].iter().find(|(_, b)| binds_overlap(*b, *a)) {
                 p.add(
                     path,
-                    format!("{b} is already used by another listener; pick another port"),
+                    format!(
+                        "{a} takes the port of {} ({b}); pick another port",
+                        other.join(".")
+                    ),
                 );
             }
         }
