@@ -7,6 +7,15 @@ use crate::record::RequestRecord;
 /// Label value of every configured dimension of the overflow series.
 pub const OVERFLOW_LABEL: &str = "__overflow__";
 
+/// The overflow label the critical-path windows had before they took [`OVERFLOW_LABEL`]
+/// (still read in history written then).
+pub(crate) const OLD_OVERFLOW_LABEL: &str = "_overflow";
+
+/// Whether `label` names an overflow series or row ([`OVERFLOW_LABEL`] or the old label).
+pub(crate) fn is_overflow_label(label: &str) -> bool {
+    label == OVERFLOW_LABEL || label == OLD_OVERFLOW_LABEL
+}
+
 /// A label series are split by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

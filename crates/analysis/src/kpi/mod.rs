@@ -51,9 +51,12 @@
 //! [`KpiConfig::series_reclaim_after`] (default 1 min; counted in
 //! [`KpiWindows::reclaimed_series`]) — so a burst of junk names cannot lock a real model out for
 //! longer than that, and series restored from history are reclaimable as soon as they are that
-//! old. Otherwise its records go to one overflow series labelled [`OVERFLOW_LABEL`] and are
-//! counted ([`KpiWindows::overflowed_records`]). A series with no record for longer than the
-//! longest window is dropped, freeing its place. Every series removed either way is handed out
+//! old. The reclaimed series' slots fold into the overflow series, so no request leaves a
+//! window. Otherwise its records go to one overflow series labelled [`OVERFLOW_LABEL`] and are
+//! counted ([`KpiWindows::overflowed_records`]). A restore ([`KpiWindows::restore_slots`]) gives
+//! the places to the most recently active stored series and the rest, with stored overflow
+//! rows, to the overflow series, which never takes a place and is never reclaimed. A series
+//! with no record for longer than the longest window is dropped, freeing its place. Every series removed either way is handed out
 //! by [`KpiWindows::take_removed_series`], so that a consumer labelling alike (the Prometheus
 //! exporter) can remove it too.
 
@@ -78,6 +81,7 @@ pub use distribution::{
     Distribution, LatencyStats, SKETCH_RELATIVE_ACCURACY, ZERO_BUCKET, bucket_of, bucket_value,
     sketch_config,
 };
+pub(crate) use labelling::OLD_OVERFLOW_LABEL;
 pub use labelling::{Dimension, Labelling, OVERFLOW_LABEL};
 pub use read::series_kpis;
 pub use series::{KpiWindows, SeriesKey, SlotHistory, TappedSlot};
@@ -265,6 +269,200 @@ mod tests {
             "restored history does not lock it out"
         );
         assert_eq!(w.reclaimed_series(), 1);
+    }
+
+    /// The series key the windows give `model_rec(model)`.
+    fn model_key(model: &str) -> SeriesKey {
+        SeriesKey {
+            service: Arc::from("s"),
+            model: Arc::from(model),
+            operation: Arc::from(crate::record::UNKNOWN),
+        }
+    }
+
+    /// A stored overflow row's key, under `label`.
+    fn overflow_key(label: &str) -> SeriesKey {
+        SeriesKey {
+            service: Arc::from(label),
+            model: Arc::from(label),
+            operation: Arc::from(label),
+        }
+    }
+
+    /// `n` requests of `model`, as one stored slot would hold them.
+    fn requests_of(model: &str, n: u64) -> Accumulator {
+        let mut acc = Accumulator::default();
+        for _ in 0..n {
+            acc.add(&sketch_config(), &SloConfig::default(), &model_rec(model));
+        }
+        acc
+    }
+
+    /// Restores `rows` of `(key, minute index, requests)` as the history store does (minute
+    /// rollups, in stored order) and returns how many landed.
+    fn restore(w: &mut KpiWindows, rows: &[(SeriesKey, u64, u64)], now: u64) -> usize {
+        let minute = 60 * SEC;
+        let accs: Vec<Accumulator> = rows.iter().map(|r| requests_of(&r.0.model, r.2)).collect();
+        w.restore_slots(
+            rows.iter()
+                .zip(&accs)
+                .map(|((key, m, _), acc)| (key, m * minute, minute, acc)),
+            now,
+        )
+    }
+
+    /// Requests per row of the 1h window at `now`, as (model label, requests).
+    fn hour_rows(w: &KpiWindows, now: u64) -> Vec<(String, u64)> {
+        w.snapshot(Duration::from_secs(3600), now)
+            .series
+            .iter()
+            .map(|s| (s.model.clone(), s.requests))
+            .collect()
+    }
+
+    fn overflow_rows(rows: &[(String, u64)]) -> Vec<u64> {
+        rows.iter()
+            .filter(|(m, _)| m == OVERFLOW_LABEL || m == "_overflow")
+            .map(|r| r.1)
+            .collect()
+    }
+
+    fn requests_of_row(rows: &[(String, u64)], model: &str) -> Option<u64> {
+        rows.iter().find(|(m, _)| m == model).map(|r| r.1)
+    }
+
+    #[test]
+    fn stored_overflow_rows_restore_into_the_one_overflow_series_without_taking_a_place() {
+        let mut w = KpiWindows::new(KpiConfig {
+            max_series: 2,
+            ..KpiConfig::default()
+        });
+        let m = 1_000;
+        let now = (m + 1) * 60 * SEC + 20 * SEC;
+        // Stored order (by minute, then labels): the overflow row under both labels, then
+        // two series that fit the cap exactly.
+        let rows = [
+            (overflow_key(OVERFLOW_LABEL), m, 3),
+            (overflow_key("_overflow"), m, 2),
+            (model_key("a"), m, 1),
+            (model_key("b"), m, 1),
+        ];
+        let sent: u64 = rows.iter().map(|r| r.2).sum();
+        assert_eq!(restore(&mut w, &rows, now), 4);
+        let got = hour_rows(&w, now);
+        assert_eq!(overflow_rows(&got), [5], "one overflow row: {got:?}");
+        assert_eq!(requests_of_row(&got, "a"), Some(1), "{got:?}");
+        assert_eq!(requests_of_row(&got, "b"), Some(1), "{got:?}");
+        assert_eq!(w.series_count(), 2, "the overflow takes no place");
+        assert_eq!(got.iter().map(|r| r.1).sum::<u64>(), sent);
+        // The restored overflow is no series to reclaim: once a and b are idle past the
+        // horizon, a new model takes one of their places and the other's requests stay.
+        let later = now + 120 * SEC;
+        assert!(w.record(&model_rec("c"), later));
+        let got = hour_rows(&w, later);
+        assert_eq!(overflow_rows(&got).len(), 1, "{got:?}");
+        assert_eq!(requests_of_row(&got, "c"), Some(1));
+        assert_eq!(got.iter().map(|r| r.1).sum::<u64>(), sent + 1, "{got:?}");
+    }
+
+    #[test]
+    fn a_reclaimed_series_keeps_its_requests_in_the_windows() {
+        // Live: a takes a place, then is reclaimed for c; its two requests stay counted (in
+        // the overflow row), and reach the history store once, under a.
+        let mut w = KpiWindows::new(KpiConfig {
+            max_series: 2,
+            ..KpiConfig::default()
+        });
+        w.enable_slot_tap();
+        let t = 10_000 * 60 * SEC;
+        for model in ["a", "a", "b"] {
+            assert!(w.record(&model_rec(model), t));
+        }
+        assert!(w.record(&model_rec("c"), t + 61 * SEC));
+        assert_eq!(w.reclaimed_series(), 1);
+        let now = t + 62 * SEC;
+        for window in [300, 3600] {
+            let total: u64 = w
+                .snapshot(Duration::from_secs(window), now)
+                .series
+                .iter()
+                .map(|s| s.requests)
+                .sum();
+            assert_eq!(total, 4, "{window}s window");
+        }
+        w.roll_due(now);
+        let tapped = w.take_tapped();
+        let of = |model: &str| -> u64 {
+            tapped
+                .iter()
+                .filter(|s| &*s.key.model == model)
+                .map(|s| s.accumulator.counts.requests)
+                .sum()
+        };
+        assert_eq!((of("a"), of("b"), of("c")), (2, 1, 1));
+        assert_eq!(
+            of(OVERFLOW_LABEL),
+            0,
+            "the folded slots are not handed on again"
+        );
+
+        // Restored (the reviewer's reproduction): the stored overflow row (3), j1..j5 and
+        // realB (1 each) under a cap of 5; then live requests of realB.
+        let mut w = KpiWindows::new(KpiConfig {
+            max_series: 5,
+            series_reclaim_after: Duration::from_secs(5),
+            ..KpiConfig::default()
+        });
+        let m = 10_000;
+        let now = m * 60 * SEC + 30 * SEC;
+        let mut rows = vec![(overflow_key(OVERFLOW_LABEL), m, 3)];
+        rows.extend((1..=5).map(|i| (model_key(&format!("j{i}")), m, 1)));
+        rows.push((model_key("realB"), m, 1));
+        let mut sent: u64 = rows.iter().map(|r| r.2).sum();
+        restore(&mut w, &rows, now);
+        let total = |w: &KpiWindows, at| hour_rows(w, at).iter().map(|r| r.1).sum::<u64>();
+        assert_eq!(total(&w, now), sent);
+        assert_eq!(overflow_rows(&hour_rows(&w, now)).len(), 1);
+        for at in [now + SEC, now + 6 * SEC, now + 7 * SEC] {
+            w.record(&model_rec("realB"), at);
+            sent += 1;
+            let got = hour_rows(&w, at);
+            assert_eq!(total(&w, at), sent, "{got:?}");
+            assert_eq!(overflow_rows(&got).len(), 1, "{got:?}");
+        }
+        assert!(w.reclaimed_series() >= 1);
+        assert!(
+            w.record(&model_rec("realB"), now + 8 * SEC),
+            "realB has its place"
+        );
+    }
+
+    #[test]
+    fn restore_gives_the_places_to_the_most_recently_active_series() {
+        let mut w = KpiWindows::new(KpiConfig {
+            max_series: 2,
+            ..KpiConfig::default()
+        });
+        let m = 1_000;
+        let now = (m + 2) * 60 * SEC + 20 * SEC;
+        // A burst of junk names in minute m, then a real model alone in minute m + 1 (stored
+        // after them).
+        let rows = [
+            (model_key("junk-1"), m, 1),
+            (model_key("junk-2"), m, 1),
+            (model_key("junk-3"), m, 1),
+            (model_key("real"), m + 1, 1),
+        ];
+        restore(&mut w, &rows, now);
+        let got = hour_rows(&w, now);
+        assert_eq!(requests_of_row(&got, "real"), Some(1), "{got:?}");
+        assert_eq!(overflow_rows(&got), [2], "two of the junk series: {got:?}");
+        assert_eq!(got.iter().map(|r| r.1).sum::<u64>(), 4);
+        assert!(
+            w.record(&model_rec("real"), now),
+            "its next request finds its own series"
+        );
+        assert_eq!(requests_of_row(&hour_rows(&w, now), "real"), Some(2));
     }
 
     #[test]

@@ -144,6 +144,22 @@ impl Ring {
         }
     }
 
+    /// Merges the slots of `from` (same geometry) still inside its window into this ring, as
+    /// restored history: `settled` for a finest ring whose slots `from` has already rolled up
+    /// and handed on (see [`Self::absorb_settled`]).
+    pub(super) fn merge_from(&mut self, spec: &RingSpec, from: &Ring, settled: bool) {
+        let Some(newest) = from.newest else {
+            return;
+        };
+        for slot in from.live(newest, spec.slots) {
+            if settled {
+                self.absorb_settled(spec, slot.index, &slot.acc);
+            } else {
+                self.absorb(spec, slot.index, &slot.acc);
+            }
+        }
+    }
+
     /// Slot `index` for restored history, made (empty, `rolled` as given) if the ring held
     /// another index there; `None` when `index` is older than the ring's window.
     fn restored_slot(&mut self, spec: &RingSpec, index: u64, rolled: bool) -> Option<&mut Slot> {

@@ -14,7 +14,7 @@ use sketches_ddsketch::Config;
 use super::accumulator::Accumulator;
 use super::config::KpiConfig;
 use super::distribution::sketch_config;
-use super::labelling::Labelling;
+use super::labelling::{Labelling, is_overflow_label};
 use super::ring::{Ring, RingSpec};
 use crate::heap_size::{arc_str_bytes, list_map_bytes};
 use crate::record::RequestRecord;
@@ -238,6 +238,7 @@ impl KpiWindows {
             u64::MAX,
             self.tap.as_mut(),
         );
+        self.fold_into_overflow(&series);
         let hash = self.key_hash(&series.key);
         if let Some(ids) = self.index.get_mut(&hash) {
             ids.retain(|&j| j != i);
@@ -261,6 +262,53 @@ impl KpiWindows {
         self.reclaimed += 1;
         self.removed.push(series.key);
         true
+    }
+
+    /// Folds a reclaimed series' slots into the overflow series, so that its requests stay in
+    /// every window's totals: a reclaim frees a place, it does not take requests out of a
+    /// window (the critical-path windows fold a reclaimed key alike). `series` has handed all
+    /// its finest slots on (rolled up, tapped); they join the overflow's finest ring as settled
+    /// slots, so neither the coarser rings nor the tap see them a second time.
+    fn fold_into_overflow(&mut self, series: &Series) {
+        self.open_overflow();
+        let Some(overflow) = self.overflow.as_mut() else {
+            return;
+        };
+        // A settled slot cannot join one still collecting live records: the overflow's own
+        // slots up to the folded ones' are completed first (a later record there is handled
+        // as any late record).
+        let before = series.rings[0].newest().map_or(0, |n| n.saturating_add(1));
+        roll_up(
+            &self.specs,
+            &self.rolled,
+            overflow,
+            before,
+            self.tap.as_mut(),
+        );
+        for (pos, (ring, spec)) in series.rings.iter().zip(&self.specs).enumerate() {
+            overflow.rings[pos].merge_from(spec, ring, pos == 0);
+        }
+        overflow.last_record_unix_nano = overflow
+            .last_record_unix_nano
+            .max(series.last_record_unix_nano);
+    }
+
+    /// Makes the overflow series if there is none yet.
+    fn open_overflow(&mut self) {
+        if self.overflow.is_none() {
+            let (service, model, operation) = self.labelling.overflow_labels();
+            self.overflow = Some(self.new_series(service, model, operation));
+        }
+    }
+
+    /// The labels of the overflow series.
+    fn overflow_key(&self) -> SeriesKey {
+        let (service, model, operation) = self.labelling.overflow_labels();
+        SeriesKey {
+            service: Arc::from(service),
+            model: Arc::from(model),
+            operation: Arc::from(operation),
+        }
     }
 
     pub(super) fn key_hash(&self, key: &SeriesKey) -> u64 {
@@ -348,10 +396,7 @@ impl KpiWindows {
             }
             None => {
                 self.overflowed_records += 1;
-                if self.overflow.is_none() {
-                    let (service, model, operation) = self.labelling.overflow_labels();
-                    self.overflow = Some(self.new_series(service, model, operation));
-                }
+                self.open_overflow();
                 match self.overflow.as_mut() {
                     Some(s) => (s, false),
                     None => return false,
@@ -440,6 +485,20 @@ impl KpiWindows {
         length_nanos: u64,
         accumulator: &Accumulator,
     ) -> bool {
+        let end = slot_start_unix_nano.saturating_add(length_nanos);
+        self.absorb_span(key, slot_start_unix_nano, length_nanos, accumulator, end)
+    }
+
+    /// [`absorb_slot`](Self::absorb_slot), the series counting as last recorded at `last` (at
+    /// most the slot's end) for reclaim and expiry.
+    fn absorb_span(
+        &mut self,
+        key: &SeriesKey,
+        slot_start_unix_nano: u64,
+        length_nanos: u64,
+        accumulator: &Accumulator,
+        last: u64,
+    ) -> bool {
         if accumulator.is_empty() || length_nanos == 0 {
             return false;
         }
@@ -464,7 +523,7 @@ impl KpiWindows {
                 None => return false,
             },
         };
-        series.last_record_unix_nano = series.last_record_unix_nano.max(end);
+        series.last_record_unix_nano = series.last_record_unix_nano.max(last.min(end));
         // Into the finest ring's slot not yet rolled up, the roll-up carries it on. A newer slot
         // first completes the older ones (it may reuse one's place in the ring), as a record
         // would. (With the slot tap on, the finest slots are shorter than anything restored,
@@ -490,29 +549,28 @@ impl KpiWindows {
         true
     }
 
-    /// The series `key` for restored history: found, or created while under the cap, else the
-    /// overflow series (counting `requests` as overflowed).
+    /// The series `key` for restored history: the overflow series for a stored overflow row
+    /// (either label: it never takes a place under the cap, and is never reclaimed as a
+    /// series), else the series found, or created while under the cap, else the overflow
+    /// series (counting `requests` as overflowed).
     pub(super) fn restored_series(&mut self, key: &SeriesKey, requests: u64) -> Restored {
-        let hash = self.key_hash(key);
-        let found = self
-            .index
-            .get(&hash)
-            .and_then(|ids| ids.iter().copied().find(|&i| self.series[i].key == *key));
-        match found {
+        if is_overflow_key(key) {
+            self.open_overflow();
+            return Restored::Overflow;
+        }
+        match self.find(key) {
             Some(i) => Restored::Series(i),
             None if self.series.len() < self.config.max_series => {
                 let s = self.new_series(&key.service, &key.model, &key.operation);
                 self.series.push(s);
                 let i = self.series.len() - 1;
+                let hash = self.key_hash(key);
                 self.index.entry(hash).or_default().push(i);
                 Restored::Series(i)
             }
             None => {
                 self.overflowed_records += requests;
-                if self.overflow.is_none() {
-                    let (service, model, operation) = self.labelling.overflow_labels();
-                    self.overflow = Some(self.new_series(service, model, operation));
-                }
+                self.open_overflow();
                 Restored::Overflow
             }
         }
@@ -525,7 +583,10 @@ impl KpiWindows {
     /// when it has not ended yet (the minute a crash interrupted), if that lies inside the
     /// window. So a restart keeps the short windows too, at the cost of precision at their
     /// edge: a restored minute counts whole in a short window that holds its last instant.
-    /// Call it before recording (at start): it lands only in slots without live records.
+    /// Call it before recording (at start): it lands only in slots without live records. The
+    /// series counts as last recorded at the slot's end, or `now` if earlier (for reclaim).
+    /// To restore many slots, [`restore_slots`](Self::restore_slots) chooses which series get
+    /// the places under the cap.
     pub fn absorb_restored(
         &mut self,
         key: &SeriesKey,
@@ -534,13 +595,14 @@ impl KpiWindows {
         accumulator: &Accumulator,
         now_unix_nano: u64,
     ) -> bool {
-        let mut landed = self.absorb_slot(key, slot_start_unix_nano, length_nanos, accumulator);
         if accumulator.is_empty() || length_nanos == 0 {
-            return landed;
+            return false;
         }
         let last = slot_start_unix_nano
             .saturating_add(length_nanos - 1)
             .min(now_unix_nano);
+        let mut landed =
+            self.absorb_span(key, slot_start_unix_nano, length_nanos, accumulator, last);
         let finer: Vec<(usize, u64)> = self
             .specs
             .iter()
@@ -570,6 +632,61 @@ impl KpiWindows {
                 .map_or(slot_start_unix_nano, |s| s.min(slot_start_unix_nano)),
         );
         landed
+    }
+
+    /// Restores stored slots, each `(key, slot start, slot length, accumulator)` in time order
+    /// (the history store's minute rollups), with [`absorb_restored`](Self::absorb_restored).
+    /// Returns how many landed.
+    ///
+    /// The places left under the cap go first to the series with the newest slot end (known
+    /// to the store's minute), then the most requests, then by label: restoring in stored
+    /// order would give them to the oldest series (a burst of junk names) and send a model
+    /// active just before the restart to the overflow series. The slots of the other series
+    /// join the overflow series (counted as overflowed), as stored overflow rows do; so every
+    /// restored request stays in the windows' totals, and one overflow row holds the rest.
+    pub fn restore_slots<'a>(
+        &mut self,
+        slots: impl IntoIterator<Item = (&'a SeriesKey, u64, u64, &'a Accumulator)>,
+        now_unix_nano: u64,
+    ) -> usize {
+        let slots: Vec<_> = slots.into_iter().collect();
+        // Per new series: (newest slot end, requests).
+        let mut seen: HashMap<&SeriesKey, (u64, u64)> = HashMap::new();
+        for &(key, start, length, acc) in &slots {
+            if acc.is_empty() || is_overflow_key(key) || self.find(key).is_some() {
+                continue;
+            }
+            let e = seen.entry(key).or_default();
+            e.0 = e.0.max(start.saturating_add(length));
+            e.1 += acc.counts.requests;
+        }
+        let mut ranked: Vec<_> = seen.into_iter().collect();
+        ranked.sort_by(|(a, (a_end, a_n)), (b, (b_end, b_n))| {
+            (b_end, b_n).cmp(&(a_end, a_n)).then_with(|| a.cmp(b))
+        });
+        let places = self.config.max_series.saturating_sub(self.series.len());
+        let spilled: std::collections::HashSet<&SeriesKey> =
+            ranked.iter().skip(places).map(|(k, _)| *k).collect();
+        let overflow_key = self.overflow_key();
+        let mut landed = 0;
+        for (key, start, length, acc) in slots {
+            let spill = spilled.contains(key);
+            let key = if spill { &overflow_key } else { key };
+            if self.absorb_restored(key, start, length, acc, now_unix_nano) {
+                landed += 1;
+                if spill {
+                    self.overflowed_records += acc.counts.requests;
+                }
+            }
+        }
+        landed
+    }
+
+    /// The position of series `key`, if kept.
+    fn find(&self, key: &SeriesKey) -> Option<usize> {
+        self.index
+            .get(&self.key_hash(key))
+            .and_then(|ids| ids.iter().copied().find(|&i| self.series[i].key == *key))
     }
 
     pub(super) fn sweep_interval(&self) -> u64 {
@@ -704,4 +821,12 @@ fn roll_up(
             }
         }
     });
+}
+
+/// Whether `key` is an overflow series' (every label the overflow label, old or current, or
+/// empty: a dimension not labelled), e.g. a stored overflow row.
+fn is_overflow_key(key: &SeriesKey) -> bool {
+    let labels = [&*key.service, &*key.model, &*key.operation];
+    labels.iter().any(|l| is_overflow_label(l))
+        && labels.iter().all(|l| l.is_empty() || is_overflow_label(l))
 }

@@ -6,7 +6,7 @@
 //!   mergeable, so a percentile over any range is computed by merging the minutes' sketches
 //!   ([`Store::history`]), never by averaging percentiles, and the collector's 1h window is
 //!   rebuilt after a restart from the same rows ([`Store::rollups`] →
-//!   `KpiWindows::absorb_slot`).
+//!   `KpiWindows::restore_slots`).
 //! - **Requests**: record and critical path of the slowest `slow_per_minute` requests of each
 //!   minute and of every failed one (at most `failed_per_minute`) — [`Store::slow_requests`].
 //! - **Findings** and **alert transitions**, as JSON with their time — [`Store::findings`],
@@ -293,10 +293,11 @@ impl Store {
     /// Rebuilds `kpis` after a restart: absorbs every stored minute that started in the
     /// `window` (at most the retention: older minutes are deleted at the first flush, and the
     /// windows must not show what the history no longer has) before `now_unix_nano` (the
-    /// current minute included) with
-    /// `KpiWindows::absorb_restored`. Returns the series-minutes absorbed. With the default KPI
-    /// config this refills the 1h window (60-second slots) minute by minute, and the 1m and 5m
-    /// windows with every minute whose last instant lies in them (see `absorb_restored`).
+    /// current minute included) with `KpiWindows::restore_slots`, which also gives the places
+    /// under the cap to the most recently active series. Returns the series-minutes absorbed.
+    /// With the default KPI config this refills the 1h window (60-second slots) minute by
+    /// minute, and the 1m and 5m windows with every minute whose last instant lies in them
+    /// (see `absorb_restored`).
     pub fn restore_kpis(
         &self,
         kpis: &mut KpiWindows,
@@ -307,18 +308,12 @@ impl Store {
         let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
         let from = minute_of(now_unix_nano.saturating_sub(window));
         let rollups = self.rollups(from, now_unix_nano.saturating_add(1))?;
-        Ok(rollups
-            .iter()
-            .filter(|r| {
-                kpis.absorb_restored(
-                    &r.key,
-                    r.minute_unix_nano,
-                    MINUTE_NANOS,
-                    &r.accumulator,
-                    now_unix_nano,
-                )
-            })
-            .count())
+        Ok(kpis.restore_slots(
+            rollups
+                .iter()
+                .map(|r| (&r.key, r.minute_unix_nano, MINUTE_NANOS, &r.accumulator)),
+            now_unix_nano,
+        ))
     }
 
     /// Rebuilds the critical-path `windows` after a restart from the stored slots within their

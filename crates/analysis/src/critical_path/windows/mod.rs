@@ -43,7 +43,7 @@ pub use crate::kpi::OVERFLOW_LABEL;
 
 /// The overflow label this entry had before it took the KPI series' one (still read in history
 /// written then).
-const OLD_OVERFLOW_LABEL: &str = "_overflow";
+use crate::kpi::OLD_OVERFLOW_LABEL;
 
 /// Limits and resolution of [`CriticalPathWindows`].
 #[derive(Clone, Debug, PartialEq)]
