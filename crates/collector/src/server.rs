@@ -668,6 +668,7 @@ fn serve_api(
         registry: core.registry.clone(),
         alerting: core.alerting.clone(),
         store: checked.store.clone(),
+        metrics_text: api::MetricsText::default(),
     });
     let app = api::router(state).merge(dashboard::routes(
         core.pipeline.clone(),

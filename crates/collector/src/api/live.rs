@@ -12,9 +12,10 @@ use infertrace_analysis::trace::TraceId;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::metrics_text::MetricsTextError;
 use super::state::{ApiState, error};
 use crate::duration::parse_duration;
-use crate::prom_export::{CONTENT_TYPE, encode};
+use crate::prom_export::CONTENT_TYPE;
 
 /// `?window=` of the window routes.
 #[derive(Debug, Deserialize)]
@@ -49,9 +50,38 @@ pub fn resolve_window(windows: &[Duration], asked: Option<&str>) -> Result<Durat
     }
 }
 
+/// `GET /metrics`: the text within the memory limit ([`super::metrics_text`]); 503 with
+/// `Retry-After` when it does not fit now.
 pub(super) async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
-    let body = encode(&s.registry);
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
+    match s.metrics_text.get(&s.registry, s.pipeline.limiter()).await {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, CONTENT_TYPE)],
+            axum::body::Body::new(body),
+        )
+            .into_response(),
+        Err(MetricsTextError::OverMemory { rendered }) => {
+            if crate::internal_events::warn_allowed("metrics_over_memory") {
+                tracing::warn!(
+                    rendered,
+                    "the /metrics text passed what the memory limit leaves after {rendered} \
+                     bytes: scrape refused with 503 (fewer series, limits.max_series, or a \
+                     larger limits.memory_limit_bytes)"
+                );
+            }
+            let mut response = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the /metrics text does not fit in the collector's memory limit now (refused \
+                     after {rendered} bytes): retry later"
+                ),
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
+            response
+        }
+        Err(MetricsTextError::Failed(why)) => error(StatusCode::INTERNAL_SERVER_ERROR, why),
+    }
 }
 
 pub(super) async fn health(State(s): State<Arc<ApiState>>) -> Response {

@@ -2,7 +2,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /metrics` | Prometheus / OpenMetrics text of every metric ([`crate::prom_export`]) |
+//! | `GET /metrics` | Prometheus / OpenMetrics text of every metric ([`crate::prom_export`]; 503 when it does not fit in the memory limit, [`metrics_text`]) |
 //! | `GET /health` | `{"status":"ok"}` (`"shutting_down"` with 503 while stopping) |
 //! | `GET /api/kpis?window=1m` | the [`KpiSnapshot`](infertrace_analysis::kpi::KpiSnapshot) of a configured window |
 //! | `GET /api/critical-path?window=1m` | the aggregated critical path of the window |
@@ -20,6 +20,7 @@
 pub mod alerting;
 pub(crate) mod history;
 mod live;
+pub mod metrics_text;
 mod state;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use axum::routing::get;
 
 pub use alerting::{Alerting, AlertsView};
 pub use live::{WindowQuery, resolve_window};
+pub use metrics_text::MetricsText;
 pub use state::ApiState;
 
 /// The API router.

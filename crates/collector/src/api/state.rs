@@ -9,6 +9,7 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use super::alerting::Alerting;
+use super::metrics_text::MetricsText;
 use crate::pipeline::Pipeline;
 use crate::store::Store;
 
@@ -22,6 +23,8 @@ pub struct ApiState {
     pub alerting: Arc<Mutex<Alerting>>,
     /// The history store (`None` with `--no-store`: the history routes answer 404).
     pub store: Option<Store>,
+    /// The `/metrics` renderings, shared by overlapping scrapes.
+    pub metrics_text: MetricsText,
 }
 
 impl std::fmt::Debug for ApiState {
