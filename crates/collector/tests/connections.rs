@@ -37,6 +37,17 @@ fn connections(max: usize, idle: Duration, header: Duration) -> ConnectionsConfi
     }
 }
 
+/// The test config with bearer tokens from a file holding `lines` (kept while the directory
+/// returned lives).
+fn with_tokens(lines: &str) -> (CollectorConfig, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, lines).unwrap();
+    let mut config = test_config();
+    config.auth.tokens_file = Some(tokens);
+    (config, dir)
+}
+
 fn refused(c: &RunningCollector, listener: &'static str) -> u64 {
     c.events()
         .connections_refused
@@ -792,11 +803,7 @@ async fn a_rebinding_host_is_refused_on_the_api_and_otlp_http() {
 /// two minutes: a refused client cannot hold a connection slot by trickling bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_client_that_keeps_sending_is_cut() {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "ingest ingest-token-0123456789\n").unwrap();
-    let mut config = test_config();
-    config.auth.tokens_file = Some(tokens);
+    let (mut config, _tokens) = with_tokens("ingest ingest-token-0123456789\n");
     config.receivers.otlp_http.connections =
         connections(100, Duration::from_secs(120), Duration::from_secs(120));
     config.receivers.body_read_timeout = Duration::from_secs(120);
@@ -849,11 +856,7 @@ async fn a_refused_client_that_keeps_sending_is_cut() {
 /// made curl 7.88 report "Stream error in the HTTP/2 framing layer" and lose the 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_http2_answer_waits_for_a_small_body_on_its_way() {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "ingest ingest-token-0123456789\n").unwrap();
-    let mut config = test_config();
-    config.auth.tokens_file = Some(tokens);
+    let (config, _tokens) = with_tokens("ingest ingest-token-0123456789\n");
     let c = server::run(config, std::future::pending()).await.unwrap();
     let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
@@ -891,11 +894,7 @@ async fn an_early_http2_answer_waits_for_a_small_body_on_its_way() {
 async fn refused_requests_close_their_connection() {
     const INGEST: &str = "ingest-token-0123456789";
     const READ: &str = "read-token-0123456789";
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, format!("ingest {INGEST}\nread {READ}\n")).unwrap();
-    let mut config = test_config();
-    config.auth.tokens_file = Some(tokens);
+    let (mut config, _tokens) = with_tokens(&format!("ingest {INGEST}\nread {READ}\n"));
     let patient = connections(100, Duration::from_secs(120), Duration::from_secs(120));
     config.api.connections = patient.clone();
     config.receivers.otlp_http.connections = patient.clone();

@@ -81,7 +81,9 @@ pub use distribution::{
     Distribution, LatencyStats, SKETCH_RELATIVE_ACCURACY, ZERO_BUCKET, bucket_of, bucket_value,
     sketch_config,
 };
+#[cfg(test)]
 pub(crate) use labelling::OLD_OVERFLOW_LABEL;
+pub(crate) use labelling::is_overflow_label;
 pub use labelling::{Dimension, Labelling, OVERFLOW_LABEL};
 pub use read::series_kpis;
 pub use series::{KpiWindows, SeriesKey, SlotHistory, TappedSlot};
@@ -247,10 +249,7 @@ mod tests {
 
     #[test]
     fn restored_series_are_reclaimable_once_idle() {
-        let mut w = KpiWindows::new(KpiConfig {
-            max_series: 2,
-            ..KpiConfig::default()
-        });
+        let mut w = capped(2);
         let minute = 60 * SEC;
         let t = 1_000 * minute;
         for model in ["junk-a", "junk-b"] {
@@ -322,7 +321,7 @@ mod tests {
 
     fn overflow_rows(rows: &[(String, u64)]) -> Vec<u64> {
         rows.iter()
-            .filter(|(m, _)| m == OVERFLOW_LABEL || m == "_overflow")
+            .filter(|(m, _)| is_overflow_label(m))
             .map(|r| r.1)
             .collect()
     }
@@ -331,19 +330,28 @@ mod tests {
         rows.iter().find(|(m, _)| m == model).map(|r| r.1)
     }
 
+    fn total_of(rows: &[(String, u64)]) -> u64 {
+        rows.iter().map(|r| r.1).sum()
+    }
+
+    /// Windows of the default config capped at `max_series`.
+    fn capped(max_series: usize) -> KpiWindows {
+        KpiWindows::new(KpiConfig {
+            max_series,
+            ..KpiConfig::default()
+        })
+    }
+
     #[test]
     fn stored_overflow_rows_restore_into_the_one_overflow_series_without_taking_a_place() {
-        let mut w = KpiWindows::new(KpiConfig {
-            max_series: 2,
-            ..KpiConfig::default()
-        });
+        let mut w = capped(2);
         let m = 1_000;
         let now = (m + 1) * 60 * SEC + 20 * SEC;
         // Stored order (by minute, then labels): the overflow row under both labels, then
         // two series that fit the cap exactly.
         let rows = [
             (overflow_key(OVERFLOW_LABEL), m, 3),
-            (overflow_key("_overflow"), m, 2),
+            (overflow_key(OLD_OVERFLOW_LABEL), m, 2),
             (model_key("a"), m, 1),
             (model_key("b"), m, 1),
         ];
@@ -354,7 +362,7 @@ mod tests {
         assert_eq!(requests_of_row(&got, "a"), Some(1), "{got:?}");
         assert_eq!(requests_of_row(&got, "b"), Some(1), "{got:?}");
         assert_eq!(w.series_count(), 2, "the overflow takes no place");
-        assert_eq!(got.iter().map(|r| r.1).sum::<u64>(), sent);
+        assert_eq!(total_of(&got), sent);
         // The restored overflow is no series to reclaim: once a and b are idle past the
         // horizon, a new model takes one of their places and the other's requests stay.
         let later = now + 120 * SEC;
@@ -362,17 +370,14 @@ mod tests {
         let got = hour_rows(&w, later);
         assert_eq!(overflow_rows(&got).len(), 1, "{got:?}");
         assert_eq!(requests_of_row(&got, "c"), Some(1));
-        assert_eq!(got.iter().map(|r| r.1).sum::<u64>(), sent + 1, "{got:?}");
+        assert_eq!(total_of(&got), sent + 1, "{got:?}");
     }
 
     #[test]
     fn a_reclaimed_series_keeps_its_requests_in_the_windows() {
         // Live: a takes a place, then is reclaimed for c; its two requests stay counted (in
         // the overflow row), and reach the history store once, under a.
-        let mut w = KpiWindows::new(KpiConfig {
-            max_series: 2,
-            ..KpiConfig::default()
-        });
+        let mut w = capped(2);
         w.enable_slot_tap();
         let t = 10_000 * 60 * SEC;
         for model in ["a", "a", "b"] {
@@ -420,7 +425,7 @@ mod tests {
         rows.push((model_key("realB"), m, 1));
         let mut sent: u64 = rows.iter().map(|r| r.2).sum();
         restore(&mut w, &rows, now);
-        let total = |w: &KpiWindows, at| hour_rows(w, at).iter().map(|r| r.1).sum::<u64>();
+        let total = |w: &KpiWindows, at| total_of(&hour_rows(w, at));
         assert_eq!(total(&w, now), sent);
         assert_eq!(overflow_rows(&hour_rows(&w, now)).len(), 1);
         for at in [now + SEC, now + 6 * SEC, now + 7 * SEC] {
@@ -439,10 +444,7 @@ mod tests {
 
     #[test]
     fn restore_gives_the_places_to_the_most_recently_active_series() {
-        let mut w = KpiWindows::new(KpiConfig {
-            max_series: 2,
-            ..KpiConfig::default()
-        });
+        let mut w = capped(2);
         let m = 1_000;
         let now = (m + 2) * 60 * SEC + 20 * SEC;
         // A burst of junk names in minute m, then a real model alone in minute m + 1 (stored
@@ -457,7 +459,7 @@ mod tests {
         let got = hour_rows(&w, now);
         assert_eq!(requests_of_row(&got, "real"), Some(1), "{got:?}");
         assert_eq!(overflow_rows(&got), [2], "two of the junk series: {got:?}");
-        assert_eq!(got.iter().map(|r| r.1).sum::<u64>(), 4);
+        assert_eq!(total_of(&got), 4);
         assert!(
             w.record(&model_rec("real"), now),
             "its next request finds its own series"

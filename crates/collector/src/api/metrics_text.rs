@@ -36,10 +36,25 @@ pub const OUTSIDE_LIMIT: usize = 8 << 20;
 /// allowance when dropped).
 struct Rendered {
     chunks: Vec<String>,
-    len: usize,
     reservation: MemoryReservation,
     outside: usize,
     outside_of: Arc<AtomicUsize>,
+}
+
+impl Rendered {
+    /// The text's length in bytes.
+    fn len(&self) -> usize {
+        self.chunks.iter().map(String::len).sum()
+    }
+
+    /// Gives `bytes` no longer allocated back: to the limiter first, then to the allowance.
+    fn give_back(&mut self, bytes: usize) {
+        let from_limiter = bytes.min(self.reservation.bytes());
+        self.reservation.shrink(from_limiter);
+        let from_outside = (bytes - from_limiter).min(self.outside);
+        self.outside -= from_outside;
+        self.outside_of.fetch_sub(from_outside, Ordering::AcqRel);
+    }
 }
 
 impl Drop for Rendered {
@@ -119,7 +134,6 @@ impl MetricsText {
         }
         let out = Rendered {
             chunks: Vec::new(),
-            len: 0,
             reservation: limiter.empty_reservation(),
             outside: 0,
             outside_of: self.outside.clone(),
@@ -148,12 +162,12 @@ impl MetricsBody {
 
     /// The text's length in bytes.
     pub fn len(&self) -> usize {
-        self.rendered.len
+        self.rendered.len()
     }
 
     /// Whether the text is empty (never, for a rendered registry: it ends with `# EOF`).
     pub fn is_empty(&self) -> bool {
-        self.rendered.len == 0
+        self.len() == 0
     }
 
     /// Whether `other` sends the same rendering.
@@ -202,7 +216,7 @@ fn render(
     let mut out = Chunked { out, allowance };
     if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
         return Err(MetricsTextError::OverMemory {
-            rendered: out.out.len,
+            rendered: out.out.len(),
         });
     }
     let mut out = out.out;
@@ -211,11 +225,7 @@ fn render(
         let before = last.capacity();
         last.shrink_to_fit();
         let freed = before.saturating_sub(last.capacity());
-        let from_limiter = freed.min(out.reservation.bytes());
-        out.reservation.shrink(from_limiter);
-        let from_outside = (freed - from_limiter).min(out.outside);
-        out.outside -= from_outside;
-        out.outside_of.fetch_sub(from_outside, Ordering::AcqRel);
+        out.give_back(freed);
     }
     Ok(out)
 }
@@ -265,7 +275,6 @@ impl fmt::Write for Chunked {
             if let Some(chunk) = self.out.chunks.last_mut() {
                 chunk.push_str(&s[..take]);
             }
-            self.out.len += take;
             s = &s[take..];
         }
         Ok(())

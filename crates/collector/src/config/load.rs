@@ -304,13 +304,16 @@ impl ConfigError {
     /// key names are read, such as a listener's TLS certificate. The file alone when it does
     /// not set the key.
     pub fn at_key(path: &Path, key: &str, message: String) -> Self {
-        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).unwrap_or_default();
         let keys: Vec<&str> = key.split('.').collect();
-        let pos = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|text| locate(&text, &keys));
+        Self::placed(&text, path.display().to_string(), &keys, message)
+    }
+
+    /// `message` at the key `path` in `text`, when the file sets it.
+    fn placed(text: &str, file: String, path: &[&str], message: String) -> Self {
+        let pos = locate(text, path);
         Self {
-            file: name,
+            file,
             line: pos.map(|p| p.0),
             column: pos.map(|p| p.1),
             message,
@@ -318,26 +321,21 @@ impl ConfigError {
     }
 }
 
-/// A validation problem placed at its key in `text`, when the file sets it.
-/// The message is led by the key path, unless it already names a key below it
-/// (`forward.tls.ca_file …` under `forward.tls`).
+/// A validation problem placed at its key in `text`, when the file sets it, its message led by
+/// the key path unless it already names a key below it (`forward.tls.ca_file …` under
+/// `forward.tls`).
 fn located(text: &str, file: &str, v: Invalid) -> ConfigError {
-    let pos = locate(text, &v.path);
     let key = v.path.join(".");
     let names_a_key_below = v
         .message
         .strip_prefix(key.as_str())
         .is_some_and(|rest| rest.starts_with('.'));
-    ConfigError {
-        file: file.to_owned(),
-        line: pos.map(|p| p.0),
-        column: pos.map(|p| p.1),
-        message: if names_a_key_below {
-            v.message
-        } else {
-            format!("{key}: {}", v.message)
-        },
-    }
+    let message = if names_a_key_below {
+        v.message
+    } else {
+        format!("{key}: {}", v.message)
+    };
+    ConfigError::placed(text, file.to_owned(), &v.path, message)
 }
 
 /// `message` led by the whole key path of what failed (`assembly.grace: invalid duration …`):

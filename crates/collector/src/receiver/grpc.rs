@@ -18,7 +18,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message;
 use tokio::net::TcpListener;
 
-use crate::auth::{Refusal, Scope};
+use crate::auth::Scope;
 use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 use crate::listener::CloseConnection;
@@ -26,27 +26,13 @@ use crate::listener::CloseConnection;
 use super::body::{GrpcBody, grpc_percent_encode};
 use super::export::{Outcome, Payload, Receiver};
 use super::limits::{GRPC_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
+use super::status::Code;
 use crate::listener::{ListenerSettings, deadline_after, serve};
 
 /// The gRPC path of the trace export method.
 pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 const METRICS_SERVICE: &str = "/opentelemetry.proto.collector.metrics.";
 const LOGS_SERVICE: &str = "/opentelemetry.proto.collector.logs.";
-
-/// gRPC status codes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-enum Code {
-    Ok = 0,
-    InvalidArgument = 3,
-    DeadlineExceeded = 4,
-    PermissionDenied = 7,
-    ResourceExhausted = 8,
-    Unimplemented = 12,
-    Internal = 13,
-    Unavailable = 14,
-    Unauthenticated = 16,
-}
 
 /// Serves OTLP/gRPC on `listener` (HTTP/2 prior knowledge) until `shutdown` resolves, handing
 /// decoded batches to `ingest`. See the [module rules](super) for every answer it gives.
@@ -97,10 +83,7 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
     let token = match receiver.ingest_token(req.headers().get(AUTHORIZATION)) {
         Ok(token) => token,
         Err(refusal) => {
-            let code = match refusal {
-                Refusal::InsufficientScope => Code::PermissionDenied,
-                Refusal::MissingToken | Refusal::UnknownToken => Code::Unauthenticated,
-            };
+            let code = Code::of_refusal(refusal);
             let mut response = status_only(code, refusal.http_answer(Scope::Ingest).2);
             response.extensions_mut().insert(CloseConnection);
             return response;

@@ -30,6 +30,7 @@ use crate::listener::CloseConnection;
 use super::body::drain_body;
 use super::export::{Outcome, Payload, Receiver};
 use super::limits::{HTTP_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
+use super::status::Code;
 use crate::listener::{ListenerSettings, deadline_after, serve};
 
 /// The traces path.
@@ -44,16 +45,6 @@ const JSON: &str = "application/json";
 /// goes out (see [`handle`]).
 const H2_SETTLE_BYTES: usize = 64 << 10;
 const H2_SETTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// gRPC status codes used in the `google.rpc.Status` error bodies.
-const INVALID_ARGUMENT: i32 = 3;
-const DEADLINE_EXCEEDED: i32 = 4;
-const NOT_FOUND: i32 = 5;
-const PERMISSION_DENIED: i32 = 7;
-const RESOURCE_EXHAUSTED: i32 = 8;
-const UNIMPLEMENTED: i32 = 12;
-const UNAVAILABLE: i32 = 14;
-const UNAUTHENTICATED: i32 = 16;
 
 /// Serves OTLP/HTTP on `listener` (HTTP/1.1 and h2c) until `shutdown` resolves, handing decoded
 /// batches to `ingest`. See the [module rules](super) for every answer it gives.
@@ -158,7 +149,7 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
         let mut response = refusal(
             &req.headers,
             StatusCode::MISDIRECTED_REQUEST,
-            PERMISSION_DENIED,
+            Code::PermissionDenied,
             "this Host is not served here: add it to api.allowed_hosts (a guard against DNS \
              rebinding while the receiver listens on loopback without authentication)",
         );
@@ -169,12 +160,7 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
         Ok(token) => token,
         Err(why) => {
             let (status, challenge, message) = why.http_answer(Scope::Ingest);
-            let code = if status == StatusCode::FORBIDDEN {
-                PERMISSION_DENIED
-            } else {
-                UNAUTHENTICATED
-            };
-            let mut response = refusal(&req.headers, status, code, message);
+            let mut response = refusal(&req.headers, status, Code::of_refusal(why), message);
             response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
             response.extensions_mut().insert(CloseConnection);
             return response;
@@ -186,7 +172,7 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
             return refusal(
                 &req.headers,
                 StatusCode::NOT_IMPLEMENTED,
-                UNIMPLEMENTED,
+                Code::Unimplemented,
                 "this collector accepts OTLP traces only (POST /v1/traces); \
                  metrics and logs are not accepted: send them to another collector",
             );
@@ -195,7 +181,7 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
             return refusal(
                 &req.headers,
                 StatusCode::NOT_FOUND,
-                NOT_FOUND,
+                Code::NotFound,
                 "not found: this collector accepts OTLP traces at POST /v1/traces",
             );
         }
@@ -259,16 +245,19 @@ fn answer(format: Format, outcome: Outcome) -> HttpResponse {
         Outcome::Undecodable(error) => status_response(
             format,
             StatusCode::BAD_REQUEST,
-            INVALID_ARGUMENT,
+            Code::InvalidArgument,
             &format!("undecodable OTLP request: {error}"),
         ),
-        Outcome::Unreadable(message) => {
-            status_response(format, StatusCode::BAD_REQUEST, INVALID_ARGUMENT, &message)
-        }
+        Outcome::Unreadable(message) => status_response(
+            format,
+            StatusCode::BAD_REQUEST,
+            Code::InvalidArgument,
+            &message,
+        ),
         Outcome::TooLarge(message) => status_response(
             format,
             StatusCode::PAYLOAD_TOO_LARGE,
-            RESOURCE_EXHAUSTED,
+            Code::ResourceExhausted,
             &message,
         ),
         Outcome::Overloaded {
@@ -279,7 +268,7 @@ fn answer(format: Format, outcome: Outcome) -> HttpResponse {
             let mut response = status_response(
                 format,
                 StatusCode::REQUEST_TIMEOUT,
-                DEADLINE_EXCEEDED,
+                Code::DeadlineExceeded,
                 "the request body did not arrive within the body read timeout",
             );
             response
@@ -338,7 +327,8 @@ fn success(format: Format, rejected: u32, message: Option<String>) -> HttpRespon
 }
 
 /// An error answer carrying a `google.rpc.Status` in the request's format, as OTLP/HTTP asks.
-fn status_response(format: Format, status: StatusCode, code: i32, message: &str) -> HttpResponse {
+fn status_response(format: Format, status: StatusCode, code: Code, message: &str) -> HttpResponse {
+    let code = code as i32;
     let body = match format {
         Format::Protobuf => {
             let mut buf = Vec::with_capacity(message.len() + 8);
@@ -354,7 +344,7 @@ fn status_response(format: Format, status: StatusCode, code: i32, message: &str)
 }
 
 fn retry_later(format: Format, status: StatusCode, secs: u32, message: &str) -> HttpResponse {
-    let mut response = status_response(format, status, UNAVAILABLE, message);
+    let mut response = status_response(format, status, Code::Unavailable, message);
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(secs));
@@ -366,16 +356,12 @@ fn retry_later(format: Format, status: StatusCode, secs: u32, message: &str) -> 
 fn refusal(
     headers: &http::HeaderMap,
     status: StatusCode,
-    code: i32,
-    message: &str,
+    code: Code,
+    message: &'static str,
 ) -> HttpResponse {
     match request_format(headers) {
         Some(format) => status_response(format, status, code, message),
-        None => with_type(
-            status,
-            "text/plain; charset=utf-8",
-            Bytes::copy_from_slice(message.as_bytes()),
-        ),
+        None => plain(status, message),
     }
 }
 
@@ -420,7 +406,12 @@ mod tests {
 
     #[test]
     fn protobuf_error_body_is_a_google_rpc_status() {
-        let r = status_response(Format::Protobuf, StatusCode::BAD_REQUEST, 3, "bad");
+        let r = status_response(
+            Format::Protobuf,
+            StatusCode::BAD_REQUEST,
+            Code::InvalidArgument,
+            "bad",
+        );
         let body =
             futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(r.into_body()))
                 .unwrap()

@@ -42,6 +42,7 @@ mod export;
 mod grpc;
 mod http;
 mod limits;
+mod status;
 
 pub use grpc::{serve_grpc, serve_grpc_with};
 pub use http::{serve_http, serve_http_with};

@@ -41,10 +41,6 @@ mod stored;
 /// the KPI series' overflow too, so that one name means "folded past a cap" everywhere.
 pub use crate::kpi::OVERFLOW_LABEL;
 
-/// The overflow label this entry had before it took the KPI series' one (still read in history
-/// written then).
-use crate::kpi::OLD_OVERFLOW_LABEL;
-
 /// Limits and resolution of [`CriticalPathWindows`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct CriticalPathWindowsConfig {

@@ -8,10 +8,9 @@
 //! bytes); then the number of (service, span) rows, each its service and span name as texts
 //! and its critical seconds per e2e bucket (sorted bucket keys, 8 bytes each).
 
-use super::{
-    BucketRequests, BucketValues, CriticalPathWindows, OLD_OVERFLOW_LABEL, OVERFLOW_LABEL,
-};
+use super::{BucketRequests, BucketValues, CriticalPathWindows};
 use crate::codec::{DecodeError, Reader, Writer};
+use crate::kpi::is_overflow_label;
 use crate::text::Text;
 
 /// Version byte written first.
@@ -157,8 +156,7 @@ impl CriticalPathWindows {
         for (service, span, values) in rows {
             // Past the key cap a row joins the overflow, as a segment would (not counted: it is
             // no new segment).
-            let overflow = |label: &str| label == OVERFLOW_LABEL || label == OLD_OVERFLOW_LABEL;
-            let key = if overflow(service) && overflow(span) {
+            let key = if is_overflow_label(service) && is_overflow_label(span) {
                 None
             } else {
                 self.key(&Text::from(service), &Text::from(span), None)
@@ -191,6 +189,7 @@ fn seconds(r: &mut Reader<'_>) -> Result<f64, DecodeError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::OVERFLOW_LABEL;
     use super::*;
     use crate::critical_path::CriticalPath;
     use crate::critical_path::windows::{CriticalPathWindowsConfig, TailTriple};
@@ -382,7 +381,7 @@ mod tests {
     fn an_overflow_row_stored_under_the_old_label_is_restored_as_the_overflow() {
         let now = 1_800_000_000 * SEC;
         let mut before = CriticalPathWindows::default();
-        let old = OLD_OVERFLOW_LABEL;
+        let old = crate::kpi::OLD_OVERFLOW_LABEL;
         let path = super::super::tests::path(&[(old, old, 1.0), ("a", "x", 1.0)]);
         before.record(&path, 2.0, now);
         let (_, bytes) = before.encode_slot(now).unwrap();
