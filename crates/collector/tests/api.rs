@@ -206,3 +206,43 @@ async fn alert_fires_is_exported_and_delivered_to_alertmanager() {
     );
     c.stop().await.unwrap();
 }
+
+/// A scrape that accepts gzip (as Prometheus does) gets the same series gzipped; one that does
+/// not, or refuses gzip, gets the plain text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_gzipped_for_a_scrape_that_accepts_gzip() {
+    use http_body_util::BodyExt;
+    let reqs: Vec<Req> = (0..3).map(|k| Req::new(k + 1, "m", 10, 20, 300)).collect();
+    let c = collector_with(&reqs, test_config()).await;
+    let scrape = |accept: Option<&'static str>| async move {
+        let mut req = http::Request::get(format!("http://{}/metrics", c.api_addr));
+        if let Some(accept) = accept {
+            req = req.header("accept-encoding", accept);
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let encoding = resp.headers().get("content-encoding").cloned();
+        assert_eq!(resp.headers()["vary"], "accept-encoding");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (encoding, body)
+    };
+    let (encoding, zipped) = scrape(Some("gzip, deflate")).await;
+    assert_eq!(encoding.unwrap(), "gzip");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&zipped[..]), &mut text)
+        .unwrap();
+    let series =
+        r#"infertrace_requests_total{service="llm",model="m",operation="chat",outcome="ok"}"#;
+    assert_eq!(metric(&text, series), Some(3.0), "{text}");
+    assert!(text.ends_with("# EOF\n"));
+    for plain in [None, Some("identity"), Some("gzip;q=0")] {
+        let (encoding, body) = scrape(plain).await;
+        assert_eq!(encoding, None, "{plain:?}");
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        assert_eq!(metric(&body, series), Some(3.0), "{plain:?}");
+    }
+    c.stop().await.unwrap();
+}

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use infertrace_analysis::trace::TraceId;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::metrics_text::MetricsTextError;
+use super::metrics_text::{MetricsTextError, accepts_gzip};
 use super::state::{ApiState, error};
 use crate::duration::parse_duration;
 use crate::prom_export::CONTENT_TYPE;
@@ -50,15 +50,37 @@ pub fn resolve_window(windows: &[Duration], asked: Option<&str>) -> Result<Durat
     }
 }
 
-/// `GET /metrics`: the text within the memory limit ([`super::metrics_text`]); 503 with
-/// `Retry-After` when it does not fit now.
-pub(super) async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
-    match s.metrics_text.get(&s.registry, s.pipeline.limiter()).await {
-        Ok(body) => (
-            [(header::CONTENT_TYPE, CONTENT_TYPE)],
-            axum::body::Body::new(body),
-        )
-            .into_response(),
+/// `GET /metrics`: the text within the memory limit ([`super::metrics_text`]), gzipped when
+/// the scrape accepts it; 503 with `Retry-After` when it does not fit now.
+pub(super) async fn metrics(State(s): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    let gzip = headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(accepts_gzip);
+    match s
+        .metrics_text
+        .get(&s.registry, s.pipeline.limiter(), gzip)
+        .await
+    {
+        Ok(body) => {
+            let gzip = body.is_gzip();
+            let mut response = (
+                [
+                    (header::CONTENT_TYPE, CONTENT_TYPE),
+                    (header::VARY, "accept-encoding"),
+                ],
+                axum::body::Body::new(body),
+            )
+                .into_response();
+            if gzip {
+                let gzip = header::HeaderValue::from_static("gzip");
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_ENCODING, gzip);
+            }
+            response
+        }
         Err(MetricsTextError::OverMemory { rendered }) => {
             if crate::internal_events::warn_allowed("metrics_over_memory") {
                 tracing::warn!(

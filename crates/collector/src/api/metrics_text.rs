@@ -8,8 +8,13 @@
 //! chunk is reserved in the [`MemoryLimiter`] before it is allocated (no buffer doubles and
 //! copies), and a text that does not fit is not rendered further: the scrape gets 503 with
 //! `Retry-After`.
+//!
+//! A scrape that accepts gzip (Prometheus always does) gets a rendering gzipped as it is
+//! written, held and shared in the same way: the plain text is never held for it, so the
+//! review's 290 MB text holds 6 MB.
 
 use std::fmt;
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -17,6 +22,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use flate2::Compression;
+use flate2::write::GzEncoder;
 use http_body::{Body, Frame, SizeHint};
 use prometheus_client::registry::Registry;
 
@@ -32,19 +39,30 @@ pub const CHUNK: usize = 64 << 10;
 /// [`crate::resident::OVERHEAD`]).
 pub const OUTSIDE_LIMIT: usize = 8 << 20;
 
-/// One rendering and the memory it holds: in the limiter, and outside it (given back to the
-/// allowance when dropped).
-struct Rendered {
-    chunks: Vec<String>,
+/// Memory a rendering holds: taken from the allowance outside the limiter while it lasts, else
+/// reserved in the limiter, always before it is allocated; given back to the allowance when
+/// dropped (the reservation gives itself back).
+struct Held {
     reservation: MemoryReservation,
     outside: usize,
     outside_of: Arc<AtomicUsize>,
+    allowance: usize,
 }
 
-impl Rendered {
-    /// The text's length in bytes.
-    fn len(&self) -> usize {
-        self.chunks.iter().map(String::len).sum()
+impl Held {
+    /// Takes `bytes` from the allowance, or else from the limiter; `false` if neither has them.
+    fn take(&mut self, bytes: usize) -> bool {
+        let allowance = self.allowance;
+        let outside = self
+            .outside_of
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&h| h <= allowance)
+            })
+            .is_ok();
+        if outside {
+            self.outside += bytes;
+        }
+        outside || self.reservation.try_grow(bytes)
     }
 
     /// Gives `bytes` no longer allocated back: to the limiter first, then to the allowance.
@@ -57,18 +75,89 @@ impl Rendered {
     }
 }
 
-impl Drop for Rendered {
+impl Drop for Held {
     fn drop(&mut self) {
         self.outside_of.fetch_sub(self.outside, Ordering::AcqRel);
     }
 }
 
+/// Chunks of at most [`CHUNK`] bytes, each [`Held`] before it is allocated; full but for the
+/// last.
+struct Chunks {
+    chunks: Vec<Vec<u8>>,
+    held: Held,
+}
+
+impl Chunks {
+    fn new(held: Held) -> Self {
+        Self {
+            chunks: Vec::new(),
+            held,
+        }
+    }
+
+    /// The length in bytes.
+    fn len(&self) -> usize {
+        self.len_from(0)
+    }
+
+    /// The bytes of chunks `from..`.
+    fn len_from(&self, from: usize) -> usize {
+        self.chunks
+            .get(from..)
+            .map_or(0, |rest| rest.iter().map(Vec::len).sum())
+    }
+
+    /// Gives back what the last chunk does not use (while it is sent, what an answer holds is
+    /// the bytes).
+    fn shrink_last(&mut self) {
+        if let Some(last) = self.chunks.last_mut() {
+            let before = last.capacity();
+            last.shrink_to_fit();
+            let freed = before.saturating_sub(last.capacity());
+            self.held.give_back(freed);
+        }
+    }
+}
+
+impl io::Write for Chunks {
+    /// Fills the last chunk, then takes a new one.
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let full = self.chunks.last().is_none_or(|c| c.len() == c.capacity());
+        if full && !buf.is_empty() {
+            if !self.held.take(CHUNK) {
+                return Err(io::Error::other("over the memory limit"));
+            }
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        let Some(last) = self.chunks.last_mut() else {
+            return Ok(0);
+        };
+        let take = (last.capacity() - last.len()).min(buf.len());
+        last.extend_from_slice(&buf[..take]);
+        Ok(take)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An [`io::Write`] written to as a [`fmt::Write`], for the text encoder.
+struct FmtIo<W>(W);
+
+impl<W: io::Write> fmt::Write for FmtIo<W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.write_all(s.as_bytes()).map_err(|_| fmt::Error)
+    }
+}
+
 /// What [`Bytes`] of one chunk of a shared rendering own.
-struct ChunkOf(Arc<Rendered>, usize);
+struct ChunkOf(Arc<Chunks>, usize);
 
 impl AsRef<[u8]> for ChunkOf {
     fn as_ref(&self) -> &[u8] {
-        self.0.chunks[self.1].as_bytes()
+        &self.0.chunks[self.1]
     }
 }
 
@@ -84,10 +173,14 @@ pub enum MetricsTextError {
     Failed(String),
 }
 
+/// A rendering while any answer still holds it, and when it was made.
+type Latest = (Weak<Chunks>, Instant);
+
 /// The `/metrics` renderings of one API (see the module docs).
 pub struct MetricsText {
-    /// The latest rendering while any answer still holds it, and when it was made.
-    latest: tokio::sync::Mutex<Option<(Weak<Rendered>, Instant)>>,
+    /// The latest rendering, plain and gzipped, while any answer still holds it, and when it
+    /// was made.
+    latest: tokio::sync::Mutex<[Option<Latest>; 2]>,
     /// Bytes the renderings hold outside the limiter, at most `allowance`.
     outside: Arc<AtomicUsize>,
     allowance: usize,
@@ -118,56 +211,71 @@ impl MetricsText {
         }
     }
 
-    /// The OpenMetrics text of `registry`: the rendering another scrape is still sending when
-    /// it is under [`SHARE_FOR`] old, else a new one.
+    fn held(&self, limiter: &MemoryLimiter) -> Held {
+        Held {
+            reservation: limiter.empty_reservation(),
+            outside: 0,
+            outside_of: self.outside.clone(),
+            allowance: self.allowance,
+        }
+    }
+
+    /// The OpenMetrics text of `registry`, gzipped if `gzip`: the rendering another scrape
+    /// is still sending when it is under [`SHARE_FOR`] old, else a new one.
     pub async fn get(
         &self,
         registry: &Arc<Registry>,
         limiter: &MemoryLimiter,
+        gzip: bool,
     ) -> Result<MetricsBody, MetricsTextError> {
         let mut latest = self.latest.lock().await;
+        let latest = &mut latest[usize::from(gzip)];
         if let Some((weak, at)) = latest.as_ref()
             && at.elapsed() < SHARE_FOR
             && let Some(rendered) = weak.upgrade()
         {
-            return Ok(MetricsBody::new(rendered));
+            return Ok(MetricsBody::new(rendered, gzip));
         }
-        let out = Rendered {
-            chunks: Vec::new(),
-            reservation: limiter.empty_reservation(),
-            outside: 0,
-            outside_of: self.outside.clone(),
-        };
-        let (registry, allowance) = (registry.clone(), self.allowance);
-        let rendered = tokio::task::spawn_blocking(move || render(&registry, out, allowance))
+        let (registry, held) = (registry.clone(), self.held(limiter));
+        let rendered = tokio::task::spawn_blocking(move || render(&registry, held, gzip))
             .await
             .map_err(|e| MetricsTextError::Failed(e.to_string()))??;
         let rendered = Arc::new(rendered);
         *latest = Some((Arc::downgrade(&rendered), Instant::now()));
-        Ok(MetricsBody::new(rendered))
+        Ok(MetricsBody::new(rendered, gzip))
     }
 }
 
-/// A response body sending one rendering's chunks (it holds the rendering, and so its
-/// memory, until it is sent or dropped).
+/// A response body sending one rendering's chunks, plain or gzipped (it holds the rendering,
+/// and so its memory, until it is sent or dropped).
 pub struct MetricsBody {
-    rendered: Arc<Rendered>,
+    rendered: Arc<Chunks>,
+    gzip: bool,
     next: usize,
 }
 
 impl MetricsBody {
-    fn new(rendered: Arc<Rendered>) -> Self {
-        Self { rendered, next: 0 }
+    fn new(rendered: Arc<Chunks>, gzip: bool) -> Self {
+        Self {
+            rendered,
+            gzip,
+            next: 0,
+        }
     }
 
-    /// The text's length in bytes.
+    /// The body's length in bytes (gzipped, if it is).
     pub fn len(&self) -> usize {
         self.rendered.len()
     }
 
-    /// Whether the text is empty (never, for a rendered registry: it ends with `# EOF`).
+    /// Whether the body is empty (never, for a rendered registry: it ends with `# EOF`).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether the body is sent gzipped (`Content-Encoding: gzip`).
+    pub fn is_gzip(&self) -> bool {
+        self.gzip
     }
 
     /// Whether `other` sends the same rendering.
@@ -198,87 +306,49 @@ impl Body for MetricsBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let left: usize = self.rendered.chunks[self.next.min(self.rendered.chunks.len())..]
-            .iter()
-            .map(String::len)
-            .sum();
-        SizeHint::with_exact(left as u64)
+        SizeHint::with_exact(self.rendered.len_from(self.next) as u64)
     }
 }
 
-/// Renders `registry` into `out`'s chunks, each taken from the `allowance` outside the limiter
-/// while it lasts, else reserved in the limiter, before it is allocated.
-fn render(
-    registry: &Registry,
-    out: Rendered,
-    allowance: usize,
-) -> Result<Rendered, MetricsTextError> {
-    let mut out = Chunked { out, allowance };
-    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
-        return Err(MetricsTextError::OverMemory {
-            rendered: out.out.len(),
+/// Whether an `Accept-Encoding` header value accepts gzip (`gzip` or `*`, with a non-zero
+/// quality, and gzip not refused by name).
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    let mut star = false;
+    for item in accept_encoding.split(',') {
+        let mut parts = item.split(';');
+        let coding = parts.next().unwrap_or_default().trim();
+        let refused = parts.any(|p| {
+            p.trim()
+                .strip_prefix("q=")
+                .and_then(|q| q.trim().parse::<f32>().ok())
+                .is_some_and(|q| q <= 0.0)
         });
+        if coding.eq_ignore_ascii_case("gzip") {
+            return !refused;
+        }
+        star |= coding == "*" && !refused;
     }
-    let mut out = out.out;
-    // The last chunk is mostly empty: what the answer holds while it is sent is the text.
-    if let Some(last) = out.chunks.last_mut() {
-        let before = last.capacity();
-        last.shrink_to_fit();
-        let freed = before.saturating_sub(last.capacity());
-        out.give_back(freed);
-    }
+    star
+}
+
+/// Renders `registry`, gzipped as it is written if `gzip` (fast compression: the text is
+/// repetitive), into chunks held in `held` before they are allocated.
+fn render(registry: &Registry, held: Held, gzip: bool) -> Result<Chunks, MetricsTextError> {
+    let over = |rendered: usize| MetricsTextError::OverMemory { rendered };
+    let mut out = if gzip {
+        let mut out = FmtIo(GzEncoder::new(Chunks::new(held), Compression::fast()));
+        let encoded = prometheus_client::encoding::text::encode(&mut out, registry);
+        let rendered = out.0.get_ref().len();
+        encoded.map_err(|_| over(rendered))?;
+        out.0.finish().map_err(|_| over(rendered))?
+    } else {
+        let mut out = FmtIo(Chunks::new(held));
+        prometheus_client::encoding::text::encode(&mut out, registry)
+            .map_err(|_| over(out.0.len()))?;
+        out.0
+    };
+    out.shrink_last();
     Ok(out)
-}
-
-/// A rendering being written: a new chunk is taken from the allowance or reserved in the
-/// limiter first, and writing past both fails.
-struct Chunked {
-    out: Rendered,
-    allowance: usize,
-}
-
-impl Chunked {
-    /// Takes `bytes` from the allowance outside the limiter, if it has them.
-    fn take_outside(&mut self, bytes: usize) -> bool {
-        let allowance = self.allowance;
-        let taken = self
-            .out
-            .outside_of
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(bytes).filter(|&h| h <= allowance)
-            })
-            .is_ok();
-        if taken {
-            self.out.outside += bytes;
-        }
-        taken
-    }
-}
-
-impl fmt::Write for Chunked {
-    /// Fills the last chunk, then takes new ones: chunks are full but for the last, and at most
-    /// 3 bytes where a character did not fit.
-    fn write_str(&mut self, mut s: &str) -> fmt::Result {
-        while !s.is_empty() {
-            let room = self.out.chunks.last().map_or(0, |c| c.capacity() - c.len());
-            let mut take = room.min(s.len());
-            while !s.is_char_boundary(take) {
-                take -= 1;
-            }
-            if take == 0 {
-                if !self.take_outside(CHUNK) && !self.out.reservation.try_grow(CHUNK) {
-                    return Err(fmt::Error);
-                }
-                self.out.chunks.push(String::with_capacity(CHUNK));
-                continue;
-            }
-            if let Some(chunk) = self.out.chunks.last_mut() {
-                chunk.push_str(&s[..take]);
-            }
-            s = &s[take..];
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -310,20 +380,26 @@ mod tests {
         body.collect().await.unwrap().to_bytes().to_vec()
     }
 
+    fn gunzip(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut out).unwrap();
+        out
+    }
+
     #[tokio::test]
     async fn the_text_is_reserved_while_it_is_sent_and_overlapping_scrapes_share_it() {
         // 1,000 series of 256-byte labels: ~290 KB, five chunks; nothing outside the limiter.
         let registry = registry_of(1_000, 256);
         let limiter = MemoryLimiter::new(64 << 20);
         let texts = MetricsText::with_allowance(0);
-        let a = texts.get(&registry, &limiter).await.unwrap();
+        let a = texts.get(&registry, &limiter, false).await.unwrap();
         let len = a.len();
         assert!(len > 4 * CHUNK, "{len}");
         // What is held: the text, to within the allocator's rounding of the last chunk.
         let held = limiter.used();
         assert!(held >= len && held < len + 4096, "{held} for {len}");
         // Another scrape while the first is sent: the same rendering, nothing more held.
-        let b = texts.get(&registry, &limiter).await.unwrap();
+        let b = texts.get(&registry, &limiter, false).await.unwrap();
         assert!(a.shares_with(&b));
         assert_eq!(limiter.used(), held);
         // The whole text, chunk after chunk, as the encoder writes it in one piece.
@@ -338,7 +414,7 @@ mod tests {
         drop(b);
         assert_eq!(limiter.used(), 0, "given back once every answer is sent");
         // With no answer holding it, the next scrape renders afresh.
-        let c = texts.get(&registry, &limiter).await.unwrap();
+        let c = texts.get(&registry, &limiter, false).await.unwrap();
         assert!(c.len() == len && limiter.used() == held);
     }
 
@@ -347,7 +423,7 @@ mod tests {
         let registry = registry_of(1_000, 256);
         let limiter = MemoryLimiter::new(2 * CHUNK + 1000);
         let texts = MetricsText::with_allowance(0);
-        match texts.get(&registry, &limiter).await {
+        match texts.get(&registry, &limiter, false).await {
             Err(MetricsTextError::OverMemory { rendered }) => {
                 assert!(rendered > CHUNK && rendered <= 2 * CHUNK, "{rendered}");
             }
@@ -356,7 +432,7 @@ mod tests {
         }
         assert_eq!(limiter.used(), 0, "nothing held after the refusal");
         // Small enough: rendered.
-        assert!(texts.get(&registry_of(1, 8), &limiter).await.is_ok());
+        assert!(texts.get(&registry_of(1, 8), &limiter, false).await.is_ok());
     }
 
     /// An ordinary text is served from the allowance however full the limiter (the metrics
@@ -367,19 +443,19 @@ mod tests {
         let registry = registry_of(1_000, 256);
         let full = MemoryLimiter::new(0);
         let texts = MetricsText::with_allowance(8 * CHUNK);
-        let a = texts.get(&registry, &full).await.unwrap();
+        let a = texts.get(&registry, &full, false).await.unwrap();
         assert!(a.len() > 4 * CHUNK);
         // A rendering still held (a slow reader) while a new one is made a second later: the
         // two together pass the allowance, so the second is refused at a full limiter...
         let later = Instant::now() + SHARE_FOR;
         tokio::time::sleep_until(later.into()).await;
         assert!(matches!(
-            texts.get(&registry, &full).await,
+            texts.get(&registry, &full, false).await,
             Err(MetricsTextError::OverMemory { .. })
         ));
         // ...and takes what the allowance lacks from a limiter with room.
         let roomy = MemoryLimiter::new(64 << 20);
-        let b = texts.get(&registry, &roomy).await.unwrap();
+        let b = texts.get(&registry, &roomy, false).await.unwrap();
         assert!(
             roomy.used() > 0 && roomy.used() < b.len(),
             "{}",
@@ -392,5 +468,79 @@ mod tests {
             0,
             "the allowance given back"
         );
+    }
+
+    #[tokio::test]
+    async fn a_gzip_scrape_gets_the_text_gzipped_as_it_is_written_and_shared() {
+        let registry = registry_of(1_000, 256);
+        let limiter = MemoryLimiter::new(64 << 20);
+        let texts = MetricsText::with_allowance(0);
+        let plain = texts.get(&registry, &limiter, false).await.unwrap();
+        let text_held = limiter.used();
+        let a = texts.get(&registry, &limiter, true).await.unwrap();
+        assert!(a.is_gzip() && !plain.is_gzip() && !a.shares_with(&plain));
+        let gzip_held = limiter.used() - text_held;
+        let b = texts.get(&registry, &limiter, true).await.unwrap();
+        assert!(a.shares_with(&b));
+        assert_eq!(
+            limiter.used() - text_held,
+            gzip_held,
+            "shared, nothing more held"
+        );
+        let (len, sent) = (a.len(), text(a).await);
+        assert_eq!(sent.len(), len);
+        // The labels repeat: the gzip form is a small part of the text, and what it holds is
+        // its length to within the allocator's rounding.
+        assert!(len * 5 < plain.len(), "{len} of {}", plain.len());
+        assert!(
+            gzip_held >= len && gzip_held < len + 4096,
+            "{gzip_held} for {len}"
+        );
+        assert_eq!(gunzip(&sent), text(plain).await);
+        assert_eq!(text(b).await, sent);
+        assert_eq!(limiter.used(), 0, "all given back once sent");
+    }
+
+    #[tokio::test]
+    async fn a_gzip_scrape_never_holds_the_plain_text() {
+        // ~290 KB of text, a few KB gzipped: a limit of two chunks refuses the plain text and
+        // serves the gzipped one.
+        let registry = registry_of(1_000, 256);
+        let limiter = MemoryLimiter::new(2 * CHUNK);
+        let texts = MetricsText::with_allowance(0);
+        assert!(matches!(
+            texts.get(&registry, &limiter, false).await,
+            Err(MetricsTextError::OverMemory { .. })
+        ));
+        let body = texts.get(&registry, &limiter, true).await.unwrap();
+        assert!(body.is_gzip() && body.len() < CHUNK, "{}", body.len());
+        let text = gunzip(&text(body).await);
+        assert_eq!(text, crate::prom_export::encode(&registry).into_bytes());
+        assert_eq!(limiter.used(), 0);
+    }
+
+    #[test]
+    fn accept_encoding_is_read_as_http_says() {
+        for yes in [
+            "gzip",
+            "GZIP",
+            "deflate, gzip",
+            "gzip;q=1.0, identity; q=0.5",
+            "*",
+            "br, *;q=0.1",
+        ] {
+            assert!(accepts_gzip(yes), "{yes}");
+        }
+        for no in [
+            "",
+            "identity",
+            "deflate, br",
+            "gzip;q=0",
+            "gzip; q=0.0, *",
+            "*;q=0",
+            "x-gzip",
+        ] {
+            assert!(!accepts_gzip(no), "{no}");
+        }
     }
 }
