@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use infertrace_analysis::critical_path::aggregate_name;
 use infertrace_collector::server;
 use serde_json::Value;
 use support_prom::HttpClient;
@@ -184,6 +185,39 @@ async fn sglang_pd_and_plain_trees_from_the_python_sdk_are_one_record_each() {
         "newer SGLang: the decode side's: {kpis}"
     );
     assert_eq!(count("sglang-prefill"), 0, "{kpis}");
+
+    // SGLang names its spans per request and process ("decode Req 1a2b3c4d", "Scheduler
+    // [TP 1] (host:… | pid:522)"): the critical path aggregates each under one name, in the
+    // windows and on /metrics.
+    let (_, body) = http
+        .get(&format!(
+            "http://{}/api/critical-path?window=1h",
+            collector.api_addr
+        ))
+        .await
+        .unwrap();
+    let critical: Value = serde_json::from_slice(&body).unwrap();
+    let names: Vec<&str> = critical["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["span"].as_str())
+        .collect();
+    assert!(names.contains(&"Scheduler [TP 1]"), "{names:?}");
+    for name in &names {
+        assert_eq!(aggregate_name(name), *name, "{names:?}");
+    }
+    let (_, metrics) = http
+        .get(&format!("http://{}/metrics", collector.api_addr))
+        .await
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics);
+    let per_process = metrics
+        .lines()
+        .filter(|l| l.starts_with("infertrace_critical_path_seconds_total{"))
+        .filter(|l| l.contains("pid:") || l.contains(" Req "))
+        .count();
+    assert_eq!(per_process, 0, "{metrics}");
     collector.stop().await.expect("clean shutdown");
 }
 

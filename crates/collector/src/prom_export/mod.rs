@@ -32,7 +32,7 @@ use foldhash::fast::RandomState;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use infertrace_analysis::critical_path::CriticalPath;
+use infertrace_analysis::critical_path::{CriticalPath, aggregate_name};
 use infertrace_analysis::kpi::{self, Dimension, Labelling, OVERFLOW_LABEL, SeriesKey, SloConfig};
 use infertrace_analysis::record::{DisaggPhases, Outcome, RequestRecord};
 use infertrace_analysis::text::Text;
@@ -718,10 +718,11 @@ impl PromRecorder {
                 c.inc_by(&self.writer, secs);
                 continue;
             }
-            let hash = self.hasher.hash_one((&*seg.service, seg.name.as_str()));
+            let name = aggregate_name(seg.name.as_str());
+            let hash = self.hasher.hash_one((&*seg.service, name));
             if let Some((_, _, c)) = self.cp_keys.get(&hash).and_then(|v| {
                 v.iter()
-                    .find(|(s, n, _)| **s == *seg.service && **n == *seg.name)
+                    .find(|(s, n, _)| **s == *seg.service && **n == *name)
             }) {
                 c.inc_by(&self.writer, secs);
                 self.cp_recent.insert(&seg.service, &seg.name, c.clone());
@@ -737,11 +738,7 @@ impl PromRecorder {
                     self.hasher.hash_one((OVERFLOW_LABEL, OVERFLOW_LABEL)),
                 )
             } else {
-                (
-                    Arc::from(seg.service.as_str()),
-                    Arc::from(seg.name.as_str()),
-                    hash,
-                )
+                (Arc::from(seg.service.as_str()), Arc::from(name), hash)
             };
             let existing = self.cp_keys.get(&h).and_then(|v| {
                 v.iter()

@@ -571,15 +571,12 @@ impl CriticalPathWindows {
     /// `None` when there is none (the caller folds it into
     /// [`overflow_key`](Self::overflow_key)).
     fn key(&mut self, service: &Text, span: &Text, now_unix_nano: Option<u64>) -> Option<u32> {
-        if let Some(&k) = self
-            .index
-            .get(service.as_str())
-            .and_then(|m| m.get(span.as_str()))
-        {
+        let name = super::aggregate_name(span.as_str());
+        if let Some(&k) = self.index.get(service.as_str()).and_then(|m| m.get(name)) {
             self.recent_keys.insert(service, span, k);
             return Some(k);
         }
-        let names = (Arc::from(service.as_str()), Arc::from(span.as_str()));
+        let names = (Arc::from(service.as_str()), Arc::from(name));
         let k = if self.keys.len() - usize::from(self.overflow_key.is_some()) < self.max_keys {
             self.push_key(names.0, names.1)
         } else {
@@ -664,7 +661,7 @@ impl CriticalPathWindows {
     pub fn has_key(&self, service: &str, span: &str) -> bool {
         self.index
             .get(service)
-            .is_some_and(|m| m.contains_key(span))
+            .is_some_and(|m| m.contains_key(super::aggregate_name(span)))
     }
 
     /// Keys given to new (service, span) pairs since start (see the module docs).
@@ -746,6 +743,26 @@ mod tests {
         assert_eq!(s.tail_requests.p90, 2.0);
         // ⌊0.99·4⌋ = 3 as well: with five requests the p99 is the fourth too.
         assert_eq!(s.tail_requests.p99, 2.0);
+    }
+
+    /// Spans named per request (SGLang's `"decode Req <rid>"`) share one key: a thousand
+    /// requests take one place under a cap of two, nothing overflows.
+    #[test]
+    fn spans_named_per_request_share_one_key() {
+        let mut w = CriticalPathWindows::new(CriticalPathWindowsConfig {
+            max_keys: 2,
+            ..Default::default()
+        });
+        for rid in 0..1_000u32 {
+            let name = format!("decode Req {:08x}", rid.wrapping_mul(2_654_435_761));
+            w.record(&path(&[("sglang", &name, 0.01)]), 0.01, S);
+        }
+        let s = w.snapshot(Duration::from_secs(60), S);
+        assert_eq!(s.entries.len(), 1, "{:?}", s.entries);
+        assert_eq!(&*s.entries[0].span, "decode Req");
+        assert!((s.entries[0].seconds.all - 10.0).abs() < 1e-9);
+        assert_eq!(w.overflowed_segments(), 0);
+        assert!(w.has_key("sglang", "decode Req 0000abcd"));
     }
 
     /// A path 10 ms longer than the e2e its engine reported: the shares still add up to 1.
