@@ -511,6 +511,29 @@ fn tgi_request_without_fields_or_error_is_cancelled() {
     assert_eq!(one(&tgi_trace(false, true, 200)).outcome, Outcome::Ok);
 }
 
+/// A request that failed or was cancelled during its first step (the `infer` span runs to
+/// its end) has no TTFT; one that failed after its first step keeps it.
+#[test]
+fn tgi_request_ended_before_its_first_token_has_no_ttft() {
+    for status in [500, 200] {
+        let mut spans = tgi_trace(false, false, status);
+        spans.retain(|s| s.span_id != sid(7) && s.span_id != sid(8));
+        let first = spans.iter_mut().find(|s| s.span_id == sid(6)).unwrap();
+        first.end_unix_nano = T0 + 1501 * MS;
+        let r = one(&spans);
+        assert_ne!(r.outcome, Outcome::Ok);
+        assert!(r.ttft.is_none(), "{status}: {:?}", r.ttft);
+        assert!(
+            close(r.prefill, 1.45),
+            "{status}: the step ran, {:?}",
+            r.prefill
+        );
+        // Failed after its first step: the step's end was a first token.
+        let r = one(&tgi_trace(false, false, status));
+        assert!(close(r.ttft, 0.25), "{status}: {:?}", r.ttft);
+    }
+}
+
 /// vLLM's first-token latency defaults to 0 for a request that produced no token; SGLang
 /// writes its finish reasons as one JSON string.
 #[test]

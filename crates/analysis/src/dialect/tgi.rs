@@ -14,7 +14,9 @@
 //!   spans given include it (measured); else the first `infer` span's duration — the prefill
 //!   step, up to the scheduler's bookkeeping (derived).
 //! - TTFT: that prefill's end − the request's start (measured when from the batch's `prefill`
-//!   span, derived from the `infer` span); unknown without either.
+//!   span, derived from the `infer` span); unknown without either, and for a request that did
+//!   not end ok, counted no token, and whose prefill step ran to its end (it ended before its
+//!   first token).
 //! - output tokens: TGI's `time_per_token` is `inference_time / generated tokens`, so tokens =
 //!   round(inference_time / time_per_token) (derived; TGI's spans carry no token counts).
 //! - decode = inference_time − prefill (derived), and the GenAI TPOT = decode / (tokens − 1)
@@ -149,18 +151,6 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     let prefill_step = batch_prefill
         .map(|p| (p, PhaseOrigin::Measured))
         .or_else(|| first_infer.map(|i| (i, PhaseOrigin::Derived)));
-    if let Some((step, origin)) = prefill_step {
-        r.prefill = Some(step.duration_secs());
-        r.origins.prefill = Some(origin);
-        // Within the request span, as for infertrace's prefill child (clock skew).
-        let first_token = step
-            .end_unix_nano
-            .min(span.end_unix_nano)
-            .max(span.start_unix_nano);
-        r.ttft = Some((first_token - span.start_unix_nano) as f64 / 1e9);
-        r.origins.ttft = Some(origin);
-    }
-
     let per_token = field(sc::tgi::TIME_PER_TOKEN).filter(|t| *t > 0.0);
     if r.output_tokens.is_none()
         && let (Some(inference), Some(per_token)) = (r.inference, per_token)
@@ -168,6 +158,25 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         let n = (inference / per_token).round();
         if n.is_finite() && n >= 1.0 && n < u64::MAX as f64 {
             r.output_tokens = Some(n as u64);
+        }
+    }
+
+    if let Some((step, origin)) = prefill_step {
+        r.prefill = Some(step.duration_secs());
+        r.origins.prefill = Some(origin);
+        // As for infertrace's layout: a request that failed or was cancelled before its first
+        // token has a prefill step running to its end, and that end is no first token.
+        let first_token_seen = r.outcome == Outcome::Ok
+            || r.output_tokens.is_some_and(|n| n > 0)
+            || step.end_unix_nano < span.end_unix_nano;
+        if first_token_seen {
+            // Within the request span, as for infertrace's prefill child (clock skew).
+            let first_token = step
+                .end_unix_nano
+                .min(span.end_unix_nano)
+                .max(span.start_unix_nano);
+            r.ttft = Some((first_token - span.start_unix_nano) as f64 / 1e9);
+            r.origins.ttft = Some(origin);
         }
     }
     if let (Some(inference), Some(prefill)) = (r.inference, r.prefill) {
