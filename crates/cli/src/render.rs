@@ -469,6 +469,19 @@ pub fn history_table(report: &Value) -> String {
     let since = window_label(f(report, &["since_seconds"]));
     let compare = f(report, &["compare_seconds"]);
     let _ = write!(out, "infertrace report — last {since} of history");
+    // The store keeps minutes: the range starts at the minute `since` falls in, and the rates
+    // divide by the whole of it.
+    if let (Some(from), Some(seconds)) = (
+        f(report, &["covered", "from"]),
+        f(report, &["covered", "seconds"]),
+    ) {
+        let start = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(from.max(0.0));
+        let _ = write!(
+            out,
+            " (whole minutes: {seconds:.0} s from {}, rates over all of it)",
+            humantime::format_rfc3339_seconds(start)
+        );
+    }
     for key in ["service", "model"] {
         if let Some(v) = report.get(key).and_then(Value::as_str) {
             let _ = write!(out, " — {key} {}", terminal_safe(v));
@@ -684,10 +697,15 @@ mod tests {
         assert_eq!(history_delta("ratio", Some(0.031)), "+3.1pp");
         assert_eq!(history_delta("per_second", None), "-");
         let report = serde_json::json!({"source": "x", "since_seconds": 3600, "compare_seconds": 86400,
+            "covered": {"from": 1767225600.0, "to": 1767229288.0, "seconds": 3688.0},
             "kpis": [{"kpi": "requests", "unit": "count", "value": 25.0, "baseline": 10.0, "delta": 15.0, "change": 1.5}]});
         let t = history_table(&report);
         assert!(
             t.contains("last 1h of history") && t.contains("24h ago"),
+            "{t}"
+        );
+        assert!(
+            t.contains("(whole minutes: 3688 s from 2026-01-01T00:00:00Z, rates over all of it)"),
             "{t}"
         );
         let line = t

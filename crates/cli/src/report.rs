@@ -181,6 +181,20 @@ pub fn history_query(
     q
 }
 
+/// The range a one-step `/api/history` answer covers, whole minutes from the one its `from`
+/// falls in: `{"from", "to", "seconds"}` (Unix seconds), what its rates divide by.
+pub fn covered_range(answer: &Value) -> Value {
+    let from = answer
+        .get("points")
+        .and_then(|p| p.get(0))
+        .and_then(|p| p.get(0))
+        .and_then(Value::as_f64);
+    match (from, answer.get("to").and_then(Value::as_f64)) {
+        (Some(from), Some(to)) => json!({"from": from, "to": to, "seconds": to - from}),
+        _ => Value::Null,
+    }
+}
+
 /// The value of a one-step `/api/history` answer (`None`: no data in the range).
 pub fn single_value(answer: &Value) -> Option<f64> {
     answer
@@ -223,6 +237,7 @@ pub async fn fetch_history(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |now| now.saturating_sub(h.since).as_secs() % 60);
     let mut rows = Vec::with_capacity(HISTORY_KPIS.len());
+    let mut covered = Value::Null;
     for (kpi, unit) in HISTORY_KPIS {
         let now = api
             .get_json(&format!(
@@ -230,6 +245,9 @@ pub async fn fetch_history(
                 history_query(kpi, h.since, Duration::ZERO, into_minute, h)
             ))
             .await?;
+        if covered.is_null() {
+            covered = covered_range(&now);
+        }
         let baseline = match h.compare {
             Some(ago) => {
                 let before = api
@@ -248,6 +266,7 @@ pub async fn fetch_history(
         "source": base,
         "since_seconds": h.since.as_secs(),
         "compare_seconds": h.compare.map(|d| d.as_secs()),
+        "covered": covered,
         "service": h.service,
         "model": h.model,
         "kpis": rows,

@@ -122,6 +122,21 @@ fn report_since_and_compare_read_the_store() {
         std::thread::sleep(Duration::from_millis(300));
     };
     assert_eq!(r["since_seconds"], 3600);
+    // Whole minutes: from the start of the minute an hour ago, and the rate over all of it.
+    let covered = &r["covered"];
+    let (from, seconds) = (
+        covered["from"].as_f64().unwrap(),
+        covered["seconds"].as_f64().unwrap(),
+    );
+    assert!(
+        from % 60.0 == 0.0 && (3600.0..3661.0).contains(&seconds),
+        "{covered}"
+    );
+    let rate = row(&r, "throughput.requests_per_second")["value"].as_f64();
+    assert!(
+        close(rate.map(|x| x * seconds), 25.0, 0.01),
+        "{rate:?} over {seconds} s"
+    );
     assert!(
         close(row(&r, "e2e.p50")["value"].as_f64(), 0.150, 0.01),
         "{r:#}"
