@@ -156,11 +156,21 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
         .min()
         .unwrap_or(0);
     let last = done.iter().map(|(r, _)| r.end_unix_nano).max().unwrap_or(0);
-    // One window covering all the data, whole seconds, at least one.
-    let window = Duration::from_secs(last.saturating_sub(first).div_ceil(1_000_000_000).max(1));
+    // One window holding all the data, whole seconds: a window reads its current slot and the
+    // slots before it, so the data must fit in all but one (the first request would fall out
+    // of a window of just its length, depending on where the slots start).
+    let config = KpiConfig::default();
+    let slots = u64::from(config.slots_per_window.max(2));
+    let needed = u128::from(last.saturating_sub(first)) * u128::from(slots) / u128::from(slots - 1);
+    let window = Duration::from_secs(
+        u64::try_from(needed.div_ceil(1_000_000_000))
+            .unwrap_or(u64::MAX)
+            .max(1)
+            + 1,
+    );
     let mut kpis = KpiWindows::new(KpiConfig {
         windows: vec![window],
-        ..KpiConfig::default()
+        ..config
     });
     kpis.set_start(first);
     let mut cps = CriticalPathWindows::new(CriticalPathWindowsConfig {
@@ -177,11 +187,15 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
         }
     }
     let snapshot = kpis.snapshot(window, last);
-    let cp_summary = cps.snapshot(window, last);
+    let mut cp_summary = cps.snapshot(window, last);
+    // What the data covers, from the first request's arrival to the last one's end: what the
+    // rates divide by (the windows round it up to whole seconds and slots).
+    let covered = last.saturating_sub(first) as f64 / 1e9;
+    cp_summary.window_seconds = covered;
     let diagnosis = DiagnosisConfig::default().with_slo(&KpiConfig::default().slo);
     let findings = diagnose_snapshot(&snapshot, Some(&cp_summary), &diagnosis);
     let mut report = json!({
-        "window_seconds": window.as_secs_f64(),
+        "window_seconds": covered,
         "kpis": snapshot,
         "critical_path": cp_summary,
         "findings": findings,

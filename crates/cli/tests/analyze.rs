@@ -246,3 +246,50 @@ fn broken_files_are_reported_and_the_rest_analysed() {
     let out = analyze(&[&broken], &[]);
     assert_eq!(out.status.code(), Some(2), "nothing readable exits 2");
 }
+
+/// One window, one length: every request counted, the rates divided by what the data covers
+/// (the first request's arrival to the last one's end), and the critical path over the same.
+#[test]
+fn the_window_is_what_the_data_covers_and_every_request_counts() {
+    // Several alignments of the data against the windows' slots.
+    for shift in 0..12 {
+        window_of_71_requests(shift);
+    }
+}
+
+fn window_of_71_requests(shift: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    // 71 requests a second apart, each 125 ms: 70.125 s from the first arrival to the last end.
+    let spans: Vec<Value> = (shift..shift + 71)
+        .flat_map(|i| request_spans(i, 5, 20, 100))
+        .collect();
+    let file = dir.path().join("export.json");
+    std::fs::write(&file, export_request(spans).to_string()).unwrap();
+    let out = analyze(&[&file], &["--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = json_report(&out);
+    let window = report["window_seconds"].as_f64().unwrap();
+    assert!((window - 70.125).abs() < 1e-9, "{window}");
+    assert_eq!(report["critical_path"]["window_seconds"], window);
+    let s = &report["kpis"]["series"][0];
+    assert_eq!(s["requests"], 71, "shifted {shift} s: {s}");
+    let rate = s["throughput"]["requests_per_second"].as_f64().unwrap();
+    assert!(
+        (rate * window - 71.0).abs() < 1e-6,
+        "shifted {shift} s: {rate} over {window} s"
+    );
+    let decode = report["critical_path"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["span"] == "decode")
+        .unwrap();
+    assert!(
+        (decode["seconds"]["all"].as_f64().unwrap() - 7.1).abs() < 1e-9,
+        "shifted {shift} s: {decode}"
+    );
+}
