@@ -816,6 +816,33 @@ fn tgi_trace_with_thousands_of_decode_steps() {
     assert!(close(r.prefill, 0.2));
 }
 
+/// Two layers stacked in one service: the outer request span stands (its e2e, the client's
+/// view), and the phases and tokens come from the inner one.
+#[test]
+fn an_outer_infertrace_request_span_reads_the_phases_of_the_one_nested_in_it() {
+    let mut spans = infertrace_trace();
+    for sp in &mut spans {
+        sp.span_id = sid(sp.span_id.0[0] + 10);
+        sp.parent_span_id = Some(sp.parent_span_id.map_or(sid(1), |p| sid(p.0[0] + 10)));
+    }
+    let outer = with(
+        span("POST /v1/chat", SpanKind::Server, 1, None, 0, 1400),
+        vec![
+            s(sc::gen_ai::OPERATION_NAME, "chat"),
+            s(sc::infer::OUTCOME, "ok"),
+        ],
+    );
+    spans.push(outer);
+    let r = one(&spans);
+    assert_eq!(r.span_id, sid(1));
+    assert!(close(Some(r.e2e), 1.4));
+    assert!(close(r.queue, 0.05) && close(r.prefill, 0.2) && close(r.decode, 1.0));
+    assert!(close(r.ttft, 0.25)); // the inner prefill's end − the outer request's start
+    assert_eq!(r.output_tokens, Some(11));
+    assert!(close(r.tpot, 0.1)); // 1.0 s / 10
+    assert!(r.gpu.is_some());
+}
+
 #[test]
 fn nested_request_spans_of_one_dialect_are_one_request() {
     let outer = with(

@@ -17,6 +17,9 @@
 //!   decode were split at the first response chunk), prefill, decode, TTFT and TPOT are marked
 //!   derived; the queue (the admission queue's own timestamps) stays measured.
 //! - GPU statistics from the phase children's `gpu.*` attributes.
+//! - A request span with no phase child and a same-service infertrace request span below it
+//!   (two layers stacked: one record, the outermost's) reads the phases, and the token counts
+//!   it lacks, from the nearest such span that has them.
 //! - Disaggregated sub-phases: children whose `infer.phase` is one of [`sc::disagg`]'s names
 //!   (`routing`, `bootstrap`, `prefill_queue`, `kv_transfer`, `decode_bootstrap`,
 //!   `decode_wait`, `first_token`) give [`DisaggPhases`] (measured durations); with any of
@@ -90,24 +93,38 @@ pub(crate) fn is_worker_part(span: &Span, trace: &TraceView<'_>) -> bool {
 
 /// Completes `r`, the base record (common to every dialect) of an infertrace request span.
 pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
-    // The first child of each phase, in one pass over the children.
+    // The first child of each phase, in one pass over the children — of the request span,
+    // else of the request span nested in it (same service: the same request, two layers
+    // stacked) that has them.
     let (mut queue_span, mut prefill_span, mut decode_span, mut inference_span) =
         (None, None, None, None);
-    for c in trace.children(span) {
-        let slot = match Phase::of(c) {
-            Some(Phase::Queue) => &mut queue_span,
-            Some(Phase::Prefill) => &mut prefill_span,
-            Some(Phase::Decode) => &mut decode_span,
-            Some(Phase::Inference) => &mut inference_span,
-            None => {
-                if let Some(name) = c.attr_str(sc::infer::PHASE) {
-                    set_sub_phase(r, name, c.duration_secs());
+    let mut holder = Some(span);
+    while let Some(h) = holder {
+        for c in trace.children(h) {
+            let slot = match Phase::of(c) {
+                Some(Phase::Queue) => &mut queue_span,
+                Some(Phase::Prefill) => &mut prefill_span,
+                Some(Phase::Decode) => &mut decode_span,
+                Some(Phase::Inference) => &mut inference_span,
+                None => {
+                    if let Some(name) = c.attr_str(sc::infer::PHASE) {
+                        set_sub_phase(r, name, c.duration_secs());
+                    }
+                    continue;
                 }
-                continue;
+            };
+            if slot.is_none() {
+                *slot = Some(c);
             }
-        };
-        if slot.is_none() {
-            *slot = Some(c);
+        }
+        let found = queue_span
+            .or(prefill_span)
+            .or(decode_span)
+            .or(inference_span);
+        holder = found.is_none().then(|| nested_request(h, trace)).flatten();
+        if let Some(inner) = holder {
+            r.input_tokens = r.input_tokens.or_else(|| input_tokens(inner));
+            r.output_tokens = r.output_tokens.or_else(|| output_tokens(inner));
         }
     }
     let derived_mode = span
@@ -194,6 +211,14 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
         .into_iter()
         .filter_map(|(p, s)| Some((p, s?))),
     );
+}
+
+/// The first infertrace request span among `span`'s children of its own service: the same
+/// request, one layer further in.
+fn nested_request<'a>(span: &'a Span, trace: &TraceView<'a>) -> Option<&'a Span> {
+    trace
+        .children(span)
+        .find(|c| c.service == span.service && detect(c) == Some(Dialect::Infertrace))
 }
 
 /// Records a disaggregated sub-phase child (`infer.phase` = one of [`sc::disagg`]'s names);
