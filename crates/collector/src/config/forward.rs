@@ -35,6 +35,12 @@ pub struct ForwardConfig {
     pub queue_size: usize,
     /// Most spans per forwarded request (received requests are merged up to this). Default 8192.
     pub max_batch_spans: usize,
+    /// Most bytes per forwarded request: a larger batch, or one larger request, is sent in parts
+    /// of at most this size (split between resources, scopes or spans; a span larger than this
+    /// goes alone). Below the downstream's message limit — 4 MiB by default in grpc-go and tonic
+    /// (Jaeger, Tempo, the OpenTelemetry Collector), which refuse a larger one whole.
+    /// Default 3 MiB (3145728).
+    pub max_batch_bytes: usize,
     /// Longest a request waits for others to merge with. Default 200ms.
     #[serde(with = "human_duration")]
     pub max_batch_delay: Duration,
@@ -64,6 +70,7 @@ impl Default for ForwardConfig {
             queue_size: 1024,
             verify_spans: true,
             max_batch_spans: 8192,
+            max_batch_bytes: 3 << 20,
             max_batch_delay: Duration::from_millis(200),
             timeout: Duration::from_secs(10),
             max_in_flight: 4,
@@ -156,6 +163,7 @@ impl ForwardConfig {
         for (key, n) in [
             ("queue_size", self.queue_size),
             ("max_batch_spans", self.max_batch_spans),
+            ("max_batch_bytes", self.max_batch_bytes),
             ("max_in_flight", self.max_in_flight),
         ] {
             if n == 0 {

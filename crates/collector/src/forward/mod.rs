@@ -21,7 +21,10 @@
 //!
 //! **Batching.** Protobuf messages concatenate: two encoded `ExportTraceServiceRequest`s back to
 //! back are one request holding both `resource_spans` lists. Queued requests are merged this way
-//! up to `max_batch_spans` spans or `max_batch_delay`, whichever comes first.
+//! up to `max_batch_spans` spans or `max_batch_delay`, whichever comes first. A batch (or one
+//! request) larger than `max_batch_bytes` is sent in parts of at most that size, split on the
+//! wire ([`split_request`]): a downstream refuses a message past its limit (4 MiB by default in
+//! grpc-go, tonic and so Jaeger and Tempo) whole, and with it every span merged beside it.
 //!
 //! **Never OK then drop.** The pipeline reserves a place in the queue (`queue_size` requests)
 //! and the memory for the body (from the memory limiter) with [`ForwardHandle::reserve`]
@@ -86,7 +89,9 @@ use crate::config::{ForwardConfig, ForwardProtocol, RetryConfig, TlsClientConfig
 use crate::ingest::{IngestBatch, IngestError};
 use crate::internal_events::{InternalEvents, warn_allowed};
 use crate::limiter::{MemoryLimiter, MemoryReservation, SENDER_SHARE_FROM_PERCENT};
-use crate::otlp_decode::{SpanRange, leave_out_spans, retain_accepted, without_spans};
+use crate::otlp_decode::{
+    SpanRange, count_spans, leave_out_spans, retain_accepted, split_request, without_spans,
+};
 
 mod share;
 
@@ -322,6 +327,7 @@ pub fn spawn(
         events: events.clone(),
         timeout: config.timeout,
         retry: config.retry.clone(),
+        max_batch_bytes: config.max_batch_bytes.max(1),
     });
     let worker = Worker {
         rx,
@@ -492,6 +498,7 @@ struct Sender {
     events: InternalEvents,
     timeout: Duration,
     retry: RetryConfig,
+    max_batch_bytes: usize,
 }
 
 impl Sender {
@@ -519,6 +526,8 @@ impl Sender {
         self.events.forward_pending_bytes.dec_by(bytes as i64);
     }
 
+    /// Sends a batch, in parts of at most `forward.max_batch_bytes` when it is larger
+    /// ([`split_request`]), one after the other; its memory is held until all are sent.
     async fn send_with_retry(&self, batch: Batch) {
         let Batch {
             body,
@@ -531,7 +540,35 @@ impl Sender {
             self.done(0, bytes);
             return;
         }
-        let body = body.freeze();
+        let Some(parts) = split_request(&body, self.max_batch_bytes) else {
+            self.send_part(body.freeze(), spans, bytes, oldest).await;
+            drop(holds);
+            return;
+        };
+        // Each part's spans, counted on the wire; its share of the pending bytes by its size.
+        let (total_len, count) = (body.len().max(1) as u64, parts.len());
+        let (mut spans_left, mut bytes_left) = (spans, bytes);
+        for (i, part) in parts.into_iter().enumerate() {
+            let last = i + 1 == count;
+            let part_spans = match last {
+                true => spans_left,
+                false => count_spans(&part).unwrap_or(0).min(spans_left),
+            };
+            let part_bytes = match last {
+                true => bytes_left,
+                false => (bytes * part.len() as u64 / total_len).min(bytes_left),
+            };
+            spans_left -= part_spans;
+            bytes_left -= part_bytes;
+            self.send_part(Bytes::from(part), part_spans, part_bytes, oldest)
+                .await;
+        }
+        drop(holds);
+    }
+
+    /// Sends one export request of `spans` spans, retrying while they are within their age
+    /// budget (from the arrival of the oldest, `oldest`), and counts how it ended.
+    async fn send_part(&self, body: Bytes, spans: u64, bytes: u64, oldest: Instant) {
         // The age budget counts from the oldest request's arrival, queueing included.
         let expires = oldest + self.retry.max_elapsed;
         let mut backoff = self.retry.initial_backoff;
@@ -609,7 +646,6 @@ impl Sender {
                 }
             }
         }
-        drop(holds);
     }
 }
 

@@ -72,6 +72,7 @@ mod json_lenient;
 mod json_spans;
 mod protobuf;
 mod reference;
+mod split;
 mod validation;
 mod wire;
 
@@ -86,4 +87,5 @@ pub use protobuf::{
     count_spans, decode_protobuf, decode_protobuf_for_forwarding, decode_span, without_spans,
 };
 pub use reference::{from_proto, leave_out_spans, retain_accepted};
+pub use split::split_request;
 pub use validation::MAX_VALUE_NESTING;
