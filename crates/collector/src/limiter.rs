@@ -263,6 +263,12 @@ impl MemoryLimiter {
         self.fixed_plus_percent_of_room(self.state.soft_percent)
     }
 
+    /// `percent` % of the room (the limit less the fixed memory).
+    pub fn percent_of_room(&self, percent: usize) -> usize {
+        self.fixed_plus_percent_of_room(percent)
+            .saturating_sub(self.fixed())
+    }
+
     /// Bytes to free for memory relief: past the soft limit, the use above the relief target
     /// (the fixed memory plus [`MEMORY_RELIEF_TARGET_PERCENT`] % of the room above it, by
     /// default); 0 below the soft limit.

@@ -46,9 +46,12 @@
 mod arrival;
 mod grace;
 mod recent;
+mod relief;
+
+use relief::AssembledBytes;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{
@@ -59,7 +62,7 @@ use infertrace_analysis::dialect;
 use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
 use infertrace_analysis::trace::{Span, SpanId, TraceId};
 
-use crate::assembler::{CompletedTrace, MemoryHold, Ready, TraceAssembler};
+use crate::assembler::{CompletedTrace, Ready, TraceAssembler};
 use crate::config::CollectorConfig;
 use crate::forward::ForwardHandle;
 use crate::held::{Analysed, HeldSpans, compact_copy, hold_the_body, holds_a_body};
@@ -256,6 +259,8 @@ pub struct Pipeline {
     analysis_bytes: AtomicUsize,
     /// The assembler's tables' bytes held in the limiter, as last published.
     table_bytes: AtomicUsize,
+    /// The reservations the assembler's traces hold (what memory relief can free).
+    assembled: AssembledBytes,
     /// The process's resident memory against the limit's bound, when watched
     /// ([`watch_resident_memory`](Self::watch_resident_memory)).
     resident: Mutex<Option<ResidentWatch>>,
@@ -340,6 +345,7 @@ impl Pipeline {
             windows: config.kpi.windows.clone(),
             requests_recorded: AtomicU64::new(0),
             analysis_bytes: AtomicUsize::new(0),
+            assembled: AssembledBytes::default(),
             table_bytes: AtomicUsize::new(0),
             resident: Mutex::new(None),
             tick_wanted: tokio::sync::Notify::new(),
@@ -555,7 +561,7 @@ impl Pipeline {
                 });
             }
         }
-        let hold: MemoryHold = Arc::new(reservation);
+        let hold = self.assembled.hold(reservation);
         let mut taken = vec![false; batch.spans.len()];
         if prepared {
             assembler.insert_prepared(runs, &mut taken, &hold, now);
@@ -597,29 +603,19 @@ impl Pipeline {
 
     /// Under memory relief ([`MemoryLimiter::relief_excess`]), closes early the oldest traces
     /// in flight in proportion to the memory to free and wakes the tick, which releases them:
-    /// buffered traces give way to new data before any request is refused. The memory the
-    /// assembler holds is estimated as what the limiter holds less the aggregates, the
-    /// recent-trace ring, the assembler's tables and the forward queue (requests being read
-    /// count in too: the estimate errs towards closing more, never fewer).
+    /// buffered traces give way to new data before any request is refused. What they hold is
+    /// counted exactly ([`relief`]); above [`relief::ASSEMBLER_KEEPS_PERCENT`] of the room
+    /// only, so that requests in transit filling the memory are refused instead.
     fn relieve_memory(&self, assembler: &mut TraceAssembler, now: Instant) {
         let excess = self.limiter.relief_excess();
         if excess == 0 {
             return;
         }
-        let held = self
+        let keeps = self
             .limiter
-            .used()
-            .saturating_sub(self.analysis_bytes.load(Ordering::Relaxed))
-            .saturating_sub(self.table_memory_bytes())
-            .saturating_sub(usize::try_from(self.events.forward_pending_bytes.get()).unwrap_or(0));
-        if held == 0 {
-            return;
-        }
-        let excess = excess.min(held);
+            .percent_of_room(relief::ASSEMBLER_KEEPS_PERCENT);
         let traces = assembler.traces_in_flight();
-        // ceil(traces × excess / held), in u128: traces × bytes can pass u64 on paper.
-        let n = (traces as u128 * excess as u128).div_ceil(held as u128);
-        let n = usize::try_from(n).unwrap_or(traces);
+        let n = relief::traces_to_close(traces, excess, self.assembled.get(), keeps);
         let closed = assembler.close_oldest_for_memory(n, now);
         self.publish_tables(assembler);
         if closed > 0 {

@@ -307,6 +307,41 @@ fn the_resident_memory_is_read_at_every_tick() {
     );
 }
 
+/// Memory filled by requests in transit (bodies being read and decoded), not by buffered
+/// traces: relief closes none of the traces (closing them frees little, and leaves their late
+/// spans without them); a request that does not fit is refused, retryably, until it drains.
+#[test]
+fn requests_in_transit_do_not_make_relief_close_the_buffered_traces() {
+    let mut config = CollectorConfig::default();
+    config.assembly.grace = Duration::from_secs(600);
+    let events = InternalEvents::default();
+    let limiter = MemoryLimiter::new(64 << 20);
+    let p = Pipeline::new(
+        &config,
+        events.clone(),
+        PromMetrics::default(),
+        limiter.clone(),
+        None,
+    );
+    let t0 = Instant::now();
+    for i in 0..20 {
+        p.ingest_at(batch(request_trace(i, "m", 1, 1, 1, 2)), t0)
+            .unwrap();
+    }
+    // Bodies in transit take the use to the limit, past the soft limit.
+    let mut transit = limiter.empty_reservation();
+    assert!(transit.try_grow(limiter.limit() - limiter.used() - 1_000));
+    for i in 20..30 {
+        let _ = p.ingest_at(batch(request_trace(i, "m", 1, 1, 1, 2)), t0);
+    }
+    assert_eq!(events.closed_early("memory"), 0);
+    assert!(p.traces_in_flight() >= 20, "{}", p.traces_in_flight());
+    // Once they drain, new traces get in.
+    drop(transit);
+    p.ingest_at(batch(request_trace(40, "m", 1, 1, 1, 2)), t0)
+        .unwrap();
+}
+
 /// With a grace period longer than the test, buffered traces fill the memory limit; past its
 /// soft limit ingest closes the oldest early and the tick releases them, so new traces keep
 /// coming in (a refusal, if the tick has not run yet, is followed by an accepted retry), and
