@@ -211,6 +211,65 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
+/// HTTP's and gRPC's `deflate`: the zlib format, as the OpenTelemetry SDKs send it.
+fn deflate(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+/// Deflate bodies, over HTTP (`Content-Encoding`) and gRPC (`grpc-encoding`), are inflated as
+/// gzip ones are: the Python SDK's exporters offer both, and deflate was refused with 415.
+#[tokio::test]
+async fn deflate_bodies_are_accepted_over_http_and_grpc() {
+    let c = Collector::start(ReceiverLimits::default()).await;
+    let req = valid_request(2);
+    let http = http_call(
+        c.http,
+        Method::POST,
+        "/v1/traces",
+        &[
+            ("content-type", "application/x-protobuf"),
+            ("content-encoding", "deflate"),
+        ],
+        deflate(&req.encode_to_vec()),
+    )
+    .await;
+    assert_eq!(http.status, StatusCode::OK);
+    let (status, code, message) = grpc_raw(
+        c.grpc,
+        EXPORT_PATH,
+        &[
+            ("content-type", "application/grpc"),
+            ("grpc-encoding", "deflate"),
+        ],
+        frame(&deflate(&req.encode_to_vec()), true),
+    )
+    .await;
+    assert_eq!(
+        (status, code.as_deref()),
+        (StatusCode::OK, Some("0")),
+        "{message:?}"
+    );
+    assert_eq!(c.ingest.span_count(), 4);
+    let raw = c.ingest.batches.lock().unwrap()[0].raw_protobuf.clone();
+    assert_eq!(raw.as_deref(), Some(&req.encode_to_vec()[..]));
+    // Not zlib: refused as unreadable, not as an unknown encoding.
+    let broken = http_call(
+        c.http,
+        Method::POST,
+        "/v1/traces",
+        &[
+            ("content-type", "application/x-protobuf"),
+            ("content-encoding", "deflate"),
+        ],
+        b"not deflate".to_vec(),
+    )
+    .await;
+    assert_eq!(broken.status, StatusCode::BAD_REQUEST);
+    c.stop().await;
+}
+
 struct Reply {
     status: StatusCode,
     headers: HeaderMap,

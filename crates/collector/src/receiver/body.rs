@@ -161,19 +161,29 @@ pub(crate) enum InflateError {
 /// The first inflate step; later ones double the output (each reserved before it is written).
 const INFLATE_STEP: usize = 256 * 1024;
 
-/// Inflates a gzip body, stopping (without allocating further) once it passes `limit` bytes.
+/// How a compressed body is encoded (`Content-Encoding`, gRPC's `grpc-encoding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Coding {
+    /// gzip (RFC 1952), members concatenated or not.
+    Gzip,
+    /// HTTP's `deflate`: the zlib format (RFC 1950), as the OpenTelemetry SDKs send it.
+    Deflate,
+}
+
+/// Inflates a compressed body, stopping (without allocating further) once it passes `limit` bytes.
 /// With a `reservation`, the output is reserved step by step before it is allocated. A step
 /// refused for now is [`InflateError::OverMemory`]. A step refused because it passes the room
 /// (the doubling may ask for more than the body needs) finishes inflating without keeping the
 /// rest, to learn the size: a body that could never fit is [`InflateError::NeverFits`] (413, not
 /// a retry), one that fits is inflated once more into exactly its size.
-pub(crate) fn gunzip_limited(
+pub(crate) fn inflate_limited(
     data: &[u8],
+    coding: Coding,
     limit: usize,
     mut reservation: Option<&mut MemoryReservation>,
 ) -> Result<Bytes, InflateError> {
     let mut out: Vec<u8> = Vec::new();
-    let mut decoder = gunzip(data, limit);
+    let mut decoder = inflater(data, coding, limit);
     let base = reservation.as_ref().map_or(0, |r| r.bytes());
     loop {
         // Grows like a vector would (doubling), but reserves before allocating.
@@ -193,7 +203,7 @@ pub(crate) fn gunzip_limited(
             let size = out.len().saturating_add(rest);
             drop(out);
             r.shrink(r.bytes().saturating_sub(base));
-            return inflate_exactly(data, limit, size, r);
+            return inflate_exactly(data, coding, limit, size, r);
         }
         out.reserve_exact(capacity - out.len());
         let wanted = capacity - out.len();
@@ -216,9 +226,13 @@ pub(crate) fn gunzip_limited(
     Ok(Bytes::from(out))
 }
 
-/// A gzip reader of at most `limit + 1` inflated bytes (one more than allowed, to tell).
-fn gunzip(data: &[u8], limit: usize) -> impl Read + '_ {
-    flate2::read::MultiGzDecoder::new(data).take(limit as u64 + 1)
+/// A reader of at most `limit + 1` inflated bytes (one more than allowed, to tell).
+fn inflater(data: &[u8], coding: Coding, limit: usize) -> impl Read + '_ {
+    let reader: Box<dyn Read + '_> = match coding {
+        Coding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(data)),
+        Coding::Deflate => Box::new(flate2::read::ZlibDecoder::new(data)),
+    };
+    reader.take(limit as u64 + 1)
 }
 
 fn corrupt(e: std::io::Error) -> InflateError {
@@ -237,6 +251,7 @@ fn count_to_end(mut reader: impl Read) -> Result<usize, InflateError> {
 /// inflates into it.
 fn inflate_exactly(
     data: &[u8],
+    coding: Coding,
     limit: usize,
     size: usize,
     reservation: &mut MemoryReservation,
@@ -251,7 +266,9 @@ fn inflate_exactly(
         });
     }
     let mut out = Vec::with_capacity(size);
-    gunzip(data, limit).read_to_end(&mut out).map_err(corrupt)?;
+    inflater(data, coding, limit)
+        .read_to_end(&mut out)
+        .map_err(corrupt)?;
     Ok(Bytes::from(out))
 }
 
@@ -329,13 +346,16 @@ mod tests {
     fn gunzip_enforces_the_inflated_limit() {
         let plain = vec![b'a'; 10_000];
         let z = gzip(&plain);
-        assert_eq!(&gunzip_limited(&z, 10_000, None).unwrap()[..], &plain[..]);
+        assert_eq!(
+            &inflate_limited(&z, Coding::Gzip, 10_000, None).unwrap()[..],
+            &plain[..]
+        );
         assert!(matches!(
-            gunzip_limited(&z, 9_999, None),
+            inflate_limited(&z, Coding::Gzip, 9_999, None),
             Err(InflateError::TooLarge)
         ));
         assert!(matches!(
-            gunzip_limited(b"not gzip", 100, None),
+            inflate_limited(b"not gzip", Coding::Gzip, 100, None),
             Err(InflateError::Corrupt(_))
         ));
     }
@@ -354,7 +374,7 @@ mod tests {
         // for 1,048,576: the exact size is measured and reserved instead.
         let plain = vec![b'a'; 700_000];
         let (mut r, _) = reservation(1_000_000, 0);
-        let out = gunzip_limited(&gzip(&plain), 16 << 20, Some(&mut r)).unwrap();
+        let out = inflate_limited(&gzip(&plain), Coding::Gzip, 16 << 20, Some(&mut r)).unwrap();
         assert_eq!(&out[..], &plain[..]);
         assert_eq!(r.bytes(), plain.len());
     }
@@ -364,7 +384,7 @@ mod tests {
         let z = gzip(&vec![b'a'; 2_000_000]);
         let (mut r, _) = reservation(1_000_000, 0);
         assert!(matches!(
-            gunzip_limited(&z, 16 << 20, Some(&mut r)),
+            inflate_limited(&z, Coding::Gzip, 16 << 20, Some(&mut r)),
             Err(InflateError::NeverFits)
         ));
         assert_eq!(r.bytes(), 0, "nothing stays reserved");
@@ -372,18 +392,20 @@ mod tests {
         let z = gzip(&vec![b'a'; 300_000]);
         let (mut r, other) = reservation(1_000_000, 900_000);
         assert!(matches!(
-            gunzip_limited(&z, 16 << 20, Some(&mut r)),
+            inflate_limited(&z, Coding::Gzip, 16 << 20, Some(&mut r)),
             Err(InflateError::OverMemory)
         ));
         drop(other);
         assert_eq!(
-            gunzip_limited(&z, 16 << 20, Some(&mut r)).unwrap().len(),
+            inflate_limited(&z, Coding::Gzip, 16 << 20, Some(&mut r))
+                .unwrap()
+                .len(),
             300_000
         );
         // Over the size limit is still TooLarge, whatever the room.
         let (mut r, _) = reservation(1_000_000, 0);
         assert!(matches!(
-            gunzip_limited(&z, 200_000, Some(&mut r)),
+            inflate_limited(&z, Coding::Gzip, 200_000, Some(&mut r)),
             Err(InflateError::TooLarge)
         ));
     }

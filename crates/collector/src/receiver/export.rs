@@ -13,7 +13,7 @@ use crate::limiter::{DECODED_BYTES_PER_WIRE_BYTE, MemoryReservation, Refused, Se
 use crate::listener::PeerAddr;
 use crate::otlp_decode::{self, Decoded};
 
-use super::body::{BodyError, InflateError, LengthFromStart, gunzip_limited, read_body};
+use super::body::{BodyError, Coding, InflateError, LengthFromStart, inflate_limited, read_body};
 use super::limits::ReceiverLimits;
 
 /// A request body in one of the OTLP encodings.
@@ -181,16 +181,25 @@ impl Receiver {
 
     /// Inflates a gzip body to at most `max_body_bytes`, reserving the output in `hold`; the
     /// compressed bytes' share of `hold` is given back once they are dropped.
-    pub(crate) fn inflate(&self, compressed: Bytes, hold: &mut Hold) -> Result<Bytes, Outcome> {
+    pub(crate) fn inflate(
+        &self,
+        compressed: Bytes,
+        coding: Coding,
+        hold: &mut Hold,
+    ) -> Result<Bytes, Outcome> {
         let limit = self.limits.max_body_bytes;
-        let inflated = match gunzip_limited(&compressed, limit, hold.as_mut()) {
+        let inflated = match inflate_limited(&compressed, coding, limit, hold.as_mut()) {
             Ok(inflated) => inflated,
             Err(InflateError::TooLarge) => return Err(self.too_large(limit)),
             Err(InflateError::OverMemory) => return Err(self.over_memory(hold, None)),
             Err(InflateError::NeverFits) => return Err(self.never_fits(hold)),
             Err(InflateError::Corrupt(error)) => {
                 self.refuse_request("decode_error");
-                return Err(Outcome::Unreadable(format!("invalid gzip body: {error}")));
+                let name = match coding {
+                    Coding::Gzip => "gzip",
+                    Coding::Deflate => "deflate",
+                };
+                return Err(Outcome::Unreadable(format!("invalid {name} body: {error}")));
             }
         };
         let len = compressed.len();

@@ -1,6 +1,6 @@
 //! OTLP/gRPC: the unary `opentelemetry.proto.collector.trace.v1.TraceService/Export`, served over
 //! HTTP/2 (h2c) by hyper directly. The request message is taken as raw bytes (gRPC framing and
-//! `grpc-encoding: gzip` handled here), decoded once by the lean decoder, and kept as is for
+//! `grpc-encoding: gzip` or `deflate` handled here), decoded once by the lean decoder, and kept as is for
 //! forwarding.
 
 use std::convert::Infallible;
@@ -23,7 +23,7 @@ use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 use crate::listener::CloseConnection;
 
-use super::body::{GrpcBody, grpc_percent_encode};
+use super::body::{Coding, GrpcBody, grpc_percent_encode};
 use super::export::{Outcome, Payload, Receiver};
 use super::limits::{GRPC_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
 use super::status::Code;
@@ -108,18 +108,19 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
         *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return response;
     }
-    let gzip = match req
+    let coding = match req
         .headers()
         .get("grpc-encoding")
         .map(HeaderValue::as_bytes)
     {
-        None | Some(b"identity") => false,
-        Some(b"gzip") => true,
+        None | Some(b"identity") => None,
+        Some(b"gzip") => Some(Coding::Gzip),
+        Some(b"deflate") => Some(Coding::Deflate),
         Some(_) => {
             receiver.refuse_request("unsupported_content");
             return status_only(
                 Code::Unimplemented,
-                "unsupported grpc-encoding: send gzip or identity",
+                "unsupported grpc-encoding: send gzip, deflate or identity",
             );
         }
     };
@@ -139,16 +140,16 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
     };
     let message = match unframe(&body) {
         Ok((false, message)) => message,
-        Ok((true, _)) if !gzip => {
-            receiver.refuse_request("decode_error");
-            return status_only(
-                Code::Internal,
-                "compressed message without a grpc-encoding header",
-            );
-        }
         Ok((true, message)) => {
+            let Some(coding) = coding else {
+                receiver.refuse_request("decode_error");
+                return status_only(
+                    Code::Internal,
+                    "compressed message without a grpc-encoding header",
+                );
+            };
             drop(body);
-            match receiver.inflate(message, &mut hold) {
+            match receiver.inflate(message, coding, &mut hold) {
                 Ok(inflated) => inflated,
                 Err(outcome) => return answer(outcome),
             }
@@ -242,7 +243,7 @@ fn grpc_headers(headers: &mut HeaderMap) {
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(
         "grpc-accept-encoding",
-        HeaderValue::from_static("gzip,identity"),
+        HeaderValue::from_static("gzip,deflate,identity"),
     );
 }
 

@@ -1,5 +1,5 @@
 //! OTLP/HTTP: `POST /v1/traces` with `application/x-protobuf` or `application/json` bodies,
-//! optionally `Content-Encoding: gzip`; answers in the request's content type.
+//! optionally `Content-Encoding: gzip` or `deflate`; answers in the request's content type.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,7 +27,7 @@ use crate::ingest::Ingest;
 use crate::internal_events::InternalEvents;
 use crate::listener::CloseConnection;
 
-use super::body::drain_body;
+use super::body::{Coding, drain_body};
 use super::export::{Outcome, Payload, Receiver};
 use super::limits::{HTTP_RECEIVER, ReceiverLimits, SHUTDOWN_GRACE};
 use super::status::Code;
@@ -203,15 +203,16 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
             "unsupported content type: send application/x-protobuf or application/json",
         );
     };
-    let gzip = match req.headers.get(CONTENT_ENCODING).map(HeaderValue::as_bytes) {
-        None => false,
-        Some(e) if e.eq_ignore_ascii_case(b"identity") => false,
-        Some(e) if e.eq_ignore_ascii_case(b"gzip") => true,
+    let coding = match req.headers.get(CONTENT_ENCODING).map(HeaderValue::as_bytes) {
+        None => None,
+        Some(e) if e.eq_ignore_ascii_case(b"identity") => None,
+        Some(e) if e.eq_ignore_ascii_case(b"gzip") => Some(Coding::Gzip),
+        Some(e) if e.eq_ignore_ascii_case(b"deflate") => Some(Coding::Deflate),
         Some(_) => {
             receiver.refuse_request("unsupported_content");
             return plain(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported content encoding: send gzip or identity",
+                "unsupported content encoding: send gzip, deflate or identity",
             );
         }
     };
@@ -223,8 +224,8 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
         Ok(body) => body,
         Err(outcome) => return answer(format, outcome),
     };
-    let body = if gzip {
-        match receiver.inflate(body, &mut hold) {
+    let body = if let Some(coding) = coding {
+        match receiver.inflate(body, coding, &mut hold) {
             Ok(inflated) => inflated,
             Err(outcome) => return answer(format, outcome),
         }
