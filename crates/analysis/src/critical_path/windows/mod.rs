@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::naming::aggregate_name;
 use super::path::CriticalPath;
 use crate::dense_buckets::DenseBuckets;
 use crate::heap_size::{arc_str_bytes, map_table_bytes};
@@ -571,7 +572,7 @@ impl CriticalPathWindows {
     /// `None` when there is none (the caller folds it into
     /// [`overflow_key`](Self::overflow_key)).
     fn key(&mut self, service: &Text, span: &Text, now_unix_nano: Option<u64>) -> Option<u32> {
-        let name = super::aggregate_name(span.as_str());
+        let name = aggregate_name(span.as_str());
         if let Some(&k) = self.index.get(service.as_str()).and_then(|m| m.get(name)) {
             self.recent_keys.insert(service, span, k);
             return Some(k);
@@ -661,7 +662,7 @@ impl CriticalPathWindows {
     pub fn has_key(&self, service: &str, span: &str) -> bool {
         self.index
             .get(service)
-            .is_some_and(|m| m.contains_key(super::aggregate_name(span)))
+            .is_some_and(|m| m.contains_key(aggregate_name(span)))
     }
 
     /// Keys given to new (service, span) pairs since start (see the module docs).
