@@ -373,6 +373,11 @@ async fn serve_io<I, S, B>(
             result = conn.as_mut() => {
                 if let Err(error) = result {
                     match timeout_reason(&*error) {
+                        // hyper's head timeout also runs while a kept-alive HTTP/1 connection
+                        // waits for its next request (an exporter's idle connection): idle.
+                        Some("header_timeout") if activity.between_requests() => {
+                            shared.events.connection_closed(shared.name, "idle_timeout");
+                        }
                         Some(reason) => shared.events.connection_closed(shared.name, reason),
                         None => tracing::debug!(
                             listener = shared.name,
@@ -505,6 +510,11 @@ impl Activity {
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the connection has served a request and holds none now.
+    fn between_requests(&self) -> bool {
+        self.started.load(Ordering::Relaxed) && self.in_flight.load(Ordering::Acquire) == 0
     }
 
     fn waiting_since(&self) -> Instant {

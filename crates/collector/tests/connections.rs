@@ -339,6 +339,43 @@ async fn slow_headers_are_cut_at_the_header_timeout() {
     c.stop().await.unwrap();
 }
 
+/// A kept-alive HTTP/1 connection waiting for its next request (an exporter between exports)
+/// is idle, not a slow head: hyper's head timeout that closes it counts as `idle_timeout`,
+/// which is not logged (a review saw a warn line a minute from an idle exporter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_between_requests_closes_as_idle() {
+    let mut config = test_config();
+    config.receivers.otlp_http.connections =
+        connections(100, Duration::from_secs(60), Duration::from_millis(500));
+    let c = server::run(config, std::future::pending()).await.unwrap();
+    let mut s = TcpStream::connect(c.http_addr.unwrap()).await.unwrap();
+    let body = request("llm", vec![]).encode_to_vec();
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    let mut answer = [0u8; 512];
+    let n = s.read(&mut answer).await.unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    // Then nothing: closed after the head timeout, as idle.
+    assert!(
+        closed_within(&mut s, WAIT).await,
+        "the idle connection is closed"
+    );
+    eventually(WAIT, "the close counted", || {
+        closed(&c, "otlp_http", "idle_timeout") == 1
+    })
+    .await;
+    assert_eq!(closed(&c, "otlp_http", "header_timeout"), 0);
+    c.stop().await.unwrap();
+}
+
 /// A request that never completes: `request` is written and nothing more.
 async fn half_open(addr: SocketAddr, request: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
