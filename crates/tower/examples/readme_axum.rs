@@ -35,8 +35,14 @@ async fn chat_stream(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf to :4318 by
-    // default, grpc to :4317), OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER are honoured.
-    let providers = otlp::init(OtlpConfig::from_env().service_name("my-llm-server"))?;
+    // default, grpc to :4317), OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER are honoured. Metrics off:
+    // infertrace's collector, Jaeger and Tempo take traces only (and would answer the meter
+    // provider's exports with errors, and `shutdown` with one); on for an OpenTelemetry Collector.
+    let providers = otlp::init(
+        OtlpConfig::from_env()
+            .service_name("my-llm-server")
+            .metrics(false),
+    )?;
     providers.install_global(); // so that the handlers' own `tracing` spans nest under the request
     let app: Router = Router::new()
         .route("/v1/chat/completions", post(chat))

@@ -26,8 +26,9 @@ pin_project! {
     /// Chunk counting: for gRPC responses `infer.stream.chunks` counts length-prefixed gRPC
     /// messages (however frames split them); for any other response it counts non-empty data
     /// frames. An SSE server that writes one event per frame (axum's `Sse`, the examples) thus
-    /// counts events; one that batches several events into a frame counts frames. Gaps are
-    /// measured between frames.
+    /// counts events; one that batches several events into a frame counts frames. An SSE frame
+    /// of comments alone (keep-alives) or `data: [DONE]` is no chunk. Gaps are measured between
+    /// chunks.
     pub struct TracedBody<B> {
         #[pin]
         inner: Inner<B>,

@@ -29,7 +29,8 @@ pub(crate) enum StatusCode {
 pub(crate) struct EndAttributes {
     pub(crate) response_model: Option<StringValue>,
     pub(crate) max_tokens: Option<u64>,
-    pub(crate) streamed: bool,
+    /// `gen_ai.request.stream`, when known.
+    pub(crate) streamed: Option<bool>,
     pub(crate) response_id: Option<Arc<str>>,
     pub(crate) finish_reason: Option<Arc<str>>,
     pub(crate) input_tokens: Option<u64>,
@@ -71,7 +72,9 @@ impl EndAttributes {
         if let Some(n) = self.max_tokens {
             out.i64(gen_ai::REQUEST_MAX_TOKENS, n as i64);
         }
-        out.bool(gen_ai::REQUEST_STREAM, self.streamed);
+        if let Some(streamed) = self.streamed {
+            out.bool(gen_ai::REQUEST_STREAM, streamed);
+        }
         if let Some(id) = &self.response_id {
             out.shared(gen_ai::RESPONSE_ID, id);
         }
@@ -147,12 +150,7 @@ mod tests {
         };
         assert_eq!(
             keys(&end),
-            [
-                gen_ai::REQUEST_STREAM,
-                latency::E2E,
-                infer::STREAM_CHUNKS,
-                infer::OUTCOME
-            ]
+            [latency::E2E, infer::STREAM_CHUNKS, infer::OUTCOME]
         );
     }
 
@@ -163,7 +161,7 @@ mod tests {
         let end = EndAttributes {
             response_model: Some(StringValue::from("m")),
             max_tokens: Some(16),
-            streamed: true,
+            streamed: Some(true),
             response_id: Some(id),
             finish_reason: Some(reason),
             input_tokens: Some(3),

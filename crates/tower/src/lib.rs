@@ -142,7 +142,13 @@
 //!   handler returns; a body dropped before its end (client disconnect, HTTP/2 reset) ends the
 //!   request with `infer.outcome = cancelled` and the tokens and chunks counted so far.
 //! - `infer.stream.chunks` counts gRPC messages for gRPC and data frames otherwise (see
-//!   [`TracedBody`]); inter-token gaps are measured between frames.
+//!   [`TracedBody`]); inter-token gaps are measured between frames. An SSE frame of comments
+//!   alone (`: keep-alive`, axum's `Sse::keep_alive`) or OpenAI's `data: [DONE]` carries no
+//!   token: it is no chunk and moves neither the first chunk nor the gaps.
+//! - A request that ends while it waits in the admission queue has only the `queue` phase; an
+//!   engine-mode request that ends before its response and before `scheduled()` only the
+//!   admission queue's (no phase is made up for its wait). `gen_ai.request.stream` is written
+//!   when the handler said it or a response went out.
 //! - In [`PhaseSource::Derived`] mode a non-streamed response gets `queue` + `inference` instead
 //!   of an invented prefill/decode split; a response is "streamed" when it is
 //!   `text/event-stream`, a gRPC response of several messages, or the handler said so with

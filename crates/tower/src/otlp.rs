@@ -49,7 +49,11 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, ShouldSample};
+use opentelemetry_sdk::trace::{SdkTracerProvider, ShouldSample};
+
+/// The SDK's sampler, for [`OtlpConfig::sampler`] (no direct `opentelemetry_sdk` dependency
+/// needed).
+pub use opentelemetry_sdk::trace::Sampler;
 
 use crate::SharedSpanProcessor;
 use crate::export::BatchSettings;

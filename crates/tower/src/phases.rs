@@ -20,6 +20,10 @@ pub(crate) struct Marks {
     pub(crate) last_token: Option<Duration>,
     /// Admission queue: admitted (None without an admission queue).
     pub(crate) admitted: Option<Duration>,
+    /// It waited in the admission queue and ended there (cancelled, failed) before a slot.
+    pub(crate) never_admitted: bool,
+    /// A response head went out (a request that ended before it never reached its response).
+    pub(crate) responded: bool,
     /// Body: first non-empty data frame.
     pub(crate) first_chunk: Option<Duration>,
     /// Body: last non-empty data frame.
@@ -55,21 +59,29 @@ impl Phases {
     /// Computes the phases from `m` (see [`PhaseSource`] for the two rules).
     pub(crate) fn compute(m: &Marks) -> Phases {
         let end = m.end;
+        if m.never_admitted {
+            // Its whole time was the wait for a slot, whatever the source.
+            return Phases {
+                queue: Some((Duration::ZERO, end)),
+                ..Phases::default()
+            };
+        }
         let engine_marked = m.scheduled.is_some() || m.first_token.is_some();
         if m.source == Some(PhaseSource::Engine) {
             if engine_marked {
                 return Self::from_engine(m, end);
             }
-            if m.streamed && m.first_chunk.is_none() {
+            if (m.streamed || !m.responded) && m.first_chunk.is_none() {
                 return Self::unscheduled(m, end);
             }
         }
         Self::derived(m, end)
     }
 
-    /// An engine stream that ended before the engine scheduled it and before any output (a
-    /// client gone while it was queued, a failure before the engine saw it): only the layer's
-    /// own admission queue is known. The rest is left to the request span, not called prefill
+    /// An engine stream, or an engine request that ended before its response (a client gone
+    /// before the handler answered), that ended before the engine scheduled it and before any
+    /// output (a client gone while it was queued, a failure before the engine saw it): only the
+    /// layer's own admission queue is known. The rest is left to the request span, not called prefill
     /// as the derived rule would: an engine's queue is where such requests usually wait. (A
     /// unary response sends nothing before its end by design: it keeps the derived
     /// `inference` span, which invents no split.)
@@ -182,6 +194,47 @@ mod tests {
         assert_eq!(p.decode, Some((ms(30), ms(90))));
     }
 
+    /// A request that ended while it waited for a slot in the layer's admission queue: its
+    /// whole time is the queue, in either mode (a review saw it called `inference`).
+    #[test]
+    fn a_request_ended_in_the_admission_queue_is_all_queue() {
+        for source in [PhaseSource::Engine, PhaseSource::Derived] {
+            let p = Phases::compute(&Marks {
+                source: Some(source),
+                never_admitted: true,
+                end: ms(200),
+                ..Marks::default()
+            });
+            assert_eq!(p.queue, Some((ms(0), ms(200))), "{source:?}");
+            assert_eq!((p.prefill, p.decode, p.inference), (None, None, None));
+            assert_eq!(p.time_to_first_token, None);
+        }
+    }
+
+    /// An engine request that ended before its handler answered and before the engine
+    /// scheduled it (a client gone while the engine queued it): no phase is made up; a derived
+    /// one keeps its `inference` span (it invents no split).
+    #[test]
+    fn an_engine_request_ended_before_its_response_and_schedule_has_no_inference() {
+        let marks = |source| Marks {
+            source: Some(source),
+            admitted: Some(ms(1)),
+            end: ms(150),
+            ..Marks::default()
+        };
+        let p = Phases::compute(&marks(PhaseSource::Engine));
+        assert_eq!(p.queue, Some((ms(0), ms(1))));
+        assert_eq!((p.prefill, p.inference), (None, None));
+        let p = Phases::compute(&marks(PhaseSource::Derived));
+        assert_eq!(p.inference, Some((ms(1), ms(150))));
+        // Answered (a unary response, all at its end): the derived `inference` span.
+        let p = Phases::compute(&Marks {
+            responded: true,
+            ..marks(PhaseSource::Engine)
+        });
+        assert_eq!(p.inference, Some((ms(1), ms(150))));
+    }
+
     /// A client that gave up while the engine still queued its request: no prefill is made up
     /// for the wait; the admission queue, when there is one, is still known.
     #[test]
@@ -201,11 +254,13 @@ mod tests {
             assert_eq!(p.queue, admitted.map(|a| (ms(0), a)));
             assert_eq!(p.source, None);
         }
-        // A unary response abandoned the same way keeps its derived inference span.
+        // A unary response (its head went out) cut short the same way keeps its derived
+        // inference span.
         let p = Phases::compute(&Marks {
             source: Some(PhaseSource::Engine),
             admitted: Some(ms(4)),
             streamed: false,
+            responded: true,
             end: ms(30),
             ..Marks::default()
         });

@@ -103,7 +103,22 @@ pub(crate) struct RequestRecord {
     messages: Option<MessageCounter>,
     failure: Option<&'static str>,
     rejected: bool,
+    /// It went into the admission queue to wait.
+    waited: bool,
     finished: bool,
+}
+
+/// Whether an SSE frame carries data: anything but comment lines (`: keep-alive`, axum's
+/// `Sse::keep_alive`), blank lines and OpenAI's `data: [DONE]` end sentinel. Only frames made
+/// of those alone are left out, so an event split over frames still counts.
+fn sse_carries_data(frame: &[u8]) -> bool {
+    frame.split(|&b| b == b'\n').any(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        !(line.is_empty()
+            || line.starts_with(b":")
+            || line == b"data: [DONE]"
+            || line == b"data:[DONE]")
+    })
 }
 
 /// Room for `infer.phase` plus every `gpu.*`, `host.*` and `process.*` window attribute.
@@ -168,6 +183,7 @@ impl RequestRecord {
             messages: None,
             failure: None,
             rejected: false,
+            waited: false,
             finished: false,
         })
     }
@@ -191,6 +207,12 @@ impl RequestRecord {
     pub(crate) fn admitted(&mut self, permit: OwnedSemaphorePermit, at: Instant) {
         self.admitted = Some(at);
         self.permit = Some(permit);
+    }
+
+    /// The request waits in the admission queue (its wait, until [`admitted`](Self::admitted)
+    /// or its end, is the queue phase).
+    pub(crate) fn waiting(&mut self) {
+        self.waited = true;
     }
 
     /// The admission queue was full.
@@ -232,6 +254,10 @@ impl RequestRecord {
     /// as one message). After the first chunk this reads only the tick clock.
     #[inline]
     pub(crate) fn on_data(&mut self, bytes: &[u8], len: usize) {
+        if self.event_stream && bytes.len() == len && !sse_carries_data(bytes) {
+            // A keep-alive comment or the `[DONE]` sentinel: no token, no chunk, no gap.
+            return;
+        }
         self.chunks += match &mut self.messages {
             Some(counter) if bytes.len() == len => counter.feed(bytes),
             _ => 1,
@@ -312,10 +338,11 @@ impl RequestRecord {
             self.http_status == Some(499) || self.grpc_status == Some(grpc::CANCELLED);
         let error_type: Option<Cow<'static, str>> = if rejected {
             None
+        } else if let Some(kind) = strings.error {
+            // The handler's own word first: a body that fails after it comes second.
+            Some(Cow::Owned(kind.to_string()))
         } else if let Some(kind) = self.failure {
             Some(Cow::Borrowed(kind))
-        } else if let Some(kind) = strings.error {
-            Some(Cow::Owned(kind.to_string()))
         } else if client_cancelled {
             None
         } else if let Some(code) = self.grpc_status.filter(|c| *c != 0) {
@@ -348,6 +375,8 @@ impl RequestRecord {
                 first_token: marks.first_token,
                 last_token: marks.last_token,
                 admitted: self.admitted.map(|t| self.offset(t)),
+                never_admitted: self.waited && self.admitted.is_none(),
+                responded: self.http_status.is_some(),
                 first_chunk,
                 last_chunk,
                 streamed,
@@ -401,16 +430,25 @@ impl RequestRecord {
                     (name, m.clone())
                 });
                 let status = if self.facts.grpc {
-                    self.grpc_status
-                        .or(self.http_status.map(|_| 0))
-                        .map(StatusCode::Grpc)
+                    match self.grpc_status {
+                        Some(code) => Some(code),
+                        // No status went out: a client that cancelled (as gRPC servers report
+                        // it), else a response with headers only.
+                        None if outcome == infer::outcome::CANCELLED => Some(grpc::CANCELLED),
+                        None => self.http_status.map(|_| 0),
+                    }
+                    .map(StatusCode::Grpc)
                 } else {
                     self.http_status.map(StatusCode::Http)
                 };
                 let end_attributes = EndAttributes {
                     response_model,
                     max_tokens: marks.max_tokens,
-                    streamed,
+                    // Known when the handler said so or a response went out.
+                    streamed: self
+                        .recorder
+                        .stream_flag()
+                        .or(self.http_status.map(|_| streamed)),
                     response_id: strings.response_id.cloned(),
                     finish_reason: strings.finish_reason.cloned(),
                     input_tokens: marks.input_tokens,

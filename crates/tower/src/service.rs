@@ -96,6 +96,7 @@ where
                         }
                     }
                     Admission::Wait(wait, ticket) => {
+                        record.waiting();
                         let fresh = self.inner.clone();
                         let ready = std::mem::replace(&mut self.inner, fresh);
                         State::Admitting {

@@ -286,10 +286,10 @@ async fn engine_marks_streamed_phases_match_the_engine_with(tel: Telemetry) {
         attr_f64(req, "infer.time_to_first_chunk")
             >= attr_f64(req, "gen_ai.latency.time_to_first_token")
     );
-    // Five token events and `[DONE]`, one frame each; gaps were ~15 ms (and ~0 before DONE).
-    assert_eq!(attr_i64(req, "infer.stream.chunks"), 6);
-    // Four ~15 ms gaps and one ~0: the median is one of the gaps, and at least three gaps are
-    // as long, so it is at most a third of the decode phase (a half leaves room for rounding).
+    // Five token events, one frame each (`[DONE]` carries no token: no chunk); gaps ~15 ms.
+    assert_eq!(attr_i64(req, "infer.stream.chunks"), 5);
+    // Four ~15 ms gaps: the median is one of them, so at most a third of the decode phase (a
+    // half leaves room for rounding).
     let p50 = attr_f64(req, "infer.inter_token_latency.p50");
     let max = attr_f64(req, "infer.inter_token_latency.max");
     assert!(
@@ -997,4 +997,125 @@ async fn describe_and_recorder_name_the_request() {
         .unwrap();
     assert_eq!(attr_str(late, "gen_ai.request.model"), "from-body");
     assert_eq!(attr_i64(late, "gen_ai.request.max_tokens"), 64);
+}
+
+/// SSE keep-alive comments (axum's `Sse::keep_alive`) and OpenAI's `data: [DONE]` carry no
+/// token: they are not chunks, so they move neither the first chunk (derived mode's first
+/// token) nor the gaps. A review saw derived TTFT 53.6 ms against 213.5 and ITL max equal to the
+/// keep-alive interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_keep_alives_and_done_are_not_chunks() {
+    async fn handler(rec: RequestRecorder) -> Response {
+        let (tx, rx) = mpsc::channel(16);
+        let _ = rec;
+        tokio::spawn(async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = tx.send(Bytes::from_static(b": keep-alive\n\n")).await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = tx.send(Bytes::from_static(b"data: a\n\n")).await;
+            for _ in 0..2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let _ = tx.send(Bytes::from_static(b"data: b\n\n")).await;
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            let _ = tx.send(Bytes::from_static(b":\n\n")).await;
+            let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        });
+        sse(rx)
+    }
+    let tel = Telemetry::new();
+    let layer = tel.layer().phase_source(PhaseSource::Derived);
+    let addr = serve_axum(Router::new().route("/ka", post(handler)).layer(layer)).await;
+    assert_eq!(send(addr, "/ka", &[], "{}").await.0, StatusCode::OK);
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    assert_eq!(attr_i64(req, "infer.stream.chunks"), 3);
+    // The first data frame went out after 80 ms of keep-alives.
+    let ttfc = attr_f64(req, "infer.time_to_first_chunk");
+    assert!(ttfc >= 0.075, "{ttfc}");
+    assert!(secs(child(&spans, req, "prefill").unwrap()) >= 0.075);
+    // Gaps between data frames (10 ms), not the keep-alives' 20 ms or the 40 ms before [DONE].
+    let itl_max = attr_f64(req, "infer.inter_token_latency.max");
+    assert!(itl_max < 0.018, "{itl_max}");
+}
+
+/// A client gone while its request waits in the layer's admission queue: the wait is the
+/// `queue` phase, nothing else (a review saw it called `inference`); one gone while the engine
+/// has not yet scheduled it nor answered gets no made-up phase, and no `gen_ai.request.stream`
+/// the layer never learned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_gone_before_a_slot_or_an_answer_get_no_made_up_phase() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|rec: RequestRecorder| async move {
+                // The engine queues it for 300 ms before scheduling it.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                rec.scheduled();
+                rec.tokens(1);
+                "done"
+            }),
+        )
+        .layer(tel.layer().admission(AdmissionConfig::new(1, 4)));
+    let addr = serve_axum(app).await;
+    let gone_after = |ms| async move {
+        let call = send(addr, "/v1/chat/completions", &[], "{}");
+        let _ = tokio::time::timeout(Duration::from_millis(ms), call).await;
+    };
+    // The first holds the slot and is dropped at 100 ms (the engine had not scheduled it); the
+    // second waits for the slot and is dropped at 60 ms.
+    let first = tokio::spawn(gone_after(100));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gone_after(60).await;
+    first.await.unwrap();
+    let spans = tel.wait_for_requests(2).await;
+    let mut reqs = requests(&spans);
+    reqs.sort_by_key(|s| s.start_time);
+    for req in &reqs {
+        assert_eq!(attr_str(req, "infer.outcome"), "cancelled");
+        assert!(attr(req, "gen_ai.request.stream").is_none());
+        assert!(attr(req, "gen_ai.latency.time_in_model_inference").is_none());
+    }
+    // The first: admitted at once (a zero-length queue), then nothing made up.
+    assert_eq!(children_names(&spans, reqs[0]), ["queue"]);
+    // The second: 60 ms in the admission queue, all of it `queue`.
+    assert_eq!(children_names(&spans, reqs[1]), ["queue"]);
+    let queue = secs(child(&spans, reqs[1], "queue").unwrap());
+    assert!((0.055..0.2).contains(&queue), "{queue}");
+}
+
+/// The handler's own error kind stands when the body then fails (a review saw `body_error`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handlers_error_kind_stands_over_a_failing_body() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|rec: RequestRecorder| async move {
+                let stream = futures_util::stream::iter([
+                    Ok(Bytes::from_static(b"data: a\n\n")),
+                    Err(std::io::Error::other("engine fault")),
+                ]);
+                rec.scheduled();
+                rec.tokens(1);
+                rec.error("engine_fault");
+                (
+                    [(header::CONTENT_TYPE, "text/event-stream")],
+                    Body::from_stream(stream),
+                )
+                    .into_response()
+            }),
+        )
+        .layer(tel.layer());
+    let addr = serve_axum(app).await;
+    // The client sees the body break (the helper panics on it, in its own task).
+    let call = tokio::spawn(async move { send(addr, "/v1/chat/completions", &[], "{}").await });
+    let _ = call.await;
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    assert_eq!(attr_str(req, "infer.outcome"), "error");
+    assert_eq!(attr_str(req, "error.type"), "engine_fault");
 }

@@ -372,6 +372,9 @@ async fn client_cancelling_a_stream_is_cancelled_not_error() {
     assert_well_formed(&spans, req);
     assert_eq!(attr_str(req, "infer.outcome"), "cancelled");
     assert_eq!(req.status, Status::Unset);
+    // No status went out: CANCELLED, as gRPC servers report a call the client cancelled (a
+    // review saw 0, OK, which Jaeger and Tempo show as a successful call).
+    assert_eq!(attr_i64(req, "rpc.grpc.status_code"), 1);
     assert!(attr_i64(req, "infer.stream.chunks") >= 3);
     assert!(attr_i64(req, "gen_ai.usage.output_tokens") >= 3);
 }

@@ -310,7 +310,7 @@ mod tests {
         case.end = || EndAttributes {
             response_model: Some("llama-3.1-8b-instruct".into()),
             max_tokens: Some(256),
-            streamed: true,
+            streamed: Some(true),
             response_id: Some(Arc::from("chatcmpl-1")),
             finish_reason: Some(Arc::from("stop")),
             input_tokens: Some(12),
