@@ -108,9 +108,13 @@ pub(crate) struct RequestRecord {
     finished: bool,
 }
 
+/// The longest frame `data: [DONE]` comes in (`data:[DONE]` to `data: [DONE]\r\n\r\n`).
+const SSE_DONE_FRAME_MAX: usize = 16;
+
 /// Whether an SSE frame carries data: anything but comment lines (`: keep-alive`, axum's
 /// `Sse::keep_alive`), blank lines and OpenAI's `data: [DONE]` end sentinel. Only frames made
 /// of those alone are left out, so an event split over frames still counts.
+#[cold]
 fn sse_carries_data(frame: &[u8]) -> bool {
     frame.split(|&b| b == b'\n').any(|line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -254,7 +258,13 @@ impl RequestRecord {
     /// as one message). After the first chunk this reads only the tick clock.
     #[inline]
     pub(crate) fn on_data(&mut self, bytes: &[u8], len: usize) {
-        if self.event_stream && bytes.len() == len && !sse_carries_data(bytes) {
+        // Only a frame that starts a comment, or is as short as `data: [DONE]`, is read: one
+        // byte compare on every other streamed chunk.
+        if self.event_stream
+            && bytes.len() == len
+            && (bytes.first() == Some(&b':') || len <= SSE_DONE_FRAME_MAX)
+            && !sse_carries_data(bytes)
+        {
             // A keep-alive comment or the `[DONE]` sentinel: no token, no chunk, no gap.
             return;
         }
