@@ -265,8 +265,8 @@ impl MemoryLimiter {
 
     /// `percent` % of the room (the limit less the fixed memory).
     pub fn percent_of_room(&self, percent: usize) -> usize {
-        self.fixed_plus_percent_of_room(percent)
-            .saturating_sub(self.fixed())
+        let part = self.room() as u128 * percent as u128 / 100;
+        usize::try_from(part).unwrap_or(usize::MAX)
     }
 
     /// Bytes to free for memory relief: past the soft limit, the use above the relief target
@@ -291,10 +291,7 @@ impl MemoryLimiter {
     }
 
     fn fixed_plus_percent_of_room(&self, percent: usize) -> usize {
-        let part = self.room() as u128 * percent as u128 / 100;
-        usize::try_from(part)
-            .unwrap_or(usize::MAX)
-            .saturating_add(self.fixed())
+        self.percent_of_room(percent).saturating_add(self.fixed())
     }
 
     /// A [`FixedMemory`] of zero bytes, to set later.

@@ -372,12 +372,7 @@ async fn serve_io<I, S, B>(
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(error) = result {
-                    match timeout_reason(&*error) {
-                        // hyper's head timeout also runs while a kept-alive HTTP/1 connection
-                        // waits for its next request (an exporter's idle connection): idle.
-                        Some("header_timeout") if activity.between_requests() => {
-                            shared.events.connection_closed(shared.name, "idle_timeout");
-                        }
+                    match timeout_reason(&*error, &activity) {
                         Some(reason) => shared.events.connection_closed(shared.name, reason),
                         None => tracing::debug!(
                             listener = shared.name,
@@ -453,8 +448,10 @@ const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 const REFUSED_CUT_AFTER: Duration = Duration::from_secs(5);
 
 /// The close reason of a connection that hyper ended with `error`, when it was a timeout:
-/// `keepalive_timeout` (an HTTP/2 ping went unanswered) or `header_timeout` (HTTP/1 head).
-fn timeout_reason(error: &(dyn StdError + 'static)) -> Option<&'static str> {
+/// `keepalive_timeout` (an HTTP/2 ping went unanswered) or `header_timeout` (HTTP/1 head) —
+/// `idle_timeout` when the head timeout ran between requests: hyper runs it while a kept-alive
+/// HTTP/1 connection waits for its next request (an exporter's idle connection).
+fn timeout_reason(error: &(dyn StdError + 'static), activity: &Activity) -> Option<&'static str> {
     let hyper_error = error.downcast_ref::<hyper::Error>()?;
     // hyper exposes no kind for the keep-alive timeout; its cause says it.
     let mut source = hyper_error.source();
@@ -464,7 +461,11 @@ fn timeout_reason(error: &(dyn StdError + 'static)) -> Option<&'static str> {
         }
         source = cause.source();
     }
-    hyper_error.is_timeout().then_some("header_timeout")
+    match hyper_error.is_timeout() {
+        false => None,
+        true if activity.between_requests() => Some("idle_timeout"),
+        true => Some("header_timeout"),
+    }
 }
 
 /// What a connection is doing, for the idle, first-request and send timeouts.

@@ -61,6 +61,15 @@ impl Sink {
     }
 }
 
+/// A collector forwarding to `sink` (started here), merging for at most `batch_delay`.
+async fn forwarding_to(sink: &Sink, batch_delay: Duration) -> server::RunningCollector {
+    let sink_addr = sink.start().await;
+    let mut config = test_config();
+    config.forward.endpoint = Some(format!("http://{sink_addr}"));
+    config.forward.max_batch_delay = batch_delay;
+    server::run(config, std::future::pending()).await.unwrap()
+}
+
 fn by_id(mut spans: Vec<Span>) -> Vec<Span> {
     spans.sort_by(|a, b| a.span_id.cmp(&b.span_id));
     spans
@@ -69,11 +78,7 @@ fn by_id(mut spans: Vec<Span>) -> Vec<Span> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_a_grpc_sink_unchanged_and_json_is_transcoded() {
     let sink = Sink::default();
-    let sink_addr = sink.start().await;
-    let mut config = test_config();
-    config.forward.endpoint = Some(format!("http://{sink_addr}"));
-    config.forward.max_batch_delay = Duration::from_millis(20);
-    let c = server::run(config, std::future::pending()).await.unwrap();
+    let c = forwarding_to(&sink, Duration::from_millis(20)).await;
 
     let reqs: Vec<Req> = (0..4).map(|k| Req::new(k + 1, "m", 10, 20, 30)).collect();
     let t0 = t0();
@@ -248,12 +253,8 @@ async fn http_forwarding_retries_503_then_delivers_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_flushes_the_forward_queue() {
     let sink = Sink::default();
-    let sink_addr = sink.start().await;
-    let mut config = test_config();
-    config.forward.endpoint = Some(format!("http://{sink_addr}"));
     // Without a shutdown, nothing would be sent for a minute.
-    config.forward.max_batch_delay = Duration::from_secs(60);
-    let c = server::run(config, std::future::pending()).await.unwrap();
+    let c = forwarding_to(&sink, Duration::from_secs(60)).await;
     let r = Req::new(1, "m", 1, 2, 3);
     let sent = infertrace_spans(&r, t0());
     assert_eq!(
@@ -274,11 +275,7 @@ async fn shutdown_flushes_the_forward_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_downstreams_message_limit_arrive_in_parts() {
     let sink = Sink::default();
-    let sink_addr = sink.start().await;
-    let mut config = test_config();
-    config.forward.endpoint = Some(format!("http://{sink_addr}"));
-    config.forward.max_batch_delay = Duration::from_millis(20);
-    let c = server::run(config, std::future::pending()).await.unwrap();
+    let c = forwarding_to(&sink, Duration::from_millis(20)).await;
     let pad = kv(
         "prompt",
         opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue("x".repeat(2_000)),

@@ -78,13 +78,12 @@ impl Phases {
         Self::derived(m, end)
     }
 
-    /// An engine stream, or an engine request that ended before its response (a client gone
-    /// before the handler answered), that ended before the engine scheduled it and before any
-    /// output (a client gone while it was queued, a failure before the engine saw it): only the
-    /// layer's own admission queue is known. The rest is left to the request span, not called prefill
-    /// as the derived rule would: an engine's queue is where such requests usually wait. (A
-    /// unary response sends nothing before its end by design: it keeps the derived
-    /// `inference` span, which invents no split.)
+    /// An engine stream, or an engine request with no response yet, that ended before the
+    /// engine scheduled it and before any output (a client gone while it was queued, a failure
+    /// before the engine saw it): only the layer's own admission queue is known. The rest is
+    /// left to the request span, not called prefill as the derived rule would: an engine's
+    /// queue is where such requests usually wait. (A unary response sends nothing before its
+    /// end by design: it keeps the derived `inference` span, which invents no split.)
     fn unscheduled(m: &Marks, end: Duration) -> Phases {
         Phases {
             queue: m

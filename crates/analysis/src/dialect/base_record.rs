@@ -30,6 +30,31 @@ pub(super) fn output_tokens(span: &Span) -> Option<u64> {
         .or_else(|| count_attr(span, sc::gen_ai::USAGE_COMPLETION_TOKENS))
 }
 
+/// Whether the end of a request's prefill (at `prefill_end`, when known) was its first token.
+/// A request that counted its tokens (output tokens or stream chunks) saw one if it counted
+/// any; without a count, if it ended ok (a whole response at once) or its prefill stopped
+/// before its end (a prefill ends at the first token): a request that failed or was cancelled
+/// before its first token has its prefill running to its end, and that end is no first token.
+pub(super) fn prefill_end_is_first_token(
+    r: &RequestRecord,
+    request: &Span,
+    prefill_end: Option<u64>,
+) -> bool {
+    match r.output_tokens.max(r.stream_chunks) {
+        Some(n) => n > 0,
+        None => r.outcome == Outcome::Ok || prefill_end.is_some_and(|e| e < request.end_unix_nano),
+    }
+}
+
+/// TTFT from a prefill that ended at `prefill_end`: that end within the request span (a child
+/// clocked past it, skew between services, gives at most e2e) − the request's start.
+pub(super) fn ttft_at(request: &Span, prefill_end: u64) -> f64 {
+    let first_token = prefill_end
+        .min(request.end_unix_nano)
+        .max(request.start_unix_nano);
+    (first_token - request.start_unix_nano) as f64 / 1e9
+}
+
 /// The explicit outcome a span states, if any (see the module docs for the order).
 pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
     if let Some(o) = span.attr_str(sc::infer::OUTCOME).and_then(Outcome::parse) {

@@ -55,7 +55,9 @@ use infertrace_semconv as sc;
 
 use smallvec::SmallVec;
 
-use super::base_record::{input_tokens, outcome_signal, output_tokens, seconds_attr};
+use super::base_record::{
+    input_tokens, outcome_signal, output_tokens, prefill_end_is_first_token, seconds_attr, ttft_at,
+};
 use super::detection::detect;
 use super::trace_view::TraceView;
 use crate::record::{
@@ -155,21 +157,9 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     // prefill stopped before the request's end (a prefill ends at the first token) or the
     // request ended ok (a whole response at once).
     let first_token_seen = decode_span.is_some()
-        || match r.output_tokens.max(r.stream_chunks) {
-            Some(n) => n > 0,
-            None => {
-                r.outcome == Outcome::Ok
-                    || prefill_span.is_some_and(|p| p.end_unix_nano < span.end_unix_nano)
-            }
-        };
+        || prefill_end_is_first_token(r, span, prefill_span.map(|p| p.end_unix_nano));
     if let Some(p) = prefill_span.filter(|_| first_token_seen) {
-        // Within the request span: a child clocked after its end (skew between services)
-        // would give a first token after the last.
-        let first_token = p
-            .end_unix_nano
-            .min(span.end_unix_nano)
-            .max(span.start_unix_nano);
-        r.ttft = Some((first_token - span.start_unix_nano) as f64 / 1e9);
+        r.ttft = Some(ttft_at(span, p.end_unix_nano));
         r.origins.ttft = Some(engine_origin);
     } else if let Some(t) = seconds_attr(span, sc::latency::TIME_TO_FIRST_TOKEN) {
         r.ttft = Some(t);

@@ -29,6 +29,7 @@
 
 use infertrace_semconv as sc;
 
+use super::base_record::{prefill_end_is_first_token, ttft_at};
 use super::trace_view::TraceView;
 use crate::record::{Outcome, PhaseOrigin, RequestRecord, tpot_from};
 use crate::trace::{AttrValue, Span};
@@ -164,18 +165,8 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if let Some((step, origin)) = prefill_step {
         r.prefill = Some(step.duration_secs());
         r.origins.prefill = Some(origin);
-        // As for infertrace's layout: a request that failed or was cancelled before its first
-        // token has a prefill step running to its end, and that end is no first token.
-        let first_token_seen = r.outcome == Outcome::Ok
-            || r.output_tokens.is_some_and(|n| n > 0)
-            || step.end_unix_nano < span.end_unix_nano;
-        if first_token_seen {
-            // Within the request span, as for infertrace's prefill child (clock skew).
-            let first_token = step
-                .end_unix_nano
-                .min(span.end_unix_nano)
-                .max(span.start_unix_nano);
-            r.ttft = Some((first_token - span.start_unix_nano) as f64 / 1e9);
+        if prefill_end_is_first_token(r, span, Some(step.end_unix_nano)) {
+            r.ttft = Some(ttft_at(span, step.end_unix_nano));
             r.origins.ttft = Some(origin);
         }
     }

@@ -549,14 +549,14 @@ impl Sender {
         let (total_len, count) = (body.len().max(1) as u64, parts.len());
         let (mut spans_left, mut bytes_left) = (spans, bytes);
         for (i, part) in parts.into_iter().enumerate() {
-            let last = i + 1 == count;
-            let part_spans = match last {
-                true => spans_left,
-                false => count_spans(&part).unwrap_or(0).min(spans_left),
-            };
-            let part_bytes = match last {
-                true => bytes_left,
-                false => (bytes * part.len() as u64 / total_len).min(bytes_left),
+            // The last part takes what is left, so the counts add up whatever the rounding.
+            let (part_spans, part_bytes) = if i + 1 == count {
+                (spans_left, bytes_left)
+            } else {
+                (
+                    count_spans(&part).unwrap_or(0).min(spans_left),
+                    (bytes * part.len() as u64 / total_len).min(bytes_left),
+                )
             };
             spans_left -= part_spans;
             bytes_left -= part_bytes;

@@ -48,8 +48,6 @@ mod grace;
 mod recent;
 mod relief;
 
-use relief::AssembledBytes;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -62,6 +60,7 @@ use infertrace_analysis::dialect;
 use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
 use infertrace_analysis::trace::{Span, SpanId, TraceId};
 
+use self::relief::AssembledBytes;
 use crate::assembler::{CompletedTrace, Ready, TraceAssembler};
 use crate::config::CollectorConfig;
 use crate::forward::ForwardHandle;

@@ -52,7 +52,7 @@ impl Drop for Counted {
 /// (`keeps`); none when it holds no more than that.
 pub(super) fn traces_to_close(traces: usize, excess: usize, held: usize, keeps: usize) -> usize {
     let freeable = held.saturating_sub(keeps);
-    if freeable == 0 || held == 0 {
+    if freeable == 0 {
         return 0;
     }
     let excess = excess.min(freeable);

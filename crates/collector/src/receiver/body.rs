@@ -170,6 +170,28 @@ pub(crate) enum Coding {
     Deflate,
 }
 
+impl Coding {
+    /// The coding a header names: `Ok(None)` for none or `identity`, `Err(())` for one not
+    /// taken.
+    pub(crate) fn of_header(value: Option<&[u8]>) -> Result<Option<Coding>, ()> {
+        match value {
+            None => Ok(None),
+            Some(v) if v.eq_ignore_ascii_case(b"identity") => Ok(None),
+            Some(v) if v.eq_ignore_ascii_case(b"gzip") => Ok(Some(Coding::Gzip)),
+            Some(v) if v.eq_ignore_ascii_case(b"deflate") => Ok(Some(Coding::Deflate)),
+            Some(_) => Err(()),
+        }
+    }
+
+    /// Its name in the headers.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Coding::Gzip => "gzip",
+            Coding::Deflate => "deflate",
+        }
+    }
+}
+
 /// Inflates a compressed body, stopping (without allocating further) once it passes `limit` bytes.
 /// With a `reservation`, the output is reserved step by step before it is allocated. A step
 /// refused for now is [`InflateError::OverMemory`]. A step refused because it passes the room

@@ -195,10 +195,7 @@ impl Receiver {
             Err(InflateError::NeverFits) => return Err(self.never_fits(hold)),
             Err(InflateError::Corrupt(error)) => {
                 self.refuse_request("decode_error");
-                let name = match coding {
-                    Coding::Gzip => "gzip",
-                    Coding::Deflate => "deflate",
-                };
+                let name = coding.name();
                 return Err(Outcome::Unreadable(format!("invalid {name} body: {error}")));
             }
         };

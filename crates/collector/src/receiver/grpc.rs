@@ -108,21 +108,16 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<GrpcBod
         *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return response;
     }
-    let coding = match req
+    let header = req
         .headers()
         .get("grpc-encoding")
-        .map(HeaderValue::as_bytes)
-    {
-        None | Some(b"identity") => None,
-        Some(b"gzip") => Some(Coding::Gzip),
-        Some(b"deflate") => Some(Coding::Deflate),
-        Some(_) => {
-            receiver.refuse_request("unsupported_content");
-            return status_only(
-                Code::Unimplemented,
-                "unsupported grpc-encoding: send gzip, deflate or identity",
-            );
-        }
+        .map(HeaderValue::as_bytes);
+    let Ok(coding) = Coding::of_header(header) else {
+        receiver.refuse_request("unsupported_content");
+        return status_only(
+            Code::Unimplemented,
+            "unsupported grpc-encoding: send gzip, deflate or identity",
+        );
     };
     let limit = receiver.limits.max_body_bytes;
     let mut hold = receiver.hold(token, req.extensions());

@@ -203,18 +203,13 @@ async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpR
             "unsupported content type: send application/x-protobuf or application/json",
         );
     };
-    let coding = match req.headers.get(CONTENT_ENCODING).map(HeaderValue::as_bytes) {
-        None => None,
-        Some(e) if e.eq_ignore_ascii_case(b"identity") => None,
-        Some(e) if e.eq_ignore_ascii_case(b"gzip") => Some(Coding::Gzip),
-        Some(e) if e.eq_ignore_ascii_case(b"deflate") => Some(Coding::Deflate),
-        Some(_) => {
-            receiver.refuse_request("unsupported_content");
-            return plain(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported content encoding: send gzip, deflate or identity",
-            );
-        }
+    let header = req.headers.get(CONTENT_ENCODING).map(HeaderValue::as_bytes);
+    let Ok(coding) = Coding::of_header(header) else {
+        receiver.refuse_request("unsupported_content");
+        return plain(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported content encoding: send gzip, deflate or identity",
+        );
     };
     let mut hold = receiver.hold(token, &req.extensions);
     let body = match receiver
