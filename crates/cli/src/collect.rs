@@ -380,6 +380,14 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
         }
         failed = true;
     }
+    // A certificate out of its validity is served (and so passes), but said.
+    for (_, key, tls, _) in config.tls_sections() {
+        if let Some(warning) =
+            tls.and_then(|tls| tls.validity_warning(key, std::time::SystemTime::now()))
+        {
+            eprintln!("{file}: warning: {warning}");
+        }
+    }
     // So are the tokens (file and variable), and a listener beyond loopback without any is
     // refused as `collect` refuses it.
     if !auth_invalid {

@@ -627,14 +627,35 @@ impl HostAllowlist {
         }
     }
 
-    /// The host a request names (its `Host`, else its URI's authority) when it is not allowed.
-    pub fn refused<'a>(&self, headers: &'a http::HeaderMap, uri: &'a http::Uri) -> Option<&'a str> {
+    /// Why a request's host is refused, if it is. The request must name its host once: by
+    /// `Host`, by its URI's authority (HTTP/2's `:authority`, HTTP/1's absolute form), or both,
+    /// and every name it gives must be allowed (an absolute-form URI is what HTTP/1 servers
+    /// read, the `Host` what a proxy in front may read). `*` turns the check off.
+    pub fn refused<'a>(
+        &self,
+        headers: &'a http::HeaderMap,
+        uri: &'a http::Uri,
+    ) -> Option<HostRefusal<'a>> {
+        if self.any {
+            return None;
+        }
+        let mut hosts = headers.get_all(HOST).iter();
         // A Host that is not visible ASCII is no allowed name either (rather than no Host).
-        let host = match headers.get(HOST) {
-            Some(h) => h.to_str().unwrap_or("(not visible ASCII)"),
-            None => uri.authority()?.as_str(),
-        };
-        (!self.allows(host)).then_some(host)
+        let host = hosts
+            .next()
+            .map(|h| h.to_str().unwrap_or("(not visible ASCII)"));
+        if hosts.next().is_some() {
+            return Some(HostRefusal::Malformed("several Host headers"));
+        }
+        let authority = uri.authority().map(|a| a.as_str());
+        if host.is_none() && authority.is_none() {
+            return Some(HostRefusal::Malformed("no Host header"));
+        }
+        [authority, host]
+            .into_iter()
+            .flatten()
+            .find(|name| !self.allows(name))
+            .map(HostRefusal::NotAllowed)
     }
 
     /// Whether a `Host` header value (or URI authority) is allowed: any IP address, or a listed
@@ -647,6 +668,36 @@ impl HostAllowlist {
             return false;
         };
         host.parse::<IpAddr>().is_ok() || self.names.iter().any(|n| n.eq_ignore_ascii_case(host))
+    }
+}
+
+/// Why [`HostAllowlist::refused`] refuses a request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum HostRefusal<'a> {
+    /// No host named, or `Host` given twice: a malformed request (400).
+    Malformed(&'static str),
+    /// A host not on the list (421 Misdirected Request).
+    NotAllowed(&'a str),
+}
+
+impl HostRefusal<'_> {
+    /// The HTTP status to answer.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::NotAllowed(_) => StatusCode::MISDIRECTED_REQUEST,
+        }
+    }
+
+    /// The answer's message; `setting` names what lists the allowed hosts.
+    pub fn message(self, setting: &str) -> String {
+        match self {
+            Self::Malformed(why) => format!("{why}: a request names its host once"),
+            Self::NotAllowed(host) => format!(
+                "the Host {host:?} is not served here: add it to {setting} (a guard against DNS \
+                 rebinding)"
+            ),
+        }
     }
 }
 
@@ -705,15 +756,12 @@ pub struct ApiGuard {
 /// user's own `allowed_hosts` may leave out).
 pub async fn guard_api(State(guard): State<ApiGuard>, req: Request, next: Next) -> Response {
     if req.uri().path() != "/health"
-        && let Some(host) = guard.hosts.refused(req.headers(), req.uri())
+        && let Some(refusal) = guard.hosts.refused(req.headers(), req.uri())
     {
         guard.events.auth_refused(API_LISTENER, "host_not_allowed");
-        let message = format!(
-            "the Host {host:?} is not served here: add it to api.allowed_hosts (a guard against \
-             DNS rebinding)"
-        );
+        let message = refusal.message("api.allowed_hosts");
         return (
-            StatusCode::MISDIRECTED_REQUEST,
+            refusal.status(),
             [(CACHE_CONTROL, HeaderValue::from_static("no-store"))],
             Extension(CloseConnection),
             axum::Json(serde_json::json!({ "error": message })),
@@ -915,6 +963,69 @@ mod tests {
         }
         let any = HostAllowlist::new(&["*".into()], "127.0.0.1:1".parse().unwrap());
         assert!(any.allows("evil.example"));
+    }
+
+    #[test]
+    fn a_request_names_one_allowed_host_by_every_means_it_uses() {
+        let hosts = HostAllowlist::new(
+            &crate::config::default_allowed_hosts(),
+            "127.0.0.1:9464".parse().unwrap(),
+        );
+        let request = |uri: &str, host: &[&str]| {
+            let mut headers = http::HeaderMap::new();
+            for h in host {
+                headers.append(HOST, header(h));
+            }
+            (headers, uri.parse::<http::Uri>().unwrap())
+        };
+        let refused = |(headers, uri): (http::HeaderMap, http::Uri)| {
+            hosts
+                .refused(&headers, &uri)
+                .map(|r| (r.status(), format!("{r:?}")))
+        };
+        assert_eq!(refused(request("/api/kpis", &["localhost:9464"])), None);
+        // HTTP/2's :authority (the URI's) without a Host.
+        assert_eq!(
+            refused(request("http://localhost:9464/api/kpis", &[])),
+            None
+        );
+        let misdirected = Some((
+            StatusCode::MISDIRECTED_REQUEST,
+            "NotAllowed(\"evil.example\")".to_string(),
+        ));
+        // An absolute-form target names the host an HTTP/1 server reads; a Host beside an
+        // authority must be allowed too.
+        assert_eq!(
+            refused(request("http://evil.example/api/kpis", &["localhost"])),
+            misdirected
+        );
+        assert_eq!(
+            refused(request("http://localhost/api/kpis", &["evil.example"])),
+            misdirected
+        );
+        for (uri, host, why) in [
+            ("/api/kpis", &[][..], "no Host header"),
+            (
+                "/api/kpis",
+                &["localhost", "evil.example"][..],
+                "several Host headers",
+            ),
+            (
+                "/api/kpis",
+                &["evil.example", "localhost"][..],
+                "several Host headers",
+            ),
+        ] {
+            let r = refused(request(uri, host));
+            assert_eq!(
+                r,
+                Some((StatusCode::BAD_REQUEST, format!("Malformed({why:?})"))),
+                "{host:?}"
+            );
+        }
+        let any = HostAllowlist::new(&["*".into()], "127.0.0.1:1".parse().unwrap());
+        let (headers, uri) = request("/api/kpis", &[]);
+        assert_eq!(any.refused(&headers, &uri), None);
     }
 
     #[test]

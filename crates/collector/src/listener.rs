@@ -640,10 +640,12 @@ where
         req.extensions_mut().insert(self.peer);
         let in_flight = Some(self.activity.begin());
         let http2 = req.version() == ::http::Version::HTTP_2;
+        let head = req.method() == ::http::Method::HEAD;
         TrackedFuture {
             inner: self.inner.call(req),
             in_flight,
             http2,
+            head,
         }
     }
 }
@@ -656,6 +658,7 @@ pin_project_lite::pin_project! {
         inner: F,
         in_flight: Option<InFlight>,
         http2: bool,
+        head: bool,
     }
 }
 
@@ -682,18 +685,24 @@ where
                 }
             }
         }
+        let head = *this.head;
         Poll::Ready(Ok(response.map(|inner| TrackedBody {
             inner,
+            head,
             _in_flight: in_flight,
         })))
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A response body that keeps its request in flight until it is sent (or dropped).
+    /// A response body that keeps its request in flight until it is sent (or dropped). The
+    /// answer to a `HEAD` sends none of it: hyper leaves that out on HTTP/1 only, and HTTP/2
+    /// clients take DATA on a `HEAD` answer as a protocol error (axum strips it on matched
+    /// routes only, not on refusals and fallbacks).
     struct TrackedBody<B> {
         #[pin]
         inner: B,
+        head: bool,
         _in_flight: Option<InFlight>,
     }
 }
@@ -706,11 +715,15 @@ impl<B: Body> Body for TrackedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        if *this.head {
+            return Poll::Ready(None);
+        }
+        this.inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.head || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -501,8 +501,12 @@ fn build_core(
         .alertmanager_url
         .as_deref()
         .map(|url| {
-            api::alerting::Alertmanager::new(url, &config.alerts.alertmanager_tls)
-                .map(|am| am.with_labels(&config.alerts.alertmanager_labels))
+            api::alerting::Alertmanager::new(
+                url,
+                &config.alerts.alertmanager_tls,
+                &config.alerts.alertmanager_headers,
+            )
+            .map(|am| am.with_labels(&config.alerts.alertmanager_labels))
         })
         .transpose()
         .map_err(ServerError::Config)?;

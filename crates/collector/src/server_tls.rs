@@ -51,6 +51,7 @@ impl ServerTls {
     /// errors with the file; `alpn`: the protocols offered).
     pub fn load(tls: &TlsConfig, key: &'static str, alpn: Alpn) -> Result<Self, TlsError> {
         let config = tls.server_config(key, alpn)?;
+        warn_of_validity(tls, key);
         Ok(Self {
             inner: Arc::new(Inner {
                 source: Some(Source {
@@ -91,6 +92,7 @@ impl ServerTls {
             return Ok(());
         };
         let config = source.tls.server_config(source.key, source.alpn)?;
+        warn_of_validity(&source.tls, source.key);
         *self
             .inner
             .current
@@ -105,6 +107,15 @@ impl ServerTls {
             .source
             .as_ref()
             .map(|s| s.tls.cert_file.as_path())
+    }
+}
+
+/// Logs (warn) a certificate expired, not yet valid or about to expire
+/// ([`TlsConfig::validity_warning`]): it is served all the same, as an operator may have no
+/// other at hand, but its clients will fail.
+fn warn_of_validity(tls: &TlsConfig, key: &str) {
+    if let Some(warning) = tls.validity_warning(key, std::time::SystemTime::now()) {
+        tracing::warn!("{warning}");
     }
 }
 
@@ -181,6 +192,41 @@ mod tests {
         let params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
         let cert = params.self_signed(&key).unwrap();
         (cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn a_certificate_out_of_its_validity_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["a.example".to_owned()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2020, 2, 1);
+        let cert = params.self_signed(&key).unwrap();
+        let tls = TlsConfig {
+            cert_file: dir.path().join("c.pem"),
+            key_file: dir.path().join("k.pem"),
+            client_ca_file: None,
+        };
+        std::fs::write(&tls.cert_file, cert.pem()).unwrap();
+        std::fs::write(&tls.key_file, key.serialize_pem()).unwrap();
+        // Midnights (UTC) as Unix seconds.
+        let at = |secs: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        let warning = |when| tls.validity_warning("api.tls", when);
+        assert_eq!(warning(at(1_578_614_400)), None); // 2020-01-10
+        let soon = warning(at(1_579_910_400)).unwrap(); // 2020-01-25
+        assert!(
+            soon.contains("expires on") && soon.contains("in 7 days"),
+            "{soon}"
+        );
+        let expired = warning(at(1_796_515_200)).unwrap(); // 2026-12-06
+        assert!(
+            expired.starts_with("api.tls.cert_file ") && expired.contains("expired on"),
+            "{expired}"
+        );
+        let early = warning(at(1_559_347_200)).unwrap(); // 2019-06-01
+        assert!(early.contains("not valid before"), "{early}");
+        // Served all the same: an operator may have no other at hand.
+        ServerTls::load(&tls, "api.tls", Alpn::H2AndHttp1).unwrap();
     }
 
     #[test]

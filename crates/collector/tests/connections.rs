@@ -751,6 +751,68 @@ async fn an_answer_the_client_never_takes_does_not_hold_the_connection() {
     c.stop().await.unwrap();
 }
 
+/// The answer to a `HEAD` over HTTP/2 carries no DATA (a protocol error to clients such as
+/// curl), whoever answers it: the OTLP/HTTP receiver (405 on its path), a Host refusal on the
+/// API, and the API's fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_answer_over_http2_has_no_body() {
+    let c = server::run(test_config(), std::future::pending())
+        .await
+        .unwrap();
+    for (addr, path, authority) in [
+        (c.http_addr.unwrap(), "/v1/traces", "localhost"),
+        (c.api_addr, "/api/kpis", "evil.example"),
+        (c.api_addr, "/api/nope", "evil.example"),
+    ] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
+        out.extend(h2_frame(4, 1, 0, &[])); // ACK of the server's SETTINGS
+        // `:method: HEAD` as a literal of the static table's `:method` name (index 2), then
+        // the rest of a GET head.
+        let mut headers = vec![0x02, 4, b'H', b'E', b'A', b'D'];
+        headers.extend(&h2_head(false, path, authority, None)[1..]);
+        out.extend(h2_frame(1, 0x5, 1, &headers)); // HEADERS, END_HEADERS | END_STREAM
+        s.write_all(&out).await.unwrap();
+        // Frames until the stream's end (END_STREAM on its HEADERS or DATA) or a reset.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let ended = |got: &[u8]| {
+            let mut i = 0;
+            while i + 9 <= got.len() {
+                let len = u32::from_be_bytes([0, got[i], got[i + 1], got[i + 2]]) as usize;
+                let (kind, flags) = (got[i + 3], got[i + 4]);
+                let stream = u32::from_be_bytes([got[i + 5], got[i + 6], got[i + 7], got[i + 8]]);
+                if stream == 1 && (kind == 3 || (kind <= 1 && flags & 1 == 1)) {
+                    return i + 9 + len <= got.len();
+                }
+                i += 9 + len;
+            }
+            false
+        };
+        while !ended(&got) {
+            let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+                .await
+                .expect("an answer")
+                .unwrap();
+            assert!(n > 0, "{path}: closed before the answer ended");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let on_stream: Vec<u8> = h2_frames(&got)
+            .into_iter()
+            .filter(|&(_, stream)| stream == 1)
+            .map(|(kind, _)| kind)
+            .collect();
+        // 1 HEADERS, 0 DATA, 3 RST_STREAM.
+        assert_eq!(
+            on_stream,
+            vec![1],
+            "{path} at {authority}: frames {on_stream:?}"
+        );
+    }
+    c.stop().await.unwrap();
+}
+
 /// A request head larger than the HTTP/1 read buffer is refused at once: a client sending
 /// half of a huge head holds at most the buffer (128 KiB on OTLP/HTTP, 16 KiB on the API), not
 /// hyper's default ~400 KiB, until the header timeout.

@@ -385,7 +385,7 @@ async fn alertmanager_over_mutual_tls() {
         description: "ttft.p95 > 1s".into(),
         generator_url: "http://127.0.0.1:8080/api/alerts".into(),
     };
-    let am = Alertmanager::new(&url, &pki.tls(&pki.ca_file, true)).unwrap();
+    let am = Alertmanager::new(&url, &pki.tls(&pki.ca_file, true), &Default::default()).unwrap();
     assert!(am.post(std::slice::from_ref(&event)).await);
     {
         let got = seen.0.lock().unwrap();
@@ -399,7 +399,7 @@ async fn alertmanager_over_mutual_tls() {
         pki.tls(&pki.ca_file, false),
         pki.tls(&pki.other_ca_file, true),
     ] {
-        let am = Alertmanager::new(&url, &tls).unwrap();
+        let am = Alertmanager::new(&url, &tls, &Default::default()).unwrap();
         assert!(!am.post(std::slice::from_ref(&event)).await);
     }
     assert_eq!(seen.len(), 1);

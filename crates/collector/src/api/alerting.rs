@@ -154,14 +154,23 @@ pub const OWN_LABELS: [&str; 5] = ["alertname", "service", "model", "operation",
 pub struct Alertmanager {
     client: Client<HttpsConnector, Full<Bytes>>,
     uri: http::Uri,
+    /// Sent with every post (`alerts.alertmanager_headers`).
+    headers: http::HeaderMap,
     /// Added to every alert's labels.
     labels: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Alertmanager {
     /// A client for the Alertmanager at `base_url` (`http://host:9093`, or `https://…`
-    /// verified as `tls` says: system roots or a CA file, optional client certificate).
-    pub fn new(base_url: &str, tls: &TlsClientConfig) -> Result<Self, String> {
+    /// verified as `tls` says: system roots or a CA file, optional client certificate),
+    /// sending `headers` (`${NAME}` expanded from the environment) with every post.
+    pub fn new(
+        base_url: &str,
+        tls: &TlsClientConfig,
+        headers: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, String> {
+        let headers = crate::client_tls::header_map(headers)
+            .map_err(|e| format!("alerts.alertmanager_headers: {e}"))?;
         let uri: http::Uri = format!("{}/api/v2/alerts", base_url.trim_end_matches('/'))
             .parse()
             .map_err(|e| format!("alerts.alertmanager_url {base_url:?}: {e}"))?;
@@ -177,6 +186,7 @@ impl Alertmanager {
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             uri,
+            headers,
             labels: serde_json::Map::new(),
         })
     }
@@ -206,12 +216,13 @@ impl Alertmanager {
                 labels.extend(self.labels.clone());
             }
         }
-        let Ok(req) = http::Request::post(self.uri.clone())
+        let Ok(mut req) = http::Request::post(self.uri.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.to_string())))
         else {
             return false;
         };
+        req.headers_mut().extend(self.headers.clone());
         let sent = tokio::time::timeout(Duration::from_secs(10), self.client.request(req)).await;
         match sent {
             Ok(Ok(resp)) if resp.status().is_success() => true,
@@ -368,6 +379,7 @@ async fn deliver(
 mod tests {
     use super::*;
     use infertrace_analysis::diagnosis::Severity;
+    use std::collections::BTreeMap;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn event(state: AlertState) -> AlertEvent {
@@ -394,7 +406,7 @@ mod tests {
             ca_file: Some("/nonexistent/am.pem".into()),
             ..TlsClientConfig::default()
         };
-        let Err(e) = Alertmanager::new("https://am:9093", &tls) else {
+        let Err(e) = Alertmanager::new("https://am:9093", &tls, &BTreeMap::new()) else {
             panic!("a missing CA file must be an error");
         };
         assert!(
@@ -406,10 +418,19 @@ mod tests {
 
     /// The next body the fake Alertmanager accepted (at most 10 s away).
     async fn next_post(accepted: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
-        tokio::time::timeout(Duration::from_secs(10), accepted.recv())
+        next_post_and_head(accepted).await.1
+    }
+
+    /// The head and the body of the next post the fake Alertmanager accepted.
+    async fn next_post_and_head(
+        accepted: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    ) -> (String, String) {
+        let post = tokio::time::timeout(Duration::from_secs(10), accepted.recv())
             .await
             .unwrap()
-            .unwrap()
+            .unwrap();
+        let (head, body) = post.split_once("\r\n\r\n").unwrap();
+        (head.to_owned(), body.to_owned())
     }
 
     /// A firing event of an alert other than [`event`]'s.
@@ -429,7 +450,7 @@ mod tests {
         tokio::task::JoinHandle<()>,
     ) {
         let (url, accepted) = fake_alertmanager(1).await;
-        let am = Alertmanager::new(&url, &TlsClientConfig::default()).unwrap();
+        let am = Alertmanager::new(&url, &TlsClientConfig::default(), &BTreeMap::new()).unwrap();
         let alerting = Arc::new(Mutex::new(
             Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
         ));
@@ -442,7 +463,7 @@ mod tests {
     }
 
     /// A fake Alertmanager: answers 503 to its first `refuse` POSTs, 200 after; hands every
-    /// body it accepted to the returned receiver.
+    /// post it accepted (head, blank line, body) to the returned receiver.
     async fn fake_alertmanager(
         refuse: usize,
     ) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
@@ -472,7 +493,7 @@ mod tests {
                             })
                             .unwrap_or(0);
                         if body.len() >= len {
-                            break Some(body.to_owned());
+                            break Some(text);
                         }
                     }
                 };
@@ -544,18 +565,24 @@ mod tests {
     async fn every_alert_carries_the_configured_labels_and_an_instance() {
         let (url, mut accepted) = fake_alertmanager(0).await;
         let labels = [("cluster".to_owned(), "eu-1".to_owned())].into();
-        let am = Alertmanager::new(&url, &TlsClientConfig::default())
+        // An API key goes with every post (`${NAME}` expansion: client_tls's tests).
+        let headers = [("x-api-key".to_owned(), "s3cret".to_owned())].into();
+        let am = Alertmanager::new(&url, &TlsClientConfig::default(), &headers)
             .unwrap()
             .with_labels(&labels);
         assert!(am.post(&[event(AlertState::Firing)]).await);
-        let body: serde_json::Value =
-            serde_json::from_str(&next_post(&mut accepted).await).unwrap();
+        let (head, body) = next_post_and_head(&mut accepted).await;
+        assert!(
+            head.to_ascii_lowercase().contains("x-api-key: s3cret"),
+            "{head}"
+        );
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
         let got = &body[0]["labels"];
         assert_eq!(got["cluster"], "eu-1");
         assert_eq!(got["instance"], host_name().as_str());
         assert_eq!(got["alertname"], "HighTtft");
         let named = [("instance".to_owned(), "shard-2".to_owned())].into();
-        let am = Alertmanager::new(&url, &TlsClientConfig::default())
+        let am = Alertmanager::new(&url, &TlsClientConfig::default(), &BTreeMap::new())
             .unwrap()
             .with_labels(&named);
         assert!(am.post(&[event(AlertState::Firing)]).await);

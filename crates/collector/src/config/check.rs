@@ -50,8 +50,9 @@ impl Problems {
     }
 }
 
-/// Checks that `url` is an `http://` or `https://` URL with a host.
-pub(super) fn check_http_url(url: &str) -> Result<(), String> {
+/// Checks that `url` is an `http://` or `https://` URL with a host; `headers_key` names the
+/// setting that takes the headers to send with it (where credentials belong).
+pub(super) fn check_http_url(url: &str, headers_key: &str) -> Result<(), String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
@@ -59,14 +60,14 @@ pub(super) fn check_http_url(url: &str) -> Result<(), String> {
         Some("http") | Some("https") => {}
         _ => return Err(format!("{url:?} must start with http:// or https://")),
     }
-    if uri.host().is_none() {
+    if uri.host().is_none_or(str::is_empty) {
         return Err(format!("{url:?} has no host"));
     }
     // Neither would be sent: refused rather than dropped without a word.
     if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
         return Err(format!(
             "{} holds credentials (user:password@), which would not be sent: remove them (the \
-             forward target takes an authorization header in forward.headers)",
+             an authorization header goes in {headers_key})",
             redact_userinfo(url)
         ));
     }

@@ -141,7 +141,10 @@ impl ForwardConfig {
     /// [`CollectorConfig::validate`](super::CollectorConfig::validate)).
     pub(super) fn check(&self, p: &mut Problems) {
         if let Some(url) = &self.endpoint {
-            if p.check(check_http_url(url).map_err(|m| Invalid::new(&["forward", "endpoint"], m))) {
+            if p.check(
+                check_http_url(url, "forward.headers")
+                    .map_err(|m| Invalid::new(&["forward", "endpoint"], m)),
+            ) {
                 p.check(check_tls(
                     &self.tls,
                     url,

@@ -199,11 +199,34 @@ mod tests {
                 assert!(!e.message.contains("secret"), "{e}");
             }
         }
-        let e = CollectorConfig::from_yaml_str(
+        // Each names where its headers go instead.
+        let e = CollectorConfig::from_yaml_str("alerts:\n  alertmanager_url: http://u:p@am:9093\n")
+            .unwrap_err();
+        assert!(e.message.contains("alerts.alertmanager_headers"), "{e}");
+        // A port without a host (which `collect` could not connect to) is no URL either.
+        for yaml in [
+            "forward:\n  endpoint: 'https://:4317'\n",
+            "alerts:\n  alertmanager_url: 'https://:9093'\n",
+        ] {
+            let e = CollectorConfig::from_yaml_str(yaml).unwrap_err();
+            assert!(e.message.contains("has no host"), "{yaml}: {e}");
+        }
+        for yaml in [
             "alerts:\n  alertmanager_tls:\n    ca_file: /nonexistent\n",
+            "alerts:\n  alertmanager_headers: { x-api-key: k }\n",
+        ] {
+            let e = CollectorConfig::from_yaml_str(yaml).unwrap_err();
+            assert!(e.message.contains("without alerts.alertmanager_url"), "{e}");
+        }
+        let e = CollectorConfig::from_yaml_str(
+            "alerts:\n  alertmanager_url: http://am:9093\n  alertmanager_headers: { host: x }\n",
         )
         .unwrap_err();
-        assert!(e.message.contains("without alerts.alertmanager_url"), "{e}");
+        assert!(e.message.starts_with("alerts.alertmanager_headers"), "{e}");
+        CollectorConfig::from_yaml_str(
+            "alerts:\n  alertmanager_url: http://am:9093\n  alertmanager_headers: { authorization: Bearer k }\n",
+        )
+        .unwrap();
         // A problem that names the key below the one it is placed at is not led by both.
         let e = CollectorConfig::from_yaml_str(
             "forward:\n  endpoint: https://tempo:4318/v1/traces\n  tls:\n    ca_file: /nonexistent\n",

@@ -224,7 +224,42 @@ pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// How long before its end a server certificate is warned about.
+const CERTIFICATE_EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
 impl TlsConfig {
+    /// A warning when the server's own certificate (the first of `cert_file`) is not valid at
+    /// `now` — expired or not yet valid, which rustls serves without a word and every client
+    /// then refuses — or ends within 14 days. `None` when it is fine or
+    /// cannot be read (loading the files reports those). `key` is the section's place.
+    pub fn validity_warning(&self, key: &str, now: std::time::SystemTime) -> Option<String> {
+        let certs = read_certs(key, &self.cert_file).ok()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?).ok()?;
+        let validity = cert.validity();
+        let now = now.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs() as i64;
+        let file = self.cert_file.display();
+        let (from, until) = (validity.not_before, validity.not_after);
+        if now > until.timestamp() {
+            Some(format!(
+                "{key}.cert_file {file}: the certificate expired on {until}: clients refuse \
+                 every handshake; replace the file and send SIGHUP"
+            ))
+        } else if now < from.timestamp() {
+            Some(format!(
+                "{key}.cert_file {file}: the certificate is not valid before {from}: clients \
+                 refuse every handshake until then (is the clock right?)"
+            ))
+        } else if until.timestamp() - now < CERTIFICATE_EXPIRY_WARNING.as_secs() as i64 {
+            let days = (until.timestamp() - now) / 86_400;
+            Some(format!(
+                "{key}.cert_file {file}: the certificate expires on {until} (in {days} days): \
+                 replace the file and send SIGHUP"
+            ))
+        } else {
+            None
+        }
+    }
+
     /// Reads and checks the files and builds the rustls server configuration; `key` is where the
     /// section lives (e.g. `receivers.otlp_grpc.tls`), named in every error with the file.
     pub fn server_config(

@@ -398,6 +398,10 @@ pub struct AlertsSection {
     pub alertmanager_url: Option<String>,
     /// TLS of an `https://` Alertmanager URL (CA file, client certificate).
     pub alertmanager_tls: TlsClientConfig,
+    /// Headers sent with every post to Alertmanager (an `authorization` header or API key of
+    /// an Alertmanager behind a proxy); `${NAME}` in a value is the environment variable
+    /// `NAME`, as in `forward.headers`. Default none.
+    pub alertmanager_headers: std::collections::BTreeMap<String, String>,
     /// Labels added to every alert posted to Alertmanager. Without `instance` here, `instance`
     /// is the host name: several collectors firing one rule (a sharded fleet) stay apart, where
     /// Alertmanager would take one's resolve for the other's still-firing alert.
@@ -413,6 +417,7 @@ impl Default for AlertsSection {
             anomaly: AnomalyConfig::default(),
             alertmanager_url: None,
             alertmanager_tls: TlsClientConfig::default(),
+            alertmanager_headers: std::collections::BTreeMap::new(),
             alertmanager_labels: std::collections::BTreeMap::new(),
         }
     }

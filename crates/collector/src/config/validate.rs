@@ -385,7 +385,7 @@ impl CollectorConfig {
         }
         if let Some(url) = &a.alertmanager_url
             && p.check(
-                check_http_url(url)
+                check_http_url(url, "alerts.alertmanager_headers")
                     .and_then(|()| check_alertmanager_base(url))
                     .map_err(|m| Invalid::new(&["alerts", "alertmanager_url"], m)),
             )
@@ -402,6 +402,17 @@ impl CollectorConfig {
                 "set without alerts.alertmanager_url: set the URL or remove alertmanager_tls",
             );
         }
+        if a.alertmanager_url.is_none() && !a.alertmanager_headers.is_empty() {
+            p.add(
+                &["alerts", "alertmanager_headers"],
+                "set without alerts.alertmanager_url: set the URL or remove alertmanager_headers",
+            );
+        }
+        p.check(
+            crate::client_tls::header_map(&a.alertmanager_headers)
+                .map(|_| ())
+                .map_err(|m| Invalid::new(&["alerts", "alertmanager_headers"], m)),
+        );
     }
 }
 

@@ -1,6 +1,7 @@
 //! OTLP/HTTP: `POST /v1/traces` with `application/x-protobuf` or `application/json` bodies,
 //! optionally `Content-Encoding: gzip` or `deflate`; answers in the request's content type.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -141,17 +142,18 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> HttpResponse {
 /// The answer to one request; `body` is read only when the request gets that far.
 async fn respond(receiver: &Receiver, req: &Parts, body: &mut Incoming) -> HttpResponse {
     if let Some(hosts) = &receiver.limits.allowed_hosts
-        && hosts.refused(&req.headers, &req.uri).is_some()
+        && let Some(refused) = hosts.refused(&req.headers, &req.uri)
     {
         receiver
             .events
             .auth_refused(receiver.name, "host_not_allowed");
+        // The receiver checks hosts only while it listens on loopback without authentication.
+        let message = refused.message("api.allowed_hosts");
         let mut response = refusal(
             &req.headers,
-            StatusCode::MISDIRECTED_REQUEST,
+            refused.status(),
             Code::PermissionDenied,
-            "this Host is not served here: add it to api.allowed_hosts (a guard against DNS \
-             rebinding while the receiver listens on loopback without authentication)",
+            message,
         );
         response.extensions_mut().insert(CloseConnection);
         return response;
@@ -353,20 +355,21 @@ fn refusal(
     headers: &http::HeaderMap,
     status: StatusCode,
     code: Code,
-    message: &'static str,
+    message: impl Into<Cow<'static, str>>,
 ) -> HttpResponse {
+    let message = message.into();
     match request_format(headers) {
-        Some(format) => status_response(format, status, code, message),
+        Some(format) => status_response(format, status, code, &message),
         None => plain(status, message),
     }
 }
 
-fn plain(status: StatusCode, message: &'static str) -> HttpResponse {
-    with_type(
-        status,
-        "text/plain; charset=utf-8",
-        Bytes::from_static(message.as_bytes()),
-    )
+fn plain(status: StatusCode, message: impl Into<Cow<'static, str>>) -> HttpResponse {
+    let body = match message.into() {
+        Cow::Borrowed(text) => Bytes::from_static(text.as_bytes()),
+        Cow::Owned(text) => Bytes::from(text),
+    };
+    with_type(status, "text/plain; charset=utf-8", body)
 }
 
 fn with_type(status: StatusCode, content_type: &'static str, body: Bytes) -> HttpResponse {
