@@ -498,16 +498,20 @@ fn compose_demo_tokens_are_consistent() {
         .strip_prefix("authorization=Bearer%20")
         .expect("authorization=Bearer%20<token>");
     assert!(accepts(token, Scope::Ingest));
+    // The load balancer sends the token its compose service puts in its environment.
     let otelcol: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&read("otel-config/otelcol-contrib.yaml")).unwrap();
     let auth = otelcol["exporters"]["loadbalancing/infertrace"]["protocol"]["otlp"]["headers"]
         ["authorization"]
         .as_str()
         .expect("otelcol sends a token");
-    assert!(accepts(
-        auth.strip_prefix("Bearer ").expect("Bearer"),
-        Scope::Ingest
-    ));
+    assert_eq!(auth, "Bearer ${env:INFERTRACE_INGEST_TOKEN}");
+    let scale: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read("docker/compose.scale.yaml")).unwrap();
+    let token = scale["services"]["otelcol"]["environment"]["INFERTRACE_INGEST_TOKEN"]
+        .as_str()
+        .expect("the load balancer's service sets the token");
+    assert!(accepts(token, Scope::Ingest));
     for prom in ["otel-config/prometheus.yml", "docker/prometheus.scale.yml"] {
         let p: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read(prom)).unwrap();
         let job = p["scrape_configs"]

@@ -512,6 +512,17 @@ fn compose_collector_configs_are_valid() {
         dockerfile.contains(&format!("install -d -o 10001 -g 10001 {STORE_DIR}")),
         "the image creates {STORE_DIR} for uid 10001"
     );
+    // The examples image copies its binaries by name (not whatever the target cache holds):
+    // every example is named.
+    for entry in std::fs::read_dir(root.join("examples/src/bin")).expect("examples/src/bin") {
+        let path = entry.expect("an entry").path();
+        let bin = path.file_stem().and_then(|s| s.to_str()).expect("a name");
+        assert!(
+            dockerfile.lines().any(|l| l.contains("for bin in")
+                && l.split_whitespace().any(|w| w.trim_end_matches(';') == bin)),
+            "docker/Dockerfile copies the example {bin}"
+        );
+    }
     let compose = std::fs::read_to_string(root.join("docker/compose.yaml")).expect("compose");
     assert!(
         compose.contains(&format!("infertrace-data:{STORE_DIR}")),

@@ -79,6 +79,13 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
             Err(e) => inputs.problems.push(format!("{name}: {e:#}")),
         },
         Ok(_) => match decode_json(&bytes) {
+            Ok(decoded) if decoded.spans.is_empty() && decoded.rejected == 0 => {
+                inputs.problems.push(format!(
+                    "{name}: JSON without a span: expected an OTLP/JSON export request \
+                     (resourceSpans[].scopeSpans[].spans), one per line or one per file, or a \
+                     Jaeger export (data[].spans, as Jaeger's UI and /api/traces give it)"
+                ));
+            }
             Ok(decoded) => {
                 if decoded.rejected > 0 {
                     inputs.problems.push(format!(

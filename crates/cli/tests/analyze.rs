@@ -245,6 +245,17 @@ fn broken_files_are_reported_and_the_rest_analysed() {
 
     let out = analyze(&[&broken], &[]);
     assert_eq!(out.status.code(), Some(2), "nothing readable exits 2");
+
+    // JSON that is no trace export says what was expected.
+    let other = dir.path().join("other.json");
+    std::fs::write(&other, r#"{"metrics": [1, 2, 3]}"#).unwrap();
+    let out = analyze(&[&other], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("other.json: JSON without a span: expected an OTLP/JSON export"),
+        "{stderr}"
+    );
 }
 
 /// One window, one length: every request counted, the rates divided by what the data covers

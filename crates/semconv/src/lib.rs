@@ -375,22 +375,33 @@ pub mod metric {
     /// Requests waiting in the admission queue, up-down counter.
     pub const QUEUE_SIZE: &str = "infer.server.queue.size";
 
-    /// Buckets of `gen_ai.server.request.duration`: 0.01 doubling to 81.92 s.
-    pub const REQUEST_DURATION_BUCKETS: [f64; 14] = [
+    // The GenAI conventions' advisory buckets, each with a tail: past its last bound a
+    // Prometheus `histogram_quantile` reads that bound, so an overloaded server's TTFT p99 of
+    // 15 s read exactly 10 s (an operator review). The tails reach what a queue in front of an
+    // engine can make of a request.
+
+    /// Buckets of `gen_ai.server.request.duration`: 0.01 doubling to 81.92 s (the conventions'),
+    /// then on to 655.36 s.
+    pub const REQUEST_DURATION_BUCKETS: [f64; 17] = [
         0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+        163.84, 327.68, 655.36,
     ];
-    /// Buckets of `gen_ai.server.time_to_first_token`.
-    pub const TTFT_BUCKETS: [f64; 16] = [
+    /// Buckets of `gen_ai.server.time_to_first_token`: the conventions' 1 ms … 10 s, then 20,
+    /// 40, 80, 160 and 320 s.
+    pub const TTFT_BUCKETS: [f64; 21] = [
         0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        20.0, 40.0, 80.0, 160.0, 320.0,
     ];
-    /// Buckets of `gen_ai.server.time_per_output_token`.
-    pub const TPOT_BUCKETS: [f64; 13] = [
-        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    /// Buckets of `gen_ai.server.time_per_output_token`: the conventions' 10 ms … 2.5 s, then 5
+    /// and 10 s.
+    pub const TPOT_BUCKETS: [f64; 15] = [
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
     ];
-    /// Buckets of the phase-duration histograms: 0.001 doubling to 81.92 s (well, 65.536 → 81.92).
-    pub const PHASE_DURATION_BUCKETS: [f64; 18] = [
+    /// Buckets of the phase-duration histograms: 0.001 doubling to 65.536 s, 81.92 s (the
+    /// request duration's last), then 163.84, 327.68 and 655.36 s.
+    pub const PHASE_DURATION_BUCKETS: [f64; 21] = [
         0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096,
-        8.192, 16.384, 32.768, 65.536, 81.92,
+        8.192, 16.384, 32.768, 65.536, 81.92, 163.84, 327.68, 655.36,
     ];
     /// Buckets of `infer.server.token.usage`: 1, 4, 16 … 67108864 (×4).
     pub const TOKEN_USAGE_BUCKETS: [f64; 14] = [

@@ -11,7 +11,7 @@ use crate::report::Format;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Moderate load well within capacity: no latency rule should fire. The simulated GPU reads
-    /// ~97% busy (a continuously batching engine runs a step whenever a request is in flight,
+    /// nearly always busy, 97–100% (a continuously batching engine runs a step whenever a request is in flight,
     /// which is what "GPU utilisation" counts), which is reported as an info-level note only.
     Balanced,
     /// Arrivals beyond the engine's capacity with a small batch limit: queueing dominates while
@@ -38,6 +38,14 @@ pub enum Scenario {
     /// Disaggregated with a decode worker whose KV memory holds few sequences: requests wait
     /// at bootstrap for running ones to give theirs back (`decode-kv-memory-wait`).
     PdKvMemory,
+}
+
+impl Scenario {
+    /// The name `--scenario` takes (`long-prompts`), for what the demo prints.
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map_or_else(|| format!("{self:?}"), |v| v.get_name().to_owned())
+    }
 }
 
 impl Scenario {

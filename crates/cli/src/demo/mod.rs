@@ -84,8 +84,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }));
 
     eprintln!(
-        "infertrace demo: scenario {:?} — {}; {:.1} req/s for {}",
-        args.scenario,
+        "infertrace demo: scenario {} — {}; {:.1} req/s for {}",
+        args.scenario.name(),
         wl.description,
         wl.load.rate,
         humantime::format_duration(args.duration)
@@ -121,7 +121,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
 
     let mut report = local_report(&collector, window);
-    report["source"] = json!(format!("demo ({:?})", args.scenario));
+    report["source"] = json!(format!("demo ({})", args.scenario.name()));
     report["client"] = client_summary(&load);
     report["ground_truth"] = ground_truth(&sim);
     print_report(&report, args.format)?;

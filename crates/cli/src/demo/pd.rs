@@ -152,8 +152,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .context("starting the disaggregated services")?;
 
     eprintln!(
-        "infertrace demo: scenario {:?} — {description}; {:.1} req/s for {}",
-        args.scenario,
+        "infertrace demo: scenario {} — {description}; {:.1} req/s for {}",
+        args.scenario.name(),
         load_cfg.rate,
         humantime::format_duration(args.duration)
     );
@@ -192,7 +192,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
 
     let mut report = local_report(&collector, window);
-    report["source"] = json!(format!("demo ({:?})", args.scenario));
+    report["source"] = json!(format!("demo ({})", args.scenario.name()));
     report["client"] = client_summary(&load);
     let truths: HashMap<u64, PdTruth> = sim
         .truth_all()

@@ -66,8 +66,8 @@ pub(super) fn check_http_url(url: &str, headers_key: &str) -> Result<(), String>
     // Neither would be sent: refused rather than dropped without a word.
     if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
         return Err(format!(
-            "{} holds credentials (user:password@), which would not be sent: remove them (the \
-             an authorization header goes in {headers_key})",
+            "{} holds credentials (user:password@), which would not be sent: remove them (an \
+             authorization header goes in {headers_key})",
             redact_userinfo(url)
         ));
     }

@@ -67,13 +67,31 @@ impl CollectorConfig {
                 (errors, None) => return Err(errors),
             },
         };
+        let before = serde_yaml_ng::to_value(&config).ok();
         adjust(&mut config);
-        problems.extend(
-            config
-                .problems()
-                .into_iter()
-                .map(|v| located(&text, &name, v)),
-        );
+        let after = serde_yaml_ng::to_value(&config).ok();
+        // A value `adjust` changed (a command-line flag) is no line of the file's.
+        let adjusted = |path: &[&str]| {
+            let at = |v: &Option<serde_yaml_ng::Value>| {
+                path.iter()
+                    .try_fold(v.as_ref()?, |v, key| v.get(*key))
+                    .cloned()
+            };
+            at(&before) != at(&after)
+        };
+        problems.extend(config.problems().into_iter().map(|v| {
+            if adjusted(&v.path) {
+                let key = v.path.join(".");
+                ConfigError {
+                    file: name.clone(),
+                    line: None,
+                    column: None,
+                    message: format!("{key} (as the command line sets it): {}", v.message),
+                }
+            } else {
+                located(&text, &name, v)
+            }
+        }));
         Ok((config, problems))
     }
 
@@ -391,6 +409,40 @@ mod tests {
             got[2].starts_with("5:forward.protocl: unknown field"),
             "{got:?}"
         );
+    }
+
+    /// A value a command-line flag set is not blamed on the file's line for that key.
+    #[test]
+    fn a_problem_of_a_flags_value_names_no_line_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "receivers:\n  otlp_grpc:\n    endpoint: 127.0.0.1:4317\n  otlp_http:\n    endpoint: 127.0.0.1:4318\n",
+        )
+        .unwrap();
+        let clash = |c: &mut CollectorConfig| {
+            c.store.enabled = false;
+            c.receivers.otlp_http.endpoint = "127.0.0.1:4317".parse().unwrap();
+        };
+        let (_, problems) = CollectorConfig::check_file(&path, clash).unwrap();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].line, None, "{problems:?}");
+        assert!(
+            problems[0]
+                .message
+                .starts_with("receivers.otlp_http.endpoint (as the command line sets it): "),
+            "{problems:?}"
+        );
+        // The same clash written in the file is placed at its line.
+        std::fs::write(
+            &path,
+            "receivers:\n  otlp_grpc:\n    endpoint: 127.0.0.1:4317\n  otlp_http:\n    endpoint: 127.0.0.1:4317\n",
+        )
+        .unwrap();
+        let no_store = |c: &mut CollectorConfig| c.store.enabled = false;
+        let (_, problems) = CollectorConfig::check_file(&path, no_store).unwrap();
+        assert_eq!(problems[0].line, Some(5), "{problems:?}");
     }
 
     #[test]

@@ -19,8 +19,8 @@
 //! `header_read_timeout` (HTTP/1 headers, or the HTTP/2 preface and first request, or the TLS
 //! handshake) is closed. An idle HTTP/1 keep-alive connection is therefore closed after
 //! `min(idle_timeout, header_read_timeout)`: hyper starts its header read timeout as soon as such
-//! a connection waits for its next request (counted with reason `header_timeout`); HTTP/2
-//! connections use `idle_timeout`. HTTP/2 connections are pinged every
+//! a connection waits for its next request (counted with reason `idle_timeout` all the same);
+//! HTTP/2 connections use `idle_timeout`. HTTP/2 connections are pinged every
 //! `http2_keepalive_interval`, and closed when a ping is not answered within
 //! `http2_keepalive_timeout`.
 //!
@@ -67,7 +67,8 @@ pub struct ConnectionsConfig {
     /// do not count as activity). An idle HTTP/1 keep-alive connection is closed sooner when
     /// `header_read_timeout` is shorter, after `min(idle_timeout, header_read_timeout)`: hyper
     /// starts its header read timeout as soon as such a connection waits for its next request
-    /// (reason `header_timeout`); HTTP/2 connections use `idle_timeout`. Default 60s.
+    /// (counted as reason `idle_timeout` all the same); HTTP/2 connections use `idle_timeout`.
+    /// Default 60s.
     #[serde(with = "human_duration")]
     pub idle_timeout: Duration,
     /// Time a client has to complete the TLS handshake and send a complete request head: HTTP/1

@@ -856,6 +856,29 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
     }
 
+    /// An overloaded server's TTFT past the conventions' last bucket (10 s) lands in a bucket
+    /// of its own, so `histogram_quantile` does not read it as 10 s.
+    #[test]
+    fn times_past_the_conventions_last_bucket_keep_a_bound() {
+        let (mut rec, registry) = recorder(10);
+        let mut r = record("m", 120.0);
+        r.ttft = Some(15.0);
+        r.queue = Some(100.0);
+        assert!(rec.record(&r));
+        let text = encode(&registry);
+        let l = r#"service="svc",model="m",operation="chat",outcome="ok""#;
+        for (family, empty, holds) in [
+            ("time_to_first_token", "10.0", "20.0"),
+            ("request_duration", "81.92", "163.84"),
+            ("queue_duration", "81.92", "163.84"),
+        ] {
+            for (le, n) in [(empty, 0), (holds, 1)] {
+                let line = format!("infertrace_{family}_seconds_bucket{{le=\"{le}\",{l}}} {n}");
+                assert!(text.contains(&line), "{line}\n{text}");
+            }
+        }
+    }
+
     #[test]
     fn gpu_energy_is_a_series_once_a_request_brings_energy() {
         let (mut rec, registry) = recorder(10);
