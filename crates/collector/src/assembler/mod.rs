@@ -85,6 +85,10 @@ use index::{Known, TraceIndex};
 /// sender holding the most (the one that gives up a trace).
 const FAIRNESS_WINDOW: usize = 64;
 
+/// The most age entries that finding the [`FAIRNESS_WINDOW`] looks at, stale ones included
+/// (a bound on one early close's cost).
+const FAIRNESS_SCAN: usize = 16 * FAIRNESS_WINDOW;
+
 /// What a sender's share of the traces in flight is measured in when one of its traces must
 /// close early: their number when the table is full (`max_traces_in_flight`), their memory (the
 /// spans they hold) when the limiter asks for relief.
@@ -876,8 +880,12 @@ impl TraceAssembler {
 
     /// Among the oldest [`FAIRNESS_WINDOW`] traces without a request span, the oldest one of
     /// the service that holds the largest `share` of them: a sender flooding the table (or the
-    /// memory) with traces that never complete gives up its own, not a light sender's. Stale
-    /// queue entries (traces already closed) are dropped on the way.
+    /// memory) with traces that never complete gives up its own, not a light sender's. Its age
+    /// entry goes with it: left behind, the flooding sender's closed traces would pile up
+    /// behind a light sender's oldest trace until that one was all the window saw (a review
+    /// found every light trace closed so under a flood). Stale entries (traces closed another
+    /// way) are dropped at the front and passed over in the window, at most
+    /// [`FAIRNESS_SCAN`] of them in all.
     fn oldest_of_the_largest_sender(&mut self, share: ShareOf) -> Option<TraceId> {
         while let Some(&(id, first)) = self.by_age.front() {
             if self.traces.get(&id).is_some_and(|t| t.first_seen == first) {
@@ -885,34 +893,44 @@ impl TraceAssembler {
             }
             self.by_age.pop_front();
         }
-        // (service, its share of the window, its oldest), in order of first appearance.
-        let mut senders: Vec<(&Text, usize, TraceId)> = Vec::new();
-        for &(id, first) in self.by_age.iter().take(FAIRNESS_WINDOW) {
-            let Some(trace) = self.traces.get(&id).filter(|t| t.first_seen == first) else {
-                continue;
-            };
-            let Some(service) = trace.spans.first().map(|s| &s.service) else {
-                continue;
-            };
-            let weight = match share {
-                ShareOf::Traces => 1,
-                // Spans held, for their memory: O(1) under the lock, where summing each span's
-                // footprint would walk up to 64 × `max_spans_per_trace` spans per close.
-                ShareOf::Memory => trace.spans.len(),
-            };
-            match senders.iter_mut().find(|(s, _, _)| *s == service) {
-                Some(sender) => sender.1 += weight,
-                None => senders.push((service, weight, id)),
+        let oldest = {
+            // (service, its share of the window, the queue index of its oldest), in order of
+            // first appearance.
+            let mut senders: Vec<(&Text, usize, usize)> = Vec::new();
+            let mut live = 0;
+            for (at, &(id, first)) in self.by_age.iter().enumerate().take(FAIRNESS_SCAN) {
+                if live == FAIRNESS_WINDOW {
+                    break;
+                }
+                let Some(trace) = self.traces.get(&id).filter(|t| t.first_seen == first) else {
+                    continue;
+                };
+                live += 1;
+                let Some(service) = trace.spans.first().map(|s| &s.service) else {
+                    continue;
+                };
+                let weight = match share {
+                    ShareOf::Traces => 1,
+                    // Spans held, for their memory: O(1) under the lock, where summing each
+                    // span's footprint would walk up to 64 × `max_spans_per_trace` spans per
+                    // close.
+                    ShareOf::Memory => trace.spans.len(),
+                };
+                match senders.iter_mut().find(|(s, _, _)| *s == service) {
+                    Some(sender) => sender.1 += weight,
+                    None => senders.push((service, weight, at)),
+                }
             }
-        }
-        // The largest; among equals the one seen first, whose oldest trace is the oldest.
-        let mut pick: Option<(usize, TraceId)> = None;
-        for &(_, count, oldest) in &senders {
-            if pick.is_none_or(|(most, _)| count > most) {
-                pick = Some((count, oldest));
+            // The largest; among equals the one seen first, whose oldest trace is the oldest.
+            let mut pick: Option<(usize, usize)> = None;
+            for &(_, count, at) in &senders {
+                if pick.is_none_or(|(most, _)| count > most) {
+                    pick = Some((count, at));
+                }
             }
-        }
-        pick.map(|(_, id)| id)
+            pick.map(|(_, at)| at)
+        };
+        self.by_age.remove(oldest?).map(|(id, _)| id)
     }
 
     /// Closes early the oldest `n` traces in flight (chosen as when the table is full, see
@@ -1422,17 +1440,18 @@ mod tests {
             s.service = Text::from(service);
             s
         };
-        // The light sender's trace is the oldest; none of these has its request span yet.
+        // The light sender's trace is the oldest; none of these has its request span yet. Far
+        // more heavy traces than the fairness window close while it waits.
         a.push(vec![from("light", 1, 1)], None, t0);
-        for trace in 2..=20 {
+        for trace in 2..=200 {
             a.push(
                 vec![from("heavy", trace, 1)],
                 None,
-                t0 + secs(0.01 * f64::from(trace)),
+                t0 + secs(0.001 * f64::from(trace)),
             );
         }
         let done = a.poll(t0 + secs(0.5)).completed;
-        assert_eq!(done.len(), 16, "20 traces into a table of 4");
+        assert_eq!(done.len(), 196, "200 traces into a table of 4");
         assert!(
             done.into_iter().all(|t| t.reason == CloseReason::Early
                 && t.held.into_spans().iter().all(|s| s.service == "heavy")),
