@@ -501,8 +501,29 @@ async fn dashboard_in_headless_chromium() {
     // ---- no console errors (uncaught exceptions, console.error, failed loads)
     assert_no_console_errors(browser.console().await.iter());
 
-    browser.close().await;
+    // The service picker offers "all services" (a review found it with no option at all when
+    // the live window was empty: [] and [''] joined alike).
+    let all_services = browser
+        .eval(
+            "return document.querySelector(\"#service option[value='']\") !== null;",
+            vec![],
+        )
+        .await;
+    assert_eq!(all_services, json!(true), "an \"all services\" option");
+
+    // ---- the collector gone: the figures are said to be old and dimmed, not shown as live
     collector.stop().await.unwrap();
+    let status = browser
+        .wait_until(
+            "the page to say it is not updating",
+            "const s = document.getElementById('status').textContent; \
+             return document.body.classList.contains('stale') && s.startsWith('not updating') \
+             && s.includes('the figures below are from') ? s : null;",
+            WAIT,
+        )
+        .await;
+    eprintln!("status once the collector stopped: {status}");
+    browser.close().await;
 }
 
 /// With bearer tokens on, the page asks for a token when the API answers 401, says so when a

@@ -24,6 +24,7 @@
     selectedTrace: null,
     pollCount: 0,
     lastError: '',
+    lastOkAt: 0,
     timer: null,
     token: '',
   };
@@ -96,7 +97,11 @@
     const g = s.gpu;
     for (const ph of PHASES) f['gpu.utilization.' + ph] = g && g.utilization_mean ? num(g.utilization_mean[ph]) : null;
     f['gpu.energy_per_output_token'] = g ? num(g.energy_per_output_token_joules) : null;
-    f['gpu.attributed_power'] = g && windowSeconds > 0 ? num(g.energy_attributed_joules) / windowSeconds : null;
+    // Over the seconds the API's rates cover (requests ÷ requests/s: fewer than the window's
+    // while the collector has run for less than it), else the window's.
+    const rps = num(t.requests_per_second);
+    const covered = req > 0 && rps > 0 ? req / rps : windowSeconds;
+    f['gpu.attributed_power'] = g && covered > 0 ? num(g.energy_attributed_joules) / covered : null;
     // weights
     f._req = req;
     f._errors = s.errors || 0;
@@ -478,6 +483,7 @@
       updateSelectors(listed);
       await Promise.all([refreshHistory(false), refreshPanels()]);
       state.lastError = '';
+      state.lastOkAt = Date.now();
     } catch (e) {
       state.lastError = e.message || String(e);
     }
@@ -521,7 +527,8 @@
       getJson('/api/traces?' + sel),
     ]);
     renderCritical(cp, w);
-    renderFindings(findings, w);
+    // The critical path counts the window's requests; findings say none of their own.
+    renderFindings(findings, w, cp.requests);
     renderAlerts(alerts);
     renderSlow(traces);
   }
@@ -537,6 +544,7 @@
     }
     fillSelect($('#model'), Array.from(models.keys()).sort(), state.model, null);
     const services = new Set();
+    for (const s of series) if (!state.model || s.model === state.model) services.add(s.service);
     for (const p of state.polls) for (const r of p.rows) if (!state.model || r.model === state.model) services.add(r.service);
     fillSelect($('#service'), Array.from(services).sort(), state.service, 'all services');
   }
@@ -545,7 +553,8 @@
     const want = (allLabel ? [''] : []).concat(values);
     if (current && !want.includes(current)) want.push(current);
     const have = Array.from(el.options).map((o) => o.value);
-    if (have.join('\u0000') !== want.join('\u0000')) {
+    // Compared item by item: joined, [] and [''] would read the same (no "all" option ever).
+    if (have.length !== want.length || have.some((v, i) => v !== want[i])) {
       el.textContent = '';
       for (const v of want) {
         const o = document.createElement('option');
@@ -601,9 +610,12 @@
     renderTiles(live.length ? live[live.length - 1].f : null);
     renderPd(state.latest);
     const st = $('#status');
+    // Figures that no longer update are said to be old and dimmed, not shown as live.
+    document.body.classList.toggle('stale', Boolean(state.lastError) && state.pollCount > 0);
     if (state.lastError) {
       st.className = 'status down';
-      st.textContent = state.lastError;
+      st.textContent = 'not updating: ' + state.lastError +
+        (state.lastOkAt ? ' · the figures below are from ' + new Date(state.lastOkAt).toLocaleTimeString() : '');
     } else if (state.pollCount > 0) {
       st.className = 'status live';
       st.textContent = 'live · ' + new Date().toLocaleTimeString() + ' · every ' + state.settings.poll_interval_ms / 1000 + ' s · figures over the last ' + fmtWindow(liveWindow()) +
@@ -642,6 +654,7 @@
     let entries = (cp.entries || []).slice();
     if (state.service) entries = entries.filter((e) => e.service === state.service);
     entries.sort((a, b) => (b.share.all || 0) - (a.share.all || 0));
+    const more = Math.max(0, entries.length - 12);
     entries = entries.slice(0, 12);
     el.dataset.points = String(entries.length);
     if (!entries.length) {
@@ -649,7 +662,8 @@
       return;
     }
     const bar = (cls, v, secs) => '<div class="track" title="' + esc(fmtPct(v) + ' · ' + fmtSec(secs) + ' on the critical path') + '"><div class="fill ' + cls + '" data-css="width:' + Math.min(100, Math.max(0, (v || 0) * 100)).toFixed(2) + '%"></div><span class="pct">' + fmtPct(v) + '</span></div>';
-    el.innerHTML = entries.map((e) => '<div class="name" title="' + esc(e.span + ' · ' + e.service) + '">' + esc(e.span) + ' <small>' + esc(e.service) + '</small></div><div class="pair">' + bar('all', e.share.all, e.seconds.all) + bar('p99', e.share.p99, e.seconds.p99) + '</div>').join('');
+    el.innerHTML = entries.map((e) => '<div class="name" title="' + esc(e.span + ' · ' + e.service) + '">' + esc(e.span) + ' <small>' + esc(e.service) + '</small></div><div class="pair">' + bar('all', e.share.all, e.seconds.all) + bar('p99', e.share.p99, e.seconds.p99) + '</div>').join('') +
+      (more ? '<p class="none more">' + more + ' more with smaller shares (all of them: /api/critical-path)</p>' : '');
     applyCss(el);
   }
 
@@ -657,7 +671,7 @@
   // series with the most disaggregated requests (`disagg` of /api/kpis), each with its share of
   // TTFT and its p50, grouped by pool; and each worker's requests and sub-phases. Hidden while
   // no selected series has disaggregated requests.
-  const PD_ALONG_TTFT = ['routing', 'bootstrap', 'prefill_queue', 'prefill', 'kv_transfer', 'decode_wait', 'first_token'];
+  const PD_ALONG_TTFT = ['routing', 'prefill_queue', 'prefill', 'bootstrap', 'kv_transfer', 'decode_wait', 'first_token'];
   function renderPd(snap) {
     const el = $('#pd');
     const series = ((snap && snap.series) || []).filter((s) => s.disagg && matches(s));
@@ -695,13 +709,15 @@
     body.innerHTML = rows.map((t) => '<tr data-trace-id="' + esc(t.trace_id) + '"' + (t.trace_id === state.selectedTrace ? ' class="selected"' : '') + '><td><code>' + esc(t.trace_id.slice(0, 12)) + '…</code></td><td>' + esc(t.service) + '</td><td class="num">' + fmtSec(t.e2e) + '</td><td class="num">' + fmtSec(t.ttft) + '</td><td class="num">' + fmtSec(t.tpot) + '</td><td><span class="outcome ' + esc(t.outcome) + '">' + esc(t.outcome) + '</span></td><td>' + esc(fmtTime(t.start_unix_nano)) + '</td></tr>').join('');
   }
 
-  function renderFindings(data, w) {
+  function renderFindings(data, w, requests) {
     const el = $('#findings');
     $('#findings-window').textContent = 'last ' + w;
     const fs = (data.findings || []).filter(matches);
     el.dataset.points = String(fs.length);
     if (!fs.length) {
-      el.innerHTML = '<p class="none">No finding for this selection: nothing stands out.</p>';
+      el.innerHTML = requests === 0
+        ? '<p class="none">No inference requests in the last ' + esc(w) + ' yet: nothing to judge.</p>'
+        : '<p class="none">No finding for this selection: nothing stands out.</p>';
       return;
     }
     const order = { critical: 0, warning: 1, info: 2 };
