@@ -671,7 +671,7 @@
   // series with the most disaggregated requests (`disagg` of /api/kpis), each with its share of
   // TTFT and its p50, grouped by pool; and each worker's requests and sub-phases. Hidden while
   // no selected series has disaggregated requests.
-  const PD_ALONG_TTFT = ['routing', 'prefill_queue', 'prefill', 'bootstrap', 'kv_transfer', 'decode_wait', 'first_token'];
+  const PD_ALONG_TTFT = ['routing', 'bootstrap', 'prefill_queue', 'prefill', 'kv_transfer', 'decode_wait', 'first_token'];
   function renderPd(snap) {
     const el = $('#pd');
     const series = ((snap && snap.series) || []).filter((s) => s.disagg && matches(s));
