@@ -377,7 +377,7 @@ pub mod metric {
 
     // The GenAI conventions' advisory buckets, each with a tail: past its last bound a
     // Prometheus `histogram_quantile` reads that bound, so an overloaded server's TTFT p99 of
-    // 15 s read exactly 10 s (an operator review). The tails reach what a queue in front of an
+    // 15 s would read exactly 10 s. The tails reach what a queue in front of an
     // engine can make of a request.
 
     /// Buckets of `gen_ai.server.request.duration`: 0.01 doubling to 81.92 s (the conventions'),

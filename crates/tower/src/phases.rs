@@ -194,7 +194,7 @@ mod tests {
     }
 
     /// A request that ended while it waited for a slot in the layer's admission queue: its
-    /// whole time is the queue, in either mode (a review saw it called `inference`).
+    /// whole time is the queue, in either mode.
     #[test]
     fn a_request_ended_in_the_admission_queue_is_all_queue() {
         for source in [PhaseSource::Engine, PhaseSource::Derived] {

@@ -11,8 +11,9 @@ use crate::report::Format;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Moderate load well within capacity: no latency rule should fire. The simulated GPU reads
-    /// nearly always busy, 97–100% (a continuously batching engine runs a step whenever a request is in flight,
-    /// which is what "GPU utilisation" counts), which is reported as an info-level note only.
+    /// nearly always busy, 97–100% (a continuously batching engine runs a step whenever a
+    /// request is in flight, which is what "GPU utilisation" counts), which is reported as an
+    /// info-level note only.
     Balanced,
     /// Arrivals beyond the engine's capacity with a small batch limit: queueing dominates while
     /// the engine steps back to back, so the diagnosis is `queue-dominated-gpu-saturated`.
@@ -46,9 +47,7 @@ impl Scenario {
         self.to_possible_value()
             .map_or_else(|| format!("{self:?}"), |v| v.get_name().to_owned())
     }
-}
 
-impl Scenario {
     /// Whether the scenario runs the disaggregated deployment.
     pub fn is_pd(self) -> bool {
         matches!(

@@ -882,10 +882,8 @@ impl TraceAssembler {
     /// the service that holds the largest `share` of them: a sender flooding the table (or the
     /// memory) with traces that never complete gives up its own, not a light sender's. Its age
     /// entry goes with it: left behind, the flooding sender's closed traces would pile up
-    /// behind a light sender's oldest trace until that one was all the window saw (a review
-    /// found every light trace closed so under a flood). Stale entries (traces closed another
-    /// way) are dropped at the front and passed over in the window, at most
-    /// [`FAIRNESS_SCAN`] of them in all.
+    /// behind a light sender's oldest trace until that one was all the window saw. Stale
+    /// entries (traces closed another way) are dropped at the front.
     fn oldest_of_the_largest_sender(&mut self, share: ShareOf) -> Option<TraceId> {
         while let Some(&(id, first)) = self.by_age.front() {
             if self.traces.get(&id).is_some_and(|t| t.first_seen == first) {
@@ -893,44 +891,50 @@ impl TraceAssembler {
             }
             self.by_age.pop_front();
         }
-        let oldest = {
-            // (service, its share of the window, the queue index of its oldest), in order of
-            // first appearance.
-            let mut senders: Vec<(&Text, usize, usize)> = Vec::new();
-            let mut live = 0;
-            for (at, &(id, first)) in self.by_age.iter().enumerate().take(FAIRNESS_SCAN) {
-                if live == FAIRNESS_WINDOW {
-                    break;
-                }
-                let Some(trace) = self.traces.get(&id).filter(|t| t.first_seen == first) else {
-                    continue;
-                };
-                live += 1;
-                let Some(service) = trace.spans.first().map(|s| &s.service) else {
-                    continue;
-                };
-                let weight = match share {
-                    ShareOf::Traces => 1,
-                    // Spans held, for their memory: O(1) under the lock, where summing each
-                    // span's footprint would walk up to 64 × `max_spans_per_trace` spans per
-                    // close.
-                    ShareOf::Memory => trace.spans.len(),
-                };
-                match senders.iter_mut().find(|(s, _, _)| *s == service) {
-                    Some(sender) => sender.1 += weight,
-                    None => senders.push((service, weight, at)),
-                }
+        let at = self.largest_senders_oldest(share)?;
+        self.by_age.remove(at).map(|(id, _)| id)
+    }
+
+    /// The age-queue index of the oldest trace of the service holding the largest `share` of
+    /// the [`FAIRNESS_WINDOW`] oldest live traces (stale entries passed over, at most
+    /// [`FAIRNESS_SCAN`] entries looked at).
+    fn largest_senders_oldest(&self, share: ShareOf) -> Option<usize> {
+        let live = self
+            .by_age
+            .iter()
+            .enumerate()
+            .take(FAIRNESS_SCAN)
+            .filter_map(|(at, (id, first))| {
+                let trace = self.traces.get(id).filter(|t| t.first_seen == *first)?;
+                Some((at, trace))
+            })
+            .take(FAIRNESS_WINDOW);
+        // (service, its share of the window, the index of its oldest), in order of first
+        // appearance.
+        let mut senders: Vec<(&Text, usize, usize)> = Vec::new();
+        for (at, trace) in live {
+            let Some(service) = trace.spans.first().map(|s| &s.service) else {
+                continue;
+            };
+            let weight = match share {
+                ShareOf::Traces => 1,
+                // Spans held, for their memory: O(1) under the lock, where summing each span's
+                // footprint would walk up to 64 × `max_spans_per_trace` spans per close.
+                ShareOf::Memory => trace.spans.len(),
+            };
+            match senders.iter_mut().find(|(s, _, _)| *s == service) {
+                Some(sender) => sender.1 += weight,
+                None => senders.push((service, weight, at)),
             }
-            // The largest; among equals the one seen first, whose oldest trace is the oldest.
-            let mut pick: Option<(usize, usize)> = None;
-            for &(_, count, at) in &senders {
-                if pick.is_none_or(|(most, _)| count > most) {
-                    pick = Some((count, at));
-                }
+        }
+        // The largest; among equals the one seen first, whose oldest trace is the oldest.
+        let mut pick: Option<(usize, usize)> = None;
+        for &(_, count, at) in &senders {
+            if pick.is_none_or(|(most, _)| count > most) {
+                pick = Some((count, at));
             }
-            pick.map(|(_, at)| at)
-        };
-        self.by_age.remove(oldest?).map(|(id, _)| id)
+        }
+        pick.map(|(_, at)| at)
     }
 
     /// Closes early the oldest `n` traces in flight (chosen as when the table is full, see

@@ -50,6 +50,17 @@ impl Problems {
     }
 }
 
+/// Checks `headers` as the client sending them will build them
+/// ([`header_map`](crate::client_tls::header_map)); a problem is placed at `path`.
+pub(super) fn check_headers(
+    headers: &std::collections::BTreeMap<String, String>,
+    path: &[&'static str],
+) -> Result<(), Invalid> {
+    crate::client_tls::header_map(headers)
+        .map(|_| ())
+        .map_err(|m| Invalid::new(path, m))
+}
+
 /// Checks that `url` is an `http://` or `https://` URL with a host; `headers_key` names the
 /// setting that takes the headers to send with it (where credentials belong).
 pub(super) fn check_http_url(url: &str, headers_key: &str) -> Result<(), String> {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::check::{Invalid, Problems, check_http_url};
+use super::check::{Invalid, Problems, check_headers, check_http_url};
 use crate::client_tls::{OptionNames, TlsClientConfig};
 use crate::duration::human_duration;
 
@@ -158,11 +158,7 @@ impl ForwardConfig {
                 "set without forward.endpoint: set the endpoint or remove forward.tls",
             );
         }
-        p.check(
-            crate::client_tls::header_map(&self.headers)
-                .map(|_| ())
-                .map_err(|m| Invalid::new(&["forward", "headers"], m)),
-        );
+        p.check(check_headers(&self.headers, &["forward", "headers"]));
         for (key, n) in [
             ("queue_size", self.queue_size),
             ("max_batch_spans", self.max_batch_spans),

@@ -240,7 +240,8 @@ impl TlsConfig {
         let now = now.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs() as i64;
         let file = self.cert_file.display();
         let (from, until) = (validity.not_before, validity.not_after);
-        if now > until.timestamp() {
+        let left = until.timestamp() - now;
+        if left < 0 {
             Some(format!(
                 "{key}.cert_file {file}: the certificate expired on {until}: clients refuse \
                  every handshake; replace the file and send SIGHUP"
@@ -250,8 +251,8 @@ impl TlsConfig {
                 "{key}.cert_file {file}: the certificate is not valid before {from}: clients \
                  refuse every handshake until then (is the clock right?)"
             ))
-        } else if until.timestamp() - now < CERTIFICATE_EXPIRY_WARNING.as_secs() as i64 {
-            let days = (until.timestamp() - now) / 86_400;
+        } else if left < CERTIFICATE_EXPIRY_WARNING.as_secs() as i64 {
+            let days = left / 86_400;
             Some(format!(
                 "{key}.cert_file {file}: the certificate expires on {until} (in {days} days): \
                  replace the file and send SIGHUP"

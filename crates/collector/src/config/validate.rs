@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use infertrace_analysis::alert::{AlertRule, AnomalyDetector};
 
-use super::check::{Invalid, Problems, check_http_url};
+use super::check::{Invalid, Problems, check_headers, check_http_url};
 use super::schema::CollectorConfig;
 use crate::store::Store;
 
@@ -408,11 +408,10 @@ impl CollectorConfig {
                 "set without alerts.alertmanager_url: set the URL or remove alertmanager_headers",
             );
         }
-        p.check(
-            crate::client_tls::header_map(&a.alertmanager_headers)
-                .map(|_| ())
-                .map_err(|m| Invalid::new(&["alerts", "alertmanager_headers"], m)),
-        );
+        p.check(check_headers(
+            &a.alertmanager_headers,
+            &["alerts", "alertmanager_headers"],
+        ));
     }
 }
 
