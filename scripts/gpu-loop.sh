@@ -44,7 +44,7 @@ OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:43
   $B/axum-server --gpu --max-batch 16 > /tmp/server.log 2>&1 & SP=$!
 load 40 & LP=$!
 sleep 6
-$B/loadgen --rate 8 --duration 25 2>&1 | tail -15
+$B/loadgen --rate 8 --duration 25s 2>&1 | tail -15
 kill -INT $SP; wait $SP
 sleep 4
 $B/infertrace report --url http://127.0.0.1:9464 > $O/report.txt 2>&1; echo "report rc=$?"

@@ -388,6 +388,9 @@ fn render_findings(v: Option<&Value>, out: &mut String) {
                     let fmt = |v: Option<f64>| match unit {
                         "s" => secs(v),
                         "ratio" => pct(v),
+                        "1/s" => v
+                            .filter(|x| x.is_finite())
+                            .map_or("-".into(), |x| format!("{x:.3}/s")),
                         _ => num(v, 3),
                     };
                     let th = f(e, &["threshold"])
@@ -606,7 +609,8 @@ mod tests {
                 "seconds": {"all": 7.0}, "share": {"all": 0.7, "p90": 0.5, "p99": 0.4}}]},
             "findings": [{"rule_id": "queue_dominated", "severity": "warning", "service": "svc",
                 "model": "m", "title": "queue dominates", "recommendation": "add replicas",
-                "evidence": [{"metric": "phase_share.p99.queue", "value": 0.5, "threshold": 0.4, "unit": "ratio"}]}]
+                "evidence": [{"metric": "phase_share.p99.queue", "value": 0.5, "threshold": 0.4, "unit": "ratio"},
+                             {"metric": "goodput.requests_per_second", "value": 0.26, "unit": "1/s"}]}]
         });
         let text = report_table(&report);
         assert!(text.contains("window 5m"), "{text}");
@@ -615,6 +619,10 @@ mod tests {
         assert!(text.contains("[WARNING] queue_dominated"), "{text}");
         assert!(
             text.contains("phase_share.p99.queue = 50% (threshold 40%)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("goodput.requests_per_second = 0.260/s"),
             "{text}"
         );
         assert!(text.contains("decode"), "{text}");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use infertrace_demo::loadgen::{self, Api, LengthDist, LoadConfig, Protocol};
 
-/// Open-loop load generator: Poisson arrivals at --rate per second for --duration seconds, prompt
+/// Open-loop load generator: Poisson arrivals at --rate per second for --duration, prompt
 /// and output lengths drawn from seeded distributions, over HTTP/SSE (OpenAI-compatible) or gRPC.
 /// Prints client-side TTFT, TPOT and end-to-end percentiles and outcome counts, to compare with
 /// what the server-side spans say.
@@ -31,9 +31,9 @@ struct Cli {
     /// Mean arrivals per second.
     #[arg(long, default_value_t = 10.0)]
     rate: f64,
-    /// Seconds during which requests arrive.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    /// How long requests arrive: `10s`, `500ms`, `2m`, or a bare number of seconds.
+    #[arg(long, default_value = "10s", value_parser = loadgen::parse_duration_arg)]
+    duration: Duration,
     /// Most requests in flight; arrivals beyond it are skipped (and counted).
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
@@ -52,17 +52,12 @@ struct Cli {
     /// Seed of arrivals and lengths.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 60.0)]
-    timeout: f64,
+    /// Per-request timeout: `60s`, `2m`, or a bare number of seconds.
+    #[arg(long, default_value = "60s", value_parser = loadgen::parse_duration_arg)]
+    timeout: Duration,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
-}
-
-fn secs(v: f64, flag: &str) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| anyhow::anyhow!("--{flag} must be a non-negative number of seconds"))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -76,14 +71,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         api: cli.api,
         model: cli.model,
         rate: cli.rate,
-        duration: secs(cli.duration, "duration")?,
+        duration: cli.duration,
         concurrency: cli.concurrency,
         prompt_tokens: cli.prompt_tokens,
         output_tokens: cli.output_tokens,
         stream: !cli.no_stream,
         ignore_eos: !cli.no_ignore_eos,
         seed: cli.seed,
-        timeout: secs(cli.timeout, "timeout")?,
+        timeout: cli.timeout,
     };
     let report = loadgen::run(&cfg, !cli.quiet).await?;
     print!("{report}");

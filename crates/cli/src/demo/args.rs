@@ -60,8 +60,8 @@ impl Scenario {
 /// Arguments of `infertrace demo`.
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// How long the load generator sends requests (e.g. 30s, 2m).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    /// How long the load generator sends requests (e.g. 30s, 2m, or a bare number of seconds).
+    #[arg(long, default_value = "30s", value_parser = infertrace_demo::loadgen::parse_duration_arg)]
     pub duration: Duration,
     /// Mean arrivals per second [default: the scenario's].
     #[arg(long)]

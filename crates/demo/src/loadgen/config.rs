@@ -29,6 +29,19 @@ pub enum Api {
     Completions,
 }
 
+/// Reads a command-line duration: humantime (`30s`, `500ms`, `2m`) or a bare number of seconds
+/// (`10`, `0.5`), so `loadgen` and `demo` take the same spellings.
+pub fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("{s:?} is not a non-negative number of seconds"));
+    }
+    humantime::parse_duration(t).map_err(|e| {
+        format!("invalid duration {s:?} ({e}); write e.g. \"10s\", \"500ms\", \"2m\" or seconds")
+    })
+}
+
 /// A load run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadConfig {
@@ -147,5 +160,16 @@ mod tests {
         }
         .schedule();
         assert_ne!(a, other);
+    }
+
+    #[test]
+    fn durations_read_as_humantime_or_seconds() {
+        assert_eq!(parse_duration_arg("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration_arg("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration_arg("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration_arg("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration_arg(" 0.5 "), Ok(Duration::from_millis(500)));
+        assert!(parse_duration_arg("-1").is_err());
+        assert!(parse_duration_arg("soon").unwrap_err().contains("10s"));
     }
 }

@@ -728,6 +728,7 @@
   function fmtUnit(v, unit) {
     if (unit === 's') return fmtSec(v);
     if (unit === 'ratio' || unit === '1') return fmtPct(v);
+    if (unit === '1/s') return fmtNum(v) + '/s';
     return fmtNum(v) + (unit ? ' ' + unit : '');
   }
 
