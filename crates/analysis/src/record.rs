@@ -334,6 +334,38 @@ pub const MAX_REQUEST_SECONDS: f64 = 86_400.0;
 pub const MAX_REQUEST_TOKENS: u64 = 1_000_000_000;
 
 impl RequestRecord {
+    /// Caps TTFT, queue, prefill, decode and inference at e2e: no part of a request outlasts
+    /// it. Spans that outlive their request (TGI's `queued` and `infer` after a cancelled
+    /// stream) or a host whose clock runs apart from the request's would otherwise report a
+    /// phase longer than the request. A derived TPOT of a capped decode is derived again.
+    pub fn cap_at_e2e(&mut self) {
+        let e2e = self.e2e;
+        let mut decode_capped = false;
+        for (i, v) in [
+            &mut self.decode,
+            &mut self.queue,
+            &mut self.prefill,
+            &mut self.ttft,
+            &mut self.inference,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if let Some(x) = v
+                && *x > e2e
+            {
+                *x = e2e;
+                decode_capped |= i == 0;
+            }
+        }
+        if decode_capped
+            && self.origins.tpot == Some(PhaseOrigin::Derived)
+            && let (Some(d), Some(n)) = (self.decode, self.output_tokens)
+        {
+            self.tpot = tpot_from(d, n);
+        }
+    }
+
     /// Why this record cannot be true and must stay out of the aggregates: `"duration"` when
     /// its end-to-end time, its span's own length (which the critical path walks, where a
     /// dialect reads e2e from an attribute) or a phase passes [`MAX_REQUEST_SECONDS`],
@@ -447,6 +479,35 @@ impl RequestRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// TGI's `queued` span outlives a stream cancelled while it waited: 1.198 s of queue in a
+    /// 0.799 s request (a review's trace). Nothing outlasts the request; a derived TPOT
+    /// follows its capped decode, a measured one stays.
+    #[test]
+    fn phases_are_capped_at_e2e() {
+        let mut r = RequestRecord::new(
+            TraceId([1; 16]),
+            SpanId([1; 8]),
+            Text::from("tgi"),
+            Dialect::Tgi,
+            0,
+            799_000_000,
+        );
+        (r.queue, r.prefill, r.ttft) = (Some(1.198), Some(0.2), Some(0.9));
+        (r.decode, r.output_tokens) = (Some(1.5), Some(11));
+        (r.tpot, r.origins.tpot) = (tpot_from(1.5, 11), Some(PhaseOrigin::Derived));
+        r.cap_at_e2e();
+        assert_eq!(
+            (r.queue, r.prefill, r.ttft),
+            (Some(0.799), Some(0.2), Some(0.799))
+        );
+        assert_eq!(r.decode, Some(0.799));
+        assert_eq!(r.tpot, tpot_from(0.799, 11));
+        r.decode = Some(2.0);
+        (r.tpot, r.origins.tpot) = (Some(0.5), Some(PhaseOrigin::Measured));
+        r.cap_at_e2e();
+        assert_eq!((r.decode, r.tpot), (Some(0.799), Some(0.5)));
+    }
 
     #[test]
     fn outcome_round_trips_and_serializes_lowercase() {

@@ -348,15 +348,18 @@ fn parse_errors_say_what_and_where() {
     }
     // Bad rules name the rule and the field.
     let err =
-        AlertEngine::from_config(&[rule("Ok", "e2e.p95 > 1s", Some("5 minutes"))]).unwrap_err();
+        AlertEngine::from_config(&[rule("Ok", "e2e.p95 > 1s", Some("5 parsecs"))]).unwrap_err();
     assert_eq!(
         (err.rule.as_str(), err.field, err.error.position),
         ("Ok", "for", 2)
     );
     assert!(
         err.to_string()
-            .starts_with("alert rule 'Ok', for: '5 minutes': column 3")
+            .starts_with("alert rule 'Ok', for: '5 parsecs': column 3")
     );
+    // `for:` takes the spellings of the config's other durations too.
+    assert!(AlertEngine::from_config(&[rule("Ok", "e2e.p95 > 1s", Some("5 minutes"))]).is_ok());
+    assert!(AlertEngine::from_config(&[rule("Ok", "e2e.p95 > 1s", Some("1min"))]).is_ok());
     let err = AlertEngine::from_config(&[rule("bad name", "e2e.p95 > 1s", None)]).unwrap_err();
     assert_eq!((err.field, err.error.position), ("name", 3));
     let err = AlertEngine::from_config(&[

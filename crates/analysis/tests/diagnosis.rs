@@ -143,6 +143,22 @@ fn helper_values_match_hand_computation() {
     assert!((decode_concurrency(&s).unwrap() - 10.0 * d).abs() < 1e-12);
 }
 
+/// Without a tail share (too few requests) the rule reads the share over all requests, and
+/// its title says so rather than speaking of the slowest 10 %.
+#[test]
+fn queue_dominated_over_all_requests_says_so() {
+    let mut s = balanced();
+    s.phase_share.p90 = None;
+    s.phase_share.all = share(0.6, 0.03, 0.37);
+    let f = run(&s);
+    let q = f
+        .iter()
+        .find(|f| f.rule_id.starts_with("queue-dominated"))
+        .expect("a queue finding");
+    assert_eq!(evidence(q, "phase_share.all.queue"), 0.6);
+    assert!(q.title.starts_with("Requests spend 60%"), "{}", q.title);
+}
+
 #[test]
 fn queue_dominated_with_saturated_gpu_is_capacity_bound() {
     let mut s = balanced();

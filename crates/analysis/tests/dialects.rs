@@ -478,6 +478,30 @@ fn tgi_with_linked_batches_reads_prefill_from_the_batch() {
     assert_eq!(r.origins.tpot, Some(PhaseOrigin::Derived));
 }
 
+/// TGI refuses a request before it records a timing field or queues it (a 422 validation
+/// error, a 429 full queue): the HTTP span is a generic request, in the series of the handler's
+/// operation with the requests TGI served (a review saw them alone under `unknown`, leaving the
+/// served series' error and rejection rates at 0).
+#[test]
+fn a_request_tgi_refused_counts_under_its_handlers_operation() {
+    for (status, handler, operation, outcome) in [
+        (422, "generate", "text_completion", Outcome::Error),
+        (429, "chat_completions", "chat", Outcome::Rejected),
+    ] {
+        let http = with(
+            span("POST /x", SpanKind::Server, 1, None, 0, 4),
+            vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, status)],
+        );
+        let handler = span(handler, SpanKind::Internal, 2, Some(1), 1, 3);
+        let r = one(&[http, handler]);
+        assert_eq!(r.dialect, Dialect::Generic);
+        assert_eq!((r.operation.as_str(), r.outcome), (operation, outcome));
+    }
+    // An unrelated server span keeps its unknown operation.
+    let other = span("POST /x", SpanKind::Server, 1, None, 0, 4);
+    assert_eq!(one(&[other]).operation, "unknown");
+}
+
 #[test]
 fn tgi_without_batches_uses_the_first_infer_span() {
     let r = one(&tgi_trace(false, true, 200));

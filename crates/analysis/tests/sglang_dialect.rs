@@ -96,6 +96,25 @@ fn pd_tree_is_one_request_with_every_sub_phase() {
     );
 }
 
+/// The decode side on a host whose clock runs apart (a review sent the same request with the
+/// decode host at +300 ms, −300 ms and +1.5 s: TTFT read 0.631, 0.031 and 1.831 s against a
+/// 0.734 s e2e). Its role span then lies outside the request, and its first token is read on
+/// the request's clock by moving that span's end to the request's end (998 → 1000 ms here).
+#[test]
+fn a_decode_host_with_its_own_clock_gives_the_first_token_on_the_requests() {
+    for skew_ms in [300i64, -300, 1500] {
+        let mut spans = pd().build();
+        for s in spans.iter_mut().filter(|s| s.service == "sglang-decode") {
+            s.start_unix_nano = s.start_unix_nano.saturating_add_signed(skew_ms * 1_000_000);
+            s.end_unix_nano = s.end_unix_nano.saturating_add_signed(skew_ms * 1_000_000);
+        }
+        let r = one(&spans);
+        assert_close(&format!("ttft at {skew_ms} ms"), r.ttft, 0.214);
+        assert_close(&format!("decode at {skew_ms} ms"), r.decode, 0.780);
+        assert_close(&format!("e2e at {skew_ms} ms"), Some(r.e2e), 1.0);
+    }
+}
+
 /// The slice a sub-phase comes from, on rank `tp`.
 type Locate = fn(&Tree, Option<i64>) -> usize;
 /// How the record reads a phase.
@@ -457,6 +476,25 @@ fn only_the_room_and_role_spans_are_detected() {
     assert_eq!(prepare.links.len(), 1, "handed over from the tokenizer");
 }
 
+/// One output token: no decode step, and a decode of 0 as vLLM and TGI read it (it was
+/// `None`, leaving such requests out of the decode percentiles).
+#[test]
+fn one_token_decodes_in_no_time() {
+    let mut t = plain();
+    t.slices.retain(|s| s.name != st::DECODE_LOOP);
+    t.roles[0]
+        .attributes
+        .retain(|(k, _)| *k != sc::gen_ai::USAGE_COMPLETION_TOKENS);
+    t.roles[0]
+        .attributes
+        .push(kept(sc::gen_ai::USAGE_COMPLETION_TOKENS, AttrValue::Int(1)));
+    let r = one(&t.build());
+    assert_eq!(r.output_tokens, Some(1));
+    assert_close("ttft", r.ttft, 0.080);
+    assert_close("decode", r.decode, 0.0);
+    assert_eq!(r.tpot, None, "TPOT needs two tokens");
+}
+
 #[test]
 fn plain_tree_gives_queue_prefill_ttft_and_decode() {
     let r = one(&plain().build());
@@ -583,6 +621,14 @@ fn two_requests_in_one_trace_are_two_records() {
 /// A PD trace whose decode side has `steps` decode steps on each of its two ranks.
 fn pd_with_decode_steps(steps: u64) -> Vec<Span> {
     let mut t = pd();
+    // The request lasts as long as its steps.
+    let end = 1_000 * MS + steps * MS + MS;
+    if let Some(room) = t.room.as_mut() {
+        room.end_us = end;
+    }
+    for role in t.roles.iter_mut().filter(|r| r.role != "prefill") {
+        role.end_us = end;
+    }
     for rank in [0, 1] {
         let th = t
             .threads
@@ -847,6 +893,8 @@ fn the_layer_on_each_pd_role_gives_one_record_with_the_sub_phases() {
     let r = one(&spans);
     assert_eq!(r.span_id, SpanId([10; 8]));
     assert_close("ttft (the decode worker's first token)", r.ttft, 0.206);
+    // The request goes on at the decode worker after the prefill worker's span ends.
+    assert_close("e2e (to the decode worker's end)", Some(r.e2e), 0.994);
     assert_close("decode", r.disagg.as_deref().unwrap().decode, 0.785);
 
     // Without the role attribute: one record per service, as before.

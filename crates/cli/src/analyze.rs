@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Args;
 use infertrace_analysis::critical_path::{
     CriticalPath, CriticalPathOptions, CriticalPathWindows, CriticalPathWindowsConfig,
-    critical_path, disaggregated_path,
+    aggregation_path, critical_path,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, diagnose_snapshot};
 use infertrace_analysis::dialect::extract_requests;
@@ -187,8 +187,9 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
     });
     for (record, path) in &done {
         kpis.record(record, record.end_unix_nano);
-        // A disaggregated request is aggregated along its sub-phases across services.
-        let across = disaggregated_path(record);
+        // A disaggregated request is aggregated along its sub-phases across services, an engine's
+        // attribute phases along those phases.
+        let across = aggregation_path(record, path.as_ref());
         if let Some(p) = across.as_ref().or(path.as_ref()) {
             cps.record(p, record.e2e, record.end_unix_nano);
         }

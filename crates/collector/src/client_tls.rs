@@ -197,6 +197,24 @@ const RESERVED: &[&str] = &[
     "grpc-accept-encoding",
 ];
 
+/// The most of a downstream's answer that is read: a partial-success message or an error text
+/// is far smaller, and a misbehaving server must not grow the collector's memory.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// An answer's body, read up to [`MAX_ANSWER_BYTES`]; `None` when it is longer or broken.
+pub async fn read_answer<B>(body: B) -> Option<bytes::Bytes>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use http_body_util::BodyExt;
+    http_body_util::Limited::new(body, MAX_ANSWER_BYTES)
+        .collect()
+        .await
+        .ok()
+        .map(|c| c.to_bytes())
+}
+
 /// `headers` as a header map, with `${NAME}` in values replaced by the environment variable
 /// `NAME`; an error names every header that is wrong and says what is wrong with it.
 pub fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
@@ -267,6 +285,18 @@ fn expand_env(value: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_answer_is_read_up_to_its_bound() {
+        use http_body_util::Full;
+        let small = Full::new(bytes::Bytes::from(vec![b'a'; MAX_ANSWER_BYTES]));
+        assert_eq!(
+            read_answer(small).await.map(|b| b.len()),
+            Some(MAX_ANSWER_BYTES)
+        );
+        let large = Full::new(bytes::Bytes::from(vec![b'a'; MAX_ANSWER_BYTES + 1]));
+        assert_eq!(read_answer(large).await, None);
+    }
 
     #[test]
     fn headers_expand_the_environment_and_refuse_what_cannot_be_sent() {

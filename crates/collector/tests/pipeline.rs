@@ -214,6 +214,27 @@ async fn vllm_over_otlp_json_gives_phases_from_attributes() {
         assert!((got - v).abs() <= 0.01 * v, "{key}: {got} vs {v}");
     }
     assert_eq!(s["tokens"]["output"], 21);
+    // The span has no child: its critical path is aggregated along its attribute phases, so
+    // no finding blames time outside the engine's phases.
+    let (_, cp) = get_json(c.api_addr, "/api/critical-path?window=1m").await;
+    let share = |name: &str| {
+        cp["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["span"] == name)
+            .map(|e| e["share"]["all"].as_f64().unwrap())
+    };
+    for (name, v) in [("queue", 0.12), ("prefill", 0.08), ("decode", 1.0)] {
+        let got = share(name).unwrap_or_default();
+        assert!((got - v / 1.2).abs() < 1e-3, "{name}: {got} ({cp})");
+    }
+    assert_eq!(share("llm_request"), None, "{cp}");
+    let (_, findings) = get_json(c.api_addr, "/api/findings?window=1m").await;
+    assert!(
+        !findings.to_string().contains("critical-path-hotspot"),
+        "{findings}"
+    );
     c.stop().await.unwrap();
 }
 

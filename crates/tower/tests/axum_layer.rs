@@ -499,13 +499,15 @@ async fn derived_non_streamed_emits_queue_and_inference_only() {
 async fn full_admission_queue_rejects_with_429() {
     let tel = Telemetry::new();
     let release = Arc::new(tokio::sync::Notify::new());
-    let held = Arc::clone(&release);
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (held, inside) = (Arc::clone(&release), Arc::clone(&entered));
     let app = Router::new()
         .route(
             "/v1/chat/completions",
             post(move || {
-                let held = Arc::clone(&held);
+                let (held, inside) = (Arc::clone(&held), Arc::clone(&inside));
                 async move {
+                    inside.notify_one();
                     held.notified().await;
                     "done"
                 }
@@ -514,7 +516,8 @@ async fn full_admission_queue_rejects_with_429() {
         .layer(tel.layer().admission(AdmissionConfig::new(1, 0)));
     let addr = serve_axum(app).await;
     let first = tokio::spawn(async move { send(addr, "/v1/chat/completions", &[], "{}").await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The first request holds the only slot once its handler runs.
+    entered.notified().await;
     let (status, headers, _) = send(addr, "/v1/chat/completions", &[], "{}").await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(headers.contains_key(header::RETRY_AFTER));
@@ -1010,16 +1013,16 @@ async fn sse_keep_alives_and_done_are_not_chunks() {
         let _ = rec;
         tokio::spawn(async move {
             for _ in 0..3 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 let _ = tx.send(Bytes::from_static(b": keep-alive\n\n")).await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let _ = tx.send(Bytes::from_static(b"data: a\n\n")).await;
             for _ in 0..2 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 let _ = tx.send(Bytes::from_static(b"data: b\n\n")).await;
             }
-            tokio::time::sleep(Duration::from_millis(40)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
             let _ = tx.send(Bytes::from_static(b":\n\n")).await;
             let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
         });
@@ -1032,13 +1035,14 @@ async fn sse_keep_alives_and_done_are_not_chunks() {
     let spans = tel.wait_for_requests(1).await;
     let req = requests(&spans)[0];
     assert_eq!(attr_i64(req, "infer.stream.chunks"), 3);
-    // The first data frame went out after 80 ms of keep-alives.
+    // The first data frame went out after 400 ms of keep-alives.
     let ttfc = attr_f64(req, "infer.time_to_first_chunk");
-    assert!(ttfc >= 0.075, "{ttfc}");
-    assert!(secs(child(&spans, req, "prefill").unwrap()) >= 0.075);
-    // Gaps between data frames (10 ms), not the keep-alives' 20 ms or the 40 ms before [DONE].
+    assert!(ttfc >= 0.395, "{ttfc}");
+    assert!(secs(child(&spans, req, "prefill").unwrap()) >= 0.395);
+    // Gaps between data frames (10 ms, however late a busy machine runs them: the bound is
+    // under the 100 ms between keep-alives and the 200 ms before [DONE]).
     let itl_max = attr_f64(req, "infer.inter_token_latency.max");
-    assert!(itl_max < 0.018, "{itl_max}");
+    assert!((0.009..0.095).contains(&itl_max), "{itl_max}");
 }
 
 /// A client gone while its request waits in the layer's admission queue: the wait is the
@@ -1048,12 +1052,15 @@ async fn sse_keep_alives_and_done_are_not_chunks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_gone_before_a_slot_or_an_answer_get_no_made_up_phase() {
     let tel = Telemetry::new();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let inside = Arc::clone(&entered);
     let app = Router::new()
         .route(
             "/v1/chat/completions",
-            post(|rec: RequestRecorder| async move {
-                // The engine queues it for 300 ms before scheduling it.
-                tokio::time::sleep(Duration::from_millis(300)).await;
+            post(move |rec: RequestRecorder| async move {
+                inside.notify_one();
+                // The engine queues it for a second before scheduling it.
+                tokio::time::sleep(Duration::from_millis(1000)).await;
                 rec.scheduled();
                 rec.tokens(1);
                 "done"
@@ -1065,10 +1072,10 @@ async fn clients_gone_before_a_slot_or_an_answer_get_no_made_up_phase() {
         let call = send(addr, "/v1/chat/completions", &[], "{}");
         let _ = tokio::time::timeout(Duration::from_millis(ms), call).await;
     };
-    // The first holds the slot and is dropped at 100 ms (the engine had not scheduled it); the
-    // second waits for the slot and is dropped at 60 ms.
-    let first = tokio::spawn(gone_after(100));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The first holds the slot and is dropped at 400 ms (the engine had not scheduled it); the
+    // second, sent once the first's handler runs, waits for the slot and is dropped at 60 ms.
+    let first = tokio::spawn(gone_after(400));
+    entered.notified().await;
     gone_after(60).await;
     first.await.unwrap();
     let spans = tel.wait_for_requests(2).await;
@@ -1084,7 +1091,7 @@ async fn clients_gone_before_a_slot_or_an_answer_get_no_made_up_phase() {
     // The second: 60 ms in the admission queue, all of it `queue`.
     assert_eq!(children_names(&spans, reqs[1]), ["queue"]);
     let queue = secs(child(&spans, reqs[1], "queue").unwrap());
-    assert!((0.055..0.2).contains(&queue), "{queue}");
+    assert!((0.055..0.3).contains(&queue), "{queue}");
 }
 
 /// The handler's own error kind stands when the body then fails (a review saw `body_error`).

@@ -56,11 +56,19 @@ fn grpc_response(rx: mpsc::Receiver<Frame<Bytes>>) -> Response<tonic::body::Body
 /// - `Pairs`: no marks; 2 frames of 2 messages each; `grpc-status: 0`.
 /// - `Fail`: 2 messages then `grpc-status: 13` in the trailers.
 /// - `Missing`: trailers-only response with `grpc-status: 5` in the headers.
-/// - `Hold`: waits for a notification, then answers like `Generate` without marks.
+/// - `Hold`: signals `Gate::entered`, waits for `Gate::release`, then answers like `Generate`
+///   without marks.
 /// - `Endless`: engine marks; a message every 10 ms until the client goes away.
 #[derive(Clone)]
 struct Generator {
-    hold: Arc<Notify>,
+    hold: Arc<Gate>,
+}
+
+/// Where a `Hold` call tells the test it has reached the service, and waits to be released.
+#[derive(Default)]
+struct Gate {
+    entered: Notify,
+    release: Notify,
 }
 
 impl tonic::server::NamedService for Generator {
@@ -98,7 +106,8 @@ impl tower::Service<Request<tonic::body::Body>> for Generator {
                 return Ok(r);
             }
             if method == "Hold" {
-                hold.notified().await;
+                hold.entered.notify_one();
+                hold.release.notified().await;
             }
             let (tx, rx) = mpsc::channel(8);
             tokio::spawn(async move {
@@ -167,7 +176,7 @@ impl tower::Service<Request<tonic::body::Body>> for Generator {
     }
 }
 
-async fn serve(layer: InferenceTraceLayer, hold: Arc<Notify>) -> SocketAddr {
+async fn serve(layer: InferenceTraceLayer, hold: Arc<Gate>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
@@ -325,19 +334,19 @@ async fn the_services_own_refusal_and_cancel_are_not_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_admission_queue_answers_resource_exhausted() {
     let tel = Telemetry::new();
-    let hold = Arc::new(Notify::new());
+    let hold = Arc::new(Gate::default());
     let addr = serve(
         tel.layer().admission(AdmissionConfig::new(1, 0)),
         Arc::clone(&hold),
     )
     .await;
     let first = tokio::spawn(async move { call(addr, "Hold").await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    hold.entered.notified().await;
     let (status, headers, frames, trailers) = call(addr, "Generate").await;
     assert_eq!((status, frames), (200, 0));
     assert_eq!(headers["grpc-status"], "8");
     assert!(trailers.is_none(), "trailers-only response");
-    hold.notify_one();
+    hold.release.notify_one();
     assert_eq!(first.await.unwrap().2, 3);
 
     let spans = tel.wait_for_requests(2).await;

@@ -509,15 +509,23 @@ impl fmt::Display for ParseError {
 impl std::error::Error for ParseError {}
 
 /// Parses a `for:` duration: `0`, `30s`, `5m`, `1h30m`, `500ms`, `1.5m` (units ns, us, µs, ms,
-/// s, m, h, d; a sequence of number-unit pairs is summed).
+/// s, m, h, d; a sequence of number-unit pairs is summed), and every spelling the rest of the
+/// collector's config takes (humantime: `1min`, `2hours`); the error is this grammar's.
 ///
 /// ```
 /// use std::time::Duration;
 /// use infertrace_analysis::alert::parse_duration;
 /// assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-/// assert!(parse_duration("5 minutes").is_err());
+/// assert_eq!(parse_duration("1min").unwrap(), Duration::from_secs(60));
+/// assert!(parse_duration("soon").is_err());
 /// ```
 pub fn parse_duration(input: &str) -> Result<Duration, ParseError> {
+    prometheus_style_duration(input)
+        .or_else(|e| humantime::parse_duration(input.trim()).map_err(|_| e))
+}
+
+/// [`parse_duration`]'s own grammar (Prometheus's units, with decimals).
+fn prometheus_style_duration(input: &str) -> Result<Duration, ParseError> {
     let mut p = Cursor::new(input);
     p.skip_ws();
     if p.at_end() {
@@ -791,8 +799,10 @@ mod tests {
         assert_eq!(parse_duration("1.5m").unwrap(), Duration::from_secs(90));
         let e = parse_duration("5").unwrap_err();
         assert_eq!((e.position, e.message.contains("unit")), (1, true));
-        let e = parse_duration("5 mins").unwrap_err();
+        let e = parse_duration("5 parsecs").unwrap_err();
         assert_eq!(e.position, 2);
+        // The spellings of the config's other durations (humantime).
+        assert_eq!(parse_duration("5 mins").unwrap(), Duration::from_secs(300));
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-5s").is_err());
     }

@@ -15,14 +15,16 @@
 //!
 //! The segments tile `[arrival, end]` of the record exactly: they are laid out from the
 //! arrival, each sub-phase cut at the first token (overlapping reports cannot push past it) and
-//! `decode` at the end. A sub-phase the trace did not tell is left out (its time becomes part of
-//! the hand-over). `decode_bootstrap` runs beside the prefill side and is not on the path.
+//! `decode` at the end. The prefill queue and prefill are the record's queue and prefill where
+//! the sub-phases do not tell them (TensorRT-LLM reports only the KV transfer beside its
+//! latency attributes). A sub-phase the trace did not tell is left out (its time becomes part
+//! of the hand-over). `decode_bootstrap` runs beside the prefill side and is not on the path.
 
 use std::sync::LazyLock;
 
 use infertrace_semconv::disagg as d;
 
-use super::path::{CriticalPath, Segment};
+use super::path::{CriticalPath, Tiling};
 use crate::record::RequestRecord;
 use crate::trace::Text;
 
@@ -47,7 +49,8 @@ static NAMES: LazyLock<[Text; 9]> = LazyLock::new(|| {
     .map(Text::leaked)
 });
 
-fn nanos(seconds: f64) -> u64 {
+/// `seconds` as whole nanoseconds; 0 for a negative or non-finite value.
+pub(super) fn nanos(seconds: f64) -> u64 {
     if seconds.is_finite() && seconds > 0.0 {
         (seconds * 1e9).round() as u64
     } else {
@@ -68,46 +71,32 @@ pub fn disaggregated_path(r: &RequestRecord) -> Option<CriticalPath> {
     let router = &r.service;
     let prefill = p.prefill_worker.as_ref().unwrap_or(router);
     let decode = p.decode_worker.as_ref().unwrap_or(router);
-    let mut segments: Vec<Segment> = Vec::with_capacity(10);
-    let mut t = start;
+    let mut path = Tiling::new(r.span_id, start);
     let names = &*NAMES;
-    let mut push = |t: &mut u64, until: u64, name: &Text, service: &Text| {
-        if until > *t {
-            segments.push(Segment {
-                span_id: r.span_id,
-                name: name.clone(),
-                service: service.clone(),
-                start_unix_nano: *t,
-                end_unix_nano: until,
-            });
-            *t = until;
-        }
-    };
     let along_ttft = [
         (router, p.routing),
         (prefill, p.bootstrap),
-        (prefill, p.prefill_queue),
-        (prefill, p.prefill),
+        (prefill, p.prefill_queue.or(r.queue)),
+        (prefill, p.prefill.or(r.prefill)),
         (prefill, p.kv_transfer),
         (decode, p.decode_wait),
         (decode, p.first_token),
     ];
     for (name, (service, secs)) in names.iter().zip(along_ttft) {
-        let until = t.saturating_add(secs.map_or(0, nanos)).min(first_token);
-        push(&mut t, until, name, service);
+        let until = path
+            .at()
+            .saturating_add(secs.map_or(0, nanos))
+            .min(first_token);
+        path.lay(until, name, service);
     }
-    push(&mut t, first_token, &names[8], router);
-    let decode_end = t
+    path.lay(first_token, &names[8], router);
+    let decode_end = path
+        .at()
         .saturating_add(p.decode.or(r.decode).map_or(0, nanos))
         .min(end);
-    push(&mut t, decode_end, &names[7], decode);
-    push(&mut t, end, &names[8], router);
-    Some(CriticalPath {
-        trace_id: r.trace_id,
-        root: r.span_id,
-        segments,
-        adjustments: Vec::new(),
-    })
+    path.lay(decode_end, &names[7], decode);
+    path.lay(end, &names[8], router);
+    Some(path.into_path(r.trace_id, r.span_id))
 }
 
 #[cfg(test)]

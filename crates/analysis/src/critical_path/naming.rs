@@ -2,13 +2,14 @@
 
 /// The name a span's critical seconds are aggregated under (the windows' and the Prometheus
 /// series' `span`): its name without a last word that is a request's id — `0x` and hex digits,
-/// or at least 8 hex digits — and without a trailing `(host:… | pid:…)`, so that spans named
+/// or at least 8 hex digits — and without a trailing `(host:… | pid:…)` (with or without a
+/// space before it: SGLang writes `Tokenizer(host:…)`), so that spans named
 /// per request or per process share one key. SGLang names them so: `"decode Req 1a2b3c4d"` →
 /// `"decode Req"`, `"Bootstrap Room 0x5f3e"` → `"Bootstrap Room"`,
 /// `"Scheduler [TP 1] (host:1a2b3c4d | pid:522)"` → `"Scheduler [TP 1]"`. One trace's path
 /// keeps the names as they are.
 pub fn aggregate_name(name: &str) -> &str {
-    if let Some((head, _)) = name.split_once(" (host:")
+    if let Some((head, _)) = name.split_once("(host:")
         && name.ends_with(')')
         && !head.trim().is_empty()
     {
@@ -45,6 +46,7 @@ mod tests {
                 "Scheduler [TP 1]",
             ),
             ("Tokenizer (host:1a2b3c4d | pid:7)", "Tokenizer"),
+            ("Tokenizer(host:1a2b3c4d | pid:100)", "Tokenizer"),
         ] {
             assert_eq!(aggregate_name(name), key, "{name:?}");
         }

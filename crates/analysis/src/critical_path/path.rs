@@ -73,3 +73,52 @@ impl CriticalPath {
         self.segments.iter().map(Segment::duration_nanos).sum()
     }
 }
+
+/// Lays the pieces of a path read from a record end to end, all owned by its span: each
+/// [`lay`](Self::lay) covers from where the last piece ended to `until` (nothing when `until`
+/// is not later).
+pub(super) struct Tiling {
+    span_id: SpanId,
+    at: u64,
+    segments: Vec<Segment>,
+}
+
+impl Tiling {
+    /// An empty path of `span_id` from `start`.
+    pub(super) fn new(span_id: SpanId, start: u64) -> Self {
+        Self {
+            span_id,
+            at: start,
+            segments: Vec::with_capacity(10),
+        }
+    }
+
+    /// Where the last piece ended.
+    pub(super) fn at(&self) -> u64 {
+        self.at
+    }
+
+    /// Lays a piece up to `until`, named `name` and owned by `service`.
+    pub(super) fn lay(&mut self, until: u64, name: &Text, service: &Text) {
+        if until > self.at {
+            self.segments.push(Segment {
+                span_id: self.span_id,
+                name: name.clone(),
+                service: service.clone(),
+                start_unix_nano: self.at,
+                end_unix_nano: until,
+            });
+            self.at = until;
+        }
+    }
+
+    /// The path of `trace_id` rooted at `root`.
+    pub(super) fn into_path(self, trace_id: TraceId, root: SpanId) -> CriticalPath {
+        CriticalPath {
+            trace_id,
+            root,
+            segments: self.segments,
+            adjustments: Vec::new(),
+        }
+    }
+}

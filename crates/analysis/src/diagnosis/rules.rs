@@ -155,8 +155,13 @@ impl Diagnoser<'_> {
                 "ratio",
             ));
         }
+        let who = if tail == "p90" {
+            "The slowest 10% of requests spend"
+        } else {
+            "Requests spend"
+        };
         let queued = format!(
-            "The slowest 10% of requests spend {} of their latency waiting in the queue (threshold {})",
+            "{who} {} of their latency waiting in the queue (threshold {})",
             pct(share.queue),
             pct(self.c.queue_share_max)
         );

@@ -118,8 +118,9 @@ pub fn extract_requests_into(spans: &[Span], out: &mut impl RecordSink) -> bool 
             Dialect::Sglang if sglang::is_request_tree(span) => sglang::refine(span, &trace, r),
             Dialect::Vllm | Dialect::Sglang => latency_attrs::refine(span, r),
             Dialect::Tgi => tgi::refine(span, &trace, r),
-            Dialect::Generic => {}
+            Dialect::Generic => tgi::name_generic(span, &trace, r),
         }
+        r.cap_at_e2e();
     }
     detected_any
 }

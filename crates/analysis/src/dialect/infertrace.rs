@@ -306,6 +306,17 @@ fn merge_workers<'a>(outer: &'a Span, trace: &TraceView<'a>, r: &mut RequestReco
             decode_from_worker = true;
         }
     }
+    // A prefill worker's span standing for the request (no router traced) ends with its own
+    // part; the request goes on at the decode worker, until that one's end.
+    if is_worker(outer)
+        && let Some(w) = decode
+        && w.end_unix_nano > r.end_unix_nano
+    {
+        r.end_unix_nano = w.end_unix_nano;
+        r.e2e = r
+            .e2e
+            .max(r.end_unix_nano.saturating_sub(r.arrival_unix_nano) as f64 / 1e9);
+    }
     // TPOT follows the decode worker's decode (or the workers' token count).
     if !own_tpot
         && (decode_from_worker || r.tpot.is_none())

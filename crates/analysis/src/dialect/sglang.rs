@@ -51,7 +51,10 @@
 //!   first token at the end of the decode side's `fake_output` (the prebuilt step that emits
 //!   the token the prefill side computed), else at the start of its first `decode_loop` (else
 //!   `decode_forward`); decode = first token → end of the decode side's last `decode_loop` /
-//!   `decode_forward`, else the role spans' `gen_ai.latency.time_in_model_decode`.
+//!   `decode_forward`, else the role spans' `gen_ai.latency.time_in_model_decode`. The decode
+//!   side runs on another host: when its role span does not lie within the request, its clock
+//!   is taken to run apart and its first token is moved by what puts that span's end at the
+//!   request's end (its durations need no move).
 //!   Sub-phases ([`DisaggPhases`]): routing = `mini_lb_launch`, bootstrap =
 //!   `prefill_bootstrap`, prefill queue = `prefill_waiting`, prefill = `prefill_forward`,
 //!   KV transfer = `prefill_transfer_kv_cache`, decode bootstrap = `decode_bootstrap`,
@@ -484,6 +487,7 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     let pd = tree.has_kind(Kind::Prefill) || tree.has_kind(Kind::Decode);
 
     let (first_token_at, last_token_at);
+    let mut first_token_offset = 0;
     if pd {
         let (p, d) = (Kind::Prefill, Kind::Decode);
         let mut phases = DisaggPhases {
@@ -522,6 +526,9 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
             .map(|o| o.first_end)
             .or_else(|| tree.stage(d, Stage::DecodeLoop).map(|o| o.min_start))
             .or_else(|| tree.stage(d, Stage::DecodeForward).map(|o| o.min_start));
+        // TTFT reads the first token on the request's clock: the decode side runs on another
+        // host (its durations need no move).
+        first_token_offset = decode_clock_offset(&tree, arrival, r.end_unix_nano);
         last_token_at = last_decode_end(&tree, d);
         phases.decode = first_token_at
             .zip(last_token_at)
@@ -553,11 +560,20 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
             phases.decode = r.decode;
         }
     }
+    if r.decode.is_none() && r.output_tokens == Some(1) && first_token_at.is_some() {
+        // One token: its first is its last, no decode step (vLLM and TGI say 0 too).
+        r.decode = Some(0.0);
+        if let Some(phases) = r.disagg.as_deref_mut() {
+            phases.decode = r.decode;
+        }
+    }
     r.origins.queue = measured(r.queue);
     r.origins.prefill = measured(r.prefill);
     r.origins.decode = measured(r.decode);
 
-    r.ttft = first_token_at.and_then(|f| secs(arrival, f));
+    r.ttft = first_token_at
+        .map(|f| f.saturating_add_signed(first_token_offset))
+        .and_then(|f| secs(arrival, f));
     r.origins.ttft = measured(r.ttft);
     if r.ttft.is_none()
         && let Some(t) = tree
@@ -571,6 +587,20 @@ pub fn refine(unit: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if let (Some(d), Some(n)) = (r.decode, r.output_tokens) {
         r.tpot = tpot_from(d, n);
         r.origins.tpot = r.tpot.map(|_| PhaseOrigin::Derived);
+    }
+}
+
+/// Nanoseconds to add to the decode side's times to read them on the request's clock. 0 while
+/// its role span lies within the request (the clocks agree, or disagree by less than the
+/// margins); else the shift that puts its end at the request's end (the decode side emits the
+/// last token, and the request ends when it is relayed) — its host's clock runs apart, and
+/// its first token would otherwise be taken before the arrival or after the end.
+fn decode_clock_offset(tree: &Tree<'_>, arrival: u64, end: u64) -> i64 {
+    match tree.role(Kind::Decode) {
+        Some(role) if role.start_unix_nano < arrival || role.end_unix_nano > end => {
+            i64::try_from(i128::from(end) - i128::from(role.end_unix_nano)).unwrap_or(0)
+        }
+        _ => 0,
     }
 }
 

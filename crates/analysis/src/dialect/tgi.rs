@@ -25,7 +25,9 @@
 //! - outcome: as every dialect's; a span without any timing field and without an error (TGI
 //!   records them once it has served the request) is a stream its client dropped: cancelled.
 //! - operation: `chat_completions` → `chat`, the others → `text_completion`; model from
-//!   `gen_ai.*` attributes if any, else `unknown` (TGI serves one model per router).
+//!   `gen_ai.*` attributes if any, else `unknown` (TGI serves one model per router). A request
+//!   TGI refused before recording any timing field (a 422, a 429) is a generic request; its
+//!   operation is still its handler's ([`name_generic`]), so it counts in the same series.
 
 use infertrace_semconv as sc;
 
@@ -99,6 +101,25 @@ pub fn parse_duration(s: &str) -> Option<f64> {
     total.is_finite().then_some(total)
 }
 
+/// Names the operation of `r`, a generic request's record, when its span or one of its children
+/// is a TGI handler: TGI refuses a request (a validation error, a full queue) before it records
+/// any timing field, so its span is read as a generic request, and without this its
+/// `unknown` operation put it in another series than the requests TGI served, whose error and
+/// rejection rates then never counted it.
+pub fn name_generic(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
+    if r.operation != crate::record::UNKNOWN {
+        return;
+    }
+    let handler = if is_request_name(&span.name) {
+        Some(span)
+    } else {
+        trace.children(span).find(|c| is_request_name(&c.name))
+    };
+    if let Some(h) = handler {
+        r.operation = operation_of(h).into();
+    }
+}
+
 /// A TGI timing field in seconds: a duration string, or a number of seconds.
 pub fn field_seconds(span: &Span, key: &str) -> Option<f64> {
     match span.attr(key)? {
@@ -107,15 +128,20 @@ pub fn field_seconds(span: &Span, key: &str) -> Option<f64> {
     }
 }
 
+/// The operation of a TGI handler: `chat_completions` → `chat`, the others →
+/// `text_completion`.
+fn operation_of(handler: &Span) -> &'static str {
+    if handler.name == "chat_completions" {
+        sc::gen_ai::operation::CHAT
+    } else {
+        sc::gen_ai::operation::TEXT_COMPLETION
+    }
+}
+
 /// Completes `r`, the base record (common to every dialect) of a TGI request span.
 pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if r.operation == crate::record::UNKNOWN {
-        r.operation = if span.name == "chat_completions" {
-            sc::gen_ai::operation::CHAT
-        } else {
-            sc::gen_ai::operation::TEXT_COMPLETION
-        }
-        .into();
+        r.operation = operation_of(span).into();
     }
     // TGI records its timing fields when it has served a request; a span that ended without
     // them and without an error is a stream its client dropped.

@@ -7,9 +7,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::client_tls::HttpsConnector;
+use crate::client_tls::{self, HttpsConnector};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -223,17 +223,25 @@ impl Alertmanager {
             return false;
         };
         req.headers_mut().extend(self.headers.clone());
-        let sent = tokio::time::timeout(Duration::from_secs(10), self.client.request(req)).await;
+        // The answer's body is read within the same 10 s, and only its first 64 KiB.
+        let sent = tokio::time::timeout(Duration::from_secs(10), async {
+            let resp = self.client.request(req).await?;
+            let status = resp.status();
+            let body = if status.is_success() {
+                None
+            } else {
+                client_tls::read_answer(resp.into_body()).await
+            };
+            Ok::<_, hyper_util::client::legacy::Error>((status, body))
+        })
+        .await;
         match sent {
-            Ok(Ok(resp)) if resp.status().is_success() => true,
-            Ok(Ok(resp)) => {
-                let status = resp.status();
-                let text = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|c| String::from_utf8_lossy(&c.to_bytes()).into_owned())
-                    .unwrap_or_default();
+            Ok(Ok((status, _))) if status.is_success() => true,
+            Ok(Ok((status, body))) => {
+                let text = body.map_or_else(
+                    || "(over 64 KiB or broken)".to_owned(),
+                    |b| String::from_utf8_lossy(&b[..b.len().min(1024)]).into_owned(),
+                );
                 tracing::warn!(%status, body = %text, "Alertmanager refused alerts");
                 false
             }

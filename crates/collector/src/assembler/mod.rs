@@ -446,11 +446,12 @@ impl TraceAssembler {
                     if reopened.is_some() {
                         // Its spans that came just before it (a request's children end first)
                         // are taken back from the late spans not handed out yet (up to the
-                        // trace's bound).
+                        // trace's bound; those past it are counted dropped).
                         let (mut back, rest): (Vec<Span>, Vec<Span>) =
                             std::mem::take(&mut self.late)
                                 .into_iter()
                                 .partition(|s: &Span| s.trace_id == id);
+                        over_spans += back.len().saturating_sub(max_spans) as u64;
                         back.truncate(max_spans);
                         self.late = rest;
                         spans = back;
@@ -1288,6 +1289,25 @@ mod tests {
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].held.span_count(), 3);
         assert_eq!(events.late_spans.get(), 2);
+    }
+
+    #[test]
+    fn late_spans_past_the_bound_of_a_reopened_trace_are_counted_dropped() {
+        let cfg = AssemblerConfig {
+            max_spans_per_trace: 2,
+            ..Default::default()
+        };
+        let (mut a, events) = assembler(cfg);
+        let t0 = Instant::now();
+        a.push(vec![span(1, 1, "call")], None, t0);
+        assert_eq!(a.poll(t0 + secs(2.0)).completed.len(), 1);
+        let children: Vec<Span> = (2..6).map(|i| span(1, i, "decode")).collect();
+        a.push(children, None, t0 + secs(3.0));
+        a.push(vec![span(1, 9, "call")], None, t0 + secs(3.05));
+        assert_eq!(events.dropped("max_spans_per_trace"), 2);
+        let done = a.poll(t0 + secs(5.1)).completed;
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].held.span_count(), 3, "two taken back and the call");
     }
 
     /// The running sum of the traces' slack (which the tables' measure reads after every

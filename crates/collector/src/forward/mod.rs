@@ -48,7 +48,8 @@
 //!
 //! **Sending.** Up to `max_in_flight` batches are sent at a time; each attempt (connecting
 //! included) is bounded by `timeout`, so a downstream that accepts connections and never answers
-//! costs one timeout per attempt. Retryable failures (timeouts, connection errors, gRPC
+//! costs one timeout per attempt; of an OTLP/HTTP answer at most 64 KiB is read
+//! ([`client_tls::read_answer`]; gRPC answers are bounded by tonic's 4 MiB). Retryable failures (timeouts, connection errors, gRPC
 //! `UNAVAILABLE`, `RESOURCE_EXHAUSTED`, …; HTTP 429/502/503/504) are retried with exponential
 //! backoff (`retry.initial_backoff` doubling up to `retry.max_backoff`, each wait drawn between
 //! half and all of it, a `Retry-After` honoured up to `max_backoff`) while the spans are younger
@@ -70,7 +71,7 @@ use std::time::Duration;
 use crate::client_tls::HttpsConnector;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::uri::PathAndQuery;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -895,14 +896,9 @@ impl Exporter {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .map(Duration::from_secs);
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes())
-                    .unwrap_or_default();
+                let body = client_tls::read_answer(resp.into_body()).await;
                 if status.is_success() {
-                    return Ok(rejected_spans(body));
+                    return Ok(body.map_or(0, rejected_spans));
                 }
                 let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
                 Err(ExportFailure {

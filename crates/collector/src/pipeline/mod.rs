@@ -53,7 +53,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{
-    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, disaggregated_path,
+    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, aggregation_path,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
 use infertrace_analysis::dialect;
@@ -802,9 +802,10 @@ impl Pipeline {
                 // The KPI windows and the exporter apply the same cap to the same labels.
                 a.prom.record(record);
                 // A disaggregated request's time is aggregated along its sub-phases across the
-                // services (the span tree gives it all to the router's waiting span); its span
+                // services (the span tree gives it all to the router's waiting span), a request
+                // whose engine reports its phases as attributes along those phases; the span
                 // path stays what the waterfall and the store show.
-                let across = disaggregated_path(record);
+                let across = aggregation_path(record, path.as_ref());
                 if let Some(p) = across.as_ref().or(path.as_ref()) {
                     a.critical.record(p, record.e2e, now_unix_nano);
                     // Keys the windows reclaimed leave the exporter too (same cap, same keys).
