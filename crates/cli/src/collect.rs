@@ -95,22 +95,35 @@ pub struct CheckConfigArgs {
 }
 
 /// Loads the config file (or the defaults) and applies the command-line overrides.
+///
+/// A file is checked as `check-config` checks it, with the flags applied first (so that
+/// `--no-store` makes the file's store settings moot for both), and every problem is given.
 pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
-    let mut config = match &args.config {
-        Some(path) => CollectorConfig::from_file(path).map_err(|e| anyhow::anyhow!("{e}"))?,
-        None => CollectorConfig::default(),
+    let adjust = |config: &mut CollectorConfig| {
+        args.listeners.apply(config);
+        if let Some(dir) = &args.data_dir {
+            config.store.data_dir = dir.clone();
+            config.store.enabled = true;
+        }
+        if args.no_store {
+            config.store.enabled = false;
+        }
+        if let Some(file) = &args.tokens_file {
+            config.auth.tokens_file = Some(file.clone());
+        }
     };
-    args.listeners.apply(&mut config);
-    if let Some(dir) = &args.data_dir {
-        config.store.data_dir = dir.clone();
-        config.store.enabled = true;
-    }
-    if args.no_store {
-        config.store.enabled = false;
-    }
-    if let Some(file) = &args.tokens_file {
-        config.auth.tokens_file = Some(file.clone());
-    }
+    let joined = |errors: Vec<_>| {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("{}", lines.join("\n"))
+    };
+    let config = match &args.config {
+        Some(path) => CollectorConfig::from_file_adjusted(path, adjust).map_err(joined)?,
+        None => {
+            let mut config = CollectorConfig::default();
+            adjust(&mut config);
+            config
+        }
+    };
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;

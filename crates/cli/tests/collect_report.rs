@@ -144,6 +144,37 @@ fn sigterm_flushes_traces_in_flight() {
     assert!(err.contains("3 traces in flight were closed"), "{err}");
 }
 
+/// `collect` loads its file as `check-config` checks it, flags first: `--no-store` makes the
+/// file's store settings moot for both (a review: `collect --no-store` refused
+/// `store.flush_interval: 0s`, which `check-config --no-store` passed), and every problem is
+/// given with its line.
+#[test]
+fn collect_refuses_what_check_config_refuses_with_the_flags_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.yaml");
+    std::fs::write(
+        &file,
+        "store:\n  flush_interval: 0s\nlimits:\n  soft_limit_percent: 0\nassembly:\n  max_age: 0s\n",
+    )
+    .unwrap();
+    for command in ["collect", "check-config"] {
+        let mut cmd = bin();
+        cmd.args([command, "--no-store"]);
+        if command == "collect" {
+            cmd.arg("-c");
+        }
+        let out = cmd.arg(&file).output().unwrap();
+        assert!(!out.status.success(), "{command}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("flush_interval"), "{command}: {err}");
+        assert!(
+            err.contains("c.yaml:4:") && err.contains("limits.soft_limit_percent"),
+            "{command}: {err}"
+        );
+        assert!(err.contains("assembly.max_age"), "{command}: {err}");
+    }
+}
+
 #[test]
 fn check_config_reports_every_problem_with_its_line() {
     let dir = tempfile::tempdir().unwrap();

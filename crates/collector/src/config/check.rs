@@ -8,22 +8,82 @@ use std::fmt;
 pub struct Invalid {
     /// Key path, e.g. `["assembly", "grace"]`.
     pub path: Vec<&'static str>,
+    /// The list item the path goes through, when it does: after `path[..depth]`, item `index`
+    /// (`alerts.rules[2].expr` is `["alerts", "rules", "expr"]` with `Some((2, 2))`).
+    pub item: Option<(usize, usize)>,
     /// What is wrong and what to do.
     pub message: String,
+}
+
+/// One step of a key path: a map's key, or a list's item (from 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step<K> {
+    /// A map's key.
+    Key(K),
+    /// A list's item.
+    Item(usize),
+}
+
+/// `steps` written as the messages write key paths: `assembly.grace`, `alerts.rules[2].expr`.
+pub(super) fn key_path<K: AsRef<str>>(steps: &[Step<K>]) -> String {
+    let mut out = String::new();
+    for step in steps {
+        match step {
+            Step::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k.as_ref());
+            }
+            Step::Item(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
 }
 
 impl Invalid {
     pub(super) fn new(path: &[&'static str], message: impl Into<String>) -> Self {
         Self {
             path: path.to_vec(),
+            item: None,
             message: message.into(),
         }
+    }
+
+    /// A problem at `field` of item `index` of the list at `list`.
+    pub(super) fn in_item(
+        list: &[&'static str],
+        index: usize,
+        field: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        let mut path = list.to_vec();
+        path.push(field);
+        Self {
+            path,
+            item: Some((list.len(), index)),
+            message: message.into(),
+        }
+    }
+
+    /// The path's steps, the list item in its place.
+    pub(super) fn steps(&self) -> Vec<Step<&'static str>> {
+        let mut steps: Vec<Step<&'static str>> = self.path.iter().map(|k| Step::Key(*k)).collect();
+        if let Some((depth, index)) = self.item {
+            steps.insert(depth.min(steps.len()), Step::Item(index));
+        }
+        steps
+    }
+
+    /// The key path as a file writes it: `assembly.grace`, `alerts.rules[2].expr`.
+    pub fn key(&self) -> String {
+        key_path(&self.steps())
     }
 }
 
 impl fmt::Display for Invalid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.join("."), self.message)
+        write!(f, "{}: {}", self.key(), self.message)
     }
 }
 
@@ -36,6 +96,17 @@ impl Problems {
     /// Adds a problem at `path`.
     pub(super) fn add(&mut self, path: &[&'static str], message: impl Into<String>) {
         self.0.push(Invalid::new(path, message));
+    }
+
+    /// Adds a problem at `field` of item `index` of the list at `list`.
+    pub(super) fn add_in_item(
+        &mut self,
+        list: &[&'static str],
+        index: usize,
+        field: &'static str,
+        message: impl Into<String>,
+    ) {
+        self.0.push(Invalid::in_item(list, index, field, message));
     }
 
     /// Adds `result`'s problem, if it has one; whether it had none.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::Path;
 
-use super::check::Invalid;
+use super::check::{self, Invalid, key_path};
 use super::location::{locate, strip_location};
 use super::schema::CollectorConfig;
 
@@ -59,6 +59,27 @@ impl CollectorConfig {
         path: &Path,
         adjust: impl FnOnce(&mut Self),
     ) -> Result<(Self, Vec<ConfigError>), Vec<ConfigError>> {
+        Self::check_file_reaching(path, adjust, true)
+    }
+
+    /// [`check_file`](Self::check_file) without the look at the history store (which `collect`
+    /// opens right after): what `collect` loads its file with, so that it refuses exactly what
+    /// `check-config` refuses, flags applied first.
+    pub fn from_file_adjusted(
+        path: &Path,
+        adjust: impl FnOnce(&mut Self),
+    ) -> Result<Self, Vec<ConfigError>> {
+        match Self::check_file_reaching(path, adjust, false) {
+            Ok((config, problems)) if problems.is_empty() => Ok(config),
+            Ok((_, problems)) | Err(problems) => Err(problems),
+        }
+    }
+
+    fn check_file_reaching(
+        path: &Path,
+        adjust: impl FnOnce(&mut Self),
+        disk: bool,
+    ) -> Result<(Self, Vec<ConfigError>), Vec<ConfigError>> {
         let (text, name) = read(path).map_err(|e| vec![e])?;
         let (mut config, mut problems) = match Self::parse_unvalidated(&text, &name) {
             Ok(config) => (config, Vec::new()),
@@ -71,17 +92,25 @@ impl CollectorConfig {
         adjust(&mut config);
         let after = serde_yaml_ng::to_value(&config).ok();
         // A value `adjust` changed (a command-line flag) is no line of the file's.
-        let adjusted = |path: &[&str]| {
+        let adjusted = |path: &[check::Step<&str>]| {
             let at = |v: &Option<serde_yaml_ng::Value>| {
                 path.iter()
-                    .try_fold(v.as_ref()?, |v, key| v.get(*key))
+                    .try_fold(v.as_ref()?, |v, step| match step {
+                        check::Step::Key(key) => v.get(*key),
+                        check::Step::Item(i) => v.get(*i),
+                    })
                     .cloned()
             };
             at(&before) != at(&after)
         };
-        problems.extend(config.problems().into_iter().map(|v| {
-            if adjusted(&v.path) {
-                let key = v.path.join(".");
+        let found = if disk {
+            config.problems()
+        } else {
+            config.value_problems()
+        };
+        problems.extend(found.into_iter().map(|v| {
+            if adjusted(&v.steps()) {
+                let key = v.key();
                 ConfigError {
                     file: name.clone(),
                     line: None,
@@ -125,28 +154,8 @@ impl CollectorConfig {
 /// Most keys [`every_parse_error`] reports.
 const MAX_PARSE_ERRORS: usize = 50;
 
-/// One step of a key path: a map key or a list index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Step {
-    Key(String),
-    Index(usize),
-}
-
-/// `key` written as the messages write paths: `kpi.dimensions[1]`.
-fn path_string(key: &[Step]) -> String {
-    let mut out = String::new();
-    for step in key {
-        match step {
-            Step::Key(k) if out.is_empty() => out.push_str(k),
-            Step::Key(k) => {
-                out.push('.');
-                out.push_str(k);
-            }
-            Step::Index(i) => out.push_str(&format!("[{i}]")),
-        }
-    }
-    out
-}
+/// One step of a key path of the file, as the parser names it.
+type Step = check::Step<String>;
 
 /// `first` (the file's first error as the parser placed it) and every further key that cannot
 /// be read: the YAML read as a tree, the key that failed taken out of it, and the tree read
@@ -178,21 +187,14 @@ fn every_parse_error(
         };
         let key = failing_key(&e);
         let in_file = in_the_file(&key, &taken);
-        let path = path_string(&in_file);
+        let path = key_path(&in_file);
         if std::mem::take(&mut first_read) {
             // The tree's first failure is the file's, already reported with its place.
             if !errors[0].message.starts_with(&path) {
                 return (errors, None);
             }
         } else {
-            let steps: Vec<&str> = in_file
-                .iter()
-                .filter_map(|s| match s {
-                    Step::Key(k) => Some(k.as_str()),
-                    Step::Index(_) => None,
-                })
-                .collect();
-            let pos = locate(text, &steps);
+            let pos = locate(text, &in_file);
             errors.push(ConfigError {
                 file: file.to_owned(),
                 line: pos.map(|p| p.0),
@@ -203,7 +205,7 @@ fn every_parse_error(
         if errors.len() >= MAX_PARSE_ERRORS || !remove_key(&mut tree, &key) {
             return (errors, None);
         }
-        if let Some((Step::Index(i), list)) = in_file.split_last() {
+        if let Some((Step::Item(i), list)) = in_file.split_last() {
             taken.push((list.to_vec(), *i));
         }
     }
@@ -226,7 +228,7 @@ fn in_the_file(key: &[Step], taken: &[(Vec<Step>, usize)]) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::with_capacity(key.len());
     for step in key {
         let step = match step {
-            Step::Index(i) => {
+            Step::Item(i) => {
                 let mut gone: Vec<usize> = taken
                     .iter()
                     .filter(|(list, _)| *list == out)
@@ -239,7 +241,7 @@ fn in_the_file(key: &[Step], taken: &[(Vec<Step>, usize)]) -> Vec<Step> {
                         index += 1;
                     }
                 }
-                Step::Index(index)
+                Step::Item(index)
             }
             key => key.clone(),
         };
@@ -257,7 +259,7 @@ fn failing_key(e: &serde_path_to_error::Error<serde_yaml_ng::Error>) -> Vec<Step
         .iter()
         .map(|s| match s {
             Segment::Map { key } => Step::Key(key.clone()),
-            Segment::Seq { index } => Step::Index(*index),
+            Segment::Seq { index } => Step::Item(*index),
             Segment::Enum { variant } => Step::Key(variant.clone()),
             Segment::Unknown => Step::Key(String::new()),
         })
@@ -285,7 +287,7 @@ fn remove_key(tree: &mut serde_yaml_ng::Value, key: &[Step]) -> bool {
                 Some(n) => n,
                 None => return false,
             },
-            (Value::Sequence(s), Step::Index(i)) => match s.get_mut(*i) {
+            (Value::Sequence(s), Step::Item(i)) => match s.get_mut(*i) {
                 Some(n) => n,
                 None => return false,
             },
@@ -294,7 +296,7 @@ fn remove_key(tree: &mut serde_yaml_ng::Value, key: &[Step]) -> bool {
     }
     match (node, last) {
         (Value::Mapping(m), Step::Key(k)) => m.remove(k.as_str()).is_some(),
-        (Value::Sequence(s), Step::Index(i)) if *i < s.len() => {
+        (Value::Sequence(s), Step::Item(i)) if *i < s.len() => {
             s.remove(*i);
             true
         }
@@ -323,12 +325,12 @@ impl ConfigError {
     /// not set the key.
     pub fn at_key(path: &Path, key: &str, message: String) -> Self {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        let keys: Vec<&str> = key.split('.').collect();
+        let keys: Vec<check::Step<&str>> = key.split('.').map(check::Step::Key).collect();
         Self::placed(&text, path.display().to_string(), &keys, message)
     }
 
     /// `message` at the key `path` in `text`, when the file sets it.
-    fn placed(text: &str, file: String, path: &[&str], message: String) -> Self {
+    fn placed(text: &str, file: String, path: &[check::Step<&str>], message: String) -> Self {
         let pos = locate(text, path);
         Self {
             file,
@@ -343,7 +345,8 @@ impl ConfigError {
 /// the key path unless it already names a key below it (`forward.tls.ca_file …` under
 /// `forward.tls`).
 fn located(text: &str, file: &str, v: Invalid) -> ConfigError {
-    let key = v.path.join(".");
+    let key = v.key();
+    let steps = v.steps();
     let names_a_key_below = v
         .message
         .strip_prefix(key.as_str())
@@ -353,7 +356,7 @@ fn located(text: &str, file: &str, v: Invalid) -> ConfigError {
     } else {
         format!("{key}: {}", v.message)
     };
-    ConfigError::placed(text, file.to_owned(), &v.path, message)
+    ConfigError::placed(text, file.to_owned(), &steps, message)
 }
 
 /// `message` led by the whole key path of what failed (`assembly.grace: invalid duration …`):
@@ -409,6 +412,23 @@ mod tests {
             got[2].starts_with("5:forward.protocl: unknown field"),
             "{got:?}"
         );
+    }
+
+    /// A problem of a list's item is placed at that item, and its key says which (a review:
+    /// the second rule's bad `expr` was placed at the first rule's, as `alerts.rules.expr`).
+    #[test]
+    fn a_problem_of_a_list_item_is_placed_at_that_item() {
+        let got = problems_of(
+            "alerts:\n  rules:\n    - name: Good\n      expr: e2e.p95 > 1s\n    - name: Bad\n      \
+             severity: warning\n      expr: e2e.p95 >> 1s\n    - { name: Flow, expr: ttft.p99 >> 1 }\n",
+        );
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].starts_with("7:alerts.rules[1].expr"), "{got:?}");
+        assert!(got[1].starts_with("8:alerts.rules[2].expr"), "{got:?}");
+        let got = problems_of(
+            "alerts:\n  rules:\n    - name: Twice\n      expr: e2e.p95 > 1s\n    - name: Twice\n      expr: e2e.p99 > 1s\n",
+        );
+        assert!(got[0].starts_with("5:alerts.rules[1].name"), "{got:?}");
     }
 
     /// A value a command-line flag set is not blamed on the file's line for that key.

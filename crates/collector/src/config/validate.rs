@@ -69,6 +69,11 @@ impl CollectorConfig {
         self.found(Reach::Disk)
     }
 
+    /// Every problem [`validate`](Self::validate) would report (no look at the disk).
+    pub(super) fn value_problems(&self) -> Vec<Invalid> {
+        self.found(Reach::Values)
+    }
+
     fn found(&self, reach: Reach) -> Vec<Invalid> {
         let mut problems = Problems::default();
         for check in SECTIONS {
@@ -366,13 +371,15 @@ impl CollectorConfig {
         for (i, rule) in a.rules.iter().enumerate() {
             // Said once per name, at its second use.
             if a.rules[..i].iter().filter(|r| r.name == rule.name).count() == 1 {
-                p.add(
-                    &["alerts", "rules", "name"],
+                p.add_in_item(
+                    &["alerts", "rules"],
+                    i,
+                    "name",
                     format!("rule name {:?} is used more than once", rule.name),
                 );
             }
             if let Err(e) = AlertRule::compile(rule) {
-                p.add(&["alerts", "rules", e.field], e.to_string());
+                p.add_in_item(&["alerts", "rules"], i, e.field, e.to_string());
             }
         }
         if let Err(e) = AnomalyDetector::new(a.anomaly.clone()) {
