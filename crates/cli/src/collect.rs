@@ -94,20 +94,36 @@ pub struct CheckConfigArgs {
     pub listeners: ListenerArgs,
 }
 
+/// Applies the listen addresses and store flags of the command line over the file's, as
+/// `collect` and `check-config` both do.
+fn apply_flags(
+    config: &mut CollectorConfig,
+    listeners: &ListenerArgs,
+    data_dir: Option<&PathBuf>,
+    no_store: bool,
+) {
+    listeners.apply(config);
+    if let Some(dir) = data_dir {
+        config.store.data_dir = dir.clone();
+        config.store.enabled = true;
+    }
+    if no_store {
+        config.store.enabled = false;
+    }
+}
+
 /// Loads the config file (or the defaults) and applies the command-line overrides.
 ///
 /// A file is checked as `check-config` checks it, with the flags applied first (so that
 /// `--no-store` makes the file's store settings moot for both), and every problem is given.
 pub fn load_config(args: &CollectArgs) -> anyhow::Result<CollectorConfig> {
     let adjust = |config: &mut CollectorConfig| {
-        args.listeners.apply(config);
-        if let Some(dir) = &args.data_dir {
-            config.store.data_dir = dir.clone();
-            config.store.enabled = true;
-        }
-        if args.no_store {
-            config.store.enabled = false;
-        }
+        apply_flags(
+            config,
+            &args.listeners,
+            args.data_dir.as_ref(),
+            args.no_store,
+        );
         if let Some(file) = &args.tokens_file {
             config.auth.tokens_file = Some(file.clone());
         }
@@ -359,14 +375,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     // Every problem is printed, not only the file's first: one run shows what to fix
     // everywhere.
     let as_collect_runs_it = |c: &mut CollectorConfig| {
-        args.listeners.apply(c);
-        if let Some(dir) = &args.data_dir {
-            c.store.data_dir = dir.clone();
-            c.store.enabled = true;
-        }
-        if args.no_store {
-            c.store.enabled = false;
-        }
+        apply_flags(c, &args.listeners, args.data_dir.as_ref(), args.no_store);
     };
     let (mut config, problems) = match CollectorConfig::check_file(&args.file, as_collect_runs_it) {
         Ok(checked) => checked,
