@@ -30,6 +30,7 @@ pub enum Format {
 
 /// Arguments of `infertrace report`.
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("history").args(["since", "compare"]).multiple(true)))]
 pub struct ReportArgs {
     /// Base URL of the collector's API (its --listen address; https:// when its api.tls is
     /// set). When the collector requires tokens, set INFERTRACE_TOKEN to one with the `read`
@@ -62,11 +63,11 @@ pub struct ReportArgs {
     /// (default 1h) of history.
     #[arg(long, value_name = "DURATION")]
     pub compare: Option<String>,
-    /// History reports: only this service.
-    #[arg(long)]
+    /// History reports (--since or --compare): only this service.
+    #[arg(long, requires = "history")]
     pub service: Option<String>,
-    /// History reports: only this model.
-    #[arg(long)]
+    /// History reports (--since or --compare): only this model.
+    #[arg(long, requires = "history")]
     pub model: Option<String>,
 }
 

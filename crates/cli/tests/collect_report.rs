@@ -175,6 +175,16 @@ fn collect_refuses_what_check_config_refuses_with_the_flags_applied() {
     }
 }
 
+/// `--service` and `--model` filter history reports only: without `--since` or `--compare`
+/// they are refused rather than silently ignored.
+#[test]
+fn report_filters_need_a_history_report() {
+    let out = bin().args(["report", "--service", "x"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--since") && err.contains("--compare"), "{err}");
+}
+
 #[test]
 fn check_config_reports_every_problem_with_its_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,14 +29,14 @@ struct Cli {
     #[arg(long, default_value = "llama-3.1-8b")]
     model: String,
     /// Mean arrivals per second.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value = "10", value_parser = loadgen::parse_rate_arg)]
     rate: f64,
     /// How long requests arrive: `10s`, `500ms`, `2m`, or a bare number of seconds.
     #[arg(long, default_value = "10s", value_parser = loadgen::parse_duration_arg)]
     duration: Duration,
     /// Most requests in flight; arrivals beyond it are skipped (and counted).
-    #[arg(long, default_value_t = 256)]
-    concurrency: usize,
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: u32,
     /// Prompt length distribution (tokens).
     #[arg(long, default_value = "lognormal:512:0.6:4096")]
     prompt_tokens: LengthDist,
@@ -61,6 +61,9 @@ struct Cli {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.duration.is_zero() {
+        anyhow::bail!("--duration must be longer than 0: no request would be sent");
+    }
     let target = cli.target.unwrap_or_else(|| match cli.protocol {
         Protocol::Http => "http://127.0.0.1:8080".to_owned(),
         Protocol::Grpc => "http://127.0.0.1:50051".to_owned(),
@@ -72,7 +75,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         model: cli.model,
         rate: cli.rate,
         duration: cli.duration,
-        concurrency: cli.concurrency,
+        concurrency: cli.concurrency as usize,
         prompt_tokens: cli.prompt_tokens,
         output_tokens: cli.output_tokens,
         stream: !cli.no_stream,

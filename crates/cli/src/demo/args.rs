@@ -64,7 +64,7 @@ pub struct DemoArgs {
     #[arg(long, default_value = "30s", value_parser = infertrace_demo::loadgen::parse_duration_arg)]
     pub duration: Duration,
     /// Mean arrivals per second [default: the scenario's].
-    #[arg(long)]
+    #[arg(long, value_parser = infertrace_demo::loadgen::parse_rate_arg)]
     pub rate: Option<f64>,
     /// The workload.
     #[arg(long, value_enum, default_value_t = Scenario::Balanced)]

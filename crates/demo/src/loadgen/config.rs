@@ -42,6 +42,14 @@ pub fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     })
 }
 
+/// Reads a command-line rate of arrivals per second: a finite number above 0.
+pub fn parse_rate_arg(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a rate above 0 (requests per second)")),
+    }
+}
+
 /// A load run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadConfig {
@@ -171,5 +179,9 @@ mod tests {
         assert_eq!(parse_duration_arg(" 0.5 "), Ok(Duration::from_millis(500)));
         assert!(parse_duration_arg("-1").is_err());
         assert!(parse_duration_arg("soon").unwrap_err().contains("10s"));
+        assert_eq!(parse_rate_arg("2.5"), Ok(2.5));
+        for bad in ["0", "-1", "inf", "NaN", "fast"] {
+            assert!(parse_rate_arg(bad).is_err(), "{bad}");
+        }
     }
 }

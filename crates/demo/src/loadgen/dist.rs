@@ -73,7 +73,10 @@ impl FromStr for LengthDist {
         match parts.as_slice() {
             ["fixed", n] => {
                 let n = num(n, "length")?;
-                Ok(LengthDist::Fixed((n as u32).max(1)))
+                if n < 1.0 {
+                    return Err(format!("length `{n}` in `{s}` is below 1 token"));
+                }
+                Ok(LengthDist::Fixed(n as u32))
             }
             ["lognormal", median, sigma, rest @ ..] if rest.len() <= 1 => {
                 let median = num(median, "median")?.max(1.0);
@@ -150,6 +153,7 @@ mod tests {
         );
         assert_eq!(m.to_string().parse::<LengthDist>().unwrap(), m);
         assert!("mix:1.5:10:fixed:1".parse::<LengthDist>().is_err());
+        assert!("fixed:0".parse::<LengthDist>().unwrap_err().contains("below 1"));
         assert!("mix:0.5:10".parse::<LengthDist>().is_err());
         assert!("lognormal:x:1".parse::<LengthDist>().is_err());
     }

@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 pub use client::{LoadClient, prompt_text};
-pub use config::{Api, LoadConfig, Protocol, parse_duration_arg};
+pub use config::{Api, LoadConfig, Protocol, parse_duration_arg, parse_rate_arg};
 pub use dist::LengthDist;
 pub use report::{LoadReport, Summary};
 pub use request::{Outcome, RequestResult, RequestSpec};
