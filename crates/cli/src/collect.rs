@@ -162,7 +162,8 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     #[cfg(unix)]
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
-    let collector = server::run(config, shutdown_signal())
+    let deadline = config.shutdown_timeout;
+    let collector = server::run(config, stop_signal(deadline))
         .await
         .context("starting the collector")?;
     #[cfg(unix)]
@@ -203,6 +204,30 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
         ),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The first SIGINT or SIGTERM: the graceful stop begins, and the console says so with its
+/// deadline. A second one ends the process at once (exit 130), without waiting for open
+/// requests or recording the traces in flight.
+async fn stop_signal(deadline: std::time::Duration) {
+    shutdown_signal().await;
+    console::say(
+        "INFO",
+        &format!(
+            "infertrace collector: stopping: open requests get up to {} (shutdown_timeout), then \
+             the traces in flight are closed and recorded; Ctrl-C again stops at once",
+            humantime::format_duration(deadline)
+        ),
+    );
+    tokio::spawn(async {
+        shutdown_signal().await;
+        console::say(
+            "WARN",
+            "infertrace collector: stopped at once by a second signal: open requests were cut \
+             and the traces in flight were not recorded",
+        );
+        std::process::exit(130);
+    });
 }
 
 /// Files the collector may need besides its connections: listeners, the store, the forward

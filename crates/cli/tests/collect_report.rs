@@ -182,7 +182,10 @@ fn report_filters_need_a_history_report() {
     let out = bin().args(["report", "--service", "x"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--since") && err.contains("--compare"), "{err}");
+    assert!(
+        err.contains("--since") && err.contains("--compare"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -153,7 +153,12 @@ mod tests {
         );
         assert_eq!(m.to_string().parse::<LengthDist>().unwrap(), m);
         assert!("mix:1.5:10:fixed:1".parse::<LengthDist>().is_err());
-        assert!("fixed:0".parse::<LengthDist>().unwrap_err().contains("below 1"));
+        assert!(
+            "fixed:0"
+                .parse::<LengthDist>()
+                .unwrap_err()
+                .contains("below 1")
+        );
         assert!("mix:0.5:10".parse::<LengthDist>().is_err());
         assert!("lognormal:x:1".parse::<LengthDist>().is_err());
     }
