@@ -3,8 +3,10 @@
 //! Accepted formats, detected per file: an OTLP/JSON export request (the OTLP/HTTP body, as the
 //! OpenTelemetry Collector's file exporter writes it) as a whole file or one per line, and
 //! Jaeger's JSON export. Every file is read; a bad file or line is reported as one line on stderr
-//! and the rest is still analysed. The exit status is 0 when everything was read, 1 when some
-//! input had problems (the report is still printed), 2 when nothing could be analysed.
+//! and the rest is still analysed. A span read twice (the same trace and span id in
+//! overlapping exports) counts once, and is said. The exit status is 0 when everything was
+//! read, 1 when some input had problems or no span read is an inference request (the report is
+//! still printed), 2 when nothing could be analysed.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -113,9 +115,10 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                         lines_ok += 1;
                         if decoded.rejected > 0 {
                             line_problems.push(format!(
-                                "{name}:{}: {} invalid spans left out",
+                                "{name}:{}: {} invalid spans left out (first: {})",
                                 i + 1,
-                                decoded.rejected
+                                decoded.rejected,
+                                decoded.first_error.unwrap_or_default()
                             ));
                         }
                         inputs.spans.extend(decoded.spans);
@@ -139,8 +142,15 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
 /// Everything `analyze` computes, as the report JSON (see `render`).
 pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bool) -> Value {
     let mut traces: HashMap<TraceId, Vec<Span>> = HashMap::new();
+    // A span read twice (overlapping exports, the same trace in two formats) counts once.
+    let mut seen = std::collections::HashSet::new();
+    let mut duplicates = 0usize;
     for s in spans {
-        traces.entry(s.trace_id).or_default().push(s);
+        if seen.insert((s.trace_id, s.span_id)) {
+            traces.entry(s.trace_id).or_default().push(s);
+        } else {
+            duplicates += 1;
+        }
     }
     let mut done: Vec<(RequestRecord, Option<CriticalPath>)> = Vec::new();
     let mut implausible = 0usize;
@@ -208,6 +218,8 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
         "critical_path": cp_summary,
         "findings": findings,
         "implausible_requests": implausible,
+        "duplicate_spans": duplicates,
+        "requests": done.len(),
     });
     if per_trace {
         let list: Vec<Value> = done
@@ -277,12 +289,29 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         skew_tolerance: args.skew_tolerance,
         shift_remote_children: args.shift_remote_children,
     };
+    let spans_read = inputs.spans.len();
     let mut report = analyze_spans(std::mem::take(&mut inputs.spans), &opts, args.per_trace);
     if let Some(n) = report["implausible_requests"].as_u64().filter(|&n| n > 0) {
         eprintln!(
             "infertrace: {n} requests left out: a duration over a day or a token count over a \
              billion cannot be true (a broken clock or a corrupt exporter)"
         );
+    }
+    if let Some(n) = report["duplicate_spans"].as_u64().filter(|&n| n > 0) {
+        eprintln!(
+            "infertrace: {n} spans were read more than once (the same trace and span id: \
+             overlapping exports, or one trace in two files) and counted once"
+        );
+    }
+    if report["requests"].as_u64() == Some(0) {
+        inputs.problems.push(format!(
+            "no inference request among the {spans_read} spans read: a request is a SERVER \
+             span, or a span of infertrace's layer, vLLM, SGLang or TGI (docs/reference.md, \
+             Dialects)"
+        ));
+        if let Some(p) = inputs.problems.last() {
+            eprintln!("infertrace: {p}");
+        }
     }
     let names: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
     report["source"] = Value::String(names.join(", "));

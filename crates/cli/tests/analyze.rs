@@ -213,6 +213,50 @@ fn jaeger_json_export() {
     check_report(&json_report(&out));
 }
 
+/// The same spans in two files (overlapping exports) count once, said on stderr; files with
+/// spans but no request say so and exit 1 (a review saw "No problems found" and 0).
+#[test]
+fn spans_read_twice_count_once_and_no_request_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let all: Vec<Value> = PHASES
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| request_spans(i as u64, p.0, p.1, p.2))
+        .collect();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let body = export_request(all.clone()).to_string();
+    std::fs::write(&a, &body).unwrap();
+    std::fs::write(&b, &body).unwrap();
+    let out = analyze(&[&a, &b], &["--format", "json", "--per-trace"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{} spans were read more than once", all.len())),
+        "{stderr}"
+    );
+    check_report(&json_report(&out));
+
+    let internal = dir.path().join("internal.json");
+    let one: Vec<Value> = all
+        .iter()
+        .filter(|s| s["name"] == "decode")
+        .take(1)
+        .cloned()
+        .collect();
+    std::fs::write(&internal, export_request(one).to_string()).unwrap();
+    let out = analyze(&[&internal], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no inference request among the 1 spans read"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn broken_files_are_reported_and_the_rest_analysed() {
     let dir = tempfile::tempdir().unwrap();
