@@ -162,6 +162,7 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
     #[cfg(unix)]
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
+    let no_receiver = no_receiver_warning(&config);
     let deadline = config.shutdown_timeout;
     let collector = server::run(config, stop_signal(deadline))
         .await
@@ -192,6 +193,9 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
             collector.api_addr
         ),
     );
+    if let Some(warning) = no_receiver {
+        console::say("WARN", &format!("infertrace collector: {warning}"));
+    }
     let report = collector
         .join()
         .await
@@ -228,6 +232,15 @@ async fn stop_signal(deadline: std::time::Duration) {
         );
         std::process::exit(130);
     });
+}
+
+/// A collector with both OTLP receivers off takes no span (it may still serve its history):
+/// allowed, but said by `collect` and `check-config`.
+fn no_receiver_warning(config: &CollectorConfig) -> Option<&'static str> {
+    (!config.receivers.otlp_grpc.enabled && !config.receivers.otlp_http.enabled).then_some(
+        "receivers.otlp_grpc and receivers.otlp_http are both disabled: this collector takes \
+         no spans (it still serves its API and history)",
+    )
 }
 
 /// Files the collector may need besides its connections: listeners, the store, the forward
@@ -426,6 +439,9 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
             eprintln!("{}", ConfigError::at_key(&args.file, &e.key, e.to_string()));
         }
         failed = true;
+    }
+    if let Some(warning) = no_receiver_warning(&config) {
+        eprintln!("{file}: warning: {warning}");
     }
     // A certificate out of its validity is served (and so passes), but said.
     for (_, key, tls, _) in config.tls_sections() {

@@ -175,6 +175,29 @@ fn collect_refuses_what_check_config_refuses_with_the_flags_applied() {
     }
 }
 
+/// A config with both receivers off is valid (the API and history still serve) but said.
+#[test]
+fn a_config_without_receivers_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.yaml");
+    std::fs::write(
+        &file,
+        "receivers:\n  otlp_grpc:\n    enabled: false\n  otlp_http:\n    enabled: false\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args(["check-config", "--no-store"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: receivers.otlp_grpc and receivers.otlp_http are both disabled"),
+        "{err}"
+    );
+}
+
 /// `--service` and `--model` filter history reports only: without `--since` or `--compare`
 /// they are refused rather than silently ignored.
 #[test]
