@@ -129,8 +129,8 @@ const PURGE_DELAY_MS: std::ffi::c_long = 4_000;
 /// - **Transparent huge pages off** for this process, unless `MIMALLOC_ALLOW_THP` is set: what
 ///   mimalloc's own `MIMALLOC_ALLOW_THP=0` does, which can only be read from the environment
 ///   (mimalloc reads it when it starts, before `main`). With THP, fresh 2 MiB regions are
-///   compacted and zeroed on first touch; at full ingest rate that cost 22-30 % of the
-///   collector's CPU (docs/PERFORMANCE.md). Inherited by child processes (infertrace starts
+///   compacted and zeroed on first touch, a large share of the collector's CPU at full ingest
+///   rate (docs/PERFORMANCE.md). Inherited by child processes (infertrace starts
 ///   none). The `mimalloc` crate's `no_thp` feature only stops mimalloc's `madvise` and would
 ///   not cover a kernel with THP `always`.
 /// - **Freed memory kept for [`PURGE_DELAY_MS`]**, unless `MIMALLOC_PURGE_DELAY` is set, and

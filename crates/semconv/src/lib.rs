@@ -7,6 +7,8 @@
 //! This crate holds names and nothing else, so both halves of infertrace (and users writing their
 //! own engines' marks) agree on them without depending on each other.
 
+#![deny(missing_docs)]
+
 /// Span names used by infertrace.
 pub mod span {
     /// Phase span: arrival → scheduled (waiting for a batch slot). Kind INTERNAL.

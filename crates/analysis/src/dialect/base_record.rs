@@ -55,7 +55,7 @@ pub(super) fn ttft_at(request: &Span, prefill_end: u64) -> f64 {
     (first_token - request.start_unix_nano) as f64 / 1e9
 }
 
-/// The explicit outcome a span states, if any (see the module docs for the order).
+/// The explicit outcome a span states, if any (see the [`crate::dialect`] docs for the order).
 pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
     if let Some(o) = span.attr_str(sc::infer::OUTCOME).and_then(Outcome::parse) {
         return Some(o);

@@ -870,7 +870,7 @@ impl TraceAssembler {
         }
         // Only traces without a request span are left: the oldest of the sender holding the
         // most of them (see `FAIRNESS_WINDOW`).
-        match self.oldest_of_the_largest_sender(share) {
+        match self.oldest_of_the_largest_service(share) {
             Some(id) => match self.close(id, CloseReason::Early, now) {
                 Some(t) => self.closed_early(t),
                 None => false,
@@ -885,21 +885,21 @@ impl TraceAssembler {
     /// entry goes with it: left behind, the flooding sender's closed traces would pile up
     /// behind a light sender's oldest trace until that one was all the window saw. Stale
     /// entries (traces closed another way) are dropped at the front.
-    fn oldest_of_the_largest_sender(&mut self, share: ShareOf) -> Option<TraceId> {
+    fn oldest_of_the_largest_service(&mut self, share: ShareOf) -> Option<TraceId> {
         while let Some(&(id, first)) = self.by_age.front() {
             if self.traces.get(&id).is_some_and(|t| t.first_seen == first) {
                 break;
             }
             self.by_age.pop_front();
         }
-        let at = self.largest_senders_oldest(share)?;
+        let at = self.largest_services_oldest(share)?;
         self.by_age.remove(at).map(|(id, _)| id)
     }
 
     /// The age-queue index of the oldest trace of the service holding the largest `share` of
     /// the [`FAIRNESS_WINDOW`] oldest live traces (stale entries passed over, at most
     /// [`FAIRNESS_SCAN`] entries looked at).
-    fn largest_senders_oldest(&self, share: ShareOf) -> Option<usize> {
+    fn largest_services_oldest(&self, share: ShareOf) -> Option<usize> {
         let live = self
             .by_age
             .iter()
@@ -912,7 +912,7 @@ impl TraceAssembler {
             .take(FAIRNESS_WINDOW);
         // (service, its share of the window, the index of its oldest), in order of first
         // appearance.
-        let mut senders: Vec<(&Text, usize, usize)> = Vec::new();
+        let mut services: Vec<(&Text, usize, usize)> = Vec::new();
         for (at, trace) in live {
             let Some(service) = trace.spans.first().map(|s| &s.service) else {
                 continue;
@@ -923,14 +923,14 @@ impl TraceAssembler {
                 // footprint would walk up to 64 × `max_spans_per_trace` spans per close.
                 ShareOf::Memory => trace.spans.len(),
             };
-            match senders.iter_mut().find(|(s, _, _)| *s == service) {
-                Some(sender) => sender.1 += weight,
-                None => senders.push((service, weight, at)),
+            match services.iter_mut().find(|(s, _, _)| *s == service) {
+                Some(entry) => entry.1 += weight,
+                None => services.push((service, weight, at)),
             }
         }
         // The largest; among equals the one seen first, whose oldest trace is the oldest.
         let mut pick: Option<(usize, usize)> = None;
-        for &(_, count, at) in &senders {
+        for &(_, count, at) in &services {
             if pick.is_none_or(|(most, _)| count > most) {
                 pick = Some((count, at));
             }

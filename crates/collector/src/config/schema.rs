@@ -239,7 +239,7 @@ pub struct LimitsConfig {
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
-            memory_limit_bytes: 512 * 1024 * 1024,
+            memory_limit_bytes: crate::limiter::DEFAULT_MEMORY_LIMIT_BYTES,
             soft_limit_percent: crate::limiter::SENDER_SHARE_FROM_PERCENT,
             relief_target_percent: crate::limiter::MEMORY_RELIEF_TARGET_PERCENT,
             max_spans_per_trace: 10_000,

@@ -9,8 +9,7 @@
 //! ring, and as many again of those with a failed, cancelled or rejected request; past either
 //! rate the rest are analysed as usual but not kept. At a few hundred requests per second every
 //! trace is kept; at 150,000 a plain ring of 1,000 would have held the last 7 ms and churned a
-//! trace in and a cold one out for every request (about a tenth of the collector's CPU at full
-//! rate), where the sampled ring covers the last second or more and keeps failures first.
+//! trace in and a cold one out for every request, where the sampled ring covers the last second or more and keeps failures first.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};

@@ -1,6 +1,20 @@
 //! What memory relief may free: the reservations the assembler's traces hold, counted exactly
 //! (not estimated from the limiter's use, which also holds the bodies of requests still being
 //! read and decoded — memory that closing traces cannot free).
+//!
+//! Memory relief, in the order it acts (its home is spread over the modules that own what it
+//! frees):
+//! 1. past the soft limit the limiter asks for the bytes above the relief target
+//!    ([`MemoryLimiter::relief_excess`](crate::limiter::MemoryLimiter::relief_excess)), and
+//!    each sender's share of new requests applies (`limiter.rs`);
+//! 2. at the tick the recent-trace ring gives way first (`shrink_to`, in this module's parent);
+//! 3. then the oldest buffered traces are closed early, the flooding service's first
+//!    ([`traces_to_close`] here, `relieve_memory` in the parent,
+//!    `TraceAssembler::close_oldest_for_memory`), never below [`ASSEMBLER_KEEPS_PERCENT`] of
+//!    the room;
+//! 4. what is still short refuses new requests, retryable (the receivers);
+//! 5. apart from the limiter, near the process's bound the allocator returns freed memory at
+//!    once (`resident.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -32,8 +32,8 @@ const PAGE_SIZE: i64 = 16_384;
 const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
 /// The schema. `rollups` is a rowid table: its blobs (a few kB) fit in a 4 KiB page there,
-/// where a `WITHOUT ROWID` table would spill every row past ~1 kB to an overflow page (measured:
-/// twice the file size).
+/// where a `WITHOUT ROWID` table would spill every row past ~1 kB to an overflow page (about
+/// twice the file).
 const SCHEMA: &str = "
 CREATE TABLE series (
     id INTEGER PRIMARY KEY,
@@ -164,7 +164,7 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     let fresh = recognise(&conn, path)?;
     if fresh {
         // Before anything is written: a stored minute is a few kB, and 16 KiB pages hold
-        // several of them where 4 KiB pages hold one (measured: 4.2 kB → 3.3 kB a row).
+        // several of them where 4 KiB pages hold one (less space a row).
         conn.pragma_update(None, "page_size", PAGE_SIZE)
             .map_err(sql)?;
     }

@@ -153,7 +153,7 @@ impl Slot {
 const DENSE_BUCKETS_MAX: usize = 256;
 
 /// Values by e2e bucket: an array over the buckets seen ([`DenseBuckets`]: one indexed add per
-/// segment; as hash-map and tree entries these were ~3 % of the collector's CPU at full rate),
+/// segment, where hash-map and tree entries cost a measurable share of the CPU at full rate),
 /// and a map for the zero bucket and any bucket outside the array's range that it refuses to
 /// stretch to (too wide or too empty, see [`DenseBuckets`]): requests whose e2e times are
 /// spread over many orders of magnitude cost map entries, as before, not a huge sparse array.
@@ -679,7 +679,8 @@ impl CriticalPathWindows {
 
 /// The bucket holding the request of rank ⌊q·(n − 1)⌋ (0-based): the rank rule of the KPI
 /// sketches (`Distribution::quantile_bucket`), so that the tail split here and the e2e
-/// percentile of `/api/kpis` name the same requests.
+/// percentile of `/api/kpis` take the same rank. The two bucket e2e on their own scales, so
+/// they agree to a bucket, not request for request (docs/reference.md).
 fn percentile_bucket(requests: &BTreeMap<i32, BucketRequests>, total: u64, q: f64) -> i32 {
     if total == 0 {
         return i32::MAX;
