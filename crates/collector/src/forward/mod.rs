@@ -596,7 +596,7 @@ impl Sender {
                     Err(_) => {
                         self.exporter.reconnect();
                         Err(ExportFailure {
-                            outcome: "timeout",
+                            outcome: Failed::Timeout,
                             retry_after: None,
                             message: format!(
                                 "no answer within forward.timeout ({:?}) or the age budget \
@@ -622,14 +622,14 @@ impl Sender {
                     break;
                 }
                 Err(f) => {
-                    self.events.forward_attempt(f.outcome);
+                    self.events.forward_attempt(f.outcome.label());
                     let wait = f
                         .retry_after
                         .unwrap_or_else(|| jittered(backoff))
                         .min(self.retry.max_backoff);
                     let resume = Instant::now() + wait;
                     let in_budget = resume < expires && self.deadline().is_none_or(|d| resume < d);
-                    if f.outcome != "permanent" && in_budget {
+                    if f.outcome != Failed::Permanent && in_budget {
                         if warn_allowed("forward_retrying") {
                             tracing::warn!(
                                 error = %f.message,
@@ -696,10 +696,41 @@ impl Batch {
 }
 
 struct ExportFailure {
-    /// The attempt's outcome label: `timeout`, `retryable` or `permanent`.
-    outcome: &'static str,
+    outcome: Failed,
     retry_after: Option<Duration>,
     message: String,
+}
+
+/// How an attempt failed: whether it may be tried again, and its label in
+/// `infertrace_forward_attempts_total{outcome}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failed {
+    /// No answer within `forward.timeout` or the age budget (retried).
+    Timeout,
+    /// A failure the downstream may get over (retried).
+    Retryable,
+    /// A refusal that would be repeated (not retried).
+    Permanent,
+}
+
+impl Failed {
+    /// `Retryable` when `retryable`, else `Permanent`.
+    fn retryable_if(retryable: bool) -> Self {
+        if retryable {
+            Self::Retryable
+        } else {
+            Self::Permanent
+        }
+    }
+
+    /// The label of `infertrace_forward_attempts_total{outcome}`.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Retryable => "retryable",
+            Self::Permanent => "permanent",
+        }
+    }
 }
 
 enum Exporter {
@@ -832,7 +863,7 @@ impl Exporter {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .clone();
                 grpc.ready().await.map_err(|e| ExportFailure {
-                    outcome: "retryable",
+                    outcome: Failed::Retryable,
                     retry_after: None,
                     message: format!("connect: {e}"),
                 })?;
@@ -861,7 +892,7 @@ impl Exporter {
                                     | Code::ResourceExhausted
                             );
                         Err(ExportFailure {
-                            outcome: if retryable { "retryable" } else { "permanent" },
+                            outcome: Failed::retryable_if(retryable),
                             retry_after: None,
                             message: format!("gRPC {:?}: {}", status.code(), status.message()),
                         })
@@ -880,12 +911,12 @@ impl Exporter {
                     req = req.header(name, value);
                 }
                 let req = req.body(Full::new(body)).map_err(|e| ExportFailure {
-                    outcome: "permanent",
+                    outcome: Failed::Permanent,
                     retry_after: None,
                     message: e.to_string(),
                 })?;
                 let resp = client.request(req).await.map_err(|e| ExportFailure {
-                    outcome: "retryable",
+                    outcome: Failed::Retryable,
                     retry_after: None,
                     message: format!("HTTP: {}", with_causes(&e)),
                 })?;
@@ -902,7 +933,7 @@ impl Exporter {
                 }
                 let retryable = matches!(status.as_u16(), 429 | 502 | 503 | 504);
                 Err(ExportFailure {
-                    outcome: if retryable { "retryable" } else { "permanent" },
+                    outcome: Failed::retryable_if(retryable),
                     retry_after,
                     message: format!("HTTP {status}"),
                 })
