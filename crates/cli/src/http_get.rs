@@ -68,7 +68,14 @@ impl ApiClient {
             .map_err(|e| {
                 let e = anyhow::Error::new(e);
                 let certificate = e.chain().any(|c| c.to_string().contains("certificate"));
-                let hint = if certificate {
+                let ca_as_leaf = e
+                    .chain()
+                    .any(|c| c.to_string().contains("CaUsedAsEndEntity"));
+                let hint = if ca_as_leaf {
+                    "the API serves a CA certificate as its own (openssl req -x509 makes one by \
+                     default), which TLS clients such as this one refuse: serve a certificate \
+                     signed by that CA, or one made with -addext basicConstraints=critical,CA:FALSE"
+                } else if certificate {
                     "its TLS certificate is not trusted here: give the CA that signed it with \
                      --ca-file (and --cert-file/--key-file when the API asks for a client \
                      certificate)"
@@ -93,9 +100,14 @@ impl ApiClient {
             );
         }
         if !status.is_success() {
+            // The API's errors are `{"error": "…"}`: the sentence, not the JSON.
+            let text = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
             bail!(
                 "GET {url} answered {status}: {}",
-                crate::render::terminal_safe(String::from_utf8_lossy(&body).trim())
+                crate::render::terminal_safe(&text)
             );
         }
         serde_json::from_slice(&body).with_context(|| format!("GET {url} did not return JSON"))

@@ -96,8 +96,24 @@ where
 /// line with `INFERTRACE_LOG_FORMAT=json`, colours only on a terminal (not in `docker logs`).
 fn init_logging() {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("INFERTRACE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    if let Ok(format) = std::env::var("INFERTRACE_LOG_FORMAT")
+        && !matches!(format.as_str(), "json" | "text" | "")
+    {
+        console::say(
+            "WARN",
+            &format!("INFERTRACE_LOG_FORMAT={format:?} is neither json nor text; writing text"),
+        );
+    }
+    let filter = match std::env::var("INFERTRACE_LOG") {
+        Ok(level) => tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|e| {
+            console::say(
+                "WARN",
+                &format!("INFERTRACE_LOG={level:?} is not a log filter ({e}); logging at warn"),
+            );
+            tracing_subscriber::EnvFilter::new("warn")
+        }),
+        Err(_) => tracing_subscriber::EnvFilter::new("warn"),
+    };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -90,6 +90,23 @@ fn collect_then_report() {
         text.contains("cli-test") && text.contains("50.0ms"),
         "{text}"
     );
+    // The API's refusal reads as its sentence, not its JSON.
+    let out = bin()
+        .args([
+            "report",
+            "--url",
+            &format!("http://127.0.0.1:{}", c.api),
+            "--window",
+            "2m",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("400 Bad Request: window") && !err.contains("{\"error\""),
+        "{err}"
+    );
 }
 
 #[test]
