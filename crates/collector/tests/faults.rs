@@ -236,8 +236,9 @@ async fn junk_names_lock_a_real_model_out_only_for_the_reclaim_horizon() {
         .lines()
         .filter(|l| l.starts_with("infertrace_requests_total{"))
         .count();
+    // Four outcomes a series, each created at 0 with it.
     assert!(
-        label_sets <= 1_001,
+        label_sets <= 4 * 1_001,
         "{label_sets} label sets: the cap holds"
     );
     c.stop().await.unwrap();

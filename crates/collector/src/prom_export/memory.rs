@@ -83,9 +83,9 @@ impl PromRecorder {
     }
 }
 
-/// One (service, model, operation) series: its handles, label strings, the three families it
-/// always has a label set in (tokens ×2, goodput), energy once it has any, and, per outcome
-/// seen, the request counter and six histograms.
+/// One (service, model, operation) series: its handles, label strings, the seven families it
+/// always has a label set in (requests ×4 outcomes, tokens ×2, goodput), energy once it has
+/// any, and, per outcome seen, six histograms.
 fn series_bytes(s: &SeriesHandles) -> usize {
     let labels = &s.labels;
     let energy = match s.gpu_energy.get() {
@@ -97,6 +97,7 @@ fn series_bytes(s: &SeriesHandles) -> usize {
         + arc_str(&labels.service)
         + arc_str(&labels.model)
         + arc_str(&labels.operation)
+        + 4 * (family_entry::<RequestLabels, Counter>() + Counter::HEAP_BYTES)
         + 2 * (family_entry::<TokenLabels, Counter>() + Counter::HEAP_BYTES)
         + family_entry::<SeriesLabels, Counter>()
         + Counter::HEAP_BYTES
@@ -106,12 +107,10 @@ fn series_bytes(s: &SeriesHandles) -> usize {
         .iter()
         .filter_map(|o| o.get())
         .map(|o| {
-            family_entry::<RequestLabels, Counter>()
-                + Counter::HEAP_BYTES
-                + [&o.e2e, &o.queue, &o.prefill, &o.decode, &o.ttft, &o.tpot]
-                    .iter()
-                    .map(|h| family_entry::<RequestLabels, Histogram>() + h.heap_bytes())
-                    .sum::<usize>()
+            [&o.e2e, &o.queue, &o.prefill, &o.decode, &o.ttft, &o.tpot]
+                .iter()
+                .map(|h| family_entry::<RequestLabels, Histogram>() + h.heap_bytes())
+                .sum::<usize>()
         })
         .sum();
     always + outcomes

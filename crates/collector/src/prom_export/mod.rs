@@ -310,7 +310,6 @@ type CriticalPathKey = (Arc<str>, Arc<str>, FloatCounter);
 /// Handles of one (service, model, operation, outcome) series.
 #[derive(Debug)]
 struct OutcomeHandles {
-    requests: Counter,
     e2e: Histogram,
     queue: Histogram,
     prefill: Histogram,
@@ -323,6 +322,11 @@ struct OutcomeHandles {
 #[derive(Debug)]
 struct SeriesHandles {
     labels: SeriesLabels,
+    /// `requests_total` of each outcome, created at 0 with the series: a counter that first
+    /// appears at its first value loses that value to `rate()`, and ratios of two such counters
+    /// (goodput, error rate) read past 100 % or miss a model's first errors.
+    requests: [Counter; 4],
+    /// The duration histograms of each outcome, created with its first request.
     outcomes: [OnceLock<OutcomeHandles>; 4],
     input_tokens: Counter,
     output_tokens: Counter,
@@ -330,6 +334,14 @@ struct SeriesHandles {
     /// Created with the series' first GPU energy: no GPU, no series (never zeros).
     gpu_energy: OnceLock<FloatCounter>,
 }
+
+/// The outcomes in [`outcome_index`] order.
+const OUTCOMES: [Outcome; 4] = [
+    Outcome::Ok,
+    Outcome::Error,
+    Outcome::Cancelled,
+    Outcome::Rejected,
+];
 
 fn outcome_index(o: Outcome) -> usize {
     match o {
@@ -432,7 +444,6 @@ impl PromRecorder {
             };
             let m = &self.metrics;
             OutcomeHandles {
-                requests: m.requests.get_or_create_owned(&labels),
                 e2e: m.request_duration.get_or_create_owned(&labels),
                 queue: m.queue_duration.get_or_create_owned(&labels),
                 prefill: m.prefill_duration.get_or_create_owned(&labels),
@@ -442,7 +453,7 @@ impl PromRecorder {
             }
         });
         let w = &self.writer;
-        h.requests.inc(w);
+        handles.requests[outcome_index(r.outcome)].inc(w);
         h.e2e.observe(w, r.e2e);
         let observe = |hist: &Histogram, v: Option<f64>| {
             if let Some(v) = v.filter(|v| v.is_finite() && *v >= 0.0) {
@@ -607,15 +618,7 @@ impl PromRecorder {
         self.recent.clear();
         let labels = &handles.labels;
         let m = &self.metrics;
-        for outcome in [
-            Outcome::Ok,
-            Outcome::Error,
-            Outcome::Cancelled,
-            Outcome::Rejected,
-        ] {
-            if handles.outcomes[outcome_index(outcome)].get().is_none() {
-                continue;
-            }
+        for outcome in OUTCOMES {
             let request = RequestLabels {
                 service: labels.service.clone(),
                 model: labels.model.clone(),
@@ -623,6 +626,9 @@ impl PromRecorder {
                 outcome: outcome.as_str(),
             };
             m.requests.remove(&request);
+            if handles.outcomes[outcome_index(outcome)].get().is_none() {
+                continue;
+            }
             for h in [
                 &m.request_duration,
                 &m.queue_duration,
@@ -665,7 +671,16 @@ impl PromRecorder {
             r#type: t,
         };
         let m = &self.metrics;
+        let requests = OUTCOMES.map(|outcome| {
+            m.requests.get_or_create_owned(&RequestLabels {
+                service: labels.service.clone(),
+                model: labels.model.clone(),
+                operation: labels.operation.clone(),
+                outcome: outcome.as_str(),
+            })
+        });
         SeriesHandles {
+            requests,
             input_tokens: m.tokens.get_or_create_owned(&token("input")),
             output_tokens: m.tokens.get_or_create_owned(&token("output")),
             goodput: m.goodput.get_or_create_owned(&labels),
