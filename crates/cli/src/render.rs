@@ -232,8 +232,18 @@ fn render_percentiles(series: &[Value], out: &mut String) {
     let mut t = Table::new(&[
         "model", "metric", "", "p50", "p90", "p95", "p99", "max", "mean",
     ]);
+    let service_model = |x: &Value| format!("{}/{}", text(x, "service"), text(x, "model"));
     for x in series {
-        let model = format!("{}/{}", text(x, "service"), text(x, "model"));
+        let mut model = service_model(x);
+        // Series that differ by operation alone (TGI's chat and text completions) say which.
+        if series
+            .iter()
+            .filter(|y| service_model(y) == model)
+            .nth(1)
+            .is_some()
+        {
+            model = format!("{model} ({})", text(x, "operation"));
+        }
         for (key, label) in [
             ("e2e", "e2e"),
             ("ttft", "TTFT"),
@@ -589,6 +599,26 @@ mod tests {
         assert_eq!(secs(Some(1.239)), "1.24s");
         assert_eq!(secs(Some(125.0)), "2m05s");
         assert_eq!(secs(None), "-");
+    }
+
+    /// Two series of one service and model that differ by operation name it in the
+    /// percentiles (a review saw two blocks both labelled `tgi/unknown`).
+    #[test]
+    fn series_apart_by_operation_alone_say_which() {
+        let series = |op: &str| {
+            serde_json::json!({"service": "tgi", "model": "unknown", "operation": op,
+                "e2e": {"p50": 1.0, "p90": 2.0, "p95": 2.5, "p99": 3.0, "max": 3.1, "mean": 1.2}})
+        };
+        let mut out = String::new();
+        render_percentiles(&[series("chat"), series("text_completion")], &mut out);
+        assert!(out.contains("tgi/unknown (chat)"), "{out}");
+        assert!(out.contains("tgi/unknown (text_completion)"), "{out}");
+        let mut out = String::new();
+        render_percentiles(&[series("chat")], &mut out);
+        assert!(
+            out.contains("tgi/unknown ") && !out.contains("(chat)"),
+            "{out}"
+        );
     }
 
     #[test]
