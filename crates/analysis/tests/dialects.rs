@@ -478,6 +478,23 @@ fn tgi_with_linked_batches_reads_prefill_from_the_batch() {
     assert_eq!(r.origins.tpot, Some(PhaseOrigin::Derived));
 }
 
+/// A stream its client dropped during prefill: TGI's `queued` and `infer` spans outlive the
+/// handler's, and count up to its end (a review saw prefill 0.999 s, queue + prefill past e2e).
+#[test]
+fn a_dropped_tgi_streams_steps_count_up_to_its_end() {
+    let http = with(
+        span("POST /generate_stream", SpanKind::Server, 1, None, 0, 1001),
+        vec![i(sc::net::HTTP_RESPONSE_STATUS_CODE, 200)],
+    );
+    let handler = span("generate_stream", SpanKind::Internal, 2, Some(1), 1, 1000);
+    let queued = span("queued", SpanKind::Internal, 3, Some(2), 2, 300);
+    let infer = span("infer", SpanKind::Internal, 4, Some(2), 300, 1500);
+    let r = one(&[http, handler, queued, infer]);
+    assert_eq!((r.dialect, r.outcome), (Dialect::Tgi, Outcome::Cancelled));
+    assert!(close(r.queue, 0.298), "{:?}", r.queue);
+    assert!(close(r.prefill, 0.7), "{:?}", r.prefill);
+}
+
 /// TGI refuses a request before it records a timing field or queues it (a 422 validation
 /// error, a 429 full queue): the HTTP span is a generic request, in the series of the handler's
 /// operation with the requests TGI served (a review saw them alone under `unknown`, leaving the

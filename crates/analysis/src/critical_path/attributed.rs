@@ -1,15 +1,20 @@
-//! The critical path of a request whose engine reports its phases as attributes of one span
-//! (vLLM's and TensorRT-LLM's `gen_ai.latency.*`, SGLang's latency attributes): the span has
-//! nothing below it on its path, so the walk of [`super::critical_path`] gives it all of the
-//! request's time, and the aggregate would blame "time outside the engine" for what the engine
-//! says was queue, prefill and decode.
+//! The critical path of a request whose engine reports its phases in a shape the span walk
+//! cannot see:
+//! - as attributes of one span (vLLM's and TensorRT-LLM's `gen_ai.latency.*`, SGLang's latency
+//!   attributes): the span has nothing below it on its path, so the walk of
+//!   [`super::critical_path`] gives it all of the request's time;
+//! - as the engine's own spans (SGLang's thread spans and stage slices, TGI's `queued` and
+//!   `infer`): the walk follows whichever thread or step ends last — SGLang's `Tokenizer`
+//!   thread holds the whole request — and no segment is a phase.
 //!
-//! For the windows such a path is re-read from the record: `queue`, `prefill` and `decode`
-//! laid out in that order from the span's start (each cut at its end), owned by the span's
-//! service, and the rest of the span under its own name (tokenising, detokenising, whatever
-//! the attributes do not cover). The span path itself stays what the waterfall and the store
-//! show. A path with any other span on it is left as it is: its children say more than the
-//! attributes.
+//! Either way the aggregate would blame "time outside the engine" for what the engine says was
+//! queue, prefill and decode. For the windows such a path is re-read from the record: `queue`,
+//! `prefill` and `decode` laid out in that order from the path's start (each cut at its end),
+//! owned by the request span's service, and the rest under the request span's name
+//! (tokenising, detokenising, whatever the phases do not cover). The span path itself stays
+//! what the waterfall and the store show. A path through other spans of another kind (the
+//! infertrace layer's, a gateway's, a generic server's) is left as it is: its spans say more
+//! than the phases.
 
 use std::sync::LazyLock;
 
@@ -17,29 +22,38 @@ use infertrace_semconv::span;
 
 use super::disagg::nanos;
 use super::path::{CriticalPath, Tiling};
-use crate::record::RequestRecord;
+use crate::record::{Dialect, RequestRecord};
 use crate::trace::Text;
 
 /// The phase names as static texts (a path per request allocates none).
 static PHASES: LazyLock<[Text; 3]> =
     LazyLock::new(|| [span::QUEUE, span::PREFILL, span::DECODE].map(Text::leaked));
 
-/// The path of `r` from its phases, when `span_path` (its span's own critical path) is that one
-/// span alone and the record has a phase; else `None`.
+/// The path of `r` from its phases, when the record has a phase and `span_path` (its span's own
+/// critical path) is that one span alone, or is an engine dialect's (vLLM, SGLang, TGI) with no
+/// phase on it; else `None`.
 pub fn attributed_path(r: &RequestRecord, span_path: &CriticalPath) -> Option<CriticalPath> {
     let (first, last) = (span_path.segments.first()?, span_path.segments.last()?);
-    if span_path.segments.iter().any(|s| s.span_id != r.span_id)
+    let segments = &span_path.segments;
+    let its_span_alone = segments.iter().all(|s| s.span_id == r.span_id);
+    let engine_spans = matches!(r.dialect, Dialect::Vllm | Dialect::Sglang | Dialect::Tgi)
+        && !segments.iter().any(|s| PHASES.contains(&s.name));
+    if !(its_span_alone || engine_spans)
         || (r.queue.is_none() && r.prefill.is_none() && r.decode.is_none())
     {
         return None;
     }
+    let own = segments
+        .iter()
+        .find(|s| s.span_id == r.span_id)
+        .unwrap_or(first);
     let end = last.end_unix_nano;
     let mut path = Tiling::new(r.span_id, first.start_unix_nano);
     for (name, secs) in PHASES.iter().zip([r.queue, r.prefill, r.decode]) {
         let until = path.at().saturating_add(secs.map_or(0, nanos)).min(end);
-        path.lay(until, name, &first.service);
+        path.lay(until, name, &own.service);
     }
-    path.lay(end, &first.name, &first.service);
+    path.lay(end, &own.name, &own.service);
     Some(path.into_path(span_path.trace_id, span_path.root))
 }
 
@@ -47,7 +61,6 @@ pub fn attributed_path(r: &RequestRecord, span_path: &CriticalPath) -> Option<Cr
 mod tests {
     use super::*;
     use crate::critical_path::Segment;
-    use crate::record::Dialect;
     use crate::trace::{SpanId, TraceId};
 
     const MS: u64 = 1_000_000;
@@ -116,22 +129,57 @@ mod tests {
         assert_eq!(got, [("queue", 600), ("decode", 400)]);
     }
 
-    #[test]
-    fn a_path_through_other_spans_or_a_record_without_phases_is_left_alone() {
-        let id = SpanId([2; 8]);
-        let mut with_child = one_span_path(id, 0, 1_000 * MS);
-        with_child.segments[0].end_unix_nano = 500 * MS;
-        with_child.segments.push(Segment {
+    fn with_a_child(id: SpanId, child: &str) -> CriticalPath {
+        let mut path = one_span_path(id, 0, 1_000 * MS);
+        path.segments[0].end_unix_nano = 500 * MS;
+        path.segments.push(Segment {
             span_id: SpanId([3; 8]),
-            name: Text::from("tool call"),
+            name: Text::from(child),
             service: Text::from("vllm"),
             start_unix_nano: 500 * MS,
             end_unix_nano: 1_000 * MS,
         });
+        path
+    }
+
+    #[test]
+    fn a_path_through_other_spans_or_a_record_without_phases_is_left_alone() {
+        let id = SpanId([2; 8]);
         let mut r = record(id);
         assert!(attributed_path(&r, &one_span_path(id, 0, 1_000 * MS)).is_none());
         r.decode = Some(0.9);
-        assert!(attributed_path(&r, &with_child).is_none());
         assert!(attributed_path(&r, &one_span_path(id, 0, 1_000 * MS)).is_some());
+        // The layer's (or a gateway's) spans say more than the phases.
+        r.dialect = Dialect::Infertrace;
+        assert!(attributed_path(&r, &with_a_child(id, "tool call")).is_none());
+        // An engine's path that shows its phases stays as it is.
+        r.dialect = Dialect::Sglang;
+        assert!(attributed_path(&r, &with_a_child(id, "decode")).is_none());
+    }
+
+    /// SGLang's `Tokenizer` thread span lasts the whole request, so the walk gives it nearly
+    /// all of it (a review: 99.5 %, and a hotspot finding); the engine's phases stand instead,
+    /// the rest under the request span's name.
+    #[test]
+    fn an_engines_own_spans_without_a_phase_give_way_to_its_phases() {
+        let id = SpanId([2; 8]);
+        let mut r = record(id);
+        r.dialect = Dialect::Sglang;
+        (r.queue, r.prefill, r.decode) = (Some(0.1), Some(0.2), Some(0.5));
+        let path = attributed_path(&r, &with_a_child(id, "Tokenizer")).unwrap();
+        let got: Vec<(&str, u64)> = path
+            .segments
+            .iter()
+            .map(|s| (s.name.as_str(), s.duration_nanos() / MS))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("queue", 100),
+                ("prefill", 200),
+                ("decode", 500),
+                ("llm_request", 200)
+            ]
+        );
     }
 }

@@ -8,7 +8,8 @@
 //! trace) whose `prefill` / `decode` child is the model call.
 //!
 //! - e2e: `total_time` (measured), else the span's duration.
-//! - queue: `queue_time` (measured), else the `queued` descendant's duration (measured).
+//! - queue: `queue_time` (measured), else the `queued` descendant's duration (measured), up to
+//!   the request's end (a dropped stream's `queued` and `infer` outlive it; so for prefill).
 //! - inference: `inference_time` (measured).
 //! - prefill: the `prefill` child of the `batch` span the first `infer` span links to, when the
 //!   spans given include it (measured); else the first `infer` span's duration — the prefill
@@ -152,11 +153,19 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if let Some(total) = field(sc::tgi::TOTAL_TIME) {
         r.e2e = total;
     }
+    // A step still running when the request ended (a stream its client dropped) counts up to
+    // that end: TGI's `queued` and `infer` spans outlive the handler's.
+    let until_the_end = |step: &Span| {
+        step.end_unix_nano
+            .min(span.end_unix_nano)
+            .saturating_sub(step.start_unix_nano) as f64
+            / 1e9
+    };
     r.queue = field(sc::tgi::QUEUE_TIME).or_else(|| {
         trace
             .descendants(span)
             .find(|d| d.name == sc::span::TGI_QUEUED)
-            .map(Span::duration_secs)
+            .map(until_the_end)
     });
     r.origins.queue = r.queue.map(|_| PhaseOrigin::Measured);
     r.inference = field(sc::tgi::INFERENCE_TIME);
@@ -189,7 +198,7 @@ pub fn refine(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     }
 
     if let Some((step, origin)) = prefill_step {
-        r.prefill = Some(step.duration_secs());
+        r.prefill = Some(until_the_end(step));
         r.origins.prefill = Some(origin);
         if prefill_end_is_first_token(r, span, Some(step.end_unix_nano)) {
             r.ttft = Some(ttft_at(span, step.end_unix_nano));
