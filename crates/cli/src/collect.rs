@@ -212,26 +212,48 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
 
 /// The first SIGINT or SIGTERM: the graceful stop begins, and the console says so with its
 /// deadline. A second one ends the process at once (exit 130), without waiting for open
-/// requests or recording the traces in flight.
+/// requests or recording the traces in flight. Both signals' handlers are installed when the
+/// collector starts, so a second signal sent right after the first is not lost.
 async fn stop_signal(deadline: std::time::Duration) {
-    shutdown_signal().await;
-    console::say(
-        "INFO",
-        &format!(
-            "infertrace collector: stopping: open requests get up to {} (shutdown_timeout), then \
-             the traces in flight are closed and recorded; Ctrl-C again stops at once",
-            humantime::format_duration(deadline)
-        ),
-    );
-    tokio::spawn(async {
-        shutdown_signal().await;
+    let stopping = || {
         console::say(
-            "WARN",
-            "infertrace collector: stopped at once by a second signal: open requests were cut \
-             and the traces in flight were not recorded",
+            "INFO",
+            &format!(
+                "infertrace collector: stopping: open requests get up to {} (shutdown_timeout), \
+                 then the traces in flight are closed and recorded; Ctrl-C again stops at once",
+                humantime::format_duration(deadline)
+            ),
         );
-        std::process::exit(130);
-    });
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            stopping();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+                console::say(
+                    "WARN",
+                    "infertrace collector: stopped at once by a second signal: open requests \
+                     were cut and the traces in flight were not recorded",
+                );
+                std::process::exit(130);
+            });
+            return;
+        }
+    }
+    shutdown_signal().await;
+    stopping();
 }
 
 /// A collector with both OTLP receivers off takes no span (it may still serve its history):

@@ -28,12 +28,18 @@ fn a_second_sigint_stops_at_once() {
     let config = dir.path().join("c.yaml");
     std::fs::write(
         &config,
-        "shutdown_timeout: 5m\nreceivers:\n  body_read_timeout: 5m\n  otlp_http:\n    connections: { header_read_timeout: 5m }\n",
+        "shutdown_timeout: 5m\napi:\n  connections: { header_read_timeout: 5m }\nreceivers:\n  body_read_timeout: 5m\n  otlp_http:\n    connections: { header_read_timeout: 5m }\n",
     )
     .unwrap();
     let mut c = Collector::start(["--no-store", "--config", config.to_str().unwrap()]);
-    let mut s = TcpStream::connect(("127.0.0.1", c.otlp_http)).unwrap();
-    s.write_all(HALF_BODY.as_bytes()).unwrap();
+    // Requests left hanging on a receiver and on the API hold the graceful stop (as in the
+    // test below).
+    let mut hanging = Vec::new();
+    for (port, request) in [(c.api, HALF_HEAD), (c.otlp_http, HALF_BODY)] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        hanging.push(s);
+    }
     let (status, _) = http(c.api, "GET", "/health", "text/plain", b"");
     assert_eq!(status, 200);
     let pid = c.child.id().to_string();
@@ -55,6 +61,10 @@ fn a_second_sigint_stops_at_once() {
         line.contains("stopping") && line.contains("5m") && line.contains("again"),
         "{line}"
     );
+    assert!(
+        c.child.try_wait().unwrap().is_none(),
+        "the hanging requests hold the graceful stop"
+    );
     let started = Instant::now();
     interrupt();
     let status = loop {
@@ -68,7 +78,7 @@ fn a_second_sigint_stops_at_once() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(130), "{status}");
-    drop(s);
+    drop(hanging);
 }
 
 #[test]
