@@ -93,7 +93,7 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                     inputs.problems.push(format!(
                         "{name}: {} invalid spans left out (first: {})",
                         decoded.rejected,
-                        decoded.first_error.unwrap_or_default()
+                        id_hint(decoded.first_error.unwrap_or_default())
                     ));
                 }
                 inputs.spans.extend(decoded.spans);
@@ -118,7 +118,7 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                                 "{name}:{}: {} invalid spans left out (first: {})",
                                 i + 1,
                                 decoded.rejected,
-                                decoded.first_error.unwrap_or_default()
+                                id_hint(decoded.first_error.unwrap_or_default())
                             ));
                         }
                         inputs.spans.extend(decoded.spans);
@@ -136,6 +136,16 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
     }
     if inputs.spans.len() == before {
         inputs.files_failed += 1;
+    }
+}
+
+/// `error` of an invalid span, with a hint when it is an id that is no hex: protobuf's own
+/// JSON printer (`MessageToJson`) writes ids in base64, where OTLP/JSON takes hex.
+fn id_hint(error: String) -> String {
+    if error.contains("invalid character") || error.contains("Invalid character") {
+        format!("{error}; OTLP/JSON ids are hex, not base64 as protobuf's JSON printer writes them")
+    } else {
+        error
     }
 }
 

@@ -8,16 +8,21 @@ use std::time::SystemTime;
 
 /// Whether logs are written as JSON (`INFERTRACE_LOG_FORMAT=json`).
 pub fn json_logs() -> bool {
-    std::env::var("INFERTRACE_LOG_FORMAT").is_ok_and(|f| f == "json")
+    std::env::var("INFERTRACE_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"))
 }
 
 /// Prints `message` at `level` (`INFO`, `ERROR`): as JSON or as it is, see the module docs.
+/// A standard error that cannot be written (a log pipe that closed) loses the line and nothing
+/// else: `eprintln!` would panic, and a panic in the signal handling would leave the collector
+/// deaf to SIGTERM.
 pub fn say(level: &str, message: &str) {
-    if json_logs() {
-        eprintln!("{}", json_line(level, message, SystemTime::now()));
+    use std::io::Write;
+    let line = if json_logs() {
+        json_line(level, message, SystemTime::now())
     } else {
-        eprintln!("{message}");
-    }
+        message.to_owned()
+    };
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// One JSON log line, as `tracing-subscriber`'s JSON format writes an event.

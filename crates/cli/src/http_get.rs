@@ -105,6 +105,9 @@ impl ApiClient {
                 .ok()
                 .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
                 .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
+            if text.is_empty() {
+                bail!("GET {url} answered {status} (no body): is --url the collector's API?");
+            }
             bail!(
                 "GET {url} answered {status}: {}",
                 crate::render::terminal_safe(&text)

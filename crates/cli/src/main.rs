@@ -97,7 +97,7 @@ where
 fn init_logging() {
     use std::io::IsTerminal;
     if let Ok(format) = std::env::var("INFERTRACE_LOG_FORMAT")
-        && !matches!(format.as_str(), "json" | "text" | "")
+        && !matches!(format.to_ascii_lowercase().as_str(), "json" | "text" | "")
     {
         console::say(
             "WARN",

@@ -177,7 +177,11 @@ pub fn report_table(report: &Value) -> String {
              not kept across a restart.\n",
         );
     }
-    render_findings(report.get("findings"), &mut out);
+    if series.is_empty() {
+        out.push_str("\nDiagnosis\n  Nothing to diagnose without requests.\n");
+    } else {
+        render_findings(report.get("findings"), &mut out);
+    }
     render_alerts(report.get("alerts"), &mut out);
     out
 }

@@ -255,6 +255,12 @@ fn spans_read_twice_count_once_and_no_request_is_said() {
         stderr.contains("no inference request among the 1 spans read"),
         "{stderr}"
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Nothing to diagnose without requests")
+            && !stdout.contains("No problems found"),
+        "{stdout}"
+    );
 }
 
 #[test]

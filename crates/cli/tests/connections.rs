@@ -19,6 +19,36 @@ const HALF_HEAD: &str = "GET /health HTTP/1.1\r\nHost: localhost\r\n";
 /// A receiver request whose head is complete and whose body never is.
 const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\npartial";
 
+/// A standard error whose reader went away (`collect 2>&1 | head -1`) loses the lines, not the
+/// signals: SIGTERM still stops the collector (a review: it kept serving, deaf to SIGTERM and
+/// SIGINT, once its "stopping" line could not be written).
+#[test]
+#[cfg(unix)]
+fn sigterm_stops_a_collector_whose_stderr_is_closed() {
+    let mut c = Collector::start(["--no-store"]);
+    drop(c.child.stderr.take());
+    let pid = c.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = c.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "SIGTERM did not stop a collector whose stderr is closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
+
 /// The first Ctrl-C starts the graceful stop and says so; a second one ends the process at
 /// once (a review: a second SIGINT 0.5 s after the first still waited out the deadline).
 #[test]
