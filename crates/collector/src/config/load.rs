@@ -429,6 +429,11 @@ mod tests {
             "alerts:\n  rules:\n    - name: Twice\n      expr: e2e.p95 > 1s\n    - name: Twice\n      expr: e2e.p99 > 1s\n",
         );
         assert!(got[0].starts_with("5:alerts.rules[1].name"), "{got:?}");
+        // Items at their list key's own indent, a common style.
+        let got = problems_of(
+            "alerts:\n  rules:\n  - name: Good\n    expr: e2e.p95 > 1s\n  - name: Bad\n    expr: e2e.p95 >> 1s\nkpi:\n  windows: [1m]\n",
+        );
+        assert!(got[0].starts_with("6:alerts.rules[1].expr"), "{got:?}");
     }
 
     /// A value a command-line flag set is not blamed on the file's line for that key.
