@@ -64,6 +64,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.duration.is_zero() {
         anyhow::bail!("--duration must be longer than 0: no request would be sent");
     }
+    if cli.timeout.is_zero() {
+        anyhow::bail!("--timeout must be longer than 0: every request would time out");
+    }
     let target = cli.target.unwrap_or_else(|| match cli.protocol {
         Protocol::Http => "http://127.0.0.1:8080".to_owned(),
         Protocol::Grpc => "http://127.0.0.1:50051".to_owned(),
@@ -85,6 +88,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let report = loadgen::run(&cfg, !cli.quiet).await?;
     print!("{report}");
+    if report.sent == 0 {
+        anyhow::bail!(
+            "no request arrived within --duration {} at --rate {}: make either larger",
+            humantime_secs(cfg.duration),
+            cfg.rate
+        );
+    }
     if report.sent > 0 && report.count(loadgen::Outcome::Ok) == 0 {
         let why = report
             .results
@@ -97,6 +107,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `d` as `1.5s`.
+fn humantime_secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
 }
 
 #[tokio::main]
