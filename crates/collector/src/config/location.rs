@@ -35,8 +35,7 @@ pub(super) fn locate<K: AsRef<str>>(text: &str, path: &[Step<K>]) -> Option<(usi
             }
             let indent = line.len() - trimmed.len();
             // A list's items may sit at its key's own indent (`rules:` then `- name: …`).
-            let item_at_the_keys_indent =
-                matches!(step, Step::Item(_)) && trimmed.starts_with('-');
+            let item_at_the_keys_indent = matches!(step, Step::Item(_)) && trimmed.starts_with('-');
             if let Some(p) = parent_indent
                 && (indent < p || (indent == p && !item_at_the_keys_indent))
                 && i > from
