@@ -19,6 +19,54 @@ const HALF_HEAD: &str = "GET /health HTTP/1.1\r\nHost: localhost\r\n";
 /// A receiver request whose head is complete and whose body never is.
 const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\npartial";
 
+/// Sends `signal` (`-TERM`, `-INT`) to process `pid`.
+#[cfg(unix)]
+fn signal(pid: u32, signal: &str) {
+    let pid = pid.to_string();
+    assert!(
+        Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// Leaves a request hanging on the API (its head unfinished) and one on the OTLP/HTTP receiver
+/// (its body unfinished), then lets the collector read them; the connections stay open while
+/// the streams live.
+fn hang_requests(c: &Collector) -> Vec<TcpStream> {
+    let mut hanging = Vec::new();
+    for (port, request) in [(c.api, HALF_HEAD), (c.otlp_http, HALF_BODY)] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        hanging.push(s);
+    }
+    let (status, _) = http(c.api, "GET", "/health", "text/plain", b"");
+    assert_eq!(status, 200);
+    hanging
+}
+
+/// Waits for the collector to exit, at most `bound` from `started`; `what` says what should
+/// have ended it.
+fn wait_for_exit(
+    c: &mut Collector,
+    started: Instant,
+    bound: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(status) = c.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "{what} did not stop the collector within {bound:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A standard error whose reader went away (`collect 2>&1 | head -1`) loses the lines, not the
 /// signals: SIGTERM still stops the collector (a review: it kept serving, deaf to SIGTERM and
 /// SIGINT, once its "stopping" line could not be written).
@@ -27,25 +75,8 @@ const HALF_BODY: &str = "POST /v1/traces HTTP/1.1\r\nHost: localhost\r\nContent-
 fn sigterm_stops_a_collector_whose_stderr_is_closed() {
     let mut c = Collector::start(["--no-store"]);
     drop(c.child.stderr.take());
-    let pid = c.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = c.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(40),
-            "SIGTERM did not stop a collector whose stderr is closed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    signal(c.child.id(), "-TERM");
+    let status = wait_for_exit(&mut c, Instant::now(), Duration::from_secs(40), "SIGTERM");
     assert!(status.success(), "{status}");
 }
 
@@ -62,27 +93,9 @@ fn a_second_sigint_stops_at_once() {
     )
     .unwrap();
     let mut c = Collector::start(["--no-store", "--config", config.to_str().unwrap()]);
-    // Requests left hanging on a receiver and on the API hold the graceful stop (as in the
-    // test below).
-    let mut hanging = Vec::new();
-    for (port, request) in [(c.api, HALF_HEAD), (c.otlp_http, HALF_BODY)] {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
-        hanging.push(s);
-    }
-    let (status, _) = http(c.api, "GET", "/health", "text/plain", b"");
-    assert_eq!(status, 200);
-    let pid = c.child.id().to_string();
-    let interrupt = || {
-        assert!(
-            Command::new("kill")
-                .args(["-INT", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
-    interrupt();
+    // Requests left hanging on a receiver and on the API hold the graceful stop.
+    let hanging = hang_requests(&c);
+    signal(c.child.id(), "-INT");
     // The console says the stop began, with its deadline and how to cut it short.
     let mut err = std::io::BufReader::new(c.child.stderr.take().unwrap());
     let mut line = String::new();
@@ -96,17 +109,8 @@ fn a_second_sigint_stops_at_once() {
         "the hanging requests hold the graceful stop"
     );
     let started = Instant::now();
-    interrupt();
-    let status = loop {
-        if let Some(status) = c.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "a second SIGINT did not stop the collector"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    signal(c.child.id(), "-INT");
+    let status = wait_for_exit(&mut c, started, Duration::from_secs(30), "a second SIGINT");
     assert_eq!(status.code(), Some(130), "{status}");
     drop(hanging);
 }
@@ -123,40 +127,15 @@ fn sigterm_with_half_open_requests_exits_within_the_deadline() {
     )
     .unwrap();
     let mut c = Collector::start(["--no-store", "--config", config.to_str().unwrap()]);
-    let mut hanging = Vec::new();
-    for (port, request) in [(c.api, HALF_HEAD), (c.otlp_http, HALF_BODY)] {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
-        hanging.push(s);
-    }
-    // Let the collector read what was sent before the signal.
-    let (status, _) = http(c.api, "GET", "/health", "text/plain", b"");
-    assert_eq!(status, 200);
+    let hanging = hang_requests(&c);
     let started = Instant::now();
-    let pid = c.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(c.child.id(), "-TERM");
     // While the requests drain, /health says the collector is going away.
     std::thread::sleep(Duration::from_millis(300));
     let (status, body) = http(c.api, "GET", "/health", "text/plain", b"");
     assert_eq!(status, 503, "{body}");
     // Deadline 2 s plus a generous margin for a busy machine.
-    let bound = Duration::from_secs(32);
-    let status = loop {
-        if let Some(status) = c.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < bound,
-            "the collector did not exit within {bound:?} of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_for_exit(&mut c, started, Duration::from_secs(32), "SIGTERM");
     let took = started.elapsed();
     eprintln!("exited {took:?} after SIGTERM with two hanging requests (shutdown_timeout 2s)");
     assert!(status.success(), "exit status {status}");

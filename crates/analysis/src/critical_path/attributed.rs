@@ -80,6 +80,14 @@ mod tests {
         }
     }
 
+    /// Each segment's name and milliseconds.
+    fn pieces(path: &CriticalPath) -> Vec<(&str, u64)> {
+        path.segments
+            .iter()
+            .map(|s| (s.name.as_str(), s.duration_nanos() / MS))
+            .collect()
+    }
+
     fn record(id: SpanId) -> RequestRecord {
         RequestRecord::new(
             TraceId([1; 16]),
@@ -97,11 +105,7 @@ mod tests {
         let mut r = record(id);
         (r.queue, r.prefill, r.decode) = (Some(0.05), Some(0.05), Some(0.85));
         let path = attributed_path(&r, &one_span_path(id, 1_000 * MS, 2_000 * MS)).unwrap();
-        let got: Vec<(&str, u64)> = path
-            .segments
-            .iter()
-            .map(|s| (s.name.as_str(), s.duration_nanos() / MS))
-            .collect();
+        let got = pieces(&path);
         assert_eq!(
             got,
             [
@@ -121,11 +125,7 @@ mod tests {
         let mut r = record(id);
         (r.queue, r.decode) = (Some(0.6), Some(0.6));
         let path = attributed_path(&r, &one_span_path(id, 0, 1_000 * MS)).unwrap();
-        let got: Vec<(&str, u64)> = path
-            .segments
-            .iter()
-            .map(|s| (s.name.as_str(), s.duration_nanos() / MS))
-            .collect();
+        let got = pieces(&path);
         assert_eq!(got, [("queue", 600), ("decode", 400)]);
     }
 
@@ -167,11 +167,7 @@ mod tests {
         r.dialect = Dialect::Sglang;
         (r.queue, r.prefill, r.decode) = (Some(0.1), Some(0.2), Some(0.5));
         let path = attributed_path(&r, &with_a_child(id, "Tokenizer")).unwrap();
-        let got: Vec<(&str, u64)> = path
-            .segments
-            .iter()
-            .map(|s| (s.name.as_str(), s.duration_nanos() / MS))
-            .collect();
+        let got = pieces(&path);
         assert_eq!(
             got,
             [
