@@ -10,8 +10,8 @@
 //! Either way the aggregate would blame "time outside the engine" for what the engine says was
 //! queue, prefill and decode. For the windows such a path is re-read from the record: `queue`,
 //! `prefill` and `decode` laid out in that order from the path's start (each cut at its end),
-//! owned by the request span's service, and the rest under the request span's name
-//! (tokenising, detokenising, whatever the phases do not cover). The span path itself stays
+//! owned by the request's service, and the rest as [`UNATTRIBUTED`] (tokenising,
+//! detokenising, whatever the phases do not cover). The span path itself stays
 //! what the waterfall and the store show. A path through other spans of another kind (the
 //! infertrace layer's, a gateway's, a generic server's) is left as it is: its spans say more
 //! than the phases.
@@ -25,9 +25,15 @@ use super::path::{CriticalPath, Tiling};
 use crate::record::{Dialect, RequestRecord};
 use crate::trace::Text;
 
+/// Name of the segment owning a request's time outside its phases.
+pub const UNATTRIBUTED: &str = "unattributed";
+
 /// The phase names as static texts (a path per request allocates none).
 static PHASES: LazyLock<[Text; 3]> =
     LazyLock::new(|| [span::QUEUE, span::PREFILL, span::DECODE].map(Text::leaked));
+
+/// [`UNATTRIBUTED`] as a static text.
+static REST: LazyLock<Text> = LazyLock::new(|| Text::leaked(UNATTRIBUTED));
 
 /// The path of `r` from its phases, when the record has a phase and `span_path` (its span's own
 /// critical path) is that one span alone, or is an engine dialect's (vLLM, SGLang, TGI) with no
@@ -43,17 +49,13 @@ pub fn attributed_path(r: &RequestRecord, span_path: &CriticalPath) -> Option<Cr
     {
         return None;
     }
-    let own = segments
-        .iter()
-        .find(|s| s.span_id == r.span_id)
-        .unwrap_or(first);
     let end = last.end_unix_nano;
     let mut path = Tiling::new(r.span_id, first.start_unix_nano);
     for (name, secs) in PHASES.iter().zip([r.queue, r.prefill, r.decode]) {
         let until = path.at().saturating_add(secs.map_or(0, nanos)).min(end);
-        path.lay(until, name, &own.service);
+        path.lay(until, name, &r.service);
     }
-    path.lay(end, &own.name, &own.service);
+    path.lay(end, &REST, &r.service);
     Some(path.into_path(span_path.trace_id, span_path.root))
 }
 
@@ -112,7 +114,7 @@ mod tests {
                 ("queue", 50),
                 ("prefill", 50),
                 ("decode", 850),
-                ("llm_request", 50)
+                ("unattributed", 50)
             ]
         );
         assert_eq!(path.total_nanos(), 1_000 * MS);
@@ -159,7 +161,7 @@ mod tests {
 
     /// SGLang's `Tokenizer` thread span lasts the whole request, so the walk gives it nearly
     /// all of it (a review: 99.5 %, and a hotspot finding); the engine's phases stand instead,
-    /// the rest under the request span's name.
+    /// the rest as unattributed.
     #[test]
     fn an_engines_own_spans_without_a_phase_give_way_to_its_phases() {
         let id = SpanId([2; 8]);
@@ -174,7 +176,7 @@ mod tests {
                 ("queue", 100),
                 ("prefill", 200),
                 ("decode", 500),
-                ("llm_request", 200)
+                ("unattributed", 200)
             ]
         );
     }

@@ -39,7 +39,7 @@ mod path;
 mod walk;
 mod windows;
 
-pub use attributed::attributed_path;
+pub use attributed::{UNATTRIBUTED, attributed_path};
 pub use disagg::{HANDOVER, disaggregated_path};
 
 use crate::record::RequestRecord;
