@@ -200,4 +200,26 @@ mod tests {
         plain.disagg = None;
         assert!(disaggregated_path(&plain).is_none());
     }
+
+    /// TensorRT-LLM tells only the KV transfer among the sub-phases; its queue and prefill
+    /// come from its latency attributes and stand in (a review saw them under `handover`).
+    #[test]
+    fn the_records_queue_and_prefill_stand_in_for_missing_sub_phases() {
+        let p = DisaggPhases {
+            kv_transfer: Some(0.1),
+            ..DisaggPhases::default()
+        };
+        let mut r = record(p, 400, 1500);
+        (r.queue, r.prefill, r.decode) = (Some(0.1), Some(0.2), Some(1.1));
+        let s = |b: &str, n: u64| ("pd-router".to_string(), b.to_string(), n);
+        assert_eq!(
+            pieces(&disaggregated_path(&r).unwrap()),
+            [
+                s("prefill_queue", 100),
+                s("prefill", 200),
+                s("kv_transfer", 100),
+                s("decode", 1100)
+            ]
+        );
+    }
 }
