@@ -121,6 +121,8 @@ impl CollectorConfig {
                 located(&text, &name, v)
             }
         }));
+        // In the file's order; a flag's problems (no line) last.
+        problems.sort_by_key(|e| (e.line.is_none(), e.line));
         Ok((config, problems))
     }
 
@@ -412,6 +414,15 @@ mod tests {
             got[2].starts_with("5:forward.protocl: unknown field"),
             "{got:?}"
         );
+    }
+
+    /// Problems come in the file's order, whatever order the sections are checked in.
+    #[test]
+    fn problems_come_in_the_files_order() {
+        let got = problems_of("assembly:\n  max_age: 0s\nlimits:\n  soft_limit_percent: 0\n");
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].starts_with("2:assembly.max_age"), "{got:?}");
+        assert!(got[1].starts_with("4:limits.soft_limit_percent"), "{got:?}");
     }
 
     /// A problem of a list's item is placed at that item, and its key says which (a review:

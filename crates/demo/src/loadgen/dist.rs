@@ -70,19 +70,21 @@ impl FromStr for LengthDist {
                 .filter(|v| v.is_finite() && *v >= 0.0)
                 .ok_or_else(|| format!("{what} `{p}` in `{s}` is not a non-negative number"))
         };
-        match parts.as_slice() {
-            ["fixed", n] => {
-                let n = num(n, "length")?;
-                if n < 1.0 {
-                    return Err(format!("length `{n}` in `{s}` is below 1 token"));
-                }
-                Ok(LengthDist::Fixed(n as u32))
+        // A length in tokens: at least one.
+        let tokens = |p: &str, what: &str| -> Result<f64, String> {
+            let n = num(p, what)?;
+            if n < 1.0 {
+                return Err(format!("{what} `{p}` in `{s}` is below 1 token"));
             }
+            Ok(n)
+        };
+        match parts.as_slice() {
+            ["fixed", n] => Ok(LengthDist::Fixed(tokens(n, "length")? as u32)),
             ["lognormal", median, sigma, rest @ ..] if rest.len() <= 1 => {
-                let median = num(median, "median")?.max(1.0);
+                let median = tokens(median, "median")?;
                 let sigma = num(sigma, "sigma")?;
                 let max = match rest.first() {
-                    Some(m) => num(m, "max")? as u32,
+                    Some(m) => tokens(m, "max")? as u32,
                     None => (median * 8.0).min(f64::from(u32::MAX)) as u32,
                 };
                 Ok(LengthDist::LogNormal { median, sigma, max })
@@ -92,7 +94,7 @@ impl FromStr for LengthDist {
                 if share > 1.0 {
                     return Err(format!("share `{share}` in `{s}` is above 1"));
                 }
-                let long = (num(long, "long length")? as u32).max(1);
+                let long = tokens(long, "long length")? as u32;
                 let base = base.join(":").parse::<LengthDist>()?;
                 Ok(LengthDist::Mix {
                     share,
