@@ -340,25 +340,22 @@ impl RequestRecord {
     /// phase longer than the request. A derived TPOT of a capped decode is derived again.
     pub fn cap_at_e2e(&mut self) {
         let e2e = self.e2e;
-        let mut decode_capped = false;
-        for (i, v) in [
-            &mut self.decode,
+        let cap = |v: &mut Option<f64>| match v {
+            Some(x) if *x > e2e => {
+                *x = e2e;
+                true
+            }
+            _ => false,
+        };
+        for v in [
             &mut self.queue,
             &mut self.prefill,
             &mut self.ttft,
             &mut self.inference,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            if let Some(x) = v
-                && *x > e2e
-            {
-                *x = e2e;
-                decode_capped |= i == 0;
-            }
+        ] {
+            cap(v);
         }
-        if decode_capped
+        if cap(&mut self.decode)
             && self.origins.tpot == Some(PhaseOrigin::Derived)
             && let (Some(d), Some(n)) = (self.decode, self.output_tokens)
         {

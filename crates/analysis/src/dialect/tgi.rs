@@ -104,9 +104,8 @@ pub fn parse_duration(s: &str) -> Option<f64> {
 
 /// Names the operation of `r`, a generic request's record, when its span or one of its children
 /// is a TGI handler: TGI refuses a request (a validation error, a full queue) before it records
-/// any timing field, so its span is read as a generic request, and without this its
-/// `unknown` operation put it in another series than the requests TGI served, whose error and
-/// rejection rates then never counted it.
+/// any timing field, so its span is generic, and it must count in the series of the requests
+/// TGI served.
 pub fn name_generic(span: &Span, trace: &TraceView<'_>, r: &mut RequestRecord) {
     if r.operation != crate::record::UNKNOWN {
         return;

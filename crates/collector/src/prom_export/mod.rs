@@ -82,6 +82,18 @@ pub struct SeriesLabels {
     pub operation: Arc<str>,
 }
 
+impl SeriesLabels {
+    /// The request families' labels of this series and `outcome`.
+    fn with_outcome(&self, outcome: Outcome) -> RequestLabels {
+        RequestLabels {
+            service: self.service.clone(),
+            model: self.model.clone(),
+            operation: self.operation.clone(),
+            outcome: outcome.as_str(),
+        }
+    }
+}
+
 /// Labels of `tokens_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
@@ -436,12 +448,7 @@ impl PromRecorder {
         let kept = *kept;
         let o = &handles.outcomes[outcome_index(r.outcome)];
         let h = o.get_or_init(|| {
-            let labels = RequestLabels {
-                service: handles.labels.service.clone(),
-                model: handles.labels.model.clone(),
-                operation: handles.labels.operation.clone(),
-                outcome: r.outcome.as_str(),
-            };
+            let labels = handles.labels.with_outcome(r.outcome);
             let m = &self.metrics;
             OutcomeHandles {
                 e2e: m.request_duration.get_or_create_owned(&labels),
@@ -619,12 +626,7 @@ impl PromRecorder {
         let labels = &handles.labels;
         let m = &self.metrics;
         for outcome in OUTCOMES {
-            let request = RequestLabels {
-                service: labels.service.clone(),
-                model: labels.model.clone(),
-                operation: labels.operation.clone(),
-                outcome: outcome.as_str(),
-            };
+            let request = labels.with_outcome(outcome);
             m.requests.remove(&request);
             if handles.outcomes[outcome_index(outcome)].get().is_none() {
                 continue;
@@ -672,12 +674,8 @@ impl PromRecorder {
         };
         let m = &self.metrics;
         let requests = OUTCOMES.map(|outcome| {
-            m.requests.get_or_create_owned(&RequestLabels {
-                service: labels.service.clone(),
-                model: labels.model.clone(),
-                operation: labels.operation.clone(),
-                outcome: outcome.as_str(),
-            })
+            m.requests
+                .get_or_create_owned(&labels.with_outcome(outcome))
         });
         SeriesHandles {
             requests,
