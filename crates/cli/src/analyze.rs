@@ -1,13 +1,15 @@
 //! `infertrace analyze FILE…`: offline analysis of exported traces.
 //!
 //! Accepted formats, detected per file: an OTLP/JSON export request (the OTLP/HTTP body, as the
-//! OpenTelemetry Collector's file exporter writes it) as a whole file or one per line, and
-//! Jaeger's JSON export. Every file is read; a bad file or line is reported as one line on stderr
+//! OpenTelemetry Collector's file exporter writes it) as a whole file or one per line, the same
+//! under a trace store's envelope (Tempo's and Jaeger v2's APIs, ids in hex or base64:
+//! [`otlp_envelopes`]), and Jaeger's JSON export. Every file is read; a bad file or line is reported as one line on stderr
 //! and the rest is still analysed. A span read twice (the same trace and span id in
 //! overlapping exports) counts once, and is said. The exit status is 0 when everything was
 //! read, 1 when some input had problems or no span read is an inference request (the report is
 //! still printed), 2 when nothing could be analysed.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,13 +30,15 @@ use infertrace_collector::otlp_decode::decode_json;
 use serde_json::{Value, json};
 
 use crate::jaeger_json::{looks_like_jaeger, spans_from_jaeger};
+use crate::otlp_envelopes;
 use crate::render;
 use crate::report::{Format, print_report};
 
 /// Arguments of `infertrace analyze`.
 #[derive(Args, Debug)]
 pub struct AnalyzeArgs {
-    /// Trace files: OTLP/JSON (whole file or one export request per line) or Jaeger JSON.
+    /// Trace files: OTLP/JSON (whole file or one export request per line, also as Tempo's and
+    /// Jaeger v2's APIs return a trace) or Jaeger JSON.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Output format.
@@ -80,12 +84,13 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
             }
             Err(e) => inputs.problems.push(format!("{name}: {e:#}")),
         },
-        Ok(_) => match decode_json(&bytes) {
+        Ok(doc) => match decode_json(&otlp_body(&bytes, &doc)) {
             Ok(decoded) if decoded.spans.is_empty() && decoded.rejected == 0 => {
                 inputs.problems.push(format!(
                     "{name}: JSON without a span: expected an OTLP/JSON export request \
-                     (resourceSpans[].scopeSpans[].spans), one per line or one per file, or a \
-                     Jaeger export (data[].spans, as Jaeger's UI and /api/traces give it)"
+                     (resourceSpans[].scopeSpans[].spans), one per line or one per file, a trace \
+                     from Tempo's or Jaeger v2's API, or a Jaeger export (data[].spans, as \
+                     Jaeger's UI and /api/traces give it)"
                 ));
             }
             Ok(decoded) => {
@@ -110,7 +115,11 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                match decode_json(line) {
+                let line = match serde_json::from_slice::<Value>(line) {
+                    Ok(doc) => otlp_body(line, &doc),
+                    Err(_) => Cow::Borrowed(line),
+                };
+                match decode_json(&line) {
                     Ok(decoded) => {
                         lines_ok += 1;
                         if decoded.rejected > 0 {
@@ -136,6 +145,18 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
     }
     if inputs.spans.len() == before {
         inputs.files_failed += 1;
+    }
+}
+
+/// The OTLP/JSON export request `doc` (parsed from `bytes`) is or holds under a trace store's
+/// envelope, with hex ids ([`otlp_envelopes`]): `bytes` when it needs no rewriting.
+fn otlp_body<'a>(bytes: &'a [u8], doc: &Value) -> Cow<'a, [u8]> {
+    match otlp_envelopes::as_export_request(doc) {
+        Some(request) if request != *doc => match serde_json::to_vec(&request) {
+            Ok(rewritten) => Cow::Owned(rewritten),
+            Err(_) => Cow::Borrowed(bytes),
+        },
+        _ => Cow::Borrowed(bytes),
     }
 }
 

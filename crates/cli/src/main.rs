@@ -10,6 +10,7 @@ mod console;
 mod demo;
 mod http_get;
 mod jaeger_json;
+mod otlp_envelopes;
 mod render;
 mod report;
 

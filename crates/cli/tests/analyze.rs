@@ -213,6 +213,70 @@ fn jaeger_json_export() {
     check_report(&json_report(&out));
 }
 
+/// The trace of a request as Tempo's and Jaeger v2's APIs give it back: Tempo's `batches` (ids
+/// in base64, OTLP's old `instrumentationLibrarySpans`, enums by name), Tempo v2's `trace`, and
+/// Jaeger v2's `result`, one trace per line as its API streams them.
+#[test]
+fn traces_as_tempo_and_jaeger_v2_return_them() {
+    use base64::Engine;
+    let b64 = |hex_id: &Value| {
+        let bytes: Vec<u8> = (0..hex_id.as_str().unwrap().len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex_id.as_str().unwrap()[i..i + 2], 16).unwrap())
+            .collect();
+        Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let resource =
+        json!({"attributes": [{"key": "service.name", "value": {"stringValue": "svc"}}]});
+    let requests: Vec<Vec<Value>> = PHASES
+        .iter()
+        .enumerate()
+        .map(|(i, p)| request_spans(i as u64, p.0, p.1, p.2))
+        .collect();
+    let tempo_spans: Vec<Value> = requests
+        .iter()
+        .flatten()
+        .map(|s| {
+            let mut s = s.clone();
+            for key in ["traceId", "spanId", "parentSpanId"] {
+                if let Some(id) = s.get(key).cloned() {
+                    s[key] = b64(&id);
+                }
+            }
+            s["kind"] = json!(if s["kind"] == 2 {
+                "SPAN_KIND_SERVER"
+            } else {
+                "SPAN_KIND_INTERNAL"
+            });
+            s
+        })
+        .collect();
+    let tempo = json!({"batches": [{"resource": resource,
+        "instrumentationLibrarySpans": [{"instrumentationLibrary": {"name": "t"}, "spans": tempo_spans}]}]});
+    let all: Vec<Value> = requests.iter().flatten().cloned().collect();
+    let tempo_v2 = json!({"trace": export_request(all), "status": "complete"});
+    let jaeger_v2: Vec<String> = requests
+        .iter()
+        .map(|spans| json!({"result": export_request(spans.clone())}).to_string())
+        .collect();
+    for (name, text) in [
+        ("tempo.json", tempo.to_string()),
+        ("tempo-v2.json", tempo_v2.to_string()),
+        ("jaeger-v3.jsonl", jaeger_v2.join("\n")),
+    ] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let out = analyze(&[&file], &["--format", "json", "--per-trace"]);
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_report(&json_report(&out));
+    }
+}
+
 /// The same spans in two files (overlapping exports) count once, said on stderr; files with
 /// spans but no request say so and exit 1 (a review saw "No problems found" and 0).
 #[test]
