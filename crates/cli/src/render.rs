@@ -186,14 +186,35 @@ pub fn report_table(report: &Value) -> String {
     out
 }
 
+/// Each series' name in the tables: `service/model`, with its operation where another series
+/// has the same service and model (TGI's chat and text completions).
+fn series_labels(series: &[Value]) -> Vec<String> {
+    let service_model = |x: &Value| format!("{}/{}", text(x, "service"), text(x, "model"));
+    series
+        .iter()
+        .map(|x| {
+            let model = service_model(x);
+            let shared = series
+                .iter()
+                .filter(|y| service_model(y) == model)
+                .nth(1)
+                .is_some();
+            if shared {
+                format!("{model} ({})", text(x, "operation"))
+            } else {
+                model
+            }
+        })
+        .collect()
+}
+
+/// Two tables, so that each fits a terminal of 100 columns: what each series served, then where
+/// its time went.
 fn render_breakdown(series: &[Value], out: &mut String) {
-    out.push_str(
-        "\nLatency breakdown per model (share of end-to-end time: all requests | slowest 1%)\n",
-    );
+    let labels = series_labels(series);
+    out.push_str("\nRequests per model\n");
     let mut t = Table::new(&[
-        "service",
         "model",
-        "operation",
         "requests",
         "errors",
         "cancelled",
@@ -201,18 +222,11 @@ fn render_breakdown(series: &[Value], out: &mut String) {
         "req/s",
         "out tok/s",
         "goodput",
-        "queue",
-        "prefill",
-        "decode",
-        "p99 queue",
-        "p99 prefill",
-        "p99 decode",
-    ]);
-    for x in series {
+    ])
+    .left_columns(1);
+    for (x, label) in series.iter().zip(&labels) {
         t.row(vec![
-            text(x, "service").into(),
-            text(x, "model").into(),
-            text(x, "operation").into(),
+            label.clone(),
             num(f(x, &["requests"]), 0),
             num(f(x, &["errors"]), 0),
             num(f(x, &["cancelled"]), 0),
@@ -220,6 +234,25 @@ fn render_breakdown(series: &[Value], out: &mut String) {
             num(f(x, &["throughput", "requests_per_second"]), 2),
             num(f(x, &["throughput", "output_tokens_per_second"]), 0),
             pct(f(x, &["goodput", "ratio"])),
+        ]);
+    }
+    t.render(out);
+    out.push_str(
+        "\nLatency breakdown per model (share of end-to-end time: all requests | slowest 1%)\n",
+    );
+    let mut t = Table::new(&[
+        "model",
+        "queue",
+        "prefill",
+        "decode",
+        "p99 queue",
+        "p99 prefill",
+        "p99 decode",
+    ])
+    .left_columns(1);
+    for (x, label) in series.iter().zip(&labels) {
+        t.row(vec![
+            label.clone(),
             pct(f(x, &["phase_share", "all", "queue"])),
             pct(f(x, &["phase_share", "all", "prefill"])),
             pct(f(x, &["phase_share", "all", "decode"])),
@@ -233,21 +266,9 @@ fn render_breakdown(series: &[Value], out: &mut String) {
 
 fn render_percentiles(series: &[Value], out: &mut String) {
     out.push_str("\nLatency percentiles\n");
-    let mut t = Table::new(&[
-        "model", "metric", "", "p50", "p90", "p95", "p99", "max", "mean",
-    ]);
-    let service_model = |x: &Value| format!("{}/{}", text(x, "service"), text(x, "model"));
-    for x in series {
-        let mut model = service_model(x);
-        // Series that differ by operation alone (TGI's chat and text completions) say which.
-        if series
-            .iter()
-            .filter(|y| service_model(y) == model)
-            .nth(1)
-            .is_some()
-        {
-            model = format!("{model} ({})", text(x, "operation"));
-        }
+    let mut t =
+        Table::new(&["model", "metric", "p50", "p90", "p95", "p99", "max", "mean"]).left_columns(2);
+    for (x, model) in series.iter().zip(series_labels(series)) {
         for (key, label) in [
             ("e2e", "e2e"),
             ("ttft", "TTFT"),
@@ -263,7 +284,7 @@ fn render_percentiles(series: &[Value], out: &mut String) {
             if f(q, &["p50"]).is_none() {
                 continue;
             }
-            let mut row = vec![model.clone(), label.into(), String::new()];
+            let mut row = vec![model.clone(), label.into()];
             for p in ["p50", "p90", "p95", "p99", "max", "mean"] {
                 row.push(secs(f(q, &[p])));
             }
@@ -274,30 +295,28 @@ fn render_percentiles(series: &[Value], out: &mut String) {
 }
 
 fn render_gpu(series: &[Value], out: &mut String) {
-    let with_gpu: Vec<&Value> = series
+    let with_gpu: Vec<(&Value, String)> = series
         .iter()
-        .filter(|x| x.get("gpu").is_some_and(|g| !g.is_null()))
+        .zip(series_labels(series))
+        .filter(|(x, _)| x.get("gpu").is_some_and(|g| !g.is_null()))
         .collect();
     if with_gpu.is_empty() {
         return;
     }
     out.push_str("\nGPU (utilisation while each phase ran; energy attributed by token share)\n");
     let mut t = Table::new(&[
-        "service",
         "model",
-        "",
         "util queue",
         "util prefill",
         "util decode",
         "energy",
         "J / out token",
-    ]);
-    for x in with_gpu {
+    ])
+    .left_columns(1);
+    for (x, label) in with_gpu {
         let g = &x["gpu"];
         t.row(vec![
-            text(x, "service").into(),
-            text(x, "model").into(),
-            String::new(),
+            label,
             pct(f(g, &["utilization_mean", "queue"])),
             pct(f(g, &["utilization_mean", "prefill"])),
             pct(f(g, &["utilization_mean", "decode"])),
@@ -617,6 +636,14 @@ mod tests {
         render_percentiles(&[series("chat"), series("text_completion")], &mut out);
         assert!(out.contains("tgi/unknown (chat)"), "{out}");
         assert!(out.contains("tgi/unknown (text_completion)"), "{out}");
+        // The requests and breakdown tables name them alike.
+        let mut out = String::new();
+        render_breakdown(&[series("chat"), series("text_completion")], &mut out);
+        assert_eq!(
+            out.matches("tgi/unknown (text_completion)").count(),
+            2,
+            "{out}"
+        );
         let mut out = String::new();
         render_percentiles(&[series("chat")], &mut out);
         assert!(
@@ -686,7 +713,7 @@ mod tests {
             "kpis": {"series": [
                 {"service": "svc\u{9b}31m", "model": hostile, "operation": "chat\nfake row",
                  "requests": 3, "e2e": {"p50": 1.0, "p90": 1.0, "p95": 1.0, "p99": 1.0, "max": 1.0, "mean": 1.0}},
-                {"service": "svc", "model": "m", "operation": "chat", "requests": 12345}
+                {"service": "svc\u{9b}31m", "model": hostile, "operation": "chat", "requests": 12345}
             ]},
             "critical_path": {"requests": 3, "entries": [{"service": "svc", "span": "tab\there",
                 "seconds": {"all": 1.0}, "share": {"all": 1.0}}]},
@@ -712,7 +739,7 @@ mod tests {
         // header and on both rows (widths are counted on the escaped text).
         let table: Vec<&str> = text
             .lines()
-            .skip_while(|l| !l.starts_with("Latency breakdown"))
+            .skip_while(|l| !l.starts_with("Requests per model"))
             .skip(1)
             .take_while(|l| !l.is_empty())
             .collect();
@@ -730,6 +757,38 @@ mod tests {
             Some(('3', '5')),
             "{text}"
         );
+    }
+
+    /// Every table of a report fits a terminal of 100 columns, with names as long as the demo's
+    /// and every figure at its widest (a review read 168 columns). Longer names widen the first
+    /// column only.
+    #[test]
+    fn tables_fit_a_terminal_of_100_columns() {
+        let q = serde_json::json!({"p50": 999.9, "p90": 999.9, "p95": 999.9, "p99": 999.9,
+            "max": 999.9, "mean": 999.9});
+        let share = serde_json::json!({"queue": 0.999, "prefill": 0.999, "decode": 0.999});
+        let series = |operation: &str| {
+            serde_json::json!({"service": "infertrace-demo", "model": "llama-3.1-8b",
+                "operation": operation, "requests": 12_345_678, "errors": 1_234_567,
+                "cancelled": 1_234_567, "rejected": 1_234_567,
+                "throughput": {"requests_per_second": 12_345.67, "output_tokens_per_second": 1_234_567},
+                "goodput": {"ratio": 0.999}, "phase_share": {"all": share, "p99": share},
+                "e2e": q, "ttft": q, "tpot": q, "itl": q, "queue": q, "prefill": q, "decode": q,
+                "gpu": {"utilization_mean": share, "energy_attributed_joules": 12_345_678.0,
+                        "energy_per_output_token_joules": 1234.5}})
+        };
+        let report = serde_json::json!({
+            "source": "demo (balanced)", "window_seconds": 300,
+            "kpis": {"series": [series("chat")]},
+            "critical_path": {"requests": 3, "entries": [{"service": "infertrace-demo",
+                "span": "chat llama-3.1-8b", "seconds": {"all": 12345.67, "p90": 1.0, "p99": 1.0},
+                "share": {"all": 0.999, "p90": 0.999, "p99": 0.999}}]},
+            "findings": []
+        });
+        let text = report_table(&report);
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(widest <= 100, "{widest} columns:\n{text}");
+        assert!(text.contains("infertrace-demo/llama-3.1-8b"), "{text}");
     }
 
     #[test]
