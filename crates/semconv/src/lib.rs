@@ -153,6 +153,31 @@ pub mod infer {
         pub const CANCELLED: &str = "cancelled";
         /// Refused by admission control (429 / RESOURCE_EXHAUSTED).
         pub const REJECTED: &str = "rejected";
+
+        /// The outcome an HTTP response status says, where it says one: 429 (the service's
+        /// refusal) [`REJECTED`], 499 (the client went away) [`CANCELLED`], any other 4xx or
+        /// 5xx [`ERROR`] (a request the service did not serve, such as a prompt over the
+        /// context, must not count as an ok request of a tenth of a millisecond). The layer
+        /// writes outcomes and the collector reads statuses by this one rule.
+        pub fn of_http_status(code: i64) -> Option<&'static str> {
+            match code {
+                429 => Some(REJECTED),
+                499 => Some(CANCELLED),
+                c if c >= 400 => Some(ERROR),
+                _ => None,
+            }
+        }
+
+        /// The outcome a `grpc-status` code says, where it says one: RESOURCE_EXHAUSTED (8)
+        /// [`REJECTED`], CANCELLED (1) [`CANCELLED`], any other non-OK code [`ERROR`].
+        pub fn of_grpc_status(code: i64) -> Option<&'static str> {
+            match code {
+                0 => None,
+                1 => Some(CANCELLED),
+                8 => Some(REJECTED),
+                _ => Some(ERROR),
+            }
+        }
     }
     /// Phase-source values.
     pub mod phase_source {
@@ -600,4 +625,35 @@ pub mod prom {
     /// Self-metric: assembly ticks at which the resident memory was near the limit's bound and
     /// the allocator was told to return the freed memory it keeps.
     pub const MEMORY_RETURNED_TICKS: &str = "memory_returned_ticks";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::infer::outcome::*;
+
+    #[test]
+    fn statuses_say_the_outcome_the_layer_writes_and_the_collector_reads() {
+        for (code, said) in [
+            (200, None),
+            (304, None),
+            (400, Some(ERROR)),
+            (404, Some(ERROR)),
+            (429, Some(REJECTED)),
+            (499, Some(CANCELLED)),
+            (500, Some(ERROR)),
+            (503, Some(ERROR)),
+        ] {
+            assert_eq!(of_http_status(code), said, "HTTP {code}");
+        }
+        for (code, said) in [
+            (0, None),
+            (1, Some(CANCELLED)),
+            (3, Some(ERROR)),
+            (8, Some(REJECTED)),
+            (13, Some(ERROR)),
+            (14, Some(ERROR)),
+        ] {
+            assert_eq!(of_grpc_status(code), said, "grpc-status {code}");
+        }
+    }
 }

@@ -336,16 +336,19 @@ impl RequestRecord {
         let marks = self.recorder.marks_at(end, end_tick);
         let strings = self.recorder.strings();
 
-        // The service's own refusal is a rejection like the admission queue's (HTTP 429, gRPC
-        // RESOURCE_EXHAUSTED), a client's cancel a cancel (499, CANCELLED), as the collector
-        // reads them; any other 4xx or 5xx or non-OK status is an error: a request the service
-        // did not serve (a 400 for a prompt over the context, a 404) must not count as an ok
-        // request of a tenth of a millisecond.
-        let rejected = self.rejected
-            || self.http_status == Some(429)
-            || self.grpc_status == Some(grpc::RESOURCE_EXHAUSTED);
-        let client_cancelled =
-            self.http_status == Some(499) || self.grpc_status == Some(grpc::CANCELLED);
+        // The response status says the outcome as the collector reads it
+        // (`infer::outcome::of_grpc_status`, `of_http_status`): the service's own refusal is a
+        // rejection like the admission queue's, a client's cancel a cancel, anything else
+        // non-OK an error (with its status as the error type below).
+        let said = self
+            .grpc_status
+            .and_then(|c| infer::outcome::of_grpc_status(c.into()))
+            .or_else(|| {
+                self.http_status
+                    .and_then(|c| infer::outcome::of_http_status(c.into()))
+            });
+        let rejected = self.rejected || said == Some(infer::outcome::REJECTED);
+        let client_cancelled = said == Some(infer::outcome::CANCELLED);
         let error_type: Option<Cow<'static, str>> = if rejected {
             None
         } else if let Some(kind) = strings.error {

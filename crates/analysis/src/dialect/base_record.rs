@@ -61,20 +61,12 @@ pub(super) fn outcome_signal(span: &Span) -> Option<Outcome> {
         return Some(o);
     }
     let grpc = span.attr_i64(sc::net::RPC_GRPC_STATUS_CODE);
-    match grpc {
-        Some(0) | None => {}
-        Some(1) => return Some(Outcome::Cancelled),
-        Some(8) => return Some(Outcome::Rejected),
-        Some(_) => return Some(Outcome::Error),
-    }
     let http = span.attr_i64(sc::net::HTTP_RESPONSE_STATUS_CODE);
-    match http {
-        Some(429) => return Some(Outcome::Rejected),
-        Some(499) => return Some(Outcome::Cancelled),
-        // A 4xx is a request the service did not serve (a prompt over the context, a bad
-        // route): not an ok request of a few microseconds, as a gRPC INVALID_ARGUMENT is not.
-        Some(c) if c >= 400 => return Some(Outcome::Error),
-        _ => {}
+    let said = grpc
+        .and_then(sc::infer::outcome::of_grpc_status)
+        .or_else(|| http.and_then(sc::infer::outcome::of_http_status));
+    if let Some(o) = said.and_then(Outcome::parse) {
+        return Some(o);
     }
     // An aborted request's finish reason is `abort` (SGLang writes the list as one JSON string,
     // `["abort"]`).
