@@ -320,26 +320,16 @@ impl RequestRecord {
         Some(attrs)
     }
 
-    /// Ends the request now. Idempotent.
-    pub(crate) fn finish(&mut self, how: End) {
-        if self.finished {
-            return;
-        }
-        self.finished = true;
-        let end = Instant::now();
-        let end_tick = tick_clock::ticks();
-        let end_offset = self.offset(end);
-        // Chunk ticks convert with this request's own pair of anchors.
-        let ticks = TickSpan::new(self.arrival, self.arrival_tick, end, end_tick);
-        let first_chunk = self.first_tick.map(|t| ticks.offset(t));
-        let last_chunk = self.first_tick.map(|_| ticks.offset(self.last_tick));
-        let marks = self.recorder.marks_at(end, end_tick);
-        let strings = self.recorder.strings();
-
-        // The response status says the outcome as the collector reads it
-        // (`infer::outcome::of_grpc_status`, `of_http_status`): the service's own refusal is a
-        // rejection like the admission queue's, a client's cancel a cancel, anything else
-        // non-OK an error (with its status as the error type below).
+    /// The request's outcome and error type, from the response status as the collector reads
+    /// it (`infer::outcome::of_grpc_status`, `of_http_status`): the service's own refusal is a
+    /// rejection like the admission queue's, a client's cancel a cancel, anything else non-OK
+    /// an error, its type the handler's own word first, then a body that failed after it, then
+    /// the status.
+    fn outcome(
+        &self,
+        how: End,
+        handler_error: Option<&Arc<str>>,
+    ) -> (&'static str, Option<Cow<'static, str>>) {
         let said = self
             .grpc_status
             .and_then(|c| infer::outcome::of_grpc_status(c.into()))
@@ -351,8 +341,7 @@ impl RequestRecord {
         let client_cancelled = said == Some(infer::outcome::CANCELLED);
         let error_type: Option<Cow<'static, str>> = if rejected {
             None
-        } else if let Some(kind) = strings.error {
-            // The handler's own word first: a body that fails after it comes second.
+        } else if let Some(kind) = handler_error {
             Some(Cow::Owned(kind.to_string()))
         } else if let Some(kind) = self.failure {
             Some(Cow::Borrowed(kind))
@@ -374,6 +363,59 @@ impl RequestRecord {
         } else {
             infer::outcome::OK
         };
+        (outcome, error_type)
+    }
+
+    /// The status the span reports: gRPC's code, or where none went out CANCELLED for a client
+    /// that cancelled (as gRPC servers report it) and OK for a response with headers only; else
+    /// the HTTP status.
+    fn status(&self, outcome: &str) -> Option<StatusCode> {
+        if !self.facts.grpc {
+            return self.http_status.map(StatusCode::Http);
+        }
+        match self.grpc_status {
+            Some(code) => Some(code),
+            None if outcome == infer::outcome::CANCELLED => Some(grpc::CANCELLED),
+            None => self.http_status.map(|_| 0),
+        }
+        .map(StatusCode::Grpc)
+    }
+
+    /// The child spans of the phases that ran, with their GPU telemetry.
+    fn phase_spans(&self, phases: &Phases) -> PhaseSpans {
+        let mut spans = PhaseSpans::default();
+        let intervals = [
+            phases.queue,
+            phases.prefill,
+            phases.decode,
+            phases.inference,
+        ];
+        for (i, interval) in intervals.into_iter().enumerate() {
+            if let Some((s, e)) = interval {
+                let attributes = self.phase_attributes(PHASE_NAMES[i], s, e);
+                spans.set(i, self.wall(s), self.wall(e), attributes);
+            }
+        }
+        spans
+    }
+
+    /// Ends the request now. Idempotent.
+    pub(crate) fn finish(&mut self, how: End) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let end = Instant::now();
+        let end_tick = tick_clock::ticks();
+        let end_offset = self.offset(end);
+        // Chunk ticks convert with this request's own pair of anchors.
+        let ticks = TickSpan::new(self.arrival, self.arrival_tick, end, end_tick);
+        let first_chunk = self.first_tick.map(|t| ticks.offset(t));
+        let last_chunk = self.first_tick.map(|_| ticks.offset(self.last_tick));
+        let marks = self.recorder.marks_at(end, end_tick);
+        let strings = self.recorder.strings();
+
+        let (outcome, error_type) = self.outcome(how, strings.error);
 
         let streamed = match self.recorder.stream_flag() {
             Some(s) => s,
@@ -442,18 +484,6 @@ impl RequestRecord {
                     let name = crate::interning::span_name(&self.facts.operation, m.as_str());
                     (name, m.clone())
                 });
-                let status = if self.facts.grpc {
-                    match self.grpc_status {
-                        Some(code) => Some(code),
-                        // No status went out: a client that cancelled (as gRPC servers report
-                        // it), else a response with headers only.
-                        None if outcome == infer::outcome::CANCELLED => Some(grpc::CANCELLED),
-                        None => self.http_status.map(|_| 0),
-                    }
-                    .map(StatusCode::Grpc)
-                } else {
-                    self.http_status.map(StatusCode::Http)
-                };
                 let end_attributes = EndAttributes {
                     response_model,
                     max_tokens: marks.max_tokens,
@@ -467,7 +497,7 @@ impl RequestRecord {
                     input_tokens: marks.input_tokens,
                     output_tokens: marks.output_tokens,
                     cache_read_input_tokens: marks.cache_read_input_tokens,
-                    status,
+                    status: self.status(outcome),
                     queue: measurements.queue,
                     ttft: measurements.ttft,
                     prefill: measurements.prefill,
@@ -487,21 +517,11 @@ impl RequestRecord {
                     queue_depth: self.queue_depth,
                     error_type: error_type.clone(),
                 };
-                let mut phase_spans = PhaseSpans::default();
-                if span.span_context().is_sampled() {
-                    let intervals = [
-                        phases.queue,
-                        phases.prefill,
-                        phases.decode,
-                        phases.inference,
-                    ];
-                    for (i, interval) in intervals.into_iter().enumerate() {
-                        if let Some((s, e)) = interval {
-                            let attributes = self.phase_attributes(PHASE_NAMES[i], s, e);
-                            phase_spans.set(i, self.wall(s), self.wall(e), attributes);
-                        }
-                    }
-                }
+                let phase_spans = if span.span_context().is_sampled() {
+                    self.phase_spans(&phases)
+                } else {
+                    PhaseSpans::default()
+                };
                 let finished = FinishedRequest {
                     end: end_wall,
                     late_model,
