@@ -277,16 +277,19 @@ impl RequestRecorder {
         }
     }
 
-    /// Token usage as the engine counts it. First call wins.
+    /// Token usage as the engine counts it. The latest call wins: an engine may report the
+    /// prompt's length when it schedules the request (`usage(prompt, 0)`) and the whole usage
+    /// at the end, or its running usage as it streams. An output of 0 while [`tokens`]
+    /// reported some counts those instead.
+    ///
+    /// [`tokens`]: Self::tokens
     pub fn usage(&self, input: u64, output: u64) {
-        if self
-            .inner
+        self.inner
+            .output_tokens
+            .store(output.min(UNSET - 1), Ordering::Release);
+        self.inner
             .input_tokens
-            .compare_exchange(UNSET, input, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.inner.output_tokens.store(output, Ordering::Release);
-        }
+            .store(input.min(UNSET - 1), Ordering::Release);
     }
 
     /// `n` of the prompt's tokens were served from the engine's prefix cache instead of being
@@ -394,7 +397,7 @@ impl RequestRecorder {
         let tokens_seen = self.inner.tokens_seen.load(Ordering::Acquire);
         let input_tokens = get(&self.inner.input_tokens);
         let output_tokens = get(&self.inner.output_tokens)
-            .filter(|_| input_tokens.is_some())
+            .filter(|n| input_tokens.is_some() && (*n > 0 || tokens_seen == 0))
             .or((tokens_seen > 0).then_some(tokens_seen));
         RecorderMarks {
             scheduled: dur(&self.inner.scheduled),
@@ -527,6 +530,29 @@ mod tests {
         r.tokens(7);
         assert_eq!(r.snapshot().output_tokens, Some(7));
         assert_eq!(r.snapshot().input_tokens, None);
+    }
+
+    /// An engine that knows the prompt's length when it schedules the request and reports the
+    /// whole usage at the end (a review lost the output tokens and TPOT: the first call won).
+    #[test]
+    fn the_latest_usage_wins_and_an_output_of_0_gives_way_to_tokens_seen() {
+        let r = RequestRecorder::new();
+        r.scheduled();
+        r.usage(17, 0);
+        assert_eq!(
+            (r.snapshot().input_tokens, r.snapshot().output_tokens),
+            (Some(17), Some(0))
+        );
+        r.tokens(10);
+        assert_eq!(
+            (r.snapshot().input_tokens, r.snapshot().output_tokens),
+            (Some(17), Some(10))
+        );
+        r.usage(17, 12);
+        assert_eq!(
+            (r.snapshot().input_tokens, r.snapshot().output_tokens),
+            (Some(17), Some(12))
+        );
     }
 
     #[test]
