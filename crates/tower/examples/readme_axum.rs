@@ -7,10 +7,13 @@
 //! ```
 
 use axum::response::sse::{Event, Sse};
-use axum::{Router, routing::post};
+use axum::Router;
+use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt, stream};
 use infertrace_tower::otlp::{self, OtlpConfig};
 use infertrace_tower::{InferenceTraceLayer, RequestRecorder};
+use opentelemetry::trace::TracerProvider as _;
+use tracing_subscriber::prelude::*;
 
 async fn chat(rec: RequestRecorder) -> &'static str {
     rec.scheduled();
@@ -43,15 +46,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .service_name("my-llm-server")
             .metrics(false),
     )?;
-    providers.install_global(); // so that the handlers' own `tracing` spans nest under the request
+    providers.install_global(); // for other OpenTelemetry instrumentation in the process
+    // The handlers' own `tracing` spans nest under the request span (optional).
+    let tracer = providers.tracer_provider.tracer("my-llm-server");
+    tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(tracer))
+        .init();
     let app: Router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/chat/stream", post(chat_stream))
-        .layer(
+        // `route_layer`: the routes above only. A 404, or a route added below (health checks,
+        // /metrics), is no inference request: not counted, and never queued for admission.
+        .route_layer(
             InferenceTraceLayer::new()
                 .default_model("llama-3.1-8b")
                 .with_otlp(&providers),
-        );
+        )
+        .route("/health", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     axum::serve(listener, app)
         .with_graceful_shutdown(async {

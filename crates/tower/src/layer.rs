@@ -314,7 +314,9 @@ impl InferenceTraceLayer {
     }
 
     /// A predicate selecting requests the layer passes through untraced (health checks,
-    /// metrics scrapes). Skipped requests get no span, no metrics and no recorder.
+    /// metrics scrapes). Skipped requests get no span, no metrics, no recorder and no wait for
+    /// admission. With axum, `Router::route_layer` does the same by route: the routes before
+    /// it only, not the fallback.
     pub fn skip<F>(mut self, f: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,

@@ -215,8 +215,11 @@ pub struct OtlpProviders {
 }
 
 impl OtlpProviders {
-    /// Makes these the global providers (what `InferenceTraceLayer::new()` and
-    /// `tracing-opentelemetry` use by default).
+    /// Makes these the global providers: what `InferenceTraceLayer::new()` exports through by
+    /// default, and `opentelemetry::global::tracer` gives other instrumentation.
+    /// `tracing-opentelemetry` does not read them: give its layer a tracer of
+    /// [`tracer_provider`](Self::tracer_provider) (`.with_tracer(..)`, as the README shows) for
+    /// the handlers' `tracing` spans to nest under the request span.
     pub fn install_global(&self) {
         opentelemetry::global::set_tracer_provider(self.tracer_provider.clone());
         if let Some(m) = &self.meter_provider {

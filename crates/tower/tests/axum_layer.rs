@@ -862,6 +862,41 @@ async fn tracing_spans_nest_with(tel: Telemetry) {
     assert_eq!(tokenize.parent_span_id, step.span_context.span_id());
 }
 
+/// The README's `route_layer`: a route added after it (a health check) and a 404 are no
+/// inference requests (a review saw a health check traced as one, and queued for admission
+/// behind a stream, with `.layer`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_layer_leaves_health_checks_and_unknown_routes_untraced() {
+    let tel = Telemetry::new();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|rec: RequestRecorder| async move {
+                rec.scheduled();
+                rec.tokens(1);
+                rec.finish("stop");
+                "ok"
+            }),
+        )
+        .route_layer(tel.layer().admission(AdmissionConfig::new(1, 8)))
+        .route("/health", post(|| async { "ok" }));
+    let addr = serve_axum(app).await;
+    assert_eq!(send(addr, "/health", &[], "").await.0, 200);
+    assert_eq!(send(addr, "/nope", &[], "").await.0, 404);
+    assert_eq!(send(addr, "/v1/chat/completions", &[], "{}").await.0, 200);
+    let spans = tel.wait_for_requests(1).await;
+    let paths: Vec<String> = requests(&spans)
+        .iter()
+        .map(|s| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "url.path")
+                .map_or_else(|| s.name.to_string(), |kv| kv.value.to_string())
+        })
+        .collect();
+    assert_eq!(paths, ["/v1/chat/completions"], "{spans:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_metrics_records_spans_and_no_metrics() {
     let tel = Telemetry::new();
