@@ -518,6 +518,17 @@ pub fn history_table(report: &Value) -> String {
             humantime::format_rfc3339_seconds(start)
         );
     }
+    if let (Some(from), Some(seconds)) = (
+        f(report, &["baseline_covered", "from"]),
+        f(report, &["baseline_covered", "seconds"]),
+    ) {
+        let start = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(from.max(0.0));
+        let _ = write!(
+            out,
+            " against {seconds:.0} s from {}",
+            humantime::format_rfc3339_seconds(start)
+        );
+    }
     for key in ["service", "model"] {
         if let Some(v) = report.get(key).and_then(Value::as_str) {
             let _ = write!(out, " — {key} {}", terminal_safe(v));

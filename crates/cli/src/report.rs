@@ -5,8 +5,9 @@
 //! requests, rates, goodput and phase shares. `--compare 1h` adds the same KPIs over the same
 //! length of time one hour earlier, with the deltas. Ranges are whole minutes (the store keeps
 //! minute rollups), so `--since 1h` covers the current minute and the 60 before it; the
-//! compared range ends before the first of those minutes, so that no minute counts on both
-//! sides (with `--compare` equal to `--since`: the 60 whole minutes before).
+//! compared range is the same minutes `--compare` earlier (at least `--since`), ending before
+//! the first of them, so that no minute counts on both sides (with `--compare` equal to
+//! `--since`: the 60 whole minutes before). [`history_ranges`] has the rule.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -59,8 +60,9 @@ pub struct ReportArgs {
     /// live window.
     #[arg(long, value_name = "DURATION")]
     pub since: Option<String>,
-    /// Compare with the same KPIs this long ago (e.g. 1h, 1d), with deltas; over --since
-    /// (default 1h) of history.
+    /// Compare with the same KPIs this long ago (e.g. 1h, 1d; at least --since, whole
+    /// minutes), with deltas; over --since (default 1h) of history. Compare rates and ratios:
+    /// counts cover each range's own length.
     #[arg(long, value_name = "DURATION")]
     pub compare: Option<String>,
     /// History reports (--since or --compare): only this service.
@@ -149,29 +151,51 @@ fn encode_query(v: &str) -> String {
     out
 }
 
-/// The `/api/history` query of `kpi` over the `span` ending `ago` before now, as one step. A
-/// range `ago` before (a baseline) ends at the latest where the current range's first minute
-/// begins, `into_minute` seconds before its start (`now - span`), so that no minute is in
-/// both.
-pub fn history_query(
-    kpi: &str,
-    span: Duration,
-    ago: Duration,
-    into_minute: u64,
-    h: &HistoryRequest,
-) -> String {
-    let (span, ago) = (span.as_secs(), ago.as_secs());
-    let to = if ago == 0 {
-        "now".to_owned()
-    } else {
-        format!("-{}s", ago.max(span + into_minute))
-    };
-    // One step covering the whole range: the range starts at the minute holding `from`.
-    let step = span + 60;
+/// A stretch of history to query, Unix seconds from a minute's start: to now (`to: None`, the
+/// collector's now) or to a minute's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryRange {
+    /// The first minute's start.
+    pub from: u64,
+    /// The end, or `None`: now.
+    pub to: Option<u64>,
+}
+
+/// The ranges of a history report at `now` (Unix seconds). The current one runs from the
+/// start of the minute `since` ago falls in to now. The baseline is the same minutes `compare`
+/// earlier (rounded up to whole minutes), ending at the latest where the current range
+/// begins. The store keeps whole minutes: a baseline reaching into the current range's first
+/// minute counted that minute on both sides, and one ending inside a minute divided the whole
+/// minute's requests by part of it (a review read −26 % for a steady load).
+pub fn history_ranges(
+    now: u64,
+    since: Duration,
+    compare: Option<Duration>,
+) -> (HistoryRange, Option<HistoryRange>) {
+    let from = now.saturating_sub(since.as_secs()) / 60 * 60;
+    let minutes = (now - from).div_ceil(60).max(1);
+    let current = HistoryRange { from, to: None };
+    let baseline = compare.map(|c| {
+        let shift = c.as_secs().div_ceil(60) * 60;
+        let start = from.saturating_sub(shift);
+        HistoryRange {
+            from: start,
+            to: Some((start + minutes * 60).min(from)),
+        }
+    });
+    (current, baseline)
+}
+
+/// The `/api/history` query of `kpi` over `range`, as one step.
+pub fn history_query(kpi: &str, range: HistoryRange, h: &HistoryRequest) -> String {
+    let to = range.to.map_or_else(|| "now".to_owned(), |t| t.to_string());
+    // One step covering the whole range: the current one is at most `since` and a minute long.
+    let length = range.to.map_or(h.since.as_secs() + 60, |t| t - range.from);
+    let step = length + 60;
     let mut q = format!(
-        "kpi={}&from=-{}s&to={to}&step={step}",
+        "kpi={}&from={}&to={to}&step={step}",
         encode_query(kpi),
-        span + ago
+        range.from
     );
     if let Some(s) = &h.service {
         q.push_str(&format!("&service={}", encode_query(s)));
@@ -232,42 +256,47 @@ pub async fn fetch_history(
     h: &HistoryRequest,
 ) -> anyhow::Result<Value> {
     let base = url.trim_end_matches('/');
-    // How far into its minute the current range starts, by this machine's clock (the
-    // collector's minutes are Unix minutes too).
-    let into_minute = std::time::SystemTime::now()
+    // Minutes by this machine's clock (the collector's minutes are Unix minutes too).
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |now| now.saturating_sub(h.since).as_secs() % 60);
+        .map_or(0, |d| d.as_secs());
+    let (current, before) = history_ranges(now, h.since, h.compare);
     let mut rows = Vec::with_capacity(HISTORY_KPIS.len());
     let mut covered = Value::Null;
+    let mut baseline_covered = Value::Null;
     for (kpi, unit) in HISTORY_KPIS {
-        let now = api
+        let answer = api
             .get_json(&format!(
                 "{base}/api/history?{}",
-                history_query(kpi, h.since, Duration::ZERO, into_minute, h)
+                history_query(kpi, current, h)
             ))
             .await?;
         if covered.is_null() {
-            covered = covered_range(&now);
+            covered = covered_range(&answer);
         }
-        let baseline = match h.compare {
-            Some(ago) => {
-                let before = api
+        let baseline = match before {
+            Some(range) => {
+                let answer = api
                     .get_json(&format!(
                         "{base}/api/history?{}",
-                        history_query(kpi, h.since, ago, into_minute, h)
+                        history_query(kpi, range, h)
                     ))
                     .await?;
-                Some(single_value(&before))
+                if baseline_covered.is_null() {
+                    baseline_covered = covered_range(&answer);
+                }
+                Some(single_value(&answer))
             }
             None => None,
         };
-        rows.push(history_row(kpi, unit, single_value(&now), baseline));
+        rows.push(history_row(kpi, unit, single_value(&answer), baseline));
     }
     Ok(json!({
         "source": base,
         "since_seconds": h.since.as_secs(),
         "compare_seconds": h.compare.map(|d| d.as_secs()),
         "covered": covered,
+        "baseline_covered": baseline_covered,
         "service": h.service,
         "model": h.model,
         "kpis": rows,
@@ -334,6 +363,15 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             service: args.service,
             model: args.model,
         };
+        if let Some(c) = h.compare.filter(|c| *c < h.since) {
+            anyhow::bail!(
+                "--compare {} is shorter than --since {}: the compared range is as long as \
+                 --since and would overlap it; compare with at least {}",
+                humantime::format_duration(c),
+                humantime::format_duration(h.since),
+                humantime::format_duration(h.since)
+            );
+        }
         let report = fetch_history(&api, &args.url, &h).await?;
         match args.format {
             Format::Table => print!("{}", render::history_table(&report)),
@@ -359,27 +397,67 @@ mod tests {
         }
     }
 
+    /// The minute `now` falls in (2023-11-14), and `now` 25 s into it.
+    const MINUTE: u64 = 28_333_333;
+    const NOW: u64 = MINUTE * 60 + 25;
+
+    /// The start of the minute `offset` minutes from [`MINUTE`].
+    fn m(offset: i64) -> u64 {
+        (MINUTE as i64 + offset) as u64 * 60
+    }
+
     #[test]
     fn queries_cover_the_range_in_one_step() {
         let h = HistoryRequest {
             model: Some("llama 3/8b".into()),
             ..req()
         };
+        let (current, before) = history_ranges(NOW, h.since, Some(Duration::from_secs(86_400)));
         assert_eq!(
-            history_query("ttft.p99", h.since, Duration::ZERO, 25, &h),
-            "kpi=ttft.p99&from=-3600s&to=now&step=3660&model=llama%203%2F8b"
+            history_query("ttft.p99", current, &h),
+            format!(
+                "kpi=ttft.p99&from={}&to=now&step=3720&model=llama%203%2F8b",
+                m(-60)
+            )
         );
-        // The hour before ends where the current range's first minute begins (25 s before its
-        // start): that minute is not counted twice.
+        // A day before: as many minutes as the current range (61, its last partial).
         assert_eq!(
-            history_query("requests", h.since, Duration::from_secs(3600), 25, &req()),
-            "kpi=requests&from=-7200s&to=-3625s&step=3660"
+            history_query("requests", before.expect("a baseline"), &req()),
+            format!(
+                "kpi=requests&from={}&to={}&step=3720",
+                m(-60 - 1440),
+                m(1 - 1440)
+            )
         );
-        // A day before is far from it.
-        assert_eq!(
-            history_query("requests", h.since, Duration::from_secs(86_400), 25, &req()),
-            "kpi=requests&from=-90000s&to=-86400s&step=3660"
-        );
+    }
+
+    /// The review's cases, 25 s into a minute: the baseline is whole minutes, the same number
+    /// as the current range's where they fit, never its first minute.
+    #[test]
+    fn the_baseline_is_whole_minutes_before_the_current_range() {
+        let range = |now: u64, since: u64, compare: u64| {
+            let (current, before) = history_ranges(
+                now,
+                Duration::from_secs(since),
+                Some(Duration::from_secs(compare)),
+            );
+            let before = before.expect("a baseline");
+            (
+                current.from,
+                before.from,
+                before.to.expect("a baseline ends"),
+            )
+        };
+        // --since 3m --compare 3m: minutes −3 to 0 now (0 partial), −6 to −4 before.
+        assert_eq!(range(NOW, 180, 180), (m(-3), m(-6), m(-3)));
+        // --since 1h --compare 1h: the 60 whole minutes before the current range's 61.
+        assert_eq!(range(NOW, 3600, 3600), (m(-60), m(-120), m(-60)));
+        // --since 1m --compare 3m: minutes −1 and 0 now, the same two 3 minutes earlier.
+        assert_eq!(range(NOW, 60, 180), (m(-1), m(-4), m(-2)));
+        // --compare 90s shifts by whole minutes: 2.
+        assert_eq!(range(NOW, 90, 90), (m(-2), m(-4), m(-2)));
+        // On a minute's start the current range is whole minutes too.
+        assert_eq!(range(m(0), 180, 180), (m(-3), m(-6), m(-3)));
     }
 
     #[test]

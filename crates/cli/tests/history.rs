@@ -203,6 +203,22 @@ fn report_since_and_compare_read_the_store() {
         text.contains("last 1h of history") && text.contains("1h ago"),
         "{text}"
     );
+    // The compared range is whole minutes, 60 of them, before the current range's first.
+    assert!(text.contains(" against 3600 s from "), "{text}");
+    let r = report(c.api, &["--since", "1h", "--compare", "1h"]);
+    let (now, before) = (&r["covered"], &r["baseline_covered"]);
+    assert_eq!(before["seconds"], 3600.0, "{r:#}");
+    assert_eq!(before["to"], now["from"], "{r:#}");
+    // A compared range shorter than --since would overlap the current one: refused.
+    let out = bin()
+        .args(["report", "--url", &url, "--since", "1h", "--compare", "5m"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--compare 5m is shorter than --since 1h"),
+        "{err}"
+    );
     let line = text
         .lines()
         .find(|l| l.trim_start().starts_with("requests"))

@@ -6,8 +6,8 @@
 //! curl -X POST localhost:3000/v1/chat/stream
 //! ```
 
-use axum::response::sse::{Event, Sse};
 use axum::Router;
+use axum::response::sse::{Event, Sse};
 use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt, stream};
 use infertrace_tower::otlp::{self, OtlpConfig};
