@@ -506,28 +506,21 @@ pub fn history_table(report: &Value) -> String {
     let compare = f(report, &["compare_seconds"]);
     let _ = write!(out, "infertrace report — last {since} of history");
     // The store keeps minutes: the range starts at the minute `since` falls in, and the rates
-    // divide by the whole of it.
-    if let (Some(from), Some(seconds)) = (
-        f(report, &["covered", "from"]),
-        f(report, &["covered", "seconds"]),
-    ) {
+    // divide by the whole of it; so does the compared range.
+    let range = |key: &str| {
+        let from = f(report, &[key, "from"])?;
+        let seconds = f(report, &[key, "seconds"])?;
         let start = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(from.max(0.0));
-        let _ = write!(
-            out,
-            " (whole minutes: {seconds:.0} s from {}, rates over all of it)",
+        Some(format!(
+            "{seconds:.0} s from {}",
             humantime::format_rfc3339_seconds(start)
-        );
+        ))
+    };
+    if let Some(now) = range("covered") {
+        let _ = write!(out, " (whole minutes: {now}, rates over all of it)");
     }
-    if let (Some(from), Some(seconds)) = (
-        f(report, &["baseline_covered", "from"]),
-        f(report, &["baseline_covered", "seconds"]),
-    ) {
-        let start = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(from.max(0.0));
-        let _ = write!(
-            out,
-            " against {seconds:.0} s from {}",
-            humantime::format_rfc3339_seconds(start)
-        );
+    if let Some(before) = range("baseline_covered") {
+        let _ = write!(out, " against {before}");
     }
     for key in ["service", "model"] {
         if let Some(v) = report.get(key).and_then(Value::as_str) {
