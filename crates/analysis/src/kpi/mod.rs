@@ -231,6 +231,22 @@ mod tests {
             "minute 994 ended 5m20s ago"
         );
         assert_eq!(requests(&w, 3600, now), 21, "the hour, minute by minute");
+        // Rates divide by the time the restored minutes' requests cover: from minute 999's
+        // start in the 1m window (80 s, not 60). The 5m window's oldest slot starts 295 s ago,
+        // in minute 995, which had no request: 295 s.
+        let rate = |w: &KpiWindows, window: u64, at: u64| -> f64 {
+            w.snapshot(Duration::from_secs(window), at)
+                .series
+                .iter()
+                .map(|s| s.throughput.requests_per_second)
+                .sum()
+        };
+        assert!((rate(&w, 60, now) - 11.0 / 80.0).abs() < 1e-9);
+        assert!((rate(&w, 300, now) - 20.0 / 295.0).abs() < 1e-9);
+        // Once minute 999's slot has left the 1m window, from minute 1000's start.
+        let later = 1_001 * minute + 5 * SEC;
+        assert_eq!(requests(&w, 60, later), 6);
+        assert!((rate(&w, 60, later) - 6.0 / 65.0).abs() < 1e-9);
         // Live records add to it; the restored slots are never handed on a second time.
         w.record(&rec(0.5), now + SEC);
         w.roll_due(now + 2 * SEC);

@@ -7,7 +7,6 @@ use sketches_ddsketch::Config;
 
 use super::accumulator::{self, Accumulator};
 use super::config::SloConfig;
-use super::ring::RingSpec;
 use super::series::{KpiWindows, Series, SeriesKey, SlotHistory};
 use super::snapshot::{KpiSnapshot, SeriesKpis, Throughput};
 
@@ -27,16 +26,22 @@ impl KpiWindows {
         (pos, n)
     }
 
-    /// Seconds of time the slots `(current − n, current]` cover up to `now`, from the KPIs'
-    /// start if later.
-    pub(super) fn covered_seconds(&self, spec: &RingSpec, n: u64, now: u64) -> f64 {
+    /// Seconds of time the slots `(current − n, current]` of ring `pos` cover up to `now`, from
+    /// the KPIs' start if later; from the start of a restored minute counted whole in one of
+    /// those slots if earlier (its requests reach back there: a review read 13.0 requests/s
+    /// for ~9 in the 1m window after a restart).
+    pub(super) fn covered_seconds(&self, pos: usize, n: u64, now: u64) -> f64 {
+        let spec = &self.specs[pos];
         let current = now / spec.slot_nanos;
         let oldest_start = (current + 1)
             .saturating_sub(n)
             .saturating_mul(spec.slot_nanos);
-        let from = self
-            .started_unix_nano
-            .map_or(oldest_start, |s| s.max(oldest_start));
+        let reach = self.restored_reach[pos]
+            .iter()
+            .filter(|(index, _)| *index <= current && index.saturating_add(n) > current)
+            .map(|&(_, start)| start)
+            .fold(oldest_start, u64::min);
+        let from = self.started_unix_nano.map_or(reach, |s| s.max(reach));
         now.saturating_sub(from) as f64 / 1e9
     }
 
@@ -88,7 +93,7 @@ impl KpiWindows {
     pub fn snapshot(&self, window: Duration, now_unix_nano: u64) -> KpiSnapshot {
         let (pos, n) = self.ring_for(window);
         let spec = &self.specs[pos];
-        let seconds = self.covered_seconds(spec, n, now_unix_nano);
+        let seconds = self.covered_seconds(pos, n, now_unix_nano);
         let window_seconds = window.as_secs_f64().min(spec.window_nanos as f64 / 1e9);
         let mut series: Vec<SeriesKpis> = Vec::new();
         let mut order: Vec<&Series> = self.series.iter().collect();

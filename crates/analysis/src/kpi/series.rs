@@ -90,6 +90,11 @@ pub struct KpiWindows {
     /// Series removed (expired or reclaimed) since the last [`KpiWindows::take_removed_series`].
     pub(super) removed: Vec<SeriesKey>,
     pub(super) started_unix_nano: Option<u64>,
+    /// Per ring, the restored minutes counted whole in a shorter slot
+    /// ([`absorb_restored`](Self::absorb_restored)): (the slot's index, the minute's start).
+    /// While such a slot is in a window, the window's rates divide by the time from that
+    /// minute's start, which its requests cover.
+    pub(super) restored_reach: Vec<Vec<(u64, u64)>>,
     pub(super) last_sweep_unix_nano: u64,
     /// Completed finest-ring slots for a consumer (see [`KpiWindows::enable_slot_tap`]).
     pub(super) tap: Option<Vec<TappedSlot>>,
@@ -148,6 +153,7 @@ impl KpiWindows {
         specs.sort_by_key(|s| s.window_nanos);
         specs.dedup_by_key(|s| s.window_nanos);
         let finest = specs[0].slot_nanos;
+        let rings = specs.len();
         let rolled = specs
             .iter()
             .enumerate()
@@ -169,6 +175,7 @@ impl KpiWindows {
             next_reclaim_unix_nano: 0,
             removed: Vec::new(),
             started_unix_nano: None,
+            restored_reach: vec![Vec::new(); rings],
             last_sweep_unix_nano: 0,
             tap: None,
         }
@@ -582,7 +589,8 @@ impl KpiWindows {
     /// out: there the whole slot lands in the short slot holding its last instant, or `now`
     /// when it has not ended yet (the minute a crash interrupted), if that lies inside the
     /// window. So a restart keeps the short windows too, at the cost of precision at their
-    /// edge: a restored minute counts whole in a short window that holds its last instant.
+    /// edge: a restored minute counts whole in a short window that holds its last instant, and
+    /// the window's rates divide by the time from that minute's start (`restored_reach`).
     /// Call it before recording (at start): it lands only in slots without live records. The
     /// series counts as last recorded at the slot's end, or `now` if earlier (for reclaim).
     /// To restore many slots, [`restore_slots`](Self::restore_slots) chooses which series get
@@ -624,7 +632,10 @@ impl KpiWindows {
             },
         };
         for (pos, index) in finer {
-            landed |= series.rings[pos].absorb_settled(&self.specs[pos], index, accumulator);
+            if series.rings[pos].absorb_settled(&self.specs[pos], index, accumulator) {
+                landed = true;
+                self.restored_reach[pos].push((index, slot_start_unix_nano));
+            }
         }
         series.last_record_unix_nano = series.last_record_unix_nano.max(last);
         self.started_unix_nano = Some(
