@@ -106,13 +106,26 @@ fn init_logging() {
         );
     }
     let filter = match std::env::var("INFERTRACE_LOG") {
-        Ok(level) => tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|e| {
-            console::say(
-                "WARN",
-                &format!("INFERTRACE_LOG={level:?} is not a log filter ({e}); logging at warn"),
-            );
-            tracing_subscriber::EnvFilter::new("warn")
-        }),
+        Ok(level) => tracing_subscriber::EnvFilter::try_new(&level)
+            .inspect(|_| {
+                for word in bare_targets(&level) {
+                    console::say(
+                        "WARN",
+                        &format!(
+                            "INFERTRACE_LOG: {word:?} is no level (trace, debug, info, warn, \
+                             error, off) and no crate of infertrace's: it turns on that target \
+                             alone; write e.g. info, or warn,infertrace_collector=debug"
+                        ),
+                    );
+                }
+            })
+            .unwrap_or_else(|e| {
+                console::say(
+                    "WARN",
+                    &format!("INFERTRACE_LOG={level:?} is not a log filter ({e}); logging at warn"),
+                );
+                tracing_subscriber::EnvFilter::new("warn")
+            }),
         Err(_) => tracing_subscriber::EnvFilter::new("warn"),
     };
     let logs = tracing_subscriber::fmt()
@@ -123,6 +136,34 @@ fn init_logging() {
     } else {
         logs.with_ansi(std::io::stderr().is_terminal()).try_init()
     };
+}
+
+/// The directives of a log filter that are a bare word naming neither a level nor a crate the
+/// binary logs from: valid filters (a target), but far more often a mistyped level (`debu`),
+/// which would silence every log.
+fn bare_targets(filter: &str) -> Vec<&str> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    const CRATES: [&str; 12] = [
+        "infertrace",
+        "tower",
+        "hyper",
+        "h2",
+        "tonic",
+        "axum",
+        "rustls",
+        "tokio",
+        "opentelemetry",
+        "reqwest",
+        "rusqlite",
+        "nvml",
+    ];
+    filter
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && !d.contains(['=', ':', '[']))
+        .filter(|d| !LEVELS.iter().any(|l| d.eq_ignore_ascii_case(l)))
+        .filter(|d| !CRATES.iter().any(|c| d.starts_with(c)))
+        .collect()
 }
 
 /// mimalloc: the decoder and the pipeline allocate many small strings and vectors, which glibc's
@@ -200,6 +241,25 @@ fn return_freed_memory(now: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mistyped level is said; levels, crate targets and span filters are not.
+    #[test]
+    fn bare_words_that_are_no_level_nor_crate_are_said() {
+        assert_eq!(bare_targets("debu"), ["debu"]);
+        assert_eq!(bare_targets("warn, nonsense ,INFO"), ["nonsense"]);
+        for fine in [
+            "",
+            "info",
+            "WARN",
+            "warn,infertrace_collector=debug",
+            "infertrace_collector",
+            "hyper::proto=trace",
+            "[request]=debug",
+            "off",
+        ] {
+            assert!(bare_targets(fine).is_empty(), "{fine}");
+        }
+    }
 
     /// Held by the tests that set mimalloc's options (they run in parallel otherwise).
     static OPTIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
