@@ -84,7 +84,7 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
             }
             Err(e) => inputs.problems.push(format!("{name}: {e:#}")),
         },
-        Ok(doc) => match decode_json(&otlp_body(&bytes, &doc)) {
+        Ok(doc) => match decode_json(&otlp_body(&bytes, doc)) {
             Ok(decoded) if decoded.spans.is_empty() && decoded.rejected == 0 => {
                 inputs.problems.push(format!(
                     "{name}: JSON without a span: expected an OTLP/JSON export request \
@@ -116,7 +116,7 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                     continue;
                 }
                 let line = match serde_json::from_slice::<Value>(line) {
-                    Ok(doc) => otlp_body(line, &doc),
+                    Ok(doc) => otlp_body(line, doc),
                     Err(_) => Cow::Borrowed(line),
                 };
                 match decode_json(&line) {
@@ -150,14 +150,11 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
 
 /// The OTLP/JSON export request `doc` (parsed from `bytes`) is or holds under a trace store's
 /// envelope, with hex ids ([`otlp_envelopes`]): `bytes` when it needs no rewriting.
-fn otlp_body<'a>(bytes: &'a [u8], doc: &Value) -> Cow<'a, [u8]> {
-    match otlp_envelopes::as_export_request(doc) {
-        Some(request) if request != *doc => match serde_json::to_vec(&request) {
-            Ok(rewritten) => Cow::Owned(rewritten),
-            Err(_) => Cow::Borrowed(bytes),
-        },
-        _ => Cow::Borrowed(bytes),
+fn otlp_body(bytes: &[u8], mut doc: Value) -> Cow<'_, [u8]> {
+    if !otlp_envelopes::normalise(&mut doc) {
+        return Cow::Borrowed(bytes);
     }
+    serde_json::to_vec(&doc).map_or(Cow::Borrowed(bytes), Cow::Owned)
 }
 
 /// `error` of an invalid span, with a hint when it is an id that is no hex: protobuf's own

@@ -16,86 +16,100 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::{DecodePaddingMode, general_purpose};
 use serde_json::{Map, Value};
 
-/// `doc` as an OTLP/JSON export request with hex ids, when it is one or is one under an envelope
-/// above; `None` when it has no `resourceSpans` (or `batches`) where they are looked for.
-pub fn as_export_request(doc: &Value) -> Option<Value> {
-    let mut request = request_of(doc)?;
-    if let Some(resources) = request
-        .get_mut("resourceSpans")
-        .and_then(Value::as_array_mut)
-    {
-        resources.iter_mut().for_each(modernise_resource);
+/// Rewrites `doc` in place into an OTLP/JSON export request with hex ids, where it is one under
+/// an envelope above or spells it the older ways; returns whether anything changed. A document
+/// that holds no export request is left as it is.
+pub fn normalise(doc: &mut Value) -> bool {
+    let mut changed = open_envelope(doc);
+    if let Some(resources) = doc.get_mut("resourceSpans").and_then(Value::as_array_mut) {
+        for resource in resources {
+            changed |= modernise_resource(resource);
+        }
     }
-    Some(request)
+    changed
 }
 
-/// The export request `doc` holds: `doc` itself, its `batches` (Tempo), or either under `trace`
-/// (Tempo v2) or `result` (Jaeger v2).
-fn request_of(doc: &Value) -> Option<Value> {
-    let object = doc.as_object()?;
-    if object.contains_key("resourceSpans") {
-        return Some(doc.clone());
-    }
-    if let Some(batches) = object.get("batches").filter(|b| b.is_array()) {
-        let mut request = Map::new();
-        request.insert("resourceSpans".into(), batches.clone());
-        return Some(Value::Object(request));
-    }
-    ["trace", "result"]
-        .iter()
-        .filter_map(|key| object.get(*key))
-        .find_map(|inner| {
-            let inner = inner.as_object()?;
-            (inner.contains_key("resourceSpans") || inner.contains_key("batches"))
-                .then(|| request_of(&Value::Object(inner.clone())))
-                .flatten()
-        })
-}
-
-/// One `resourceSpans` element in today's names, its ids in hex.
-fn modernise_resource(resource: &mut Value) {
-    let Some(resource) = resource.as_object_mut() else {
-        return;
+/// Replaces `doc` by the export request it holds: its `batches` (Tempo), or what `trace`
+/// (Tempo v2) or `result` (Jaeger v2) holds. Returns whether it did.
+fn open_envelope(doc: &mut Value) -> bool {
+    let Some(object) = doc.as_object_mut() else {
+        return false;
     };
-    rename(resource, "instrumentationLibrarySpans", "scopeSpans");
+    if object.contains_key("resourceSpans") {
+        return false;
+    }
+    if object.get("batches").is_some_and(Value::is_array) {
+        let batches = object.remove("batches").unwrap_or_default();
+        *doc = Value::Object(Map::from_iter([("resourceSpans".to_owned(), batches)]));
+        return true;
+    }
+    let holds_one = |v: &Value| {
+        v.get("resourceSpans")
+            .or_else(|| v.get("batches"))
+            .is_some()
+    };
+    let Some(mut inner) = ["trace", "result"]
+        .into_iter()
+        .find(|key| object.get(*key).is_some_and(holds_one))
+        .and_then(|key| object.remove(key))
+    else {
+        return false;
+    };
+    open_envelope(&mut inner);
+    *doc = inner;
+    true
+}
+
+/// One `resourceSpans` element in today's names, its ids in hex; whether anything changed.
+fn modernise_resource(resource: &mut Value) -> bool {
+    let Some(resource) = resource.as_object_mut() else {
+        return false;
+    };
+    let mut changed = rename(resource, "instrumentationLibrarySpans", "scopeSpans");
     let Some(scopes) = resource.get_mut("scopeSpans").and_then(Value::as_array_mut) else {
-        return;
+        return changed;
     };
     for scope in scopes.iter_mut().filter_map(Value::as_object_mut) {
-        rename(scope, "instrumentationLibrary", "scope");
+        changed |= rename(scope, "instrumentationLibrary", "scope");
         let Some(spans) = scope.get_mut("spans").and_then(Value::as_array_mut) else {
             continue;
         };
         for span in spans.iter_mut().filter_map(Value::as_object_mut) {
-            hex_ids(span);
+            changed |= hex_ids(span);
             if let Some(links) = span.get_mut("links").and_then(Value::as_array_mut) {
-                links
-                    .iter_mut()
-                    .filter_map(Value::as_object_mut)
-                    .for_each(hex_ids);
+                for link in links.iter_mut().filter_map(Value::as_object_mut) {
+                    changed |= hex_ids(link);
+                }
             }
         }
     }
+    changed
 }
 
-/// Moves `from` to `to` unless `to` is there already.
-fn rename(object: &mut Map<String, Value>, from: &str, to: &str) {
-    if !object.contains_key(to)
-        && let Some(v) = object.remove(from)
-    {
-        object.insert(to.into(), v);
+/// Moves `from` to `to` unless `to` is there already; whether it did.
+fn rename(object: &mut Map<String, Value>, from: &str, to: &str) -> bool {
+    if object.contains_key(to) {
+        return false;
     }
+    let Some(v) = object.remove(from) else {
+        return false;
+    };
+    object.insert(to.into(), v);
+    true
 }
 
-/// A span's or link's ids in hex where they are base64.
-fn hex_ids(object: &mut Map<String, Value>) {
+/// A span's or link's ids in hex where they are base64; whether any was.
+fn hex_ids(object: &mut Map<String, Value>) -> bool {
+    let mut changed = false;
     for (key, bytes) in [("traceId", 16), ("spanId", 8), ("parentSpanId", 8)] {
         if let Some(Value::String(id)) = object.get_mut(key)
             && let Some(hex) = base64_id_as_hex(id, bytes)
         {
             *id = hex;
+            changed = true;
         }
     }
+    changed
 }
 
 /// Base64 that pads or not, as protobuf JSON printers differ.
@@ -115,7 +129,7 @@ fn base64_id_as_hex(id: &str, bytes: usize) -> Option<String> {
         .decode(id)
         .or_else(|_| general_purpose::URL_SAFE_NO_PAD.decode(id.trim_end_matches('=')))
         .ok()?;
-    (decoded.len() == bytes).then(|| decoded.iter().map(|b| format!("{b:02x}")).collect())
+    (decoded.len() == bytes).then(|| hex::encode(decoded))
 }
 
 #[cfg(test)]
@@ -154,15 +168,15 @@ mod tests {
 
     #[test]
     fn tempos_batches_with_base64_ids_and_old_names_read_as_a_request() {
-        let doc = json!({"batches": [{
+        let mut doc = json!({"batches": [{
             "resource": {"attributes": []},
             "instrumentationLibrarySpans": [{
                 "instrumentationLibrary": {"name": "lib"},
                 "spans": [span("AAECAwQFBgcICQoLDA0ODw==", "AAECAwQFBgc=", "")]
             }]
         }]});
-        let request = as_export_request(&doc).expect("a request");
-        let scope = &request["resourceSpans"][0]["scopeSpans"][0];
+        assert!(normalise(&mut doc));
+        let scope = &doc["resourceSpans"][0]["scopeSpans"][0];
         assert_eq!(scope["scope"]["name"], "lib");
         assert_eq!(
             scope["spans"][0]["traceId"],
@@ -177,15 +191,23 @@ mod tests {
         let inner = json!({"resourceSpans": [{"scopeSpans": [{"spans": [
             span("000102030405060708090a0b0c0d0e0f", "0001020304050607", "")
         ]}]}]});
-        for doc in [
+        for mut doc in [
             json!({"trace": inner.clone(), "status": "complete"}),
             json!({"result": inner.clone()}),
         ] {
-            assert_eq!(as_export_request(&doc), Some(inner.clone()));
+            assert!(normalise(&mut doc));
+            assert_eq!(doc, inner);
         }
-        assert_eq!(as_export_request(&inner), Some(inner.clone()));
-        assert_eq!(as_export_request(&json!({"data": []})), None);
-        assert_eq!(as_export_request(&json!({"trace": {"x": 1}})), None);
-        assert_eq!(as_export_request(&json!([1, 2])), None);
+        // Nothing to do for an export request as it is, or for what holds none.
+        for mut doc in [
+            inner.clone(),
+            json!({"data": []}),
+            json!({"trace": {"x": 1}}),
+            json!([1, 2]),
+        ] {
+            let before = doc.clone();
+            assert!(!normalise(&mut doc));
+            assert_eq!(doc, before);
+        }
     }
 }

@@ -165,8 +165,8 @@ pub struct HistoryRange {
 /// start of the minute `since` ago falls in to now. The baseline is the same minutes `compare`
 /// earlier (rounded up to whole minutes), ending at the latest where the current range
 /// begins. The store keeps whole minutes: a baseline reaching into the current range's first
-/// minute counted that minute on both sides, and one ending inside a minute divided the whole
-/// minute's requests by part of it (a review read −26 % for a steady load).
+/// minute would count that minute on both sides, and one ending inside a minute would divide
+/// the whole minute's requests by part of it.
 pub fn history_ranges(
     now: u64,
     since: Duration,

@@ -887,12 +887,7 @@ async fn route_layer_leaves_health_checks_and_unknown_routes_untraced() {
     let spans = tel.wait_for_requests(1).await;
     let paths: Vec<String> = requests(&spans)
         .iter()
-        .map(|s| {
-            s.attributes
-                .iter()
-                .find(|kv| kv.key.as_str() == "url.path")
-                .map_or_else(|| s.name.to_string(), |kv| kv.value.to_string())
-        })
+        .map(|s| attr(s, "url.path").map_or_else(|| s.name.to_string(), |v| v.to_string()))
         .collect();
     assert_eq!(paths, ["/v1/chat/completions"], "{spans:#?}");
 }

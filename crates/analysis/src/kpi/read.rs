@@ -28,8 +28,7 @@ impl KpiWindows {
 
     /// Seconds of time the slots `(current − n, current]` of ring `pos` cover up to `now`, from
     /// the KPIs' start if later; from the start of a restored minute counted whole in one of
-    /// those slots if earlier (its requests reach back there: a review read 13.0 requests/s
-    /// for ~9 in the 1m window after a restart).
+    /// those slots if earlier, as its requests reach back there.
     pub(super) fn covered_seconds(&self, pos: usize, n: u64, now: u64) -> f64 {
         let spec = &self.specs[pos];
         let current = now / spec.slot_nanos;
