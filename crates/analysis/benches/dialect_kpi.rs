@@ -1,13 +1,18 @@
 //! Hot-path costs of the analysis a collector runs per request: extracting the request record
 //! of a 4-span infertrace trace, recording it into the KPI windows (1m/5m/1h, 60 slots each),
-//! and snapshotting the windows with many series.
+//! all of the per-request analysis this crate does (`per_request/infertrace_4_spans`: record,
+//! critical path, KPI and critical-path windows: a floor under what the collector spends a
+//! request, see docs/PERFORMANCE.md), and snapshotting the windows with many series.
 
 use infertrace_analysis::text::Text;
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use infertrace_analysis::dialect::extract_requests;
+use infertrace_analysis::critical_path::{
+    CriticalPathOptions, CriticalPathWindows, aggregation_path, critical_path,
+};
+use infertrace_analysis::dialect::{extract_requests, extract_requests_into};
 use infertrace_analysis::kpi::{KpiConfig, KpiWindows};
 use infertrace_analysis::trace::{
     AttrValue, Span, SpanId, SpanKind, StatusCode, TraceId, known_key,
@@ -79,6 +84,29 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             now += MS; // 1,000 requests/s
             black_box(windows.record(black_box(&record), now))
+        })
+    });
+
+    // Everything the collector's analysis asks of this crate for one request, as the pipeline
+    // calls it (records into a reused vector, as `Analysed::of` does).
+    let mut windows = KpiWindows::new(KpiConfig::default());
+    let mut critical = CriticalPathWindows::default();
+    let opts = CriticalPathOptions::default();
+    let mut records = Vec::new();
+    c.bench_function("per_request/infertrace_4_spans", |b| {
+        b.iter(|| {
+            now += MS;
+            records.clear();
+            extract_requests_into(black_box(&spans), &mut records);
+            for r in &records {
+                let path = critical_path(&spans, r.span_id, &opts);
+                windows.record(r, now);
+                let across = aggregation_path(r, path.as_ref());
+                if let Some(p) = across.as_ref().or(path.as_ref()) {
+                    critical.record(p, r.e2e, now);
+                }
+            }
+            black_box(records.len())
         })
     });
 
