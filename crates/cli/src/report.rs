@@ -207,14 +207,18 @@ pub fn history_query(kpi: &str, range: HistoryRange, h: &HistoryRequest) -> Stri
 }
 
 /// The range a one-step `/api/history` answer covers, whole minutes from the one its `from`
-/// falls in: `{"from", "to", "seconds"}` (Unix seconds), what its rates divide by.
+/// falls in up to its `to`, or up to where the store's data ends when that is earlier
+/// (`data_until`): `{"from", "to", "seconds"}` (Unix seconds), what its rates divide by.
 pub fn covered_range(answer: &Value) -> Value {
     let from = answer
         .get("points")
         .and_then(|p| p.get(0))
         .and_then(|p| p.get(0))
         .and_then(Value::as_f64);
-    match (from, answer.get("to").and_then(Value::as_f64)) {
+    let to = ["data_until", "to"]
+        .iter()
+        .find_map(|k| answer.get(*k).and_then(Value::as_f64));
+    match (from, to) {
         (Some(from), Some(to)) => json!({"from": from, "to": to, "seconds": to - from}),
         _ => Value::Null,
     }
@@ -458,6 +462,29 @@ mod tests {
         assert_eq!(range(NOW, 90, 90), (m(-2), m(-4), m(-2)));
         // On a minute's start the current range is whole minutes too.
         assert_eq!(range(m(0), 180, 180), (m(-3), m(-6), m(-3)));
+    }
+
+    #[test]
+    fn the_covered_range_ends_where_the_stores_data_ends() {
+        let answer = |extra: Value| {
+            let mut a = json!({"from": 1000.5, "to": 1250.0, "points": [[960.0, 3.0]]});
+            if let Value::Object(m) = extra {
+                a.as_object_mut().unwrap().extend(m);
+            }
+            a
+        };
+        assert_eq!(
+            covered_range(&answer(json!({}))),
+            json!({"from": 960.0, "to": 1250.0, "seconds": 290.0})
+        );
+        assert_eq!(
+            covered_range(&answer(json!({"data_until": 1244.0}))),
+            json!({"from": 960.0, "to": 1244.0, "seconds": 284.0})
+        );
+        assert_eq!(
+            covered_range(&json!({"to": 1250.0, "points": []})),
+            Value::Null
+        );
     }
 
     #[test]

@@ -95,6 +95,14 @@ async fn requests_survive_a_restart() {
     .await;
     assert_eq!(h["kpi"], "requests");
     assert_eq!(h["step_seconds"], 60.0);
+    // The store lags the pipeline by a hand-over and a flush (here ~250 ms): the answer says
+    // where its data ends, and its rates divide up to there.
+    let h = poll(api, "/api/history?kpi=requests&from=-10m", |v| {
+        v["data_until"].is_number()
+    })
+    .await;
+    let lag = h["to"].as_f64().unwrap() - h["data_until"].as_f64().unwrap();
+    assert!((0.0..10.0).contains(&lag), "{h:#}");
     let alerts = poll(api, "/api/history/alerts?from=-10m", |v| {
         v["events"].as_array().is_some_and(|e| !e.is_empty())
     })

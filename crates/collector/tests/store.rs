@@ -641,6 +641,48 @@ fn history_merges_minutes_into_the_percentile_of_every_value() {
 }
 
 #[test]
+fn rates_reaching_past_what_the_writer_committed_divide_by_the_time_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    assert_eq!(store.committed_through(), None);
+    // 10 requests a second for the first 30 s of a minute, handed over and committed at 30 s;
+    // the range asked for reaches the minute's end (a report's `--since` up to now, while
+    // the store lags).
+    let minute = minute_of(unix_nanos_now()) - 10 * MINUTE_NANOS;
+    feed.tick(minute);
+    for i in 0..300u64 {
+        feed.record(&rec(i, "m", 0.5, Outcome::Ok), None, minute + i * SEC / 10);
+    }
+    feed.hand_over(minute + 30 * SEC);
+    writer.flush().unwrap();
+    assert_eq!(store.committed_through(), Some(minute + 30 * SEC));
+    let rate = |to| {
+        store
+            .history(
+                "throughput.requests_per_second",
+                &HistoryFilter::default(),
+                minute,
+                to,
+                Duration::from_secs(60),
+            )
+            .unwrap()[0]
+            .value
+            .unwrap()
+    };
+    // 300 requests over the 30 s the store holds, not over the 60 s asked for.
+    assert!((rate(minute + 60 * SEC) - 10.0).abs() < 1e-9);
+    // A range ending before the data does divides by the range, as before.
+    assert!((rate(minute + 20 * SEC) - 15.0).abs() < 1e-9);
+    // An idle hand-over moves it on: the quiet time after the requests counts.
+    feed.hand_over(minute + 50 * SEC);
+    writer.flush().unwrap();
+    assert_eq!(store.committed_through(), Some(minute + 50 * SEC));
+    assert!((rate(minute + 60 * SEC) - 6.0).abs() < 1e-9);
+}
+
+#[test]
 fn a_second_writer_and_no_store_are_handled() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();

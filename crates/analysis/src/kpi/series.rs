@@ -772,10 +772,13 @@ impl KpiWindows {
     }
 
     /// Completes every finest-ring slot that ended before `now_unix_nano` (a series without
-    /// new records does not complete its last slot by itself).
-    pub fn roll_due(&mut self, now_unix_nano: u64) {
-        let before = now_unix_nano / self.specs[0].slot_nanos;
+    /// new records does not complete its last slot by itself); returns when the slot
+    /// `now_unix_nano` falls in began: every record before it is in a completed slot.
+    pub fn roll_due(&mut self, now_unix_nano: u64) -> u64 {
+        let fine = self.specs[0].slot_nanos;
+        let before = now_unix_nano / fine;
         self.roll_every_series(before);
+        before * fine
     }
 
     /// Completes every finest-ring slot, the current one included (shutdown: nothing is

@@ -16,6 +16,10 @@
 //! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step);
 //! `null` where the step holds no data; when no stored series in the range matches the
 //! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
+//! The store lags the collector by up to a hand-over and a flush interval (~6 s at the
+//! defaults): when `to` is past what it has committed, `"data_until"` (Unix seconds) says
+//! where its data ends, and rates (`requests`, `throughput.*`) in the last step divide by the
+//! time up to there, not up to `to`.
 //! `kpi` is a dotted path as in `/api/kpis` and alert
 //! rules (`e2e.p50`, `requests`, `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is
 //! a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
@@ -198,6 +202,8 @@ pub(super) async fn history(
     };
     let name = kpi.clone();
     let asked = filter.clone();
+    // Read before the query, which reads it again (it only grows): what the rates divided by.
+    let data_until = store.committed_through().filter(|&u| u < to);
     let points = match read(store, move |st| st.history(&kpi, &filter, from, to, step)).await {
         Ok(p) => p,
         Err(r) => return r,
@@ -226,6 +232,9 @@ pub(super) async fn history(
         "step_seconds": secs(step_nanos),
         "points": points,
     });
+    if let Some(u) = data_until {
+        answer["data_until"] = json!(secs(u));
+    }
     if let Some(note) = note {
         answer["note"] = Value::String(note);
     }

@@ -398,7 +398,7 @@ impl Pipeline {
         let a = &mut *guard;
         let feed = a.store.as_mut()?;
         a.kpis.roll_all();
-        feed.absorb(a.kpis.take_tapped());
+        feed.absorb(a.kpis.take_tapped(), now_unix_nano);
         feed.hand_over(now_unix_nano);
         feed.hand_over_critical_paths(&mut a.critical, now_unix_nano);
         Some(feed.writer().clone())
@@ -955,8 +955,8 @@ fn expire_idle_series(a: &mut Analysis, now_unix_nano: u64) {
 /// minute (or a second's progress) to the writer.
 fn feed_store(a: &mut Analysis, now_unix_nano: u64) {
     let Some(feed) = &mut a.store else { return };
-    a.kpis.roll_due(now_unix_nano);
-    feed.absorb(a.kpis.take_tapped());
+    let through = a.kpis.roll_due(now_unix_nano);
+    feed.absorb(a.kpis.take_tapped(), through);
     if feed.tick(now_unix_nano) {
         feed.hand_over_critical_paths(&mut a.critical, now_unix_nano);
     }

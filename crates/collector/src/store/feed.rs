@@ -84,6 +84,8 @@ pub struct StoreFeed {
     captured: Vec<CapturedRequest>,
     /// Accumulators come from [`absorb`](Self::absorb), not from [`record`](Self::record).
     tapped: bool,
+    /// In tapped mode: every record before this time is in the slots absorbed so far.
+    absorbed_through: u64,
 }
 
 impl StoreFeed {
@@ -109,6 +111,7 @@ impl StoreFeed {
             failed: 0,
             captured: Vec::new(),
             tapped: false,
+            absorbed_through: 0,
         }
     }
 
@@ -119,8 +122,11 @@ impl StoreFeed {
     }
 
     /// Merges completed KPI slots into the current minute (a slot of an earlier minute counts
-    /// in the current one, as a late record does). Call before [`tick`](Self::tick).
-    pub fn absorb(&mut self, slots: Vec<TappedSlot>) {
+    /// in the current one, as a late record does); every record before `through_unix_nano`
+    /// is in them or in slots absorbed before (the windows completed every slot that ended by
+    /// then). Call before [`tick`](Self::tick).
+    pub fn absorb(&mut self, slots: Vec<TappedSlot>, through_unix_nano: u64) {
+        self.absorbed_through = self.absorbed_through.max(through_unix_nano);
         for slot in slots {
             if self.minute.is_none() {
                 self.minute = Some(minute_of(slot.start_unix_nano));
@@ -419,6 +425,13 @@ impl StoreFeed {
             self.writer
                 .write_requests(std::mem::take(&mut self.captured));
         }
+        // Records reach the feed as they reach the KPIs, or with their completed slots.
+        let through = if self.tapped {
+            self.absorbed_through
+        } else {
+            now_unix_nano
+        };
+        self.writer.write_through(through);
     }
 }
 
@@ -487,8 +500,8 @@ mod tests {
             } else {
                 now
             };
-            windows.roll_due(now);
-            tapped.absorb(windows.take_tapped());
+            let through = windows.roll_due(now);
+            tapped.absorb(windows.take_tapped(), through);
             tapped.tick(now);
             every.record(&r, None, at);
             windows.record(&r, at);
@@ -496,7 +509,7 @@ mod tests {
             last = now;
         }
         windows.roll_all();
-        tapped.absorb(windows.take_tapped());
+        tapped.absorb(windows.take_tapped(), last);
         every.hand_over(last);
         tapped.hand_over(last);
         writer_a.flush().unwrap();

@@ -74,8 +74,8 @@ pub(super) fn query(
     conn: &Connection,
     kpi: KpiPath,
     filter: &HistoryFilter,
-    from_unix_nano: u64,
-    to_unix_nano: u64,
+    (from_unix_nano, to_unix_nano): (u64, u64),
+    data_until: Option<u64>,
     step: Duration,
 ) -> rusqlite::Result<Vec<HistoryPoint>> {
     let start = minute_of(from_unix_nano);
@@ -131,7 +131,10 @@ pub(super) fn query(
         .enumerate()
         .map(|(i, parts)| {
             let t = start + i as u64 * step;
-            let covered = (t + step).min(to_unix_nano) - t;
+            // A step that reaches past what the writer has committed holds data up to there.
+            let end = (t + step).min(to_unix_nano);
+            let end = data_until.filter(|&u| u > t).map_or(end, |u| end.min(u));
+            let covered = end - t;
             let value = merge(parts).and_then(|acc| {
                 kpi.value(&series_kpis(
                     &config,

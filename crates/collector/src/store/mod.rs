@@ -41,7 +41,7 @@ mod time;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -116,6 +116,9 @@ struct StoreInner {
     options: StoreOptions,
     reader: Mutex<Connection>,
     writer_started: AtomicBool,
+    /// What this process's writer has committed through (see [`Store::committed_through`]);
+    /// 0 until its first hand-over is committed.
+    committed_through: Arc<AtomicU64>,
     /// The lock that keeps a second collector off this store while this one has it open.
     _lock: std::fs::File,
 }
@@ -181,6 +184,7 @@ impl Store {
                 options,
                 reader: Mutex::new(reader),
                 writer_started: AtomicBool::new(false),
+                committed_through: Arc::new(AtomicU64::new(0)),
                 _lock: lock,
             }),
         })
@@ -218,7 +222,20 @@ impl Store {
             self.inner.path.clone(),
             self.inner.options.clone(),
             events,
+            Arc::clone(&self.inner.committed_through),
         )
+    }
+
+    /// When this process's writer runs: the time through which everything the pipeline
+    /// recorded is committed (the last hand-over's, idle ones included; the store lags the
+    /// pipeline by up to a hand-over and a flush interval). `None` before the first commit
+    /// and without a writer. Rates over a range that reaches past it divide by the time up to
+    /// it ([`history`](Self::history)).
+    pub fn committed_through(&self) -> Option<u64> {
+        match self.inner.committed_through.load(Ordering::Acquire) {
+            0 => None,
+            t => Some(t),
+        }
     }
 
     /// A [`StoreFeed`] for the pipeline, labelling series by `dimensions` (as `KpiWindows`
@@ -383,7 +400,9 @@ impl Store {
     /// `phase_share.all.queue`, …) over `[from, to)` in steps of `step` (rounded to whole
     /// minutes, at least one), for the series matching `filter` merged together. Each point's
     /// value merges that step's minute accumulators (so `ttft.p99` is the p99 of every request
-    /// of the step); `None` where the step holds no data for it. Rates divide by the step.
+    /// of the step); `None` where the step holds no data for it. Rates divide by the step, or
+    /// by its part before `to` and before what the writer has committed
+    /// ([`committed_through`](Self::committed_through)), whichever ends first.
     pub fn history(
         &self,
         kpi: &str,
@@ -393,9 +412,17 @@ impl Store {
         step: Duration,
     ) -> Result<Vec<HistoryPoint>, StoreError> {
         let path = history::parse_kpi(kpi)?;
+        let data_until = self.committed_through();
         let conn = self.reader();
-        history::query(&conn, path, filter, from_unix_nano, to_unix_nano, step)
-            .map_err(|e| self.sql_error(e))
+        history::query(
+            &conn,
+            path,
+            filter,
+            (from_unix_nano, to_unix_nano),
+            data_until,
+            step,
+        )
+        .map_err(|e| self.sql_error(e))
     }
 
     /// Captured requests (slowest per minute and failed) in `[from, to)`, slowest first, at

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::mem::size_of;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
@@ -98,6 +98,9 @@ enum WriteOp {
         keep_from: u64,
         slots: Vec<(u64, Vec<u8>)>,
     },
+    /// Everything the feed recorded before this time has been sent (see
+    /// [`StoreWriter::write_through`]).
+    Through(u64),
     Flush(SyncSender<Result<(), String>>),
 }
 
@@ -123,7 +126,7 @@ impl WriteOp {
                 slots.capacity() * size_of::<(u64, Vec<u8>)>()
                     + slots.iter().map(|(_, b)| b.capacity()).sum::<usize>()
             }
-            Self::Flush(_) => 0,
+            Self::Through(_) | Self::Flush(_) => 0,
         }
     }
 
@@ -135,7 +138,7 @@ impl WriteOp {
             Self::Findings { findings, .. } => findings.len() as u64,
             Self::Alerts { events, .. } => events.len() as u64,
             Self::CriticalSlots { slots, .. } => slots.len() as u64,
-            Self::Flush(_) => 0,
+            Self::Through(_) | Self::Flush(_) => 0,
         }
     }
 }
@@ -187,6 +190,17 @@ pub struct StoreWriter {
 }
 
 impl StoreWriter {
+    /// Says that everything recorded before `t_unix_nano` has been sent: once the items sent
+    /// before it are committed, the store's [`committed_through`](super::Store::committed_through)
+    /// is `t`, so that a rate over a range reaching now divides by the time the store holds,
+    /// not by the time its writer has yet to commit. Sent at every hand-over, idle ones
+    /// included; skipped when the queue is full (the next one carries a later time).
+    pub fn write_through(&self, t_unix_nano: u64) {
+        let _ = self
+            .tx
+            .try_send((WriteOp::Through(t_unix_nano), Queued::new(&self.memory, 0)));
+    }
+
     fn send(&self, op: WriteOp) -> bool {
         let n = op.items();
         if n == 0 {
@@ -304,6 +318,7 @@ pub(super) fn start(
     path: PathBuf,
     options: StoreOptions,
     events: InternalEvents,
+    committed_through: Arc<AtomicU64>,
 ) -> Result<StoreWriter, StoreError> {
     let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1));
     let path = Arc::new(path);
@@ -322,6 +337,7 @@ pub(super) fn start(
         recent: HashMap::new(),
         pending: Pending::default(),
         last_prune: Instant::now(),
+        committed_through,
     };
     std::thread::Builder::new()
         .name("infertrace-store".into())
@@ -348,6 +364,9 @@ struct Pending {
     critical: HashMap<u64, (u64, Vec<u8>)>,
     /// Critical-path slots that started before this are deleted.
     critical_keep_from: u64,
+    /// The latest [`WriteOp::Through`] received: everything recorded before it is in this
+    /// pending set or was written before.
+    through: u64,
 }
 
 impl Pending {
@@ -371,6 +390,8 @@ struct WriterState {
     recent: HashMap<(i64, u64), Accumulator>,
     pending: Pending,
     last_prune: Instant,
+    /// Shared with the [`Store`](super::Store): the latest [`WriteOp::Through`] committed.
+    committed_through: Arc<AtomicU64>,
 }
 
 /// What the thread held is freed with it (a panic included): its count goes too.
@@ -442,6 +463,7 @@ impl WriterState {
                     .extend(slots.into_iter().map(|(start, s)| (start, (width, s))));
                 p.critical_keep_from = p.critical_keep_from.max(keep_from);
             }
+            WriteOp::Through(t) => p.through = p.through.max(t),
             WriteOp::Flush(_) => {}
         }
     }
@@ -462,6 +484,7 @@ impl WriterState {
     fn write_pending(&mut self, now_unix_nano: u64) -> Result<(), StoreError> {
         let pending = std::mem::take(&mut self.pending);
         let items = pending.items();
+        let through = pending.through;
         let prune = self.last_prune.elapsed() >= SERIES_PRUNE_INTERVAL;
         let result = self.write(pending, now_unix_nano, prune);
         match result {
@@ -470,6 +493,7 @@ impl WriterState {
                 if prune {
                     self.last_prune = Instant::now();
                 }
+                self.committed_through.fetch_max(through, Ordering::Release);
                 // Keep the merged state of the newest two minutes only.
                 if let Some(newest) = self.recent.keys().map(|k| k.1).max() {
                     let oldest_kept = newest.saturating_sub(MINUTE_NANOS);
@@ -724,6 +748,7 @@ mod tests {
             recent: HashMap::new(),
             pending: Pending::default(),
             last_prune: Instant::now(),
+            committed_through: Arc::default(),
         };
         m.thread.store(4096, Ordering::Relaxed);
         drop(state);
