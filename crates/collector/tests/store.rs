@@ -683,6 +683,38 @@ fn rates_reaching_past_what_the_writer_committed_divide_by_the_time_it_holds() {
 }
 
 #[test]
+fn the_store_keeps_when_its_data_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    let minute = minute_of(unix_nanos_now()) - 10 * MINUTE_NANOS;
+    {
+        let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+        assert_eq!(store.data_since().unwrap(), None, "a fresh store");
+        let writer = store.start_writer(InternalEvents::default()).unwrap();
+        assert!(writer.write_data_since(minute + 40 * SEC));
+        writer.flush().unwrap();
+        assert_eq!(store.data_since().unwrap(), Some(minute + 40 * SEC));
+        // A later collector's start does not replace the first one's.
+        assert!(writer.write_data_since(minute + 200 * SEC));
+        writer.flush().unwrap();
+        assert_eq!(store.data_since().unwrap(), Some(minute + 40 * SEC));
+    }
+    // Kept across a reopening.
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    assert_eq!(store.data_since().unwrap(), Some(minute + 40 * SEC));
+
+    // A store written before it was kept: its oldest minute.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    feed.tick(minute + 30 * SEC);
+    feed.record(&rec(1, "m", 0.5, Outcome::Ok), None, minute + 30 * SEC);
+    feed.hand_over(minute + 31 * SEC);
+    writer.flush().unwrap();
+    assert_eq!(store.data_since().unwrap(), Some(minute));
+}
+
+#[test]
 fn a_second_writer_and_no_store_are_handled() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();

@@ -263,6 +263,44 @@ mod tests {
         assert_eq!(requests(&w, 3600, now + 2 * SEC), 22);
     }
 
+    /// A store whose first collector started 40 s into its first minute: the restored minutes
+    /// count whole, but the windows' rates divide from when its data begins.
+    #[test]
+    fn rates_after_a_restart_count_from_when_the_stores_data_begins() {
+        let minute = 60 * SEC;
+        let now = 1_000 * minute + 20 * SEC;
+        let mut w = KpiWindows::new(KpiConfig::default());
+        w.set_start(now);
+        let key = SeriesKey {
+            service: Arc::from("s"),
+            model: Arc::from(""),
+            operation: Arc::from(""),
+        };
+        for (m, n) in [(996, 2), (997, 3), (998, 4), (999, 5), (1000, 6)] {
+            let mut acc = Accumulator::default();
+            for _ in 0..n {
+                acc.add(&sketch_config(), &SloConfig::default(), &rec(0.5));
+            }
+            assert!(w.absorb_restored(&key, m * minute, minute, &acc, now));
+        }
+        let rate = |w: &KpiWindows, window: u64| -> f64 {
+            w.snapshot(Duration::from_secs(window), now)
+                .series
+                .iter()
+                .map(|s| s.throughput.requests_per_second)
+                .sum()
+        };
+        // From minute 996's start, as the restored minutes alone say: 260 s.
+        assert!((rate(&w, 3600) - 20.0 / 260.0).abs() < 1e-9);
+        w.start_no_earlier_than(996 * minute + 40 * SEC);
+        // From 40 s into it: 220 s, in the 1h and the 5m window alike.
+        assert!((rate(&w, 3600) - 20.0 / 220.0).abs() < 1e-9);
+        assert!((rate(&w, 300) - 20.0 / 220.0).abs() < 1e-9);
+        // An earlier time leaves it.
+        w.start_no_earlier_than(990 * minute);
+        assert!((rate(&w, 3600) - 20.0 / 220.0).abs() < 1e-9);
+    }
+
     #[test]
     fn restored_series_are_reclaimable_once_idle() {
         let mut w = capped(2);

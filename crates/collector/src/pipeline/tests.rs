@@ -881,12 +881,17 @@ fn pipeline_with_store(dir: &std::path::Path) -> (Pipeline, Store) {
     let (p, _) = pipeline(&config);
     let store = Store::open(dir, config.store.clone()).unwrap();
     let writer = store.start_writer(p.events().clone()).unwrap();
-    let feed = store.feed(writer, &config.kpi_config());
+    let feed = store.feed(writer.clone(), &config.kpi_config());
+    let before = unix_nanos_now();
     assert_eq!(
         p.attach_store(&store, feed).unwrap(),
         Restored::default(),
         "an empty store restores nothing"
     );
+    // The store keeps when its first collector began.
+    writer.flush().unwrap();
+    let since = store.data_since().unwrap().expect("kept on attaching");
+    assert!((before..=unix_nanos_now()).contains(&since));
     (p, store)
 }
 

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use infertrace_analysis::critical_path::CriticalPathWindows;
 use infertrace_analysis::kpi::{Accumulator, KpiWindows, SeriesKey};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::internal_events::InternalEvents;
@@ -224,6 +224,28 @@ impl Store {
             events,
             Arc::clone(&self.inner.committed_through),
         )
+    }
+
+    /// When the first collector that wrote this store started (kept from its first
+    /// hand-over; for a store written before this was kept, its oldest stored minute). `None`
+    /// for a store that holds nothing yet. KPI windows restored after a restart count their
+    /// time from here at the earliest, not from the start of that first minute.
+    pub fn data_since(&self) -> Result<Option<u64>, StoreError> {
+        let conn = self.reader();
+        let run = || -> rusqlite::Result<Option<i64>> {
+            let kept: Option<i64> = conn
+                .prepare_cached("SELECT value FROM meta WHERE key = 'data_since'")?
+                .query_row([], |r| r.get(0))
+                .optional()?;
+            match kept {
+                Some(t) => Ok(Some(t)),
+                None => conn
+                    .prepare_cached("SELECT MIN(minute) FROM rollups")?
+                    .query_row([], |r| r.get(0)),
+            }
+        };
+        let since = run().map_err(|e| self.sql_error(e))?;
+        Ok(since.map(unix_time))
     }
 
     /// When this process's writer runs: the time through which everything the pipeline

@@ -101,6 +101,9 @@ enum WriteOp {
     /// Everything the feed recorded before this time has been sent (see
     /// [`StoreWriter::write_through`]).
     Through(u64),
+    /// The store holds data since this time, kept unless already known (see
+    /// [`StoreWriter::write_data_since`]).
+    DataSince(u64),
     Flush(SyncSender<Result<(), String>>),
 }
 
@@ -126,7 +129,7 @@ impl WriteOp {
                 slots.capacity() * size_of::<(u64, Vec<u8>)>()
                     + slots.iter().map(|(_, b)| b.capacity()).sum::<usize>()
             }
-            Self::Through(_) | Self::Flush(_) => 0,
+            Self::Through(_) | Self::DataSince(_) | Self::Flush(_) => 0,
         }
     }
 
@@ -138,7 +141,7 @@ impl WriteOp {
             Self::Findings { findings, .. } => findings.len() as u64,
             Self::Alerts { events, .. } => events.len() as u64,
             Self::CriticalSlots { slots, .. } => slots.len() as u64,
-            Self::Through(_) | Self::Flush(_) => 0,
+            Self::Through(_) | Self::DataSince(_) | Self::Flush(_) => 0,
         }
     }
 }
@@ -199,6 +202,17 @@ impl StoreWriter {
         let _ = self
             .tx
             .try_send((WriteOp::Through(t_unix_nano), Queued::new(&self.memory, 0)));
+    }
+
+    /// Keeps `t_unix_nano` as the store's [`data_since`](super::Store::data_since) unless it
+    /// already has one (the first collector's start stays). `false` when the queue is full.
+    pub fn write_data_since(&self, t_unix_nano: u64) -> bool {
+        self.tx
+            .try_send((
+                WriteOp::DataSince(t_unix_nano),
+                Queued::new(&self.memory, 0),
+            ))
+            .is_ok()
     }
 
     fn send(&self, op: WriteOp) -> bool {
@@ -367,6 +381,8 @@ struct Pending {
     /// The latest [`WriteOp::Through`] received: everything recorded before it is in this
     /// pending set or was written before.
     through: u64,
+    /// A [`WriteOp::DataSince`] to keep, unless the store has one.
+    data_since: Option<u64>,
 }
 
 impl Pending {
@@ -464,6 +480,7 @@ impl WriterState {
                 p.critical_keep_from = p.critical_keep_from.max(keep_from);
             }
             WriteOp::Through(t) => p.through = p.through.max(t),
+            WriteOp::DataSince(t) => p.data_since = Some(p.data_since.map_or(t, |d| d.min(t))),
             WriteOp::Flush(_) => {}
         }
     }
@@ -520,6 +537,10 @@ impl WriterState {
     fn write(&mut self, p: Pending, now_unix_nano: u64, prune: bool) -> rusqlite::Result<u64> {
         let tx = self.conn.transaction()?;
         let mut rows = 0u64;
+        if let Some(since) = p.data_since {
+            tx.prepare_cached("INSERT OR IGNORE INTO meta (key, value) VALUES ('data_since', ?1)")?
+                .execute(params![sql_time(since)])?;
+        }
         for ((key, minute), acc) in p.rollups {
             let id = series_id(&tx, &mut self.series_ids, &key)?;
             let merged = match self.recent.remove(&(id, minute)) {
