@@ -207,17 +207,18 @@ pub fn history_query(kpi: &str, range: HistoryRange, h: &HistoryRequest) -> Stri
 }
 
 /// The range a one-step `/api/history` answer covers, whole minutes from the one its `from`
-/// falls in up to its `to`, or up to where the store's data ends when that is earlier
-/// (`data_until`): `{"from", "to", "seconds"}` (Unix seconds), what its rates divide by.
+/// falls in up to its `to`, within where the store's data begins and ends when the answer
+/// says so (`data_since`, `data_until`): `{"from", "to", "seconds"}` (Unix seconds), what its
+/// rates divide by.
 pub fn covered_range(answer: &Value) -> Value {
-    let from = answer
+    let seconds = |key: &str| answer.get(key).and_then(Value::as_f64);
+    let first_minute = answer
         .get("points")
         .and_then(|p| p.get(0))
         .and_then(|p| p.get(0))
         .and_then(Value::as_f64);
-    let to = ["data_until", "to"]
-        .iter()
-        .find_map(|k| answer.get(*k).and_then(Value::as_f64));
+    let from = first_minute.map(|m| seconds("data_since").map_or(m, |s| s.max(m)));
+    let to = seconds("data_until").or_else(|| seconds("to"));
     match (from, to) {
         (Some(from), Some(to)) => json!({"from": from, "to": to, "seconds": to - from}),
         _ => Value::Null,
@@ -465,7 +466,7 @@ mod tests {
     }
 
     #[test]
-    fn the_covered_range_ends_where_the_stores_data_ends() {
+    fn the_covered_range_is_within_the_stores_data() {
         let answer = |extra: Value| {
             let mut a = json!({"from": 1000.5, "to": 1250.0, "points": [[960.0, 3.0]]});
             if let Value::Object(m) = extra {
@@ -480,6 +481,10 @@ mod tests {
         assert_eq!(
             covered_range(&answer(json!({"data_until": 1244.0}))),
             json!({"from": 960.0, "to": 1244.0, "seconds": 284.0})
+        );
+        assert_eq!(
+            covered_range(&answer(json!({"data_since": 1010.0, "data_until": 1244.0}))),
+            json!({"from": 1010.0, "to": 1244.0, "seconds": 234.0})
         );
         assert_eq!(
             covered_range(&json!({"to": 1250.0, "points": []})),

@@ -29,6 +29,9 @@ fn store_baseline(dir: &Path, n: u64) {
     let writer = store.start_writer(InternalEvents::default()).unwrap();
     let mut feed = store.feed(writer.clone(), &KpiConfig::default());
     let at = unix_nanos_now() - 62 * 60 * 1_000 * MS;
+    // A collector that has kept this store for three hours (else the store's data would begin
+    // with these requests, and rates before them would not be known).
+    assert!(writer.write_data_since(at - 3 * 3600 * 1_000 * MS));
     for i in 0..n {
         let mut id = [0u8; 16];
         id[..8].copy_from_slice(&(i + 1).to_be_bytes());

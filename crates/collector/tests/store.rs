@@ -646,7 +646,7 @@ fn rates_reaching_past_what_the_writer_committed_divide_by_the_time_it_holds() {
     let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
     let writer = store.start_writer(InternalEvents::default()).unwrap();
     let mut feed = store.feed(writer.clone(), &KpiConfig::default());
-    assert_eq!(store.committed_through(), None);
+    assert_eq!(store.data_bounds().unwrap().until, None);
     // 10 requests a second for the first 30 s of a minute, handed over and committed at 30 s;
     // the range asked for reaches the minute's end (a report's `--since` up to now, while
     // the store lags).
@@ -657,7 +657,7 @@ fn rates_reaching_past_what_the_writer_committed_divide_by_the_time_it_holds() {
     }
     feed.hand_over(minute + 30 * SEC);
     writer.flush().unwrap();
-    assert_eq!(store.committed_through(), Some(minute + 30 * SEC));
+    assert_eq!(store.data_bounds().unwrap().until, Some(minute + 30 * SEC));
     let rate = |to| {
         store
             .history(
@@ -678,7 +678,7 @@ fn rates_reaching_past_what_the_writer_committed_divide_by_the_time_it_holds() {
     // An idle hand-over moves it on: the quiet time after the requests counts.
     feed.hand_over(minute + 50 * SEC);
     writer.flush().unwrap();
-    assert_eq!(store.committed_through(), Some(minute + 50 * SEC));
+    assert_eq!(store.data_bounds().unwrap().until, Some(minute + 50 * SEC));
     assert!((rate(minute + 60 * SEC) - 6.0).abs() < 1e-9);
 }
 
@@ -688,19 +688,50 @@ fn the_store_keeps_when_its_data_begins() {
     let minute = minute_of(unix_nanos_now()) - 10 * MINUTE_NANOS;
     {
         let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
-        assert_eq!(store.data_since().unwrap(), None, "a fresh store");
+        assert_eq!(store.data_bounds().unwrap().since, None, "a fresh store");
         let writer = store.start_writer(InternalEvents::default()).unwrap();
         assert!(writer.write_data_since(minute + 40 * SEC));
         writer.flush().unwrap();
-        assert_eq!(store.data_since().unwrap(), Some(minute + 40 * SEC));
+        assert_eq!(store.data_bounds().unwrap().since, Some(minute + 40 * SEC));
         // A later collector's start does not replace the first one's.
         assert!(writer.write_data_since(minute + 200 * SEC));
         writer.flush().unwrap();
-        assert_eq!(store.data_since().unwrap(), Some(minute + 40 * SEC));
+        assert_eq!(store.data_bounds().unwrap().since, Some(minute + 40 * SEC));
     }
     // Kept across a reopening.
     let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
-    assert_eq!(store.data_since().unwrap(), Some(minute + 40 * SEC));
+    assert_eq!(store.data_bounds().unwrap().since, Some(minute + 40 * SEC));
+    // A range that starts before the data divides from where it begins: 20 requests in the
+    // minute's last 20 s are 1 a second, not a third.
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    feed.tick(minute + 40 * SEC);
+    for i in 0..20u64 {
+        feed.record(
+            &rec(i, "m", 0.5, Outcome::Ok),
+            None,
+            minute + (40 + i) * SEC,
+        );
+    }
+    feed.hand_over(minute + 60 * SEC);
+    writer.flush().unwrap();
+    let (points, bounds) = store
+        .history_within(
+            "throughput.requests_per_second",
+            &HistoryFilter::default(),
+            minute,
+            minute + 60 * SEC,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(bounds.since, Some(minute + 40 * SEC));
+    assert_eq!(bounds.until, Some(minute + 60 * SEC));
+    assert!((points[0].value.unwrap() - 1.0).abs() < 1e-9, "{points:?}");
+    // Where the committed data ends is kept across a restart too: a collector that just
+    // started has committed nothing yet, and the store's data still ends there.
+    drop((feed, writer, store));
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    assert_eq!(store.data_bounds().unwrap().until, Some(minute + 60 * SEC));
 
     // A store written before it was kept: its oldest minute.
     let dir = tempfile::tempdir().unwrap();
@@ -711,7 +742,7 @@ fn the_store_keeps_when_its_data_begins() {
     feed.record(&rec(1, "m", 0.5, Outcome::Ok), None, minute + 30 * SEC);
     feed.hand_over(minute + 31 * SEC);
     writer.flush().unwrap();
-    assert_eq!(store.data_since().unwrap(), Some(minute));
+    assert_eq!(store.data_bounds().unwrap().since, Some(minute));
 }
 
 #[test]

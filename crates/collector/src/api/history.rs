@@ -18,8 +18,10 @@
 //! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
 //! The store lags the collector by up to a hand-over and a flush interval (~6 s at the
 //! defaults): when `to` is past what it has committed, `"data_until"` (Unix seconds) says
-//! where its data ends, and rates (`requests`, `throughput.*`) in the last step divide by the
-//! time up to there, not up to `to`.
+//! where its data ends, and rates (`throughput.*`, `goodput.requests_per_second`) in the last
+//! step divide by the time up to there, not up to `to`; likewise `"data_since"` where its
+//! data begins after the first step's start (a store younger than the range). Both are read
+//! with the minutes, in one read transaction.
 //! `kpi` is a dotted path as in `/api/kpis` and alert
 //! rules (`e2e.p50`, `requests`, `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is
 //! a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
@@ -202,9 +204,11 @@ pub(super) async fn history(
     };
     let name = kpi.clone();
     let asked = filter.clone();
-    // Read before the query, which reads it again (it only grows): what the rates divided by.
-    let data_until = store.committed_through().filter(|&u| u < to);
-    let points = match read(store, move |st| st.history(&kpi, &filter, from, to, step)).await {
+    let (points, data) = match read(store, move |st| {
+        st.history_within(&kpi, &filter, from, to, step)
+    })
+    .await
+    {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -221,6 +225,7 @@ pub(super) async fn history(
         [a, b, ..] => b.t_unix_nano - a.t_unix_nano,
         _ => asked_minutes * MINUTE_NANOS,
     };
+    let first = points.first().map(|p| p.t_unix_nano);
     let points: Vec<Value> = points
         .iter()
         .map(|p| json!([secs(p.t_unix_nano), p.value]))
@@ -232,8 +237,19 @@ pub(super) async fn history(
         "step_seconds": secs(step_nanos),
         "points": points,
     });
-    if let Some(u) = data_until {
-        answer["data_until"] = json!(secs(u));
+    // What the rates divided by, where the store's data begins after the range's first
+    // minute or ends before `to`.
+    if let (Some(since), Some(first)) = (data.since, first)
+        && since > first
+        && since < to
+    {
+        answer["data_since"] = json!(secs(since));
+    }
+    if let (Some(until), Some(first)) = (data.until, first)
+        && until > first
+        && until < to
+    {
+        answer["data_until"] = json!(secs(until));
     }
     if let Some(note) = note {
         answer["note"] = Value::String(note);

@@ -362,8 +362,8 @@ impl Pipeline {
     /// Connects the history store: first refills the KPI windows from the minutes `store`
     /// holds for the longest configured window before now (moving the windows' start back so
     /// rates over them stay right across a restart: to the first restored minute's start, or
-    /// to when the store's data begins if later, [`Store::data_since`], which a fresh store
-    /// keeps from now) and the critical-path windows from its slots, then feeds every later
+    /// to when the store's data begins if later, [`DataBounds::since`](crate::store::DataBounds),
+    /// which a fresh store keeps from now) and the critical-path windows from its slots, then feeds every later
     /// request to `feed`. Call once, before the pipeline receives traffic. Returns what was
     /// restored.
     pub fn attach_store(&self, store: &Store, feed: StoreFeed) -> Result<Restored, StoreError> {
@@ -375,7 +375,7 @@ impl Pipeline {
             critical_path_slots: store.restore_critical_paths(&mut a.critical, now)?,
         };
         // The restored minutes count whole; the store's data may begin within the first.
-        match store.data_since()? {
+        match store.data_bounds()?.since {
             Some(since) => a.kpis.start_no_earlier_than(since),
             None => {
                 feed.writer().write_data_since(now);

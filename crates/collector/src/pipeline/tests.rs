@@ -890,7 +890,11 @@ fn pipeline_with_store(dir: &std::path::Path) -> (Pipeline, Store) {
     );
     // The store keeps when its first collector began.
     writer.flush().unwrap();
-    let since = store.data_since().unwrap().expect("kept on attaching");
+    let since = store
+        .data_bounds()
+        .unwrap()
+        .since
+        .expect("kept on attaching");
     assert!((before..=unix_nanos_now()).contains(&since));
     (p, store)
 }

@@ -8,6 +8,7 @@ use infertrace_analysis::kpi::{Accumulator, SeriesKey, SloConfig, series_kpis, s
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
+use super::DataBounds;
 use super::error::StoreError;
 use super::time::{MINUTE_NANOS, minute_of, sql_time, unix_time};
 
@@ -75,7 +76,7 @@ pub(super) fn query(
     kpi: KpiPath,
     filter: &HistoryFilter,
     (from_unix_nano, to_unix_nano): (u64, u64),
-    data_until: Option<u64>,
+    data: DataBounds,
     step: Duration,
 ) -> rusqlite::Result<Vec<HistoryPoint>> {
     let start = minute_of(from_unix_nano);
@@ -131,10 +132,11 @@ pub(super) fn query(
         .enumerate()
         .map(|(i, parts)| {
             let t = start + i as u64 * step;
-            // A step that reaches past what the writer has committed holds data up to there.
+            // A step reaching past the store's data holds data within it only.
             let end = (t + step).min(to_unix_nano);
-            let end = data_until.filter(|&u| u > t).map_or(end, |u| end.min(u));
-            let covered = end - t;
+            let end = data.until.filter(|&u| u > t).map_or(end, |u| end.min(u));
+            let begin = data.since.map_or(t, |s| s.max(t).min(end));
+            let covered = if begin < end { end - begin } else { end - t };
             let value = merge(parts).and_then(|acc| {
                 kpi.value(&series_kpis(
                     &config,

@@ -41,7 +41,7 @@ mod time;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -111,14 +111,45 @@ pub struct StoredEvent {
     pub body: serde_json::Value,
 }
 
+/// Where a store's data begins and ends, as committed: rates over a range that reaches past
+/// either divide by the time within them (the store cannot tell a quiet minute it did not
+/// see from one it saw).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataBounds {
+    /// When the first collector that wrote the store started (kept from its first hand-over;
+    /// for a store written before this was kept, its oldest stored minute). `None` for a
+    /// store that holds nothing yet.
+    pub since: Option<u64>,
+    /// The time through which everything the collector recorded is committed: its latest
+    /// hand-over's, idle ones included (the store lags the pipeline by up to a hand-over and a
+    /// flush interval), kept across restarts. `None` before the first commit.
+    pub until: Option<u64>,
+}
+
+/// The [`DataBounds`] a store open on `conn` holds.
+fn read_bounds(conn: &Connection) -> rusqlite::Result<DataBounds> {
+    let mut kept = conn.prepare_cached("SELECT value FROM meta WHERE key = ?1")?;
+    let mut value = |key: &str| -> rusqlite::Result<Option<i64>> {
+        kept.query_row([key], |r| r.get(0)).optional()
+    };
+    let until = value("through")?;
+    let since = match value("data_since")? {
+        Some(t) => Some(t),
+        None => conn
+            .prepare_cached("SELECT MIN(minute) FROM rollups")?
+            .query_row([], |r| r.get(0))?,
+    };
+    Ok(DataBounds {
+        since: since.map(unix_time),
+        until: until.map(unix_time),
+    })
+}
+
 struct StoreInner {
     path: PathBuf,
     options: StoreOptions,
     reader: Mutex<Connection>,
     writer_started: AtomicBool,
-    /// What this process's writer has committed through (see [`Store::committed_through`]);
-    /// 0 until its first hand-over is committed.
-    committed_through: Arc<AtomicU64>,
     /// The lock that keeps a second collector off this store while this one has it open.
     _lock: std::fs::File,
 }
@@ -184,7 +215,6 @@ impl Store {
                 options,
                 reader: Mutex::new(reader),
                 writer_started: AtomicBool::new(false),
-                committed_through: Arc::new(AtomicU64::new(0)),
                 _lock: lock,
             }),
         })
@@ -222,42 +252,12 @@ impl Store {
             self.inner.path.clone(),
             self.inner.options.clone(),
             events,
-            Arc::clone(&self.inner.committed_through),
         )
     }
 
-    /// When the first collector that wrote this store started (kept from its first
-    /// hand-over; for a store written before this was kept, its oldest stored minute). `None`
-    /// for a store that holds nothing yet. KPI windows restored after a restart count their
-    /// time from here at the earliest, not from the start of that first minute.
-    pub fn data_since(&self) -> Result<Option<u64>, StoreError> {
-        let conn = self.reader();
-        let run = || -> rusqlite::Result<Option<i64>> {
-            let kept: Option<i64> = conn
-                .prepare_cached("SELECT value FROM meta WHERE key = 'data_since'")?
-                .query_row([], |r| r.get(0))
-                .optional()?;
-            match kept {
-                Some(t) => Ok(Some(t)),
-                None => conn
-                    .prepare_cached("SELECT MIN(minute) FROM rollups")?
-                    .query_row([], |r| r.get(0)),
-            }
-        };
-        let since = run().map_err(|e| self.sql_error(e))?;
-        Ok(since.map(unix_time))
-    }
-
-    /// When this process's writer runs: the time through which everything the pipeline
-    /// recorded is committed (the last hand-over's, idle ones included; the store lags the
-    /// pipeline by up to a hand-over and a flush interval). `None` before the first commit
-    /// and without a writer. Rates over a range that reaches past it divide by the time up to
-    /// it ([`history`](Self::history)).
-    pub fn committed_through(&self) -> Option<u64> {
-        match self.inner.committed_through.load(Ordering::Acquire) {
-            0 => None,
-            t => Some(t),
-        }
+    /// Where the store's data begins and ends, as committed ([`DataBounds`]).
+    pub fn data_bounds(&self) -> Result<DataBounds, StoreError> {
+        read_bounds(&self.reader()).map_err(|e| self.sql_error(e))
     }
 
     /// A [`StoreFeed`] for the pipeline, labelling series by `dimensions` (as `KpiWindows`
@@ -422,9 +422,8 @@ impl Store {
     /// `phase_share.all.queue`, …) over `[from, to)` in steps of `step` (rounded to whole
     /// minutes, at least one), for the series matching `filter` merged together. Each point's
     /// value merges that step's minute accumulators (so `ttft.p99` is the p99 of every request
-    /// of the step); `None` where the step holds no data for it. Rates divide by the step, or
-    /// by its part before `to` and before what the writer has committed
-    /// ([`committed_through`](Self::committed_through)), whichever ends first.
+    /// of the step); `None` where the step holds no data for it. Rates divide by the part of
+    /// the step within `[from, to)` and within the store's [`DataBounds`].
     pub fn history(
         &self,
         kpi: &str,
@@ -433,18 +432,36 @@ impl Store {
         to_unix_nano: u64,
         step: Duration,
     ) -> Result<Vec<HistoryPoint>, StoreError> {
+        self.history_within(kpi, filter, from_unix_nano, to_unix_nano, step)
+            .map(|(points, _)| points)
+    }
+
+    /// [`history`](Self::history), with the [`DataBounds`] its rates divided by: read in one
+    /// read transaction with the minutes, so that both describe the same committed data.
+    pub fn history_within(
+        &self,
+        kpi: &str,
+        filter: &HistoryFilter,
+        from_unix_nano: u64,
+        to_unix_nano: u64,
+        step: Duration,
+    ) -> Result<(Vec<HistoryPoint>, DataBounds), StoreError> {
         let path = history::parse_kpi(kpi)?;
-        let data_until = self.committed_through();
-        let conn = self.reader();
-        history::query(
-            &conn,
-            path,
-            filter,
-            (from_unix_nano, to_unix_nano),
-            data_until,
-            step,
-        )
-        .map_err(|e| self.sql_error(e))
+        let mut conn = self.reader();
+        let mut run = || -> rusqlite::Result<_> {
+            let tx = conn.transaction()?;
+            let bounds = read_bounds(&tx)?;
+            let points = history::query(
+                &tx,
+                path,
+                filter,
+                (from_unix_nano, to_unix_nano),
+                bounds,
+                step,
+            )?;
+            Ok((points, bounds))
+        };
+        run().map_err(|e| self.sql_error(e))
     }
 
     /// Captured requests (slowest per minute and failed) in `[from, to)`, slowest first, at

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::mem::size_of;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
@@ -193,18 +193,18 @@ pub struct StoreWriter {
 }
 
 impl StoreWriter {
-    /// Says that everything recorded before `t_unix_nano` has been sent: once the items sent
-    /// before it are committed, the store's [`committed_through`](super::Store::committed_through)
-    /// is `t`, so that a rate over a range reaching now divides by the time the store holds,
-    /// not by the time its writer has yet to commit. Sent at every hand-over, idle ones
-    /// included; skipped when the queue is full (the next one carries a later time).
+    /// Says that everything recorded before `t_unix_nano` has been sent: it is committed with
+    /// the items sent before it, as the store's [`DataBounds::until`](super::DataBounds), so
+    /// that a rate over a range reaching now divides by the time the store holds, not by the
+    /// time its writer has yet to commit. Sent at every hand-over, idle ones included; skipped
+    /// when the queue is full (the next one carries a later time).
     pub fn write_through(&self, t_unix_nano: u64) {
         let _ = self
             .tx
             .try_send((WriteOp::Through(t_unix_nano), Queued::new(&self.memory, 0)));
     }
 
-    /// Keeps `t_unix_nano` as the store's [`data_since`](super::Store::data_since) unless it
+    /// Keeps `t_unix_nano` as the store's [`DataBounds::since`](super::DataBounds) unless it
     /// already has one (the first collector's start stays). `false` when the queue is full.
     pub fn write_data_since(&self, t_unix_nano: u64) -> bool {
         self.tx
@@ -332,7 +332,6 @@ pub(super) fn start(
     path: PathBuf,
     options: StoreOptions,
     events: InternalEvents,
-    committed_through: Arc<AtomicU64>,
 ) -> Result<StoreWriter, StoreError> {
     let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1));
     let path = Arc::new(path);
@@ -351,7 +350,6 @@ pub(super) fn start(
         recent: HashMap::new(),
         pending: Pending::default(),
         last_prune: Instant::now(),
-        committed_through,
     };
     std::thread::Builder::new()
         .name("infertrace-store".into())
@@ -406,8 +404,6 @@ struct WriterState {
     recent: HashMap<(i64, u64), Accumulator>,
     pending: Pending,
     last_prune: Instant,
-    /// Shared with the [`Store`](super::Store): the latest [`WriteOp::Through`] committed.
-    committed_through: Arc<AtomicU64>,
 }
 
 /// What the thread held is freed with it (a panic included): its count goes too.
@@ -501,7 +497,6 @@ impl WriterState {
     fn write_pending(&mut self, now_unix_nano: u64) -> Result<(), StoreError> {
         let pending = std::mem::take(&mut self.pending);
         let items = pending.items();
-        let through = pending.through;
         let prune = self.last_prune.elapsed() >= SERIES_PRUNE_INTERVAL;
         let result = self.write(pending, now_unix_nano, prune);
         match result {
@@ -510,7 +505,6 @@ impl WriterState {
                 if prune {
                     self.last_prune = Instant::now();
                 }
-                self.committed_through.fetch_max(through, Ordering::Release);
                 // Keep the merged state of the newest two minutes only.
                 if let Some(newest) = self.recent.keys().map(|k| k.1).max() {
                     let oldest_kept = newest.saturating_sub(MINUTE_NANOS);
@@ -540,6 +534,14 @@ impl WriterState {
         if let Some(since) = p.data_since {
             tx.prepare_cached("INSERT OR IGNORE INTO meta (key, value) VALUES ('data_since', ?1)")?
                 .execute(params![sql_time(since)])?;
+        }
+        // In the transaction that commits what it covers: a reader sees both or neither.
+        if p.through > 0 {
+            tx.prepare_cached(
+                "INSERT INTO meta (key, value) VALUES ('through', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
+            )?
+            .execute(params![sql_time(p.through)])?;
         }
         for ((key, minute), acc) in p.rollups {
             let id = series_id(&tx, &mut self.series_ids, &key)?;
@@ -769,7 +771,6 @@ mod tests {
             recent: HashMap::new(),
             pending: Pending::default(),
             last_prune: Instant::now(),
-            committed_through: Arc::default(),
         };
         m.thread.store(4096, Ordering::Relaxed);
         drop(state);
