@@ -387,7 +387,7 @@ impl InternalEvents {
         );
         r.register(
             prom::DROPPED_SPANS,
-            "Spans dropped or refused, by reason",
+            "Spans dropped or refused, by reason (a request refused before its spans were counted adds 1; requests_refused_total counts requests)",
             self.dropped_spans.clone(),
         );
         r.register(

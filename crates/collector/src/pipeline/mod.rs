@@ -809,7 +809,7 @@ impl Pipeline {
                 self.events
                     .series_reclaimed(a.kpis.reclaimed_series() - reclaimed_before);
                 // The KPI windows and the exporter apply the same cap to the same labels.
-                a.prom.record(record);
+                a.prom.record_in(record, kept);
                 // A disaggregated request's time is aggregated along its sub-phases across the
                 // services (the span tree gives it all to the router's waiting span), a request
                 // whose engine reports its phases as attributes along those phases; the span

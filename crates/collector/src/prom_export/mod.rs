@@ -433,13 +433,24 @@ impl PromRecorder {
 
     /// Records one request. Returns `false` when the series cap sent it to the overflow series.
     pub fn record(&mut self, r: &RequestRecord) -> bool {
-        if self
-            .recent
-            .get(&r.service, &r.model, &r.operation)
-            .is_none()
-        {
-            let (service, model, operation) = self.labelling.labels(r);
-            let found = self.series_for(service, model, operation);
+        self.record_in(r, true)
+    }
+
+    /// [`record`](Self::record), saying whether the KPI windows kept the request in its own
+    /// series (what `KpiWindows::record` returned): one they put in the overflow series goes
+    /// to the overflow series here too, so that both show the same series even when their
+    /// caps filled differently (after a restart the KPI windows come back with their series,
+    /// the exporter empty).
+    pub fn record_in(&mut self, r: &RequestRecord, in_kpi_series: bool) -> bool {
+        let cached = self.recent.get(&r.service, &r.model, &r.operation);
+        // A series the KPI windows admitted later (another reclaimed) is looked up again.
+        if cached.is_none_or(|(_, kept)| *kept != in_kpi_series) {
+            let found = if in_kpi_series {
+                let (service, model, operation) = self.labelling.labels(r);
+                self.series_for(service, model, operation)
+            } else {
+                (self.overflow_series(), false)
+            };
             self.recent.set(&r.service, &r.model, &r.operation, found);
         }
         let Some((handles, kept)) = self.recent.get(&r.service, &r.model, &r.operation) else {
@@ -566,6 +577,18 @@ impl PromRecorder {
         }
     }
 
+    /// The `__overflow__` series' handles, created on first use (it takes no place under the
+    /// cap).
+    fn overflow_series(&mut self) -> Arc<SeriesHandles> {
+        if let Some(o) = &self.overflow {
+            return o.clone();
+        }
+        let (service, model, operation) = self.labelling.overflow_labels();
+        let o = Arc::new(self.new_series(service, model, operation));
+        self.overflow = Some(o.clone());
+        o
+    }
+
     fn series_for(
         &mut self,
         service: &str,
@@ -583,16 +606,7 @@ impl PromRecorder {
             return (found.clone(), true);
         }
         if self.series_count >= self.max_series {
-            let overflow = match &self.overflow {
-                Some(o) => o.clone(),
-                None => {
-                    let (service, model, operation) = self.labelling.overflow_labels();
-                    let o = Arc::new(self.new_series(service, model, operation));
-                    self.overflow = Some(o.clone());
-                    o
-                }
-            };
-            return (overflow, false);
+            return (self.overflow_series(), false);
         }
         let s = Arc::new(self.new_series(service, model, operation));
         self.series.entry(hash).or_default().push(s.clone());
@@ -988,6 +1002,27 @@ mod tests {
             r#"infertrace_requests_total{service="__overflow__",model="__overflow__",operation="__overflow__",outcome="ok"} 2"#
         ), "{text}");
         assert!(!text.contains(r#"model="c""#));
+    }
+
+    /// After a restart the KPI windows come back with their series and the exporter empty: a
+    /// request the KPI windows put in their overflow series goes there here too, and once
+    /// they admit its series (another reclaimed), it gets its own label set.
+    #[test]
+    fn requests_follow_the_kpi_windows_into_overflow() {
+        let (mut rec, registry) = recorder(10);
+        assert!(!rec.record_in(&record("real", 1.0), false));
+        assert!(!rec.record_in(&record("real", 1.0), false));
+        let text = encode(&registry);
+        assert!(text.contains(
+            r#"infertrace_requests_total{service="__overflow__",model="__overflow__",operation="__overflow__",outcome="ok"} 2"#
+        ), "{text}");
+        assert!(!text.contains(r#"model="real""#), "{text}");
+        assert!(rec.record_in(&record("real", 1.0), true));
+        assert!(
+            encode(&registry).contains(r#"model="real",operation="chat",outcome="ok"} 1"#),
+            "{}",
+            encode(&registry)
+        );
     }
 
     #[test]
