@@ -263,26 +263,30 @@ mod tests {
         assert_eq!(requests(&w, 3600, now + 2 * SEC), 22);
     }
 
-    /// A store whose first collector started 40 s into its first minute: the restored minutes
-    /// count whole, but the windows' rates divide from when its data begins.
+    /// The windows' start after a restart is when the store's data begins (the pipeline sets
+    /// it): within the first restored minute, which counts whole, or before it, quiet time
+    /// counting as time.
     #[test]
     fn rates_after_a_restart_count_from_when_the_stores_data_begins() {
         let minute = 60 * SEC;
         let now = 1_000 * minute + 20 * SEC;
-        let mut w = KpiWindows::new(KpiConfig::default());
-        w.set_start(now);
-        let key = SeriesKey {
-            service: Arc::from("s"),
-            model: Arc::from(""),
-            operation: Arc::from(""),
-        };
-        for (m, n) in [(996, 2), (997, 3), (998, 4), (999, 5), (1000, 6)] {
-            let mut acc = Accumulator::default();
-            for _ in 0..n {
-                acc.add(&sketch_config(), &SloConfig::default(), &rec(0.5));
+        let restored = || {
+            let mut w = KpiWindows::new(KpiConfig::default());
+            w.set_start(now);
+            let key = SeriesKey {
+                service: Arc::from("s"),
+                model: Arc::from(""),
+                operation: Arc::from(""),
+            };
+            for (m, n) in [(996, 2), (997, 3), (998, 4), (999, 5), (1000, 6)] {
+                let mut acc = Accumulator::default();
+                for _ in 0..n {
+                    acc.add(&sketch_config(), &SloConfig::default(), &rec(0.5));
+                }
+                assert!(w.absorb_restored(&key, m * minute, minute, &acc, now));
             }
-            assert!(w.absorb_restored(&key, m * minute, minute, &acc, now));
-        }
+            w
+        };
         let rate = |w: &KpiWindows, window: u64| -> f64 {
             w.snapshot(Duration::from_secs(window), now)
                 .series
@@ -291,14 +295,18 @@ mod tests {
                 .sum()
         };
         // From minute 996's start, as the restored minutes alone say: 260 s.
-        assert!((rate(&w, 3600) - 20.0 / 260.0).abs() < 1e-9);
-        w.start_no_earlier_than(996 * minute + 40 * SEC);
-        // From 40 s into it: 220 s, in the 1h and the 5m window alike.
+        assert!((rate(&restored(), 3600) - 20.0 / 260.0).abs() < 1e-9);
+        // The store's first collector started 40 s into it: 220 s, in the 1h and 5m windows.
+        let mut w = restored();
+        w.set_start(996 * minute + 40 * SEC);
         assert!((rate(&w, 3600) - 20.0 / 220.0).abs() < 1e-9);
         assert!((rate(&w, 300) - 20.0 / 220.0).abs() < 1e-9);
-        // An earlier time leaves it.
-        w.start_no_earlier_than(990 * minute);
-        assert!((rate(&w, 3600) - 20.0 / 220.0).abs() < 1e-9);
+        // It started six minutes before the first request: the quiet time counts, in the 1h
+        // window 620 s, in the 5m window its whole 295 s.
+        let mut w = restored();
+        w.set_start(990 * minute);
+        assert!((rate(&w, 3600) - 20.0 / 620.0).abs() < 1e-9);
+        assert!((rate(&w, 300) - 20.0 / 295.0).abs() < 1e-9);
     }
 
     #[test]

@@ -200,16 +200,6 @@ impl KpiWindows {
         self.started_unix_nano = Some(start_unix_nano);
     }
 
-    /// Moves the windows' start to `t_unix_nano` if it is earlier: restored minutes move it
-    /// back to the first one's start, but the data they hold may begin later in that minute
-    /// (the history store's first collector started then).
-    pub fn start_no_earlier_than(&mut self, t_unix_nano: u64) {
-        self.started_unix_nano = Some(
-            self.started_unix_nano
-                .map_or(t_unix_nano, |s| s.max(t_unix_nano)),
-        );
-    }
-
     /// Records that went to the overflow series because of the series cap.
     pub fn overflowed_records(&self) -> u64 {
         self.overflowed_records

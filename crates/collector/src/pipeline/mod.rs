@@ -361,10 +361,10 @@ impl Pipeline {
 
     /// Connects the history store: first refills the KPI windows from the minutes `store`
     /// holds for the longest configured window before now (moving the windows' start back so
-    /// rates over them stay right across a restart: to the first restored minute's start, or
-    /// to when the store's data begins if later, [`DataBounds::since`](crate::store::DataBounds),
-    /// which a fresh store keeps from now) and the critical-path windows from its slots, then feeds every later
-    /// request to `feed`. Call once, before the pipeline receives traffic. Returns what was
+    /// rates over them stay right across a restart: to when the store's data begins,
+    /// [`DataBounds::since`](crate::store::DataBounds), which a fresh store keeps from now)
+    /// and the critical-path windows from its slots, then feeds every later request to
+    /// `feed`. Call once, before the pipeline receives traffic. Returns what was
     /// restored.
     pub fn attach_store(&self, store: &Store, feed: StoreFeed) -> Result<Restored, StoreError> {
         let longest = self.windows.iter().copied().max().unwrap_or(Duration::ZERO);
@@ -374,9 +374,10 @@ impl Pipeline {
             kpi_minutes: store.restore_kpis(&mut a.kpis, now, longest)?,
             critical_path_slots: store.restore_critical_paths(&mut a.critical, now)?,
         };
-        // The restored minutes count whole; the store's data may begin within the first.
+        // Rates count from when the store's data begins: within the first restored minute
+        // (which counts whole), or before it (quiet time is time too). A fresh store keeps now.
         match store.data_bounds()?.since {
-            Some(since) => a.kpis.start_no_earlier_than(since),
+            Some(since) => a.kpis.set_start(since),
             None => {
                 feed.writer().write_data_since(now);
             }

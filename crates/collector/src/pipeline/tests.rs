@@ -1002,8 +1002,23 @@ fn the_shutdown_hand_over_reaches_the_store() {
             critical_path_slots: 1
         }
     );
+    let since = reopened
+        .data_bounds()
+        .unwrap()
+        .since
+        .expect("kept by the first run");
+    let elapsed = || (unix_nanos_now() - since) as f64 / 1e9;
+    let before_snapshot = elapsed();
     let snap = q.kpis(Duration::from_secs(3600));
+    let after_snapshot = elapsed();
     assert_eq!(snap.series[0].requests, 1);
+    // Its rate divides by the time since the first run began (its request's minute counts
+    // whole, from before it).
+    let rps = snap.series[0].throughput.requests_per_second;
+    assert!(
+        (1.0 / after_snapshot..=1.0 / before_snapshot).contains(&rps),
+        "{rps} requests/s, {before_snapshot}..{after_snapshot} s since the store's data began"
+    );
     assert_eq!(q.kpis(Duration::from_secs(60)).series[0].requests, 1);
     // And its critical path: the same shares as before the restart.
     let restored = q.critical_path(Duration::from_secs(60));
