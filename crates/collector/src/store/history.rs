@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use infertrace_analysis::alert::KpiPath;
 use infertrace_analysis::kpi::{Accumulator, SeriesKey, SloConfig, series_kpis, sketch_config};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use super::DataBounds;
 use super::error::StoreError;
 use super::time::{MINUTE_NANOS, minute_of, sql_time, unix_time};
 
@@ -69,6 +68,40 @@ fn step_nanos(step: Duration, span: u64) -> u64 {
     let minutes = asked.div_ceil(MINUTE_NANOS).max(1);
     let floor = span.div_ceil(MAX_HISTORY_POINTS).div_ceil(MINUTE_NANOS);
     minutes.max(floor).saturating_mul(MINUTE_NANOS)
+}
+
+/// Where a store's data begins and ends, as committed: rates over a range that reaches past
+/// either divide by the time within them (the store cannot tell a quiet minute it did not
+/// see from one it saw).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataBounds {
+    /// When the first collector that wrote the store started (kept from its first hand-over;
+    /// for a store written before this was kept, its oldest stored minute). `None` for a
+    /// store that holds nothing yet.
+    pub since: Option<u64>,
+    /// The time through which everything the collector recorded is committed: its latest
+    /// hand-over's, idle ones included (the store lags the pipeline by up to a hand-over and a
+    /// flush interval), kept across restarts. `None` before the first commit.
+    pub until: Option<u64>,
+}
+
+/// The [`DataBounds`] a store open on `conn` holds.
+pub(super) fn read_bounds(conn: &Connection) -> rusqlite::Result<DataBounds> {
+    let mut kept = conn.prepare_cached("SELECT value FROM meta WHERE key = ?1")?;
+    let mut value = |key: &str| -> rusqlite::Result<Option<i64>> {
+        kept.query_row([key], |r| r.get(0)).optional()
+    };
+    let until = value("through")?;
+    let since = match value("data_since")? {
+        Some(t) => Some(t),
+        None => conn
+            .prepare_cached("SELECT MIN(minute) FROM rollups")?
+            .query_row([], |r| r.get(0))?,
+    };
+    Ok(DataBounds {
+        since: since.map(unix_time),
+        until: until.map(unix_time),
+    })
 }
 
 pub(super) fn query(

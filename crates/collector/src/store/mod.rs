@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use infertrace_analysis::critical_path::CriticalPathWindows;
 use infertrace_analysis::kpi::{Accumulator, KpiWindows, SeriesKey};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 use serde::Serialize;
 
 use crate::internal_events::InternalEvents;
@@ -55,7 +55,7 @@ use time::{sql_time, unix_time};
 
 pub use error::StoreError;
 pub use feed::StoreFeed;
-pub use history::{HistoryFilter, HistoryPoint};
+pub use history::{DataBounds, HistoryFilter, HistoryPoint};
 pub use options::StoreOptions;
 pub use schema::RetentionStats;
 pub use time::{MINUTE_NANOS, minute_of, unix_nanos_now};
@@ -109,40 +109,6 @@ pub struct StoredEvent {
     pub t_unix_nano: u64,
     /// The finding or alert event as JSON.
     pub body: serde_json::Value,
-}
-
-/// Where a store's data begins and ends, as committed: rates over a range that reaches past
-/// either divide by the time within them (the store cannot tell a quiet minute it did not
-/// see from one it saw).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DataBounds {
-    /// When the first collector that wrote the store started (kept from its first hand-over;
-    /// for a store written before this was kept, its oldest stored minute). `None` for a
-    /// store that holds nothing yet.
-    pub since: Option<u64>,
-    /// The time through which everything the collector recorded is committed: its latest
-    /// hand-over's, idle ones included (the store lags the pipeline by up to a hand-over and a
-    /// flush interval), kept across restarts. `None` before the first commit.
-    pub until: Option<u64>,
-}
-
-/// The [`DataBounds`] a store open on `conn` holds.
-fn read_bounds(conn: &Connection) -> rusqlite::Result<DataBounds> {
-    let mut kept = conn.prepare_cached("SELECT value FROM meta WHERE key = ?1")?;
-    let mut value = |key: &str| -> rusqlite::Result<Option<i64>> {
-        kept.query_row([key], |r| r.get(0)).optional()
-    };
-    let until = value("through")?;
-    let since = match value("data_since")? {
-        Some(t) => Some(t),
-        None => conn
-            .prepare_cached("SELECT MIN(minute) FROM rollups")?
-            .query_row([], |r| r.get(0))?,
-    };
-    Ok(DataBounds {
-        since: since.map(unix_time),
-        until: until.map(unix_time),
-    })
 }
 
 struct StoreInner {
@@ -257,7 +223,7 @@ impl Store {
 
     /// Where the store's data begins and ends, as committed ([`DataBounds`]).
     pub fn data_bounds(&self) -> Result<DataBounds, StoreError> {
-        read_bounds(&self.reader()).map_err(|e| self.sql_error(e))
+        history::read_bounds(&self.reader()).map_err(|e| self.sql_error(e))
     }
 
     /// A [`StoreFeed`] for the pipeline, labelling series by `dimensions` (as `KpiWindows`
@@ -450,7 +416,7 @@ impl Store {
         let mut conn = self.reader();
         let mut run = || -> rusqlite::Result<_> {
             let tx = conn.transaction()?;
-            let bounds = read_bounds(&tx)?;
+            let bounds = history::read_bounds(&tx)?;
             let points = history::query(
                 &tx,
                 path,
