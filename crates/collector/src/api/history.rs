@@ -239,16 +239,11 @@ pub(super) async fn history(
     });
     // What the rates divided by, where the store's data begins after the range's first
     // minute or ends before `to`.
-    if let (Some(since), Some(first)) = (data.since, first)
-        && since > first
-        && since < to
-    {
+    let inside = |t: &u64| first.is_some_and(|f| *t > f) && *t < to;
+    if let Some(since) = data.since.filter(inside) {
         answer["data_since"] = json!(secs(since));
     }
-    if let (Some(until), Some(first)) = (data.until, first)
-        && until > first
-        && until < to
-    {
+    if let Some(until) = data.until.filter(inside) {
         answer["data_until"] = json!(secs(until));
     }
     if let Some(note) = note {

@@ -374,13 +374,9 @@ impl Pipeline {
             kpi_minutes: store.restore_kpis(&mut a.kpis, now, longest)?,
             critical_path_slots: store.restore_critical_paths(&mut a.critical, now)?,
         };
-        // Rates count from when the store's data begins: within the first restored minute
-        // (which counts whole), or before it (quiet time is time too). A fresh store keeps now.
-        match store.data_bounds()?.since {
-            Some(since) => a.kpis.set_start(since),
-            None => {
-                feed.writer().write_data_since(now);
-            }
+        // A fresh store keeps now as when its data began.
+        if store.data_bounds()?.since.is_none() {
+            feed.writer().write_data_since(now);
         }
         let mut feed = feed;
         feed.writer()

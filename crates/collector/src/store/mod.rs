@@ -302,7 +302,8 @@ impl Store {
     /// under the cap to the most recently active series. Returns the series-minutes absorbed.
     /// With the default KPI config this refills the 1h window (60-second slots) minute by
     /// minute, and the 1m and 5m windows with every minute whose last instant lies in them
-    /// (see `absorb_restored`).
+    /// (see `absorb_restored`). The windows' start becomes when the store's data began
+    /// ([`DataBounds::since`]): their rates divide by the time since, quiet time included.
     pub fn restore_kpis(
         &self,
         kpis: &mut KpiWindows,
@@ -313,12 +314,16 @@ impl Store {
         let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
         let from = minute_of(now_unix_nano.saturating_sub(window));
         let rollups = self.rollups(from, now_unix_nano.saturating_add(1))?;
-        Ok(kpis.restore_slots(
+        let restored = kpis.restore_slots(
             rollups
                 .iter()
                 .map(|r| (&r.key, r.minute_unix_nano, MINUTE_NANOS, &r.accumulator)),
             now_unix_nano,
-        ))
+        );
+        if let Some(since) = self.data_bounds()?.since {
+            kpis.set_start(since);
+        }
+        Ok(restored)
     }
 
     /// Rebuilds the critical-path `windows` after a restart from the stored slots within their

@@ -92,8 +92,8 @@ CREATE INDEX alerts_by_t ON alerts (t);
 /// [`add_missing_tables`] in an older one once it is locked. The version stays 1: a build
 /// before them ignores them.
 /// `critical_slots`: the critical-path windows' slots (`CriticalPathWindows::encode_slot`),
-/// one row a slot. `meta`: facts about the store as a whole (`data_since`: when the first
-/// collector that wrote it started, see `Store::data_since`).
+/// one row a slot. `meta`: facts about the store as a whole, `data_since` and `through`
+/// (`DataBounds`).
 const ADDED_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS critical_slots (
     start INTEGER PRIMARY KEY,

@@ -199,20 +199,19 @@ impl StoreWriter {
     /// time its writer has yet to commit. Sent at every hand-over, idle ones included; skipped
     /// when the queue is full (the next one carries a later time).
     pub fn write_through(&self, t_unix_nano: u64) {
-        let _ = self
-            .tx
-            .try_send((WriteOp::Through(t_unix_nano), Queued::new(&self.memory, 0)));
+        self.send_marker(WriteOp::Through(t_unix_nano));
     }
 
     /// Keeps `t_unix_nano` as the store's [`DataBounds::since`](super::DataBounds) unless it
     /// already has one (the first collector's start stays). `false` when the queue is full.
     pub fn write_data_since(&self, t_unix_nano: u64) -> bool {
-        self.tx
-            .try_send((
-                WriteOp::DataSince(t_unix_nano),
-                Queued::new(&self.memory, 0),
-            ))
-            .is_ok()
+        self.send_marker(WriteOp::DataSince(t_unix_nano))
+    }
+
+    /// Sends an op that carries no items (nothing to count or drop): `false` when the queue
+    /// is full.
+    fn send_marker(&self, op: WriteOp) -> bool {
+        self.tx.try_send((op, Queued::new(&self.memory, 0))).is_ok()
     }
 
     fn send(&self, op: WriteOp) -> bool {
