@@ -511,8 +511,11 @@ pub fn history_table(report: &Value) -> String {
         let from = f(report, &[key, "from"])?;
         let seconds = f(report, &[key, "seconds"])?;
         let start = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(from.max(0.0));
+        let unseen = f(report, &[key, "unseen_seconds"])
+            .map(|u| format!(" less {u:.0} s with no collector running"))
+            .unwrap_or_default();
         Some(format!(
-            "{seconds:.0} s from {}",
+            "{seconds:.0} s from {}{unseen}",
             humantime::format_rfc3339_seconds(start)
         ))
     };
@@ -820,6 +823,14 @@ mod tests {
         assert_eq!(
             line.split_whitespace().collect::<Vec<_>>(),
             ["requests", "25", "10", "+15", "+150%"]
+        );
+        let mut stopped = report.clone();
+        stopped["covered"]["seconds"] = 3658.0.into();
+        stopped["covered"]["unseen_seconds"] = 30.0.into();
+        let t = history_table(&stopped);
+        assert!(
+            t.contains("(whole minutes: 3658 s from 2026-01-01T00:00:00Z less 30 s with no collector running, rates over all of it)"),
+            "{t}"
         );
     }
 }

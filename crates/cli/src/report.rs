@@ -208,8 +208,9 @@ pub fn history_query(kpi: &str, range: HistoryRange, h: &HistoryRequest) -> Stri
 
 /// The range a one-step `/api/history` answer covers, whole minutes from the one its `from`
 /// falls in up to its `to`, within where the store's data begins and ends when the answer
-/// says so (`data_since`, `data_until`): `{"from", "to", "seconds"}` (Unix seconds), what its
-/// rates divide by.
+/// says so (`data_since`, `data_until`): `{"from", "to", "seconds"}` (Unix seconds), and the
+/// seconds in it no collector ran (`unseen_seconds`, when there were some), which `seconds`,
+/// what its rates divide by, leaves out. `null` when the store holds no data in the range.
 pub fn covered_range(answer: &Value) -> Value {
     let seconds = |key: &str| answer.get(key).and_then(Value::as_f64);
     let first_minute = answer
@@ -219,8 +220,15 @@ pub fn covered_range(answer: &Value) -> Value {
         .and_then(Value::as_f64);
     let from = first_minute.map(|m| seconds("data_since").map_or(m, |s| s.max(m)));
     let to = seconds("data_until").or_else(|| seconds("to"));
+    let unseen = seconds("unseen_seconds").unwrap_or(0.0);
     match (from, to) {
-        (Some(from), Some(to)) => json!({"from": from, "to": to, "seconds": to - from}),
+        (Some(from), Some(to)) if from < to => {
+            let mut range = json!({"from": from, "to": to, "seconds": to - from - unseen});
+            if unseen > 0.0 {
+                range["unseen_seconds"] = json!(unseen);
+            }
+            range
+        }
         _ => Value::Null,
     }
 }
@@ -485,6 +493,17 @@ mod tests {
         assert_eq!(
             covered_range(&answer(json!({"data_since": 1010.0, "data_until": 1244.0}))),
             json!({"from": 1010.0, "to": 1244.0, "seconds": 234.0})
+        );
+        assert_eq!(
+            covered_range(&answer(
+                json!({"data_since": 1010.0, "unseen_seconds": 30.0})
+            )),
+            json!({"from": 1010.0, "to": 1250.0, "seconds": 210.0, "unseen_seconds": 30.0})
+        );
+        // A range wholly before the store's data covers nothing.
+        assert_eq!(
+            covered_range(&answer(json!({"data_since": 1300.0}))),
+            Value::Null
         );
         assert_eq!(
             covered_range(&json!({"to": 1250.0, "points": []})),

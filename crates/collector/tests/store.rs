@@ -715,7 +715,7 @@ fn the_store_keeps_when_its_data_begins() {
     }
     feed.hand_over(minute + 60 * SEC);
     writer.flush().unwrap();
-    let (points, bounds) = store
+    let read = store
         .history_within(
             "throughput.requests_per_second",
             &HistoryFilter::default(),
@@ -724,9 +724,12 @@ fn the_store_keeps_when_its_data_begins() {
             Duration::from_secs(60),
         )
         .unwrap();
-    assert_eq!(bounds.since, Some(minute + 40 * SEC));
-    assert_eq!(bounds.until, Some(minute + 60 * SEC));
-    assert!((points[0].value.unwrap() - 1.0).abs() < 1e-9, "{points:?}");
+    assert_eq!(read.bounds.since, Some(minute + 40 * SEC));
+    assert_eq!(read.bounds.until, Some(minute + 60 * SEC));
+    assert!(
+        (read.points[0].value.unwrap() - 1.0).abs() < 1e-9,
+        "{read:?}"
+    );
     // Where the committed data ends is kept across a restart too: a collector that just
     // started has committed nothing yet, and the store's data still ends there.
     drop((feed, writer, store));
@@ -743,6 +746,87 @@ fn the_store_keeps_when_its_data_begins() {
     feed.hand_over(minute + 31 * SEC);
     writer.flush().unwrap();
     assert_eq!(store.data_bounds().unwrap().since, Some(minute));
+}
+
+/// A stopped collector's downtime is neither quiet time nor time the rates divide by: the
+/// store keeps when each collector ran, and a minute inside a run without requests reads 0
+/// where one outside every run reads `null`.
+#[test]
+fn quiet_minutes_read_zero_and_downtime_is_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = minute_of(unix_nanos_now()) - 10 * MINUTE_NANOS;
+    // Run 1 from m: one request a second through minute m, then a quiet minute.
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    assert!(writer.write_data_since(m));
+    assert!(writer.write_run_start(m));
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    feed.tick(m);
+    for i in 0..60u64 {
+        feed.record(&rec(i, "m", 0.5, Outcome::Ok), None, m + i * SEC);
+    }
+    feed.hand_over(m + 60 * SEC);
+    feed.tick(m + 120 * SEC);
+    feed.hand_over(m + 120 * SEC);
+    writer.flush().unwrap();
+    drop((feed, writer, store));
+    // Down for 150 s; run 2 from m + 270 s: 30 requests in its first 30 s.
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    assert!(writer.write_run_start(m + 270 * SEC));
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    feed.tick(m + 270 * SEC);
+    for i in 0..30u64 {
+        feed.record(
+            &rec(100 + i, "m", 0.5, Outcome::Ok),
+            None,
+            m + (270 + i) * SEC,
+        );
+    }
+    feed.hand_over(m + 300 * SEC);
+    writer.flush().unwrap();
+
+    let all = HistoryFilter::default();
+    let history = |kpi: &str, step: u64| {
+        store
+            .history_within(kpi, &all, m, m + 300 * SEC, Duration::from_secs(step))
+            .unwrap()
+    };
+    let values = |kpi: &str| -> Vec<Option<f64>> {
+        history(kpi, 60).points.iter().map(|p| p.value).collect()
+    };
+    assert_eq!(
+        values("throughput.requests_per_second"),
+        [Some(1.0), Some(0.0), None, None, Some(1.0)]
+    );
+    assert_eq!(
+        values("requests"),
+        [Some(60.0), Some(0.0), None, None, Some(30.0)]
+    );
+    assert_eq!(values("e2e.p99")[1], None, "no request, no percentile");
+    // One step over all of it: 90 requests in the 150 s that were seen.
+    let whole = history("throughput.requests_per_second", 300);
+    assert!(
+        (whole.points[0].value.unwrap() - 0.6).abs() < 1e-9,
+        "{whole:?}"
+    );
+    assert_eq!(
+        whole.runs.gaps(m, m + 300 * SEC),
+        [(m + 120 * SEC, m + 270 * SEC)]
+    );
+    // KPI windows restored from it (by a collector starting at m + 300 s) leave the
+    // downtime out as well: 90 requests in 150 s.
+    let mut kpis = KpiWindows::new(KpiConfig::default());
+    store
+        .restore_kpis(&mut kpis, m + 300 * SEC, Duration::from_secs(3600))
+        .unwrap();
+    let snapshot = kpis.snapshot(Duration::from_secs(3600), m + 300 * SEC);
+    let rate: f64 = snapshot
+        .series
+        .iter()
+        .map(|s| s.throughput.requests_per_second)
+        .sum();
+    assert!((rate - 0.6).abs() < 1e-9, "{rate}");
 }
 
 #[test]

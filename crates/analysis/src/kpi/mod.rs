@@ -307,6 +307,13 @@ mod tests {
         w.set_start(990 * minute);
         assert!((rate(&w, 3600) - 20.0 / 620.0).abs() < 1e-9);
         assert!((rate(&w, 300) - 20.0 / 295.0).abs() < 1e-9);
+        // The collector was down from 40 s into minute 997 to 10 s into 998 (30 s): the
+        // rates divide by the 590 s and 265 s that were seen; the 1m window holds none of it.
+        let one_minute = rate(&w, 60);
+        w.set_unseen(vec![(997 * minute + 40 * SEC, 998 * minute + 10 * SEC)]);
+        assert!((rate(&w, 3600) - 20.0 / 590.0).abs() < 1e-9);
+        assert!((rate(&w, 300) - 20.0 / 265.0).abs() < 1e-9);
+        assert_eq!(rate(&w, 60), one_minute);
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl KpiWindows {
 
     /// Seconds of time the slots `(current − n, current]` of ring `pos` cover up to `now`, from
     /// the KPIs' start if later; from the start of a restored minute counted whole in one of
-    /// those slots if earlier, as its requests reach back there.
+    /// those slots if earlier, as its requests reach back there; less the unseen times in it.
     pub(super) fn covered_seconds(&self, pos: usize, n: u64, now: u64) -> f64 {
         let spec = &self.specs[pos];
         let current = now / spec.slot_nanos;
@@ -41,7 +41,12 @@ impl KpiWindows {
             .map(|&(_, start)| start)
             .fold(oldest_start, u64::min);
         let from = self.started_unix_nano.map_or(reach, |s| s.max(reach));
-        now.saturating_sub(from) as f64 / 1e9
+        let unseen: u64 = self
+            .unseen
+            .iter()
+            .map(|&(a, b)| b.min(now).saturating_sub(a.max(from)))
+            .sum();
+        now.saturating_sub(from).saturating_sub(unseen) as f64 / 1e9
     }
 
     /// The finest ring's slots not yet rolled up into ring `pos`, as (index in ring `pos`,

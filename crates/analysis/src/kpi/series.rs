@@ -95,6 +95,9 @@ pub struct KpiWindows {
     /// While such a slot is in a window, the window's rates divide by the time from that
     /// minute's start, which its requests cover.
     pub(super) restored_reach: Vec<Vec<(u64, u64)>>,
+    /// Times no collector saw, `[from, to)` ([`set_unseen`](Self::set_unseen)): rates do not
+    /// divide by them.
+    pub(super) unseen: Vec<(u64, u64)>,
     pub(super) last_sweep_unix_nano: u64,
     /// Completed finest-ring slots for a consumer (see [`KpiWindows::enable_slot_tap`]).
     pub(super) tap: Option<Vec<TappedSlot>>,
@@ -176,6 +179,7 @@ impl KpiWindows {
             removed: Vec::new(),
             started_unix_nano: None,
             restored_reach: vec![Vec::new(); rings],
+            unseen: Vec::new(),
             last_sweep_unix_nano: 0,
             tap: None,
         }
@@ -198,6 +202,13 @@ impl KpiWindows {
     /// the uptime divide by the uptime. Without it the first record's `now` is used.
     pub fn set_start(&mut self, start_unix_nano: u64) {
         self.started_unix_nano = Some(start_unix_nano);
+    }
+
+    /// Marks times since the start when no collector was running (`[from, to)`, e.g. between
+    /// the restored history's last commit and this collector's start): rates in windows over
+    /// them divide by the time that was seen, as a collector that never stopped would.
+    pub fn set_unseen(&mut self, gaps: Vec<(u64, u64)>) {
+        self.unseen = gaps;
     }
 
     /// Records that went to the overflow series because of the series cap.

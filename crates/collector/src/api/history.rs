@@ -14,14 +14,18 @@
 //! **Step**: seconds (`60`) or a duration (`5m`); rounded up to whole minutes (the store keeps
 //! minutes) and widened so that one answer has at most 20,000 points. Default `60`. Each point
 //! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step);
-//! `null` where the step holds no data; when no stored series in the range matches the
+//! `null` where the step holds no data (0 for counts and rates where a collector ran but no
+//! request matched, below); when no stored series in the range matches the
 //! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
 //! The store lags the collector by up to a hand-over and a flush interval (~6 s at the
 //! defaults): when `to` is past what it has committed, `"data_until"` (Unix seconds) says
 //! where its data ends, and rates (`throughput.*`, `goodput.requests_per_second`) in the last
 //! step divide by the time up to there, not up to `to`; likewise `"data_since"` where its
-//! data begins after the first step's start (a store younger than the range). Both are read
-//! with the minutes, in one read transaction.
+//! data begins after the first step's start (a store younger than the range). Time within
+//! the data when no collector ran (between a stop and the next start) is left out of the
+//! rates too, and `"unseen_seconds"` says how much there was; a step without data reads 0
+//! (counts and rates; `null` for percentiles) when a collector ran in it, `null` when none
+//! did. All of it is read with the minutes, in one read transaction.
 //! `kpi` is a dotted path as in `/api/kpis` and alert
 //! rules (`e2e.p50`, `requests`, `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is
 //! a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
@@ -40,7 +44,9 @@ use serde_json::{Value, json};
 
 use super::state::{ApiState, error};
 use crate::duration::parse_duration;
-use crate::store::{HistoryFilter, MINUTE_NANOS, Store, StoreError, minute_of, unix_nanos_now};
+use crate::store::{
+    HistoryFilter, HistoryRead, MINUTE_NANOS, Store, StoreError, minute_of, unix_nanos_now,
+};
 
 /// Default range of a history query.
 const DEFAULT_RANGE: Duration = Duration::from_secs(3600);
@@ -204,7 +210,11 @@ pub(super) async fn history(
     };
     let name = kpi.clone();
     let asked = filter.clone();
-    let (points, data) = match read(store, move |st| {
+    let HistoryRead {
+        points,
+        bounds: data,
+        runs,
+    } = match read(store, move |st| {
         st.history_within(&kpi, &filter, from, to, step)
     })
     .await
@@ -213,7 +223,9 @@ pub(super) async fn history(
         Err(r) => return r,
     };
     let mut note = None;
-    if !asked.is_empty() && points.iter().all(|p| p.value.is_none()) {
+    // No value but 0 (a minute a collector saw without a match) or null: is it a quiet
+    // series or one that is not there?
+    if !asked.is_empty() && points.iter().all(|p| p.value.is_none_or(|v| v == 0.0)) {
         // From the minute `from` falls in, as the history query counts it.
         match read(store, move |st| st.series(minute_of(from), to)).await {
             Ok(series) => note = no_match_note(&asked, &series),
@@ -239,12 +251,23 @@ pub(super) async fn history(
     });
     // What the rates divided by, where the store's data begins after the range's first
     // minute or ends before `to`.
-    let inside = |t: &u64| first.is_some_and(|f| *t > f) && *t < to;
-    if let Some(since) = data.since.filter(inside) {
+    // `data_since` at or past `to` too: the range then holds none of the store's data.
+    let after_first = |t: &u64| first.is_some_and(|f| *t > f);
+    let inside = |t: &u64| after_first(t) && *t < to;
+    if let Some(since) = data.since.filter(after_first) {
         answer["data_since"] = json!(secs(since));
     }
     if let Some(until) = data.until.filter(inside) {
         answer["data_until"] = json!(secs(until));
+    }
+    // Time within the data no collector saw (it stopped, then started again).
+    if let Some(first) = first {
+        let from = data.since.map_or(first, |s| s.max(first));
+        let to = data.until.map_or(to, |u| u.min(to));
+        let unseen: u64 = runs.gaps(from, to).iter().map(|(a, b)| b - a).sum();
+        if unseen > 0 {
+            answer["unseen_seconds"] = json!(secs(unseen));
+        }
     }
     if let Some(note) = note {
         answer["note"] = Value::String(note);
@@ -256,7 +279,7 @@ pub(super) async fn history(
 const NOTE_SERIES: usize = 20;
 
 /// When no stored series in the range matches the filter (a misspelt model, say), says so and
-/// lists the series that do have data, so an all-`null` answer is not mistaken for a quiet one.
+/// lists the series that do have data, so an answer of zeros and `null`s is not mistaken for a quiet series.
 fn no_match_note(filter: &HistoryFilter, series: &[SeriesKey]) -> Option<String> {
     if series.iter().any(|k| filter.matches(k)) {
         return None;

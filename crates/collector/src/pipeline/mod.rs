@@ -374,10 +374,11 @@ impl Pipeline {
             kpi_minutes: store.restore_kpis(&mut a.kpis, now, longest)?,
             critical_path_slots: store.restore_critical_paths(&mut a.critical, now)?,
         };
-        // A fresh store keeps now as when its data began.
+        // A fresh store keeps now as when its data began; every store, that this run began.
         if store.data_bounds()?.since.is_none() {
             feed.writer().write_data_since(now);
         }
+        feed.writer().write_run_start(now);
         let mut feed = feed;
         feed.writer()
             .set_memory_cap(self.limiter.limit() / HISTORY_WRITER_SHARE);

@@ -995,6 +995,10 @@ fn the_shutdown_hand_over_reaches_the_store() {
         reopened.start_writer(q.events().clone()).unwrap(),
         &config.kpi_config(),
     );
+    let bounds = reopened.data_bounds().unwrap();
+    let since = bounds.since.expect("kept by the first run");
+    let until = bounds.until.expect("committed by the first run");
+    let attach_from = unix_nanos_now();
     assert_eq!(
         q.attach_store(&reopened, feed).unwrap(),
         Restored {
@@ -1002,22 +1006,24 @@ fn the_shutdown_hand_over_reaches_the_store() {
             critical_path_slots: 1
         }
     );
-    let since = reopened
-        .data_bounds()
-        .unwrap()
-        .since
-        .expect("kept by the first run");
+    let attach_to = unix_nanos_now();
     let elapsed = || (unix_nanos_now() - since) as f64 / 1e9;
     let before_snapshot = elapsed();
     let snap = q.kpis(Duration::from_secs(3600));
     let after_snapshot = elapsed();
     assert_eq!(snap.series[0].requests, 1);
     // Its rate divides by the time since the first run began (its request's minute counts
-    // whole, from before it).
+    // whole, from before it), less the time between the first run's last commit and this
+    // one's start, when no collector ran.
+    let down = |at: u64| at.saturating_sub(until) as f64 / 1e9;
+    let seen = (
+        before_snapshot - down(attach_to),
+        after_snapshot - down(attach_from),
+    );
     let rps = snap.series[0].throughput.requests_per_second;
     assert!(
-        (1.0 / after_snapshot..=1.0 / before_snapshot).contains(&rps),
-        "{rps} requests/s, {before_snapshot}..{after_snapshot} s since the store's data began"
+        (1.0 / seen.1..=1.0 / seen.0).contains(&rps),
+        "{rps} requests/s, {seen:?} s seen since the store's data began"
     );
     assert_eq!(q.kpis(Duration::from_secs(60)).series[0].requests, 1);
     // And its critical path: the same shares as before the restart.

@@ -49,8 +49,20 @@ impl HistoryFilter {
 pub struct HistoryPoint {
     /// Start of the step, Unix nanoseconds.
     pub t_unix_nano: u64,
-    /// The KPI over the step; `None` when the step holds no data for it.
+    /// The KPI over the step; `None` when the step holds no data for it: no collector ran in
+    /// it, or it is a percentile or ratio of no request (counts and rates read 0 then).
     pub value: Option<f64>,
+}
+
+/// A history query's points, with what their rates divided by.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistoryRead {
+    /// One point a step.
+    pub points: Vec<HistoryPoint>,
+    /// Where the store's data begins and ends.
+    pub bounds: DataBounds,
+    /// When collectors ran within the range.
+    pub runs: Runs,
 }
 
 /// Parses a KPI path as alert rules and `/api/kpis` name them.
@@ -85,6 +97,85 @@ pub struct DataBounds {
     pub until: Option<u64>,
 }
 
+/// When the collectors that wrote the store ran: each from its start to the latest time its
+/// data is committed through (the `runs` table). Time between runs is time no collector saw:
+/// a minute within a run that holds no data was quiet (its counts and rates are 0), one
+/// outside every run is unknown (`null`), and rates divide by the time runs cover. Stores
+/// written by builds that did not keep runs know them only from their first kept one on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Runs {
+    /// `[since, through)` of each run read, by start, not overlapping.
+    runs: Vec<(u64, u64)>,
+    /// The start of the store's first kept run (`None`: none kept).
+    first: Option<u64>,
+}
+
+impl Runs {
+    /// Runs from `[since, through)` pairs in any order (overlaps are merged).
+    pub fn new(mut runs: Vec<(u64, u64)>, first: Option<u64>) -> Self {
+        runs.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+        for (since, through) in runs {
+            match merged.last_mut() {
+                Some(last) if since <= last.1 => last.1 = last.1.max(through),
+                _ if since < through => merged.push((since, through)),
+                _ => {}
+            }
+        }
+        Self {
+            runs: merged,
+            first,
+        }
+    }
+
+    /// When the store's kept runs begin: before it nothing is known of when collectors ran.
+    pub fn known_from(&self) -> Option<u64> {
+        self.first
+    }
+
+    /// Nanoseconds of `[from, to)` within a run.
+    pub fn seen(&self, from: u64, to: u64) -> u64 {
+        self.runs
+            .iter()
+            .map(|&(a, b)| b.min(to).saturating_sub(a.max(from)))
+            .sum()
+    }
+
+    /// The parts of `[from, to)` after [`known_from`](Self::known_from) that no run covers.
+    pub fn gaps(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let Some(first) = self.first else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut at = from.max(first);
+        for &(a, b) in &self.runs {
+            if a > at && at < to {
+                out.push((at, a.min(to)));
+            }
+            at = at.max(b);
+        }
+        if at < to {
+            out.push((at, to));
+        }
+        out
+    }
+}
+
+/// The [`Runs`] of a store open on `conn` that overlap `[from, to)`.
+pub(super) fn read_runs(conn: &Connection, from: u64, to: u64) -> rusqlite::Result<Runs> {
+    let first: Option<i64> = conn
+        .prepare_cached("SELECT MIN(since) FROM runs")?
+        .query_row([], |r| r.get(0))?;
+    let mut stmt =
+        conn.prepare_cached("SELECT since, through FROM runs WHERE through > ?1 AND since < ?2")?;
+    let runs = stmt
+        .query_map(params![sql_time(from), sql_time(to)], |r| {
+            Ok((unix_time(r.get(0)?), unix_time(r.get(1)?)))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Runs::new(runs, first.map(unix_time)))
+}
+
 /// The [`DataBounds`] a store open on `conn` holds.
 pub(super) fn read_bounds(conn: &Connection) -> rusqlite::Result<DataBounds> {
     let mut kept = conn.prepare_cached("SELECT value FROM meta WHERE key = ?1")?;
@@ -104,12 +195,16 @@ pub(super) fn read_bounds(conn: &Connection) -> rusqlite::Result<DataBounds> {
     })
 }
 
+/// The points of `kpi` over `[from, to)` for the series `filter` merges. Each step's rates
+/// divide by the time within it that collectors saw: within [`Runs`], and before the first
+/// kept run within [`DataBounds`]. A step without data reads 0 (counts and rates; `None`
+/// for percentiles) when a run covers some of it, `None` otherwise.
 pub(super) fn query(
     conn: &Connection,
     kpi: KpiPath,
     filter: &HistoryFilter,
     (from_unix_nano, to_unix_nano): (u64, u64),
-    data: DataBounds,
+    (data, runs): (DataBounds, &Runs),
     step: Duration,
 ) -> rusqlite::Result<Vec<HistoryPoint>> {
     let start = minute_of(from_unix_nano);
@@ -165,26 +260,34 @@ pub(super) fn query(
         .enumerate()
         .map(|(i, parts)| {
             let t = start + i as u64 * step;
-            // A step reaching past the store's data holds data within it only.
             let end = (t + step).min(to_unix_nano);
-            let end = data.until.filter(|&u| u > t).map_or(end, |u| end.min(u));
-            let begin = data.since.map_or(t, |s| s.max(t).min(end));
-            let covered = if begin < end { end - begin } else { end - t };
-            let value = merge(parts).and_then(|acc| {
-                kpi.value(&series_kpis(
-                    &config,
-                    &slo,
-                    &key,
-                    &acc,
-                    covered as f64 / 1e9,
-                ))
-            });
+            // Runs say what was seen from the first kept one on; before it, the time within
+            // the store's data bounds counts.
+            let runs_from = runs.known_from().map_or(end, |f| f.clamp(t, end));
+            let seen = runs.seen(runs_from, end);
+            let covered = seen + within_bounds(t, runs_from, data);
+            let kpis = |acc: &Accumulator, seconds: u64| {
+                kpi.value(&series_kpis(&config, &slo, &key, acc, seconds as f64 / 1e9))
+            };
+            let value = match merge(parts) {
+                Some(acc) if covered > 0 => kpis(&acc, covered),
+                Some(acc) => kpis(&acc, end - t),
+                None if seen > 0 => kpis(&Accumulator::default(), covered),
+                None => None,
+            };
             HistoryPoint {
                 t_unix_nano: t,
                 value,
             }
         })
         .collect())
+}
+
+/// Nanoseconds of `[from, to)` within the store's data bounds.
+fn within_bounds(from: u64, to: u64, data: DataBounds) -> u64 {
+    let to = data.until.map_or(to, |u| to.min(u));
+    let from = data.since.map_or(from, |s| from.max(s));
+    to.saturating_sub(from)
 }
 
 /// One accumulator from several; `None` from none.
@@ -199,6 +302,49 @@ fn merge(mut parts: Vec<Accumulator>) -> Option<Accumulator> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_merge_and_leave_gaps_only_after_the_first_kept_one() {
+        let runs = Runs::new(vec![(50, 60), (10, 20), (15, 30), (40, 40)], Some(10));
+        assert_eq!(runs.seen(0, 100), 30);
+        assert_eq!(runs.seen(25, 55), 10);
+        assert_eq!(runs.gaps(0, 100), [(30, 50), (60, 100)]);
+        assert_eq!(runs.gaps(12, 55), [(30, 50)]);
+        assert_eq!(runs.gaps(52, 58), []);
+        assert!(Runs::new(Vec::new(), None).gaps(0, 100).is_empty());
+    }
+
+    /// What a quiet step (a collector ran, no request) reads: counts and rates 0, the rest
+    /// (percentiles, ratios of nothing) `None`.
+    #[test]
+    fn a_step_without_requests_reads_zero_counts_and_no_percentiles() {
+        let quiet = |kpi: &str| {
+            let path = parse_kpi(kpi).unwrap();
+            let kpis = series_kpis(
+                &sketch_config(),
+                &SloConfig::default(),
+                &SeriesKey {
+                    service: Arc::from("s"),
+                    model: Arc::from(""),
+                    operation: Arc::from(""),
+                },
+                &Accumulator::default(),
+                60.0,
+            );
+            path.value(&kpis)
+        };
+        for kpi in [
+            "requests",
+            "throughput.requests_per_second",
+            "throughput.output_tokens_per_second",
+            "goodput.requests_per_second",
+        ] {
+            assert_eq!(quiet(kpi), Some(0.0), "{kpi}");
+        }
+        for kpi in ["e2e.p99", "ttft.p50", "goodput.ratio", "error_rate"] {
+            assert_eq!(quiet(kpi), None, "{kpi}");
+        }
+    }
 
     #[test]
     fn steps_are_whole_minutes_and_bounded_in_number() {

@@ -55,7 +55,7 @@ use time::{sql_time, unix_time};
 
 pub use error::StoreError;
 pub use feed::StoreFeed;
-pub use history::{DataBounds, HistoryFilter, HistoryPoint};
+pub use history::{DataBounds, HistoryFilter, HistoryPoint, HistoryRead, Runs};
 pub use options::StoreOptions;
 pub use schema::RetentionStats;
 pub use time::{MINUTE_NANOS, minute_of, unix_nanos_now};
@@ -303,7 +303,8 @@ impl Store {
     /// With the default KPI config this refills the 1h window (60-second slots) minute by
     /// minute, and the 1m and 5m windows with every minute whose last instant lies in them
     /// (see `absorb_restored`). The windows' start becomes when the store's data began
-    /// ([`DataBounds::since`]): their rates divide by the time since, quiet time included.
+    /// ([`DataBounds::since`]): their rates divide by the time since, quiet time included and
+    /// the time no collector ran (between [`Runs`], and up to now) left out.
     pub fn restore_kpis(
         &self,
         kpis: &mut KpiWindows,
@@ -320,10 +321,32 @@ impl Store {
                 .map(|r| (&r.key, r.minute_unix_nano, MINUTE_NANOS, &r.accumulator)),
             now_unix_nano,
         );
-        if let Some(since) = self.data_bounds()?.since {
+        let bounds = self.data_bounds()?;
+        if let Some(since) = bounds.since {
             kpis.set_start(since);
         }
+        kpis.set_unseen(self.unseen(bounds, from, now_unix_nano)?);
         Ok(restored)
+    }
+
+    /// The times in `[from, to)` no collector saw, as far as the store knows ([`Runs::gaps`]):
+    /// where it kept no runs, the time since its data ends ([`DataBounds::until`]).
+    fn unseen(
+        &self,
+        bounds: DataBounds,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let runs = history::read_runs(&self.reader(), from, to).map_err(|e| self.sql_error(e))?;
+        if runs.known_from().is_some() {
+            return Ok(runs.gaps(from, to));
+        }
+        Ok(bounds
+            .until
+            .filter(|&u| u < to)
+            .map(|u| (u.max(from), to))
+            .into_iter()
+            .collect())
     }
 
     /// Rebuilds the critical-path `windows` after a restart from the stored slots within their
@@ -404,11 +427,12 @@ impl Store {
         step: Duration,
     ) -> Result<Vec<HistoryPoint>, StoreError> {
         self.history_within(kpi, filter, from_unix_nano, to_unix_nano, step)
-            .map(|(points, _)| points)
+            .map(|read| read.points)
     }
 
-    /// [`history`](Self::history), with the [`DataBounds`] its rates divided by: read in one
-    /// read transaction with the minutes, so that both describe the same committed data.
+    /// [`history`](Self::history), with the [`DataBounds`] and [`Runs`] its rates divided by:
+    /// read in one read transaction with the minutes, so that all describe the same
+    /// committed data.
     pub fn history_within(
         &self,
         kpi: &str,
@@ -416,21 +440,26 @@ impl Store {
         from_unix_nano: u64,
         to_unix_nano: u64,
         step: Duration,
-    ) -> Result<(Vec<HistoryPoint>, DataBounds), StoreError> {
+    ) -> Result<HistoryRead, StoreError> {
         let path = history::parse_kpi(kpi)?;
         let mut conn = self.reader();
         let mut run = || -> rusqlite::Result<_> {
             let tx = conn.transaction()?;
             let bounds = history::read_bounds(&tx)?;
+            let runs = history::read_runs(&tx, from_unix_nano, to_unix_nano)?;
             let points = history::query(
                 &tx,
                 path,
                 filter,
                 (from_unix_nano, to_unix_nano),
-                bounds,
+                (bounds, &runs),
                 step,
             )?;
-            Ok((points, bounds))
+            Ok(HistoryRead {
+                points,
+                bounds,
+                runs,
+            })
         };
         run().map_err(|e| self.sql_error(e))
     }

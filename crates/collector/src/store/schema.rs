@@ -20,6 +20,8 @@ pub struct RetentionStats {
     pub events: usize,
     /// Critical-path slots.
     pub critical_slots: usize,
+    /// Collector runs that ended before the cutoff.
+    pub runs: usize,
 }
 
 /// `PRAGMA application_id` of an infertrace store: `ITRC`.
@@ -93,7 +95,9 @@ CREATE INDEX alerts_by_t ON alerts (t);
 /// before them ignores them.
 /// `critical_slots`: the critical-path windows' slots (`CriticalPathWindows::encode_slot`),
 /// one row a slot. `meta`: facts about the store as a whole, `data_since` and `through`
-/// (`DataBounds`).
+/// (`DataBounds`). `runs`: when each collector that wrote the store ran, from its start to
+/// the latest time its data is committed through (`Runs`), so that a query can tell a quiet
+/// minute from one no collector saw.
 const ADDED_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS critical_slots (
     start INTEGER PRIMARY KEY,
@@ -102,6 +106,10 @@ CREATE TABLE IF NOT EXISTS critical_slots (
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    since INTEGER PRIMARY KEY,
+    through INTEGER NOT NULL
 );
 ";
 
@@ -307,7 +315,7 @@ fn recognise(conn: &Connection, path: &Path) -> Result<bool, StoreError> {
 }
 
 /// Deletes rows older than `now − retention`: minutes that ended before it, requests of those
-/// minutes, findings, alert transitions and critical-path slots before it.
+/// minutes, findings, alert transitions, critical-path slots and collector runs before it.
 pub(super) fn enforce_retention(
     conn: &Connection,
     now_unix_nano: u64,
@@ -333,11 +341,16 @@ pub(super) fn enforce_retention(
         "DELETE FROM critical_slots WHERE start < ?1",
         params![sql_time(cutoff)],
     )?;
+    let runs = conn.execute(
+        "DELETE FROM runs WHERE through < ?1",
+        params![sql_time(cutoff)],
+    )?;
     Ok(RetentionStats {
         rollups,
         requests,
         events,
         critical_slots,
+        runs,
     })
 }
 

@@ -104,6 +104,8 @@ enum WriteOp {
     /// The store holds data since this time, kept unless already known (see
     /// [`StoreWriter::write_data_since`]).
     DataSince(u64),
+    /// This collector started at this time (see [`StoreWriter::write_run_start`]).
+    RunStart(u64),
     Flush(SyncSender<Result<(), String>>),
 }
 
@@ -129,7 +131,7 @@ impl WriteOp {
                 slots.capacity() * size_of::<(u64, Vec<u8>)>()
                     + slots.iter().map(|(_, b)| b.capacity()).sum::<usize>()
             }
-            Self::Through(_) | Self::DataSince(_) | Self::Flush(_) => 0,
+            Self::Through(_) | Self::DataSince(_) | Self::RunStart(_) | Self::Flush(_) => 0,
         }
     }
 
@@ -141,7 +143,7 @@ impl WriteOp {
             Self::Findings { findings, .. } => findings.len() as u64,
             Self::Alerts { events, .. } => events.len() as u64,
             Self::CriticalSlots { slots, .. } => slots.len() as u64,
-            Self::Through(_) | Self::DataSince(_) | Self::Flush(_) => 0,
+            Self::Through(_) | Self::DataSince(_) | Self::RunStart(_) | Self::Flush(_) => 0,
         }
     }
 }
@@ -206,6 +208,13 @@ impl StoreWriter {
     /// already has one (the first collector's start stays). `false` when the queue is full.
     pub fn write_data_since(&self, t_unix_nano: u64) -> bool {
         self.send_marker(WriteOp::DataSince(t_unix_nano))
+    }
+
+    /// Says that this collector started at `t_unix_nano`: from its next commit on, the store
+    /// keeps its run (see [`Runs`](super::Runs)) from then to the latest time committed
+    /// through ([`write_through`](Self::write_through)). `false` when the queue is full.
+    pub fn write_run_start(&self, t_unix_nano: u64) -> bool {
+        self.send_marker(WriteOp::RunStart(t_unix_nano))
     }
 
     /// Sends an op that carries no items (nothing to count or drop): `false` when the queue
@@ -348,6 +357,7 @@ pub(super) fn start(
         series_ids: HashMap::new(),
         recent: HashMap::new(),
         pending: Pending::default(),
+        run_since: None,
         last_prune: Instant::now(),
     };
     std::thread::Builder::new()
@@ -402,6 +412,8 @@ struct WriterState {
     /// Merged accumulators of recently written minutes, by (series id, minute).
     recent: HashMap<(i64, u64), Accumulator>,
     pending: Pending,
+    /// When this collector started ([`WriteOp::RunStart`]): every commit extends its run.
+    run_since: Option<u64>,
     last_prune: Instant,
 }
 
@@ -445,6 +457,10 @@ impl WriterState {
             .thread
             .fetch_add(queued.bytes, Ordering::Relaxed);
         drop(queued);
+        if let WriteOp::RunStart(t) = op {
+            self.run_since = Some(t);
+            return;
+        }
         let p = &mut self.pending;
         match op {
             WriteOp::Rollups { minute, series } => {
@@ -476,7 +492,7 @@ impl WriterState {
             }
             WriteOp::Through(t) => p.through = p.through.max(t),
             WriteOp::DataSince(t) => p.data_since = Some(p.data_since.map_or(t, |d| d.min(t))),
-            WriteOp::Flush(_) => {}
+            WriteOp::RunStart(_) | WriteOp::Flush(_) => {}
         }
     }
 
@@ -541,6 +557,13 @@ impl WriterState {
                  ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
             )?
             .execute(params![sql_time(p.through)])?;
+            if let Some(since) = self.run_since.filter(|&s| s < p.through) {
+                tx.prepare_cached(
+                    "INSERT INTO runs (since, through) VALUES (?1, ?2)
+                     ON CONFLICT (since) DO UPDATE SET through = MAX(through, excluded.through)",
+                )?
+                .execute(params![sql_time(since), sql_time(p.through)])?;
+            }
         }
         for ((key, minute), acc) in p.rollups {
             let id = series_id(&tx, &mut self.series_ids, &key)?;
@@ -769,6 +792,7 @@ mod tests {
             series_ids: HashMap::new(),
             recent: HashMap::new(),
             pending: Pending::default(),
+            run_since: None,
             last_prune: Instant::now(),
         };
         m.thread.store(4096, Ordering::Relaxed);
