@@ -138,6 +138,97 @@ const REQUEST_SPANS_OVER_CAP: usize = 64;
 /// Most late spans kept between two polls; more are dropped (`late_span_buffer_full`).
 const MAX_LATE_BUFFER: usize = 65_536;
 
+/// What [`TraceAssembler::admit`] makes of a span of a trace not in flight.
+enum Admitted {
+    /// A late span of a completed trace (kept for the next poll, if the buffer has room).
+    Late,
+    /// A new trace, but the table is full and cannot make room.
+    NoRoom,
+    /// A new trace, to be put in the table.
+    New(PendingTrace),
+}
+
+/// What one [`TraceAssembler::push`] counted: the positions of the spans it kept out, and why.
+#[derive(Default)]
+struct PushTally {
+    kept_out: Vec<usize>,
+    over_traces: u64,
+    over_spans: u64,
+    late: u64,
+    late_overflow: u64,
+}
+
+impl PushTally {
+    /// Adds the counts to the collector's internal metrics.
+    fn count(&self, events: &InternalEvents) {
+        events.spans_dropped("max_traces_in_flight", self.over_traces);
+        events.spans_dropped("max_spans_per_trace", self.over_spans);
+        events.spans_dropped("late_span_buffer_full", self.late_overflow);
+        if self.late > 0 {
+            events.late_spans.inc_by(self.late);
+        }
+    }
+}
+
+/// Adds the spans of one [`TraceAssembler::push`] to their traces: the assembler's fields
+/// that every added span updates, borrowed beside the trace it goes to.
+struct Arrivals<'a> {
+    max_spans: usize,
+    hold: Option<&'a MemoryHold>,
+    now: Instant,
+    waiting: &'a mut usize,
+    by_grace: &'a mut VecDeque<(TraceId, Instant)>,
+    longest_wait: &'a mut Option<Duration>,
+    slack: &'a mut usize,
+    tally: &'a mut PushTally,
+}
+
+impl Arrivals<'_> {
+    /// Adds `span` (at `position` in the batch) to `trace`, unless the trace holds its bound
+    /// of spans already (a request span may go past it: it completes the trace). A request
+    /// span starts the trace's grace period; any later span of it says how long spans come
+    /// after their request (`longest_wait`, which the grace period learns from).
+    fn add(&mut self, trace: &mut PendingTrace, position: usize, span: Span, is_request: bool) {
+        let cap = self.max_spans
+            + if is_request {
+                REQUEST_SPANS_OVER_CAP
+            } else {
+                0
+            };
+        if trace.spans.len() >= cap {
+            self.tally.over_spans += 1;
+            self.tally.kept_out.push(position);
+            return;
+        }
+        let now = self.now;
+        trace.last_seen = now;
+        if let Some(at) = trace.request_at
+            && !is_request
+        {
+            let wait = now.saturating_duration_since(at);
+            *self.longest_wait = Some(self.longest_wait.map_or(wait, |l| l.max(wait)));
+        }
+        if is_request {
+            if trace.request_at.is_none() {
+                *self.waiting -= 1;
+            }
+            // One queue entry per arrival time: several request spans of one batch (a trace
+            // across services) share it, and duplicates would all look live to `compact`,
+            // which then ran on every push.
+            if trace.request_at != Some(now) {
+                trace.request_at = Some(now);
+                self.by_grace.push_back((span.trace_id, now));
+            }
+        }
+        let slack_before = trace.slack_bytes();
+        if let Some(h) = self.hold {
+            trace.holds.add(h);
+        }
+        trace.spans.push(span);
+        *self.slack = *self.slack + trace.slack_bytes() - slack_before;
+    }
+}
+
 /// Assembly bounds and timings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AssemblerConfig {
@@ -387,14 +478,9 @@ impl TraceAssembler {
     /// `spans` (ascending), for the receiver to report them rejected and the forwarder to leave
     /// them out (never answered OK and then dropped, never reported rejected and then sent on).
     pub fn push(&mut self, spans: Vec<Span>, hold: Option<MemoryHold>, now: Instant) -> Vec<usize> {
-        let mut kept_out = Vec::new();
-        let mut over_traces = 0u64;
+        let mut tally = PushTally::default();
         let early_before = self.early.len();
-        let mut over_spans = 0u64;
-        let mut late = 0u64;
-        let mut late_overflow = 0u64;
         let is_request_span = self.is_request;
-        let max_spans = self.config.max_spans_per_trace;
         let mut spans = spans.into_iter().enumerate().peekable();
         while let Some((position, span)) = spans.next() {
             let id = span.trace_id;
@@ -413,127 +499,113 @@ impl TraceAssembler {
             };
             let trace = match found {
                 Some(t) => t,
-                None => {
-                    // A request span after its trace completed with a request: a request of
-                    // its own (counted once: see the module docs), else part of one counted.
-                    let reopened = match known {
-                        Some(Known::Completed { had_request })
-                            if is_request && (!had_request || (self.is_new_request)(&span)) =>
-                        {
-                            Some(had_request)
-                        }
-                        _ => None,
-                    };
-                    if matches!(known, Some(Known::Completed { .. })) && reopened.is_none() {
-                        late += 1;
+                None => match self.admit(&span, known, is_request, now, &mut tally) {
+                    Admitted::Late => {
+                        tally.late += 1;
                         if self.late.len() < MAX_LATE_BUFFER {
                             self.late.push(span);
                         } else {
-                            late_overflow += 1;
-                            kept_out.push(position);
+                            tally.late_overflow += 1;
+                            tally.kept_out.push(position);
                         }
                         continue;
                     }
-                    if self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight
-                        && !self.make_room(ShareOf::Traces, now)
-                    {
-                        over_traces += 1;
-                        kept_out.push(position);
+                    Admitted::NoRoom => {
+                        tally.over_traces += 1;
+                        tally.kept_out.push(position);
                         continue;
                     }
-                    // An inference trace is typically a request span and three phases.
-                    let mut spans = Vec::with_capacity(4);
-                    if reopened.is_some() {
-                        // Its spans that came just before it (a request's children end first)
-                        // are taken back from the late spans not handed out yet (up to the
-                        // trace's bound; those past it are counted dropped).
-                        let (mut back, rest): (Vec<Span>, Vec<Span>) =
-                            std::mem::take(&mut self.late)
-                                .into_iter()
-                                .partition(|s: &Span| s.trace_id == id);
-                        over_spans += back.len().saturating_sub(max_spans) as u64;
-                        back.truncate(max_spans);
-                        self.late = rest;
-                        spans = back;
+                    Admitted::New(pending) => {
+                        let trace = self.traces.entry(id).or_insert(pending);
+                        self.slack += trace.slack_bytes();
+                        trace
                     }
-                    self.index.set_spans(&id);
-                    self.by_age.push_back((id, now));
-                    self.waiting += 1;
-                    let trace = self.traces.entry(id).or_insert(PendingTrace {
-                        spans,
-                        first_seen: now,
-                        last_seen: now,
-                        request_at: None,
-                        holds: Holds::default(),
-                        reopened,
-                    });
-                    self.slack += trace.slack_bytes();
-                    trace
-                }
+                },
             };
-            let longest_wait = &mut self.longest_wait;
-            let slack = &mut self.slack;
-            let mut add = |trace: &mut PendingTrace, position: usize, span: Span, is_request| {
-                let cap = max_spans
-                    + if is_request {
-                        REQUEST_SPANS_OVER_CAP
-                    } else {
-                        0
-                    };
-                if trace.spans.len() >= cap {
-                    over_spans += 1;
-                    kept_out.push(position);
-                    return;
-                }
-                trace.last_seen = now;
-                if let Some(at) = trace.request_at
-                    && !is_request
-                {
-                    let wait = now.saturating_duration_since(at);
-                    *longest_wait = Some(longest_wait.map_or(wait, |l| l.max(wait)));
-                }
-                if is_request {
-                    if trace.request_at.is_none() {
-                        self.waiting -= 1;
-                    }
-                    // One queue entry per arrival time: several request spans of one batch
-                    // (a trace across services) share it, and duplicates would all look live
-                    // to `compact`, which then ran on every push.
-                    if trace.request_at != Some(now) {
-                        trace.request_at = Some(now);
-                        self.by_grace.push_back((id, now));
-                    }
-                }
-                let slack_before = trace.slack_bytes();
-                if let Some(h) = &hold {
-                    trace.holds.add(h);
-                }
-                trace.spans.push(span);
-                *slack = *slack + trace.slack_bytes() - slack_before;
+            let mut to = Arrivals {
+                max_spans: self.config.max_spans_per_trace,
+                hold: hold.as_ref(),
+                now,
+                waiting: &mut self.waiting,
+                by_grace: &mut self.by_grace,
+                longest_wait: &mut self.longest_wait,
+                slack: &mut self.slack,
+                tally: &mut tally,
             };
-            add(trace, position, span, is_request);
+            to.add(trace, position, span, is_request);
             // The spans of one trace usually arrive together: those that follow go to the same
             // entry without another lookup in a map of (at full rate) a million traces.
             while let Some((position, next)) = spans.next_if(|(_, s)| s.trace_id == id) {
                 let is_request = is_request_span(&next);
-                add(trace, position, next, is_request);
+                to.add(trace, position, next, is_request);
             }
         }
         self.events
             .traces_closed_early("max_traces_in_flight", self.early.len() - early_before);
-        self.events
-            .spans_dropped("max_traces_in_flight", over_traces);
-        self.events.spans_dropped("max_spans_per_trace", over_spans);
-        self.events
-            .spans_dropped("late_span_buffer_full", late_overflow);
-        if late > 0 {
-            self.events.late_spans.inc_by(late);
-        }
+        tally.count(&self.events);
         self.events
             .traces_in_flight
             .set(self.traces_in_flight() as i64);
         self.compact();
-        kept_out
+        tally.kept_out
+    }
+
+    /// Whether a span of a trace not in flight (`known` by the index as completed, or not at
+    /// all) starts a new one, and the trace if so, registered in the index and the age queue
+    /// (the caller puts it in the table). A request span after its trace completed with a
+    /// request is a request of its own (counted once: see the module docs), which takes back
+    /// its spans that came just before it (a request's children end first) from the late spans
+    /// not handed out yet; any other span of a completed trace is late. A full table that
+    /// cannot make room takes no new trace.
+    fn admit(
+        &mut self,
+        span: &Span,
+        known: Option<Known>,
+        is_request: bool,
+        now: Instant,
+        tally: &mut PushTally,
+    ) -> Admitted {
+        let reopened = match known {
+            Some(Known::Completed { had_request })
+                if is_request && (!had_request || (self.is_new_request)(span)) =>
+            {
+                Some(had_request)
+            }
+            _ => None,
+        };
+        if matches!(known, Some(Known::Completed { .. })) && reopened.is_none() {
+            return Admitted::Late;
+        }
+        if self.traces.len() + self.prepared_live >= self.config.max_traces_in_flight
+            && !self.make_room(ShareOf::Traces, now)
+        {
+            return Admitted::NoRoom;
+        }
+        let id = span.trace_id;
+        // An inference trace is typically a request span and three phases.
+        let mut spans = Vec::with_capacity(4);
+        if reopened.is_some() {
+            // Up to the trace's bound; those past it are counted dropped.
+            let max_spans = self.config.max_spans_per_trace;
+            let (mut back, rest): (Vec<Span>, Vec<Span>) = std::mem::take(&mut self.late)
+                .into_iter()
+                .partition(|s: &Span| s.trace_id == id);
+            tally.over_spans += back.len().saturating_sub(max_spans) as u64;
+            back.truncate(max_spans);
+            self.late = rest;
+            spans = back;
+        }
+        self.index.set_spans(&id);
+        self.by_age.push_back((id, now));
+        self.waiting += 1;
+        Admitted::New(PendingTrace {
+            spans,
+            first_seen: now,
+            last_seen: now,
+            request_at: None,
+            holds: Holds::default(),
+            reopened,
+        })
     }
 
     /// Moves the prepared trace `seq` (of `id`) to the map of span traces, with its spans

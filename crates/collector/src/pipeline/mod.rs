@@ -53,11 +53,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{
-    CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, aggregation_path,
+    CriticalPath, CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, aggregation_path,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
 use infertrace_analysis::dialect;
 use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
+use infertrace_analysis::record::{Outcome, RequestRecord};
 use infertrace_analysis::trace::{Span, SpanId, TraceId};
 
 use self::relief::AssembledBytes;
@@ -171,6 +172,16 @@ pub struct TickStats {
     pub late_merged: usize,
     /// The grace period learned from late spans, when it changed.
     pub grace_changed: Option<Duration>,
+}
+
+/// Where [`Pipeline::record_request`] put a request.
+enum Recorded {
+    /// In its own series.
+    InItsSeries,
+    /// In the overflow series (the series cap was reached).
+    InOverflow,
+    /// Nowhere: its record is implausible (counted).
+    Implausible,
 }
 
 struct Analysis {
@@ -730,6 +741,56 @@ impl Pipeline {
         );
     }
 
+    /// Feeds one request's record and critical path to everything that aggregates them: the
+    /// KPI windows, the Prometheus exporter, the critical-path windows and the store's feed.
+    /// The windows decide which series and keys stay under their caps; the exporter follows.
+    fn record_request(
+        &self,
+        a: &mut Analysis,
+        record: &RequestRecord,
+        path: Option<&CriticalPath>,
+        now_unix_nano: u64,
+    ) -> Recorded {
+        if let Some(reason) = record.implausible() {
+            self.events.implausible_request(reason);
+            return Recorded::Implausible;
+        }
+        let reclaimed_before = a.kpis.reclaimed_series();
+        let kept = a.kpis.record(record, now_unix_nano);
+        // Series the windows removed leave the exporter too (same labels, same cap).
+        for key in a.kpis.take_removed_series() {
+            a.prom.forget(&key);
+        }
+        self.events
+            .series_reclaimed(a.kpis.reclaimed_series() - reclaimed_before);
+        // The KPI windows and the exporter apply the same cap to the same labels.
+        a.prom.record_in(record, kept);
+        // A disaggregated request's time is aggregated along its sub-phases across the
+        // services (the span tree gives it all to the router's waiting span), a request whose
+        // engine reports its phases as attributes along those phases; the span path stays
+        // what the waterfall and the store show.
+        let across = aggregation_path(record, path);
+        if let Some(p) = across.as_ref().or(path) {
+            a.critical.record(p, record.e2e, now_unix_nano);
+            // Keys the windows reclaimed leave the exporter too (same cap, same keys).
+            let reclaimed = a.critical.take_reclaimed();
+            for (service, span) in &reclaimed {
+                a.prom.forget_critical_path(service, span);
+            }
+            self.events.series_reclaimed(reclaimed.len() as u64);
+            let Analysis { critical, prom, .. } = a;
+            prom.record_critical_path(p, &|service, span| critical.has_key(service, span));
+        }
+        if let Some(f) = &mut a.store {
+            f.record_in(record, path, now_unix_nano, !kept);
+        }
+        if kept {
+            Recorded::InItsSeries
+        } else {
+            Recorded::InOverflow
+        }
+    }
+
     fn analyse(&self, ready: Ready, now: Instant, now_unix_nano: u64) -> TickStats {
         let Ready {
             completed,
@@ -783,49 +844,15 @@ impl Pipeline {
                 }
             };
             let Analysed { records, paths } = analysed;
-            let failed = records
-                .iter()
-                .any(|r| r.outcome != infertrace_analysis::record::Outcome::Ok);
+            let failed = records.iter().any(|r| r.outcome != Outcome::Ok);
             let keep = a.recent.admit(now_unix_nano, failed);
             not_kept += u64::from(!keep);
             stats.requests += records.len();
             for (record, path) in records.iter().zip(paths) {
-                if let Some(reason) = record.implausible() {
-                    self.events.implausible_request(reason);
-                    stats.requests -= 1;
-                    continue;
-                }
-                let reclaimed_before = a.kpis.reclaimed_series();
-                let kept = a.kpis.record(record, now_unix_nano);
-                if !kept {
-                    overflowed += 1;
-                }
-                // Series the windows removed leave the exporter too (same labels, same cap).
-                for key in a.kpis.take_removed_series() {
-                    a.prom.forget(&key);
-                }
-                self.events
-                    .series_reclaimed(a.kpis.reclaimed_series() - reclaimed_before);
-                // The KPI windows and the exporter apply the same cap to the same labels.
-                a.prom.record_in(record, kept);
-                // A disaggregated request's time is aggregated along its sub-phases across the
-                // services (the span tree gives it all to the router's waiting span), a request
-                // whose engine reports its phases as attributes along those phases; the span
-                // path stays what the waterfall and the store show.
-                let across = aggregation_path(record, path.as_ref());
-                if let Some(p) = across.as_ref().or(path.as_ref()) {
-                    a.critical.record(p, record.e2e, now_unix_nano);
-                    // Keys the windows reclaimed leave the exporter too (same cap, same keys).
-                    let reclaimed = a.critical.take_reclaimed();
-                    for (service, span) in &reclaimed {
-                        a.prom.forget_critical_path(service, span);
-                    }
-                    self.events.series_reclaimed(reclaimed.len() as u64);
-                    let Analysis { critical, prom, .. } = &mut *a;
-                    prom.record_critical_path(p, &|service, span| critical.has_key(service, span));
-                }
-                if let Some(f) = &mut a.store {
-                    f.record_in(record, path.as_ref(), now_unix_nano, !kept);
+                match self.record_request(&mut a, record, path.as_ref(), now_unix_nano) {
+                    Recorded::Implausible => stats.requests -= 1,
+                    Recorded::InOverflow => overflowed += 1,
+                    Recorded::InItsSeries => {}
                 }
             }
             // The spans leave the limiter's accounting here; those the ring keeps come back into
