@@ -507,20 +507,28 @@ pub fn history_table(report: &Value) -> String {
     let _ = write!(out, "infertrace report — last {since} of history");
     // The store keeps minutes: the range starts at the minute `since` falls in, and the rates
     // divide by the whole of it; so does the compared range.
+    // Time no collector ran is left out of the rates (`seconds` is what they divide by).
     let range = |key: &str| {
         let from = f(report, &[key, "from"])?;
+        let to = f(report, &[key, "to"])?;
         let seconds = f(report, &[key, "seconds"])?;
         let start = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(from.max(0.0));
-        let unseen = f(report, &[key, "unseen_seconds"])
-            .map(|u| format!(" less {u:.0} s with no collector running"))
-            .unwrap_or_default();
-        Some(format!(
-            "{seconds:.0} s from {}{unseen}",
-            humantime::format_rfc3339_seconds(start)
-        ))
+        let start = humantime::format_rfc3339_seconds(start);
+        Some(match f(report, &[key, "unseen_seconds"]) {
+            Some(_) => format!(
+                "{:.0} s from {start}, a collector running {seconds:.0} s of it",
+                to - from
+            ),
+            None => format!("{seconds:.0} s from {start}"),
+        })
     };
     if let Some(now) = range("covered") {
-        let _ = write!(out, " (whole minutes: {now}, rates over all of it)");
+        let over = if f(report, &["covered", "unseen_seconds"]).is_some() {
+            "rates over the time it ran"
+        } else {
+            "rates over all of it"
+        };
+        let _ = write!(out, " (whole minutes: {now}, {over})");
     }
     if let Some(before) = range("baseline_covered") {
         let _ = write!(out, " against {before}");
@@ -829,7 +837,7 @@ mod tests {
         stopped["covered"]["unseen_seconds"] = 30.0.into();
         let t = history_table(&stopped);
         assert!(
-            t.contains("(whole minutes: 3658 s from 2026-01-01T00:00:00Z less 30 s with no collector running, rates over all of it)"),
+            t.contains("(whole minutes: 3688 s from 2026-01-01T00:00:00Z, a collector running 3658 s of it, rates over the time it ran)"),
             "{t}"
         );
     }

@@ -29,9 +29,11 @@ fn store_baseline(dir: &Path, n: u64) {
     let writer = store.start_writer(InternalEvents::default()).unwrap();
     let mut feed = store.feed(writer.clone(), &KpiConfig::default());
     let at = unix_nanos_now() - 62 * 60 * 1_000 * MS;
-    // A collector that has kept this store for three hours (else the store's data would begin
-    // with these requests, and rates before them would not be known).
+    // A collector that has kept this store for three hours, up to now (else the store's data
+    // would begin with these requests, and rates before them would not be known; and the
+    // time since them would be time no collector saw).
     assert!(writer.write_data_since(at - 3 * 3600 * 1_000 * MS));
+    assert!(writer.write_run_start(at - 3 * 3600 * 1_000 * MS));
     for i in 0..n {
         let mut id = [0u8; 16];
         id[..8].copy_from_slice(&(i + 1).to_be_bytes());
@@ -55,7 +57,7 @@ fn store_baseline(dir: &Path, n: u64) {
         r.outcome = Outcome::Ok;
         feed.record(&r, None, at);
     }
-    feed.hand_over(at);
+    feed.hand_over(unix_nanos_now());
     writer.flush().unwrap();
 }
 

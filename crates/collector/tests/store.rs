@@ -829,6 +829,71 @@ fn quiet_minutes_read_zero_and_downtime_is_left_out() {
     assert!((rate - 0.6).abs() < 1e-9, "{rate}");
 }
 
+/// A store written by a build that kept no runs counts its data so far as one run, from when
+/// it began to its last commit, once a later build starts on it; ranges starting within a
+/// minute see the runs of the whole minute; a far-off `to` is answered.
+#[test]
+fn a_store_without_runs_counts_its_data_as_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = minute_of(unix_nanos_now()) - 10 * MINUTE_NANOS;
+    // As an earlier build wrote it: no run start, 90 requests over 90 s.
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    assert!(writer.write_data_since(m));
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    feed.tick(m);
+    for i in 0..90u64 {
+        feed.record(&rec(i, "m", 0.5, Outcome::Ok), None, m + i * SEC);
+    }
+    feed.hand_over(m + 90 * SEC);
+    writer.flush().unwrap();
+    drop((feed, writer, store));
+    // This build from m + 180 s: 30 requests in 30 s.
+    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
+    let writer = store.start_writer(InternalEvents::default()).unwrap();
+    assert!(writer.write_run_start(m + 180 * SEC));
+    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+    feed.tick(m + 180 * SEC);
+    for i in 0..30u64 {
+        feed.record(
+            &rec(100 + i, "m", 0.5, Outcome::Ok),
+            None,
+            m + (180 + i) * SEC,
+        );
+    }
+    feed.hand_over(m + 210 * SEC);
+    writer.flush().unwrap();
+
+    let all = HistoryFilter::default();
+    let read = store
+        .history_within("requests", &all, m, m + 240 * SEC, Duration::from_secs(60))
+        .unwrap();
+    let values: Vec<_> = read.points.iter().map(|p| p.value).collect();
+    assert_eq!(values, [Some(60.0), Some(30.0), None, Some(30.0)]);
+    assert_eq!(
+        read.runs.gaps(m, m + 210 * SEC),
+        [(m + 90 * SEC, m + 180 * SEC)]
+    );
+    // From 40 s into minute m + 1 (after the earlier data's last commit): the minute's 30
+    // requests over the 30 s of it that were seen.
+    let rate = store
+        .history(
+            "throughput.requests_per_second",
+            &all,
+            m + 100 * SEC,
+            m + 120 * SEC,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(rate.len(), 1);
+    assert!((rate[0].value.unwrap() - 1.0).abs() < 1e-9, "{rate:?}");
+    // A `to` far past anything (the last step's end saturates).
+    let far = store
+        .history("requests", &all, m, u64::MAX, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(far.iter().filter_map(|p| p.value).sum::<f64>(), 120.0);
+}
+
 #[test]
 fn a_second_writer_and_no_store_are_handled() {
     let dir = tempfile::tempdir().unwrap();

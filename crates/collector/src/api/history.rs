@@ -13,7 +13,9 @@
 //!
 //! **Step**: seconds (`60`) or a duration (`5m`); rounded up to whole minutes (the store keeps
 //! minutes) and widened so that one answer has at most 20,000 points. Default `60`. Each point
-//! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step);
+//! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step),
+//! from the minute `from` falls in through the one `to` falls in (whole minutes: a `to`
+//! inside a minute takes all of it that the store holds, and rates divide by all of it);
 //! `null` where the step holds no data (0 for counts and rates where a collector ran but no
 //! request matched, below); when no stored series in the range matches the
 //! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
@@ -45,7 +47,8 @@ use serde_json::{Value, json};
 use super::state::{ApiState, error};
 use crate::duration::parse_duration;
 use crate::store::{
-    HistoryFilter, HistoryRead, MINUTE_NANOS, Store, StoreError, minute_of, unix_nanos_now,
+    HistoryFilter, HistoryRead, MINUTE_NANOS, Store, StoreError, minute_end, minute_of,
+    unix_nanos_now,
 };
 
 /// Default range of a history query.
@@ -263,7 +266,7 @@ pub(super) async fn history(
     // Time within the data no collector saw (it stopped, then started again).
     if let Some(first) = first {
         let from = data.since.map_or(first, |s| s.max(first));
-        let to = data.until.map_or(to, |u| u.min(to));
+        let to = data.until.map_or(to, |u| u.min(minute_end(to)));
         let unseen: u64 = runs.gaps(from, to).iter().map(|(a, b)| b - a).sum();
         if unseen > 0 {
             answer["unseen_seconds"] = json!(secs(unseen));

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
-use super::time::{MINUTE_NANOS, minute_of, sql_time, unix_time};
+use super::time::{MINUTE_NANOS, minute_end, minute_of, sql_time, unix_time};
 
 /// Decoded minutes a step buffers before merging them in one pass (`Accumulator::merge_many`
 /// merges each sketch once over a dense array instead of one allocation per pairwise merge).
@@ -195,7 +195,8 @@ pub(super) fn read_bounds(conn: &Connection) -> rusqlite::Result<DataBounds> {
     })
 }
 
-/// The points of `kpi` over `[from, to)` for the series `filter` merges. Each step's rates
+/// The points of `kpi` over the whole minutes from the one `from` falls in to the one `to`
+/// falls in (the store keeps minutes), for the series `filter` merges. Each step's rates
 /// divide by the time within it that collectors saw: within [`Runs`], and before the first
 /// kept run within [`DataBounds`]. A step without data reads 0 (counts and rates; `None`
 /// for percentiles) when a run covers some of it, `None` otherwise.
@@ -260,12 +261,13 @@ pub(super) fn query(
         .enumerate()
         .map(|(i, parts)| {
             let t = start + i as u64 * step;
-            let end = (t + step).min(to_unix_nano);
+            // The last step holds the whole minute `to` falls in.
+            let end = t.saturating_add(step).min(minute_end(to_unix_nano));
             // Runs say what was seen from the first kept one on; before it, the time within
-            // the store's data bounds counts.
+            // the store's data bounds counts (up to `to`, for a store without a commit).
             let runs_from = runs.known_from().map_or(end, |f| f.clamp(t, end));
             let seen = runs.seen(runs_from, end);
-            let covered = seen + within_bounds(t, runs_from, data);
+            let covered = seen + within_bounds(t, runs_from.min(to_unix_nano), data);
             let kpis = |acc: &Accumulator, seconds: u64| {
                 kpi.value(&series_kpis(&config, &slo, &key, acc, seconds as f64 / 1e9))
             };

@@ -58,7 +58,7 @@ pub use feed::StoreFeed;
 pub use history::{DataBounds, HistoryFilter, HistoryPoint, HistoryRead, Runs};
 pub use options::StoreOptions;
 pub use schema::RetentionStats;
-pub use time::{MINUTE_NANOS, minute_of, unix_nanos_now};
+pub use time::{MINUTE_NANOS, minute_end, minute_of, unix_nanos_now};
 pub use writer::{CaptureReason, CapturedRequest, StoreWriter};
 
 /// File name of the database inside the data directory.
@@ -446,7 +446,9 @@ impl Store {
         let mut run = || -> rusqlite::Result<_> {
             let tx = conn.transaction()?;
             let bounds = history::read_bounds(&tx)?;
-            let runs = history::read_runs(&tx, from_unix_nano, to_unix_nano)?;
+            // Over the whole minutes the points cover.
+            let runs =
+                history::read_runs(&tx, minute_of(from_unix_nano), minute_end(to_unix_nano))?;
             let points = history::query(
                 &tx,
                 path,

@@ -16,6 +16,16 @@ pub fn minute_of(unix_nano: u64) -> u64 {
     unix_nano - unix_nano % MINUTE_NANOS
 }
 
+/// The end of the minute `unix_nano` falls in (itself on a minute's start): where a range
+/// ending there ends in the store's whole minutes.
+pub fn minute_end(unix_nano: u64) -> u64 {
+    if unix_nano.is_multiple_of(MINUTE_NANOS) {
+        unix_nano
+    } else {
+        minute_of(unix_nano).saturating_add(MINUTE_NANOS)
+    }
+}
+
 /// Unix nanoseconds as SQLite's integer (saturating past year 2262).
 pub(super) fn sql_time(unix_nano: u64) -> i64 {
     i64::try_from(unix_nano).unwrap_or(i64::MAX)

@@ -402,6 +402,17 @@ impl Pending {
     }
 }
 
+/// Records a store's data so far as one run when it has none (a store written by builds that
+/// kept no runs): from when its data began (its oldest minute, for a store older still) to its
+/// last commit. Run before this run's first commit raises `through`.
+const EARLIER_DATA_AS_ONE_RUN: &str = "
+INSERT INTO runs (since, through)
+SELECT since, through FROM (SELECT
+    COALESCE((SELECT value FROM meta WHERE key = 'data_since'),
+             (SELECT MIN(minute) FROM rollups)) AS since,
+    (SELECT value FROM meta WHERE key = 'through') AS through)
+WHERE since < through AND NOT EXISTS (SELECT 1 FROM runs)";
+
 struct WriterState {
     memory: Arc<WriterMemory>,
     conn: Connection,
@@ -543,6 +554,7 @@ impl WriterState {
         }
     }
 
+    /// Writes everything `p` holds in one transaction (see [`WriteOp`]).
     fn write(&mut self, p: Pending, now_unix_nano: u64, prune: bool) -> rusqlite::Result<u64> {
         let tx = self.conn.transaction()?;
         let mut rows = 0u64;
@@ -552,12 +564,18 @@ impl WriterState {
         }
         // In the transaction that commits what it covers: a reader sees both or neither.
         if p.through > 0 {
+            let run = self.run_since.filter(|&s| s < p.through);
+            if run.is_some() {
+                // A store written by builds that kept no runs: its data so far is one run
+                // (as those builds' rates assumed), ending where their last commit did.
+                tx.prepare_cached(EARLIER_DATA_AS_ONE_RUN)?.execute([])?;
+            }
             tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('through', ?1)
                  ON CONFLICT (key) DO UPDATE SET value = MAX(value, excluded.value)",
             )?
             .execute(params![sql_time(p.through)])?;
-            if let Some(since) = self.run_since.filter(|&s| s < p.through) {
+            if let Some(since) = run {
                 tx.prepare_cached(
                     "INSERT INTO runs (since, through) VALUES (?1, ?2)
                      ON CONFLICT (since) DO UPDATE SET through = MAX(through, excluded.through)",
