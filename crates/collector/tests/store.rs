@@ -748,6 +748,46 @@ fn the_store_keeps_when_its_data_begins() {
     assert_eq!(store.data_bounds().unwrap().since, Some(minute));
 }
 
+/// One collector's run on a store, as the pipeline writes it: a request a second from `start`
+/// (or `data_since`, for a build that kept no runs), committed through `through`.
+struct Run {
+    start: Option<u64>,
+    data_since: Option<u64>,
+    first_id: u64,
+    requests: u64,
+    through: u64,
+}
+
+impl Run {
+    /// Writes the run to the store in `dir`; returns the store, its writer gone.
+    fn write(&self, dir: &Path) -> Store {
+        let store = Store::open(dir, options(Duration::from_secs(5))).unwrap();
+        let writer = store.start_writer(InternalEvents::default()).unwrap();
+        if let Some(since) = self.data_since {
+            assert!(writer.write_data_since(since));
+        }
+        if let Some(start) = self.start {
+            assert!(writer.write_run_start(start));
+        }
+        let from = self.start.or(self.data_since).unwrap();
+        let mut feed = store.feed(writer.clone(), &KpiConfig::default());
+        feed.tick(from);
+        for i in 0..self.requests {
+            let r = rec(self.first_id + i, "m", 0.5, Outcome::Ok);
+            feed.record(&r, None, from + i * SEC);
+            // Minutes are handed over as they end.
+            if (from + (i + 1) * SEC).is_multiple_of(MINUTE_NANOS) {
+                feed.hand_over(from + (i + 1) * SEC);
+            }
+        }
+        feed.tick(self.through);
+        feed.hand_over(self.through);
+        writer.flush().unwrap();
+        drop((feed, writer));
+        store
+    }
+}
+
 /// A stopped collector's downtime is neither quiet time nor time the rates divide by: the
 /// store keeps when each collector ran, and a minute inside a run without requests reads 0
 /// where one outside every run reads `null`.
@@ -756,35 +796,23 @@ fn quiet_minutes_read_zero_and_downtime_is_left_out() {
     let dir = tempfile::tempdir().unwrap();
     let m = minute_of(unix_nanos_now()) - 10 * MINUTE_NANOS;
     // Run 1 from m: one request a second through minute m, then a quiet minute.
-    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
-    let writer = store.start_writer(InternalEvents::default()).unwrap();
-    assert!(writer.write_data_since(m));
-    assert!(writer.write_run_start(m));
-    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
-    feed.tick(m);
-    for i in 0..60u64 {
-        feed.record(&rec(i, "m", 0.5, Outcome::Ok), None, m + i * SEC);
-    }
-    feed.hand_over(m + 60 * SEC);
-    feed.tick(m + 120 * SEC);
-    feed.hand_over(m + 120 * SEC);
-    writer.flush().unwrap();
-    drop((feed, writer, store));
+    let run = Run {
+        start: Some(m),
+        data_since: Some(m),
+        first_id: 0,
+        requests: 60,
+        through: m + 120 * SEC,
+    };
+    drop(run.write(dir.path()));
     // Down for 150 s; run 2 from m + 270 s: 30 requests in its first 30 s.
-    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
-    let writer = store.start_writer(InternalEvents::default()).unwrap();
-    assert!(writer.write_run_start(m + 270 * SEC));
-    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
-    feed.tick(m + 270 * SEC);
-    for i in 0..30u64 {
-        feed.record(
-            &rec(100 + i, "m", 0.5, Outcome::Ok),
-            None,
-            m + (270 + i) * SEC,
-        );
+    let store = Run {
+        start: Some(m + 270 * SEC),
+        data_since: None,
+        first_id: 100,
+        requests: 30,
+        through: m + 300 * SEC,
     }
-    feed.hand_over(m + 300 * SEC);
-    writer.flush().unwrap();
+    .write(dir.path());
 
     let all = HistoryFilter::default();
     let history = |kpi: &str, step: u64| {
@@ -837,32 +865,23 @@ fn a_store_without_runs_counts_its_data_as_one_run() {
     let dir = tempfile::tempdir().unwrap();
     let m = minute_of(unix_nanos_now()) - 10 * MINUTE_NANOS;
     // As an earlier build wrote it: no run start, 90 requests over 90 s.
-    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
-    let writer = store.start_writer(InternalEvents::default()).unwrap();
-    assert!(writer.write_data_since(m));
-    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
-    feed.tick(m);
-    for i in 0..90u64 {
-        feed.record(&rec(i, "m", 0.5, Outcome::Ok), None, m + i * SEC);
-    }
-    feed.hand_over(m + 90 * SEC);
-    writer.flush().unwrap();
-    drop((feed, writer, store));
+    let earlier = Run {
+        start: None,
+        data_since: Some(m),
+        first_id: 0,
+        requests: 90,
+        through: m + 90 * SEC,
+    };
+    drop(earlier.write(dir.path()));
     // This build from m + 180 s: 30 requests in 30 s.
-    let store = Store::open(dir.path(), options(Duration::from_secs(5))).unwrap();
-    let writer = store.start_writer(InternalEvents::default()).unwrap();
-    assert!(writer.write_run_start(m + 180 * SEC));
-    let mut feed = store.feed(writer.clone(), &KpiConfig::default());
-    feed.tick(m + 180 * SEC);
-    for i in 0..30u64 {
-        feed.record(
-            &rec(100 + i, "m", 0.5, Outcome::Ok),
-            None,
-            m + (180 + i) * SEC,
-        );
+    let store = Run {
+        start: Some(m + 180 * SEC),
+        data_since: None,
+        first_id: 100,
+        requests: 30,
+        through: m + 210 * SEC,
     }
-    feed.hand_over(m + 210 * SEC);
-    writer.flush().unwrap();
+    .write(dir.path());
 
     let all = HistoryFilter::default();
     let read = store
