@@ -19,8 +19,8 @@
 //! `null` where the step holds no data (0 for counts and rates where a collector ran but no
 //! request matched, below); when no stored series in the range matches the
 //! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
-//! The store lags the collector by up to a hand-over and a flush interval (~6 s at the
-//! defaults): when `to` is past what it has committed, `"data_until"` (Unix seconds) says
+//! The store lags the collector by a flush interval, a hand-over and the KPI second still
+//! open (up to ~7 s at the defaults): when `to` is past what it has committed, `"data_until"` (Unix seconds) says
 //! where its data ends, and rates (`throughput.*`, `goodput.requests_per_second`) in the last
 //! step divide by the time up to there, not up to `to`; likewise `"data_since"` where its
 //! data begins after the first step's start (a store younger than the range). Time within
