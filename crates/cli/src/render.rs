@@ -505,9 +505,9 @@ pub fn history_table(report: &Value) -> String {
     let since = window_label(f(report, &["since_seconds"]));
     let compare = f(report, &["compare_seconds"]);
     let _ = write!(out, "infertrace report — last {since} of history");
-    // The store keeps minutes: the range starts at the minute `since` falls in, and the rates
-    // divide by the whole of it; so does the compared range.
-    // Time no collector ran is left out of the rates (`seconds` is what they divide by).
+    // The store keeps minutes: the range starts at the minute `since` falls in (or where the
+    // store's data begins, if later); so does the compared range. The rates divide by all of
+    // it but the time no collector ran (`seconds` is what they divide by).
     let range = |key: &str| {
         let from = f(report, &[key, "from"])?;
         let to = f(report, &[key, "to"])?;
@@ -528,7 +528,7 @@ pub fn history_table(report: &Value) -> String {
         } else {
             "rates over all of it"
         };
-        let _ = write!(out, " (whole minutes: {now}, {over})");
+        let _ = write!(out, " (covering {now}, {over})");
     }
     if let Some(before) = range("baseline_covered") {
         let _ = write!(out, " against {before}");
@@ -821,7 +821,7 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("(whole minutes: 3688 s from 2026-01-01T00:00:00Z, rates over all of it)"),
+            t.contains("(covering 3688 s from 2026-01-01T00:00:00Z, rates over all of it)"),
             "{t}"
         );
         let line = t
@@ -837,7 +837,7 @@ mod tests {
         stopped["covered"]["unseen_seconds"] = 30.0.into();
         let t = history_table(&stopped);
         assert!(
-            t.contains("(whole minutes: 3688 s from 2026-01-01T00:00:00Z, a collector running 3658 s of it, rates over the time it ran)"),
+            t.contains("(covering 3688 s from 2026-01-01T00:00:00Z, a collector running 3658 s of it, rates over the time it ran)"),
             "{t}"
         );
     }

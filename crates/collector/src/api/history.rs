@@ -15,7 +15,8 @@
 //! minutes) and widened so that one answer has at most 20,000 points. Default `60`. Each point
 //! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step),
 //! from the minute `from` falls in through the one `to` falls in (whole minutes: a `to`
-//! inside a minute takes all of it that the store holds, and rates divide by all of it);
+//! inside a minute takes all of that minute the store holds, and rates divide by the part
+//! of it collectors ran, up to the last commit);
 //! `null` where the step holds no data (0 for counts and rates where a collector ran but no
 //! request matched, below); when no stored series in the range matches the
 //! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
@@ -23,7 +24,10 @@
 //! open (up to ~7 s at the defaults): when `to` is past what it has committed, `"data_until"` (Unix seconds) says
 //! where its data ends, and rates (`throughput.*`, `goodput.requests_per_second`) in the last
 //! step divide by the time up to there, not up to `to`; likewise `"data_since"` where its
-//! data begins after the first step's start (a store younger than the range). Time within
+//! data begins after the first step's start (a store younger than the range; also when it
+//! begins at or after `to`: the range then holds none of its data). A step wholly past the
+//! last commit reads `null` (not yet committed: at the defaults the current minute for its
+//! first few seconds). Time within
 //! the data when no collector ran (between a stop and the next start) is left out of the
 //! rates too, and `"unseen_seconds"` says how much there was; a step without data reads 0
 //! (counts and rates; `null` for percentiles) when a collector ran in it, `null` when none
@@ -108,7 +112,13 @@ pub fn parse_time(s: &str, now_unix_nano: u64) -> Result<u64, String> {
         return Ok(now_unix_nano.saturating_sub(nanos));
     }
     match t.parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs >= 0.0 => Ok((secs * 1e9) as u64),
+        Ok(secs) if secs.is_finite() && secs >= 0.0 && secs * 1e9 < u64::MAX as f64 => {
+            Ok((secs * 1e9) as u64)
+        }
+        Ok(secs) if secs > 0.0 => Err(format!(
+            "time {s:?} is too far ahead: Unix seconds go up to {} here",
+            u64::MAX / 1_000_000_000
+        )),
         _ => Err(format!(
             "time {s:?} is neither Unix seconds nor relative to now; write e.g. 1767225600, \
              now, -1h or now-30m"
@@ -388,6 +398,10 @@ mod tests {
         assert_eq!(parse_time("1767225600.5", NOW), Ok(NOW + 500_000_000));
         assert!(parse_time("yesterday", NOW).is_err());
         assert!(parse_time("-1 fortnight", NOW).is_err());
+        // Past what Unix nanoseconds hold: said so, not clamped into "from must be before to".
+        let far = parse_time("1e11", NOW).unwrap_err();
+        assert!(far.contains("too far ahead"), "{far}");
+        assert!(parse_time("18446744073", NOW).is_ok());
     }
 
     #[test]
