@@ -258,7 +258,8 @@ pub struct InternalEvents {
     /// `infertrace_texts_truncated_total`: strings cut to the longest text kept, and string
     /// arrays cut to the most strings kept.
     pub texts_truncated: Counter,
-    /// `infertrace_series_reclaimed_total`: idle series reclaimed under the series cap.
+    /// `infertrace_series_reclaimed_total`: idle KPI series and critical-path keys reclaimed
+    /// for new ones under their caps.
     pub series_reclaimed: Counter,
     /// `infertrace_requests_refused_total{receiver,reason}`: requests refused before they were
     /// accepted (the sender was told to retry, or why not).
@@ -447,7 +448,7 @@ impl InternalEvents {
         );
         r.register(
             prom::SERIES_RECLAIMED,
-            "Idle KPI and Prometheus series reclaimed to make room under the series cap",
+            "Idle KPI series and critical-path keys reclaimed for new ones under their caps (their Prometheus series go with them)",
             self.series_reclaimed.clone(),
         );
         r.register(
@@ -860,7 +861,8 @@ impl InternalEvents {
         }
     }
 
-    /// Counts `n` idle series reclaimed under the series cap, and logs it (warn, rate-limited).
+    /// Counts `n` idle KPI series or critical-path keys reclaimed under their caps, and logs it
+    /// (warn, rate-limited).
     pub fn series_reclaimed(&self, n: u64) {
         if n > 0 {
             self.series_reclaimed.inc_by(n);
@@ -902,7 +904,7 @@ impl InternalEvents {
             ),
             (
                 &l.reclaimed,
-                "KPI series reclaimed (see infertrace_series_reclaimed_total)",
+                "KPI series or critical-path keys reclaimed (see infertrace_series_reclaimed_total)",
             ),
             (
                 &l.connections_refused,
