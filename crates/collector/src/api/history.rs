@@ -15,26 +15,27 @@
 //! minutes) and widened so that one answer has at most 20,000 points. Default `60`. Each point
 //! merges the step's minutes (a `ttft.p99` point is the p99 of every request of the step),
 //! from the minute `from` falls in through the one `to` falls in (whole minutes: a `to`
-//! inside a minute takes all of that minute the store holds, and rates divide by the part
-//! of it collectors ran, up to the last commit);
-//! `null` where the step holds no data (0 for counts and rates where a collector ran but no
-//! request matched, below); when no stored series in the range matches the
-//! `service`/`model`/`operation` asked for, a `"note"` says so and lists those that have data.
-//! The store lags the collector by a flush interval, a hand-over and the KPI second still
-//! open (up to ~7 s at the defaults): when `to` is past what it has committed, `"data_until"` (Unix seconds) says
-//! where its data ends, and rates (`throughput.*`, `goodput.requests_per_second`) in the last
-//! step divide by the time up to there, not up to `to`; likewise `"data_since"` where its
-//! data begins after the first step's start (a store younger than the range; also when it
-//! begins at or after `to`: the range then holds none of its data). A step wholly past the
-//! last commit reads `null` (not yet committed: at the defaults the current minute for its
-//! first few seconds). Time within
-//! the data when no collector ran (between a stop and the next start) is left out of the
-//! rates too, and `"unseen_seconds"` says how much there was; a step without data reads 0
-//! (counts and rates; `null` for percentiles) when a collector ran in it, `null` when none
-//! did. All of it is read with the minutes, in one read transaction.
-//! `kpi` is a dotted path as in `/api/kpis` and alert
-//! rules (`e2e.p50`, `requests`, `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is
-//! a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
+//! inside a minute takes all of that minute the store holds). When no stored series in the
+//! range matches the `service`/`model`/`operation` asked for, a `"note"` says so and lists
+//! those that have data.
+//!
+//! **What rates divide by.** Rates (`throughput.*`, `goodput.requests_per_second`) divide by
+//! the time within the step that a collector ran, up to the last commit:
+//! - The store lags the collector by a flush interval, a hand-over and the KPI second still
+//!   open (up to ~7 s at the defaults): when `to` is past what it has committed,
+//!   `"data_until"` (Unix seconds) says where its data ends.
+//! - `"data_since"` says where its data begins, when after the first step's start (a store
+//!   younger than the range; also at or after `to`: the range then holds none of its data).
+//! - Time when no collector ran (between a stop and the next start) is left out, and
+//!   `"unseen_seconds"` says how much there was.
+//!
+//! A step in which a collector ran but no request matched reads 0 (counts and rates; `null`
+//! for percentiles and ratios); a step no collector saw reads `null`, and so does a step
+//! wholly past the last commit (not yet committed: at the defaults, the current minute for
+//! its first few seconds). All of it is read with the minutes, in one read transaction.
+//!
+//! `kpi` is a dotted path as in `/api/kpis` and alert rules (`e2e.p50`, `requests`,
+//! `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
 //! on the blocking pool.
 
 use std::sync::Arc;
@@ -262,9 +263,8 @@ pub(super) async fn history(
         "step_seconds": secs(step_nanos),
         "points": points,
     });
-    // What the rates divided by, where the store's data begins after the range's first
-    // minute or ends before `to`.
-    // `data_since` at or past `to` too: the range then holds none of the store's data.
+    // What the rates divided by: where the store's data begins after the range's first
+    // minute (at or past `to` too: the range then holds none of it) or ends before `to`.
     let after_first = |t: &u64| first.is_some_and(|f| *t > f);
     let inside = |t: &u64| after_first(t) && *t < to;
     if let Some(since) = data.since.filter(after_first) {
@@ -292,7 +292,8 @@ pub(super) async fn history(
 const NOTE_SERIES: usize = 20;
 
 /// When no stored series in the range matches the filter (a misspelt model, say), says so and
-/// lists the series that do have data, so an answer of zeros and `null`s is not mistaken for a quiet series.
+/// lists the series that do have data, so an answer of zeros and `null`s is not mistaken for
+/// a quiet series.
 fn no_match_note(filter: &HistoryFilter, series: &[SeriesKey]) -> Option<String> {
     if series.iter().any(|k| filter.matches(k)) {
         return None;

@@ -128,6 +128,15 @@ impl Runs {
         }
     }
 
+    /// The data of a store that kept no runs as one run, from when it began to its last
+    /// commit: how a later build counts it (the writer records that run at its first commit).
+    pub fn of_earlier_data(bounds: DataBounds) -> Self {
+        match (bounds.since, bounds.until) {
+            (Some(since), Some(until)) => Self::new(vec![(since, until)], Some(since)),
+            _ => Self::default(),
+        }
+    }
+
     /// When the store's kept runs begin: before it nothing is known of when collectors ran.
     pub fn known_from(&self) -> Option<u64> {
         self.first
@@ -314,6 +323,17 @@ mod tests {
         assert_eq!(runs.gaps(12, 55), [(30, 50)]);
         assert_eq!(runs.gaps(52, 58), []);
         assert!(Runs::new(Vec::new(), None).gaps(0, 100).is_empty());
+        // A store without runs: its data is one run; before it nothing is known.
+        let earlier = Runs::of_earlier_data(DataBounds {
+            since: Some(10),
+            until: Some(30),
+        });
+        assert_eq!(earlier.gaps(0, 50), [(30, 50)]);
+        assert!(
+            Runs::of_earlier_data(DataBounds::default())
+                .gaps(0, 50)
+                .is_empty()
+        );
     }
 
     /// What a quiet step (a collector ran, no request) reads: counts and rates 0, the rest

@@ -329,24 +329,20 @@ impl Store {
         Ok(restored)
     }
 
-    /// The times in `[from, to)` no collector saw, as far as the store knows ([`Runs::gaps`]):
-    /// where it kept no runs, the time since its data ends ([`DataBounds::until`]).
+    /// The times in `[from, to)` no collector saw, as far as the store knows ([`Runs::gaps`];
+    /// a store that kept no runs yet counts its data as one: [`Runs::of_earlier_data`]).
     fn unseen(
         &self,
         bounds: DataBounds,
         from: u64,
         to: u64,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
-        let runs = history::read_runs(&self.reader(), from, to).map_err(|e| self.sql_error(e))?;
-        if runs.known_from().is_some() {
-            return Ok(runs.gaps(from, to));
+        let mut runs =
+            history::read_runs(&self.reader(), from, to).map_err(|e| self.sql_error(e))?;
+        if runs.known_from().is_none() {
+            runs = Runs::of_earlier_data(bounds);
         }
-        Ok(bounds
-            .until
-            .filter(|&u| u < to)
-            .map(|u| (u.max(from), to))
-            .into_iter()
-            .collect())
+        Ok(runs.gaps(from, to))
     }
 
     /// Rebuilds the critical-path `windows` after a restart from the stored slots within their
