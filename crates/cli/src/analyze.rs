@@ -21,12 +21,12 @@ use infertrace_analysis::critical_path::{
     CriticalPath, CriticalPathOptions, CriticalPathWindows, CriticalPathWindowsConfig,
     aggregation_path, critical_path,
 };
-use infertrace_analysis::diagnosis::{DiagnosisConfig, diagnose_snapshot};
+use infertrace_analysis::diagnosis::{DiagnosisConfig, diagnose_window};
 use infertrace_analysis::dialect::extract_requests;
 use infertrace_analysis::kpi::{KpiConfig, KpiWindows};
 use infertrace_analysis::record::RequestRecord;
 use infertrace_analysis::trace::{Span, TraceId};
-use infertrace_collector::otlp_decode::decode_json;
+use infertrace_collector::otlp_decode::{Decoded, decode_json};
 use serde_json::{Value, json};
 
 use crate::jaeger_json::{looks_like_jaeger, spans_from_jaeger};
@@ -74,6 +74,10 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
         }
     };
     let before = inputs.spans.len();
+    if let Some(decoded) = decode_plain_otlp(&bytes) {
+        inputs.spans.extend(decoded.spans);
+        return;
+    }
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(doc) if looks_like_jaeger(&doc) => match spans_from_jaeger(&doc) {
             Ok((spans, problems)) => {
@@ -115,6 +119,11 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
+                if let Some(decoded) = decode_plain_otlp(line) {
+                    lines_ok += 1;
+                    inputs.spans.extend(decoded.spans);
+                    continue;
+                }
                 let line = match serde_json::from_slice::<Value>(line) {
                     Ok(doc) => otlp_body(line, doc),
                     Err(_) => Cow::Borrowed(line),
@@ -147,6 +156,26 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
         inputs.files_failed += 1;
     }
 }
+
+/// `bytes` as an OTLP/JSON export request read in one pass, when that reads all of it: at least
+/// one span, none invalid, no field of OTLP before 0.15. Anything else (an envelope, base64
+/// ids, Jaeger JSON, one request per line) is parsed into a document first, which costs several
+/// times the file's size in memory.
+fn decode_plain_otlp(bytes: &[u8]) -> Option<Decoded> {
+    if bytes
+        .windows(OLD_SCOPE_FIELD.len())
+        .any(|w| w == OLD_SCOPE_FIELD)
+    {
+        return None;
+    }
+    decode_json(bytes)
+        .ok()
+        .filter(|decoded| !decoded.spans.is_empty() && decoded.rejected == 0)
+}
+
+/// The prefix of OTLP's field names before 0.15 (`instrumentationLibrarySpans`), which the
+/// decoder does not read ([`otlp_envelopes`] renames them).
+const OLD_SCOPE_FIELD: &[u8] = b"instrumentationLibrary";
 
 /// The OTLP/JSON export request `doc` (parsed from `bytes`) is or holds under a trace store's
 /// envelope, with hex ids ([`otlp_envelopes`]): `bytes` when it needs no rewriting.
@@ -239,12 +268,14 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
     let covered = last.saturating_sub(first) as f64 / 1e9;
     cp_summary.window_seconds = covered;
     let diagnosis = DiagnosisConfig::default().with_slo(&KpiConfig::default().slo);
-    let findings = diagnose_snapshot(&snapshot, Some(&cp_summary), &diagnosis);
+    let diagnosis = diagnose_window(&snapshot, Some(&cp_summary), &diagnosis);
     let mut report = json!({
         "window_seconds": covered,
         "kpis": snapshot,
         "critical_path": cp_summary,
-        "findings": findings,
+        "findings": diagnosis.findings,
+        "undiagnosed": diagnosis.undiagnosed,
+        "diagnosis_min_requests": diagnosis.min_requests,
         "implausible_requests": implausible,
         "duplicate_spans": duplicates,
         "requests": done.len(),
