@@ -593,6 +593,30 @@ fn a_request_with_no_token_has_no_ttft_and_a_string_abort_is_a_cancel() {
     let r = one(&[sp.clone()]);
     assert!(r.ttft.is_none(), "{:?}", r.ttft);
     assert_eq!(r.outcome, Outcome::Ok);
+    // Its prefill and decode of 0 are defaults too, not phases that took no time; a prefill
+    // that took time (an embedding's) is one.
+    let mut defaults = sp.clone();
+    defaults.attributes.retain(|(k, _)| {
+        ![
+            sc::latency::TIME_IN_MODEL_PREFILL,
+            sc::latency::TIME_IN_MODEL_DECODE,
+        ]
+        .contains(k)
+    });
+    let mut prefilled = defaults.clone();
+    defaults
+        .attributes
+        .push(f(sc::latency::TIME_IN_MODEL_PREFILL, 0.0));
+    defaults
+        .attributes
+        .push(f(sc::latency::TIME_IN_MODEL_DECODE, 0.0));
+    let r = one(&[defaults]);
+    assert_eq!((r.prefill, r.decode, r.tpot), (None, None, None));
+    assert!(r.queue.is_some());
+    prefilled
+        .attributes
+        .push(f(sc::latency::TIME_IN_MODEL_PREFILL, 0.04));
+    assert_eq!(one(&[prefilled]).prefill, Some(0.04));
     for (reasons, outcome) in [
         ("[\"abort\"]", Outcome::Cancelled),
         ("abort", Outcome::Cancelled),

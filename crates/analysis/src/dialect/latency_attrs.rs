@@ -10,6 +10,8 @@
 //! - prefill: `time_in_model_prefill` (measured), else TTFT − queue (derived).
 //! - decode: `time_in_model_decode` (measured), else `time_in_model_inference` − prefill, else
 //!   e2e − TTFT (derived).
+//! - With 0 output tokens, a prefill or decode of exactly 0 is vLLM's default, not a
+//!   measurement: none.
 //! - tokens: `gen_ai.usage.input_tokens` / `output_tokens`, else vLLM's old `prompt_tokens` /
 //!   `completion_tokens`. TPOT = decode / (output tokens − 1) (derived).
 //! - KV transfer (disaggregated serving): TensorRT-LLM's `kv_cache_transfer_time` (measured)
@@ -51,10 +53,13 @@ pub fn refine(span: &Span, r: &mut RequestRecord) {
             .kv_transfer = Some(kv);
     }
 
-    // A request that produced no token has no TTFT (vLLM then reports its default, 0).
+    // A request that produced no token has no TTFT, and a prefill or decode of 0 is no
+    // measurement either: vLLM then reports its defaults, 0. (An embedding's prefill, not 0,
+    // is kept.)
     let no_token = r.output_tokens == Some(0);
+    let unless_default = |v: Option<f64>| v.filter(|v| !(no_token && *v == 0.0));
     let ttft = attr(sc::latency::TIME_TO_FIRST_TOKEN);
-    let prefill = attr(sc::latency::TIME_IN_MODEL_PREFILL);
+    let prefill = unless_default(attr(sc::latency::TIME_IN_MODEL_PREFILL));
     (r.ttft, r.origins.ttft) = match (ttft, r.queue, prefill) {
         _ if no_token => (None, None),
         (Some(t), _, _) => (Some(t), measured(Some(t))),
@@ -69,7 +74,7 @@ pub fn refine(span: &Span, r: &mut RequestRecord) {
         }
         _ => (None, None),
     };
-    let decode = attr(sc::latency::TIME_IN_MODEL_DECODE);
+    let decode = unless_default(attr(sc::latency::TIME_IN_MODEL_DECODE));
     (r.decode, r.origins.decode) = match (decode, r.inference, r.prefill, r.ttft) {
         (Some(d), ..) => (Some(d), measured(Some(d))),
         (None, Some(i), Some(p), _) => {

@@ -642,6 +642,53 @@ fn a_later_request_in_a_completed_trace_is_counted_a_late_worker_span_is_not() {
     assert_eq!(stored.spans.len(), 9, "both calls and the worker's span");
 }
 
+/// A gateway's server span exported after its trace completed (the Python SDK exports every
+/// 5 s, past the 2 s grace) is the gateway's own request, not counted yet: it re-opens the
+/// trace and counts once, in the gateway's series. The engine's framework span around its
+/// request, late the same way, is the engine's request counted already: it counts nothing.
+#[test]
+fn a_late_gateway_span_counts_its_request_once() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    let mut engine = request_trace(1, "m", 10, 20, 30, 4);
+    let server = |id: u8, parent: Option<SpanId>, service: &str| {
+        let mut s = engine[3].clone();
+        s.span_id.0[7] = id;
+        s.parent_span_id = parent;
+        s.service = Text::from(service);
+        s.name = "POST /chat".into();
+        s.attributes.clear();
+        s.kind = SpanKind::Server;
+        s.start_unix_nano -= 5 * MS;
+        s.end_unix_nano += 5 * MS;
+        s
+    };
+    let gateway = server(8, None, "gateway");
+    let framework = server(9, Some(gateway.span_id), "llm");
+    engine[3].parent_span_id = Some(framework.span_id);
+    p.ingest_at(batch(engine), t0).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(2.0), unix_nanos_now()).requests, 1);
+    p.ingest_at(batch(vec![framework]), t0 + secs(3.0)).unwrap();
+    assert_eq!(
+        p.tick_at(t0 + secs(5.1), unix_nanos_now()).requests,
+        0,
+        "the engine's own request"
+    );
+    p.ingest_at(batch(vec![gateway]), t0 + secs(6.0)).unwrap();
+    assert_eq!(p.tick_at(t0 + secs(8.1), unix_nanos_now()).requests, 1);
+    let kpis = p.kpis(Duration::from_secs(60));
+    let requests = |service: &str| {
+        kpis.series
+            .iter()
+            .filter(|s| &*s.service == service)
+            .map(|s| s.requests)
+            .sum::<u64>()
+    };
+    assert_eq!((requests("llm"), requests("gateway")), (1, 1));
+    assert_eq!(p.trace(&TraceId([1; 16])).unwrap().spans.len(), 6);
+}
+
 /// A disaggregated worker's request span below the router's does not complete its trace, on
 /// the path of traces analysed on arrival (protobuf) as on the span path: the router's span,
 /// exported seconds later, completes it, and the request is counted once.
