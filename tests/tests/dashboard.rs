@@ -498,6 +498,39 @@ async fn dashboard_in_headless_chromium() {
         dir.display()
     );
 
+    // ---- a model with too few requests for the rules is said to be undiagnosed, not healthy
+    let mut rare = traffic::requests(3, 0x7a7e);
+    for r in &mut rare {
+        r.model = "rare-7b";
+        r.service = "batch-api";
+    }
+    traffic::send(&http, receiver, &rare).await;
+    browser
+        .wait_until(
+            "the rare model in the picker",
+            "return document.querySelector(\"#model option[value='rare-7b']\") !== null;",
+            WAIT,
+        )
+        .await;
+    browser
+        .client
+        .find(Locator::Css("#model option[value='rare-7b']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let quiet = browser
+        .wait_until(
+            "the rare model said to be undiagnosed",
+            "const t = document.getElementById('findings').textContent; \
+             return t.includes('Not diagnosed (fewer than 20 requests') && t.includes('rare-7b') \
+             && t.includes('(3)') && !t.includes('nothing stands out') ? t : null;",
+            WAIT,
+        )
+        .await;
+    eprintln!("findings panel for 3 requests: {quiet}");
+
     // ---- no console errors (uncaught exceptions, console.error, failed loads)
     assert_no_console_errors(browser.console().await.iter());
 

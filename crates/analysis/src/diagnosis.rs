@@ -31,7 +31,8 @@
 //!
 //! Every rule but the throughput floor needs at least [`DiagnosisConfig::min_requests`] requests
 //! in the window (20), so one slow or failed request in a quiet minute is not a diagnosis (a
-//! longer window of the same series will still show a persistent problem).
+//! longer window of the same series will still show a persistent problem); [`undiagnosed`]
+//! lists the series left unjudged, so that a report does not read their silence as health.
 //!
 //! "GPU busy" is the duration-weighted mean utilisation across the three phases
 //! ([`gpu_utilization_mean`]), the same value alert rules read as `gpu.utilization.mean`.
@@ -48,5 +49,8 @@ mod rules;
 
 pub use config::DiagnosisConfig;
 pub use disagg::KV_LINK_SPEEDUP;
-pub use finding::{Evidence, Finding, Severity};
-pub use rules::{decode_concurrency, diagnose, diagnose_snapshot, gpu_utilization_mean};
+pub use finding::{Evidence, Finding, Severity, Undiagnosed};
+pub use rules::{
+    WindowDiagnosis, decode_concurrency, diagnose, diagnose_snapshot, diagnose_window,
+    gpu_utilization_mean, undiagnosed,
+};

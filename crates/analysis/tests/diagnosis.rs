@@ -6,7 +6,7 @@ use std::sync::Arc;
 use infertrace_analysis::critical_path::{CriticalPathEntry, CriticalPathSummary, TailTriple};
 use infertrace_analysis::diagnosis::{
     DiagnosisConfig, Finding, Severity, decode_concurrency, diagnose, diagnose_snapshot,
-    gpu_utilization_mean,
+    diagnose_window, gpu_utilization_mean, undiagnosed,
 };
 use infertrace_analysis::kpi::{
     Goodput, GpuKpis, GpuPhaseUtilization, KpiSnapshot, LatencyStats, PhaseShare, PhaseShares,
@@ -468,4 +468,45 @@ fn snapshot_diagnosis_covers_every_series_but_overflow() {
     assert_eq!(json["rule_id"], "error-rate");
     assert_eq!(json["severity"], "critical");
     assert_eq!(json["evidence"][0]["metric"], "error_rate");
+}
+
+/// A series under `min_requests` is listed as not judged, whatever its KPIs say; one at the
+/// minimum is judged; overflow and idle series are neither.
+#[test]
+fn series_too_quiet_to_judge_are_listed_as_undiagnosed() {
+    let mut quiet = balanced();
+    quiet.model = "quiet".into();
+    quiet.errors = 19;
+    quiet.requests = 19;
+    let mut judged = quiet.clone();
+    judged.model = "judged".into();
+    judged.errors = 20;
+    judged.requests = 20;
+    let mut idle = balanced();
+    idle.model = "idle".into();
+    idle.requests = 0;
+    let mut overflow = quiet.clone();
+    overflow.service = "__overflow__".into();
+    let snap = KpiSnapshot {
+        window_seconds: 60.0,
+        series: vec![quiet, judged, idle, overflow],
+    };
+    let d = diagnose_window(&snap, None, &DiagnosisConfig::default());
+    assert_eq!(d.min_requests, 20);
+    assert!(
+        d.findings.iter().all(|f| f.model == "judged"),
+        "{:?}",
+        d.findings
+    );
+    assert!(ids(&d.findings).contains(&"error-rate"));
+    let names: Vec<(&str, u64)> = d
+        .undiagnosed
+        .iter()
+        .map(|u| (u.model.as_str(), u.requests))
+        .collect();
+    assert_eq!(names, [("quiet", 19)]);
+    assert_eq!(
+        undiagnosed(&snap, &DiagnosisConfig::default()),
+        d.undiagnosed
+    );
 }

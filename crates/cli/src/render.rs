@@ -1,8 +1,9 @@
 //! Renders a report (the collector API's JSON, or the same shape built offline) as text tables.
 //!
 //! The report is a JSON object `{"source", "window_seconds", "kpis", "critical_path", "findings",
-//! "alerts"}` whose members have exactly the shapes of `/api/kpis`, `/api/critical-path`,
-//! `/api/findings` and `/api/alerts`. Working on JSON keeps `report` (remote), `demo` and `analyze`
+//! "undiagnosed", "diagnosis_min_requests", "alerts"}` whose members have exactly the shapes of
+//! `/api/kpis`, `/api/critical-path`, `/api/findings` (and its `undiagnosed` and
+//! `min_requests`) and `/api/alerts`. Working on JSON keeps `report` (remote), `demo` and `analyze`
 //! (local) on one renderer, and lets `--format json` print the same object.
 //!
 //! Every text taken from the report (service, model, operation and span names, findings,
@@ -13,6 +14,7 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+use infertrace_analysis::kpi::OVERFLOW_LABEL;
 use serde_json::Value;
 
 /// Formats seconds for people: `850µs`, `12.3ms`, `1.24s`, `2m05s`; `-` when absent.
@@ -36,6 +38,19 @@ fn pct(v: Option<f64>) -> String {
         } else {
             format!("{p:.1}%")
         }
+    })
+}
+
+/// A rate to three significant digits (`1234`, `56.7`, `1.23`, `0.0183`): a quiet model's
+/// 0.2 tokens a second reads as such, not as `0`.
+fn rate(v: Option<f64>) -> String {
+    v.filter(|x| x.is_finite()).map_or("-".into(), |x| {
+        let magnitude = x.abs();
+        if magnitude == 0.0 || magnitude >= 100.0 {
+            return format!("{x:.0}");
+        }
+        let decimals = (2 - magnitude.log10().floor() as i32).clamp(0, 12) as usize;
+        format!("{x:.decimals$}")
     })
 }
 
@@ -180,7 +195,7 @@ pub fn report_table(report: &Value) -> String {
     if series.is_empty() {
         out.push_str("\nDiagnosis\n  Nothing to diagnose without requests.\n");
     } else {
-        render_findings(report.get("findings"), &mut out);
+        render_findings(report, series, &mut out);
     }
     render_alerts(report.get("alerts"), &mut out);
     out
@@ -231,8 +246,8 @@ fn render_breakdown(series: &[Value], out: &mut String) {
             num(f(x, &["errors"]), 0),
             num(f(x, &["cancelled"]), 0),
             num(f(x, &["rejected"]), 0),
-            num(f(x, &["throughput", "requests_per_second"]), 2),
-            num(f(x, &["throughput", "output_tokens_per_second"]), 0),
+            rate(f(x, &["throughput", "requests_per_second"])),
+            rate(f(x, &["throughput", "output_tokens_per_second"])),
             pct(f(x, &["goodput", "ratio"])),
         ]);
     }
@@ -396,12 +411,58 @@ fn findings_list(v: Option<&Value>) -> Vec<&Value> {
     }
 }
 
-fn render_findings(v: Option<&Value>, out: &mut String) {
-    let list = findings_list(v);
+/// Series listed by name under "not diagnosed"; more are counted.
+const UNDIAGNOSED_ROWS: usize = 8;
+
+/// The findings, and the series the rules did not judge for too few requests (`undiagnosed`):
+/// "no problems found" is said only of series that were judged.
+fn render_findings(report: &Value, series: &[Value], out: &mut String) {
+    let list = findings_list(report.get("findings"));
+    let quiet: Vec<&Value> = report
+        .get("undiagnosed")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
+    let min = f(report, &["diagnosis_min_requests"]);
+    let judged = series
+        .iter()
+        .filter(|s| text(s, "service") != OVERFLOW_LABEL)
+        .filter(|s| f(s, &["requests"]).unwrap_or(0.0) >= min.unwrap_or(0.0))
+        .count();
     out.push_str("\nDiagnosis\n");
-    if list.is_empty() {
-        out.push_str("  No problems found: every rule is within its threshold.\n");
-        return;
+    if list.is_empty() && (judged > 0 || quiet.is_empty()) {
+        out.push_str(if quiet.is_empty() {
+            "  No problems found: every rule is within its threshold.\n"
+        } else {
+            "  No problems found in the series with enough requests: every rule is within its \
+             threshold.\n"
+        });
+    }
+    if !quiet.is_empty() {
+        let names: Vec<String> = quiet
+            .iter()
+            .take(UNDIAGNOSED_ROWS)
+            .map(|q| {
+                format!(
+                    "{}/{} ({})",
+                    text(q, "service"),
+                    text(q, "model"),
+                    num(f(q, &["requests"]), 0)
+                )
+            })
+            .collect();
+        let more = quiet.len().saturating_sub(UNDIAGNOSED_ROWS);
+        let _ = writeln!(
+            out,
+            "  Not diagnosed (fewer than {} requests in the window, too few to judge): {}{}",
+            num(min, 0),
+            names.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
     }
     for x in list {
         let _ = writeln!(
@@ -478,7 +539,7 @@ fn history_value(unit: &str, v: Option<f64>) -> String {
     match unit {
         "seconds" => secs(v),
         "count" => num(v, 0),
-        "per_second" => num(v, 2),
+        "per_second" => rate(v),
         _ => pct(v),
     }
 }
@@ -493,7 +554,7 @@ fn history_delta(unit: &str, v: Option<f64>) -> String {
     match unit {
         "seconds" => format!("{sign}{}", secs(Some(m))),
         "count" => format!("{sign}{m:.0}"),
-        "per_second" => format!("{sign}{m:.2}"),
+        "per_second" => format!("{sign}{}", rate(Some(m))),
         _ => format!("{sign}{:.1}pp", m * 100.0),
     }
 }
@@ -600,12 +661,65 @@ mod tests {
         assert!(!report_table(&fresh).contains("not kept across a restart"));
     }
 
+    /// A series too quiet for the rules is said to be undiagnosed, not healthy; "no problems
+    /// found" is said only when a series was judged (a review read it of 19 requests queued
+    /// 81 % of their time, where 20 gave two warnings).
+    #[test]
+    fn series_too_quiet_to_judge_are_not_called_healthy() {
+        let report = |requests: &[(&str, u64)], undiagnosed: serde_json::Value| {
+            let series: Vec<_> = requests
+                .iter()
+                .map(|(model, n)| {
+                    serde_json::json!({"service": "svc", "model": model,
+                    "operation": "chat", "requests": n})
+                })
+                .collect();
+            serde_json::json!({"source": "test", "window_seconds": 60,
+                "kpis": {"window_seconds": 60, "series": series},
+                "findings": [], "undiagnosed": undiagnosed, "diagnosis_min_requests": 20})
+        };
+        let quiet = serde_json::json!([{"service": "svc", "model": "a", "operation": "chat",
+            "requests": 19}]);
+        let text = report_table(&report(&[("a", 19)], quiet.clone()));
+        assert!(!text.contains("No problems found"), "{text}");
+        assert!(
+            text.contains(
+                "Not diagnosed (fewer than 20 requests in the window, too few to judge): svc/a (19)"
+            ),
+            "{text}"
+        );
+        let text = report_table(&report(&[("a", 19), ("b", 20)], quiet));
+        assert!(
+            text.contains("No problems found in the series with enough requests"),
+            "{text}"
+        );
+        assert!(text.contains("svc/a (19)"), "{text}");
+        let text = report_table(&report(&[("b", 20)], serde_json::json!([])));
+        assert!(
+            text.contains("No problems found: every rule is within its threshold."),
+            "{text}"
+        );
+        assert!(!text.contains("Not diagnosed"), "{text}");
+    }
+
     #[test]
     fn percentages_read_as_the_findings_write_them() {
         assert_eq!(pct(Some(0.065)), "6.5%");
         assert_eq!(pct(Some(0.42)), "42%");
         assert_eq!(pct(Some(0.0)), "0%");
         assert_eq!(pct(None), "-");
+    }
+
+    #[test]
+    fn rates_keep_three_significant_digits() {
+        assert_eq!(rate(Some(0.2167)), "0.217");
+        assert_eq!(rate(Some(0.00125)), "0.00125");
+        assert_eq!(rate(Some(5.0)), "5.00");
+        assert_eq!(rate(Some(56.74)), "56.7");
+        assert_eq!(rate(Some(1234.4)), "1234");
+        assert_eq!(rate(Some(0.0)), "0");
+        assert_eq!(rate(Some(-0.5)), "-0.500");
+        assert_eq!(rate(None), "-");
     }
 
     /// The largest share of all requests first, and what is left out said.

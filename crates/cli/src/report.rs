@@ -340,6 +340,8 @@ pub async fn fetch_report(api: &ApiClient, url: &str, window: &str) -> anyhow::R
         "window_seconds": kpis.get("window_seconds").cloned().unwrap_or(Value::Null),
         "kpis": kpis,
         "critical_path": critical_path,
+        "undiagnosed": findings.get("undiagnosed").cloned().unwrap_or(Value::Null),
+        "diagnosis_min_requests": findings.get("min_requests").cloned().unwrap_or(Value::Null),
         "findings": findings,
         "alerts": alerts,
     }))

@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::CriticalPathSummary;
-use infertrace_analysis::diagnosis::Finding;
+use infertrace_analysis::diagnosis::{Finding, WindowDiagnosis};
 use infertrace_analysis::kpi::KpiSnapshot;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -170,6 +170,11 @@ impl RunningCollector {
     /// The diagnosis findings of `window`.
     pub fn findings(&self, window: Duration) -> Vec<Finding> {
         self.pipeline.findings(window)
+    }
+
+    /// The diagnosis of `window`, with the series too quiet in it to judge.
+    pub fn diagnosis(&self, window: Duration) -> WindowDiagnosis {
+        self.pipeline.diagnosis(window)
     }
 
     /// The alert state (as `GET /api/alerts`).

@@ -118,6 +118,12 @@ async fn routes_answer_and_validate() {
     let (status, f) = get_json(api, "/api/findings").await;
     assert_eq!(status, 200);
     assert!(f["findings"].is_array());
+    // Three requests are too few for the rules: the series is said to be unjudged.
+    assert_eq!(f["min_requests"], 20, "{f:#}");
+    let quiet = f["undiagnosed"].as_array().unwrap();
+    assert_eq!(quiet.len(), 1, "{f:#}");
+    assert_eq!(quiet[0]["model"], "m", "{f:#}");
+    assert_eq!(quiet[0]["requests"], 3, "{f:#}");
 
     // The dashboard is mounted on the same address and lists the pipeline's recent traces.
     let (status, page) = get(api, "/").await;

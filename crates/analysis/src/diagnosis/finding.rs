@@ -60,6 +60,21 @@ pub struct Finding {
     pub recommendation: String,
 }
 
+/// A series the rules did not judge: fewer requests in the window than
+/// [`DiagnosisConfig::min_requests`](super::DiagnosisConfig::min_requests) (only the
+/// throughput floor speaks below it). Reports say so, rather than "no problems found".
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Undiagnosed {
+    /// Series service.
+    pub service: String,
+    /// Series model.
+    pub model: String,
+    /// Series operation (empty when series are not split by operation).
+    pub operation: String,
+    /// Its requests in the window.
+    pub requests: u64,
+}
+
 /// One piece of [`Evidence`].
 pub(super) fn ev(
     metric: impl Into<String>,

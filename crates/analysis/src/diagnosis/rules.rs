@@ -3,11 +3,13 @@
 
 use std::fmt::Write as _;
 
+use serde::Serialize;
+
 use infertrace_semconv as sc;
 
 use super::config::DiagnosisConfig;
 use super::diagnoser::Diagnoser;
-use super::finding::{Finding, Severity, ev, pct, pcts_apart, secs};
+use super::finding::{Finding, Severity, Undiagnosed, ev, pct, pcts_apart, secs};
 use crate::critical_path::CriticalPathSummary;
 use crate::kpi::{KpiSnapshot, SeriesKpis};
 
@@ -99,6 +101,51 @@ pub fn diagnose_snapshot(
         .collect();
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// What the rules said of one window: the findings, and the series too quiet to judge.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WindowDiagnosis {
+    /// [`diagnose_snapshot`]'s findings.
+    pub findings: Vec<Finding>,
+    /// [`undiagnosed`]'s series.
+    pub undiagnosed: Vec<Undiagnosed>,
+    /// The requests a series needs in the window to be judged.
+    pub min_requests: u64,
+}
+
+/// [`diagnose_snapshot`] and [`undiagnosed`] of one window.
+pub fn diagnose_window(
+    snapshot: &KpiSnapshot,
+    critical: Option<&CriticalPathSummary>,
+    config: &DiagnosisConfig,
+) -> WindowDiagnosis {
+    WindowDiagnosis {
+        findings: diagnose_snapshot(snapshot, critical, config),
+        undiagnosed: undiagnosed(snapshot, config),
+        min_requests: config.min_requests,
+    }
+}
+
+/// The series of `snapshot` [`diagnose`] judged against the throughput floor only, for too
+/// few requests ([`Undiagnosed`]); the overflow series is left out, as in
+/// [`diagnose_snapshot`]. A series without a request is not listed: there was nothing to judge.
+pub fn undiagnosed(snapshot: &KpiSnapshot, config: &DiagnosisConfig) -> Vec<Undiagnosed> {
+    snapshot
+        .series
+        .iter()
+        .filter(|s| {
+            s.service != crate::kpi::OVERFLOW_LABEL
+                && s.requests > 0
+                && s.requests < config.min_requests
+        })
+        .map(|s| Undiagnosed {
+            service: s.service.clone(),
+            model: s.model.clone(),
+            operation: s.operation.clone(),
+            requests: s.requests,
+        })
+        .collect()
 }
 
 /// Queue share of the p90 requests' e2e from which a saturated GPU is a warning, not a note.

@@ -76,11 +76,14 @@ pub(super) async fn wait_for_requests(
 
 /// The report of an in-process collector, in the API's JSON shapes.
 pub(super) fn local_report(collector: &RunningCollector, window: Duration) -> Value {
+    let diagnosis = collector.diagnosis(window);
     json!({
         "window_seconds": window.as_secs_f64(),
         "kpis": collector.kpis(window),
         "critical_path": collector.critical_path(window),
-        "findings": collector.findings(window),
+        "findings": diagnosis.findings,
+        "undiagnosed": diagnosis.undiagnosed,
+        "diagnosis_min_requests": diagnosis.min_requests,
         "alerts": collector.alerts(),
     })
 }

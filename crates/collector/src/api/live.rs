@@ -140,11 +140,16 @@ pub(super) async fn findings(
     Query(q): Query<WindowQuery>,
 ) -> Response {
     match resolve_window(s.pipeline.windows(), q.window.as_deref()) {
-        Ok(w) => Json(json!({
-            "window_seconds": w.as_secs_f64(),
-            "findings": s.pipeline.findings(w),
-        }))
-        .into_response(),
+        Ok(w) => {
+            let d = s.pipeline.diagnosis(w);
+            Json(json!({
+                "window_seconds": w.as_secs_f64(),
+                "findings": d.findings,
+                "undiagnosed": d.undiagnosed,
+                "min_requests": d.min_requests,
+            }))
+            .into_response()
+        }
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }

@@ -6,7 +6,7 @@
 //! | `GET /health` | `{"status":"ok"}` (`"shutting_down"` with 503 while stopping) |
 //! | `GET /api/kpis?window=1m` | the [`KpiSnapshot`](infertrace_analysis::kpi::KpiSnapshot) of a configured window |
 //! | `GET /api/critical-path?window=1m` | the aggregated critical path of the window |
-//! | `GET /api/findings?window=1m` | the diagnosis findings per series of the window |
+//! | `GET /api/findings?window=1m` | the diagnosis findings per series of the window; `undiagnosed`: the series with fewer requests than `min_requests`, which the rules did not judge |
 //! | `GET /api/traces/{trace_id}` | one recent trace: records, spans, critical paths (404 if unknown) |
 //! | `GET /api/alerts` | rules, pending / firing / resolved alerts, anomalies |
 //! | `GET /api/history?kpi=ttft.p99&from=-1h&to=now&step=60` | a KPI's history from the store (`history`) |

@@ -55,7 +55,9 @@ use std::time::{Duration, Instant};
 use infertrace_analysis::critical_path::{
     CriticalPath, CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, aggregation_path,
 };
-use infertrace_analysis::diagnosis::{DiagnosisConfig, Finding, diagnose_snapshot};
+use infertrace_analysis::diagnosis::{
+    DiagnosisConfig, Finding, WindowDiagnosis, diagnose_snapshot, diagnose_window,
+};
 use infertrace_analysis::dialect;
 use infertrace_analysis::kpi::{KpiSnapshot, KpiWindows};
 use infertrace_analysis::record::{Outcome, RequestRecord};
@@ -958,6 +960,12 @@ impl Pipeline {
     pub fn findings(&self, window: Duration) -> Vec<Finding> {
         let (kpis, critical) = self.window_state(window);
         diagnose_snapshot(&kpis, Some(&critical), &self.diagnosis)
+    }
+
+    /// The diagnosis of `window`: its findings, and the series too quiet in it to judge.
+    pub fn diagnosis(&self, window: Duration) -> WindowDiagnosis {
+        let (kpis, critical) = self.window_state(window);
+        diagnose_window(&kpis, Some(&critical), &self.diagnosis)
     }
 
     /// Calls `visit` for every recently completed trace still held, oldest first (under the

@@ -713,16 +713,23 @@
     const el = $('#findings');
     $('#findings-window').textContent = 'last ' + w;
     const fs = (data.findings || []).filter(matches);
+    // Series under the rules' minimum of requests were not judged: their silence is no health.
+    const quiet = (data.undiagnosed || []).filter(matches);
+    const quietNote = quiet.length
+      ? '<p class="none undiagnosed">Not diagnosed (fewer than ' + esc(String(data.min_requests)) + ' requests in the last ' + esc(w) + ', too few to judge): ' + esc(quiet.map((q) => [q.service, q.model, q.operation].filter(Boolean).join(' · ') + ' (' + q.requests + ')').join(', ')) + '</p>'
+      : '';
     el.dataset.points = String(fs.length);
     if (!fs.length) {
       el.innerHTML = requests === 0
         ? '<p class="none">No inference requests in the last ' + esc(w) + ' yet: nothing to judge.</p>'
-        : '<p class="none">No finding for this selection: nothing stands out.</p>';
+        : quiet.length
+          ? quietNote
+          : '<p class="none">No finding for this selection: nothing stands out.</p>';
       return;
     }
     const order = { critical: 0, warning: 1, info: 2 };
     fs.sort((a, b) => (order[a.severity] - order[b.severity]));
-    el.innerHTML = fs.map((f) => '<div class="finding ' + esc(f.severity) + '"><div class="t"><span class="chip ' + esc(f.severity) + '">' + esc(f.severity) + '</span>' + esc(f.title) + '</div><div class="s">' + esc([f.service, f.model, f.operation].filter(Boolean).join(' · ')) + ' · ' + esc(f.rule_id) + '</div><ul>' + (f.evidence || []).map((e) => '<li>' + esc(e.metric) + ' = ' + esc(fmtUnit(e.value, e.unit)) + (e.threshold != null ? ' (threshold ' + esc(fmtUnit(e.threshold, e.unit)) + ')' : '') + '</li>').join('') + '</ul><div class="rec">→ ' + esc(f.recommendation) + '</div></div>').join('');
+    el.innerHTML = quietNote + fs.map((f) => '<div class="finding ' + esc(f.severity) + '"><div class="t"><span class="chip ' + esc(f.severity) + '">' + esc(f.severity) + '</span>' + esc(f.title) + '</div><div class="s">' + esc([f.service, f.model, f.operation].filter(Boolean).join(' · ')) + ' · ' + esc(f.rule_id) + '</div><ul>' + (f.evidence || []).map((e) => '<li>' + esc(e.metric) + ' = ' + esc(fmtUnit(e.value, e.unit)) + (e.threshold != null ? ' (threshold ' + esc(fmtUnit(e.threshold, e.unit)) + ')' : '') + '</li>').join('') + '</ul><div class="rec">→ ' + esc(f.recommendation) + '</div></div>').join('');
   }
 
   function fmtUnit(v, unit) {
