@@ -143,9 +143,15 @@ fn run(variant: &str, n: u64) -> Result<(), String> {
                 serve(layer.layer(ENGINE), n, Some((&own, 512)));
                 Ok(())
             } else {
-                use opentelemetry_otlp::WithExportConfig as _;
+                use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+                // The exporter's own blocking client, given explicitly: the test build turns
+                // on opentelemetry-otlp's async client too, which it would otherwise pick.
+                let client = reqwest::blocking::Client::builder()
+                    .build()
+                    .map_err(|e| format!("client: {e}"))?;
                 let exporter = opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
+                    .with_http_client(client)
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                     .with_endpoint(format!("{base}/v1/traces"))
                     .build()

@@ -333,10 +333,13 @@ impl<E: SpanExporter> SpanExporter for Counting<E> {
 }
 
 /// An OTLP/HTTP protobuf span exporter to the receiver at `base`, counting what it exports.
+/// The exporter's own blocking client, given explicitly: the test build turns on
+/// opentelemetry-otlp's async client too, which the exporter would otherwise pick.
 fn otlp_exporter(base: &str) -> Option<Counting<opentelemetry_otlp::SpanExporter>> {
-    use opentelemetry_otlp::WithExportConfig as _;
+    use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
     opentelemetry_otlp::SpanExporter::builder()
         .with_http()
+        .with_http_client(reqwest::blocking::Client::builder().build().ok()?)
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .with_endpoint(format!("{base}/v1/traces"))
         .build()

@@ -6,7 +6,8 @@
 //! nanoseconds), plus an underflow and an overflow bucket.
 //! A quantile is the midpoint of the bucket holding its rank, clamped to the exact minimum and
 //! maximum, so its relative error is at most 1/16 (6.25 %) inside the range, and exact when all
-//! gaps fall in one bucket's clamp (e.g. equal gaps). Recording is a `leading_zeros`, a shift and
+//! gaps fall in one bucket's clamp (e.g. equal gaps) and when its rank is the first or the last
+//! (a p99 of fewer than 100 gaps is the largest). Recording is a `leading_zeros`, a shift and
 //! an increment; the table (968 bytes) is allocated only once a response has a second chunk.
 
 /// Sub-bucket bits: 2^3 = 8 sub-buckets per octave.
@@ -90,6 +91,13 @@ impl GapHistogram {
         let q = if q.is_nan() { 0.5 } else { q.clamp(0.0, 1.0) };
         // Nearest rank, 1-based: ceil(q * n), at least 1.
         let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        // The ends are known exactly: a p99 of fewer than 100 gaps is the largest.
+        if rank == self.total {
+            return Some(self.max);
+        }
+        if rank == 1 {
+            return Some(self.min);
+        }
         let mut seen = 0u64;
         for (b, &c) in self.counts.iter().enumerate() {
             seen += u64::from(c);
@@ -169,6 +177,24 @@ mod tests {
         }
         assert_eq!(h.quantile(0.5), Some(20_000_000));
         assert_eq!(h.quantile(0.99), Some(20_000_000));
+    }
+
+    /// Nine gaps a little apart: the p99's rank is the last, and it reads the largest gap
+    /// itself, not a bucket's midpoint below eight of them (a review's case).
+    #[test]
+    fn a_quantile_at_either_end_is_exact() {
+        let mut h = GapHistogram::default();
+        let gaps = [50_400_000, 51_400_000, 51_450_000, 51_500_000, 51_520_000];
+        for g in gaps
+            .iter()
+            .chain(&[51_530_000, 51_540_000, 51_560_000, 51_600_000])
+        {
+            h.record(*g);
+        }
+        assert_eq!(h.quantile(0.99), Some(51_600_000));
+        assert_eq!(h.quantile(0.0), Some(50_400_000));
+        let p50 = h.quantile(0.5).unwrap() as f64;
+        assert!((p50 / 51_520_000.0 - 1.0).abs() <= 1.0 / 16.0, "{p50}");
     }
 
     #[test]

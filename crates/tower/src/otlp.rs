@@ -57,7 +57,7 @@ pub use opentelemetry_sdk::trace::Sampler;
 
 use crate::SharedSpanProcessor;
 use crate::export::BatchSettings;
-use crate::export::otlp_encode::{EncodingClient, OtlpRequests, Staged};
+use crate::export::otlp_encode::{EncodingClient, OtlpRequests, Staged, blocking_client};
 
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,17 +264,20 @@ fn compression_requested(env: impl Fn(&str) -> Option<String>) -> bool {
     false
 }
 
-/// The HTTP timeout opentelemetry-otlp gives its own client: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
-/// else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), else 10 s.
+/// The HTTP timeout opentelemetry-otlp gives its own client for traces:
+/// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), else
+/// 10 s.
 fn http_timeout(env: impl Fn(&str) -> Option<String>) -> std::time::Duration {
-    [
-        opentelemetry_otlp::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
-        opentelemetry_otlp::OTEL_EXPORTER_OTLP_TIMEOUT,
-    ]
-    .into_iter()
-    .find_map(|var| env(var).and_then(|v| v.parse::<u64>().ok()))
-    .map(std::time::Duration::from_millis)
-    .unwrap_or(opentelemetry_otlp::OTEL_EXPORTER_OTLP_TIMEOUT_DEFAULT)
+    signal_timeout(opentelemetry_otlp::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, env)
+}
+
+/// [`http_timeout`] for the signal whose own variable is `signal_var`.
+fn signal_timeout(signal_var: &str, env: impl Fn(&str) -> Option<String>) -> std::time::Duration {
+    [signal_var, opentelemetry_otlp::OTEL_EXPORTER_OTLP_TIMEOUT]
+        .into_iter()
+        .find_map(|var| env(var).and_then(|v| v.parse::<u64>().ok()))
+        .map(std::time::Duration::from_millis)
+        .unwrap_or(opentelemetry_otlp::OTEL_EXPORTER_OTLP_TIMEOUT_DEFAULT)
 }
 
 fn resource(config: &OtlpConfig) -> Resource {
@@ -319,7 +322,11 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
             if let Some(e) = &config.endpoint {
                 b = b.with_endpoint(http_url(e, "/v1/traces"));
             }
+            // Our client, else a blocking one like it (`blocking_client`: never the async
+            // client the application's features may have turned on).
             if let Some(client) = client {
+                b = b.with_http_client(client);
+            } else if let Some(client) = blocking_client(http_timeout(env)) {
                 b = b.with_http_client(client);
             }
             b.build()
@@ -369,6 +376,11 @@ pub fn init(config: OtlpConfig) -> Result<OtlpProviders, OtlpError> {
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
                 if let Some(e) = &config.endpoint {
                     b = b.with_endpoint(http_url(e, "/v1/metrics"));
+                }
+                let timeout =
+                    signal_timeout(opentelemetry_otlp::OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, env);
+                if let Some(client) = blocking_client(timeout) {
+                    b = b.with_http_client(client);
                 }
                 b.build()
             }

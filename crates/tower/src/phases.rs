@@ -24,6 +24,8 @@ pub(crate) struct Marks {
     pub(crate) never_admitted: bool,
     /// A response head went out (a request that ended before it never reached its response).
     pub(crate) responded: bool,
+    /// Its outcome is `error` or `rejected`.
+    pub(crate) failed: bool,
     /// Body: first non-empty data frame.
     pub(crate) first_chunk: Option<Duration>,
     /// Body: last non-empty data frame.
@@ -71,7 +73,9 @@ impl Phases {
             if engine_marked {
                 return Self::from_engine(m, end);
             }
-            if (m.streamed || !m.responded) && m.first_chunk.is_none() {
+            // Failed or refused with no mark (a handler's own 400 or 429): the engine most
+            // likely never saw it, and its time was no inference.
+            if m.failed || ((m.streamed || !m.responded) && m.first_chunk.is_none()) {
                 return Self::unscheduled(m, end);
             }
         }
@@ -80,7 +84,8 @@ impl Phases {
 
     /// An engine stream, or an engine request with no response yet, that ended before the
     /// engine scheduled it and before any output (a client gone while it was queued, a failure
-    /// before the engine saw it): only the layer's own admission queue is known. The rest is
+    /// before the engine saw it), or one that failed with no engine mark: only the layer's own
+    /// admission queue is known. The rest is
     /// left to the request span, not called prefill as the derived rule would: an engine's
     /// queue is where such requests usually wait. (A unary response sends nothing before its
     /// end by design: it keeps the derived `inference` span, which invents no split.)
@@ -107,11 +112,17 @@ impl Phases {
             p.queue = Some((zero, q));
         }
         let prefill_start = queue_end.unwrap_or(zero);
-        match m.first_token.map(|f| clamp(f, prefill_start, end)) {
+        // An engine that marks `scheduled` but no token: a stream's chunks stand for its tokens,
+        // as in derived mode (its whole response was not prefill).
+        let (first_token, last_token) = match (m.first_token, m.first_chunk) {
+            (None, Some(chunk)) if m.streamed => (Some(chunk), m.last_chunk),
+            _ => (m.first_token, m.last_token),
+        };
+        match first_token.map(|f| clamp(f, prefill_start, end)) {
             Some(first) => {
                 p.prefill = Some((prefill_start, first));
                 p.time_to_first_token = Some(first);
-                let last = clamp(m.last_token.unwrap_or(first), first, end);
+                let last = clamp(last_token.unwrap_or(first), first, end);
                 p.decode = Some((first, last));
             }
             // Ended (error, cancel) before the first token: the time went to prefill.
@@ -153,6 +164,65 @@ mod tests {
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
+    }
+
+    /// A handler's own 400 or 429 in engine mode, no mark made: no `inference` phase (the
+    /// engine never saw it); only the admission queue's wait, where there is one.
+    #[test]
+    fn a_failure_without_engine_marks_is_no_inference() {
+        let marks = Marks {
+            source: Some(PhaseSource::Engine),
+            responded: true,
+            failed: true,
+            first_chunk: Some(ms(40)),
+            last_chunk: Some(ms(40)),
+            end: ms(41),
+            ..Marks::default()
+        };
+        assert_eq!(Phases::compute(&marks), Phases::default());
+        let p = Phases::compute(&Marks {
+            admitted: Some(ms(30)),
+            ..marks
+        });
+        assert_eq!(p.queue, Some((ms(0), ms(30))));
+        assert_eq!((p.inference, p.prefill), (None, None));
+        // The same answer succeeding keeps the derived split it always had.
+        let p = Phases::compute(&Marks {
+            failed: false,
+            ..marks
+        });
+        assert_eq!(p.inference, Some((ms(0), ms(41))));
+    }
+
+    /// An engine that marks only `scheduled` on a stream: prefill ends at the first chunk, not
+    /// at the end of the response (a review read a 663 ms stream as all prefill, its first
+    /// token at 303 ms).
+    #[test]
+    fn a_stream_without_token_marks_splits_at_its_first_chunk() {
+        let marks = Marks {
+            source: Some(PhaseSource::Engine),
+            scheduled: Some(ms(100)),
+            first_chunk: Some(ms(303)),
+            last_chunk: Some(ms(760)),
+            streamed: true,
+            responded: true,
+            end: ms(765),
+            ..Marks::default()
+        };
+        let p = Phases::compute(&marks);
+        assert_eq!(p.source, Some(PhaseSource::Engine));
+        assert_eq!(p.queue, Some((ms(0), ms(100))));
+        assert_eq!(p.prefill, Some((ms(100), ms(303))));
+        assert_eq!(p.decode, Some((ms(303), ms(760))));
+        assert_eq!(p.time_to_first_token, Some(ms(303)));
+        // Without a chunk it ended before any output: prefill to the end, as before.
+        let p = Phases::compute(&Marks {
+            first_chunk: None,
+            last_chunk: None,
+            ..marks
+        });
+        assert_eq!(p.prefill, Some((ms(100), ms(765))));
+        assert_eq!(p.time_to_first_token, None);
     }
 
     #[test]

@@ -432,6 +432,7 @@ impl RequestRecord {
                 admitted: self.admitted.map(|t| self.offset(t)),
                 never_admitted: self.waited && self.admitted.is_none(),
                 responded: self.http_status.is_some(),
+                failed: outcome == infer::outcome::ERROR || outcome == infer::outcome::REJECTED,
                 first_chunk,
                 last_chunk,
                 streamed,

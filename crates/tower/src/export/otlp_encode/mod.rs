@@ -16,7 +16,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::RandomIdGenerator;
 
 pub(crate) use request::RequestEncoder;
-pub(crate) use transport::{EncodingClient, Staged};
+pub(crate) use transport::{EncodingClient, Staged, blocking_client};
 
 use crate::export::batch::RequestExport;
 use crate::export::span_data::DirectSpan;

@@ -53,22 +53,30 @@ pub(crate) struct EncodingClient {
     staged: Staged,
 }
 
+/// The client opentelemetry-otlp builds itself with only its `reqwest-blocking-client`
+/// feature (blocking reqwest, `timeout`). Given to every HTTP exporter explicitly: when an
+/// application's own dependencies turn on opentelemetry-otlp's `reqwest-client` or
+/// `hyper-client` too, the exporter would otherwise pick that async client, which panics on the
+/// export threads (no Tokio runtime there). Built on a thread of its own, as opentelemetry-otlp
+/// does: the blocking client cannot be built inside an async runtime.
+pub(crate) fn blocking_client(timeout: std::time::Duration) -> Option<reqwest::blocking::Client> {
+    std::thread::Builder::new()
+        .name("infertrace-http-client".into())
+        .spawn(move || {
+            reqwest::blocking::Client::builder()
+                .timeout(timeout)
+                .build()
+        })
+        .ok()?
+        .join()
+        .ok()?
+        .ok()
+}
+
 impl EncodingClient {
-    /// A client like the one opentelemetry-otlp builds itself (blocking reqwest, `timeout`),
-    /// sending what `staged` holds. Built on a thread of its own, as opentelemetry-otlp does:
-    /// the blocking client cannot be built inside an async runtime.
+    /// A [`blocking_client`] sending what `staged` holds.
     pub(crate) fn new(timeout: std::time::Duration, staged: Staged) -> Option<Self> {
-        let inner = std::thread::Builder::new()
-            .name("infertrace-http-client".into())
-            .spawn(move || {
-                reqwest::blocking::Client::builder()
-                    .timeout(timeout)
-                    .build()
-            })
-            .ok()?
-            .join()
-            .ok()?
-            .ok()?;
+        let inner = blocking_client(timeout)?;
         Some(Self { inner, staged })
     }
 }
