@@ -12,18 +12,11 @@ use std::io::Read as _;
 use std::time::Duration;
 
 use infertrace_tower::otlp::{self, OtlpConfig};
-use support_otlp::{contains, one_traced_request, receiver};
+use support_otlp::{alone_with_env, contains, one_traced_request, receiver};
 
 #[test]
 fn http_export_with_the_async_client_built_and_gzip_reaches_the_receiver() {
-    // SAFETY: the only test of this process, before its runtime starts a thread.
-    unsafe { std::env::set_var("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip") };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    alone_with_env(("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"), async {
         let (addr, received) = receiver().await;
         let providers = otlp::init(
             OtlpConfig::http(format!("http://{addr}"))

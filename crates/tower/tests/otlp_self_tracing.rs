@@ -10,20 +10,13 @@ use std::time::Duration;
 
 use infertrace_tower::otlp::{self, OtlpConfig};
 use opentelemetry::trace::TracerProvider as _;
-use support_otlp::{contains, one_traced_request, receiver};
+use support_otlp::{alone_with_env, contains, one_traced_request, receiver};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::prelude::*;
 
 #[test]
 fn the_readme_subscriber_exports_no_span_of_the_exporters_transport() {
-    // SAFETY: the only test of this process, before its runtime starts a thread.
-    unsafe { std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "100") };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    alone_with_env(("OTEL_BSP_SCHEDULE_DELAY", "100"), async {
         let (addr, received) = receiver().await;
         let providers = otlp::init(
             OtlpConfig::grpc(format!("http://{addr}"))

@@ -109,3 +109,19 @@ pub async fn one_traced_request(providers: &otlp::OtlpProviders) {
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
+
+/// Runs `test` on a Tokio runtime after setting the environment variable `var` (name, value):
+/// for a test that is the only one of its process (its own file), so that no other thread
+/// reads the environment meanwhile.
+#[allow(dead_code)] // not every test file that shares this module calls it
+pub fn alone_with_env(var: (&str, &str), test: impl std::future::Future<Output = ()>) {
+    // SAFETY: called first by the only test of its process, before the runtime (or anything
+    // else of the test) starts a thread.
+    unsafe { std::env::set_var(var.0, var.1) };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+        .block_on(test);
+}
