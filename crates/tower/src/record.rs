@@ -26,7 +26,7 @@ use crate::gaps::GapHistogram;
 use crate::grpc::{self, MessageCounter};
 use crate::metrics::{MetricKey, RequestMeasurements};
 use crate::phases::{Marks, Phases};
-use crate::recorder::RequestRecorder;
+use crate::recorder::{RecorderMarks, RequestRecorder};
 use crate::request_facts::{ArrivalHeaders, RequestFacts, RequestHead, StartAttributes};
 use crate::tick_clock::{self, TickSpan};
 
@@ -439,26 +439,7 @@ impl RequestRecord {
                 end: end_offset,
             })
         };
-        let dur = |i: Option<(Duration, Duration)>| i.map(|(s, e)| secs(e.saturating_sub(s)));
-        // TPOT = decode / (output tokens − 1). Without engine usage, derived mode uses the
-        // number of chunks as the token count (one token per SSE event / gRPC message).
-        let token_count = marks
-            .output_tokens
-            .or((phases.source == Some(PhaseSource::Derived) && streamed).then_some(self.chunks));
-        let tpot = match (phases.decode, token_count) {
-            (Some((s, e)), Some(n)) if n >= 2 => Some(secs(e.saturating_sub(s)) / (n - 1) as f64),
-            _ => None,
-        };
-        let measurements = RequestMeasurements {
-            e2e: secs(end_offset),
-            ttft: phases.time_to_first_token.map(secs),
-            tpot,
-            queue: dur(phases.queue),
-            prefill: dur(phases.prefill),
-            decode: dur(phases.decode),
-            input_tokens: marks.input_tokens,
-            output_tokens: marks.output_tokens,
-        };
+        let measurements = self.measurements(&phases, &marks, streamed, end_offset);
 
         let request_model: Option<StringValue> = strings
             .request_model
@@ -506,10 +487,10 @@ impl RequestRecord {
                     inference: match (measurements.prefill, measurements.decode) {
                         (Some(p), Some(d)) => Some(p + d),
                         (Some(p), None) => Some(p),
-                        _ => dur(phases.inference),
+                        _ => phases.inference.map(duration_secs),
                     },
                     e2e: measurements.e2e,
-                    tpot,
+                    tpot: measurements.tpot,
                     time_to_first_chunk: first_chunk.map(secs),
                     gaps,
                     chunks: self.chunks,
@@ -552,6 +533,40 @@ impl RequestRecord {
         // Free the admission slot only now: the engine is busy until the stream ends.
         self.permit = None;
     }
+
+    /// What the request span and the metrics report of `phases`: their durations, TTFT, and
+    /// TPOT = decode / (output tokens − 1). Without engine usage, derived mode counts a stream's
+    /// chunks as its tokens (one token per SSE event / gRPC message).
+    fn measurements(
+        &self,
+        phases: &Phases,
+        marks: &RecorderMarks,
+        streamed: bool,
+        end: Duration,
+    ) -> RequestMeasurements {
+        let token_count = marks
+            .output_tokens
+            .or((phases.source == Some(PhaseSource::Derived) && streamed).then_some(self.chunks));
+        let tpot = match (phases.decode, token_count) {
+            (Some(decode), Some(n)) if n >= 2 => Some(duration_secs(decode) / (n - 1) as f64),
+            _ => None,
+        };
+        RequestMeasurements {
+            e2e: secs(end),
+            ttft: phases.time_to_first_token.map(secs),
+            tpot,
+            queue: phases.queue.map(duration_secs),
+            prefill: phases.prefill.map(duration_secs),
+            decode: phases.decode.map(duration_secs),
+            input_tokens: marks.input_tokens,
+            output_tokens: marks.output_tokens,
+        }
+    }
+}
+
+/// The length of a phase `(start, end)`, seconds.
+fn duration_secs((start, end): (Duration, Duration)) -> f64 {
+    secs(end.saturating_sub(start))
 }
 
 impl Drop for RequestRecord {
