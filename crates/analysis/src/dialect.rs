@@ -66,7 +66,7 @@ mod trace_view;
 #[cfg(test)]
 mod test_spans;
 
-pub use completion::{completes_trace, may_be_own_request};
+pub use completion::{completes_trace, may_be_late_request, may_be_own_request};
 pub use detection::detect;
 pub use extract::{RecordSink, extract_requests, extract_requests_detected, extract_requests_into};
 pub use tgi::parse_duration;

@@ -18,15 +18,22 @@ pub fn completes_trace(span: &Span) -> bool {
 }
 
 /// Whether a span that [`completes_trace`], arriving after its trace was completed with a
-/// request, may be a request of its own rather than a part of a request counted already (an
-/// SGLang role span, a disaggregated worker's). It may be: an infertrace, vLLM or TGI request
-/// span (an agent's next call in the trace), and a generic server span (a gateway in front of
-/// the engine whose exporter sent after the grace period, a request of the gateway's service;
-/// or the engine's own framework span, the same request as the engine's). The collector
-/// re-opens the trace and, with its earlier part, counts only what that part did not.
+/// request, may be a request of its own (an agent's next call in the trace: an infertrace,
+/// vLLM or TGI request span, counted per service as on time) rather than a part of a request
+/// counted already (an SGLang role span, a generic server span, a disaggregated worker's).
 pub fn may_be_own_request(span: &Span) -> bool {
     matches!(
         detect(span),
-        Some(Dialect::Infertrace | Dialect::Vllm | Dialect::Tgi | Dialect::Generic)
+        Some(Dialect::Infertrace | Dialect::Vllm | Dialect::Tgi)
     ) && !is_worker_below(span)
+}
+
+/// Whether a late span of a completed trace may stand for a request the trace's analysis did
+/// not count: a generic server span, such as a gateway's in front of the engine whose exporter
+/// sent after the grace period (a request of the gateway's service), or the engine's own
+/// framework span (the engine's request, counted already). Unlike [`may_be_own_request`], it
+/// does not re-open the trace: the collector analyses its stored trace with it, counts only a
+/// request not counted, and the span stays a late span (it teaches the grace period).
+pub fn may_be_late_request(span: &Span) -> bool {
+    detect(span) == Some(Dialect::Generic)
 }

@@ -38,13 +38,13 @@
 //! part did not:
 //! - any request span when the earlier part was closed *without* one (idle or max age);
 //! - a request span that may be a request of its own (`is_new_request`, the pipeline passes
-//!   `dialect::may_be_own_request`: an infertrace, vLLM or TGI request span or a generic
-//!   server span — an agent's next LLM call in the same trace, or a service whose exporter
-//!   sent after the grace period, a gateway's included, counted per service as it would have
-//!   been on time), unlike the parts of a request counted already (a disaggregated worker's
-//!   span, an SGLang role span). The pipeline counts only the requests the earlier part did
-//!   not: an engine's framework span around its counted request re-opens the trace and adds
-//!   none.
+//!   `dialect::may_be_own_request`: an infertrace,
+//!   vLLM or TGI request span — an agent's next LLM call in the same trace, or a service whose
+//!   exporter sent after the grace period, counted per service as it would have been on time),
+//!   unlike the parts of a request counted already (a disaggregated worker's span, an SGLang
+//!   role span, a generic server span around an engine's request). A late generic server span
+//!   (a gateway's) stays late; the pipeline counts a request it stands for that its stored
+//!   trace did not (`dialect::may_be_late_request`).
 //!
 //! A span sent twice within one trace is counted once (duplicates are dropped at completion);
 //! one re-sent after its trace completed is not counted again by the pipeline.

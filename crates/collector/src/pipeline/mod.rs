@@ -878,6 +878,10 @@ impl Pipeline {
                 });
             }
         }
+        let (late_requests, late_overflowed) =
+            self.record_late_requests(&mut a, &late, now_unix_nano);
+        stats.requests += late_requests;
+        overflowed += late_overflowed;
         (stats.late_merged, stats.grace_changed) =
             self.merge_late_and_learn(&mut a, late, longest_wait, now);
         self.hold_analysis_memory(&mut a, now);
@@ -891,6 +895,65 @@ impl Pipeline {
         self.requests_recorded
             .fetch_add(stats.requests as u64, Ordering::Relaxed);
         stats
+    }
+
+    /// Records the requests that `late` spans stand for and their stored traces did not count:
+    /// a generic server span exported after its trace completed (a gateway's, whose exporter
+    /// waits longer than the grace period) is analysed with the stored trace it joins, as a
+    /// re-opened trace's new part is ([`analyse_reopened`]), and the stored trace keeps what
+    /// it recorded, so that a resend counts nothing. A trace no longer stored counts nothing:
+    /// its late spans stay late spans. Returns the requests recorded and those of them that
+    /// went to the overflow series.
+    fn record_late_requests(
+        &self,
+        a: &mut Analysis,
+        late: &[Span],
+        now_unix_nano: u64,
+    ) -> (usize, u64) {
+        let mut traces: Vec<TraceId> = late
+            .iter()
+            .filter(|s| dialect::may_be_late_request(s))
+            .map(|s| s.trace_id)
+            .collect();
+        traces.sort_unstable();
+        traces.dedup();
+        let (mut recorded, mut overflowed) = (0, 0);
+        for id in traces {
+            let Some(stored) = a.recent.get(&id) else {
+                continue;
+            };
+            let mut part: Vec<Span> = late.iter().filter(|s| s.trace_id == id).cloned().collect();
+            let fresh = analyse_reopened(
+                Some(stored),
+                &mut part,
+                true,
+                &self.cp_options,
+                &self.events,
+            );
+            for (record, path) in fresh.records.iter().zip(&fresh.paths) {
+                match self.record_request(a, record, path.as_ref(), now_unix_nano) {
+                    Recorded::Implausible => {}
+                    Recorded::InOverflow => {
+                        recorded += 1;
+                        overflowed += 1;
+                    }
+                    Recorded::InItsSeries => recorded += 1,
+                }
+            }
+            let Analysed { records, paths } = fresh;
+            a.recent.add_requests(
+                &id,
+                records
+                    .into_iter()
+                    .zip(paths)
+                    .map(|(record, critical_path)| StoredRequest {
+                        record,
+                        critical_path,
+                    })
+                    .collect(),
+            );
+        }
+        (recorded, overflowed)
     }
 
     /// Merges `late` spans into their stored traces, and learns the grace period from how

@@ -157,8 +157,8 @@ impl RecentTraces {
 
     /// Merges late spans, handed out at `now`, into their stored trace and recomputes its
     /// critical paths; returns how many were merged (the rest belong to traces no longer
-    /// held). For each merged span the trace did not hold yet (one it holds is an exporter's
-    /// retry, not a late part), `need` gets the wait from the trace's grace start to now.
+    /// held, or are held already: an exporter's retry, not a late part). For each merged span
+    /// `need` gets the wait from the trace's grace start to now.
     pub fn merge_late(
         &mut self,
         late: Vec<Span>,
@@ -178,9 +178,11 @@ impl RecentTraces {
                 let ids = held
                     .entry(span.trace_id)
                     .or_insert_with(|| t.spans.iter().map(|s| s.span_id).collect());
-                if let Some(from) = t.grace_from
-                    && ids.insert(span.span_id)
-                {
+                if !ids.insert(span.span_id) {
+                    // Held already: an exporter's retry, not a late part.
+                    continue;
+                }
+                if let Some(from) = t.grace_from {
                     need(now.saturating_duration_since(from));
                 }
                 self.bytes += span_footprint(&span);
@@ -201,6 +203,18 @@ impl RecentTraces {
         self.spans += merged;
         self.evict();
         merged
+    }
+
+    /// Adds `requests` to the stored trace `id` (counted since it was stored: a late part's).
+    pub fn add_requests(&mut self, id: &TraceId, requests: Vec<StoredRequest>) {
+        if requests.is_empty() {
+            return;
+        }
+        if let Some(t) = self.traces.get_mut(id) {
+            self.bytes = self.bytes.saturating_sub(requests_footprint(&t.requests));
+            t.requests.extend(requests);
+            self.bytes += requests_footprint(&t.requests);
+        }
     }
 
     /// Every stored trace, oldest first.
@@ -394,8 +408,9 @@ mod tests {
         let t = r.get(&TraceId([1; 16])).unwrap();
         assert_eq!(t.spans.len(), 2);
         assert_eq!(t.late_spans, 1);
-        // The same span again (a retry) is merged, but says nothing of the wait needed; a
-        // re-opened part merged in moves the trace's grace start to its own.
+        // The same span again (a retry) is not merged a second time (the stored trace would
+        // show it twice), and says nothing of the wait needed; a re-opened part merged in
+        // moves the trace's grace start to its own.
         let mut needs = Vec::new();
         let n = r.merge_late(
             vec![span(1, 9), span(1, 9)],
@@ -403,7 +418,8 @@ mod tests {
             t0 + Duration::from_secs(8),
             &mut |need| needs.push(need),
         );
-        assert_eq!((n, needs), (2, vec![]));
+        assert_eq!((n, needs), (0, vec![]));
+        assert_eq!(r.get(&TraceId([1; 16])).unwrap().spans.len(), 2);
         r.insert(StoredTrace {
             grace_from: Some(t0 + Duration::from_secs(9)),
             ..trace(1, 0)
