@@ -26,6 +26,13 @@ pub(crate) fn status_code(value: &HeaderValue) -> i32 {
         .unwrap_or(2)
 }
 
+/// Whether a gRPC status says the client's request was wrong or not allowed (INVALID_ARGUMENT,
+/// NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, FAILED_PRECONDITION, OUT_OF_RANGE,
+/// UNAUTHENTICATED): gRPC's 4xx.
+pub(crate) fn is_client_error(code: i32) -> bool {
+    matches!(code, 3 | 5 | 6 | 7 | 9 | 11 | 16)
+}
+
 /// The canonical name of a gRPC status code (used as `error.type`).
 pub(crate) fn status_name(code: i32) -> &'static str {
     match code {

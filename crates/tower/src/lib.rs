@@ -20,7 +20,7 @@
 //! # Cargo features
 //!
 //! All three are on by default. A server that needs fewer turns the defaults off
-//! (`infertrace-tower = { version = "0.1", default-features = false, features = ["otlp"] }`);
+//! (`infertrace-tower = { git = "…", default-features = false, features = ["otlp"] }`, or `path`);
 //! the layer itself, [`RequestRecorder`], the metrics, the admission queue, propagation and
 //! [`SharedSpanProcessor`] are always there.
 //!

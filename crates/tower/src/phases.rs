@@ -24,8 +24,13 @@ pub(crate) struct Marks {
     pub(crate) never_admitted: bool,
     /// A response head went out (a request that ended before it never reached its response).
     pub(crate) responded: bool,
-    /// Its outcome is `error` or `rejected`.
-    pub(crate) failed: bool,
+    /// Answered with a client error or a refusal (a handler's own 400 or 429): the engine most
+    /// likely never worked on it.
+    pub(crate) refused: bool,
+    /// Its outcome is `ok`.
+    pub(crate) ok: bool,
+    /// Its operation is all prefill (`embeddings`): a unary answer ends its prefill.
+    pub(crate) prefill_only: bool,
     /// Body: first non-empty data frame.
     pub(crate) first_chunk: Option<Duration>,
     /// Body: last non-empty data frame.
@@ -69,15 +74,14 @@ impl Phases {
             };
         }
         let engine_marked = m.scheduled.is_some() || m.first_token.is_some();
-        if m.source == Some(PhaseSource::Engine) {
-            if engine_marked {
-                return Self::from_engine(m, end);
-            }
-            // Failed or refused with no mark (a handler's own 400 or 429): the engine most
-            // likely never saw it, and its time was no inference.
-            if m.failed || ((m.streamed || !m.responded) && m.first_chunk.is_none()) {
-                return Self::unscheduled(m, end);
-            }
+        let engine = m.source == Some(PhaseSource::Engine);
+        if engine && engine_marked {
+            return Self::from_engine(m, end);
+        }
+        // Refused with no engine mark (a handler's own 400 or 429): the engine most likely
+        // never saw it, and its time was no inference.
+        if m.refused || (engine && (m.streamed || !m.responded) && m.first_chunk.is_none()) {
+            return Self::unscheduled(m, end);
         }
         Self::derived(m, end)
     }
@@ -125,7 +129,13 @@ impl Phases {
                 let last = clamp(last_token.unwrap_or(first), first, end);
                 p.decode = Some((first, last));
             }
-            // Ended (error, cancel) before the first token: the time went to prefill.
+            // A unary answer to a generation, no token marked: when its first token came is
+            // not known, so prefill and decode are not told apart (as in derived mode).
+            None if m.ok && !m.streamed && !m.prefill_only => {
+                p.inference = Some((prefill_start, end));
+            }
+            // Ended (error, cancel) before the first token, or all prefill (embeddings): the
+            // time went to prefill.
             None => p.prefill = Some((prefill_start, end)),
         }
         p
@@ -173,7 +183,7 @@ mod tests {
         let marks = Marks {
             source: Some(PhaseSource::Engine),
             responded: true,
-            failed: true,
+            refused: true,
             first_chunk: Some(ms(40)),
             last_chunk: Some(ms(40)),
             end: ms(41),
@@ -188,10 +198,48 @@ mod tests {
         assert_eq!((p.inference, p.prefill), (None, None));
         // The same answer succeeding keeps the derived split it always had.
         let p = Phases::compute(&Marks {
-            failed: false,
+            refused: false,
             ..marks
         });
         assert_eq!(p.inference, Some((ms(0), ms(41))));
+        // In derived mode too.
+        let derived = Marks {
+            source: Some(PhaseSource::Derived),
+            ..marks
+        };
+        assert_eq!(Phases::compute(&derived), Phases::default());
+    }
+
+    /// A unary answer marked `scheduled` but no token: its generation is not called prefill
+    /// (a review: a 300 ms generation read as all prefill) but `inference` from the schedule;
+    /// an embedding's is all prefill, and a failure before any token keeps its prefill.
+    #[test]
+    fn a_unary_answer_without_token_marks_is_inference_from_its_schedule() {
+        let marks = Marks {
+            source: Some(PhaseSource::Engine),
+            scheduled: Some(ms(100)),
+            responded: true,
+            ok: true,
+            first_chunk: Some(ms(403)),
+            last_chunk: Some(ms(403)),
+            end: ms(404),
+            ..Marks::default()
+        };
+        let p = Phases::compute(&marks);
+        assert_eq!(p.source, Some(PhaseSource::Engine));
+        assert_eq!(p.queue, Some((ms(0), ms(100))));
+        assert_eq!(p.inference, Some((ms(100), ms(404))));
+        assert_eq!(
+            (p.prefill, p.decode, p.time_to_first_token),
+            (None, None, None)
+        );
+        let p = Phases::compute(&Marks {
+            prefill_only: true,
+            ..marks
+        });
+        assert_eq!((p.prefill, p.inference), (Some((ms(100), ms(404))), None));
+        let p = Phases::compute(&Marks { ok: false, ..marks });
+        assert_eq!((p.prefill, p.inference), (Some((ms(100), ms(404))), None));
     }
 
     /// An engine that marks only `scheduled` on a stream: prefill ends at the first chunk, not

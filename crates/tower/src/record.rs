@@ -15,7 +15,7 @@ use opentelemetry::trace::TraceContextExt;
 use opentelemetry::{Context, KeyValue, StringValue};
 use tokio::sync::OwnedSemaphorePermit;
 
-use infertrace_semconv::infer;
+use infertrace_semconv::{gen_ai, infer};
 
 use crate::config::{PhaseSource, Shared};
 use crate::counters::RequestEnergy;
@@ -366,6 +366,18 @@ impl RequestRecord {
         (outcome, error_type)
     }
 
+    /// Whether the request was answered with a client error or a refusal (an HTTP 4xx but a
+    /// client's 499, a gRPC client-error status, a rejection): the engine most likely never
+    /// worked on it. A server error (5xx, INTERNAL, DEADLINE_EXCEEDED) may have cost the engine
+    /// its time.
+    fn refused(&self, outcome: &str) -> bool {
+        outcome == infer::outcome::REJECTED
+            || (outcome == infer::outcome::ERROR
+                && (self.grpc_status.is_some_and(grpc::is_client_error)
+                    || (!self.facts.grpc
+                        && self.http_status.is_some_and(|s| (400..500).contains(&s)))))
+    }
+
     /// The status the span reports: gRPC's code, or where none went out CANCELLED for a client
     /// that cancelled (as gRPC servers report it) and OK for a response with headers only; else
     /// the HTTP status.
@@ -432,7 +444,9 @@ impl RequestRecord {
                 admitted: self.admitted.map(|t| self.offset(t)),
                 never_admitted: self.waited && self.admitted.is_none(),
                 responded: self.http_status.is_some(),
-                failed: outcome == infer::outcome::ERROR || outcome == infer::outcome::REJECTED,
+                refused: self.refused(outcome),
+                ok: outcome == infer::outcome::OK,
+                prefill_only: self.facts.operation == gen_ai::operation::EMBEDDINGS,
                 first_chunk,
                 last_chunk,
                 streamed,
@@ -535,8 +549,9 @@ impl RequestRecord {
     }
 
     /// What the request span and the metrics report of `phases`: their durations, TTFT, and
-    /// TPOT = decode / (output tokens − 1). Without engine usage, derived mode counts a stream's
-    /// chunks as its tokens (one token per SSE event / gRPC message).
+    /// TPOT = decode / (output tokens − 1). Without engine usage, a stream whose decode came
+    /// from its chunks (derived mode, or an engine that marked no token) counts its chunks as its
+    /// tokens (one token per SSE event / gRPC message).
     fn measurements(
         &self,
         phases: &Phases,
@@ -544,9 +559,11 @@ impl RequestRecord {
         streamed: bool,
         end: Duration,
     ) -> RequestMeasurements {
+        let chunks_are_tokens = streamed
+            && (phases.source == Some(PhaseSource::Derived) || marks.first_token.is_none());
         let token_count = marks
             .output_tokens
-            .or((phases.source == Some(PhaseSource::Derived) && streamed).then_some(self.chunks));
+            .or(chunks_are_tokens.then_some(self.chunks));
         let tpot = match (phases.decode, token_count) {
             (Some(decode), Some(n)) if n >= 2 => Some(duration_secs(decode) / (n - 1) as f64),
             _ => None,

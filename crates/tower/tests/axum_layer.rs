@@ -1075,6 +1075,48 @@ async fn sse_keep_alives_and_done_are_not_chunks() {
     assert!((0.009..0.095).contains(&itl_max), "{itl_max}");
 }
 
+/// An engine that marks `scheduled()` but never `tokens()` on a stream: its chunks stand for
+/// its tokens — TTFT at the first, decode to the last, TPOT = decode ÷ (chunks − 1) — rather
+/// than the whole response being prefill with no TPOT (a review's finding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_marked_scheduled_only_is_split_by_its_chunks() {
+    async fn handler(rec: RequestRecorder) -> Response {
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            rec.scheduled();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for _ in 0..5 {
+                let _ = tx.send(Bytes::from_static(b"data: t\n\n")).await;
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        });
+        sse(rx)
+    }
+    let tel = Telemetry::new();
+    let addr = serve_axum(
+        Router::new()
+            .route("/v1/chat/completions", post(handler))
+            .layer(tel.layer()),
+    )
+    .await;
+    assert_eq!(
+        send(addr, "/v1/chat/completions", &[], "{}").await.0,
+        StatusCode::OK
+    );
+    let spans = tel.wait_for_requests(1).await;
+    let req = requests(&spans)[0];
+    assert_eq!(attr_str(req, "infer.phase.source"), "engine");
+    let prefill = secs(child(&spans, req, "prefill").expect("a prefill span"));
+    let decode = secs(child(&spans, req, "decode").expect("a decode span"));
+    assert!((0.095..0.5).contains(&prefill), "prefill {prefill}");
+    assert!(decode >= 0.155, "four 40 ms gaps: {decode}");
+    let ttft = attr_f64(req, "gen_ai.latency.time_to_first_token");
+    assert!(ttft >= 0.145 && ttft <= attr_f64(req, "infer.time_to_first_chunk") + 1e-9);
+    let tpot = attr_f64(req, "infer.time_per_output_token");
+    assert!((tpot - decode / 4.0).abs() < 1e-6, "{tpot} vs {decode} / 4");
+}
+
 /// A client gone while its request waits in the layer's admission queue: the wait is the
 /// `queue` phase, nothing else (a review saw it called `inference`); one gone while the engine
 /// has not yet scheduled it nor answered gets no made-up phase, and no `gen_ai.request.stream`
