@@ -49,7 +49,7 @@ mod rules;
 
 pub use config::DiagnosisConfig;
 pub use disagg::KV_LINK_SPEEDUP;
-pub use finding::{Evidence, Finding, Severity, Undiagnosed};
+pub use finding::{Evidence, Finding, Severity, Undiagnosed, format_rate};
 pub use rules::{
     WindowDiagnosis, decode_concurrency, diagnose, diagnose_snapshot, diagnose_window,
     gpu_utilization_mean, undiagnosed,

@@ -124,11 +124,41 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                     inputs.spans.extend(decoded.spans);
                     continue;
                 }
-                let line = match serde_json::from_slice::<Value>(line) {
-                    Ok(doc) => otlp_body(line, doc),
-                    Err(_) => Cow::Borrowed(line),
+                let doc = serde_json::from_slice::<Value>(line).ok();
+                if let Some(doc) = doc.as_ref().filter(|d| looks_like_jaeger(d)) {
+                    // A Jaeger trace per line (its API streamed, or files joined).
+                    match spans_from_jaeger(doc) {
+                        Ok((spans, problems)) => {
+                            lines_ok += 1;
+                            inputs.spans.extend(spans);
+                            line_problems.extend(
+                                problems
+                                    .into_iter()
+                                    .map(|p| format!("{name}:{}: {p}", i + 1)),
+                            );
+                        }
+                        Err(e) => line_problems.push(format!("{name}:{}: {e:#}", i + 1)),
+                    }
+                    continue;
+                }
+                let line = match doc {
+                    Some(doc) => otlp_body(line, doc),
+                    None => Cow::Borrowed(line),
                 };
                 match decode_json(&line) {
+                    Ok(decoded)
+                        if decoded.spans.is_empty()
+                            && decoded.rejected == 0
+                            && !line.windows(14).any(|w| w == b"\"resourceSpans") =>
+                    {
+                        // JSON, but neither an export request nor a trace this reads: said,
+                        // not passed over as an empty line.
+                        line_problems.push(format!(
+                            "{name}:{}: JSON without a span: not an OTLP/JSON export request or \
+                             a Jaeger trace",
+                            i + 1
+                        ));
+                    }
                     Ok(decoded) => {
                         lines_ok += 1;
                         if decoded.rejected > 0 {

@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+use infertrace_analysis::diagnosis::format_rate;
 use infertrace_analysis::kpi::OVERFLOW_LABEL;
 use serde_json::Value;
 
@@ -44,14 +45,7 @@ fn pct(v: Option<f64>) -> String {
 /// A rate to three significant digits (`1234`, `56.7`, `1.23`, `0.0183`): a quiet model's
 /// 0.2 tokens a second reads as such, not as `0`.
 fn rate(v: Option<f64>) -> String {
-    v.filter(|x| x.is_finite()).map_or("-".into(), |x| {
-        let magnitude = x.abs();
-        if magnitude == 0.0 || magnitude >= 100.0 {
-            return format!("{x:.0}");
-        }
-        let decimals = (2 - magnitude.log10().floor() as i32).clamp(0, 12) as usize;
-        format!("{x:.decimals$}")
-    })
+    v.filter(|x| x.is_finite()).map_or("-".into(), format_rate)
 }
 
 fn num(v: Option<f64>, decimals: usize) -> String {
@@ -443,10 +437,15 @@ fn render_findings(report: &Value, series: &[Value], out: &mut String) {
             .iter()
             .take(UNDIAGNOSED_ROWS)
             .map(|q| {
+                // The operation too, where series are split by it (chat and text_completion
+                // of one model are two series).
+                let operation = q.get("operation").and_then(Value::as_str).unwrap_or("");
                 format!(
-                    "{}/{} ({})",
+                    "{}/{}{}{} ({})",
                     text(q, "service"),
                     text(q, "model"),
+                    if operation.is_empty() { "" } else { " " },
+                    terminal_safe(operation),
                     num(f(q, &["requests"]), 0)
                 )
             })
@@ -484,7 +483,7 @@ fn render_findings(report: &Value, series: &[Value], out: &mut String) {
                         "ratio" => pct(v),
                         "1/s" => v
                             .filter(|x| x.is_finite())
-                            .map_or("-".into(), |x| format!("{x:.3}/s")),
+                            .map_or("-".into(), |x| format!("{}/s", format_rate(x))),
                         _ => num(v, 3),
                     };
                     let th = f(e, &["threshold"])
@@ -684,7 +683,7 @@ mod tests {
         assert!(!text.contains("No problems found"), "{text}");
         assert!(
             text.contains(
-                "Not diagnosed (fewer than 20 requests in the window, too few to judge): svc/a (19)"
+                "Not diagnosed (fewer than 20 requests in the window, too few to judge): svc/a chat (19)"
             ),
             "{text}"
         );
@@ -693,7 +692,7 @@ mod tests {
             text.contains("No problems found in the series with enough requests"),
             "{text}"
         );
-        assert!(text.contains("svc/a (19)"), "{text}");
+        assert!(text.contains("svc/a chat (19)"), "{text}");
         let text = report_table(&report(&[("b", 20)], serde_json::json!([])));
         assert!(
             text.contains("No problems found: every rule is within its threshold."),

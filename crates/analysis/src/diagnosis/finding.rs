@@ -99,6 +99,17 @@ pub(super) fn secs(v: f64) -> String {
     }
 }
 
+/// A rate to three significant digits (`1234`, `56.7`, `1.23`, `0.0183`): a quiet model's
+/// 0.2 requests a second reads as such, not as `0.00`. Reports format their rates with it too.
+pub fn format_rate(v: f64) -> String {
+    let magnitude = v.abs();
+    if !v.is_finite() || magnitude == 0.0 || magnitude >= 100.0 {
+        return format!("{v:.0}");
+    }
+    let decimals = (2 - magnitude.log10().floor() as i32).clamp(0, 12) as usize;
+    format!("{v:.decimals$}")
+}
+
 /// A ratio as a percentage: `42%`, `0.5%`.
 pub(super) fn pct(v: f64) -> String {
     let p = v * 100.0;

@@ -9,7 +9,7 @@ use infertrace_semconv as sc;
 
 use super::config::DiagnosisConfig;
 use super::diagnoser::Diagnoser;
-use super::finding::{Finding, Severity, Undiagnosed, ev, pct, pcts_apart, secs};
+use super::finding::{Finding, Severity, Undiagnosed, ev, format_rate, pct, pcts_apart, secs};
 use crate::critical_path::CriticalPathSummary;
 use crate::kpi::{KpiSnapshot, SeriesKpis};
 
@@ -584,8 +584,8 @@ impl Diagnoser<'_> {
             "goodput-below-target",
             Severity::Warning,
             format!(
-                "Only {good} of requests met their SLOs (target {target}; {:.2} good requests/s)",
-                self.s.goodput.requests_per_second
+                "Only {good} of requests met their SLOs (target {target}; {} good requests/s)",
+                format_rate(self.s.goodput.requests_per_second)
             ),
             vec![
                 ev("goodput.ratio", g, Some(self.c.goodput_min), "ratio"),
@@ -614,8 +614,10 @@ impl Diagnoser<'_> {
             "throughput-below-floor",
             Severity::Warning,
             format!(
-                "Throughput is {rps:.2} requests/s, below the floor of {floor:.2} ({:.0} output tokens/s)",
-                self.s.throughput.output_tokens_per_second
+                "Throughput is {} requests/s, below the floor of {} ({} output tokens/s)",
+                format_rate(rps),
+                format_rate(floor),
+                format_rate(self.s.throughput.output_tokens_per_second)
             ),
             vec![
                 ev("throughput.requests_per_second", rps, Some(floor), "1/s"),
