@@ -127,8 +127,10 @@ fn analyse_reopened(
     all.extend_from_slice(spans);
     let together = Analysed::of(&all, opts);
     let counted = |id: &SpanId| stored.requests.iter().any(|r| r.record.span_id == *id);
-    // A counted request whose span no longer stands for one was taken into a new one.
-    let mut taken_in = stored
+    // A counted request whose span no longer stands for one was taken into a new one: of its
+    // service where there is one (an engine's span beside the framework span counted before),
+    // else the first.
+    let taken_in: Vec<&str> = stored
         .requests
         .iter()
         .filter(|r| {
@@ -137,17 +139,30 @@ fn analyse_reopened(
                 .iter()
                 .any(|t| t.span_id == r.record.span_id)
         })
-        .count();
+        .map(|r| r.record.service.as_str())
+        .collect();
+    let mut fresh: Vec<(RequestRecord, Option<CriticalPath>)> = together
+        .records
+        .into_iter()
+        .zip(together.paths)
+        .filter(|(record, _)| {
+            spans.iter().any(|s| s.span_id == record.span_id) && !counted(&record.span_id)
+        })
+        .collect();
+    let mut unmatched = 0;
+    for service in taken_in {
+        match fresh
+            .iter()
+            .position(|(r, _)| r.service.as_str() == service)
+        {
+            Some(i) => {
+                fresh.remove(i);
+            }
+            None => unmatched += 1,
+        }
+    }
     let mut out = Analysed::default();
-    for (record, path) in together.records.into_iter().zip(together.paths) {
-        let new = spans.iter().any(|s| s.span_id == record.span_id);
-        if !new || counted(&record.span_id) {
-            continue;
-        }
-        if taken_in > 0 {
-            taken_in -= 1;
-            continue;
-        }
+    for (record, path) in fresh.into_iter().skip(unmatched) {
         out.records.push(record);
         out.paths.push(path);
     }
@@ -922,7 +937,13 @@ impl Pipeline {
             let Some(stored) = a.recent.get(&id) else {
                 continue;
             };
-            let mut part: Vec<Span> = late.iter().filter(|s| s.trace_id == id).cloned().collect();
+            // Each span once: one sent twice within a tick is in `late` twice.
+            let mut seen = std::collections::HashSet::new();
+            let mut part: Vec<Span> = late
+                .iter()
+                .filter(|s| s.trace_id == id && seen.insert(s.span_id))
+                .cloned()
+                .collect();
             let fresh = analyse_reopened(
                 Some(stored),
                 &mut part,

@@ -681,9 +681,21 @@ fn a_late_gateway_span_counts_its_request_once() {
     let stats = p.tick_at(t0 + secs(6.1), unix_nanos_now());
     assert_eq!((stats.requests, stats.late_merged), (1, 1));
     // Sent again: counted once.
-    p.ingest_at(batch(vec![gateway]), t0 + secs(7.0)).unwrap();
+    p.ingest_at(batch(vec![gateway.clone()]), t0 + secs(7.0))
+        .unwrap();
     assert_eq!(p.tick_at(t0 + secs(7.1), unix_nanos_now()).requests, 0);
     assert_eq!(p.events().late_spans.get(), 3);
+    // Twice within one tick, in another trace: counted once (a re-review counted it twice).
+    let mut other = gateway;
+    other.trace_id = TraceId([2; 16]);
+    let mut engine2 = request_trace(2, "m", 10, 20, 30, 4);
+    engine2[3].parent_span_id = Some(other.span_id);
+    p.ingest_at(batch(engine2), t0 + secs(8.0)).unwrap();
+    // The grace period learned above (up to `assembly.max_grace`, 10 s) has passed.
+    assert_eq!(p.tick_at(t0 + secs(18.1), unix_nanos_now()).requests, 1);
+    p.ingest_at(batch(vec![other.clone(), other]), t0 + secs(19.0))
+        .unwrap();
+    assert_eq!(p.tick_at(t0 + secs(19.1), unix_nanos_now()).requests, 1);
     let kpis = p.kpis(Duration::from_secs(60));
     let requests = |service: &str| {
         kpis.series
@@ -692,8 +704,69 @@ fn a_late_gateway_span_counts_its_request_once() {
             .map(|s| s.requests)
             .sum::<u64>()
     };
-    assert_eq!((requests("llm"), requests("gateway")), (1, 1));
+    assert_eq!((requests("llm"), requests("gateway")), (2, 2));
     assert_eq!(p.trace(&TraceId([1; 16])).unwrap().spans.len(), 6);
+}
+
+/// A framework span alone first (counted as its service's request), then in one tick the
+/// gateway above it and the engine's request below it: the engine's request is the one the
+/// counted framework span stood for, the gateway's is new — one request counted, the
+/// gateway's (a re-review saw the gateway's dropped and the engine's counted a second time).
+#[test]
+fn a_request_taken_into_an_engine_span_is_matched_by_its_service() {
+    // In either order within the batch (the records come out in the order of their spans).
+    for gateway_first in [true, false] {
+        let (p, _) = pipeline(&CollectorConfig::default());
+        let t0 = Instant::now();
+        let secs = Duration::from_secs_f64;
+        let mut engine = request_trace(1, "m", 10, 20, 30, 4);
+        let server = |id: u8, parent: Option<SpanId>, service: &str| {
+            let mut s = engine[3].clone();
+            s.span_id.0[7] = id;
+            s.parent_span_id = parent;
+            s.service = Text::from(service);
+            s.name = "POST /chat".into();
+            s.attributes.clear();
+            s.kind = SpanKind::Server;
+            s.start_unix_nano -= 5 * MS;
+            s.end_unix_nano += 5 * MS;
+            s
+        };
+        let gateway = server(8, None, "gateway");
+        let framework = server(9, Some(gateway.span_id), "llm");
+        // vLLM's request span, one span below the framework's.
+        engine.truncate(3);
+        let mut vllm = engine.remove(0);
+        vllm.name = sc::span::VLLM_REQUEST.into();
+        vllm.kind = SpanKind::Server;
+        vllm.parent_span_id = Some(framework.span_id);
+        vllm.start_unix_nano = framework.start_unix_nano + MS;
+        vllm.end_unix_nano = framework.end_unix_nano - MS;
+        vllm.attributes = vec![(sc::gen_ai::REQUEST_MODEL, AttrValue::Str("m".into()))];
+        let engine = vec![vllm];
+        p.ingest_at(batch(vec![framework]), t0).unwrap();
+        assert_eq!(p.tick_at(t0 + secs(2.1), unix_nanos_now()).requests, 1);
+        let rest: Vec<Span> = if gateway_first {
+            std::iter::once(gateway).chain(engine).collect()
+        } else {
+            engine.into_iter().chain(std::iter::once(gateway)).collect()
+        };
+        p.ingest_at(batch(rest), t0 + secs(3.0)).unwrap();
+        assert_eq!(p.tick_at(t0 + secs(5.1), unix_nanos_now()).requests, 1);
+        let kpis = p.kpis(Duration::from_secs(60));
+        let requests = |service: &str| {
+            kpis.series
+                .iter()
+                .filter(|s| &*s.service == service)
+                .map(|s| s.requests)
+                .sum::<u64>()
+        };
+        assert_eq!(
+            (requests("llm"), requests("gateway")),
+            (1, 1),
+            "gateway first: {gateway_first}"
+        );
+    }
 }
 
 /// A disaggregated worker's request span below the router's does not complete its trace, on
