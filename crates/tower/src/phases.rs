@@ -78,9 +78,14 @@ impl Phases {
         if engine && engine_marked {
             return Self::from_engine(m, end);
         }
-        // Refused with no engine mark (a handler's own 400 or 429): the engine most likely
-        // never saw it, and its time was no inference.
-        if m.refused || (engine && (m.streamed || !m.responded) && m.first_chunk.is_none()) {
+        // Refused with no engine mark (a handler's own 400 or 429, its error body included):
+        // the engine most likely never saw it, and its time was no inference. A stream that
+        // sent tokens and then ended with a client-error status (gRPC can) keeps the split
+        // its chunks give.
+        let streamed_output = m.streamed && m.first_chunk.is_some();
+        if (m.refused && !streamed_output)
+            || (engine && (m.streamed || !m.responded) && m.first_chunk.is_none())
+        {
             return Self::unscheduled(m, end);
         }
         Self::derived(m, end)
@@ -184,6 +189,7 @@ mod tests {
             source: Some(PhaseSource::Engine),
             responded: true,
             refused: true,
+            // Its error body.
             first_chunk: Some(ms(40)),
             last_chunk: Some(ms(40)),
             end: ms(41),
@@ -208,6 +214,17 @@ mod tests {
             ..marks
         };
         assert_eq!(Phases::compute(&derived), Phases::default());
+        // A gRPC stream that sent tokens and then ended with a client-error status keeps the
+        // split its chunks give (a re-review saw it lose every phase in derived mode).
+        let p = Phases::compute(&Marks {
+            streamed: true,
+            first_chunk: Some(ms(20)),
+            ..derived
+        });
+        assert_eq!(
+            (p.prefill, p.decode),
+            (Some((ms(0), ms(20))), Some((ms(20), ms(40))))
+        );
     }
 
     /// A unary answer marked `scheduled` but no token: its generation is not called prefill
