@@ -141,6 +141,10 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                     }
                     continue;
                 }
+                // Jaeger's answer with no trace (`{"data": []}`) is empty, not foreign.
+                let empty_jaeger = doc
+                    .as_ref()
+                    .is_some_and(|d| d.get("data").is_some_and(Value::is_array));
                 let line = match doc {
                     Some(doc) => otlp_body(line, doc),
                     None => Cow::Borrowed(line),
@@ -149,6 +153,7 @@ fn read_file(path: &Path, inputs: &mut Inputs) {
                     Ok(decoded)
                         if decoded.spans.is_empty()
                             && decoded.rejected == 0
+                            && !empty_jaeger
                             && !line.windows(14).any(|w| w == b"\"resourceSpans") =>
                     {
                         // JSON, but neither an export request nor a trace this reads: said,
