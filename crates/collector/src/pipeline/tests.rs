@@ -642,17 +642,20 @@ fn a_later_request_in_a_completed_trace_is_counted_a_late_worker_span_is_not() {
     assert_eq!(stored.spans.len(), 9, "both calls and the worker's span");
 }
 
-/// A gateway's server span exported after its trace completed (the Python SDK exports every
-/// 5 s, past the 2 s grace) is the gateway's own request, not counted yet: it counts once, in
-/// the gateway's series. The engine's framework span around its request, late the same way,
-/// is the engine's request counted already: it counts nothing. Both are late spans, and teach
-/// the grace period to wait for them (a review saw it stay at 2 s when they re-opened the
-/// trace instead, and the gateway's requests lost once the stored trace was gone).
-#[test]
-fn a_late_gateway_span_counts_its_request_once() {
-    let (p, _) = pipeline(&CollectorConfig::default());
-    let t0 = Instant::now();
-    let secs = Duration::from_secs_f64;
+/// Requests of `service` in the 60 s window.
+fn requests_of(p: &Pipeline, service: &str) -> u64 {
+    p.kpis(Duration::from_secs(60))
+        .series
+        .iter()
+        .filter(|s| &*s.service == service)
+        .map(|s| s.requests)
+        .sum()
+}
+
+/// Trace 1's infertrace request (service `llm`) below a framework's generic server span of
+/// `llm`, below a gateway's (service `gateway`), the two 5 ms longer at each end: (the
+/// request's spans, the gateway's, the framework's).
+fn behind_a_gateway() -> (Vec<Span>, Span, Span) {
     let mut engine = request_trace(1, "m", 10, 20, 30, 4);
     let server = |id: u8, parent: Option<SpanId>, service: &str| {
         let mut s = engine[3].clone();
@@ -669,6 +672,21 @@ fn a_late_gateway_span_counts_its_request_once() {
     let gateway = server(8, None, "gateway");
     let framework = server(9, Some(gateway.span_id), "llm");
     engine[3].parent_span_id = Some(framework.span_id);
+    (engine, gateway, framework)
+}
+
+/// A gateway's server span exported after its trace completed (the Python SDK exports every
+/// 5 s, past the 2 s grace) is the gateway's own request, not counted yet: it counts once, in
+/// the gateway's series. The engine's framework span around its request, late the same way,
+/// is the engine's request counted already: it counts nothing. Both are late spans, and teach
+/// the grace period to wait for them (a review saw it stay at 2 s when they re-opened the
+/// trace instead, and the gateway's requests lost once the stored trace was gone).
+#[test]
+fn a_late_gateway_span_counts_its_request_once() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let secs = Duration::from_secs_f64;
+    let (engine, gateway, framework) = behind_a_gateway();
     p.ingest_at(batch(engine), t0).unwrap();
     assert_eq!(p.tick_at(t0 + secs(2.0), unix_nanos_now()).requests, 1);
     p.ingest_at(batch(vec![framework]), t0 + secs(3.0)).unwrap();
@@ -696,15 +714,7 @@ fn a_late_gateway_span_counts_its_request_once() {
     p.ingest_at(batch(vec![other.clone(), other]), t0 + secs(19.0))
         .unwrap();
     assert_eq!(p.tick_at(t0 + secs(19.1), unix_nanos_now()).requests, 1);
-    let kpis = p.kpis(Duration::from_secs(60));
-    let requests = |service: &str| {
-        kpis.series
-            .iter()
-            .filter(|s| &*s.service == service)
-            .map(|s| s.requests)
-            .sum::<u64>()
-    };
-    assert_eq!((requests("llm"), requests("gateway")), (2, 2));
+    assert_eq!((requests_of(&p, "llm"), requests_of(&p, "gateway")), (2, 2));
     assert_eq!(p.trace(&TraceId([1; 16])).unwrap().spans.len(), 6);
 }
 
@@ -719,21 +729,7 @@ fn a_request_taken_into_an_engine_span_is_matched_by_its_service() {
         let (p, _) = pipeline(&CollectorConfig::default());
         let t0 = Instant::now();
         let secs = Duration::from_secs_f64;
-        let mut engine = request_trace(1, "m", 10, 20, 30, 4);
-        let server = |id: u8, parent: Option<SpanId>, service: &str| {
-            let mut s = engine[3].clone();
-            s.span_id.0[7] = id;
-            s.parent_span_id = parent;
-            s.service = Text::from(service);
-            s.name = "POST /chat".into();
-            s.attributes.clear();
-            s.kind = SpanKind::Server;
-            s.start_unix_nano -= 5 * MS;
-            s.end_unix_nano += 5 * MS;
-            s
-        };
-        let gateway = server(8, None, "gateway");
-        let framework = server(9, Some(gateway.span_id), "llm");
+        let (mut engine, gateway, framework) = behind_a_gateway();
         // vLLM's request span, one span below the framework's.
         engine.truncate(3);
         let mut vllm = engine.remove(0);
@@ -753,16 +749,8 @@ fn a_request_taken_into_an_engine_span_is_matched_by_its_service() {
         };
         p.ingest_at(batch(rest), t0 + secs(3.0)).unwrap();
         assert_eq!(p.tick_at(t0 + secs(5.1), unix_nanos_now()).requests, 1);
-        let kpis = p.kpis(Duration::from_secs(60));
-        let requests = |service: &str| {
-            kpis.series
-                .iter()
-                .filter(|s| &*s.service == service)
-                .map(|s| s.requests)
-                .sum::<u64>()
-        };
         assert_eq!(
-            (requests("llm"), requests("gateway")),
+            (requests_of(&p, "llm"), requests_of(&p, "gateway")),
             (1, 1),
             "gateway first: {gateway_first}"
         );
