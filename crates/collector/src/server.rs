@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::CriticalPathSummary;
-use infertrace_analysis::diagnosis::{Finding, WindowDiagnosis};
+use infertrace_analysis::diagnosis::WindowDiagnosis;
 use infertrace_analysis::kpi::KpiSnapshot;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -165,11 +165,6 @@ impl RunningCollector {
     /// The aggregated critical path of `window`.
     pub fn critical_path(&self, window: Duration) -> CriticalPathSummary {
         self.pipeline.critical_path(window)
-    }
-
-    /// The diagnosis findings of `window`.
-    pub fn findings(&self, window: Duration) -> Vec<Finding> {
-        self.pipeline.findings(window)
     }
 
     /// The diagnosis of `window`, with the series too quiet in it to judge.

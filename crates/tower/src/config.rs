@@ -20,10 +20,12 @@ pub enum PhaseSource {
     /// request extensions (`scheduled`, `first_token`, `tokens`). A request whose engine made no
     /// mark at all falls back to [`Derived`](Self::Derived), and says so in `infer.phase.source`
     /// — unless it is a stream that ended before any output (a client gone while the engine
-    /// still queued it), or a request that failed or was refused (a handler's own 400 or 429):
-    /// then only the layer's admission queue, if any, gets a phase span, since that time was
-    /// most likely the engine's queue or no engine's at all, not a prefill. A stream whose engine marked
-    /// `scheduled` but no token has its body chunks stand for the tokens, as in `Derived`.
+    /// still queued it), or a request refused without streaming any output (a client error or
+    /// a rejection: a handler's own 400 or 429, in `Derived` too): then only the layer's
+    /// admission queue, if any, gets a phase span, since that time was most likely the engine's
+    /// queue or no engine's at all, not a prefill. A stream whose engine marked `scheduled` but
+    /// no token has its body chunks stand for the tokens, as in `Derived`; a unary answer marked
+    /// so is one `inference` phase from `scheduled` (an embedding's is prefill).
     #[default]
     Engine,
     /// No engine changes: queue = arrival → admitted by the layer's admission queue; for streamed

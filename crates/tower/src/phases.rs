@@ -56,6 +56,9 @@ pub(crate) struct Phases {
     pub(crate) inference: Option<Interval>,
     /// Arrival → first token (engine) or first chunk (derived, streamed).
     pub(crate) time_to_first_token: Option<Duration>,
+    /// The response's chunks stand for its tokens (a stream split at its chunks: derived, or
+    /// an engine that marked no token), so they count its tokens where usage does not.
+    pub(crate) chunks_are_tokens: bool,
 }
 
 fn clamp(t: Duration, lo: Duration, hi: Duration) -> Duration {
@@ -93,10 +96,10 @@ impl Phases {
 
     /// An engine stream, or an engine request with no response yet, that ended before the
     /// engine scheduled it and before any output (a client gone while it was queued, a failure
-    /// before the engine saw it), or one that failed with no engine mark: only the layer's own
-    /// admission queue is known. The rest is
-    /// left to the request span, not called prefill as the derived rule would: an engine's
-    /// queue is where such requests usually wait. (A unary response sends nothing before its
+    /// before the engine saw it), or one refused with no engine mark (a client error, a
+    /// rejection): only the layer's own admission queue is known. The rest is left to the
+    /// request span, not called prefill as the derived rule would: an engine's queue is where
+    /// such requests usually wait. (A unary response sends nothing before its
     /// end by design: it keeps the derived `inference` span, which invents no split.)
     fn unscheduled(m: &Marks, end: Duration) -> Phases {
         Phases {
@@ -124,7 +127,10 @@ impl Phases {
         // An engine that marks `scheduled` but no token: a stream's chunks stand for its tokens,
         // as in derived mode (its whole response was not prefill).
         let (first_token, last_token) = match (m.first_token, m.first_chunk) {
-            (None, Some(chunk)) if m.streamed => (Some(chunk), m.last_chunk),
+            (None, Some(chunk)) if m.streamed => {
+                p.chunks_are_tokens = true;
+                (Some(chunk), m.last_chunk)
+            }
             _ => (m.first_token, m.last_token),
         };
         match first_token.map(|f| clamp(f, prefill_start, end)) {
@@ -157,6 +163,7 @@ impl Phases {
             p.queue = Some((zero, start));
         }
         if m.streamed {
+            p.chunks_are_tokens = true;
             match m.first_chunk.map(|f| clamp(f, start, end)) {
                 Some(first) => {
                     p.prefill = Some((start, first));

@@ -453,7 +453,7 @@ impl RequestRecord {
                 end: end_offset,
             })
         };
-        let measurements = self.measurements(&phases, &marks, streamed, end_offset);
+        let measurements = self.measurements(&phases, &marks, end_offset);
 
         let request_model: Option<StringValue> = strings
             .request_model
@@ -549,21 +549,17 @@ impl RequestRecord {
     }
 
     /// What the request span and the metrics report of `phases`: their durations, TTFT, and
-    /// TPOT = decode / (output tokens − 1). Without engine usage, a stream whose decode came
-    /// from its chunks (derived mode, or an engine that marked no token) counts its chunks as its
-    /// tokens (one token per SSE event / gRPC message).
+    /// TPOT = decode / (output tokens − 1). Without engine usage, a stream split at its chunks
+    /// counts its chunks as its tokens (one token per SSE event / gRPC message).
     fn measurements(
         &self,
         phases: &Phases,
         marks: &RecorderMarks,
-        streamed: bool,
         end: Duration,
     ) -> RequestMeasurements {
-        let chunks_are_tokens = streamed
-            && (phases.source == Some(PhaseSource::Derived) || marks.first_token.is_none());
         let token_count = marks
             .output_tokens
-            .or(chunks_are_tokens.then_some(self.chunks));
+            .or(phases.chunks_are_tokens.then_some(self.chunks));
         let tpot = match (phases.decode, token_count) {
             (Some(decode), Some(n)) if n >= 2 => Some(duration_secs(decode) / (n - 1) as f64),
             _ => None,

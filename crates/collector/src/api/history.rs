@@ -35,8 +35,8 @@
 //! its first few seconds). All of it is read with the minutes, in one read transaction.
 //!
 //! `kpi` is a dotted path as in `/api/kpis` and alert rules (`e2e.p50`, `requests`,
-//! `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is a 400. Without a store (`--no-store`) every history route answers 404 saying so. Reads run
-//! on the blocking pool.
+//! `goodput.ratio`, `phase_share.all.queue`, …); an unknown one is a 400. Without a store
+//! (`--no-store`) every history route answers 404 saying so. Reads run on the blocking pool.
 
 use std::sync::Arc;
 use std::time::Duration;

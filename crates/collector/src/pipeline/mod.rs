@@ -96,7 +96,8 @@ pub const POLL_ROUND: usize = 4096;
 const RETRY_AFTER_SECS: u32 = 1;
 
 /// The requests of a re-opened trace's new part (`spans`) not counted with its earlier part:
-/// spans the earlier part holds already (an export sent again) are dropped from `spans`; both
+/// spans the earlier part holds already (an export sent again), or `spans` holds twice, are
+/// dropped from `spans`; both
 /// parts are analysed together (a late part of a counted request joins it; a span standing for
 /// a request counted under another span — a framework's span beside an engine's — does not
 /// count again), keeping the records whose request span is new and was not counted. Without
@@ -121,8 +122,10 @@ fn analyse_reopened(
         }
         return Analysed::of(spans, opts);
     };
-    let known: std::collections::HashSet<SpanId> = stored.spans.iter().map(|t| t.span_id).collect();
-    spans.retain(|s| !known.contains(&s.span_id));
+    // Each span once: not one the earlier part holds, nor one the new part holds twice.
+    let mut known: std::collections::HashSet<SpanId> =
+        stored.spans.iter().map(|t| t.span_id).collect();
+    spans.retain(|s| known.insert(s.span_id));
     let mut all = stored.spans.clone();
     all.extend_from_slice(spans);
     let together = Analysed::of(&all, opts);
@@ -864,14 +867,9 @@ impl Pipeline {
             let failed = records.iter().any(|r| r.outcome != Outcome::Ok);
             let keep = a.recent.admit(now_unix_nano, failed);
             not_kept += u64::from(!keep);
-            stats.requests += records.len();
-            for (record, path) in records.iter().zip(paths) {
-                match self.record_request(&mut a, record, path.as_ref(), now_unix_nano) {
-                    Recorded::Implausible => stats.requests -= 1,
-                    Recorded::InOverflow => overflowed += 1,
-                    Recorded::InItsSeries => {}
-                }
-            }
+            let (recorded, in_overflow) = self.record_analysed(&mut a, analysed, now_unix_nano);
+            stats.requests += recorded;
+            overflowed += in_overflow;
             // The spans leave the limiter's accounting here; those the ring keeps come back into
             // it with the ring's reservation, set at the end of this tick.
             drop(holds);
@@ -912,6 +910,28 @@ impl Pipeline {
         stats
     }
 
+    /// Records every request of `analysed` ([`Self::record_request`]); returns how many were
+    /// recorded (the implausible are not) and how many of them went to the overflow series.
+    fn record_analysed(
+        &self,
+        a: &mut Analysis,
+        analysed: &Analysed,
+        now_unix_nano: u64,
+    ) -> (usize, u64) {
+        let (mut recorded, mut overflowed) = (0, 0);
+        for (record, path) in analysed.records.iter().zip(&analysed.paths) {
+            match self.record_request(a, record, path.as_ref(), now_unix_nano) {
+                Recorded::Implausible => {}
+                Recorded::InOverflow => {
+                    recorded += 1;
+                    overflowed += 1;
+                }
+                Recorded::InItsSeries => recorded += 1,
+            }
+        }
+        (recorded, overflowed)
+    }
+
     /// Records the requests that `late` spans stand for and their stored traces did not count:
     /// a generic server span exported after its trace completed (a gateway's, whose exporter
     /// waits longer than the grace period) is analysed with the stored trace it joins, as a
@@ -937,13 +957,7 @@ impl Pipeline {
             let Some(stored) = a.recent.get(&id) else {
                 continue;
             };
-            // Each span once: one sent twice within a tick is in `late` twice.
-            let mut seen = std::collections::HashSet::new();
-            let mut part: Vec<Span> = late
-                .iter()
-                .filter(|s| s.trace_id == id && seen.insert(s.span_id))
-                .cloned()
-                .collect();
+            let mut part: Vec<Span> = late.iter().filter(|s| s.trace_id == id).cloned().collect();
             let fresh = analyse_reopened(
                 Some(stored),
                 &mut part,
@@ -951,16 +965,9 @@ impl Pipeline {
                 &self.cp_options,
                 &self.events,
             );
-            for (record, path) in fresh.records.iter().zip(&fresh.paths) {
-                match self.record_request(a, record, path.as_ref(), now_unix_nano) {
-                    Recorded::Implausible => {}
-                    Recorded::InOverflow => {
-                        recorded += 1;
-                        overflowed += 1;
-                    }
-                    Recorded::InItsSeries => recorded += 1,
-                }
-            }
+            let (n, in_overflow) = self.record_analysed(a, &fresh, now_unix_nano);
+            recorded += n;
+            overflowed += in_overflow;
             let Analysed { records, paths } = fresh;
             a.recent.add_requests(
                 &id,
