@@ -7,8 +7,12 @@
 //!   (Welford) mean and variance; no anomaly is reported before.
 //! - **Frozen baseline while out of band**: a value beyond k·σ does not update the baseline, so
 //!   a step change stays visible instead of dragging the baseline along. After
-//!   [`AnomalyConfig::rebaseline_after`] consecutive out-of-band values the new level is
-//!   accepted as the baseline.
+//!   [`AnomalyConfig::rebaseline_after`] consecutive out-of-band values (30 minutes at the
+//!   collector's 5 s evaluations: longer than most incidents) the new level is accepted as the
+//!   baseline.
+//! - **A return is no anomaly**: after such a change the earlier baseline is remembered, and a
+//!   value back within its band is not reported against the new one; once
+//!   [`AnomalyConfig::consecutive`] values in a row are back, the earlier baseline is restored.
 //! - **Relative floor**: a deviation must also exceed [`AnomalyConfig::min_relative_change`] of
 //!   the baseline, so a near-constant series (σ ≈ 0) does not flag rounding noise.
 
@@ -18,6 +22,10 @@ use serde::{Deserialize, Serialize};
 
 use super::expr::{KpiPath, ParseError};
 use crate::kpi::{KpiSnapshot, SloConfig};
+
+/// How long [`AnomalyDetector::observe_snapshot`] keeps the baselines of a series missing from
+/// its snapshots (feeding its rates as 0) before forgetting them.
+pub const FORGET_QUIET_AFTER: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 /// Anomaly detection settings; every key optional in YAML.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,7 +44,8 @@ pub struct AnomalyConfig {
     pub min_relative_change: f64,
     /// Recent values the trend is fitted to. Default 10.
     pub trend_points: usize,
-    /// Consecutive out-of-band values after which the new level becomes the baseline. Default 30.
+    /// Consecutive out-of-band values after which the new level becomes the baseline. Default
+    /// 360 (30 minutes of the collector's 5 s evaluations).
     pub rebaseline_after: u32,
     /// The KPI paths watched by [`AnomalyDetector::observe_snapshot`].
     pub kpis: Vec<String>,
@@ -51,7 +60,7 @@ impl Default for AnomalyConfig {
             warmup: 10,
             min_relative_change: 0.05,
             trend_points: 10,
-            rebaseline_after: 30,
+            rebaseline_after: 360,
             kpis: [
                 "e2e.p95",
                 "ttft.p95",
@@ -146,6 +155,19 @@ pub struct Observation {
     pub anomaly: bool,
 }
 
+impl Observation {
+    /// A value within the band (or not judged yet).
+    fn in_band(baseline: f64, sigma: f64) -> Self {
+        Self {
+            baseline,
+            sigma,
+            out_of_band: false,
+            consecutive: 0,
+            anomaly: false,
+        }
+    }
+}
+
 /// An EWMA baseline with variance and the recent points of one series.
 #[derive(Clone, Debug)]
 pub struct KpiBaseline {
@@ -155,8 +177,18 @@ pub struct KpiBaseline {
     var: f64,
     streak: u32,
     streak_since: u64,
-    /// Recent (time, value) pairs: the trend's points, and the new level when re-baselining.
+    /// Mean and M2 (Welford) of the current out-of-band streak: the new level when
+    /// re-baselining.
+    streak_mean: f64,
+    streak_m2: f64,
+    /// The baseline (mean, variance) before the last re-baselining, while the values have not
+    /// returned to it, and how many values in a row have.
+    earlier: Option<(f64, f64)>,
+    returning: u32,
+    /// Recent (time, value) pairs: the trend's points.
     recent: VecDeque<(u64, f64)>,
+    /// When [`AnomalyDetector::observe_snapshot`] last found the series in a snapshot.
+    series_seen_at: u64,
 }
 
 impl KpiBaseline {
@@ -168,7 +200,12 @@ impl KpiBaseline {
             var: 0.0,
             streak: 0,
             streak_since: 0,
+            streak_mean: 0.0,
+            streak_m2: 0.0,
+            earlier: None,
+            returning: 0,
             recent: VecDeque::new(),
+            series_seen_at: 0,
         }
     }
 
@@ -200,10 +237,7 @@ impl KpiBaseline {
         if !value.is_finite() {
             return None;
         }
-        let keep = config
-            .trend_points
-            .max(config.rebaseline_after as usize)
-            .max(2);
+        let keep = config.trend_points.max(2);
         self.recent.push_back((t_unix_nano, value));
         while self.recent.len() > keep {
             self.recent.pop_front();
@@ -216,13 +250,7 @@ impl KpiBaseline {
             let d = value - self.mean;
             self.mean += d / f64::from(self.count);
             self.var += d * (value - self.mean);
-            return Some(Observation {
-                baseline,
-                sigma,
-                out_of_band: false,
-                consecutive: 0,
-                anomaly: false,
-            });
+            return Some(Observation::in_band(baseline, sigma));
         }
         if self.count == config.warmup.max(2) {
             // Switch from Welford's M2 to the EWMA variance.
@@ -230,13 +258,31 @@ impl KpiBaseline {
             self.count += 1;
         }
         let dev = value - self.mean;
-        let out_of_band = dev.abs() > config.k * sigma
-            && dev.abs() > config.min_relative_change * self.mean.abs();
+        let out_of_band = beyond(value, self.mean, sigma, config);
+        // Back at the level before the last re-baselining: a recovery, not an anomaly.
+        if out_of_band
+            && let Some((mean, var)) = self.earlier
+            && !beyond(value, mean, var.max(0.0).sqrt(), config)
+        {
+            self.streak = 0;
+            self.returning += 1;
+            if self.returning >= config.consecutive.max(1) {
+                (self.mean, self.var) = (mean, var);
+                self.earlier = None;
+                self.returning = 0;
+            }
+            return Some(Observation::in_band(baseline, sigma));
+        }
+        self.returning = 0;
         if out_of_band {
             if self.streak == 0 {
                 self.streak_since = t_unix_nano;
+                (self.streak_mean, self.streak_m2) = (0.0, 0.0);
             }
             self.streak += 1;
+            let d = value - self.streak_mean;
+            self.streak_mean += d / f64::from(self.streak);
+            self.streak_m2 += d * (value - self.streak_mean);
             if self.streak >= config.rebaseline_after.max(1) {
                 self.rebaseline();
             }
@@ -256,14 +302,12 @@ impl KpiBaseline {
         })
     }
 
-    /// Accepts the current out-of-band level as the new baseline.
+    /// Accepts the current out-of-band level as the new baseline, remembering the earlier one.
     fn rebaseline(&mut self) {
-        let n = (self.streak as usize).min(self.recent.len()).max(1);
-        let points = self.recent.iter().rev().take(n).map(|(_, v)| *v);
-        let mean = points.clone().sum::<f64>() / n as f64;
-        let var = points.map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
-        self.mean = mean;
-        self.var = var;
+        self.earlier = Some((self.mean, self.var));
+        self.returning = 0;
+        self.mean = self.streak_mean;
+        self.var = self.streak_m2 / f64::from(self.streak.max(1));
         self.streak = 0;
     }
 
@@ -324,6 +368,12 @@ impl Default for KpiBaseline {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Whether `value` is beyond k·σ of `mean` and beyond the relative floor.
+fn beyond(value: f64, mean: f64, sigma: f64, config: &AnomalyConfig) -> bool {
+    let dev = (value - mean).abs();
+    dev > config.k * sigma && dev > config.min_relative_change * mean.abs()
 }
 
 /// `t − now` in seconds, signed.
@@ -433,7 +483,10 @@ impl AnomalyDetector {
                 operation.to_string(),
                 kpi,
             ))
-            .or_default();
+            .or_insert_with(|| KpiBaseline {
+                series_seen_at: now_unix_nano,
+                ..KpiBaseline::new()
+            });
         let obs = baseline.observe(value, now_unix_nano, &self.config)?;
         if !obs.anomaly {
             return None;
@@ -464,7 +517,9 @@ impl AnomalyDetector {
     }
 
     /// Feeds every watched KPI of every series of a snapshot (one window's values, taken at
-    /// `now_unix_nano`); returns the anomalies.
+    /// `now_unix_nano`); returns the anomalies. A series with a baseline that is missing from
+    /// the snapshot had no request in the window: its rates are fed as 0 (a stopped engine's
+    /// throughput is a drop, not a gap), its latencies and ratios not at all.
     pub fn observe_snapshot(&mut self, snapshot: &KpiSnapshot, now_unix_nano: u64) -> Vec<Anomaly> {
         let mut out = Vec::new();
         let kpis = self.kpis.clone();
@@ -477,6 +532,34 @@ impl AnomalyDetector {
                     out.push(a);
                 }
             }
+        }
+        let in_snapshot = |service: &str, model: &str, operation: &str| {
+            snapshot
+                .series
+                .iter()
+                .any(|s| s.service == service && s.model == model && s.operation == operation)
+        };
+        for ((s, m, o, _), b) in &mut self.baselines {
+            if in_snapshot(s, m, o) {
+                b.series_seen_at = now_unix_nano;
+            }
+        }
+        // Series quiet for longer than FORGET_QUIET_AFTER are forgotten (memory stays bounded).
+        let horizon = u64::try_from(FORGET_QUIET_AFTER.as_nanos()).unwrap_or(u64::MAX);
+        self.baselines
+            .retain(|_, b| now_unix_nano.saturating_sub(b.series_seen_at) <= horizon);
+        let mut quiet: Vec<(String, String, String, KpiPath, f64)> = self
+            .baselines
+            .iter()
+            .filter(|((s, m, o, _), _)| !in_snapshot(s, m, o))
+            .filter_map(|((s, m, o, kpi), _)| {
+                let zero = kpi.value_when_quiet()?;
+                Some((s.clone(), m.clone(), o.clone(), *kpi, zero))
+            })
+            .collect();
+        quiet.sort_by(|a, b| (&a.0, &a.1, &a.2).cmp(&(&b.0, &b.1, &b.2)));
+        for (s, m, o, kpi, zero) in quiet {
+            out.extend(self.observe(&s, &m, &o, kpi, zero, now_unix_nano));
         }
         out
     }

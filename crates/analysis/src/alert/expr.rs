@@ -330,6 +330,19 @@ impl KpiPath {
         }
     }
 
+    /// The value for a series with no request in the window: 0 for a count or a rate of
+    /// requests or tokens, `None` (no value) for a latency, a ratio or a GPU figure.
+    pub fn value_when_quiet(&self) -> Option<f64> {
+        match self {
+            Self::Requests
+            | Self::GoodputRequestsPerSecond
+            | Self::RequestsPerSecond
+            | Self::InputTokensPerSecond
+            | Self::OutputTokensPerSecond => Some(0.0),
+            _ => None,
+        }
+    }
+
     /// Formats a value of this KPI for people (`620 ms`, `97%`, `12.5/s`).
     pub fn format_value(&self, v: f64) -> String {
         match self.unit() {

@@ -12,8 +12,8 @@ pub mod expr;
 pub mod rules;
 
 pub use anomaly::{
-    Anomaly, AnomalyConfig, AnomalyDetector, Direction, KpiBaseline, Observation, SloBound, Trend,
-    least_squares,
+    Anomaly, AnomalyConfig, AnomalyDetector, Direction, FORGET_QUIET_AFTER, KpiBaseline,
+    Observation, SloBound, Trend, least_squares,
 };
 pub use expr::{
     Expr, KpiPath, KpiUnit, Latency, Op, ParseError, Phase, Stat, Tail, parse_duration,

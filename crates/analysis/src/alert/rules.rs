@@ -10,9 +10,13 @@
 //! ```
 //!
 //! A rule with `for: 0` fires at the first evaluation that finds its expression true. A series
-//! missing from a snapshot, or without a value for the KPI, counts as "expression false", so a
-//! firing alert resolves when its series goes quiet. Like Prometheus, `startsAt` is when the
-//! alert started *firing*.
+//! without a value for the KPI counts as "expression false", so an alert on a latency or a
+//! ratio resolves when its series goes quiet. A series missing from a snapshot has no requests
+//! in the window: a count or a rate of it (`requests`, `throughput.*`,
+//! `goodput.requests_per_second`) reads 0 there, so a pending or firing alert on "too few"
+//! holds on through the silence (a dead engine does not resolve its traffic alert); a new
+//! alert is not raised for a series no longer in the snapshot. Like Prometheus, `startsAt` is
+//! when the alert started *firing*.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -338,18 +342,35 @@ impl AlertEngine {
                 continue;
             };
             let rule = &self.rules[key.0];
+            let series = snapshot
+                .series
+                .iter()
+                .find(|s| s.service == key.1 && s.model == key.2 && s.operation == key.3);
+            // A series gone quiet has no requests: a count or a rate of it is 0, and a rule
+            // on "too few" holds on (an engine that stopped answering is not "resolved").
+            let quiet_value = series.is_none().then(|| rule.expr.kpi.value_when_quiet());
+            if let Some(Some(zero)) = quiet_value {
+                inst.value = zero;
+                if rule.expr.op.holds(zero, rule.expr.threshold)
+                    && matches!(inst.state, AlertState::Pending | AlertState::Firing)
+                {
+                    let held = now_unix_nano.saturating_sub(inst.active_since);
+                    if inst.state == AlertState::Pending && u128::from(held) >= rule.hold.as_nanos()
+                    {
+                        inst.state = AlertState::Firing;
+                        inst.fired_at = Some(now_unix_nano);
+                        events.push(event(rule, &key, inst, &self.generator_url));
+                    }
+                    continue;
+                }
+            }
             match inst.state {
                 AlertState::Pending | AlertState::Inactive => {
                     self.instances.remove(&key);
                 }
                 AlertState::Firing => {
                     // Report the current value when the series still has one.
-                    if let Some(v) = snapshot
-                        .series
-                        .iter()
-                        .find(|s| s.service == key.1 && s.model == key.2 && s.operation == key.3)
-                        .and_then(|s| rule.expr.kpi.value(s))
-                    {
+                    if let Some(v) = series.and_then(|s| rule.expr.kpi.value(s)) {
                         inst.value = v;
                     }
                     inst.state = AlertState::Resolved;
