@@ -50,6 +50,7 @@ fn balanced() -> SeriesKpis {
         decode: lat(3.8, 6.0, 6.8, 8.5),
         tpot: lat(0.03, 0.04, 0.045, 0.05),
         itl: lat(0.03, 0.04, 0.045, 0.06),
+        itl_p99: None,
         tokens: TokenTotals {
             input: 600 * 800,
             output: 600 * 130,
@@ -238,6 +239,33 @@ fn queue_evidence_includes_the_critical_path_when_given() {
     let f = diagnose(&s, Some(&crit), &DiagnosisConfig::default());
     let q = only(&f, "queue-dominated");
     assert_eq!(evidence(q, "critical_path.share.p90.queue"), 0.52);
+    // The summary's tails are every series' slowest requests together. A gateway in front of
+    // the same model shares them: the evidence stays.
+    let mut gateway = balanced();
+    gateway.service = "app".into();
+    let snapshot = |series: Vec<SeriesKpis>| KpiSnapshot {
+        window_seconds: 60.0,
+        series,
+    };
+    let has_cp = |f: &[Finding]| {
+        let q = only(f, "queue-dominated");
+        q.evidence
+            .iter()
+            .any(|e| e.metric == "critical_path.share.p90.queue")
+    };
+    let cfg = DiagnosisConfig::default();
+    let f = diagnose_snapshot(&snapshot(vec![s.clone(), gateway]), Some(&crit), &cfg);
+    assert!(has_cp(&f), "{f:?}");
+    // Beside another model's requests the tail may be theirs: left out (a reviewer's queued
+    // model read 0 % queue on the critical path of a tail of another model's long decodes).
+    let mut other = balanced();
+    other.model = "other".into();
+    let f = diagnose_snapshot(&snapshot(vec![s.clone(), other.clone()]), Some(&crit), &cfg);
+    assert!(!has_cp(&f), "{f:?}");
+    // …unless that model had no request in the window.
+    other.requests = 0;
+    let f = diagnose_snapshot(&snapshot(vec![s, other]), Some(&crit), &cfg);
+    assert!(has_cp(&f), "{f:?}");
 }
 
 #[test]
@@ -302,6 +330,36 @@ fn slow_tpot_from_stalls_is_not_blamed_on_the_batch() {
     assert!(!ids(&f).contains(&"high-tpot"), "{:?}", ids(&f));
 }
 
+/// A reviewer's case: 1 % of every request's gaps are 1.2 s pauses, so each request's p99 gap
+/// is 1.2 s against a 30 ms median, while the requests' medians are alike and the mean per
+/// token is only 1.4× the median gap.
+#[test]
+fn pauses_within_every_request_are_stalls() {
+    let mut s = balanced();
+    s.itl = lat(0.03, 0.031, 0.032, 0.033);
+    s.tpot = lat(0.042, 0.044, 0.045, 0.046);
+    s.itl_p99 = lat(0.03, 0.031, 0.032, 0.033);
+    assert!(!ids(&run(&s)).contains(&"inter-token-stalls"));
+    // The balanced demo's pauses for admitted prefills (60 ms against 8 ms gaps): normal.
+    s.itl = lat(0.008, 0.0085, 0.009, 0.0095);
+    s.tpot = lat(0.0099, 0.011, 0.012, 0.013);
+    s.itl_p99 = lat(0.06, 0.07, 0.08, 0.09);
+    assert!(!ids(&run(&s)).contains(&"inter-token-stalls"));
+    s.itl = lat(0.03, 0.031, 0.032, 0.033);
+    s.tpot = lat(0.042, 0.044, 0.045, 0.046);
+    s.itl_p99 = lat(1.2, 1.2, 1.2, 1.2);
+    let f = run(&s);
+    let i = only(&f, "inter-token-stalls");
+    assert!((evidence(i, "itl_p99.p50 / itl.p50") - 40.0).abs() < 1e-9);
+    assert!(
+        i.title.contains("half the requests pause 1.20 s")
+            && i.title.contains("30 ms")
+            && i.title.contains("40.0×"),
+        "{}",
+        i.title
+    );
+}
+
 #[test]
 fn inter_token_stalls_fire_on_a_heavy_tail() {
     let mut s = balanced();
@@ -357,6 +415,62 @@ fn slo_breach_is_critical_and_ordered_first() {
         ..DiagnosisConfig::default()
     };
     assert_eq!(ids(&diagnose(&s, None, &cfg)), ["goodput-below-target"]);
+}
+
+/// A reviewer's case: 12.5 % of requests fail with a 500 and every served one is within its
+/// SLOs; goodput is low because of the errors, not slowness.
+#[test]
+fn goodput_lost_to_errors_says_so() {
+    let mut s = balanced();
+    s.requests = 136;
+    s.cancelled = 0;
+    s.errors = 17;
+    s.goodput.ratio = Some(0.875);
+    let f = run(&s);
+    let g = only(&f, "goodput-below-target");
+    assert!(
+        g.recommendation
+            .starts_with("Most of the shortfall is requests that failed (12%"),
+        "{}",
+        g.recommendation
+    );
+    assert!((evidence(g, "failed (errors + rejected) / requests") - 0.125).abs() < 1e-12);
+    // Mostly slow: the slowness advice, with the split.
+    s.errors = 2;
+    s.goodput.ratio = Some(0.8);
+    let f = run(&s);
+    let g = only(&f, "goodput-below-target");
+    assert!(
+        g.recommendation
+            .starts_with("Requests are served but too slowly")
+    );
+    assert!(
+        g.recommendation.contains("failed.)"),
+        "{}",
+        g.recommendation
+    );
+}
+
+/// A reviewer's case: a slow prefill on ~600-token prompts is not a prompt-length problem.
+#[test]
+fn slow_prefill_of_short_prompts_points_at_contention() {
+    let mut s = balanced();
+    s.ttft = lat(0.9, 2.0, 2.4, 3.0);
+    s.prefill = lat(0.8, 1.8, 2.2, 2.8);
+    s.tokens.input = 600 * 613;
+    let f = run(&s);
+    let p = only(&f, "prefill-dominated-ttft");
+    assert!(
+        p.title.contains("prompts average 613 input tokens"),
+        "{}",
+        p.title
+    );
+    assert!(
+        p.recommendation.starts_with("Prompts are short"),
+        "{}",
+        p.recommendation
+    );
+    assert!(!p.recommendation.contains("trim or cap prompt length"));
 }
 
 #[test]

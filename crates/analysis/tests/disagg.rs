@@ -357,13 +357,20 @@ fn disaggregated_part_survives_merging_and_the_stored_encoding() {
     for n in 0..bytes.len() {
         assert!(Accumulator::decode(&bytes[..n]).is_err(), "prefix {n}");
     }
-    // A version-1 encoding (before the disaggregated part) still reads: the same bytes without
-    // the trailing "no disaggregated part" flag.
+    // Versions 2 (before the per-request p99 inter-token gaps) and 1 (before the disaggregated
+    // part too) still read: the same bytes without the trailing empty distribution (one 0
+    // byte: no streamed request here), then without the "no disaggregated part" flag.
     let mut plain = Accumulator::default();
     let mut r = record(&truths[0]);
     r.disagg = None;
+    r.itl = None;
     plain.add(&config, &slo, &r);
-    let mut v1 = plain.to_bytes();
+    let mut v2 = plain.to_bytes();
+    assert_eq!(v2.pop(), Some(0), "the empty distribution is last");
+    v2[0] = 2;
+    let old = Accumulator::decode(&v2).expect("version 2 decodes");
+    assert_eq!(old.counts, plain.counts);
+    let mut v1 = v2;
     assert_eq!(v1.pop(), Some(0), "the flag is last");
     v1[0] = 1;
     let old = Accumulator::decode(&v1).expect("version 1 decodes");

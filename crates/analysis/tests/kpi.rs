@@ -499,7 +499,9 @@ fn snapshot_json_has_the_api_shape() {
     assert_eq!(json["window_seconds"], 60.0);
     let series = json["series"].as_array().unwrap();
     assert_eq!(series.len(), 2);
-    let latency = ["e2e", "queue", "ttft", "prefill", "decode", "tpot", "itl"];
+    let latency = [
+        "e2e", "queue", "ttft", "prefill", "decode", "tpot", "itl", "itl_p99",
+    ];
     let mut top = vec![
         "service",
         "model",

@@ -350,7 +350,7 @@ fn render_critical_path(cp: Option<&Value>, out: &mut String) {
     }
     let _ = writeln!(
         out,
-        "\nCritical path (what the requests waited on; {} requests)",
+        "\nCritical path (what the requests waited on; every model together, {} requests)",
         num(f(cp, &["requests"]), 0)
     );
     let mut t = Table::new(&[
@@ -363,7 +363,13 @@ fn render_critical_path(cp: Option<&Value>, out: &mut String) {
         "seconds all",
     ]);
     // The largest share of all requests first, as the dashboard orders them.
-    let mut sorted: Vec<&Value> = entries.iter().collect();
+    // A span that never held the path (under 0.05 % in every tail) is noise here.
+    let held = |e: &&Value| {
+        ["all", "p90", "p99"]
+            .iter()
+            .any(|t| f(e, &["share", t]).is_some_and(|v| v >= 0.0005))
+    };
+    let mut sorted: Vec<&Value> = entries.iter().filter(held).collect();
     sorted.sort_by(|a, b| {
         let k = |v: &Value| f(v, &["share", "all"]).unwrap_or(0.0);
         k(b).total_cmp(&k(a))
@@ -481,6 +487,9 @@ fn render_findings(report: &Value, series: &[Value], out: &mut String) {
                     let fmt = |v: Option<f64>| match unit {
                         "s" => secs(v),
                         "ratio" => pct(v),
+                        "x" => v
+                            .filter(|x| x.is_finite())
+                            .map_or("-".into(), |x| format!("{x:.1}×")),
                         "1/s" => v
                             .filter(|x| x.is_finite())
                             .map_or("-".into(), |x| format!("{}/s", format_rate(x))),
@@ -799,7 +808,8 @@ mod tests {
             "findings": [{"rule_id": "queue_dominated", "severity": "warning", "service": "svc",
                 "model": "m", "title": "queue dominates", "recommendation": "add replicas",
                 "evidence": [{"metric": "phase_share.p99.queue", "value": 0.5, "threshold": 0.4, "unit": "ratio"},
-                             {"metric": "goodput.requests_per_second", "value": 0.26, "unit": "1/s"}]}]
+                             {"metric": "goodput.requests_per_second", "value": 0.26, "unit": "1/s"},
+                             {"metric": "itl.p99 / itl.p50", "value": 4.81, "threshold": 5.0, "unit": "x"}]}]
         });
         let text = report_table(&report);
         assert!(text.contains("window 5m"), "{text}");
@@ -812,6 +822,10 @@ mod tests {
         );
         assert!(
             text.contains("goodput.requests_per_second = 0.260/s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("itl.p99 / itl.p50 = 4.8× (threshold 5.0×)"),
             "{text}"
         );
         assert!(text.contains("decode"), "{text}");

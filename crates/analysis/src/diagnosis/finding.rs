@@ -35,7 +35,8 @@ pub struct Evidence {
     pub value: f64,
     /// The threshold it was compared with, if any.
     pub threshold: Option<f64>,
-    /// Unit of `value` and `threshold`: `s`, `ratio`, `1/s`, `requests`.
+    /// Unit of `value` and `threshold`: `s`, `ratio` (a share, shown in %), `x` (a multiple,
+    /// shown as 4.8×), `1/s`, `requests`.
     pub unit: &'static str,
 }
 

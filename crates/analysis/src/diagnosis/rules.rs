@@ -86,13 +86,24 @@ pub fn diagnose(
     out
 }
 
-/// Runs [`diagnose`] on every series of a snapshot except the overflow series; the critical
-/// path summary is shared (it is per service, not per model).
+/// Runs [`diagnose`] on every series of a snapshot except the overflow series. The critical
+/// path summary's tails are the slowest requests of every series together, so it speaks of a
+/// series only when every series with requests in the window serves one model and operation
+/// (one engine, or a gateway and its engine: the same requests). Beside another model's
+/// requests its tail could be theirs (a fast model reading 0 % queue in a tail of slow
+/// requests), and the critical-path evidence and rule are left out.
 pub fn diagnose_snapshot(
     snapshot: &KpiSnapshot,
     critical: Option<&CriticalPathSummary>,
     config: &DiagnosisConfig,
 ) -> Vec<Finding> {
+    let mut kinds = snapshot
+        .series
+        .iter()
+        .filter(|s| s.requests > 0)
+        .map(|s| (&s.model, &s.operation));
+    let first = kinds.next();
+    let critical = critical.filter(|_| kinds.all(|k| Some(k) == first));
     let mut out: Vec<Finding> = snapshot
         .series
         .iter()
@@ -147,6 +158,9 @@ pub fn undiagnosed(snapshot: &KpiSnapshot, config: &DiagnosisConfig) -> Vec<Undi
         })
         .collect()
 }
+
+/// Mean input tokens per request under which a slow prefill is not blamed on prompt length.
+const LONG_PROMPT_TOKENS: f64 = 2000.0;
 
 /// Queue share of the p90 requests' e2e from which a saturated GPU is a warning, not a note.
 const SATURATED_QUEUE_SHARE: f64 = 0.1;
@@ -330,18 +344,34 @@ impl Diagnoser<'_> {
             evidence.push(ev("tokens.input per request", per_request, None, "tokens"));
             let _ = write!(title, "; prompts average {per_request:.0} input tokens");
         }
-        self.push(
-            "prefill-dominated-ttft",
-            Severity::Warning,
-            title,
-            evidence,
+        let short_prompts = self.s.requests > 0
+            && self.s.tokens.input > 0
+            && (self.s.tokens.input as f64 / self.s.requests as f64) < LONG_PROMPT_TOKENS;
+        let recommendation = if short_prompts {
+            format!(
+                "Prompts are short (under {LONG_PROMPT_TOKENS:.0} input tokens on average) yet \
+                 take long to prefill: the prefills wait for or share steps with other work. \
+                 Check what runs beside them — a few very long prompts in the same batches \
+                 (compare prefill.p50 with p90), a large decode batch (cap it with \
+                 --max-num-seqs), or a GPU shared with another model — and enable chunked \
+                 prefill (--enable-chunked-prefill with a --max-num-batched-tokens budget) so \
+                 long prompts do not monopolise steps."
+            )
+        } else {
             "Prompts take long to prefill: enable prefix caching (vLLM \
              --enable-prefix-caching) so shared system prompts and chat history are computed \
              once, enable chunked prefill (--enable-chunked-prefill with a \
              --max-num-batched-tokens budget) so long prompts do not monopolise steps, and \
              trim or cap prompt length; for sustained long-prompt load consider disaggregated \
              prefill."
-                .to_string(),
+                .to_string()
+        };
+        self.push(
+            "prefill-dominated-ttft",
+            Severity::Warning,
+            title,
+            evidence,
+            recommendation,
         );
     }
 
@@ -417,7 +447,9 @@ impl Diagnoser<'_> {
     }
 
     /// Decodes that stall: a request's mean gap between tokens (TPOT) far above its median gap
-    /// (inter-token p50) means a few long pauses, or the tail of gaps far above the median.
+    /// (inter-token p50) means a few long pauses; so does the typical request's own p99 gap far
+    /// above the median gap and over twice the TPOT threshold (pauses within requests), or the
+    /// tail of the requests' median gaps far above the median (some requests slow throughout).
     /// Returns whether the rule fired.
     fn inter_token_stalls(&mut self) -> bool {
         let Some(itl) = self.s.itl else {
@@ -428,9 +460,16 @@ impl Diagnoser<'_> {
         }
         let tail = itl.p99 / itl.p50;
         let mean_over_median = self.s.tpot.map(|t| t.p50 / itl.p50);
+        let own_p99 = self.s.itl_p99.map(|p| p.p50);
+        let pause = own_p99.map(|p| p / itl.p50);
         let by_tail = tail > self.c.itl_p99_p50_ratio_max;
         let by_mean = mean_over_median.is_some_and(|r| r > self.c.tpot_itl_ratio_max);
-        if !by_tail && !by_mean {
+        // Pauses must also be long for a reader of the stream: over twice the TPOT threshold
+        // (a continuously batching engine's decodes pause for each admitted prefill: 60 ms
+        // against 8 ms gaps in the balanced demo is normal).
+        let by_pause = pause.is_some_and(|r| r > self.c.itl_p99_p50_ratio_max)
+            && own_p99.is_some_and(|p| p > 2.0 * self.c.tpot_p90_max_seconds);
+        if !by_tail && !by_mean && !by_pause {
             return false;
         }
         let mut evidence = vec![
@@ -440,7 +479,7 @@ impl Diagnoser<'_> {
                 "itl.p99 / itl.p50",
                 tail,
                 Some(self.c.itl_p99_p50_ratio_max),
-                "ratio",
+                "x",
             ),
         ];
         if let (Some(r), Some(t)) = (mean_over_median, self.s.tpot) {
@@ -449,7 +488,16 @@ impl Diagnoser<'_> {
                 "tpot.p50 / itl.p50",
                 r,
                 Some(self.c.tpot_itl_ratio_max),
-                "ratio",
+                "x",
+            ));
+        }
+        if let (Some(p), Some(r)) = (own_p99, pause) {
+            evidence.push(ev("itl_p99.p50", p, None, "s"));
+            evidence.push(ev(
+                "itl_p99.p50 / itl.p50",
+                r,
+                Some(self.c.itl_p99_p50_ratio_max),
+                "x",
             ));
         }
         let detail = match (by_mean, mean_over_median, self.s.tpot) {
@@ -458,6 +506,14 @@ impl Diagnoser<'_> {
                 secs(itl.p50),
                 secs(t.p50),
                 self.c.tpot_itl_ratio_max
+            ),
+            _ if by_pause => format!(
+                "the typical gap between tokens is {} but half the requests pause {} or more \
+                 at their 99th percentile ({:.1}×, threshold {:.1}×)",
+                secs(itl.p50),
+                secs(own_p99.unwrap_or_default()),
+                pause.unwrap_or_default(),
+                self.c.itl_p99_p50_ratio_max
             ),
             _ => format!(
                 "inter-token latency p99 is {} against a p50 of {} ({tail:.1}×, threshold {:.1}×)",
@@ -580,6 +636,50 @@ impl Diagnoser<'_> {
             return;
         }
         let (good, target) = pcts_apart(g, self.c.goodput_min);
+        // Goodput counts failed requests (errors, rejections) as missed: say which it was.
+        let eligible = self.s.requests.saturating_sub(self.s.cancelled);
+        let failed = ratio(self.s.errors + self.s.rejected, eligible);
+        let slow = (1.0 - g - failed).max(0.0);
+        let mut evidence = vec![
+            ev("goodput.ratio", g, Some(self.c.goodput_min), "ratio"),
+            ev(
+                "goodput.requests_per_second",
+                self.s.goodput.requests_per_second,
+                None,
+                "1/s",
+            ),
+        ];
+        if failed > 0.0 {
+            evidence.push(ev(
+                "failed (errors + rejected) / requests",
+                failed,
+                None,
+                "ratio",
+            ));
+        }
+        let recommendation = if failed >= slow {
+            format!(
+                "Most of the shortfall is requests that failed ({} errors or rejections), not \
+                 slow ones ({} served outside their SLOs): see the error and rejection findings \
+                 and the failed requests' error.type first.",
+                pct(failed),
+                pct(slow)
+            )
+        } else {
+            let mut text = "Requests are served but too slowly: check which SLO they miss (TTFT, \
+                            TPOT, e2e) in the other findings; raising throughput at the cost of \
+                            latency lowers goodput."
+                .to_string();
+            if failed > 0.0 {
+                let _ = write!(
+                    text,
+                    " ({} were served outside their SLOs, {} failed.)",
+                    pct(slow),
+                    pct(failed)
+                );
+            }
+            text
+        };
         self.push(
             "goodput-below-target",
             Severity::Warning,
@@ -587,18 +687,8 @@ impl Diagnoser<'_> {
                 "Only {good} of requests met their SLOs (target {target}; {} good requests/s)",
                 format_rate(self.s.goodput.requests_per_second)
             ),
-            vec![
-                ev("goodput.ratio", g, Some(self.c.goodput_min), "ratio"),
-                ev(
-                    "goodput.requests_per_second",
-                    self.s.goodput.requests_per_second,
-                    None,
-                    "1/s",
-                ),
-            ],
-            "Requests are served but too slowly: check which SLO they miss (TTFT, TPOT, e2e) in \
-             the other findings; raising throughput at the cost of latency lowers goodput."
-                .to_string(),
+            evidence,
+            recommendation,
         );
     }
 

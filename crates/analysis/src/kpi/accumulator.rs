@@ -20,7 +20,10 @@ use crate::codec::{DecodeError, Reader, Writer};
 use crate::record::{Outcome, RequestRecord};
 
 /// Version byte the encoding starts with.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
+
+/// The version before the per-request p99 inter-token gaps, still decoded.
+const VERSION_2: u8 = 2;
 
 /// The version before the disaggregated part, still decoded.
 const VERSION_1: u8 = 1;
@@ -274,6 +277,8 @@ pub struct Accumulator {
     pub itl: Distribution,
     /// Largest inter-token gap of any `ok` request.
     itl_max: Option<f64>,
+    /// Per-request 99th-percentile inter-token gap of `ok` requests (pauses within a request).
+    pub itl_p99: Distribution,
     /// Phase sums of `ok` requests having queue, prefill and decode.
     pub phases: PhaseSums,
     /// The same, per e2e sketch bucket, sorted by bucket.
@@ -316,6 +321,7 @@ impl Accumulator {
         self.tpot.add(config, r.tpot);
         if let Some(itl) = r.itl {
             self.itl.add(config, Some(itl.p50));
+            self.itl_p99.add(config, Some(itl.p99));
             if itl.max.is_finite() {
                 self.itl_max = Some(self.itl_max.map_or(itl.max, |m| m.max(itl.max)));
             }
@@ -360,6 +366,7 @@ impl Accumulator {
             decode: dist(|a| &a.decode),
             tpot: dist(|a| &a.tpot),
             itl: dist(|a| &a.itl),
+            itl_p99: dist(|a| &a.itl_p99),
             ..Self::default()
         };
         let buckets: Vec<&[(i32, PhaseSums)]> = parts
@@ -391,6 +398,7 @@ impl Accumulator {
         self.decode.merge(&o.decode);
         self.tpot.merge(&o.tpot);
         self.itl.merge(&o.itl);
+        self.itl_p99.merge(&o.itl_p99);
         if let Some(m) = o.itl_max {
             self.itl_max = Some(self.itl_max.map_or(m, |s| s.max(m)));
         }
@@ -406,7 +414,7 @@ impl Accumulator {
         }
     }
 
-    fn distributions_mut(&mut self) -> [&mut Distribution; 7] {
+    fn distributions_mut(&mut self) -> [&mut Distribution; 8] {
         [
             &mut self.e2e,
             &mut self.queue,
@@ -415,6 +423,7 @@ impl Accumulator {
             &mut self.decode,
             &mut self.tpot,
             &mut self.itl,
+            &mut self.itl_p99,
         ]
     }
 
@@ -439,6 +448,7 @@ impl Accumulator {
             &self.decode,
             &self.tpot,
             &self.itl,
+            &self.itl_p99,
         ]
         .iter()
         .map(|d| d.heap_bytes())
@@ -452,10 +462,10 @@ impl Accumulator {
     /// Appends the compact binary encoding of this accumulator to `out` (see
     /// [`Self::decode`]); everything is kept, so decoding gives an equal, mergeable accumulator.
     ///
-    /// Layout (version 2, with the crate's `codec` primitives): a version byte, then every field in
+    /// Layout (version 3, with the crate's `codec` primitives): a version byte, then every field in
     /// declaration order, the per-e2e-bucket tail phase sums as 4-byte floats; version 2 adds,
-    /// last, a flag byte and the disaggregated part when the flag is 1; version 1 (without
-    /// them) is still read. A minute of one series holds about the occupied sketch buckets and
+    /// last, a flag byte and the disaggregated part when the flag is 1; version 3 then the
+    /// per-request p99 inter-token gaps. Versions 1 and 2 (without them) are still read. A minute of one series holds about the occupied sketch buckets and
     /// nothing more (measured in docs/PERFORMANCE.md).
     pub fn encode(&self, out: &mut Vec<u8>) {
         let mut w = Writer(out);
@@ -472,7 +482,7 @@ impl Accumulator {
         ] {
             w.varint(v);
         }
-        for d in self.distributions() {
+        for d in &self.distributions()[..7] {
             d.encode(&mut w);
         }
         match self.itl_max {
@@ -492,6 +502,7 @@ impl Accumulator {
             }
             None => w.u8(0),
         }
+        self.itl_p99.encode(&mut w);
     }
 
     /// The compact binary encoding as a new vector.
@@ -506,7 +517,7 @@ impl Accumulator {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
         let version = r.u8()?;
-        if version != VERSION && version != VERSION_1 {
+        if ![VERSION, VERSION_2, VERSION_1].contains(&version) {
             return Err(r.error("unknown encoding version"));
         }
         let counts = Counts {
@@ -545,6 +556,11 @@ impl Accumulator {
                 _ => return Err(r.error("invalid option flag")),
             }
         };
+        let itl_p99 = if version == VERSION {
+            Distribution::decode(&mut r)?
+        } else {
+            Distribution::default()
+        };
         r.finish()?;
         Ok(Self {
             counts,
@@ -556,6 +572,7 @@ impl Accumulator {
             tpot,
             itl,
             itl_max,
+            itl_p99,
             phases,
             phases_by_e2e_bucket,
             gpu,
@@ -563,7 +580,7 @@ impl Accumulator {
         })
     }
 
-    fn distributions(&self) -> [&Distribution; 7] {
+    fn distributions(&self) -> [&Distribution; 8] {
         [
             &self.e2e,
             &self.queue,
@@ -572,6 +589,7 @@ impl Accumulator {
             &self.decode,
             &self.tpot,
             &self.itl,
+            &self.itl_p99,
         ]
     }
 

@@ -212,6 +212,7 @@ pub fn series_kpis(
         decode: acc.decode.stats(cfg),
         tpot: acc.tpot.stats(cfg),
         itl: acc.itl_stats(cfg),
+        itl_p99: acc.itl_p99.stats(cfg),
         tokens: acc.tokens(),
         throughput: Throughput {
             requests_per_second: accumulator::per_second(c.requests, seconds),

@@ -49,6 +49,9 @@ pub struct SeriesKpis {
     /// Inter-token latency: the distribution of each `ok` streamed request's median gap; `max`
     /// is the largest gap of any request.
     pub itl: Option<LatencyStats>,
+    /// The distribution of each `ok` streamed request's own 99th-percentile gap: pauses within
+    /// requests (`itl` spreads across requests).
+    pub itl_p99: Option<LatencyStats>,
     /// Token totals.
     pub tokens: TokenTotals,
     /// Rates over the time the window covers.

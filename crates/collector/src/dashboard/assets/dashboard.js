@@ -735,6 +735,7 @@
   function fmtUnit(v, unit) {
     if (unit === 's') return fmtSec(v);
     if (unit === 'ratio' || unit === '1') return fmtPct(v);
+    if (unit === 'x') return (Number.isFinite(v) ? v.toFixed(1) : '-') + '×';
     if (unit === '1/s') return fmtNum(v) + '/s';
     return fmtNum(v) + (unit ? ' ' + unit : '');
   }
