@@ -68,3 +68,74 @@ fn logs_are_plain_text_in_a_file_and_json_on_request() {
         assert!(v["fields"]["message"].is_string(), "{line}");
     }
 }
+
+/// Spans answered OK and queued for a downstream that is down when SIGTERM comes: the
+/// forwarder gives them up at its deadline, and the last lines say how many (a reviewer's
+/// collector dropped 741,000 queued spans at exit with no line saying so, and the rate-limited
+/// warnings' counts since their last line were never written).
+#[test]
+fn spans_a_stopped_forwarder_could_not_send_are_said_at_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = Ports::free();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "forward:\n  endpoint: http://127.0.0.1:{}\n  max_batch_spans: 40\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut cmd = collect(&ports);
+    cmd.arg("--no-store")
+        .arg("--config")
+        .arg(&config)
+        .env("INFERTRACE_LOG", "info");
+    let mut p = Process::spawn(cmd, dir.path().join("log"));
+    p.wait_log("infertrace collector: OTLP/gRPC");
+    let mut spans = 0;
+    for k in 0..3u64 {
+        let body = serde_json::to_vec(&traces(10, 1 + k * 100)).unwrap();
+        let (status, answer) = http(ports.http, "POST", "/v1/traces", "application/json", &body);
+        assert_eq!(status, 200, "{answer}");
+        spans += 40;
+    }
+    let pid = p.child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = p.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let log = p.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("forwarder stopped"))
+        .unwrap_or_else(|| panic!("no forwarder line:\n{log}"));
+    assert!(
+        line.contains(&format!("queued={spans}")) && line.contains(&format!("dropped={spans}")),
+        "{line}"
+    );
+    // Batches of 40 are given up one by one: the first says 40, the count of the rest since
+    // that line is said before the process exits (not 10 s later, when it is gone).
+    let said = log
+        .lines()
+        .filter(|l| {
+            l.contains("spans dropped or refused for this reason")
+                && l.contains("reason=\"forward_failed\"")
+        })
+        .filter_map(|l| {
+            let at = l.find("spans=")? + "spans=".len();
+            l[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .collect::<Vec<u64>>();
+    assert_eq!(said.len(), 2, "{log}");
+    assert_eq!(said.iter().sum::<u64>(), spans, "{log}");
+}

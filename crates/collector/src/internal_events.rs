@@ -140,12 +140,20 @@ impl RateLimitedLog {
         let n = self.pending.swap(0, Ordering::Relaxed);
         (n > 0).then_some(n)
     }
+
+    /// Every event noted since the last line, whatever the interval (`None` when none): for the
+    /// last line before the process exits.
+    pub fn take(&self) -> Option<u64> {
+        let n = self.pending.swap(0, Ordering::Relaxed);
+        (n > 0).then_some(n)
+    }
 }
 
 /// One [`RateLimitedLog`] per kind of event that warns.
 #[derive(Debug, Default)]
 struct Logs {
-    dropped: RateLimitedLog,
+    /// Per reason: one reason's count is never read as another's.
+    dropped: std::sync::Mutex<Vec<(&'static str, Arc<RateLimitedLog>)>>,
     refused: RateLimitedLog,
     closed_early: RateLimitedLog,
     truncated: RateLimitedLog,
@@ -159,6 +167,27 @@ struct Logs {
     returning_memory: RateLimitedLog,
     store_dropped: RateLimitedLog,
     reopened: RateLimitedLog,
+}
+
+impl Logs {
+    /// The drop log of `reason` (made on first use).
+    fn dropped_log(&self, reason: &'static str) -> Arc<RateLimitedLog> {
+        let mut logs = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, log)) = logs.iter().find(|(r, _)| *r == reason) {
+            return log.clone();
+        }
+        let log = Arc::new(RateLimitedLog::default());
+        logs.push((reason, log.clone()));
+        log
+    }
+
+    /// Every reason's drop log so far.
+    fn dropped_logs(&self) -> Vec<(&'static str, Arc<RateLimitedLog>)> {
+        self.dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// Labels of `forward_attempts_total`.
@@ -695,12 +724,12 @@ impl InternalEvents {
     /// Counts `n` spans dropped or refused for `reason`, and logs it (warn, rate-limited).
     pub fn spans_dropped(&self, reason: &'static str, n: u64) {
         if n > 0 {
-            if let Some(count) = self.logs.dropped.note(n) {
+            if let Some(count) = self.logs.dropped_log(reason).note(n) {
                 tracing::warn!(
                     reason,
                     spans = count,
-                    "spans dropped or refused (the latest reason; all of them since the last \
-                     line; see infertrace_dropped_spans_total)"
+                    "spans dropped or refused for this reason (all of them since its last line; \
+                     see infertrace_dropped_spans_total)"
                 );
             }
             self.dropped_spans
@@ -880,12 +909,28 @@ impl InternalEvents {
     /// last line, once [`LOG_INTERVAL`] has passed, one line with their count (the details of
     /// the latest went with the line before). The pipeline calls this on every tick.
     pub fn flush_logs(&self) {
+        self.say_pending(RateLimitedLog::due);
+    }
+
+    /// The last lines before the process exits: every count not yet said, whatever the
+    /// interval (a burst at shutdown would otherwise go unsaid).
+    pub fn flush_logs_at_exit(&self) {
+        self.say_pending(RateLimitedLog::take);
+    }
+
+    fn say_pending(&self, pending: fn(&RateLimitedLog) -> Option<u64>) {
         let l = &self.logs;
+        for (reason, log) in l.dropped_logs() {
+            if let Some(spans) = pending(&log) {
+                tracing::warn!(
+                    reason,
+                    spans,
+                    "spans dropped or refused for this reason since its last line (see \
+                     infertrace_dropped_spans_total)"
+                );
+            }
+        }
         for (log, what) in [
-            (
-                &l.dropped,
-                "spans dropped or refused (see infertrace_dropped_spans_total)",
-            ),
             (
                 &l.refused,
                 "export requests refused (see infertrace_requests_refused_total)",
@@ -927,7 +972,7 @@ impl InternalEvents {
                 "history store items dropped (see infertrace_store_dropped_total)",
             ),
         ] {
-            if let Some(count) = log.due() {
+            if let Some(count) = pending(log) {
                 tracing::warn!(count, "{what} since the last line");
             }
         }

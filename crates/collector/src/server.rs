@@ -11,10 +11,12 @@
 //! 2. the pipeline refuses anything later, closes every trace in flight (without waiting for
 //!    its grace) and records it into the KPIs;
 //! 3. the history store (when on) receives what the pipeline's feed holds and commits it;
-//! 4. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]);
+//! 4. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]) and logs what it
+//!    could not send (dropped and counted);
 //! 5. the API stops last, so a final scrape can still see the flushed KPIs until then: it stops
 //!    accepting, lets requests finish until the same deadline (or not at all when the deadline
-//!    has passed) and cuts what is left.
+//!    has passed) and cuts what is left;
+//! 6. every rate-limited warning's count not yet logged is logged.
 //!
 //! Every listener is served by [`crate::listener::serve`] with its `connections:` limits and
 //! `tls:` from the config; TLS files are read before anything is bound, and an unreadable or
@@ -776,6 +778,7 @@ async fn shut_down(
         Ok(Err(e)) => result = Err(serve_error("api")(e)),
         Err(e) => result = Err(serve_error("api")(std::io::Error::other(e.to_string()))),
     }
+    pipeline.events().flush_logs_at_exit();
     result.map(|()| ShutdownReport { flushed })
 }
 

@@ -290,12 +290,18 @@ impl ForwardHandle {
 pub struct ForwardTask {
     close: watch::Sender<Option<Instant>>,
     join: JoinHandle<()>,
+    events: InternalEvents,
 }
 
 impl ForwardTask {
     /// Stops taking new requests, sends what is queued and returns; gives up (counting the rest
-    /// as failed) after `deadline`.
+    /// as failed) after `deadline`, and says in the log what it sent and what it dropped: the
+    /// process exits next, so the counters are not scraped again.
     pub async fn close(self, deadline: Duration) {
+        let pending =
+            |e: &InternalEvents| u64::try_from(e.forward_pending_spans.get()).unwrap_or(0);
+        let queued = pending(&self.events);
+        let failed_before = self.events.dropped(FORWARD_FAILED);
         let until = Instant::now() + deadline;
         let _ = self.close.send(Some(until));
         let abort = self.join.abort_handle();
@@ -304,10 +310,32 @@ impl ForwardTask {
             .is_err()
         {
             abort.abort();
+            // What the aborted sends still held is lost: counted here, not silently.
+            let lost = pending(&self.events);
+            self.events.spans_exported(EXPORTER, "failed", lost);
+            self.events.spans_dropped(FORWARD_FAILED, lost);
+            self.events.forward_pending_spans.set(0);
+            self.events.forward_pending_bytes.set(0);
             tracing::warn!("forwarder did not finish before the shutdown deadline");
+        }
+        let failed = self.events.dropped(FORWARD_FAILED) - failed_before;
+        if failed > 0 {
+            tracing::warn!(
+                queued,
+                dropped = failed,
+                ?deadline,
+                "forwarder stopped: spans queued for forwarding at shutdown could not be sent \
+                 before the deadline and were dropped (counted in \
+                 infertrace_dropped_spans_total{{reason=\"forward_failed\"}})"
+            );
+        } else if queued > 0 {
+            tracing::info!(queued, "forwarder stopped: every queued span was sent");
         }
     }
 }
+
+/// The drop reason of spans the forwarder gave up on.
+const FORWARD_FAILED: &str = "forward_failed";
 
 /// Starts the forwarder for `config` (whose `endpoint` must be set). Must run inside a tokio
 /// runtime.
@@ -355,7 +383,7 @@ pub fn spawn(
     Ok((
         ForwardHandle {
             tx,
-            events,
+            events: events.clone(),
             limiter,
             shares,
             retry_after_secs,
@@ -363,6 +391,7 @@ pub fn spawn(
         ForwardTask {
             close: close_tx,
             join,
+            events,
         },
     ))
 }
@@ -518,7 +547,7 @@ impl Sender {
             );
         }
         self.events.spans_exported(EXPORTER, "failed", spans);
-        self.events.spans_dropped("forward_failed", spans);
+        self.events.spans_dropped(FORWARD_FAILED, spans);
         self.done(spans, bytes);
     }
 
