@@ -50,16 +50,7 @@ fn logs_are_plain_text_in_a_file_and_json_on_request() {
     json.wait_log("infertrace collector: OTLP/gRPC");
     json.hangup();
     json.wait_log("SIGHUP: 1 bearer tokens reloaded");
-    let pid = json.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = json.child.wait().unwrap();
-    assert!(status.success(), "{status}");
+    json.terminate();
     let log = json.log();
     assert!(log.contains("infertrace collector: stopped"), "{log}");
     for line in log.lines() {
@@ -100,16 +91,7 @@ fn spans_a_stopped_forwarder_could_not_send_are_said_at_exit() {
         assert_eq!(status, 200, "{answer}");
         spans += 40;
     }
-    let pid = p.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = p.child.wait().unwrap();
-    assert!(status.success(), "{status}");
+    p.terminate();
     let log = p.log();
     let line = log
         .lines()

@@ -254,6 +254,18 @@ impl Process {
             .success();
         assert!(ok, "kill -HUP failed");
     }
+
+    /// Sends it SIGTERM and waits for it to exit; asserts it exited 0.
+    pub fn terminate(&mut self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -TERM failed");
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "{status}");
+    }
 }
 
 impl Drop for Process {
