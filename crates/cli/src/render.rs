@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+use infertrace_analysis::alert::KpiPath;
 use infertrace_analysis::diagnosis::format_rate;
 use infertrace_analysis::kpi::OVERFLOW_LABEL;
 use serde_json::Value;
@@ -442,19 +443,9 @@ fn render_findings(report: &Value, series: &[Value], out: &mut String) {
         let names: Vec<String> = quiet
             .iter()
             .take(UNDIAGNOSED_ROWS)
-            .map(|q| {
-                // The operation too, where series are split by it (chat and text_completion
-                // of one model are two series).
-                let operation = q.get("operation").and_then(Value::as_str).unwrap_or("");
-                format!(
-                    "{}/{}{}{} ({})",
-                    text(q, "service"),
-                    text(q, "model"),
-                    if operation.is_empty() { "" } else { " " },
-                    terminal_safe(operation),
-                    num(f(q, &["requests"]), 0)
-                )
-            })
+            // The operation too, where series are split by it (chat and text_completion of one
+            // model are two series).
+            .map(|q| format!("{} ({})", series_name(q), num(f(q, &["requests"]), 0)))
             .collect();
         let more = quiet.len().saturating_sub(UNDIAGNOSED_ROWS);
         let _ = writeln!(
@@ -509,35 +500,84 @@ fn render_findings(report: &Value, series: &[Value], out: &mut String) {
     }
 }
 
+/// `service/model operation` of an alert, anomaly or undiagnosed series, made terminal-safe.
+fn series_name(v: &Value) -> String {
+    let operation = v.get("operation").and_then(Value::as_str).unwrap_or("");
+    format!(
+        "{}/{}{}{}",
+        text(v, "service"),
+        text(v, "model"),
+        if operation.is_empty() { "" } else { " " },
+        terminal_safe(operation)
+    )
+}
+
+/// A value of the KPI named by `kpi` (a path such as `e2e.p95`) in its unit.
+fn kpi_value(kpi: &str, v: Option<f64>) -> String {
+    match (KpiPath::parse(kpi), v.filter(|x| x.is_finite())) {
+        (Ok(path), Some(x)) => path.format_value(x),
+        (Err(_), Some(x)) => format_rate(x),
+        (_, None) => "-".into(),
+    }
+}
+
+/// The alerts section from `/api/alerts` (`active`: pending and firing; `resolved`;
+/// `anomalies`): what someone on call reads first. Nothing when there is nothing to say.
 fn render_alerts(v: Option<&Value>, out: &mut String) {
-    let list: Vec<&Value> = match v {
-        Some(Value::Array(a)) => a.iter().collect(),
-        Some(Value::Object(o)) => o
-            .get("alerts")
+    let Some(view) = v.filter(|v| v.is_object()) else {
+        return;
+    };
+    let list = |key: &str| -> Vec<&Value> {
+        view.get(key)
             .and_then(Value::as_array)
             .map(|a| a.iter().collect())
-            .unwrap_or_default(),
-        _ => return,
+            .unwrap_or_default()
     };
-    if list.is_empty() {
-        return;
-    }
-    out.push_str("\nAlerts\n");
-    for a in list {
-        let name = a
-            .get("name")
-            .or(a.get("alert"))
-            .and_then(Value::as_str)
-            .unwrap_or("-");
-        // JSON escapes C0 controls in the labels but writes C1 ones (U+0080–U+009F) as they are.
-        let labels = a.get("labels").map(Value::to_string).unwrap_or_default();
+    let (active, resolved, anomalies) = (list("active"), list("resolved"), list("anomalies"));
+    if !active.is_empty() || !resolved.is_empty() {
+        let firing = active
+            .iter()
+            .filter(|a| a.get("state").and_then(Value::as_str) == Some("firing"))
+            .count();
         let _ = writeln!(
             out,
-            "  {}: {} {}",
-            terminal_safe(name),
-            text(a, "state"),
-            terminal_safe(&labels)
+            "\nAlerts ({firing} firing, {} pending; {} resolved recently)",
+            active.len() - firing,
+            resolved.len()
         );
+        for a in &active {
+            let expr = a.get("expr").and_then(Value::as_str).unwrap_or("");
+            let kpi = expr.split_whitespace().next().unwrap_or("");
+            let _ = writeln!(
+                out,
+                "  {:<8} {} [{}] {}: {}, now {}",
+                text(a, "state").to_uppercase(),
+                text(a, "alert"),
+                text(a, "severity"),
+                series_name(a),
+                terminal_safe(expr),
+                kpi_value(kpi, f(a, &["value"]))
+            );
+        }
+    }
+    if !anomalies.is_empty() {
+        out.push_str("\nAnomalies (KPIs out of their usual range)\n");
+        for a in &anomalies {
+            let kpi = a.get("kpi").and_then(Value::as_str).unwrap_or("");
+            let sigmas = f(a, &["deviation_sigmas"])
+                .filter(|x| x.is_finite())
+                .map_or("far".to_owned(), |x| format!("{:.1}σ", x.abs()));
+            let _ = writeln!(
+                out,
+                "  {}: {} {} to {} against a baseline of {} ({sigmas}, {} evaluations in a row)",
+                series_name(a),
+                terminal_safe(kpi),
+                text(a, "direction"),
+                kpi_value(kpi, f(a, &["value"])),
+                kpi_value(kpi, f(a, &["baseline"])),
+                num(f(a, &["consecutive"]), 0)
+            );
+        }
     }
 }
 
@@ -847,6 +887,54 @@ mod tests {
         assert_eq!(terminal_safe("\\n\u{a0}é"), "\\n\u{a0}é");
     }
 
+    /// The alerts section reads `/api/alerts` as the API writes it (it read a shape the API
+    /// never had, so a live collector's firing alerts were never printed).
+    #[test]
+    fn alerts_and_anomalies_are_printed_for_the_one_on_call() {
+        let report = serde_json::json!({
+            "window_seconds": 60, "kpis": {"series": []},
+            "alerts": {"window_seconds": 60.0, "rules": ["QueueP95High", "TrafficLow"],
+                "active": [
+                    {"alert": "QueueP95High", "state": "firing", "severity": "critical",
+                     "service": "vllm", "model": "m-queue", "operation": "chat",
+                     "expr": "queue.p95 > 2 s", "value": 5.78},
+                    {"alert": "TrafficLow", "state": "pending", "severity": "warning",
+                     "service": "vllm", "model": "m", "operation": "",
+                     "expr": "throughput.requests_per_second < 1/s", "value": 0.0}],
+                "resolved": [{"alert": "ErrorRateHigh", "state": "resolved"}],
+                "anomalies": [{"service": "vllm", "model": "m-regress", "operation": "chat",
+                    "kpi": "e2e.p95", "value": 23.4, "baseline": 7.7, "deviation_sigmas": 12.34,
+                    "direction": "up", "consecutive": 5}]}
+        });
+        let text = report_table(&report);
+        assert!(
+            text.contains("Alerts (1 firing, 1 pending; 1 resolved recently)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "FIRING   QueueP95High [critical] vllm/m-queue chat: queue.p95 > 2 s, now 5.78 s"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("PENDING  TrafficLow [warning] vllm/m: throughput.requests_per_second < 1/s, now 0/s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vllm/m-regress chat: e2e.p95 up to 23.4 s against a baseline of 7.7 s (12.3σ, 5 evaluations in a row)"),
+            "{text}"
+        );
+        // A quiet collector: no section.
+        let quiet = serde_json::json!({"window_seconds": 60, "kpis": {"series": []},
+            "alerts": {"active": [], "resolved": [], "anomalies": []}});
+        let text = report_table(&quiet);
+        assert!(
+            !text.contains("Alerts") && !text.contains("Anomalies"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn names_from_traces_reach_the_terminal_escaped_and_aligned() {
         let hostile = "esc\x1b[2J\x1b]0;PWNED\x07x";
@@ -861,7 +949,9 @@ mod tests {
                 "seconds": {"all": 1.0}, "share": {"all": 1.0}}]},
             "findings": [{"rule_id": "r", "severity": "warning", "service": "svc", "model": hostile,
                 "title": "t\x1b[1m", "recommendation": "r\x07"}],
-            "alerts": [{"name": "a\x1bc", "state": "firing", "labels": {"model": "m\u{9b}2J"}}]
+            "alerts": {"active": [{"alert": "a\x1bc", "state": "firing", "severity": "critical",
+                "service": "svc", "model": "m\u{9b}2J", "operation": "chat", "expr": "e2e.p95 > 1 s",
+                "value": 2.5}], "resolved": [], "anomalies": []}
         });
         let text = report_table(&report);
         assert!(

@@ -109,6 +109,46 @@ fn collect_then_report() {
     );
 }
 
+/// A live collector's firing alert is in the table `report` prints (the section read a shape
+/// `/api/alerts` never had, and printed nothing).
+#[test]
+fn report_prints_the_firing_alerts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "alerts:\n  evaluation_interval: 1s\n  rules:\n    - { name: Busy, expr: \"requests > 10\", severity: critical }\n",
+    )
+    .unwrap();
+    let c = Collector::start(["--no-store", "--config", config.to_str().unwrap()]);
+    let body = traces(25, 0x6000).to_string();
+    let (status, resp) = http(
+        c.otlp_http,
+        "POST",
+        "/v1/traces",
+        "application/json",
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{resp}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = bin()
+            .args(["report", "--url", &format!("http://127.0.0.1:{}", c.api)])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("Alerts (1 firing") {
+            assert!(
+                text.contains("FIRING   Busy [critical] cli-test/m chat: requests > 10, now 25"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the alert never showed: {text}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[test]
 fn report_without_a_collector_says_what_to_do() {
     let out = bin()
