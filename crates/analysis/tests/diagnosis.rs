@@ -239,8 +239,9 @@ fn queue_evidence_includes_the_critical_path_when_given() {
     let f = diagnose(&s, Some(&crit), &DiagnosisConfig::default());
     let q = only(&f, "queue-dominated");
     assert_eq!(evidence(q, "critical_path.share.p90.queue"), 0.52);
-    // The summary's tails are every series' slowest requests together. A gateway in front of
-    // the same model shares them: the evidence stays.
+    // The summary's tails are every series' slowest requests together, and a gateway's request
+    // and its engine's are two paths of one trace there: with a gateway in front, the evidence
+    // is left out (a review: shares halved, the engine's request span named a hotspot).
     let mut gateway = balanced();
     gateway.service = "app".into();
     let snapshot = |series: Vec<SeriesKpis>| KpiSnapshot {
@@ -255,6 +256,13 @@ fn queue_evidence_includes_the_critical_path_when_given() {
     };
     let cfg = DiagnosisConfig::default();
     let f = diagnose_snapshot(&snapshot(vec![s.clone(), gateway]), Some(&crit), &cfg);
+    assert!(!has_cp(&f), "{f:?}");
+    // One engine alone keeps it, whether or not its spans name the operation.
+    let f = diagnose_snapshot(&snapshot(vec![s.clone()]), Some(&crit), &cfg);
+    assert!(has_cp(&f), "{f:?}");
+    let mut unnamed = s.clone();
+    unnamed.operation = "unknown".into();
+    let f = diagnose_snapshot(&snapshot(vec![unnamed]), Some(&crit), &cfg);
     assert!(has_cp(&f), "{f:?}");
     // Beside another model's requests the tail may be theirs: left out (a reviewer's queued
     // model read 0 % queue on the critical path of a tail of another model's long decodes).
@@ -345,6 +353,16 @@ fn pauses_within_every_request_are_stalls() {
     s.tpot = lat(0.0099, 0.011, 0.012, 0.013);
     s.itl_p99 = lat(0.06, 0.07, 0.08, 0.09);
     assert!(!ids(&run(&s)).contains(&"inter-token-stalls"));
+    // A review's case: 114 ms pauses against 15 ms gaps (7.6×) under a tight 50 ms TPOT
+    // threshold: not stalls either.
+    s.itl = lat(0.015, 0.016, 0.017, 0.018);
+    s.tpot = lat(0.019, 0.02, 0.021, 0.022);
+    s.itl_p99 = lat(0.114, 0.12, 0.13, 0.14);
+    let tight = DiagnosisConfig {
+        tpot_p90_max_seconds: 0.05,
+        ..DiagnosisConfig::default()
+    };
+    assert!(!ids(&diagnose(&s, None, &tight)).contains(&"inter-token-stalls"));
     s.itl = lat(0.03, 0.031, 0.032, 0.033);
     s.tpot = lat(0.042, 0.044, 0.045, 0.046);
     s.itl_p99 = lat(1.2, 1.2, 1.2, 1.2);

@@ -11,8 +11,8 @@
 //! 2. the pipeline refuses anything later, closes every trace in flight (without waiting for
 //!    its grace) and records it into the KPIs;
 //! 3. the history store (when on) receives what the pipeline's feed holds and commits it;
-//! 4. the forwarder sends what it has queued (up to [`SHUTDOWN_DEADLINE`]) and logs what it
-//!    could not send (dropped and counted);
+//! 4. the forwarder sends what it has queued until the deadline (at least 1 s, at most
+//!    [`SHUTDOWN_DEADLINE`]) and logs what it could not send (dropped and counted);
 //! 5. the API stops last, so a final scrape can still see the flushed KPIs until then: it stops
 //!    accepting, lets requests finish until the same deadline (or not at all when the deadline
 //!    has passed) and cuts what is left;
@@ -765,7 +765,10 @@ async fn shut_down(
         }
     }
     if let Some(f) = tasks.forward {
-        f.close(SHUTDOWN_DEADLINE).await;
+        // What is left of `shutdown_timeout`, at least a second, at most SHUTDOWN_DEADLINE.
+        let left = deadline.saturating_duration_since(Instant::now());
+        f.close(left.clamp(Duration::from_secs(1), SHUTDOWN_DEADLINE))
+            .await;
     }
     let _ = tasks.late_stop.send(true);
     let _ = tasks.api_deadline.send(deadline);

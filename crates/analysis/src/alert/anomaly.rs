@@ -10,9 +10,10 @@
 //!   [`AnomalyConfig::rebaseline_after`] consecutive out-of-band values (30 minutes at the
 //!   collector's 5 s evaluations: longer than most incidents) the new level is accepted as the
 //!   baseline.
-//! - **A return is no anomaly**: after such a change the earlier baseline is remembered, and a
-//!   value back within its band is not reported against the new one; once
-//!   [`AnomalyConfig::consecutive`] values in a row are back, the earlier baseline is restored.
+//! - **A return is no anomaly**: after such a change the earlier baseline is remembered for as
+//!   many values as it took to accept the new level, and a value back within its band is not
+//!   reported against the new one; once [`AnomalyConfig::consecutive`] values in a row are back,
+//!   the earlier baseline is restored. A return later than that is a change of its own.
 //! - **Relative floor**: a deviation must also exceed [`AnomalyConfig::min_relative_change`] of
 //!   the baseline, so a near-constant series (σ ≈ 0) does not flag rounding noise.
 
@@ -24,7 +25,7 @@ use super::expr::{KpiPath, ParseError};
 use crate::kpi::{KpiSnapshot, SloConfig};
 
 /// How long [`AnomalyDetector::observe_snapshot`] keeps the baselines of a series missing from
-/// its snapshots (feeding its rates as 0) before forgetting them.
+/// its snapshots before forgetting them.
 pub const FORGET_QUIET_AFTER: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 /// Anomaly detection settings; every key optional in YAML.
@@ -181,9 +182,11 @@ pub struct KpiBaseline {
     /// re-baselining.
     streak_mean: f64,
     streak_m2: f64,
-    /// The baseline (mean, variance) before the last re-baselining, while the values have not
-    /// returned to it, and how many values in a row have.
-    earlier: Option<(f64, f64)>,
+    /// The baseline (mean, variance) before the last re-baselining and how many more values it
+    /// is remembered for (as many as it took to accept the new level: a return after that is a
+    /// new change, reported), while the values have not returned to it; and how many values in
+    /// a row have.
+    earlier: Option<(f64, f64, u32)>,
     returning: u32,
     /// Recent (time, value) pairs: the trend's points.
     recent: VecDeque<(u64, f64)>,
@@ -260,8 +263,14 @@ impl KpiBaseline {
         let dev = value - self.mean;
         let out_of_band = beyond(value, self.mean, sigma, config);
         // Back at the level before the last re-baselining: a recovery, not an anomaly.
+        if let Some((_, _, left)) = &mut self.earlier {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                self.earlier = None;
+            }
+        }
         if out_of_band
-            && let Some((mean, var)) = self.earlier
+            && let Some((mean, var, _)) = self.earlier
             && !beyond(value, mean, var.max(0.0).sqrt(), config)
         {
             self.streak = 0;
@@ -304,7 +313,7 @@ impl KpiBaseline {
 
     /// Accepts the current out-of-band level as the new baseline, remembering the earlier one.
     fn rebaseline(&mut self) {
-        self.earlier = Some((self.mean, self.var));
+        self.earlier = Some((self.mean, self.var, self.streak.max(1)));
         self.returning = 0;
         self.mean = self.streak_mean;
         self.var = self.streak_m2 / f64::from(self.streak.max(1));
@@ -517,9 +526,10 @@ impl AnomalyDetector {
     }
 
     /// Feeds every watched KPI of every series of a snapshot (one window's values, taken at
-    /// `now_unix_nano`); returns the anomalies. A series with a baseline that is missing from
-    /// the snapshot had no request in the window: its rates are fed as 0 (a stopped engine's
-    /// throughput is a drop, not a gap), its latencies and ratios not at all.
+    /// `now_unix_nano`); returns the anomalies. A series missing from the snapshot is fed
+    /// nothing (feeding its rates as 0 dragged the baseline to 0, and the series' return was
+    /// then an anomaly for as long as re-baselining takes); its baselines are forgotten
+    /// [`FORGET_QUIET_AFTER`] after it was last seen.
     pub fn observe_snapshot(&mut self, snapshot: &KpiSnapshot, now_unix_nano: u64) -> Vec<Anomaly> {
         let mut out = Vec::new();
         let kpis = self.kpis.clone();
@@ -533,14 +543,13 @@ impl AnomalyDetector {
                 }
             }
         }
-        let in_snapshot = |service: &str, model: &str, operation: &str| {
-            snapshot
-                .series
-                .iter()
-                .any(|s| s.service == service && s.model == model && s.operation == operation)
-        };
+        let present: std::collections::HashSet<(&str, &str, &str)> = snapshot
+            .series
+            .iter()
+            .map(|s| (s.service.as_str(), s.model.as_str(), s.operation.as_str()))
+            .collect();
         for ((s, m, o, _), b) in &mut self.baselines {
-            if in_snapshot(s, m, o) {
+            if present.contains(&(s.as_str(), m.as_str(), o.as_str())) {
                 b.series_seen_at = now_unix_nano;
             }
         }
@@ -548,19 +557,6 @@ impl AnomalyDetector {
         let horizon = u64::try_from(FORGET_QUIET_AFTER.as_nanos()).unwrap_or(u64::MAX);
         self.baselines
             .retain(|_, b| now_unix_nano.saturating_sub(b.series_seen_at) <= horizon);
-        let mut quiet: Vec<(String, String, String, KpiPath, f64)> = self
-            .baselines
-            .iter()
-            .filter(|((s, m, o, _), _)| !in_snapshot(s, m, o))
-            .filter_map(|((s, m, o, kpi), _)| {
-                let zero = kpi.value_when_quiet()?;
-                Some((s.clone(), m.clone(), o.clone(), *kpi, zero))
-            })
-            .collect();
-        quiet.sort_by(|a, b| (&a.0, &a.1, &a.2).cmp(&(&b.0, &b.1, &b.2)));
-        for (s, m, o, kpi, zero) in quiet {
-            out.extend(self.observe(&s, &m, &o, kpi, zero, now_unix_nano));
-        }
         out
     }
 

@@ -14,8 +14,11 @@
 //! ratio resolves when its series goes quiet. A series missing from a snapshot has no requests
 //! in the window: a count or a rate of it (`requests`, `throughput.*`,
 //! `goodput.requests_per_second`) reads 0 there, so a pending or firing alert on "too few"
-//! holds on through the silence (a dead engine does not resolve its traffic alert); a new
-//! alert is not raised for a series no longer in the snapshot. Like Prometheus, `startsAt` is
+//! holds on through the silence (a dead engine does not resolve its traffic alert) for up to
+//! [`FORGET_QUIET_AFTER`] (an hour; a series silent longer is taken as gone — renamed or
+//! removed — and its alert resolves); a new alert is not raised for a series no longer in the
+//! snapshot. The state is the process's: after a restart a firing alert is not sent again,
+//! and Alertmanager resolves it after its `resolve_timeout`. Like Prometheus, `startsAt` is
 //! when the alert started *firing*.
 
 use std::collections::HashMap;
@@ -24,6 +27,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::anomaly::FORGET_QUIET_AFTER;
 use super::expr::{Expr, ParseError, parse_duration};
 use crate::diagnosis::Severity;
 use crate::kpi::KpiSnapshot;
@@ -231,6 +235,8 @@ struct Instance {
     active_since: u64,
     fired_at: Option<u64>,
     resolved_at: Option<u64>,
+    /// When its series was last in a snapshot with the expression holding.
+    series_seen_at: u64,
 }
 
 /// Evaluates alert rules against KPI snapshots and keeps each instance's state.
@@ -301,8 +307,10 @@ impl AlertEngine {
                     active_since: now_unix_nano,
                     fired_at: None,
                     resolved_at: None,
+                    series_seen_at: now_unix_nano,
                 });
                 inst.value = value;
+                inst.series_seen_at = now_unix_nano;
                 match inst.state {
                     AlertState::Inactive | AlertState::Resolved => {
                         inst.active_since = now_unix_nano;
@@ -337,6 +345,7 @@ impl AlertEngine {
             .cloned()
             .collect();
         keys.sort_unstable();
+        let forget_after = u64::try_from(FORGET_QUIET_AFTER.as_nanos()).unwrap_or(u64::MAX);
         for key in keys {
             let Some(inst) = self.instances.get_mut(&key) else {
                 continue;
@@ -347,11 +356,14 @@ impl AlertEngine {
                 .iter()
                 .find(|s| s.service == key.1 && s.model == key.2 && s.operation == key.3);
             // A series gone quiet has no requests: a count or a rate of it is 0, and a rule
-            // on "too few" holds on (an engine that stopped answering is not "resolved").
+            // on "too few" holds on (an engine that stopped answering is not "resolved") — for
+            // FORGET_QUIET_AFTER; a series gone longer is gone for good (renamed, removed).
             let quiet_value = series.is_none().then(|| rule.expr.kpi.value_when_quiet());
+            let gone = now_unix_nano.saturating_sub(inst.series_seen_at) > forget_after;
             if let Some(Some(zero)) = quiet_value {
                 inst.value = zero;
                 if rule.expr.op.holds(zero, rule.expr.threshold)
+                    && !gone
                     && matches!(inst.state, AlertState::Pending | AlertState::Firing)
                 {
                     let held = now_unix_nano.saturating_sub(inst.active_since);

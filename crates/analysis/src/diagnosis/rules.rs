@@ -87,23 +87,24 @@ pub fn diagnose(
 }
 
 /// Runs [`diagnose`] on every series of a snapshot except the overflow series. The critical
-/// path summary's tails are the slowest requests of every series together, so it speaks of a
-/// series only when every series with requests in the window serves one model and operation
-/// (one engine, or a gateway and its engine: the same requests). Beside another model's
-/// requests its tail could be theirs (a fast model reading 0 % queue in a tail of slow
-/// requests), and the critical-path evidence and rule are left out.
+/// path summary speaks of a series only when every series with requests in the window is one
+/// service serving one model and one operation (an engine that names no operation, as vLLM's
+/// `llm_request`, counts as serving any). Its tails are the slowest requests of every series
+/// together: beside another model's requests they could be theirs (a fast model reading 0 %
+/// queue in a tail of slow requests); and a gateway's request and its engine's are two paths
+/// of one trace there (the shares halved, the engine's request span read as time outside the
+/// engine). Otherwise the critical-path evidence and rule are left out.
 pub fn diagnose_snapshot(
     snapshot: &KpiSnapshot,
     critical: Option<&CriticalPathSummary>,
     config: &DiagnosisConfig,
 ) -> Vec<Finding> {
-    let mut kinds = snapshot
-        .series
-        .iter()
-        .filter(|s| s.requests > 0)
-        .map(|s| (&s.model, &s.operation));
-    let first = kinds.next();
-    let critical = critical.filter(|_| kinds.all(|k| Some(k) == first));
+    let busy = || snapshot.series.iter().filter(|s| s.requests > 0);
+    let named = |op: &&String| !op.is_empty() && op.as_str() != crate::record::UNKNOWN;
+    let alone = all_equal(busy().map(|s| &s.service))
+        && all_equal(busy().map(|s| &s.model))
+        && all_equal(busy().map(|s| &s.operation).filter(named));
+    let critical = critical.filter(|_| alone);
     let mut out: Vec<Finding> = snapshot
         .series
         .iter()
@@ -112,6 +113,12 @@ pub fn diagnose_snapshot(
         .collect();
     out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// Whether every item is the same (true of none).
+fn all_equal<T: PartialEq>(mut items: impl Iterator<Item = T>) -> bool {
+    let first = items.next();
+    items.all(|i| Some(i) == first)
 }
 
 /// What the rules said of one window: the findings, and the series too quiet to judge.
@@ -158,6 +165,11 @@ pub fn undiagnosed(snapshot: &KpiSnapshot, config: &DiagnosisConfig) -> Vec<Undi
         })
         .collect()
 }
+
+/// The shortest pause within requests (their typical p99 gap) that counts as a stall: a pause
+/// a reader of the stream notices. Fixed, not the TPOT threshold: a tight TPOT SLO would make
+/// the ~100 ms pauses of admitted prefills stalls.
+const STALL_PAUSE_MIN_SECONDS: f64 = 0.25;
 
 /// Mean input tokens per request under which a slow prefill is not blamed on prompt length.
 const LONG_PROMPT_TOKENS: f64 = 2000.0;
@@ -448,7 +460,7 @@ impl Diagnoser<'_> {
 
     /// Decodes that stall: a request's mean gap between tokens (TPOT) far above its median gap
     /// (inter-token p50) means a few long pauses; so does the typical request's own p99 gap far
-    /// above the median gap and over twice the TPOT threshold (pauses within requests), or the
+    /// above the median gap and over [`STALL_PAUSE_MIN_SECONDS`] (pauses within requests), or the
     /// tail of the requests' median gaps far above the median (some requests slow throughout).
     /// Returns whether the rule fired.
     fn inter_token_stalls(&mut self) -> bool {
@@ -464,11 +476,11 @@ impl Diagnoser<'_> {
         let pause = own_p99.map(|p| p / itl.p50);
         let by_tail = tail > self.c.itl_p99_p50_ratio_max;
         let by_mean = mean_over_median.is_some_and(|r| r > self.c.tpot_itl_ratio_max);
-        // Pauses must also be long for a reader of the stream: over twice the TPOT threshold
-        // (a continuously batching engine's decodes pause for each admitted prefill: 60 ms
-        // against 8 ms gaps in the balanced demo is normal).
+        // Pauses must also be long for a reader of the stream (a continuously batching
+        // engine's decodes pause for each admitted prefill: 60 ms against 8 ms gaps in the
+        // balanced demo, ~100 ms elsewhere, is normal).
         let by_pause = pause.is_some_and(|r| r > self.c.itl_p99_p50_ratio_max)
-            && own_p99.is_some_and(|p| p > 2.0 * self.c.tpot_p90_max_seconds);
+            && own_p99.is_some_and(|p| p > STALL_PAUSE_MIN_SECONDS);
         if !by_tail && !by_mean && !by_pause {
             return false;
         }
