@@ -19,7 +19,7 @@ use anyhow::Context;
 use clap::Args;
 use infertrace_analysis::critical_path::{
     CriticalPath, CriticalPathOptions, CriticalPathWindows, CriticalPathWindowsConfig,
-    aggregation_path, critical_path,
+    critical_path, windows_paths,
 };
 use infertrace_analysis::diagnosis::{DiagnosisConfig, diagnose_window};
 use infertrace_analysis::dialect::extract_requests;
@@ -244,27 +244,42 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
             duplicates += 1;
         }
     }
-    let mut done: Vec<(RequestRecord, Option<CriticalPath>)> = Vec::new();
+    // Each request with its span path and the path the windows aggregate (a trace once).
+    let mut done: Vec<(RequestRecord, Option<CriticalPath>, Option<CriticalPath>)> = Vec::new();
     let mut implausible = 0usize;
     for spans in traces.values() {
-        for record in extract_requests(spans) {
-            // As the collector does: a duration over a day or a count over a billion cannot
-            // be true, and would stretch the report's window over centuries.
-            if record.implausible().is_some() {
-                implausible += 1;
-                continue;
-            }
-            let path = critical_path(spans, record.span_id, opts);
-            done.push((record, path));
-        }
+        let mut records = extract_requests(spans);
+        // As the collector does: a duration over a day or a count over a billion cannot be
+        // true, and would stretch the report's window over centuries.
+        records.retain(|r| {
+            let plausible = r.implausible().is_none();
+            implausible += usize::from(!plausible);
+            plausible
+        });
+        let paths: Vec<Option<CriticalPath>> = records
+            .iter()
+            .map(|r| critical_path(spans, r.span_id, opts))
+            .collect();
+        let windows = windows_paths(&records, &paths);
+        done.extend(
+            records
+                .into_iter()
+                .zip(paths)
+                .zip(windows)
+                .map(|((r, p), w)| (r, p, w)),
+        );
     }
-    done.sort_by_key(|(r, _)| (r.end_unix_nano, r.trace_id));
+    done.sort_by_key(|(r, _, _)| (r.end_unix_nano, r.trace_id));
     let first = done
         .iter()
-        .map(|(r, _)| r.arrival_unix_nano)
+        .map(|(r, _, _)| r.arrival_unix_nano)
         .min()
         .unwrap_or(0);
-    let last = done.iter().map(|(r, _)| r.end_unix_nano).max().unwrap_or(0);
+    let last = done
+        .iter()
+        .map(|(r, _, _)| r.end_unix_nano)
+        .max()
+        .unwrap_or(0);
     // One window holding all the data, whole seconds: a window reads its current slot and the
     // slots before it, so the data must fit in all but one (the first request would fall out
     // of a window of just its length, depending on where the slots start).
@@ -287,12 +302,11 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
         retention: window + window / 30 + Duration::from_millis(1),
         ..CriticalPathWindowsConfig::default()
     });
-    for (record, path) in &done {
+    for (record, _, windows_path) in &done {
         kpis.record(record, record.end_unix_nano);
         // A disaggregated request is aggregated along its sub-phases across services, an engine's
-        // attribute phases along those phases.
-        let across = aggregation_path(record, path.as_ref());
-        if let Some(p) = across.as_ref().or(path.as_ref()) {
+        // attribute phases along those phases, a trace once (`windows_paths`).
+        if let Some(p) = windows_path {
             cps.record(p, record.e2e, record.end_unix_nano);
         }
     }
@@ -318,7 +332,7 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
     if per_trace {
         let list: Vec<Value> = done
             .iter()
-            .filter_map(|(r, p)| {
+            .filter_map(|(r, p, _)| {
                 let p = p.as_ref()?;
                 Some(json!({
                     "trace_id": r.trace_id,

@@ -35,25 +35,15 @@
 mod attributed;
 mod disagg;
 mod naming;
+mod nested;
 mod path;
 mod walk;
 mod windows;
 
 pub use attributed::{UNATTRIBUTED, attributed_path};
 pub use disagg::{HANDOVER, disaggregated_path};
+pub use nested::{aggregation_path, windows_paths};
 
-use crate::record::RequestRecord;
-
-/// The path a request's time is aggregated along in the windows when its span path does not
-/// show it: a disaggregated request's sub-phases across services ([`disaggregated_path`]), or
-/// the phases an engine reported as attributes of a span with nothing below it on its path
-/// ([`attributed_path`]). `None`: aggregate `span_path` as it is.
-pub fn aggregation_path(
-    r: &RequestRecord,
-    span_path: Option<&CriticalPath>,
-) -> Option<CriticalPath> {
-    disaggregated_path(r).or_else(|| attributed_path(r, span_path?))
-}
 pub use naming::aggregate_name;
 pub use path::{Adjustment, CriticalPath, Segment};
 pub use walk::{CriticalPathOptions, SKEW_TOLERANCE_DIVISOR, critical_path};

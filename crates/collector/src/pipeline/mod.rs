@@ -53,7 +53,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use infertrace_analysis::critical_path::{
-    CriticalPath, CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, aggregation_path,
+    CriticalPath, CriticalPathOptions, CriticalPathSummary, CriticalPathWindows, windows_paths,
 };
 use infertrace_analysis::diagnosis::{
     DiagnosisConfig, Finding, WindowDiagnosis, diagnose_snapshot, diagnose_window,
@@ -762,13 +762,15 @@ impl Pipeline {
     }
 
     /// Feeds one request's record and critical path to everything that aggregates them: the
-    /// KPI windows, the Prometheus exporter, the critical-path windows and the store's feed.
-    /// The windows decide which series and keys stay under their caps; the exporter follows.
+    /// KPI windows, the Prometheus exporter, the critical-path windows (along `windows_path`,
+    /// see [`windows_paths`]; nothing when `None`) and the store's feed. The windows decide
+    /// which series and keys stay under their caps; the exporter follows.
     fn record_request(
         &self,
         a: &mut Analysis,
         record: &RequestRecord,
         path: Option<&CriticalPath>,
+        windows_path: Option<&CriticalPath>,
         now_unix_nano: u64,
     ) -> Recorded {
         if let Some(reason) = record.implausible() {
@@ -787,10 +789,9 @@ impl Pipeline {
         a.prom.record_in(record, kept);
         // A disaggregated request's time is aggregated along its sub-phases across the
         // services (the span tree gives it all to the router's waiting span), a request whose
-        // engine reports its phases as attributes along those phases; the span path stays
-        // what the waterfall and the store show.
-        let across = aggregation_path(record, path);
-        if let Some(p) = across.as_ref().or(path) {
+        // engine reports its phases as attributes along those phases, a trace once; the span
+        // path stays what the waterfall and the store show.
+        if let Some(p) = windows_path {
             a.critical.record(p, record.e2e, now_unix_nano);
             // Keys the windows reclaimed leave the exporter too (same cap, same keys).
             let reclaimed = a.critical.take_reclaimed();
@@ -919,8 +920,17 @@ impl Pipeline {
         now_unix_nano: u64,
     ) -> (usize, u64) {
         let (mut recorded, mut overflowed) = (0, 0);
-        for (record, path) in analysed.records.iter().zip(&analysed.paths) {
-            match self.record_request(a, record, path.as_ref(), now_unix_nano) {
+        let windows = windows_paths(&analysed.records, &analysed.paths);
+        for ((record, path), windows_path) in
+            analysed.records.iter().zip(&analysed.paths).zip(&windows)
+        {
+            match self.record_request(
+                a,
+                record,
+                path.as_ref(),
+                windows_path.as_ref(),
+                now_unix_nano,
+            ) {
                 Recorded::Implausible => {}
                 Recorded::InOverflow => {
                     recorded += 1;

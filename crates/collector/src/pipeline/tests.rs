@@ -1754,3 +1754,42 @@ fn idle_ticks_expire_series_and_give_their_memory_back() {
         kpis_after + critical_after + prom_after
     );
 }
+
+/// A gateway's `POST /chat` over vLLM's `llm_request` (its phases as attributes) is one path
+/// in the critical-path windows: the trace counted once, the engine's span read along its
+/// phases (a review saw 120 paths for 60 traces, every share halved, and `llm_request` named
+/// a hotspot as "time outside the engine"). Both requests still count in their series.
+#[test]
+fn a_gateway_over_vllm_is_one_critical_path() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let (engine, gateway, _) = behind_a_gateway();
+    let mut vllm = engine[3].clone();
+    vllm.name = sc::span::VLLM_REQUEST.into();
+    vllm.service = Text::from("vllm");
+    vllm.parent_span_id = Some(gateway.span_id);
+    vllm.attributes = vec![
+        (sc::gen_ai::REQUEST_MODEL, AttrValue::Str("m".into())),
+        (sc::latency::TIME_IN_QUEUE, AttrValue::Double(0.01)),
+        (sc::latency::TIME_IN_MODEL_PREFILL, AttrValue::Double(0.02)),
+        (sc::latency::TIME_IN_MODEL_DECODE, AttrValue::Double(0.03)),
+    ];
+    p.ingest_at(batch(vec![gateway, vllm]), t0).unwrap();
+    let stats = p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
+    assert_eq!(stats.requests, 2, "the gateway's request and the engine's");
+    assert_eq!(
+        (requests_of(&p, "gateway"), requests_of(&p, "vllm")),
+        (1, 1)
+    );
+    let cp = p.critical_path(Duration::from_secs(60));
+    assert_eq!(cp.requests, 1, "{cp:?}");
+    let spans: Vec<(&str, &str)> = cp.entries.iter().map(|e| (&*e.service, &*e.span)).collect();
+    for phase in ["queue", "prefill", "decode"] {
+        assert!(spans.contains(&("vllm", phase)), "{spans:?}");
+    }
+    assert!(
+        !spans.iter().any(|(_, s)| *s == sc::span::VLLM_REQUEST),
+        "{spans:?}"
+    );
+    assert!(spans.contains(&("gateway", "POST /chat")), "{spans:?}");
+}
