@@ -91,10 +91,9 @@ pub fn diagnose(
 /// service serving one model and one operation (an engine that names no operation, as vLLM's
 /// `llm_request`, counts as serving any). Its tails are the slowest requests of every series
 /// together: beside another model's requests they could be theirs (a fast model reading 0 %
-/// queue in a tail of slow requests); and a gateway's request and an engine's with phase
-/// spans are two paths of one trace there (the shares halved; see
-/// [`crate::critical_path::windows_paths`]). Otherwise the critical-path evidence and rule are
-/// left out.
+/// queue in a tail of slow requests), and a gateway's request and an engine's with phase
+/// spans may be two paths of one trace there (see [`crate::critical_path::windows_paths`]).
+/// Otherwise the critical-path evidence and rule are left out.
 pub fn diagnose_snapshot(
     snapshot: &KpiSnapshot,
     critical: Option<&CriticalPathSummary>,

@@ -95,6 +95,13 @@ pub const POLL_ROUND: usize = 4096;
 /// `Retry-After` suggested when the memory limiter refuses a batch.
 const RETRY_AFTER_SECS: u32 = 1;
 
+/// The spans of the requests a stored trace recorded (none without one).
+fn counted_requests(stored: Option<&StoredTrace>) -> Vec<SpanId> {
+    stored.map_or_else(Vec::new, |t| {
+        t.requests.iter().map(|r| r.record.span_id).collect()
+    })
+}
+
 /// The requests of a re-opened trace's new part (`spans`) not counted with its earlier part:
 /// spans the earlier part holds already (an export sent again), or `spans` holds twice, are
 /// dropped from `spans`; both
@@ -868,7 +875,12 @@ impl Pipeline {
             let failed = records.iter().any(|r| r.outcome != Outcome::Ok);
             let keep = a.recent.admit(now_unix_nano, failed);
             not_kept += u64::from(!keep);
-            let (recorded, in_overflow) = self.record_analysed(&mut a, analysed, now_unix_nano);
+            let counted = match reopened {
+                Some(_) => counted_requests(a.recent.get(&trace_id)),
+                None => Vec::new(),
+            };
+            let (recorded, in_overflow) =
+                self.record_analysed(&mut a, analysed, &counted, now_unix_nano);
             stats.requests += recorded;
             overflowed += in_overflow;
             // The spans leave the limiter's accounting here; those the ring keeps come back into
@@ -913,14 +925,27 @@ impl Pipeline {
 
     /// Records every request of `analysed` ([`Self::record_request`]); returns how many were
     /// recorded (the implausible are not) and how many of them went to the overflow series.
+    /// `counted`: the spans of this trace's requests recorded before (a late or re-opened
+    /// part's trace): a new request whose path runs through one of them adds no path to the
+    /// critical-path windows, which hold that trace's time already (a gateway's span exported
+    /// after its engine's request was counted).
     fn record_analysed(
         &self,
         a: &mut Analysis,
         analysed: &Analysed,
+        counted: &[SpanId],
         now_unix_nano: u64,
     ) -> (usize, u64) {
         let (mut recorded, mut overflowed) = (0, 0);
-        let windows = windows_paths(&analysed.records, &analysed.paths);
+        let mut windows = windows_paths(&analysed.records, &analysed.paths);
+        for (windows_path, path) in windows.iter_mut().zip(&analysed.paths) {
+            let through_counted = path
+                .as_ref()
+                .is_some_and(|p| p.segments.iter().any(|s| counted.contains(&s.span_id)));
+            if through_counted {
+                *windows_path = None;
+            }
+        }
         for ((record, path), windows_path) in
             analysed.records.iter().zip(&analysed.paths).zip(&windows)
         {
@@ -975,7 +1000,8 @@ impl Pipeline {
                 &self.cp_options,
                 &self.events,
             );
-            let (n, in_overflow) = self.record_analysed(a, &fresh, now_unix_nano);
+            let counted = counted_requests(Some(stored));
+            let (n, in_overflow) = self.record_analysed(a, &fresh, &counted, now_unix_nano);
             recorded += n;
             overflowed += in_overflow;
             let Analysed { records, paths } = fresh;

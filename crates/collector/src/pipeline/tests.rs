@@ -1755,16 +1755,12 @@ fn idle_ticks_expire_series_and_give_their_memory_back() {
     );
 }
 
-/// A gateway's `POST /chat` over vLLM's `llm_request` (its phases as attributes) is one path
-/// in the critical-path windows: the trace counted once, the engine's span read along its
-/// phases (a review saw 120 paths for 60 traces, every share halved, and `llm_request` named
-/// a hotspot as "time outside the engine"). Both requests still count in their series.
-#[test]
-fn a_gateway_over_vllm_is_one_critical_path() {
-    let (p, _) = pipeline(&CollectorConfig::default());
-    let t0 = Instant::now();
-    let (engine, gateway, _) = behind_a_gateway();
+/// A gateway's `POST /chat` and vLLM's `llm_request` below it (10, 20 and 30 ms of queue,
+/// prefill and decode as attributes), in trace `trace`.
+fn gateway_over_vllm(trace: TraceId) -> (Span, Span) {
+    let (engine, mut gateway, _) = behind_a_gateway();
     let mut vllm = engine[3].clone();
+    (vllm.trace_id, gateway.trace_id) = (trace, trace);
     vllm.name = sc::span::VLLM_REQUEST.into();
     vllm.service = Text::from("vllm");
     vllm.parent_span_id = Some(gateway.span_id);
@@ -1774,6 +1770,18 @@ fn a_gateway_over_vllm_is_one_critical_path() {
         (sc::latency::TIME_IN_MODEL_PREFILL, AttrValue::Double(0.02)),
         (sc::latency::TIME_IN_MODEL_DECODE, AttrValue::Double(0.03)),
     ];
+    (gateway, vllm)
+}
+
+/// A gateway's `POST /chat` over vLLM's `llm_request` (its phases as attributes) is one path
+/// in the critical-path windows: the trace counted once, the engine's span read along its
+/// phases (a review saw 120 paths for 60 traces, every share halved, and `llm_request` named
+/// a hotspot as "time outside the engine"). Both requests still count in their series.
+#[test]
+fn a_gateway_over_vllm_is_one_critical_path() {
+    let (p, _) = pipeline(&CollectorConfig::default());
+    let t0 = Instant::now();
+    let (gateway, vllm) = gateway_over_vllm(TraceId([1; 16]));
     p.ingest_at(batch(vec![gateway, vllm]), t0).unwrap();
     let stats = p.tick_at(t0 + Duration::from_secs(3), unix_nanos_now());
     assert_eq!(stats.requests, 2, "the gateway's request and the engine's");
@@ -1792,4 +1800,26 @@ fn a_gateway_over_vllm_is_one_critical_path() {
         "{spans:?}"
     );
     assert!(spans.contains(&("gateway", "POST /chat")), "{spans:?}");
+
+    // The gateway's span exported after the engine's request was counted (its exporter sends
+    // every 5 s): the trace is in the windows already, by the engine's path (a review saw the
+    // double count come back at 5–10 s of delay).
+    let (gateway, vllm) = gateway_over_vllm(TraceId([7; 16]));
+    let at = |s: f64| t0 + Duration::from_secs_f64(s);
+    p.ingest_at(batch(vec![vllm]), at(4.0)).unwrap();
+    assert_eq!(p.tick_at(at(7.0), unix_nanos_now()).requests, 1);
+    p.ingest_at(batch(vec![gateway]), at(10.0)).unwrap();
+    assert_eq!(p.tick_at(at(10.1), unix_nanos_now()).requests, 1);
+    assert_eq!(
+        (requests_of(&p, "gateway"), requests_of(&p, "vllm")),
+        (2, 2)
+    );
+    let cp = p.critical_path(Duration::from_secs(60));
+    assert_eq!(cp.requests, 2, "one path per trace: {cp:?}");
+    assert!(
+        !cp.entries
+            .iter()
+            .any(|e| &*e.span == sc::span::VLLM_REQUEST),
+        "{cp:?}"
+    );
 }
