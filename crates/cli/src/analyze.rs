@@ -260,7 +260,10 @@ pub fn analyze_spans(spans: Vec<Span>, opts: &CriticalPathOptions, per_trace: bo
             .iter()
             .map(|r| critical_path(spans, r.span_id, opts))
             .collect();
-        let windows = windows_paths(&records, &paths);
+        let windows: Vec<Option<CriticalPath>> = windows_paths(&records, &paths, &[])
+            .into_iter()
+            .map(|w| w.map(Cow::into_owned))
+            .collect();
         done.extend(
             records
                 .into_iter()

@@ -262,13 +262,13 @@ impl KpiBaseline {
         }
         let dev = value - self.mean;
         let out_of_band = beyond(value, self.mean, sigma, config);
-        // Back at the level before the last re-baselining: a recovery, not an anomaly.
         if let Some((_, _, left)) = &mut self.earlier {
             *left = left.saturating_sub(1);
             if *left == 0 {
                 self.earlier = None;
             }
         }
+        // Back at the level before the last re-baselining: a recovery, not an anomaly.
         if out_of_band
             && let Some((mean, var, _)) = self.earlier
             && !beyond(value, mean, var.max(0.0).sqrt(), config)
@@ -527,9 +527,8 @@ impl AnomalyDetector {
 
     /// Feeds every watched KPI of every series of a snapshot (one window's values, taken at
     /// `now_unix_nano`); returns the anomalies. A series missing from the snapshot is fed
-    /// nothing (feeding its rates as 0 dragged the baseline to 0, and the series' return was
-    /// then an anomaly for as long as re-baselining takes); its baselines are forgotten
-    /// [`FORGET_QUIET_AFTER`] after it was last seen.
+    /// nothing (its rates fed as 0 would drag its baseline to 0, and make its return an
+    /// anomaly); its baselines are forgotten [`FORGET_QUIET_AFTER`] after it was last seen.
     pub fn observe_snapshot(&mut self, snapshot: &KpiSnapshot, now_unix_nano: u64) -> Vec<Anomaly> {
         let mut out = Vec::new();
         let kpis = self.kpis.clone();

@@ -324,10 +324,7 @@ impl AlertEngine {
                         events.push(event(rule, &key, inst, &self.generator_url));
                     }
                     AlertState::Pending => {
-                        let held = now_unix_nano.saturating_sub(inst.active_since);
-                        if u128::from(held) >= rule.hold.as_nanos() {
-                            inst.state = AlertState::Firing;
-                            inst.fired_at = Some(now_unix_nano);
+                        if fire_if_held(inst, rule, now_unix_nano) {
                             events.push(event(rule, &key, inst, &self.generator_url));
                         }
                     }
@@ -366,11 +363,8 @@ impl AlertEngine {
                     && !gone
                     && matches!(inst.state, AlertState::Pending | AlertState::Firing)
                 {
-                    let held = now_unix_nano.saturating_sub(inst.active_since);
-                    if inst.state == AlertState::Pending && u128::from(held) >= rule.hold.as_nanos()
+                    if inst.state == AlertState::Pending && fire_if_held(inst, rule, now_unix_nano)
                     {
-                        inst.state = AlertState::Firing;
-                        inst.fired_at = Some(now_unix_nano);
                         events.push(event(rule, &key, inst, &self.generator_url));
                     }
                     continue;
@@ -476,6 +470,18 @@ impl AlertEngine {
             })
             .collect()
     }
+}
+
+/// A pending instance whose expression has held for the rule's `for` starts firing; whether it
+/// did.
+fn fire_if_held(inst: &mut Instance, rule: &AlertRule, now_unix_nano: u64) -> bool {
+    let held = now_unix_nano.saturating_sub(inst.active_since);
+    if u128::from(held) < rule.hold.as_nanos() {
+        return false;
+    }
+    inst.state = AlertState::Firing;
+    inst.fired_at = Some(now_unix_nano);
+    true
 }
 
 fn event(rule: &AlertRule, key: &InstanceKey, inst: &Instance, generator_url: &str) -> AlertEvent {

@@ -8,10 +8,13 @@
 //! along that request's own aggregation path ([`aggregation_path`]: its phases), and
 //! nothing for the nested request itself.
 
+use std::borrow::Cow;
+
 use super::attributed::attributed_path;
 use super::disagg::disaggregated_path;
 use super::path::{CriticalPath, Segment};
 use crate::record::RequestRecord;
+use crate::trace::SpanId;
 
 /// The path a request's time is aggregated along in the windows when its span path does not
 /// show it: a disaggregated request's sub-phases across services ([`disaggregated_path`]), or
@@ -25,35 +28,37 @@ pub fn aggregation_path(
 }
 
 /// The path each of one trace's requests is aggregated along in the critical-path windows, in
-/// the order of `records` (`paths` are their span paths): `None` for a request whose span is on
-/// another one's path (its time is counted there), else the request's aggregation path, or its
-/// span path with the nested requests' spans read along theirs.
-pub fn windows_paths(
+/// the order of `records` (`paths` are their span paths; `counted`, the spans of requests of
+/// this trace whose paths the windows hold already, from an earlier part of the trace): `None`
+/// for a request whose path runs through another request's span (its time is counted there),
+/// else the request's aggregation path, or its span path with the nested requests' spans read
+/// along theirs. Borrowed unless something was changed: most traces are one request.
+pub fn windows_paths<'a>(
     records: &[RequestRecord],
-    paths: &[Option<CriticalPath>],
-) -> Vec<Option<CriticalPath>> {
-    let on_path = |i: usize, j: usize| {
-        i != j
-            && paths[i]
-                .as_ref()
-                .is_some_and(|p| p.segments.iter().any(|s| s.span_id == records[j].span_id))
+    paths: &'a [Option<CriticalPath>],
+    counted: &[SpanId],
+) -> Vec<Option<Cow<'a, CriticalPath>>> {
+    let through = |i: usize, span: SpanId| {
+        paths[i]
+            .as_ref()
+            .is_some_and(|p| p.segments.iter().any(|s| s.span_id == span))
     };
-    let nested: Vec<bool> = (0..records.len())
-        .map(|j| (0..records.len()).any(|i| on_path(i, j)))
-        .collect();
+    let on_path = |i: usize, j: usize| i != j && through(i, records[j].span_id);
     (0..records.len())
         .map(|i| {
-            if nested[i] {
+            let nested = (0..records.len()).any(|o| on_path(o, i));
+            if nested || counted.iter().any(|&c| through(i, c)) {
                 return None;
             }
             let own = paths[i].as_ref();
             if let Some(across) = aggregation_path(&records[i], own) {
-                return Some(across);
+                return Some(Cow::Owned(across));
             }
-            let mut path = own?.clone();
+            let mut path = Cow::Borrowed(own?);
             for j in (0..records.len()).filter(|&j| on_path(i, j)) {
                 if let Some(inner) = aggregation_path(&records[j], paths[j].as_ref()) {
-                    path.segments = splice(&path.segments, records[j].span_id, &inner.segments);
+                    let spliced = splice(&path.segments, records[j].span_id, &inner.segments);
+                    path.to_mut().segments = spliced;
                 }
             }
             Some(path)
@@ -63,7 +68,7 @@ pub fn windows_paths(
 
 /// `segments` with every piece owned by `span` replaced by `inner`'s pieces within it (the
 /// piece itself where `inner` leaves a gap), so the pieces still tile the same time.
-fn splice(segments: &[Segment], span: crate::trace::SpanId, inner: &[Segment]) -> Vec<Segment> {
+fn splice(segments: &[Segment], span: SpanId, inner: &[Segment]) -> Vec<Segment> {
     let mut out = Vec::with_capacity(segments.len() + inner.len());
     for s in segments {
         if s.span_id != span {
@@ -101,7 +106,7 @@ fn splice(segments: &[Segment], span: crate::trace::SpanId, inner: &[Segment]) -
 mod tests {
     use super::*;
     use crate::record::Dialect;
-    use crate::trace::{SpanId, Text, TraceId};
+    use crate::trace::{Text, TraceId};
 
     const MS: u64 = 1_000_000;
     const T: u64 = 1_000_000 * MS;
@@ -159,12 +164,13 @@ mod tests {
             ],
         );
         let engine_path = path(2, vec![seg(2, "llm_request", "vllm", 10, 990)]);
-        let got = windows_paths(&[gateway, engine], &[gateway_path, engine_path]);
+        let paths = [gateway_path, engine_path];
+        let got = windows_paths(&[gateway.clone(), engine.clone()], &paths, &[]);
         assert!(
             got[1].is_none(),
             "the engine's time is counted in the gateway's path"
         );
-        let outer = got[0].as_ref().unwrap();
+        let outer = got[0].as_deref().unwrap();
         assert_eq!(
             pieces(outer),
             [
@@ -177,6 +183,9 @@ mod tests {
             ]
         );
         assert_eq!(outer.total_nanos(), 1_000 * MS);
+        // The gateway's part alone, its engine's request counted before: nothing more.
+        let got = windows_paths(&[gateway], &paths[..1], &[engine.span_id]);
+        assert_eq!(got, [None]);
     }
 
     /// An engine whose phases are spans (infertrace's layer) is already walked through: the
@@ -201,13 +210,11 @@ mod tests {
                 seg(4, "decode", "llm", 30, 90),
             ],
         );
-        let got = windows_paths(
-            &[gateway, engine],
-            &[gateway_path.clone(), engine_path.clone()],
-        );
-        assert_eq!(got[0], gateway_path);
+        let paths = [gateway_path, engine_path];
+        let got = windows_paths(&[gateway, engine], &paths, &[]);
+        assert!(matches!(got[0], Some(Cow::Borrowed(p)) if Some(p) == paths[0].as_ref()));
         // The engine's span is not on the gateway's path here (its phases are): both count.
-        assert_eq!(got[1], engine_path);
+        assert_eq!(got[1].as_deref(), paths[1].as_ref());
     }
 
     /// Requests of one trace that do not nest (two calls side by side) each keep their path.
@@ -217,7 +224,9 @@ mod tests {
         let b = record(2, "app", Dialect::Generic, 20, 30);
         let pa = path(1, vec![seg(1, "a", "app", 0, 10)]);
         let pb = path(2, vec![seg(2, "b", "app", 20, 30)]);
-        let got = windows_paths(&[a, b], &[pa.clone(), pb.clone()]);
-        assert_eq!(got, [pa, pb]);
+        let paths = [pa, pb];
+        let got = windows_paths(&[a, b], &paths, &[]);
+        assert_eq!(got[0].as_deref(), paths[0].as_ref());
+        assert_eq!(got[1].as_deref(), paths[1].as_ref());
     }
 }

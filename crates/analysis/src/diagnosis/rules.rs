@@ -351,15 +351,13 @@ impl Diagnoser<'_> {
             pct(share),
             secs(prefill.p90)
         );
-        if self.s.requests > 0 && self.s.tokens.input > 0 {
-            let per_request = self.s.tokens.input as f64 / self.s.requests as f64;
+        let per_request = (self.s.requests > 0 && self.s.tokens.input > 0)
+            .then(|| self.s.tokens.input as f64 / self.s.requests as f64);
+        if let Some(per_request) = per_request {
             evidence.push(ev("tokens.input per request", per_request, None, "tokens"));
             let _ = write!(title, "; prompts average {per_request:.0} input tokens");
         }
-        let short_prompts = self.s.requests > 0
-            && self.s.tokens.input > 0
-            && (self.s.tokens.input as f64 / self.s.requests as f64) < LONG_PROMPT_TOKENS;
-        let recommendation = if short_prompts {
+        let recommendation = if per_request.is_some_and(|n| n < LONG_PROMPT_TOKENS) {
             format!(
                 "Prompts are short (under {LONG_PROMPT_TOKENS:.0} input tokens on average) yet \
                  take long to prefill: the prefills wait for or share steps with other work. \
@@ -477,8 +475,7 @@ impl Diagnoser<'_> {
         let by_tail = tail > self.c.itl_p99_p50_ratio_max;
         let by_mean = mean_over_median.is_some_and(|r| r > self.c.tpot_itl_ratio_max);
         // Pauses must also be long for a reader of the stream (a continuously batching
-        // engine's decodes pause for each admitted prefill: 60 ms against 8 ms gaps in the
-        // balanced demo, ~100 ms elsewhere, is normal).
+        // engine's decodes pause for each admitted prefill, ~100 ms: normal).
         let by_pause = pause.is_some_and(|r| r > self.c.itl_p99_p50_ratio_max)
             && own_p99.is_some_and(|p| p > STALL_PAUSE_MIN_SECONDS);
         if !by_tail && !by_mean && !by_pause {

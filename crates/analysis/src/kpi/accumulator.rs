@@ -463,9 +463,10 @@ impl Accumulator {
     /// [`Self::decode`]); everything is kept, so decoding gives an equal, mergeable accumulator.
     ///
     /// Layout (version 3, with the crate's `codec` primitives): a version byte, then every field in
-    /// declaration order, the per-e2e-bucket tail phase sums as 4-byte floats; version 2 adds,
+    /// declaration order but `itl_p99`, the per-e2e-bucket tail phase sums as 4-byte floats; version 2 adds,
     /// last, a flag byte and the disaggregated part when the flag is 1; version 3 then the
-    /// per-request p99 inter-token gaps. Versions 1 and 2 (without them) are still read. A minute of one series holds about the occupied sketch buckets and
+    /// per-request p99 inter-token gaps. Versions 1 and 2 (without them) are still read. A
+    /// minute of one series holds about the occupied sketch buckets and
     /// nothing more (measured in docs/PERFORMANCE.md).
     pub fn encode(&self, out: &mut Vec<u8>) {
         let mut w = Writer(out);
@@ -482,6 +483,7 @@ impl Accumulator {
         ] {
             w.varint(v);
         }
+        // The distributions versions 1 and 2 had, in place; `itl_p99` (version 3) goes last.
         for d in &self.distributions()[..7] {
             d.encode(&mut w);
         }

@@ -926,9 +926,7 @@ impl Pipeline {
     /// Records every request of `analysed` ([`Self::record_request`]); returns how many were
     /// recorded (the implausible are not) and how many of them went to the overflow series.
     /// `counted`: the spans of this trace's requests recorded before (a late or re-opened
-    /// part's trace): a new request whose path runs through one of them adds no path to the
-    /// critical-path windows, which hold that trace's time already (a gateway's span exported
-    /// after its engine's request was counted).
+    /// part's trace), whose time the critical-path windows hold already ([`windows_paths`]).
     fn record_analysed(
         &self,
         a: &mut Analysis,
@@ -937,15 +935,7 @@ impl Pipeline {
         now_unix_nano: u64,
     ) -> (usize, u64) {
         let (mut recorded, mut overflowed) = (0, 0);
-        let mut windows = windows_paths(&analysed.records, &analysed.paths);
-        for (windows_path, path) in windows.iter_mut().zip(&analysed.paths) {
-            let through_counted = path
-                .as_ref()
-                .is_some_and(|p| p.segments.iter().any(|s| counted.contains(&s.span_id)));
-            if through_counted {
-                *windows_path = None;
-            }
-        }
+        let windows = windows_paths(&analysed.records, &analysed.paths, counted);
         for ((record, path), windows_path) in
             analysed.records.iter().zip(&analysed.paths).zip(&windows)
         {
@@ -953,7 +943,7 @@ impl Pipeline {
                 a,
                 record,
                 path.as_ref(),
-                windows_path.as_ref(),
+                windows_path.as_deref(),
                 now_unix_nano,
             ) {
                 Recorded::Implausible => {}
