@@ -11,7 +11,7 @@ use infertrace_collector::auth::{self, Authenticator};
 use infertrace_collector::config::{CollectorConfig, ConfigError};
 use infertrace_collector::server;
 use infertrace_collector::server_tls::ListenersTls;
-use infertrace_demo::shutdown_signal;
+use infertrace_demo::ShutdownSignals;
 
 use crate::console;
 
@@ -158,13 +158,15 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
         config.receivers.otlp_http.tls.is_some(),
         config.api.tls.is_some(),
     );
-    // Installed before the start, so that an early SIGHUP does not end the process.
+    // Installed before the start, so that an early SIGHUP does not end the process and an
+    // early SIGTERM or SIGINT stops it gracefully (the default action kills it).
     #[cfg(unix)]
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
+    let signals = ShutdownSignals::install();
     let no_receiver = no_receiver_warning(&config);
     let deadline = config.shutdown_timeout;
-    let collector = server::run(config, stop_signal(deadline))
+    let collector = server::run(config, stop_signal(deadline, signals))
         .await
         .context("starting the collector")?;
     #[cfg(unix)]
@@ -212,48 +214,28 @@ pub async fn run(args: CollectArgs) -> anyhow::Result<ExitCode> {
 
 /// The first SIGINT or SIGTERM: the graceful stop begins, and the console says so with its
 /// deadline. A second one ends the process at once (exit 130), without waiting for open
-/// requests or recording the traces in flight. Both signals' handlers are installed when the
-/// collector starts, so a second signal sent right after the first is not lost.
-async fn stop_signal(deadline: std::time::Duration) {
-    let stopping = || {
+/// requests or recording the traces in flight. `signals` is installed before the collector
+/// starts, so neither a signal sent as soon as the startup line is out nor a second one sent
+/// right after the first is lost.
+async fn stop_signal(deadline: std::time::Duration, mut signals: ShutdownSignals) {
+    signals.recv().await;
+    console::say(
+        "INFO",
+        &format!(
+            "infertrace collector: stopping: open requests get up to {} (shutdown_timeout), \
+             then the traces in flight are closed and recorded; Ctrl-C again stops at once",
+            humantime::format_duration(deadline)
+        ),
+    );
+    tokio::spawn(async move {
+        signals.recv().await;
         console::say(
-            "INFO",
-            &format!(
-                "infertrace collector: stopping: open requests get up to {} (shutdown_timeout), \
-                 then the traces in flight are closed and recorded; Ctrl-C again stops at once",
-                humantime::format_duration(deadline)
-            ),
+            "WARN",
+            "infertrace collector: stopped at once by a second signal: open requests \
+             were cut and the traces in flight were not recorded",
         );
-    };
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            stopping();
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-                console::say(
-                    "WARN",
-                    "infertrace collector: stopped at once by a second signal: open requests \
-                     were cut and the traces in flight were not recorded",
-                );
-                std::process::exit(130);
-            });
-            return;
-        }
-    }
-    shutdown_signal().await;
-    stopping();
+        std::process::exit(130);
+    });
 }
 
 /// A collector with both OTLP receivers off takes no span (it may still serve its history):

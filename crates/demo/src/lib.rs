@@ -30,4 +30,4 @@ pub mod pd;
 pub mod server;
 
 pub use engine_marks::EngineMarks;
-pub use server::shutdown_signal;
+pub use server::{ShutdownSignals, shutdown_signal};

@@ -1,6 +1,6 @@
 //! What the server binaries share: [`ServerOptions`] (command-line flags), the simulator, GPU /
 //! host telemetry and layer they build, [`Telemetry`] (logs + OTLP from the standard environment variables) and
-//! [`shutdown_signal`].
+//! [`shutdown_signal`] / [`ShutdownSignals`].
 
 use std::time::Duration;
 
@@ -218,32 +218,70 @@ impl Telemetry {
     }
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
+/// Ctrl-C (SIGINT) and SIGTERM, listened for from the moment [`ShutdownSignals::install`]
+/// returns: a signal that arrives before anything awaits it is kept for [`recv`](Self::recv),
+/// not left to its default action (the process killed with no stop at all). Install it before
+/// the process says it is ready.
+pub struct ShutdownSignals {
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    /// Starts listening for SIGINT and SIGTERM (must run within a Tokio runtime). A signal whose
+    /// handler cannot be installed is never received.
+    pub fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Completes at the next SIGINT or SIGTERM (on other systems, Ctrl-C), including one that
+    /// arrived since [`install`](Self::install) or the previous call.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+                let received = match s {
+                    Some(s) => s.recv().await.is_some(),
+                    None => false,
+                };
+                if !received {
+                    std::future::pending::<()>().await;
+                }
+            }
+            tokio::select! {
+                () = next(&mut self.interrupt) => {}
+                () = next(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
     }
-    tracing::info!(
-        target: "infertrace",
-        "shutting down: finishing open requests and flushing spans"
-    );
+}
+
+/// Completes on Ctrl-C or SIGTERM. The handlers are installed when this is called, not when
+/// the future is first polled, so a signal sent as soon as a server is up still stops it.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut signals = ShutdownSignals::install();
+    async move {
+        signals.recv().await;
+        tracing::info!(
+            target: "infertrace",
+            "shutting down: finishing open requests and flushing spans"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -130,11 +130,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
 
     if args.keep {
+        // Listening before saying so: a Ctrl-C right after the line still stops it gracefully.
+        let stop = shutdown_signal();
         eprintln!(
             "\ninfertrace demo: still running — dashboard http://{0}/ · metrics http://{0}/metrics · KPIs http://{0}/api/kpis?window=5m · report: infertrace report --url http://{0}  (Ctrl-C stops)",
             collector.api_addr
         );
-        shutdown_signal().await;
+        stop.await;
     }
     let _ = stop_tx.send(());
     let _ = server.await;
