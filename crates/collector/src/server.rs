@@ -10,7 +10,9 @@
 //!    cut every connection still open;
 //! 2. the pipeline refuses anything later, closes every trace in flight (without waiting for
 //!    its grace) and records it into the KPIs;
-//! 3. the history store (when on) receives what the pipeline's feed holds and commits it;
+//! 3. alert evaluation and the stored findings stop (what is queued for Alertmanager still
+//!    goes, for up to 2 s); then the history store (when on) receives what the pipeline's feed
+//!    holds and commits it, nothing written after;
 //! 4. the forwarder sends what it has queued until the deadline (at least 1 s, at most
 //!    [`SHUTDOWN_DEADLINE`]) and logs what it could not send (dropped and counted);
 //! 5. the API stops last, so a final scrape can still see the flushed KPIs until then: it stops
@@ -752,6 +754,13 @@ async fn shut_down(
         requests = flushed.requests,
         "flushed traces in flight into the KPIs"
     );
+    // The alerts and findings write to the store: they stop before its last flush (they ran
+    // until the forwarder closed, and what they wrote then could be lost with the process).
+    let _ = tasks.late_stop.send(true);
+    let _ = tasks.alerts.await;
+    if let Some(t) = tasks.findings {
+        let _ = t.await;
+    }
     if let Some(writer) = pipeline.hand_over_store(unix_nanos_now()) {
         match tokio::task::spawn_blocking(move || writer.flush()).await {
             Ok(Ok(())) => {}
@@ -770,12 +779,7 @@ async fn shut_down(
         f.close(left.clamp(Duration::from_secs(1), SHUTDOWN_DEADLINE))
             .await;
     }
-    let _ = tasks.late_stop.send(true);
     let _ = tasks.api_deadline.send(deadline);
-    let _ = tasks.alerts.await;
-    if let Some(t) = tasks.findings {
-        let _ = t.await;
-    }
     match tasks.api.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => result = Err(serve_error("api")(e)),

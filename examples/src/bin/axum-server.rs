@@ -53,8 +53,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 cli.listen
             )
         })?;
+    // Listening for SIGTERM before saying ready: one sent at once still stops it gracefully.
+    let stop = shutdown_signal();
     tracing::info!(listen = %cli.listen, model = %cli.opts.model, mode = ?cli.opts.mode, "axum-server ready");
-    let served = openai::serve(listener, app, shutdown_signal())
+    let served = openai::serve(listener, app, stop)
         .await
         .context("server failed");
     telemetry.shutdown();

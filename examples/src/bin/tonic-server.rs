@@ -47,12 +47,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 cli.listen
             )
         })?;
+    // Listening for SIGTERM before saying ready: one sent at once still stops it gracefully.
+    let stop = shutdown_signal();
     tracing::info!(listen = %cli.listen, model = %cli.opts.model, mode = ?cli.opts.mode, "tonic-server ready");
     let served = grpc::serve(
         listener,
         GeneratorServer::new(sim, &cli.opts.model),
         layer,
-        shutdown_signal(),
+        stop,
     )
     .await
     .context("server failed");

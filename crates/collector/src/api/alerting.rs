@@ -320,10 +320,26 @@ pub async fn run(
             );
         }
     }
-    if let Some((_, task)) = delivery {
+    if let Some((tx, task)) = delivery {
+        stop_delivery(tx, task, DELIVERY_DRAIN).await;
+    }
+}
+
+/// Stops [`deliver`]: the transitions already queued (a last resolve) are still sent, for up
+/// to `drain`; what is left then is given up.
+async fn stop_delivery(
+    transitions: tokio::sync::mpsc::Sender<Vec<AlertEvent>>,
+    mut task: tokio::task::JoinHandle<()>,
+    drain: Duration,
+) {
+    drop(transitions);
+    if tokio::time::timeout(drain, &mut task).await.is_err() {
         task.abort();
     }
 }
+
+/// How long a stopping collector waits for Alertmanager to take the transitions still queued.
+const DELIVERY_DRAIN: Duration = Duration::from_secs(2);
 
 /// Rounds of transitions waiting for Alertmanager before new ones are left out.
 const DELIVERY_QUEUE: usize = 64;
@@ -448,16 +464,17 @@ mod tests {
         other
     }
 
-    /// The delivery task posting to a fake Alertmanager that refuses its first POST: the
-    /// transitions' sender, the bodies the fake accepted, the task.
-    async fn delivering_to_a_fake_refusing_once(
+    /// The delivery task posting to a fake Alertmanager that refuses its first `refuse` POSTs:
+    /// the transitions' sender, the bodies the fake accepted, the task.
+    async fn delivering_to_a_fake(
+        refuse: usize,
         events: InternalEvents,
     ) -> (
         tokio::sync::mpsc::Sender<Vec<AlertEvent>>,
         tokio::sync::mpsc::UnboundedReceiver<String>,
         tokio::task::JoinHandle<()>,
     ) {
-        let (url, accepted) = fake_alertmanager(1).await;
+        let (url, accepted) = fake_alertmanager(refuse).await;
         let am = Alertmanager::new(&url, &TlsClientConfig::default(), &BTreeMap::new()).unwrap();
         let alerting = Arc::new(Mutex::new(
             Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
@@ -602,7 +619,7 @@ mod tests {
     #[tokio::test]
     async fn a_resolve_alertmanager_missed_is_sent_again_with_the_next_post() {
         let events = InternalEvents::default();
-        let (tx, mut accepted, task) = delivering_to_a_fake_refusing_once(events.clone()).await;
+        let (tx, mut accepted, task) = delivering_to_a_fake(1, events.clone()).await;
         // The resolve is refused (503); a later transition of another alert carries it along.
         tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
         tx.send(vec![another_alert_firing()]).await.unwrap();
@@ -634,8 +651,7 @@ mod tests {
     /// so Alertmanager would keep the alert firing until its own timeout).
     #[tokio::test]
     async fn a_missed_resolve_survives_its_alert_going_pending_again() {
-        let (tx, mut accepted, task) =
-            delivering_to_a_fake_refusing_once(InternalEvents::default()).await;
+        let (tx, mut accepted, task) = delivering_to_a_fake(1, InternalEvents::default()).await;
         tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
         tx.send(vec![event(AlertState::Pending)]).await.unwrap();
         tx.send(vec![another_alert_firing()]).await.unwrap();
@@ -645,5 +661,45 @@ mod tests {
             "the missed resolve goes with the next post: {body}"
         );
         task.abort();
+    }
+
+    /// A stopping collector still sends what is queued for Alertmanager (a last resolve): the
+    /// delivery was aborted, queue and all. An Alertmanager that does not answer holds the stop
+    /// no longer than the drain.
+    #[tokio::test]
+    async fn a_stopping_delivery_sends_what_is_queued_within_the_drain() {
+        let (tx, mut accepted, task) = delivering_to_a_fake(0, InternalEvents::default()).await;
+        tx.send(vec![event(AlertState::Resolved)]).await.unwrap();
+        stop_delivery(tx, task, Duration::from_secs(10)).await;
+        let body = next_post(&mut accepted).await;
+        assert!(
+            body.contains("HighTtft") && body.contains("endsAt"),
+            "{body}"
+        );
+
+        // Accepts and never answers (a post's own timeout is 10 s).
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let am = Alertmanager::new(&url, &TlsClientConfig::default(), &BTreeMap::new()).unwrap();
+        let alerting = Arc::new(Mutex::new(
+            Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
+        ));
+        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
+        let task = tokio::spawn(deliver(am, rx, alerting, InternalEvents::default()));
+        tx.send(vec![event(AlertState::Firing)]).await.unwrap();
+        let started = std::time::Instant::now();
+        stop_delivery(tx, task, Duration::from_millis(300)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        silent.abort();
     }
 }
