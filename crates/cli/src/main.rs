@@ -281,11 +281,14 @@ mod tests {
         let resident = || infertrace_collector::resident::resident_bytes().unwrap_or(0);
         // SAFETY: sets a runtime option (see `tune_allocator`).
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 60_000) };
-        // Once in a while (CI, once) the freed memory is gone before it is measured: a purge
-        // scheduled earlier by another test's frees can take it along. That run cannot judge
-        // the hook, so the setup is tried again (three times at most) until the memory stays.
+        // Memory freed while a purge is already scheduled is purged at that purge's (earlier)
+        // expiry: once in CI the freed memory was gone before it was measured. So what is
+        // scheduled is purged first, and a run where the memory still went cannot judge the
+        // hook: its setup is tried again, three times at most.
         let mut kept = 0;
         for _ in 0..3 {
+            // SAFETY: a forced collection (see `return_freed_memory`).
+            unsafe { libmimalloc_sys::mi_collect(true) };
             let before = resident();
             std::thread::spawn(|| {
                 let blocks: Vec<Vec<u8>> = (0..4096).map(|_| vec![1u8; 64 << 10]).collect();
