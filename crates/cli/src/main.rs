@@ -282,9 +282,8 @@ mod tests {
         // SAFETY: sets a runtime option (see `tune_allocator`).
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 60_000) };
         // Memory freed while a purge is already scheduled is purged at that purge's (earlier)
-        // expiry: once in CI the freed memory was gone before it was measured. So what is
-        // scheduled is purged first, and a run where the memory still went cannot judge the
-        // hook: its setup is tried again, three times at most.
+        // expiry: so what is scheduled is purged first, and a try whose memory still went
+        // before it was measured cannot judge the hook and is repeated, three times at most.
         let mut kept = 0;
         for _ in 0..3 {
             // SAFETY: a forced collection (see `return_freed_memory`).

@@ -81,10 +81,9 @@ fn sigterm_stops_a_collector_whose_stderr_is_closed() {
 }
 
 /// A SIGTERM sent as soon as the startup line is out stops the collector gracefully (exit 0):
-/// the handlers are installed before that line. They were installed by a task that might not
-/// have run yet, and the signal's default action killed the process (3 of 60 starts on an idle
-/// machine, half on a busy one; it failed CI). A race, so this shows a regression only some of
-/// the time; `infertrace-demo`'s `tests/shutdown_signal.rs` checks the eager install for sure.
+/// the handlers are installed before that line, or the signal's default action kills it. A
+/// race, so this shows a regression only some of the time; `infertrace-demo`'s
+/// `tests/shutdown_signal.rs` checks the early install for sure.
 #[test]
 #[cfg(unix)]
 fn sigterm_right_after_the_startup_line_is_a_graceful_stop() {

@@ -475,16 +475,24 @@ mod tests {
         tokio::task::JoinHandle<()>,
     ) {
         let (url, accepted) = fake_alertmanager(refuse).await;
-        let am = Alertmanager::new(&url, &TlsClientConfig::default(), &BTreeMap::new()).unwrap();
+        let (tx, task) = delivering_to(&url, events);
+        (tx, accepted, task)
+    }
+
+    /// The delivery task posting to `url`: the transitions' sender, the task.
+    fn delivering_to(
+        url: &str,
+        events: InternalEvents,
+    ) -> (
+        tokio::sync::mpsc::Sender<Vec<AlertEvent>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let am = Alertmanager::new(url, &TlsClientConfig::default(), &BTreeMap::new()).unwrap();
         let alerting = Arc::new(Mutex::new(
             Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
         ));
         let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
-        (
-            tx,
-            accepted,
-            tokio::spawn(deliver(am, rx, alerting, events)),
-        )
+        (tx, tokio::spawn(deliver(am, rx, alerting, events)))
     }
 
     /// A fake Alertmanager: answers 503 to its first `refuse` POSTs, 200 after; hands every
@@ -663,9 +671,8 @@ mod tests {
         task.abort();
     }
 
-    /// A stopping collector still sends what is queued for Alertmanager (a last resolve): the
-    /// delivery was aborted, queue and all. An Alertmanager that does not answer holds the stop
-    /// no longer than the drain.
+    /// A stopping collector still sends what is queued for Alertmanager (a last resolve); an
+    /// Alertmanager that does not answer holds the stop no longer than the drain.
     #[tokio::test]
     async fn a_stopping_delivery_sends_what_is_queued_within_the_drain() {
         let (tx, mut accepted, task) = delivering_to_a_fake(0, InternalEvents::default()).await;
@@ -686,12 +693,7 @@ mod tests {
                 held.push(s);
             }
         });
-        let am = Alertmanager::new(&url, &TlsClientConfig::default(), &BTreeMap::new()).unwrap();
-        let alerting = Arc::new(Mutex::new(
-            Alerting::new(&CollectorConfig::default(), "http://localhost").unwrap(),
-        ));
-        let (tx, rx) = tokio::sync::mpsc::channel(DELIVERY_QUEUE);
-        let task = tokio::spawn(deliver(am, rx, alerting, InternalEvents::default()));
+        let (tx, task) = delivering_to(&url, InternalEvents::default());
         tx.send(vec![event(AlertState::Firing)]).await.unwrap();
         let started = std::time::Instant::now();
         stop_delivery(tx, task, Duration::from_millis(300)).await;
